@@ -1,0 +1,105 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// Code is the machine-readable class of an API error. The strings never change.
+type Code string
+
+// The error codes of the API, with the HTTP status each one is sent with.
+const (
+	CodeInvalid      Code = "invalid"      // 400
+	CodeUnauthorized Code = "unauthorized" // 401
+	CodeNotFound     Code = "not_found"    // 404
+	CodeConflict     Code = "conflict"     // 409
+	CodeLimit        Code = "limit"        // 409, or 429 for rate limits
+	CodeUnavailable  Code = "unavailable"  // 503
+	CodeInternal     Code = "internal"     // 500
+)
+
+// Error is an API error: the body {"error":{"code":…,"message":…}}. It works
+// with errors.Is against the sentinel errors below, so callers can write
+// errors.Is(err, api.ErrNotFound) whatever the message.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+// ErrorBody is the JSON envelope every error response is sent in.
+type ErrorBody struct {
+	Error *Error `json:"error"`
+}
+
+// Sentinel errors, one per code, for errors.Is.
+var (
+	ErrInvalid      = &Error{Code: CodeInvalid}
+	ErrUnauthorized = &Error{Code: CodeUnauthorized}
+	ErrNotFound     = &Error{Code: CodeNotFound}
+	ErrConflict     = &Error{Code: CodeConflict}
+	ErrLimit        = &Error{Code: CodeLimit}
+	ErrUnavailable  = &Error{Code: CodeUnavailable}
+	ErrInternal     = &Error{Code: CodeInternal}
+)
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return string(e.Code)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+// Is reports whether target is an *Error with the same code, so that any
+// error of a class matches that class's sentinel.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	if !errors.As(target, &t) {
+		return false
+	}
+	return t.Code == e.Code
+}
+
+// Errorf makes an *Error of the given code.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// HTTPStatus is the status an error of this code is sent with.
+func (c Code) HTTPStatus() int {
+	switch c {
+	case CodeInvalid:
+		return http.StatusBadRequest
+	case CodeUnauthorized:
+		return http.StatusUnauthorized
+	case CodeNotFound:
+		return http.StatusNotFound
+	case CodeConflict, CodeLimit:
+		return http.StatusConflict
+	case CodeUnavailable:
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// CodeForStatus guesses the code of a response that carried no error body.
+func CodeForStatus(status int) Code {
+	switch status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		return CodeInvalid
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return CodeUnauthorized
+	case http.StatusNotFound:
+		return CodeNotFound
+	case http.StatusConflict:
+		return CodeConflict
+	case http.StatusTooManyRequests:
+		return CodeLimit
+	case http.StatusServiceUnavailable:
+		return CodeUnavailable
+	default:
+		return CodeInternal
+	}
+}

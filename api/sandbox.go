@@ -1,0 +1,86 @@
+package api
+
+import "time"
+
+// State is where a sandbox is in its life. The strings never change.
+type State string
+
+// The states of a sandbox.
+const (
+	StateCreating State = "creating" // disk and network being made, not yet booted
+	StateRunning  State = "running"  // booted; its agent answers
+	StateSleeping State = "sleeping" // memory saved to disk, no processes on the host
+	StateStopped  State = "stopped"  // not running; its disk is kept
+	StateError    State = "error"    // something failed; see the daemon's log
+	StateDeleting State = "deleting" // being freed
+)
+
+// Resources are the limits a sandbox runs under.
+type Resources struct {
+	// CPUs is the CPU quota, in cores (0.5 is half a core).
+	CPUs float64 `json:"cpus,omitempty"`
+	// MemoryMiB is the memory limit in MiB.
+	MemoryMiB int `json:"memory_mib,omitempty"`
+	// DiskMiB is the size the sandbox's disk may grow to, in MiB.
+	DiskMiB int `json:"disk_mib,omitempty"`
+}
+
+// Sandbox is a sandbox as the API shows it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name"`
+	State     State             `json:"state"`
+	Template  string            `json:"template,omitempty"`
+	Image     string            `json:"image,omitempty"`
+	Resources Resources         `json:"resources"`
+	Env       map[string]string `json:"env"`
+	Labels    map[string]string `json:"labels"`
+	Idle      string            `json:"idle,omitempty"`
+	HTTPPort  int               `json:"http_port,omitempty"`
+	URL       string            `json:"url"`
+	// From is the checkpoint a fork was made from; empty for other sandboxes.
+	From      *ForkSource `json:"from,omitempty"`
+	CreatedAt time.Time   `json:"created_at"`
+}
+
+// ForkSource names the checkpoint a fork is made from: the source sandbox
+// (name or id) and the checkpoint (id or name).
+type ForkSource struct {
+	Sandbox    string `json:"sandbox"`
+	Checkpoint string `json:"checkpoint"`
+}
+
+// CreateSandbox is the body of POST /v1/sandboxes. Every field is optional.
+// With From set it makes a fork: Template, Image and Resources then come from
+// the checkpoint and may not be given.
+type CreateSandbox struct {
+	Name      string            `json:"name,omitempty"`
+	Template  string            `json:"template,omitempty"`
+	Image     string            `json:"image,omitempty"`
+	Resources *Resources        `json:"resources,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Idle      string            `json:"idle,omitempty"`
+	HTTPPort  int               `json:"http_port,omitempty"`
+	From      *ForkSource       `json:"from,omitempty"`
+}
+
+// Template is a root filesystem sandboxes can be made from.
+type Template struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	Default     bool   `json:"default"`
+	// Ready is true once the template is built and cached; the first sandbox
+	// of a template that is not ready waits for the build.
+	Ready bool `json:"ready"`
+}
+
+// SandboxList is the body of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// TemplateList is the body of GET /v1/templates.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}

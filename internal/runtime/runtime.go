@@ -1,0 +1,90 @@
+// Package runtime defines how loam drives an isolation runtime. The gVisor
+// driver (runtime/gvisor) is the real one; tests of the state machine may use
+// a fake.
+//
+// Terms: a container is one sandbox's runtime instance, named by the
+// sandbox's id. Its init process is loam's agent. A memory image is the
+// directory a checkpoint writes: the sandbox's memory and kernel state, not
+// its disk (the disk is a volume, kept by package disk).
+package runtime
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrNotExist is returned when the runtime has no container by that id.
+var ErrNotExist = errors.New("container does not exist")
+
+// Status is a container's state as the runtime sees it.
+type Status string
+
+// Container states.
+const (
+	StatusRunning Status = "running"
+	StatusPaused  Status = "paused"
+	StatusStopped Status = "stopped" // created or exited; only delete is left to do
+)
+
+// Spec is everything the runtime needs to start (or restore) one container.
+type Spec struct {
+	// ID names the container: the sandbox id (fixed length, so that
+	// runsc's prefix matching of ids never finds two).
+	ID string
+	// BundleDir is a directory the driver owns for this container (config,
+	// logs). It is kept across restarts of the daemon.
+	BundleDir string
+	// Rootfs is the container's root filesystem, writable, mounted as /.
+	Rootfs string
+	// Netns is the path of the network namespace to run in
+	// (/var/run/netns/NAME). Its interfaces must be configured before Start
+	// and before Restore.
+	Netns string
+	// Hostname inside the sandbox.
+	Hostname string
+	// AgentBinary is the static loam binary on the host; it is mounted
+	// read-only at AgentPath and run as init with AgentArgs.
+	AgentBinary string
+	// Env is init's environment, KEY=VALUE.
+	Env []string
+	// CPUs is the CPU quota in cores; 0 means no limit.
+	CPUs float64
+	// MemoryMiB is the memory limit; 0 means no limit.
+	MemoryMiB int
+}
+
+// AgentPath is where the agent binary appears inside every sandbox.
+const AgentPath = "/.loam/loam"
+
+// AgentArgs are init's arguments.
+var AgentArgs = []string{AgentPath, "agent"}
+
+// CheckpointOptions tune Checkpoint.
+type CheckpointOptions struct {
+	// LeaveRunning keeps the container running after the image is written;
+	// otherwise it is stopped.
+	LeaveRunning bool
+}
+
+// Runtime starts, stops and checkpoints containers. Implementations are safe
+// for concurrent use on different ids; the caller serialises calls on one id.
+type Runtime interface {
+	// Start creates and starts a container from spec, detached: it keeps
+	// running when the caller (or the daemon) exits.
+	Start(ctx context.Context, spec Spec) error
+	// State reports the container's status, or ErrNotExist.
+	State(ctx context.Context, id string) (Status, error)
+	// Delete stops the container if it runs and removes it. Deleting a
+	// container that does not exist is not an error.
+	Delete(ctx context.Context, id string) error
+	// Pause freezes every process of the container; Resume thaws them.
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	// Checkpoint writes the container's memory image into imageDir, which
+	// must not exist yet and is created by the call.
+	Checkpoint(ctx context.Context, id, imageDir string, opts CheckpointOptions) error
+	// Restore starts a new container from spec with the memory image in
+	// imageDir, detached. The id must not exist. Restoring into an id other
+	// than the checkpointed one is a fork.
+	Restore(ctx context.Context, spec Spec, imageDir string) error
+}

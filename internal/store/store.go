@@ -1,0 +1,98 @@
+// Package store keeps loam's metadata: sandboxes and checkpoints. The Store
+// interface is what the rest of the daemon uses; store/sqlite is the embedded
+// default, and store/storetest is the suite every implementation must pass.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"loam.dev/loam/api"
+)
+
+// Errors a Store returns, wrapped with context. Callers test them with errors.Is.
+var (
+	// ErrNotFound: no sandbox or checkpoint by that id or name.
+	ErrNotFound = errors.New("not found")
+	// ErrExists: the name (or id) is already in use.
+	ErrExists = errors.New("already exists")
+)
+
+// Sandbox is the stored record of a sandbox: what the API shows plus what
+// only the daemon needs to drive it.
+type Sandbox struct {
+	api.Sandbox
+	// NetIndex is the sandbox's slot in the private address range; unique
+	// among live sandboxes.
+	NetIndex int
+	// AgentToken authenticates the daemon to the sandbox's agent.
+	AgentToken string
+	// CheckpointSeq is the number of the last v-checkpoint taken (v1, v2, …);
+	// it only grows, so ids are never reused.
+	CheckpointSeq int
+	// AutoSeq is the number of the last automatic checkpoint (auto-1, …).
+	AutoSeq int
+	// Error says why the sandbox is in state "error".
+	Error string
+}
+
+// Checkpoint is the stored record of a checkpoint. Its data parts (memory
+// image, disk snapshot) live on disk; the record is written only once they
+// are durable, so a record always points at a whole checkpoint.
+type Checkpoint struct {
+	api.Checkpoint
+	// SandboxName is the name of the sandbox when the checkpoint was taken.
+	SandboxName string
+	// Template, Image and Resources are the sandbox's at the time: a fork
+	// takes them from here.
+	Template  string
+	Image     string
+	Resources api.Resources
+	// AgentToken is the token the agent held in the checkpoint's memory.
+	AgentToken string
+	// Dir is where the checkpoint's data parts are kept.
+	Dir string
+}
+
+// Filter narrows ListSandboxes. Every label given must match.
+type Filter struct {
+	Labels map[string]string
+}
+
+// Store is the metadata store. Every method is safe for concurrent use.
+// Where a method takes ref, ref is a sandbox's id or its name.
+type Store interface {
+	// CreateSandbox adds a sandbox. It fails with ErrExists when the id or
+	// the name is taken.
+	CreateSandbox(ctx context.Context, sb *Sandbox) error
+	// GetSandbox finds a sandbox by id or name; ErrNotFound if none.
+	GetSandbox(ctx context.Context, ref string) (*Sandbox, error)
+	// ListSandboxes lists sandboxes, oldest first.
+	ListSandboxes(ctx context.Context, f Filter) ([]*Sandbox, error)
+	// UpdateSandbox replaces the stored record with the same id; ErrNotFound if none.
+	UpdateSandbox(ctx context.Context, sb *Sandbox) error
+	// DeleteSandbox removes a sandbox and all its checkpoints; ErrNotFound if none.
+	DeleteSandbox(ctx context.Context, id string) error
+	// UsedNetIndexes returns the NetIndex of every sandbox.
+	UsedNetIndexes(ctx context.Context) ([]int, error)
+
+	// CreateCheckpoint adds a checkpoint. ErrExists if the sandbox already
+	// has one with that id or name.
+	CreateCheckpoint(ctx context.Context, cp *Checkpoint) error
+	// GetCheckpoint finds a checkpoint of sandbox (an id) by its id or name.
+	GetCheckpoint(ctx context.Context, sandboxID, ref string) (*Checkpoint, error)
+	// ListCheckpoints lists a sandbox's checkpoints, oldest first.
+	ListCheckpoints(ctx context.Context, sandboxID string) ([]*Checkpoint, error)
+	// DeleteCheckpoint removes one checkpoint; ErrNotFound if none.
+	DeleteCheckpoint(ctx context.Context, sandboxID, id string) error
+	// AllCheckpointDirs returns the Dir of every checkpoint of every
+	// sandbox, so start-up can remove data no record points at.
+	AllCheckpointDirs(ctx context.Context) ([]string, error)
+
+	// Close releases the store.
+	Close() error
+}
+
+// Now is the store's clock, in UTC with the precision the API shows.
+func Now() time.Time { return time.Now().UTC() }
