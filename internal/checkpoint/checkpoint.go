@@ -1,0 +1,123 @@
+// Package checkpoint holds the rules of checkpoints that do not depend on
+// how a sandbox runs: ids (v1, v2, … never reused; auto-1, auto-2, … for the
+// automatic ones), generated names, the per-sandbox limit, which automatic
+// checkpoints to prune, and how a checkpoint's data is made durable before
+// its record appears.
+//
+// Terms: a memory checkpoint holds a sandbox's memory and disk, and restoring
+// it resumes its processes; a disk-only checkpoint holds the disk, and
+// restoring it boots fresh; a restore rolls the same sandbox back; a fork is
+// a new, independent sandbox made from a checkpoint.
+package checkpoint
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+// KeepAuto is how many automatic checkpoints a sandbox keeps; older ones
+// are deleted when a new one is taken.
+const KeepAuto = 5
+
+// UserID is the id of the n-th checkpoint taken on request: v1, v2, ….
+func UserID(n int) string { return "v" + strconv.Itoa(n) }
+
+// AutoID is the id of the n-th automatic checkpoint: auto-1, auto-2, ….
+func AutoID(n int) string { return "auto-" + strconv.Itoa(n) }
+
+// NewName makes a name for a checkpoint given none, like checkpoint-3f9a1c.
+func NewName() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return "checkpoint-" + hex.EncodeToString(b)
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+var idRE = regexp.MustCompile(`^(v|auto-)[0-9]+$`)
+
+// CheckName refuses a name that is not 1–63 letters, digits, '.', '_' and
+// '-' starting with a letter or digit, or that looks like an id (a name
+// "v3" would make "v3" mean two checkpoints).
+func CheckName(name string) error {
+	if !nameRE.MatchString(name) {
+		return api.Errorf(api.CodeInvalid, "name %q: a checkpoint name is 1-63 letters, digits, '.', '_' and '-', starting with a letter or digit", name)
+	}
+	if idRE.MatchString(name) {
+		return api.Errorf(api.CodeInvalid, "name %q: names of the form v1 or auto-1 are kept for checkpoint ids", name)
+	}
+	return nil
+}
+
+// CheckComment refuses comments that would not show well in a table.
+func CheckComment(c string) error {
+	if len(c) > 1024 {
+		return api.Errorf(api.CodeInvalid, "comment: longer than 1024 bytes")
+	}
+	if strings.ContainsAny(c, "\x00\n\r") {
+		return api.Errorf(api.CodeInvalid, "comment: must be one line")
+	}
+	return nil
+}
+
+// CheckLimit refuses a new checkpoint taken on request when the sandbox
+// already has limit of them. Automatic ones do not count.
+func CheckLimit(cps []*store.Checkpoint, limit int) error {
+	n := 0
+	for _, cp := range cps {
+		if !cp.Auto {
+			n++
+		}
+	}
+	if limit > 0 && n >= limit {
+		return api.Errorf(api.CodeLimit, "the sandbox has %d checkpoints, the limit; remove one first (loam checkpoint rm)", n)
+	}
+	return nil
+}
+
+// PruneAutos returns the automatic checkpoints to delete so that only the
+// newest keep remain. cps is oldest first.
+func PruneAutos(cps []*store.Checkpoint, keep int) []*store.Checkpoint {
+	var autos []*store.Checkpoint
+	for _, cp := range cps {
+		if cp.Auto {
+			autos = append(autos, cp)
+		}
+	}
+	if len(autos) <= keep {
+		return nil
+	}
+	return autos[:len(autos)-keep]
+}
+
+// SyncTree fsyncs every file and directory under dir, then dir's parent, so
+// that a rename of dir that follows is durable with all its content.
+func SyncTree(dir string) error {
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return syncPath(path)
+	})
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	return syncPath(filepath.Dir(dir))
+}
+
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

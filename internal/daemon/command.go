@@ -1,0 +1,73 @@
+package daemon
+
+import (
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// env returns the environment variable's value, or def.
+func env(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(key string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(key)); err == nil {
+		return v
+	}
+	return def
+}
+
+// Command is `loam serve`: it runs the daemon until SIGINT or SIGTERM.
+// Sandboxes keep running when it stops; the next start takes them back.
+func Command() *cobra.Command {
+	var cfg Config
+	var debug bool
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the loam daemon (API server and sandbox host)",
+		Long: "Run the loam daemon: the REST and WebSocket API and the host of the sandboxes.\n" +
+			"Every flag can also be set by the environment variable shown in its help.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			level := slog.LevelInfo
+			if debug {
+				level = slog.LevelDebug
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			cfg.Out = os.Stderr
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			d, err := Start(ctx, cfg, log)
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			log.Info("stopping; sandboxes keep running")
+			return d.Close()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", env("LOAM_LISTEN", "127.0.0.1:7070"), "address of the API (LOAM_LISTEN)")
+	f.StringVar(&cfg.DataDir, "data-dir", env("LOAM_DATA_DIR", "/var/lib/loam"), "where loam keeps its data (LOAM_DATA_DIR)")
+	f.StringVar(&cfg.Domain, "domain", env("LOAM_DOMAIN", "localhost:7070"), "domain of sandbox URLs, http://NAME--ORG.DOMAIN (LOAM_DOMAIN)")
+	f.StringVar(&cfg.Org, "org", env("LOAM_ORG", "default"), "organisation, in sandbox URLs (LOAM_ORG)")
+	f.StringVar(&cfg.TokenFile, "token-file", env("LOAM_TOKEN_FILE", ""), "file holding the admin token; default DATA_DIR/token, made on first start (LOAM_TOKEN_FILE)")
+	f.StringVar(&cfg.Runsc, "runsc", env("LOAM_RUNSC", ""), "the runsc binary; default runsc in PATH (LOAM_RUNSC)")
+	f.StringVar(&cfg.AgentBinary, "agent-binary", env("LOAM_AGENT_BINARY", ""), "static loam binary to run in sandboxes; default this one (LOAM_AGENT_BINARY)")
+	f.StringVar(&cfg.Subnet, "subnet", env("LOAM_SUBNET", "10.88.0.0/16"), "private range for sandbox addresses, a /30 each (LOAM_SUBNET)")
+	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", "/var/cache/loam/templates"), "where built templates are cached (LOAM_TEMPLATE_CACHE)")
+	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
+	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")
+	f.Int64Var(&cfg.DiskSize, "disk-size", int64(envInt("LOAM_DISK_SIZE_GIB", 64))<<30, "size of the sparse btrfs file when the data dir is not btrfs, in bytes (LOAM_DISK_SIZE_GIB in GiB)")
+	f.BoolVar(&debug, "debug", os.Getenv("LOAM_DEBUG") != "", "debug logs (LOAM_DEBUG)")
+	cfg.Token = os.Getenv("LOAM_TOKEN")
+	return cmd
+}

@@ -1,0 +1,296 @@
+// Package daemon wires loam's daemon together (loam serve): configuration,
+// the admin token, the store, the disk pool, the runtime, the network, the
+// sandbox manager and the HTTP server, and the recovery of sandboxes left
+// running by a previous daemon.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/runtime/gvisor"
+	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/server"
+	"loam.dev/loam/internal/store/sqlite"
+)
+
+// Config is the daemon's configuration; every field has a flag and an
+// environment variable (see Command).
+type Config struct {
+	Listen    string // address of the API
+	DataDir   string // where everything is kept
+	Domain    string // sandbox URLs are http://NAME--ORG.DOMAIN
+	Org       string
+	TokenFile string // file holding the admin token; DataDir/token by default
+	Token     string // the admin token itself, overriding TokenFile
+	Runsc     string // the runsc binary
+	// AgentBinary is the static loam binary run inside sandboxes; this
+	// binary by default.
+	AgentBinary string
+	// Subnet is the private range sandboxes get addresses from, a /30 each.
+	Subnet string
+	// TemplateCache is where built templates are cached, shared by daemons.
+	TemplateCache string
+	// DefaultTemplate is the template of a create that names none.
+	DefaultTemplate string
+	// CheckpointLimit is how many checkpoints a user may take per sandbox.
+	CheckpointLimit int
+	// DiskSize is the size of the loop file the btrfs pool lives on, when
+	// the data dir is not on btrfs.
+	DiskSize int64
+	// Out is where the start-up banner goes (the token and how to use it).
+	Out *os.File
+}
+
+// Daemon is a running loam daemon.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	Manager *sandbox.Manager
+	Token   string
+	URL     string
+	closers []func() error
+	srv     *http.Server
+	ln      net.Listener
+	// madeToken is the file of an admin token made by this start, if any.
+	madeToken string
+}
+
+// Start sets the daemon up and starts serving; Wait or Close end it.
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, error) {
+	d := &Daemon{cfg: cfg, log: log}
+	if err := d.start(ctx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) start(ctx context.Context) error {
+	cfg := &d.cfg
+	if os.Geteuid() != 0 {
+		return errors.New("loam serve must run as root (it makes network namespaces, mounts and gVisor sandboxes)")
+	}
+	raiseFileLimit(d.log)
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("making data dir: %w", err)
+	}
+	if err := d.loadToken(); err != nil {
+		return err
+	}
+	if cfg.AgentBinary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cfg.AgentBinary = exe
+	}
+	if err := checkStatic(cfg.AgentBinary); err != nil {
+		return err
+	}
+	runsc, err := findRunsc(cfg.Runsc)
+	if err != nil {
+		return err
+	}
+
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "loam.db"))
+	if err != nil {
+		return fmt.Errorf("opening store: %w", err)
+	}
+	d.closers = append(d.closers, st.Close)
+
+	pool, err := disk.Open(ctx, filepath.Join(cfg.DataDir, "disk"), cfg.DiskSize)
+	if err != nil {
+		return fmt.Errorf("opening disk pool: %w", err)
+	}
+	d.closers = append(d.closers, pool.Close)
+	d.log.Info("disk pool", "kind", pool.Kind())
+
+	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, Root: filepath.Join(cfg.DataDir, "runsc"), Logger: d.log})
+	if err != nil {
+		return fmt.Errorf("setting up gVisor: %w", err)
+	}
+	subnet, err := netip.ParsePrefix(cfg.Subnet)
+	if err != nil {
+		return fmt.Errorf("--subnet %q: %w", cfg.Subnet, err)
+	}
+	nets, err := network.New(network.Config{Subnet: subnet})
+	if err != nil {
+		return fmt.Errorf("setting up networking: %w", err)
+	}
+	if _, err := disk.FindTemplate(cfg.DefaultTemplate); err != nil {
+		return fmt.Errorf("--default-template: %w", err)
+	}
+	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, d.log)
+	tpl.warm(context.WithoutCancel(ctx))
+
+	scheme := "https"
+	if host, _, err := net.SplitHostPort(cfg.Domain); err == nil || strings.HasPrefix(cfg.Domain, "localhost") {
+		_ = host // a domain with a port, or localhost, is served without TLS
+		scheme = "http"
+	}
+	d.Manager = sandbox.New(sandbox.Config{
+		DataDir:         cfg.DataDir,
+		AgentBinary:     cfg.AgentBinary,
+		Domain:          cfg.Domain,
+		Org:             cfg.Org,
+		Scheme:          scheme,
+		DefaultTemplate: cfg.DefaultTemplate,
+		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
+		CheckpointLimit: cfg.CheckpointLimit,
+	}, st, rt, pool, nets, tpl, d.log)
+	if err := d.Manager.Recover(ctx); err != nil {
+		d.log.Error("recovery left some things behind", "err", err)
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	d.ln = ln
+	d.URL = "http://" + ln.Addr().String()
+	if err := writeFileAtomic(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
+		return err
+	}
+	d.srv = &http.Server{
+		Handler:           server.New(d.Manager, d.Token, d.log),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+	}
+	go func() {
+		if err := d.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("serving", "err", err)
+		}
+	}()
+	d.log.Info("loam daemon serving", "url", d.URL, "data_dir", cfg.DataDir, "runsc", runsc)
+	if d.madeToken != "" {
+		out := cfg.Out
+		if out == nil {
+			out = os.Stderr
+		}
+		fmt.Fprintf(out, "\nloam: made an admin token in %s. To use the API and the CLI:\n\n"+
+			"  export LOAM_API_URL=%s LOAM_TOKEN=%s\n\n", d.madeToken, d.URL, d.Token)
+	}
+	return nil
+}
+
+// Close stops serving and releases the store and the pool. Sandboxes keep
+// running: the next daemon takes them back.
+func (d *Daemon) Close() error {
+	var errs []error
+	if d.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, d.srv.Shutdown(ctx))
+		cancel()
+		d.srv.Close()
+	}
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		errs = append(errs, d.closers[i]())
+	}
+	d.closers = nil
+	return errors.Join(errs...)
+}
+
+// loadToken finds the admin token: given, in the token file, or made now.
+func (d *Daemon) loadToken() error {
+	cfg := &d.cfg
+	if cfg.Token != "" {
+		d.Token = cfg.Token
+		return nil
+	}
+	path := cfg.TokenFile
+	if path == "" {
+		path = filepath.Join(cfg.DataDir, "token")
+	}
+	b, err := os.ReadFile(path)
+	if err == nil {
+		d.Token = strings.TrimSpace(string(b))
+		if d.Token == "" {
+			return fmt.Errorf("token file %s is empty", path)
+		}
+		return nil
+	}
+	if !errors.Is(err, os.ErrNotExist) || cfg.TokenFile != "" {
+		return fmt.Errorf("reading token: %w", err)
+	}
+	d.Token = "loam_" + rand.Text() + rand.Text()
+	if err := writeFileAtomic(path, []byte(d.Token+"\n"), 0o600); err != nil {
+		return fmt.Errorf("storing the new admin token: %w", err)
+	}
+	d.madeToken = path
+	return nil
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// findRunsc finds the runsc binary: the flag, then PATH.
+func findRunsc(flag string) (string, error) {
+	if flag != "" {
+		if _, err := os.Stat(flag); err != nil {
+			return "", fmt.Errorf("--runsc: %w", err)
+		}
+		return flag, nil
+	}
+	p, err := exec.LookPath("runsc")
+	if err != nil {
+		return "", errors.New("runsc not found: run scripts/setup (it builds the pinned gVisor) or pass --runsc")
+	}
+	return p, nil
+}
+
+// checkStatic refuses an agent binary that needs a dynamic loader: inside a
+// sandbox there may be none, or the wrong one.
+func checkStatic(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading agent binary: %w", err)
+	}
+	if strings.Contains(string(b[:min(len(b), 1<<16)]), "/lib64/ld-linux") {
+		return fmt.Errorf("agent binary %s is dynamically linked; build loam with CGO_ENABLED=0", path)
+	}
+	return nil
+}
+
+func raiseFileLimit(log *slog.Logger) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return
+	}
+	lim.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		log.Warn("raising the open-file limit", "err", err)
+	}
+}

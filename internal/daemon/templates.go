@@ -1,0 +1,54 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/disk"
+)
+
+// templates serves the sandbox manager the built-in templates, built into
+// a cache shared by daemons on this host and imported into this pool.
+type templates struct {
+	pool     disk.Pool
+	cacheDir string
+	def      string
+	cache    disk.Cache
+	log      *slog.Logger
+}
+
+func newTemplates(pool disk.Pool, cacheDir, def string, log *slog.Logger) *templates {
+	return &templates{pool: pool, cacheDir: cacheDir, def: def, log: log}
+}
+
+// List lists the templates; Ready says which are imported already.
+func (t *templates) List(ctx context.Context) []api.Template {
+	var out []api.Template
+	for _, tp := range disk.Templates() {
+		ready, _ := t.pool.HasTemplate(ctx, tp.Name)
+		out = append(out, api.Template{Name: tp.Name, Description: tp.Description, Default: tp.Name == t.def, Ready: ready})
+	}
+	return out
+}
+
+// Ensure builds (once per host) and imports (once per pool) a template.
+func (t *templates) Ensure(ctx context.Context, name string) error {
+	tp, err := disk.FindTemplate(name)
+	if err != nil {
+		return err
+	}
+	return t.cache.EnsureTemplate(ctx, t.pool, t.cacheDir, tp)
+}
+
+// warm prepares the default template in the background, so that the first
+// sandbox does not wait for a build.
+func (t *templates) warm(ctx context.Context) {
+	go func() {
+		if err := t.Ensure(ctx, t.def); err != nil {
+			t.log.Error("preparing the default template", "template", t.def, "err", err)
+			return
+		}
+		t.log.Info("default template ready", "template", t.def)
+	}()
+}

@@ -1,0 +1,421 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/store"
+)
+
+// memDir is where a checkpoint keeps its memory image, inside its directory.
+const memDir = "mem"
+
+// checkpointsDir holds the data of a sandbox's checkpoints, one directory each.
+func (m *Manager) checkpointsDir(id string) string {
+	return filepath.Join(m.cfg.DataDir, "checkpoints", id)
+}
+
+func cpView(cp *store.Checkpoint) api.Checkpoint { return cp.Checkpoint }
+
+// findCheckpoint finds a checkpoint of a sandbox by id or name, as a user's
+// not_found when missing.
+func (m *Manager) findCheckpoint(ctx context.Context, sb *store.Sandbox, ref string) (*store.Checkpoint, error) {
+	cp, err := m.store.GetCheckpoint(ctx, sb.ID, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, api.Errorf(api.CodeNotFound, "checkpoint %q of sandbox %s not found", ref, sb.Name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("looking up checkpoint %s of %s: %w", ref, sb.ID, err)
+	}
+	return cp, nil
+}
+
+// ListCheckpoints lists a sandbox's checkpoints, oldest first. It never
+// wakes the sandbox.
+func (m *Manager) ListCheckpoints(ctx context.Context, ref string) ([]api.Checkpoint, error) {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
+	if err != nil {
+		return nil, fmt.Errorf("listing checkpoints of %s: %w", sb.ID, err)
+	}
+	out := make([]api.Checkpoint, 0, len(cps))
+	for _, cp := range cps {
+		out = append(out, cpView(cp))
+	}
+	return out, nil
+}
+
+// GetCheckpoint returns one checkpoint. It never wakes the sandbox.
+func (m *Manager) GetCheckpoint(ctx context.Context, ref, cpRef string) (*api.Checkpoint, error) {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := m.findCheckpoint(ctx, sb, cpRef)
+	if err != nil {
+		return nil, err
+	}
+	v := cpView(cp)
+	return &v, nil
+}
+
+// DeleteCheckpoint deletes one checkpoint: its record first, so that it is
+// gone at once, then its data. It never wakes the sandbox.
+func (m *Manager) DeleteCheckpoint(ctx context.Context, ref, cpRef string) error {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return err
+	}
+	end, err := m.begin(sb, "a checkpoint delete")
+	if err != nil {
+		return err
+	}
+	defer end()
+	cp, err := m.findCheckpoint(ctx, sb, cpRef)
+	if err != nil {
+		return err
+	}
+	unlock := m.lockSource(sb.ID)
+	defer unlock()
+	return m.removeCheckpoint(context.WithoutCancel(ctx), sb, cp)
+}
+
+func (m *Manager) removeCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+	if err := m.store.DeleteCheckpoint(ctx, sb.ID, cp.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("deleting checkpoint %s of %s: %w", cp.ID, sb.ID, err)
+	}
+	var errs []error
+	errs = append(errs, m.disks.DeleteSnapshot(ctx, snapName(sb.ID, cp.ID)))
+	if cp.Dir != "" {
+		errs = append(errs, os.RemoveAll(cp.Dir))
+	}
+	if err := errors.Join(errs...); err != nil {
+		// The record is gone; the next start sweeps what is left.
+		m.log.Warn("removing checkpoint data", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
+	}
+	return nil
+}
+
+// CreateCheckpoint takes a checkpoint of a sandbox on request.
+func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.CreateCheckpoint) (*api.Checkpoint, error) {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkpoint.CheckComment(req.Comment); err != nil {
+		return nil, err
+	}
+	if req.Name != "" {
+		if err := checkpoint.CheckName(req.Name); err != nil {
+			return nil, err
+		}
+	}
+	memory := req.Memory == nil || *req.Memory
+	end, err := m.begin(sb, "a checkpoint")
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	ctx = context.WithoutCancel(ctx)
+	if memory {
+		if err := requireState(sb.Name, sb.State, api.StateRunning); err != nil {
+			return nil, api.Errorf(api.CodeConflict, "sandbox %s is %s: a memory checkpoint needs it running (take a disk-only one with \"memory\":false)", sb.Name, sb.State)
+		}
+	} else if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
+		return nil, err
+	}
+	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
+	if err != nil {
+		return nil, fmt.Errorf("listing checkpoints of %s: %w", sb.ID, err)
+	}
+	if err := checkpoint.CheckLimit(cps, m.cfg.CheckpointLimit); err != nil {
+		return nil, err
+	}
+	name, err := pickName(cps, req.Name)
+	if err != nil {
+		return nil, err
+	}
+	// The id is spent before the work starts, so that a crash part-way can
+	// never hand the same id out twice.
+	sb.CheckpointSeq++
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return nil, fmt.Errorf("numbering checkpoint of %s: %w", sb.ID, err)
+	}
+	cp, err := m.takeCheckpoint(ctx, sb, checkpoint.UserID(sb.CheckpointSeq), name, req.Comment, memory, false)
+	if err != nil {
+		return nil, err
+	}
+	v := cpView(cp)
+	return &v, nil
+}
+
+// pickName returns the name a new checkpoint gets: the one asked for, if no
+// other checkpoint of the sandbox has it, or a new one.
+func pickName(cps []*store.Checkpoint, want string) (string, error) {
+	taken := map[string]bool{}
+	for _, cp := range cps {
+		taken[cp.Name] = true
+	}
+	if want != "" {
+		if taken[want] {
+			return "", api.Errorf(api.CodeConflict, "checkpoint name %q is in use", want)
+		}
+		return want, nil
+	}
+	for {
+		if n := checkpoint.NewName(); !taken[n] {
+			return n, nil
+		}
+	}
+}
+
+// takeCheckpoint writes a checkpoint's data, makes it durable, and only
+// then stores its record. A memory checkpoint pauses the sandbox while its
+// memory image and disk snapshot are taken, and ends its streams first.
+func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, id, name, comment string, memory, auto bool) (*store.Checkpoint, error) {
+	parent := m.checkpointsDir(sb.ID)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(parent, ".tmp-"+id+"-")
+	if err != nil {
+		return nil, err
+	}
+	final := filepath.Join(parent, id)
+	snap := snapName(sb.ID, id)
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(tmp)
+			_ = m.disks.DeleteSnapshot(ctx, snap)
+		}
+	}()
+	if memory {
+		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap)
+		if err != nil {
+			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
+		}
+		m.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "paused_ms", paused.Milliseconds())
+	} else if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
+		return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
+	}
+	if err := syncVolume(m.disks.VolumePath(sb.ID)); err != nil {
+		return nil, err
+	}
+	if err := checkpoint.SyncTree(tmp); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return nil, fmt.Errorf("keeping checkpoint %s: %w", id, err)
+	}
+	cp := &store.Checkpoint{
+		Checkpoint: api.Checkpoint{
+			ID: id, Sandbox: sb.ID, Name: name, Comment: comment,
+			Memory: memory, Auto: auto, CreatedAt: store.Now(),
+		},
+		SandboxName: sb.Name, Template: sb.Template, Image: sb.Image, Resources: sb.Resources,
+		AgentToken: sb.AgentToken, Dir: final,
+	}
+	if err := m.store.CreateCheckpoint(ctx, cp); err != nil {
+		os.RemoveAll(final)
+		return nil, fmt.Errorf("storing checkpoint %s of %s: %w", id, sb.ID, err)
+	}
+	ok = true
+	return cp, nil
+}
+
+// freeze takes a running sandbox's memory image and disk snapshot while it
+// is paused, and resumes it. It returns how long the sandbox was paused.
+func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap string) (time.Duration, error) {
+	m.closeStreams(sb.ID, "the sandbox is being checkpointed")
+	m.dropAgent(sb.ID)
+	start := time.Now()
+	if err := m.rt.Pause(ctx, sb.ID); err != nil {
+		return 0, fmt.Errorf("pausing: %w", err)
+	}
+	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{LeaveRunning: true})
+	if err == nil {
+		err = m.disks.Snapshot(ctx, sb.ID, snap)
+	}
+	if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("resuming: %w", rerr))
+	}
+	return time.Since(start), err
+}
+
+// syncVolume flushes the filesystem a volume lives on, so that a snapshot
+// just taken of it is on disk.
+func syncVolume(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncing %s: %w", path, err)
+	}
+	return nil
+}
+
+// RestoreCheckpoint puts a sandbox back to a checkpoint, in place. It first
+// keeps the current state as an automatic checkpoint, so that the restore
+// can be undone.
+func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*api.Sandbox, error) {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	end, err := m.begin(sb, "a restore")
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	ctx = context.WithoutCancel(ctx)
+	cp, err := m.findCheckpoint(ctx, sb, cpRef)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateError); err != nil {
+		return nil, err
+	}
+	unlock := m.lockSource(sb.ID)
+	defer unlock()
+
+	// Keep the current state: memory and disk when running, the disk otherwise.
+	sb.AutoSeq++
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return nil, fmt.Errorf("numbering automatic checkpoint of %s: %w", sb.ID, err)
+	}
+	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	name, _ := pickName(cps, "")
+	if _, err := m.takeCheckpoint(ctx, sb, checkpoint.AutoID(sb.AutoSeq), name, "before restoring "+cp.ID, sb.State == api.StateRunning, true); err != nil {
+		return nil, fmt.Errorf("keeping the state before the restore: %w", err)
+	}
+
+	start := time.Now()
+	if err := m.rollBack(ctx, sb, cp); err != nil {
+		m.log.Error("restore failed", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
+		_ = m.setState(ctx, sb, api.StateError, err.Error())
+		return nil, fmt.Errorf("restoring %s to %s: %w", sb.Name, cp.ID, err)
+	}
+	m.log.Info("restored", "sandbox", sb.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
+	m.pruneAutos(ctx, sb, cp.ID)
+	return m.view(sb), nil
+}
+
+// rollBack stops the sandbox, puts its disk back to the checkpoint's, and
+// restores the checkpoint's memory (or boots fresh for a disk-only one).
+func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+	m.closeStreams(sb.ID, "the sandbox is being restored")
+	m.dropAgent(sb.ID)
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		return fmt.Errorf("stopping: %w", err)
+	}
+	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
+		return fmt.Errorf("dropping the disk: %w", err)
+	}
+	if _, err := m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), sb.ID); err != nil {
+		return fmt.Errorf("putting the disk back: %w", err)
+	}
+	if !cp.Memory {
+		return m.boot(ctx, sb, false)
+	}
+	return m.resume(ctx, sb, cp)
+}
+
+// resume starts a sandbox from a memory checkpoint's image, on the disk
+// already in place, and waits for its agent. The agent wakes up holding the
+// token it had when the checkpoint was taken; it is given the sandbox's own.
+func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+	ep, err := m.Endpoint(sb)
+	if err != nil {
+		return err
+	}
+	if err := m.nets.Create(ctx, ep); err != nil {
+		return fmt.Errorf("making network: %w", err)
+	}
+	if err := m.nets.Prepare(ctx, ep); err != nil {
+		return fmt.Errorf("configuring network: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(m.dir(sb.ID), "bundle"), 0o700); err != nil {
+		return err
+	}
+	if err := m.writeHandle(sb, ep); err != nil {
+		return err
+	}
+	if err := m.rt.Restore(ctx, m.spec(sb, ep), filepath.Join(cp.Dir, memDir)); err != nil {
+		return fmt.Errorf("restoring memory: %w", err)
+	}
+	if err := m.adoptAgent(ctx, sb, ep, cp.AgentToken); err != nil {
+		return err
+	}
+	return m.setState(ctx, sb, api.StateRunning, "")
+}
+
+// adoptAgent waits for a restored agent, which answers to old, and hands it
+// the sandbox's own token.
+func (m *Manager) adoptAgent(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, old string) error {
+	m.dropAgent(sb.ID)
+	tmp := *sb
+	tmp.AgentToken = old
+	ac := m.agentClient(&tmp, ep)
+	wctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	if err := ac.WaitReady(wctx); err != nil {
+		return fmt.Errorf("waiting for the restored agent of %s: %w", sb.ID, err)
+	}
+	if old != sb.AgentToken {
+		if err := ac.RotateToken(wctx, sb.AgentToken); err != nil {
+			return fmt.Errorf("handing the agent of %s its token: %w", sb.ID, err)
+		}
+	}
+	m.dropAgent(sb.ID)
+	return nil
+}
+
+// pruneAutos deletes the oldest automatic checkpoints beyond KeepAuto,
+// sparing keep (the one just restored).
+func (m *Manager) pruneAutos(ctx context.Context, sb *store.Sandbox, keep string) {
+	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
+	if err != nil {
+		m.log.Warn("listing checkpoints to prune", "sandbox", sb.ID, "err", err)
+		return
+	}
+	for _, cp := range checkpoint.PruneAutos(cps, checkpoint.KeepAuto) {
+		if cp.ID == keep {
+			continue
+		}
+		_ = m.removeCheckpoint(ctx, sb, cp)
+	}
+}
+
+// lockSource takes a sandbox's checkpoints for writing (deleting or pruning
+// them, or deleting the sandbox) against forks reading them.
+func (m *Manager) lockSource(id string) func() {
+	l := m.sourceLock(id)
+	l.Lock()
+	return l.Unlock
+}
+
+// rlockSource takes a sandbox's checkpoints for reading: a fork from one.
+func (m *Manager) rlockSource(id string) func() {
+	l := m.sourceLock(id)
+	l.RLock()
+	return l.RUnlock
+}

@@ -1,0 +1,168 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+
+	"github.com/coder/websocket"
+
+	"loam.dev/loam/api"
+)
+
+// stream is one open client stream on a sandbox (an exec socket; later port
+// streams and file watches). A memory checkpoint or a restore ends every
+// stream of the sandbox with status 1011.
+type stream struct {
+	once   sync.Once
+	cancel context.CancelCauseFunc
+	client *websocket.Conn
+}
+
+// end closes the client's socket with 1011 and stops the proxy.
+func (s *stream) end(reason string) {
+	s.once.Do(func() {
+		s.client.Close(websocket.StatusInternalError, reason)
+		s.cancel(errors.New(reason))
+	})
+}
+
+func (m *Manager) addStream(id string, s *stream) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.streams[id] == nil {
+		m.streams[id] = map[*stream]bool{}
+	}
+	m.streams[id][s] = true
+}
+
+func (m *Manager) removeStream(id string, s *stream) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.streams[id], s)
+	if len(m.streams[id]) == 0 {
+		delete(m.streams, id)
+	}
+}
+
+// closeStreams ends every stream of a sandbox with status 1011.
+func (m *Manager) closeStreams(id, reason string) {
+	m.mu.Lock()
+	ss := make([]*stream, 0, len(m.streams[id]))
+	for s := range m.streams[id] {
+		ss = append(ss, s)
+	}
+	m.mu.Unlock()
+	for _, s := range ss {
+		s.end(reason)
+	}
+}
+
+// CheckExec checks that a command can be run in the sandbox now, before the
+// caller upgrades the connection, so that refusals are plain HTTP errors.
+func (m *Manager) CheckExec(ctx context.Context, ref string) (*api.Sandbox, error) {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireState(sb.Name, sb.State, api.StateRunning); err != nil {
+		return nil, err
+	}
+	return m.view(sb), nil
+}
+
+// Exec runs a command in a sandbox for a client's exec socket: it sends the
+// request, with the sandbox's environment under the request's, to the
+// sandbox's agent and copies messages both ways until the command exits or
+// either side goes away. The client's socket is closed when it returns.
+func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest, client *websocket.Conn) error {
+	sb, err := m.lookup(ctx, ref)
+	if err == nil {
+		err = requireState(sb.Name, sb.State, api.StateRunning)
+	}
+	if err != nil {
+		return sendExecError(ctx, client, err)
+	}
+	ep, err := m.Endpoint(sb)
+	if err != nil {
+		return sendExecError(ctx, client, err)
+	}
+	env := maps.Clone(sb.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, req.Env)
+	env["LOAM_SANDBOX"] = sb.Name
+	env["LOAM_SANDBOX_ID"] = sb.ID
+	req.Env = env
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s := &stream{cancel: cancel, client: client}
+	m.addStream(sb.ID, s)
+	defer m.removeStream(sb.ID, s)
+
+	ag, err := m.agentClient(sb, ep).DialExec(ctx)
+	if err != nil {
+		return sendExecError(ctx, client, api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer: %v", err))
+	}
+	ag.SetReadLimit(32 << 20)
+	defer ag.CloseNow()
+	first, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	if err := ag.Write(ctx, websocket.MessageText, first); err != nil {
+		return fmt.Errorf("sending exec request to agent of %s: %w", sb.ID, err)
+	}
+
+	errc := make(chan error, 2)
+	// Client -> agent: stdin and control. When the client goes away, closing
+	// the agent's socket hangs the command up.
+	go func() { errc <- pump(ctx, client, ag) }()
+	// Agent -> client: output, then "exit", then a normal close.
+	go func() { errc <- pump(ctx, ag, client) }()
+	err = <-errc
+	switch st := websocket.CloseStatus(err); {
+	case st == websocket.StatusNormalClosure:
+		// The agent finished (exit sent) or the client hung up cleanly.
+		client.Close(websocket.StatusNormalClosure, "")
+		ag.Close(websocket.StatusNormalClosure, "")
+	case ctx.Err() != nil:
+	default:
+		client.Close(websocket.StatusInternalError, "the stream to the sandbox broke")
+	}
+	return nil
+}
+
+// pump copies messages from one socket to another until either fails. A
+// close received from src is passed on to dst with its status.
+func pump(ctx context.Context, src, dst *websocket.Conn) error {
+	for {
+		typ, data, err := src.Read(ctx)
+		if err != nil {
+			if st := websocket.CloseStatus(err); st != -1 {
+				dst.Close(st, "")
+			}
+			return err
+		}
+		if err := dst.Write(ctx, typ, data); err != nil {
+			return err
+		}
+	}
+}
+
+// sendExecError tells the client why its command cannot run, then closes.
+func sendExecError(ctx context.Context, c *websocket.Conn, err error) error {
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		ae = api.Errorf(api.CodeInternal, "internal error")
+	}
+	b, _ := json.Marshal(api.ExecControl{Type: api.ExecError, Error: ae})
+	_ = c.Write(ctx, websocket.MessageText, b)
+	c.Close(websocket.StatusNormalClosure, "")
+	return err
+}

@@ -1,0 +1,83 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+// errForkSettings is the seed's message for a fork that names what it must
+// take from the checkpoint.
+var errForkSettings = api.Errorf(api.CodeInvalid, "a fork takes its template or image and its resources from the checkpoint; don't give them")
+
+// fork makes a new, independent sandbox from a checkpoint: a copy of its
+// disk and, for a memory checkpoint, its memory, so the source's processes
+// run on in the fork. Many forks of one checkpoint may be made at once.
+func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
+	if req.Template != "" || req.Image != "" || req.Resources != nil {
+		return nil, errForkSettings
+	}
+	if req.From.Sandbox == "" || req.From.Checkpoint == "" {
+		return nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
+	}
+	src, err := m.lookup(ctx, req.From.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.rlockSource(src.ID)
+	defer unlock()
+	cp, err := m.findCheckpoint(ctx, src, req.From.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	req.From = &api.ForkSource{Sandbox: src.Name, Checkpoint: cp.ID}
+	sb, err := m.newRecord(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
+	if err := m.insert(ctx, sb); err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	end, _ := m.begin(sb, "create")
+	defer end()
+	start := time.Now()
+	if err := m.bootFork(ctx, sb, src, cp); err != nil {
+		m.log.Error("fork failed", "sandbox", sb.ID, "err", err)
+		if derr := m.destroy(ctx, sb); derr != nil {
+			m.log.Error("cleaning up after failed fork", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err)
+	}
+	m.log.Info("sandbox forked", "sandbox", sb.ID, "name", sb.Name, "from", src.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
+	return m.view(sb), nil
+}
+
+// bootFork gives a fork a copy of the checkpoint's disk and starts it: from
+// the checkpoint's memory, or fresh on the disk for a disk-only checkpoint.
+func (m *Manager) bootFork(ctx context.Context, sb *store.Sandbox, src *store.Sandbox, cp *store.Checkpoint) error {
+	if _, err := m.disks.CloneSnapshot(ctx, snapName(src.ID, cp.ID), sb.ID); err != nil {
+		return fmt.Errorf("copying the disk: %w", err)
+	}
+	if !cp.Memory {
+		return m.boot(ctx, sb, false)
+	}
+	return m.resume(ctx, sb, cp)
+}
+
+// sourceLock is the lock on a sandbox's checkpoints.
+func (m *Manager) sourceLock(id string) *sync.RWMutex {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, ok := m.sources[id]
+	if !ok {
+		l = &sync.RWMutex{}
+		m.sources[id] = l
+	}
+	return l
+}

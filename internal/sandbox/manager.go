@@ -1,0 +1,513 @@
+// Package sandbox is the heart of the daemon: the Sandbox life cycle (create,
+// boot, exec, delete, recovery after a restart) on top of the runtime, the
+// disk pool, the network and the metadata store. Manager is the one place
+// that changes a sandbox's state.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/store"
+)
+
+// Networks gives sandboxes their network namespaces (package network).
+type Networks interface {
+	Endpoint(id string, index int) (network.Endpoint, error)
+	MaxIndex() int
+	Create(ctx context.Context, ep network.Endpoint) error
+	Prepare(ctx context.Context, ep network.Endpoint) error
+	Delete(ctx context.Context, ep network.Endpoint) error
+	List(ctx context.Context) ([]string, error)
+}
+
+// Templates knows the templates and makes sure one is in the disk pool.
+type Templates interface {
+	// List lists the templates; Ready tells whether each is built.
+	List(ctx context.Context) []api.Template
+	// Ensure builds the template if needed and imports it into the pool.
+	Ensure(ctx context.Context, name string) error
+}
+
+// Config is the Manager's configuration.
+type Config struct {
+	// DataDir holds one directory per sandbox (sandboxes/ID): its runtime
+	// bundle, its handle and its logs.
+	DataDir string
+	// AgentBinary is the static loam binary run inside each sandbox.
+	AgentBinary string
+	// AgentPort is the TCP port the agent listens on inside each sandbox.
+	AgentPort int
+	// Domain, Org and Scheme make sandbox URLs: SCHEME://NAME--ORG.DOMAIN.
+	Domain, Org, Scheme string
+	// DefaultTemplate is used when a create names none.
+	DefaultTemplate string
+	// Defaults fills in the resources a create leaves out.
+	Defaults api.Resources
+	// CheckpointLimit is how many checkpoints a user may take per sandbox.
+	CheckpointLimit int
+	// BootTimeout bounds how long a sandbox's agent may take to answer.
+	BootTimeout time.Duration
+}
+
+// Manager creates, runs and deletes sandboxes. It is safe for concurrent
+// use; operations that change one sandbox (delete, and later checkpoint,
+// restore, sleep) are serialised per sandbox, and a second one while the
+// first runs is refused with a conflict.
+type Manager struct {
+	cfg   Config
+	store store.Store
+	rt    runtime.Runtime
+	disks disk.Pool
+	nets  Networks
+	tpl   Templates
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	ops      map[string]string           // sandbox id -> the operation running on it
+	reserved map[int]bool                // net indexes handed out but not yet stored
+	streams  map[string]map[*stream]bool // sandbox id -> open streams
+	agents   map[string]*agent.Client    // sandbox id -> agent client
+	sources  map[string]*sync.RWMutex    // sandbox id -> lock on its checkpoints (see lockSource)
+}
+
+// New makes a Manager. Call Recover before serving requests.
+func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets Networks, tpl Templates, log *slog.Logger) *Manager {
+	if cfg.AgentPort == 0 {
+		cfg.AgentPort = 7071
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 60 * time.Second
+	}
+	if cfg.Scheme == "" {
+		cfg.Scheme = "http"
+	}
+	return &Manager{
+		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
+		ops:      map[string]string{},
+		reserved: map[int]bool{},
+		streams:  map[string]map[*stream]bool{},
+		agents:   map[string]*agent.Client{},
+		sources:  map[string]*sync.RWMutex{},
+	}
+}
+
+// Templates lists the templates sandboxes can be made from.
+func (m *Manager) Templates(ctx context.Context) []api.Template { return m.tpl.List(ctx) }
+
+// URL is a sandbox's public address.
+func (m *Manager) URL(name string) string {
+	return fmt.Sprintf("%s://%s--%s.%s", m.cfg.Scheme, name, m.cfg.Org, m.cfg.Domain)
+}
+
+func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
+	v := sb.Sandbox
+	v.URL = m.URL(v.Name)
+	v.Env = maps.Clone(v.Env)
+	v.Labels = maps.Clone(v.Labels)
+	if v.Env == nil {
+		v.Env = map[string]string{}
+	}
+	if v.Labels == nil {
+		v.Labels = map[string]string{}
+	}
+	return &v
+}
+
+// lookup finds a sandbox by name or id, as a user's not_found when missing.
+func (m *Manager) lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
+	sb, err := m.store.GetSandbox(ctx, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("looking up sandbox %s: %w", ref, err)
+	}
+	return sb, nil
+}
+
+// Get returns one sandbox.
+func (m *Manager) Get(ctx context.Context, ref string) (*api.Sandbox, error) {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return m.view(sb), nil
+}
+
+// List lists sandboxes, oldest first, filtered by labels.
+func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.Sandbox, error) {
+	sbs, err := m.store.ListSandboxes(ctx, store.Filter{Labels: labels})
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	out := make([]api.Sandbox, 0, len(sbs))
+	for _, sb := range sbs {
+		out = append(out, *m.view(sb))
+	}
+	return out, nil
+}
+
+// begin marks an operation as running on a sandbox, or refuses with a
+// conflict when another one is. The returned func ends it.
+func (m *Manager) begin(sb *store.Sandbox, what string) (func(), error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur, ok := m.ops[sb.ID]; ok {
+		return nil, api.Errorf(api.CodeConflict, "sandbox %s is busy: %s is in progress", sb.Name, cur)
+	}
+	m.ops[sb.ID] = what
+	return func() {
+		m.mu.Lock()
+		delete(m.ops, sb.ID)
+		m.mu.Unlock()
+	}, nil
+}
+
+// setState moves a sandbox to a new state and stores it.
+func (m *Manager) setState(ctx context.Context, sb *store.Sandbox, to api.State, why string) error {
+	if !canTransition(sb.State, to) {
+		return errTransition(sb.ID, sb.State, to)
+	}
+	sb.State = to
+	sb.Error = why
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return fmt.Errorf("storing state %s of sandbox %s: %w", to, sb.ID, err)
+	}
+	m.log.Info("sandbox state", "sandbox", sb.ID, "name", sb.Name, "state", to)
+	return nil
+}
+
+// allocIndex hands out the lowest free slot of the address range.
+func (m *Manager) allocIndex(ctx context.Context) (int, error) {
+	used, err := m.store.UsedNetIndexes(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("reading used addresses: %w", err)
+	}
+	taken := map[int]bool{}
+	for _, i := range used {
+		taken[i] = true
+	}
+	for i := 0; i <= m.nets.MaxIndex(); i++ {
+		if !taken[i] && !m.reserved[i] {
+			m.reserved[i] = true
+			return i, nil
+		}
+	}
+	return 0, api.Errorf(api.CodeLimit, "no free network address for another sandbox (at most %d)", m.nets.MaxIndex()+1)
+}
+
+// Create makes a sandbox and boots it. It returns once the sandbox's agent
+// answers. A create that fails leaves nothing behind.
+func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
+	if req.From != nil {
+		return m.fork(ctx, req)
+	}
+	if req.Image != "" {
+		return nil, api.Errorf(api.CodeInvalid, "image: images are not supported yet; use a template (GET /v1/templates)")
+	}
+	sb, err := m.newRecord(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if req.Template == "" {
+		sb.Template = m.cfg.DefaultTemplate
+	}
+	found := false
+	for _, t := range m.tpl.List(ctx) {
+		found = found || t.Name == sb.Template
+	}
+	if !found {
+		return nil, api.Errorf(api.CodeInvalid, "template: %q does not exist (GET /v1/templates lists them)", sb.Template)
+	}
+	if err := m.insert(ctx, sb); err != nil {
+		return nil, err
+	}
+	// The work goes on even if the client goes away: stopping half-way would
+	// only leave more to clean up.
+	ctx = context.WithoutCancel(ctx)
+	end, _ := m.begin(sb, "create")
+	defer end()
+	start := time.Now()
+	if err := m.boot(ctx, sb, true); err != nil {
+		m.log.Error("create failed", "sandbox", sb.ID, "err", err)
+		if derr := m.destroy(ctx, sb); derr != nil {
+			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, fmt.Errorf("creating sandbox %s: %w", sb.Name, err)
+	}
+	m.log.Info("sandbox created", "sandbox", sb.ID, "name", sb.Name, "ms", time.Since(start).Milliseconds())
+	return m.view(sb), nil
+}
+
+// newRecord validates a create request and makes the record it asks for.
+func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.Sandbox, error) {
+	id := newID()
+	name := req.Name
+	if name == "" {
+		name = id
+	} else if err := checkName(name); err != nil {
+		return nil, err
+	}
+	res := m.cfg.Defaults
+	if req.Resources != nil {
+		if err := checkResources(*req.Resources); err != nil {
+			return nil, err
+		}
+		if req.Resources.CPUs != 0 {
+			res.CPUs = req.Resources.CPUs
+		}
+		if req.Resources.MemoryMiB != 0 {
+			res.MemoryMiB = req.Resources.MemoryMiB
+		}
+		if req.Resources.DiskMiB != 0 {
+			res.DiskMiB = req.Resources.DiskMiB
+		}
+	}
+	for _, check := range []error{checkEnv(req.Env), checkLabels(req.Labels), checkIdle(req.Idle), checkPort(req.HTTPPort)} {
+		if check != nil {
+			return nil, check
+		}
+	}
+	port := req.HTTPPort
+	if port == 0 {
+		port = 8080
+	}
+	if port == m.cfg.AgentPort {
+		return nil, api.Errorf(api.CodeInvalid, "http_port: %d is the agent's port", port)
+	}
+	return &store.Sandbox{
+		Sandbox: api.Sandbox{
+			ID: id, Name: name, State: api.StateCreating,
+			Template: req.Template, Resources: res,
+			Env: orEmpty(req.Env), Labels: orEmpty(req.Labels),
+			Idle: req.Idle, HTTPPort: port, From: req.From,
+			CreatedAt: store.Now(),
+		},
+		AgentToken: newToken(),
+	}, nil
+}
+
+// insert gives the record a network slot and stores it.
+func (m *Manager) insert(ctx context.Context, sb *store.Sandbox) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	idx, err := m.allocIndex(ctx)
+	if err != nil {
+		return err
+	}
+	defer delete(m.reserved, idx)
+	sb.NetIndex = idx
+	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return api.Errorf(api.CodeConflict, "name %q is in use", sb.Name)
+		}
+		return fmt.Errorf("storing sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return maps.Clone(m)
+}
+
+// dir is the sandbox's own directory on the host.
+func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.DataDir, "sandboxes", id) }
+
+// spec is the runtime spec of a sandbox.
+func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint) runtime.Spec {
+	return runtime.Spec{
+		ID:          sb.ID,
+		BundleDir:   filepath.Join(m.dir(sb.ID), "bundle"),
+		Rootfs:      m.disks.VolumePath(sb.ID),
+		Netns:       ep.Netns,
+		Hostname:    sb.Name,
+		AgentBinary: m.cfg.AgentBinary,
+		Env: []string{
+			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+			"LOAM_AGENT_TOKEN=" + sb.AgentToken,
+			"LOAM_AGENT_LISTEN=:" + strconv.Itoa(m.cfg.AgentPort),
+		},
+		CPUs:      sb.Resources.CPUs,
+		MemoryMiB: sb.Resources.MemoryMiB,
+	}
+}
+
+// boot starts a sandbox fresh on its disk (making the disk from the
+// template when fresh is true) and waits for its agent.
+func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
+	if fresh {
+		if err := m.tpl.Ensure(ctx, sb.Template); err != nil {
+			return fmt.Errorf("preparing template %s: %w", sb.Template, err)
+		}
+		if _, err := m.disks.CreateVolume(ctx, sb.ID, sb.Template); err != nil {
+			return fmt.Errorf("making disk: %w", err)
+		}
+	}
+	ep, err := m.nets.Endpoint(sb.ID, sb.NetIndex)
+	if err != nil {
+		return err
+	}
+	if err := m.nets.Create(ctx, ep); err != nil {
+		return fmt.Errorf("making network: %w", err)
+	}
+	if err := m.nets.Prepare(ctx, ep); err != nil {
+		return fmt.Errorf("configuring network: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(m.dir(sb.ID), "bundle"), 0o700); err != nil {
+		return err
+	}
+	if err := m.writeHandle(sb, ep); err != nil {
+		return err
+	}
+	if err := m.rt.Start(ctx, m.spec(sb, ep)); err != nil {
+		return fmt.Errorf("starting: %w", err)
+	}
+	if err := m.waitAgent(ctx, sb, ep); err != nil {
+		return err
+	}
+	return m.setState(ctx, sb, api.StateRunning, "")
+}
+
+// waitAgent waits until the sandbox's agent answers.
+func (m *Manager) waitAgent(ctx context.Context, sb *store.Sandbox, ep network.Endpoint) error {
+	ac := m.agentClient(sb, ep)
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	if err := ac.WaitReady(ctx); err != nil {
+		return fmt.Errorf("waiting for the agent of %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// agentClient returns the client of a sandbox's agent, made once.
+func (m *Manager) agentClient(sb *store.Sandbox, ep network.Endpoint) *agent.Client {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.agents[sb.ID]; ok && c.Token == sb.AgentToken {
+		return c
+	}
+	addr := net.JoinHostPort(ep.SandboxIP.String(), strconv.Itoa(m.cfg.AgentPort))
+	c := &agent.Client{
+		BaseURL: "http://" + addr,
+		Token:   sb.AgentToken,
+		HTTP: &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 4,
+		}},
+	}
+	m.agents[sb.ID] = c
+	return c
+}
+
+// dropAgent forgets a sandbox's agent client and its idle connections, so
+// the next call dials afresh.
+func (m *Manager) dropAgent(id string) {
+	m.mu.Lock()
+	c := m.agents[id]
+	delete(m.agents, id)
+	m.mu.Unlock()
+	if c != nil && c.HTTP != nil {
+		c.HTTP.CloseIdleConnections()
+	}
+}
+
+// Delete frees a sandbox: its processes, disk, network and checkpoints.
+func (m *Manager) Delete(ctx context.Context, ref string) error {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return err
+	}
+	end, err := m.begin(sb, "delete")
+	if err != nil {
+		return err
+	}
+	defer end()
+	ctx = context.WithoutCancel(ctx)
+	unlock := m.lockSource(sb.ID)
+	defer unlock()
+	if err := m.setState(ctx, sb, api.StateDeleting, ""); err != nil {
+		return err
+	}
+	return m.destroy(ctx, sb)
+}
+
+// destroy removes everything a sandbox has, then its record. Each step is
+// idempotent, so a destroy cut short by a crash is finished at the next start.
+func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
+	var errs []error
+	m.closeStreams(sb.ID, "the sandbox was deleted")
+	m.dropAgent(sb.ID)
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		errs = append(errs, fmt.Errorf("deleting container: %w", err))
+	}
+	if ep, err := m.nets.Endpoint(sb.ID, sb.NetIndex); err == nil {
+		if err := m.nets.Delete(ctx, ep); err != nil {
+			errs = append(errs, fmt.Errorf("deleting network: %w", err))
+		}
+	}
+	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
+		errs = append(errs, fmt.Errorf("deleting disk: %w", err))
+	}
+	if err := m.deleteCheckpointData(ctx, sb.ID); err != nil {
+		errs = append(errs, err)
+	}
+	for _, dir := range []string{m.dir(sb.ID), m.checkpointsDir(sb.ID)} {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("deleting sandbox %s: %w", sb.ID, err)
+	}
+	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("deleting record of sandbox %s: %w", sb.ID, err)
+	}
+	m.log.Info("sandbox deleted", "sandbox", sb.ID, "name", sb.Name)
+	return nil
+}
+
+// deleteCheckpointData removes the data of every checkpoint of a sandbox.
+// The records go with the sandbox's record.
+func (m *Manager) deleteCheckpointData(ctx context.Context, id string) error {
+	cps, err := m.store.ListCheckpoints(ctx, id)
+	if err != nil {
+		return fmt.Errorf("listing checkpoints of %s: %w", id, err)
+	}
+	var errs []error
+	for _, cp := range cps {
+		if err := m.disks.DeleteSnapshot(ctx, snapName(id, cp.ID)); err != nil {
+			errs = append(errs, err)
+		}
+		if cp.Dir != "" {
+			errs = append(errs, os.RemoveAll(cp.Dir))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// snapName is the disk snapshot of a checkpoint.
+func snapName(sandboxID, cpID string) string { return sandboxID + "." + cpID }
+
+// Endpoint is the network endpoint of a sandbox.
+func (m *Manager) Endpoint(sb *store.Sandbox) (network.Endpoint, error) {
+	return m.nets.Endpoint(sb.ID, sb.NetIndex)
+}

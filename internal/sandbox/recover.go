@@ -1,0 +1,169 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/store"
+)
+
+// Recover brings the daemon's view back in line with the host after a
+// restart: sandboxes that were running and still are get taken back; those
+// whose container is gone (the host rebooted) boot again on their disk; a
+// create or delete cut short is finished (rolled back or completed); and
+// disks, networks and directories no record points at are removed.
+func (m *Manager) Recover(ctx context.Context) error {
+	sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
+	if err != nil {
+		return fmt.Errorf("listing sandboxes: %w", err)
+	}
+	known := map[string]bool{}
+	for _, sb := range sbs {
+		known[sb.ID] = true
+		if err := m.recoverOne(ctx, sb); err != nil {
+			m.log.Error("recovering sandbox", "sandbox", sb.ID, "err", err)
+			if sb.State != api.StateDeleting && canTransition(sb.State, api.StateError) {
+				_ = m.setState(ctx, sb, api.StateError, err.Error())
+			}
+		}
+	}
+	return m.sweep(ctx, known)
+}
+
+func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
+	switch sb.State {
+	case api.StateCreating, api.StateDeleting:
+		// The client of a create cut short got no sandbox; a delete was asked for.
+		m.log.Info("finishing interrupted operation", "sandbox", sb.ID, "state", sb.State)
+		return m.destroy(ctx, sb)
+	case api.StateRunning, api.StateError:
+		st, err := m.rt.State(ctx, sb.ID)
+		switch {
+		case err == nil && st == runtime.StatusRunning:
+			ep, err := m.Endpoint(sb)
+			if err != nil {
+				return err
+			}
+			if err := m.waitAgent(ctx, sb, ep); err != nil {
+				return err
+			}
+			if sb.State != api.StateRunning {
+				return m.setState(ctx, sb, api.StateRunning, "")
+			}
+			m.log.Info("sandbox taken back", "sandbox", sb.ID, "name", sb.Name)
+			return nil
+		case err == nil && st == runtime.StatusPaused:
+			return m.rt.Resume(ctx, sb.ID)
+		case err != nil && !errors.Is(err, runtime.ErrNotExist):
+			return fmt.Errorf("reading container state: %w", err)
+		}
+		// The container is gone or dead: boot again on the sandbox's disk.
+		if err := m.rt.Delete(ctx, sb.ID); err != nil {
+			return err
+		}
+		m.log.Info("sandbox container gone; booting it again", "sandbox", sb.ID)
+		return m.boot(ctx, sb, false)
+	}
+	return nil
+}
+
+// sweep removes disks, network namespaces and sandbox directories that no
+// record points at: what a crash between two steps can leave.
+func (m *Manager) sweep(ctx context.Context, known map[string]bool) error {
+	var errs []error
+	vols, err := m.disks.Volumes(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, v := range vols {
+		if !known[v] {
+			m.log.Info("removing orphaned disk", "volume", v)
+			errs = append(errs, m.disks.DeleteVolume(ctx, v))
+		}
+	}
+	netns, err := m.nets.List(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range netns {
+		i := strings.Index(name, "sb-")
+		if i < 0 {
+			continue
+		}
+		id := name[i:]
+		if known[id] {
+			continue
+		}
+		m.log.Info("removing orphaned network", "netns", name)
+		ep, err := m.nets.Endpoint(id, 0)
+		if err == nil {
+			errs = append(errs, m.nets.Delete(ctx, ep))
+			_ = m.rt.Delete(ctx, id)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(m.cfg.DataDir, "sandboxes"))
+	for _, e := range entries {
+		if !known[e.Name()] {
+			_ = m.rt.Delete(ctx, e.Name())
+			errs = append(errs, os.RemoveAll(filepath.Join(m.cfg.DataDir, "sandboxes", e.Name())))
+		}
+	}
+	errs = append(errs, m.sweepCheckpoints(ctx))
+	return errors.Join(errs...)
+}
+
+// sweepCheckpoints removes checkpoint data no record points at: what a
+// crash while a checkpoint was being taken (or deleted) leaves. A record is
+// written only after its data is durable, so such data was never visible.
+func (m *Manager) sweepCheckpoints(ctx context.Context) error {
+	dirs, err := m.store.AllCheckpointDirs(ctx)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, d := range dirs {
+		keep[d] = true
+	}
+	var errs []error
+	root := filepath.Join(m.cfg.DataDir, "checkpoints")
+	sbDirs, _ := os.ReadDir(root)
+	for _, sd := range sbDirs {
+		cpDirs, _ := os.ReadDir(filepath.Join(root, sd.Name()))
+		for _, cd := range cpDirs {
+			path := filepath.Join(root, sd.Name(), cd.Name())
+			if !keep[path] {
+				m.log.Info("removing unfinished checkpoint data", "path", path)
+				errs = append(errs, os.RemoveAll(path))
+			}
+		}
+		if len(cpDirs) == 0 || !m.known(ctx, sd.Name()) {
+			_ = os.Remove(filepath.Join(root, sd.Name()))
+		}
+	}
+	snaps, err := m.disks.Snapshots(ctx)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, snap := range snaps {
+		sbID, cpID, ok := strings.Cut(snap, ".")
+		if ok {
+			if _, err := m.store.GetCheckpoint(ctx, sbID, cpID); !errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+		}
+		m.log.Info("removing unfinished checkpoint snapshot", "snapshot", snap)
+		errs = append(errs, m.disks.DeleteSnapshot(ctx, snap))
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) known(ctx context.Context, id string) bool {
+	_, err := m.store.GetSandbox(ctx, id)
+	return err == nil
+}

@@ -1,0 +1,125 @@
+package sandbox
+
+import (
+	"crypto/rand"
+	"regexp"
+	"strings"
+	"time"
+
+	"loam.dev/loam/api"
+)
+
+var (
+	nameRE     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+	envKeyRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+)
+
+// ValidName reports whether s is a valid sandbox name: 1–63 of a-z, 0-9 and
+// '-', starting with a letter.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+func checkName(s string) error {
+	if !ValidName(s) {
+		return api.Errorf(api.CodeInvalid, "name %q: a name is 1-63 characters of a-z, 0-9 and '-', starting with a letter", s)
+	}
+	if strings.HasSuffix(s, "-") || strings.Contains(s, "--") {
+		// "--" separates the name from the org in URLs (NAME--ORG.domain).
+		return api.Errorf(api.CodeInvalid, "name %q: a name may not end with '-' or contain '--'", s)
+	}
+	return nil
+}
+
+func checkEnv(env map[string]string) error {
+	for k, v := range env {
+		if !envKeyRE.MatchString(k) {
+			return api.Errorf(api.CodeInvalid, "env: %q is not a valid variable name", k)
+		}
+		if strings.HasPrefix(k, "LOAM_AGENT_") {
+			return api.Errorf(api.CodeInvalid, "env: %q: names starting with LOAM_AGENT_ are reserved", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			return api.Errorf(api.CodeInvalid, "env: the value of %s contains a NUL byte", k)
+		}
+	}
+	if len(env) > 256 {
+		return api.Errorf(api.CodeInvalid, "env: at most 256 variables")
+	}
+	return nil
+}
+
+func checkLabels(labels map[string]string) error {
+	for k, v := range labels {
+		if !labelKeyRE.MatchString(k) {
+			return api.Errorf(api.CodeInvalid, "labels: key %q: 1-63 characters of letters, digits and . _ / -, starting with a letter or digit", k)
+		}
+		if len(v) > 255 {
+			return api.Errorf(api.CodeInvalid, "labels: the value of %s is longer than 255 bytes", k)
+		}
+	}
+	if len(labels) > 64 {
+		return api.Errorf(api.CodeInvalid, "labels: at most 64 labels")
+	}
+	return nil
+}
+
+// Resource bounds: a sandbox may ask for anything in between.
+const (
+	minMemoryMiB = 64
+	maxMemoryMiB = 64 << 10
+	minDiskMiB   = 256
+	maxDiskMiB   = 1 << 20
+	maxCPUs      = 64
+)
+
+func checkResources(r api.Resources) error {
+	switch {
+	case r.CPUs < 0 || r.CPUs > maxCPUs || (r.CPUs > 0 && r.CPUs < 0.1):
+		return api.Errorf(api.CodeInvalid, "resources.cpus: %g is out of range (0.1 to %d)", r.CPUs, maxCPUs)
+	case r.MemoryMiB != 0 && (r.MemoryMiB < minMemoryMiB || r.MemoryMiB > maxMemoryMiB):
+		return api.Errorf(api.CodeInvalid, "resources.memory_mib: %d is out of range (%d to %d)", r.MemoryMiB, minMemoryMiB, maxMemoryMiB)
+	case r.DiskMiB != 0 && (r.DiskMiB < minDiskMiB || r.DiskMiB > maxDiskMiB):
+		return api.Errorf(api.CodeInvalid, "resources.disk_mib: %d is out of range (%d to %d)", r.DiskMiB, minDiskMiB, maxDiskMiB)
+	}
+	return nil
+}
+
+func checkIdle(s string) error {
+	if s == "" {
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < time.Minute && d != 0 {
+		return api.Errorf(api.CodeInvalid, "idle: %q is not a duration of at least 1m (like \"10m\" or \"1h\"), or \"0\" for never", s)
+	}
+	return nil
+}
+
+func checkPort(p int) error {
+	if p < 0 || p > 65535 {
+		return api.Errorf(api.CodeInvalid, "http_port: %d is not a port (1-65535)", p)
+	}
+	return nil
+}
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// newID makes a sandbox id: "sb-" and 12 random lowercase letters and digits.
+// Fixed length matters: runsc matches container ids by prefix.
+func newID() string { return "sb-" + randomString(12) }
+
+func randomString(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	for i := range b {
+		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+	}
+	return string(b)
+}
+
+// newToken makes a secret for the agent.
+func newToken() string {
+	return rand.Text() + rand.Text()
+}

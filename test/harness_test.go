@@ -1,0 +1,262 @@
+// Package test holds loam's end-to-end tests: they build the real loam
+// binary, run `loam serve` as a separate process on a data dir of their own,
+// and drive real gVisor sandboxes through the Go client and the CLI.
+package test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"loam.dev/loam/client"
+)
+
+// loamBin is the loam binary built for this run.
+var loamBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 || findRunsc() == "" {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintln(os.Stderr, "end-to-end tests need root and runsc (run scripts/setup); CI=true, so this is a failure")
+			return 1
+		}
+		fmt.Fprintln(os.Stderr, "skipping end-to-end tests: they need root and runsc (run scripts/setup)")
+		return 0
+	}
+	dir, err := os.MkdirTemp("", "loam-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	loamBin = filepath.Join(dir, "loam")
+	build := exec.Command("go", "build", "-o", loamBin, "loam.dev/loam/cmd/loam")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building loam:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+func findRunsc() string {
+	if p := os.Getenv("LOAM_RUNSC"); p != "" {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	p, _ := exec.LookPath("runsc")
+	return p
+}
+
+// daemon is a `loam serve` process run by a test.
+type daemon struct {
+	t       *testing.T
+	dataDir string
+	subnet  string
+	cmd     *exec.Cmd
+	log     *bytes.Buffer
+	URL     string
+	Token   string
+	C       *client.Client
+}
+
+// subnets hands each daemon of this package its own address range, so that
+// two daemons never give out the same addresses.
+var subnetSeq = 0
+
+// startDaemon runs a daemon on a new data dir; it is stopped, and all it
+// made removed, when the test ends.
+func startDaemon(t *testing.T, extra ...string) *daemon {
+	t.Helper()
+	dataDir, err := os.MkdirTemp("", "loam-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	subnetSeq++
+	d := &daemon{t: t, dataDir: dataDir, subnet: fmt.Sprintf("10.89.%d.0/24", subnetSeq%250)}
+	d.start(extra...)
+	t.Cleanup(func() { d.destroy() })
+	return d
+}
+
+func (d *daemon) start(extra ...string) {
+	t := d.t
+	t.Helper()
+	os.Remove(filepath.Join(d.dataDir, "api_url"))
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
+		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
+		"--disk-size", fmt.Sprint(8 << 30)}, extra...)
+	d.cmd = exec.Command(loamBin, args...)
+	d.cmd.Env = append(os.Environ(), "LOAM_TOKEN=") // a test's own token file, never the caller's
+	d.log = &bytes.Buffer{}
+	d.cmd.Stdout = d.log
+	d.cmd.Stderr = d.log
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b, err := os.ReadFile(filepath.Join(d.dataDir, "api_url"))
+		if err == nil {
+			d.URL = strings.TrimSpace(string(b))
+			break
+		}
+		if time.Now().After(deadline) || d.cmd.ProcessState != nil {
+			t.Fatalf("daemon did not start:\n%s", d.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tok, err := os.ReadFile(filepath.Join(d.dataDir, "token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Token = strings.TrimSpace(string(tok))
+	d.C = client.New(d.URL, d.Token)
+	for {
+		resp, err := http.Get(d.URL + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon does not answer: %v\n%s", err, d.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop ends the daemon process (SIGTERM) and waits for it; its sandboxes
+// keep running.
+func (d *daemon) stop() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- d.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-done
+	}
+	d.cmd = nil
+}
+
+// destroy deletes every sandbox through the API, stops the daemon, and
+// removes whatever is left: runsc containers, namespaces, mounts.
+func (d *daemon) destroy() {
+	t := d.t
+	if d.cmd != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		sbs, err := d.C.ListSandboxes(ctx, client.ListOptions{})
+		if err == nil {
+			for _, sb := range sbs {
+				if err := d.C.DeleteSandbox(ctx, sb.ID); err != nil {
+					t.Logf("cleanup: deleting %s: %v", sb.Name, err)
+				}
+			}
+		}
+		cancel()
+		d.stop()
+	}
+	if t.Failed() {
+		t.Logf("daemon log:\n%s", d.log.String())
+	}
+	// Whatever the API could not delete: containers, namespaces, the pool.
+	runscRoot := filepath.Join(d.dataDir, "runsc")
+	if ents, err := os.ReadDir(runscRoot); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "sb-") && !strings.Contains(e.Name(), ".") {
+				exec.Command(findRunsc(), "--root", runscRoot, "delete", "-force", e.Name()).Run()
+			}
+		}
+	}
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			name, _, _ := strings.Cut(line, " ")
+			if strings.HasPrefix(name, "loam-sb-") && d.ownsNetns(name) {
+				exec.Command("ip", "netns", "del", name).Run()
+			}
+		}
+	}
+	unmountUnder(d.dataDir)
+	os.RemoveAll(d.dataDir)
+}
+
+// ownsNetns tells whether a namespace belongs to this daemon: its sandbox
+// has a directory in the daemon's data dir.
+func (d *daemon) ownsNetns(name string) bool {
+	_, err := os.Stat(filepath.Join(d.dataDir, "sandboxes", strings.TrimPrefix(name, "loam-")))
+	return err == nil
+}
+
+// unmountUnder unmounts every mount below dir and detaches loop devices.
+func unmountUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+			mounts = append(mounts, f[1])
+		}
+	}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		exec.Command("umount", "-l", mounts[i]).Run()
+	}
+	if out, err := exec.Command("losetup", "-j", filepath.Join(dir, "disk", "disk.img")).Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if dev, _, ok := strings.Cut(line, ":"); ok {
+				exec.Command("losetup", "-d", dev).Run()
+			}
+		}
+	}
+}
+
+// cli runs the loam CLI against the daemon with stdin from in (nil: /dev/null).
+func (d *daemon) cli(in string, args ...string) (stdout, stderr string, code int) {
+	d.t.Helper()
+	cmd := exec.Command(loamBin, args...)
+	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
+	if in != "" {
+		cmd.Stdin = strings.NewReader(in)
+	}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		d.t.Fatalf("running loam %v: %v", args, err)
+	}
+	return o.String(), e.String(), code
+}
+
+// run runs a command in a sandbox and returns its stdout, failing the test
+// unless it exits 0.
+func (d *daemon) run(sb string, cmd ...string) string {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, errb, code, err := d.C.Output(ctx, sb, cmd...)
+	if err != nil || code != 0 {
+		d.t.Fatalf("run %v in %s: code %d, err %v, stderr %q", cmd, sb, code, err, errb)
+	}
+	return string(out)
+}

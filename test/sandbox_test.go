@@ -1,0 +1,297 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/client"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestSandboxLifecycle drives the core through the Go client: create, run
+// with stdout, stderr, stdin and exit codes, env and labels, isolation of
+// two sandboxes, and delete freeing everything.
+func TestSandboxLifecycle(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	c := d.C
+
+	a, err := c.CreateSandbox(ctx, api.CreateSandbox{
+		Name: "alpha", Env: map[string]string{"GREETING": "hello"},
+		Labels: map[string]string{"team": "red"}, HTTPPort: 8080,
+		Resources: &api.Resources{MemoryMiB: 256, CPUs: 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(a.ID, "sb-") || len(a.ID) != 15 || a.State != api.StateRunning || a.Name != "alpha" {
+		t.Fatalf("created %+v", a)
+	}
+	if a.URL != "http://alpha--default.localhost:7070" {
+		t.Errorf("url %q", a.URL)
+	}
+	if a.Resources.MemoryMiB != 256 || a.Template != "busybox" {
+		t.Errorf("resources/template %+v %q", a.Resources, a.Template)
+	}
+
+	t.Run("stdout stderr exit", func(t *testing.T) {
+		var out, errb bytes.Buffer
+		code, err := c.Exec(ctx, "alpha", client.ExecOptions{
+			Cmd:    []string{"sh", "-c", "echo out; echo err >&2; exit 3"},
+			Stdout: &out, Stderr: &errb,
+		})
+		if err != nil || code != 3 || out.String() != "out\n" || errb.String() != "err\n" {
+			t.Fatalf("code %d err %v out %q stderr %q", code, err, out.String(), errb.String())
+		}
+	})
+	t.Run("stdin", func(t *testing.T) {
+		var out bytes.Buffer
+		code, err := c.Exec(ctx, a.ID, client.ExecOptions{
+			Cmd: []string{"sh", "-c", "tr a-z A-Z; echo done"}, Stdin: strings.NewReader("piped in\n"), Stdout: &out,
+		})
+		if err != nil || code != 0 || out.String() != "PIPED IN\ndone\n" {
+			t.Fatalf("code %d err %v out %q", code, err, out.String())
+		}
+	})
+	t.Run("user env dir", func(t *testing.T) {
+		got := d.run("alpha", "sh", "-c", `echo "$(id -u) $HOME $GREETING $(pwd)"`)
+		if got != "1000 /home/loam hello /home/loam\n" {
+			t.Fatalf("got %q", got)
+		}
+		var out bytes.Buffer
+		code, err := c.Exec(ctx, "alpha", client.ExecOptions{
+			Cmd: []string{"sh", "-c", `echo "$(id -u) $GREETING $(pwd)"`}, User: "root", Dir: "/tmp",
+			Env: map[string]string{"GREETING": "override"}, Stdout: &out,
+		})
+		if err != nil || code != 0 || out.String() != "0 override /tmp\n" {
+			t.Fatalf("code %d err %v out %q", code, err, out.String())
+		}
+	})
+	t.Run("not found", func(t *testing.T) {
+		_, err := c.Exec(ctx, "alpha", client.ExecOptions{Cmd: []string{"no-such-command"}})
+		if !errors.Is(err, api.ErrNotFound) {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("tty", func(t *testing.T) {
+		var out bytes.Buffer
+		code, err := c.Exec(ctx, "alpha", client.ExecOptions{
+			Cmd: []string{"sh", "-c", "tty; stty size; echo e >&2"}, TTY: true, Rows: 33, Cols: 101, Stdout: &out,
+		})
+		got := strings.ReplaceAll(out.String(), "\r", "")
+		if err != nil || code != 0 || !strings.HasPrefix(got, "/dev/pts/") || !strings.Contains(got, "33 101\ne\n") {
+			t.Fatalf("code %d err %v out %q", code, err, got)
+		}
+	})
+	t.Run("detached process survives", func(t *testing.T) {
+		d.run("alpha", "sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 &")
+		d.run("alpha", "sh", "-c", "setsid sleep 1001 >/dev/null 2>&1 < /dev/null &")
+		time.Sleep(200 * time.Millisecond)
+		ps := d.run("alpha", "ps")
+		if !strings.Contains(ps, "sleep 1000") || !strings.Contains(ps, "sleep 1001") {
+			t.Fatalf("detached sleeps gone:\n%s", ps)
+		}
+	})
+	t.Run("hang up on close", func(t *testing.T) {
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			c.Exec(cctx, "alpha", client.ExecOptions{Cmd: []string{"sleep", "2000"}})
+			close(done)
+		}()
+		waitFor(t, func() bool { return strings.Contains(d.run("alpha", "ps"), "sleep 2000") })
+		cancel()
+		<-done
+		waitFor(t, func() bool { return !strings.Contains(d.run("alpha", "ps"), "sleep 2000") })
+	})
+
+	b, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "beta", Labels: map[string]string{"team": "blue"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("isolation", func(t *testing.T) {
+		d.run("alpha", "sh", "-c", "echo secret > /home/loam/mine; sleep 3000 >/dev/null 2>&1 &")
+		if out := d.run("beta", "sh", "-c", "ls /home/loam; ps"); strings.Contains(out, "mine") || strings.Contains(out, "sleep 3000") {
+			t.Fatalf("beta sees alpha's things:\n%s", out)
+		}
+	})
+	t.Run("labels filter", func(t *testing.T) {
+		red, err := c.ListSandboxes(ctx, client.ListOptions{Labels: map[string]string{"team": "red"}})
+		if err != nil || len(red) != 1 || red[0].Name != "alpha" {
+			t.Fatalf("%v %+v", err, red)
+		}
+		all, err := c.ListSandboxes(ctx, client.ListOptions{})
+		if err != nil || len(all) != 2 || all[0].Name != "alpha" || all[1].Name != "beta" {
+			t.Fatalf("%v %+v", err, all)
+		}
+	})
+	t.Run("delete frees everything", func(t *testing.T) {
+		vol := filepath.Join(d.dataDir, "disk", "mnt", "volumes", b.ID)
+		if _, err := os.Stat(vol); err != nil {
+			t.Fatalf("volume of beta: %v", err)
+		}
+		if err := c.DeleteSandbox(ctx, "beta"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.GetSandbox(ctx, "beta"); !errors.Is(err, api.ErrNotFound) {
+			t.Fatalf("get after delete: %v", err)
+		}
+		if _, err := os.Stat(vol); !os.IsNotExist(err) {
+			t.Errorf("volume still there: %v", err)
+		}
+		if err := exec.Command("ip", "netns", "pids", "loam-"+b.ID).Run(); err == nil {
+			t.Errorf("netns of beta still there")
+		}
+		out, _ := exec.Command(findRunsc(), "--root", filepath.Join(d.dataDir, "runsc"), "list", "-q").Output()
+		if strings.Contains(string(out), b.ID) {
+			t.Errorf("container of beta still there: %s", out)
+		}
+		if err := c.DeleteSandbox(ctx, "beta"); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("second delete: %v", err)
+		}
+	})
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 20s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAPIErrors checks auth and bad input, over plain HTTP as curl sends it.
+func TestAPIErrors(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "taken"}); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, method, path, token, body string
+		status                          int
+		code                            api.Code
+		msg                             string
+	}{
+		{"no token", "GET", "/v1/sandboxes", "-", "", 401, api.CodeUnauthorized, "token"},
+		{"wrong token", "GET", "/v1/sandboxes", "nope", "", 401, api.CodeUnauthorized, "token"},
+		{"unknown field", "POST", "/v1/sandboxes", "", `{"name":"x","colour":"red"}`, 400, api.CodeInvalid, "colour"},
+		{"bad name", "POST", "/v1/sandboxes", "", `{"name":"Bad_Name"}`, 400, api.CodeInvalid, "name"},
+		{"name in use", "POST", "/v1/sandboxes", "", `{"name":"taken"}`, 409, api.CodeConflict, "in use"},
+		{"bad json", "POST", "/v1/sandboxes", "", `{"name":`, 400, api.CodeInvalid, "JSON"},
+		{"wrong type", "POST", "/v1/sandboxes", "", `{"name":"ok","http_port":"80"}`, 400, api.CodeInvalid, "http_port"},
+		{"big body", "POST", "/v1/sandboxes", "", `{"name":"` + strings.Repeat("a", 2<<20) + `"}`, 400, api.CodeInvalid, "larger"},
+		{"no template", "POST", "/v1/sandboxes", "", `{"name":"ok","template":"nope"}`, 400, api.CodeInvalid, "template"},
+		{"bad memory", "POST", "/v1/sandboxes", "", `{"name":"ok","resources":{"memory_mib":1}}`, 400, api.CodeInvalid, "memory_mib"},
+		{"bad env", "POST", "/v1/sandboxes", "", `{"name":"ok","env":{"1X":"y"}}`, 400, api.CodeInvalid, "env"},
+		{"bad idle", "POST", "/v1/sandboxes", "", `{"name":"ok","idle":"soon"}`, 400, api.CodeInvalid, "idle"},
+		{"missing", "GET", "/v1/sandboxes/nope", "", "", 404, api.CodeNotFound, "nope"},
+		{"missing delete", "DELETE", "/v1/sandboxes/nope", "", "", 404, api.CodeNotFound, "nope"},
+		{"bad label filter", "GET", "/v1/sandboxes?label=x", "", "", 400, api.CodeInvalid, "label"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, d.URL+tc.path, strings.NewReader(tc.body))
+			switch tc.token {
+			case "":
+				req.Header.Set("Authorization", "Bearer "+d.Token)
+			case "-":
+			default:
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			var eb api.ErrorBody
+			if err := json.Unmarshal(body, &eb); err != nil || eb.Error == nil {
+				t.Fatalf("status %d body %q", resp.StatusCode, body)
+			}
+			if resp.StatusCode != tc.status || eb.Error.Code != tc.code || !strings.Contains(eb.Error.Message, tc.msg) {
+				t.Fatalf("got %d %s %q", resp.StatusCode, eb.Error.Code, eb.Error.Message)
+			}
+		})
+	}
+	resp, err := http.Get(d.URL + "/healthz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("healthz: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	if sbs, _ := d.C.ListSandboxes(ctx, client.ListOptions{}); len(sbs) != 1 {
+		t.Errorf("bad requests left sandboxes behind: %+v", sbs)
+	}
+}
+
+// TestDaemonRestart: a running sandbox stays running, and usable, when the
+// daemon stops and starts again; its processes are the same ones.
+func TestDaemonRestart(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "keeper"}); err != nil {
+		t.Fatal(err)
+	}
+	d.run("keeper", "sh", "-c", "echo kept > /home/loam/f; nohup sleep 4000 >/dev/null 2>&1 &")
+	before := d.run("keeper", "pgrep", "-f", "sleep 4000")
+	d.stop()
+	d.start()
+	sb, err := d.C.GetSandbox(ctx, "keeper")
+	if err != nil || sb.State != api.StateRunning {
+		t.Fatalf("after restart: %v %+v", err, sb)
+	}
+	if got := d.run("keeper", "sh", "-c", "cat /home/loam/f; pgrep -f 'sleep 4000'"); got != "kept\n"+before {
+		t.Fatalf("after restart got %q, want kept and pid %q", got, before)
+	}
+}
+
+// TestCLI runs the CLI as a user would.
+func TestCLI(t *testing.T) {
+	d := startDaemon(t)
+	out, errOut, code := d.cli("", "create", "scratch", "--env", "A=1", "--label", "k=v", "--memory", "256Mi")
+	if code != 0 || !strings.Contains(out, "name:        scratch\n") || !strings.Contains(out, "state:       running\n") {
+		t.Fatalf("create: %d %q %q", code, out, errOut)
+	}
+	out, _, code = d.cli("", "run", "scratch", "--", "sh", "-c", "echo $A; cat; exit 7")
+	if code != 7 || out != "1\n" {
+		t.Fatalf("run: %d %q", code, out)
+	}
+	out, _, code = d.cli("through stdin\n", "run", "scratch", "--", "cat")
+	if code != 0 || out != "through stdin\n" {
+		t.Fatalf("run with stdin: %d %q", code, out)
+	}
+	out, _, code = d.cli("", "ls")
+	if code != 0 || !strings.Contains(out, "scratch") || !strings.HasPrefix(out, "NAME") {
+		t.Fatalf("ls: %d %q", code, out)
+	}
+	_, errOut, code = d.cli("", "rm", "scratch")
+	if code == 0 || !strings.Contains(errOut, "--yes") {
+		t.Fatalf("rm without a terminal or -y: %d %q", code, errOut)
+	}
+	if _, errOut, code = d.cli("", "rm", "-y", "scratch"); code != 0 {
+		t.Fatalf("rm -y: %d %q", code, errOut)
+	}
+	_, errOut, code = d.cli("", "get", "scratch")
+	if code != 1 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("get after rm: %d %q", code, errOut)
+	}
+}
