@@ -4,8 +4,10 @@ go 1.26.0
 
 require (
 	github.com/coder/websocket v1.8.15
-	github.com/creack/pty v1.1.24
+	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/spf13/cobra v1.10.2
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.48.0
 	modernc.org/sqlite v1.62.0

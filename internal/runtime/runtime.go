@@ -13,8 +13,13 @@ import (
 	"errors"
 )
 
-// ErrNotExist is returned when the runtime has no container by that id.
-var ErrNotExist = errors.New("container does not exist")
+// Errors of a Runtime, wrapped with context.
+var (
+	// ErrNotExist is returned when the runtime has no container by that id.
+	ErrNotExist = errors.New("container does not exist")
+	// ErrExist is returned by Start and Restore when the id is taken.
+	ErrExist = errors.New("container already exists")
+)
 
 // Status is a container's state as the runtime sees it.
 type Status string
@@ -62,7 +67,8 @@ var AgentArgs = []string{AgentPath, "agent"}
 // CheckpointOptions tune Checkpoint.
 type CheckpointOptions struct {
 	// LeaveRunning keeps the container running after the image is written;
-	// otherwise it is stopped.
+	// otherwise it is stopped, and only Delete is left to do (runsc goes on
+	// reporting it as running for about 2 s while its sandbox exits).
 	LeaveRunning bool
 }
 

@@ -66,25 +66,33 @@ type Store interface {
 	// CreateSandbox adds a sandbox. It fails with ErrExists when the id or
 	// the name is taken.
 	CreateSandbox(ctx context.Context, sb *Sandbox) error
-	// GetSandbox finds a sandbox by id or name; ErrNotFound if none.
+	// GetSandbox finds a sandbox by id or name; ErrNotFound if none. When
+	// ref is one sandbox's id and another's name, the id wins.
 	GetSandbox(ctx context.Context, ref string) (*Sandbox, error)
 	// ListSandboxes lists sandboxes, oldest first.
 	ListSandboxes(ctx context.Context, f Filter) ([]*Sandbox, error)
-	// UpdateSandbox replaces the stored record with the same id; ErrNotFound if none.
+	// UpdateSandbox replaces the stored record with the same id; ErrNotFound
+	// if none, ErrExists if the new name is another sandbox's. The sandbox's
+	// checkpoints are kept.
 	UpdateSandbox(ctx context.Context, sb *Sandbox) error
 	// DeleteSandbox removes a sandbox and all its checkpoints; ErrNotFound if none.
 	DeleteSandbox(ctx context.Context, id string) error
 	// UsedNetIndexes returns the NetIndex of every sandbox.
 	UsedNetIndexes(ctx context.Context) ([]int, error)
 
-	// CreateCheckpoint adds a checkpoint. ErrExists if the sandbox already
-	// has one with that id or name.
+	// CreateCheckpoint adds a checkpoint to the sandbox whose id is
+	// cp.Sandbox. ErrExists if the sandbox already has one with that id or
+	// name (checkpoints without a name never conflict), ErrNotFound if there
+	// is no such sandbox. The record is durable when it returns.
 	CreateCheckpoint(ctx context.Context, cp *Checkpoint) error
-	// GetCheckpoint finds a checkpoint of sandbox (an id) by its id or name.
+	// GetCheckpoint finds a checkpoint of sandbox (an id) by its id or name;
+	// ErrNotFound if none. When ref is one checkpoint's id and another's
+	// name, the id wins.
 	GetCheckpoint(ctx context.Context, sandboxID, ref string) (*Checkpoint, error)
-	// ListCheckpoints lists a sandbox's checkpoints, oldest first.
+	// ListCheckpoints lists a sandbox's checkpoints, oldest first (in the
+	// order they were created); ErrNotFound if there is no such sandbox.
 	ListCheckpoints(ctx context.Context, sandboxID string) ([]*Checkpoint, error)
-	// DeleteCheckpoint removes one checkpoint; ErrNotFound if none.
+	// DeleteCheckpoint removes one checkpoint, given by id; ErrNotFound if none.
 	DeleteCheckpoint(ctx context.Context, sandboxID, id string) error
 	// AllCheckpointDirs returns the Dir of every checkpoint of every
 	// sandbox, so start-up can remove data no record points at.

@@ -1,0 +1,94 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+
+	"loam.dev/loam/api"
+)
+
+// ListOptions filters ListSandboxes.
+type ListOptions struct {
+	// Labels keeps only sandboxes that carry every one of these labels with
+	// these values.
+	Labels map[string]string
+}
+
+// CreateSandbox creates a sandbox and returns it once the daemon has made it.
+// With req.From set it makes a fork; Fork and ForkWith say that more plainly.
+func (c *Client) CreateSandbox(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if err := c.do(ctx, "POST", "/v1/sandboxes", nil, req, &sb); err != nil {
+		if req.Name != "" {
+			return nil, fmt.Errorf("creating sandbox %s: %w", req.Name, err)
+		}
+		return nil, fmt.Errorf("creating a sandbox: %w", err)
+	}
+	return &sb, nil
+}
+
+// ListSandboxes lists the sandboxes, filtered by opts.
+func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) ([]api.Sandbox, error) {
+	var q url.Values
+	if len(opts.Labels) > 0 {
+		keys := make([]string, 0, len(opts.Labels))
+		for k := range opts.Labels {
+			keys = append(keys, k)
+		}
+		// Sorted so the same filter always makes the same URL.
+		sort.Strings(keys)
+		q = url.Values{}
+		for _, k := range keys {
+			q.Add("label", k+"="+opts.Labels[k])
+		}
+	}
+	var list api.SandboxList
+	if err := c.do(ctx, "GET", "/v1/sandboxes", q, nil, &list); err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	if list.Sandboxes == nil {
+		list.Sandboxes = []api.Sandbox{}
+	}
+	return list.Sandboxes, nil
+}
+
+// GetSandbox returns the sandbox ref names (a name or an id).
+func (c *Client) GetSandbox(ctx context.Context, ref string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if err := c.sandboxCall(ctx, "GET", ref, "", nil, &sb); err != nil {
+		return nil, fmt.Errorf("getting sandbox %s: %w", ref, err)
+	}
+	return &sb, nil
+}
+
+// DeleteSandbox deletes the sandbox ref names, and its checkpoints with it.
+func (c *Client) DeleteSandbox(ctx context.Context, ref string) error {
+	if err := c.sandboxCall(ctx, "DELETE", ref, "", nil, nil); err != nil {
+		return fmt.Errorf("deleting sandbox %s: %w", ref, err)
+	}
+	return nil
+}
+
+// Templates lists the templates sandboxes can be made from.
+func (c *Client) Templates(ctx context.Context) ([]api.Template, error) {
+	var list api.TemplateList
+	if err := c.do(ctx, "GET", "/v1/templates", nil, nil, &list); err != nil {
+		return nil, fmt.Errorf("listing templates: %w", err)
+	}
+	if list.Templates == nil {
+		list.Templates = []api.Template{}
+	}
+	return list.Templates, nil
+}
+
+// sandboxCall sends a request to /v1/sandboxes/{ref}{rest}; rest is already
+// escaped.
+func (c *Client) sandboxCall(ctx context.Context, method, ref, rest string, in, out any) error {
+	seg, err := segment("sandbox", ref)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, method, "/v1/sandboxes/"+seg+rest, nil, in, out)
+}

@@ -1,0 +1,207 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"loam.dev/loam/api"
+)
+
+// envSandbox names the sandbox a command runs in; the daemon sets it inside
+// every sandbox, so `loam checkpoint create` there needs no name.
+const envSandbox = "LOAM_SANDBOX"
+
+func (a *app) checkpointCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "checkpoint",
+		Short: "Take, list, restore and delete checkpoints",
+		Long: `A checkpoint is a snapshot of a sandbox you can go back to (restore) or
+start new sandboxes from (fork). A memory checkpoint (the default) holds the
+sandbox's memory and disk, so processes come back running where they were; a
+disk-only one holds the disk, and comes back as a fresh boot on it.`,
+	}
+	cmd.AddCommand(
+		a.checkpointCreateCmd(),
+		a.checkpointLsCmd(),
+		a.checkpointGetCmd(),
+		a.checkpointRmCmd(),
+		a.checkpointRestoreCmd(),
+	)
+	return cmd
+}
+
+func (a *app) checkpointCreateCmd() *cobra.Command {
+	var (
+		req      api.CreateCheckpoint
+		diskOnly bool
+		asJSON   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create [SANDBOX]",
+		Short: "Take a checkpoint and print its id",
+		Long: `Take a checkpoint of SANDBOX (inside a sandbox, of that sandbox) and print
+its id. A memory checkpoint pauses the sandbox for about a second and ends
+every exec stream on it; a disk-only one (--disk-only) does neither.`,
+		Example: `  loam checkpoint create scratch --comment 'site up, state v1'`,
+		Args:    cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sandbox := a.getenv(envSandbox)
+			if len(args) == 1 {
+				sandbox = args[0]
+			}
+			if sandbox == "" {
+				return errors.New("no sandbox given")
+			}
+			if diskOnly {
+				memory := false
+				req.Memory = &memory
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			cp, err := c.CreateCheckpoint(cmd.Context(), sandbox, req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, cp)
+			}
+			_, err = fmt.Fprintln(a.stdout, cp.ID)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.Comment, "comment", "", "what the checkpoint holds, shown by ls")
+	f.StringVar(&req.Name, "name", "", "a name the checkpoint can be found by besides its id")
+	f.BoolVar(&diskOnly, "disk-only", false, "checkpoint the disk only: no pause; a restore boots fresh")
+	f.BoolVar(&asJSON, "json", false, "print the checkpoint as JSON")
+	return cmd
+}
+
+func (a *app) checkpointLsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls SANDBOX",
+		Aliases: []string{"list"},
+		Short:   "List a sandbox's checkpoints, oldest first",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			cps, err := c.ListCheckpoints(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, cps)
+			}
+			return writeCheckpointTable(a.stdout, cps)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checkpoints as a JSON array")
+	return cmd
+}
+
+func writeCheckpointTable(w io.Writer, cps []api.Checkpoint) error {
+	t := newTable(w, "ID", "KIND", "AUTO", "CREATED", "COMMENT")
+	for i := range cps {
+		cp := &cps[i]
+		t.row(cp.ID, checkpointKind(cp), yesNo(cp.Auto), formatTime(cp.CreatedAt), cp.Comment)
+	}
+	return t.flush()
+}
+
+func (a *app) checkpointGetCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "get SANDBOX CHECKPOINT",
+		Short: "Show a checkpoint",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			cp, err := c.GetCheckpoint(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, cp)
+			}
+			return writeCheckpoint(a.stdout, cp)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checkpoint as JSON")
+	return cmd
+}
+
+func (a *app) checkpointRmCmd() *cobra.Command {
+	var yes bool
+	cmd := &cobra.Command{
+		Use:     "rm SANDBOX CHECKPOINT",
+		Aliases: []string{"delete"},
+		Short:   "Delete a checkpoint",
+		Long: `Delete a checkpoint. Forks made from it carry on. On a terminal rm asks
+first; elsewhere it needs --yes.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sandbox, ref := args[0], args[1]
+			if err := a.confirm(yes,
+				fmt.Sprintf("Delete checkpoint %s of %s", ref, sandbox),
+				fmt.Sprintf("delete checkpoint %s of %s", ref, sandbox)); err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			return c.DeleteCheckpoint(cmd.Context(), sandbox, ref)
+		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "delete without asking")
+	return cmd
+}
+
+func (a *app) checkpointRestoreCmd() *cobra.Command {
+	var yes, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "restore SANDBOX CHECKPOINT",
+		Short: "Roll a sandbox back to a checkpoint",
+		Long: `Roll SANDBOX back to CHECKPOINT and print its name and state. Its current
+state is kept first as an automatic checkpoint (auto-N), so a restore can be
+undone. Every exec session on the sandbox ends. On a terminal restore asks
+first; elsewhere it needs --yes.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sandbox, ref := args[0], args[1]
+			if err := a.confirm(yes,
+				fmt.Sprintf("Restore %s to checkpoint %s", sandbox, ref),
+				fmt.Sprintf("restore %s to checkpoint %s", sandbox, ref)); err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			sb, err := c.RestoreCheckpoint(cmd.Context(), sandbox, ref)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sb)
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s\t%s\n", sb.Name, sb.State)
+			return err
+		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "restore without asking")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the restored sandbox as JSON")
+	return cmd
+}

@@ -1,0 +1,57 @@
+package cli
+
+import (
+	"github.com/spf13/cobra"
+
+	"loam.dev/loam/api"
+)
+
+func (a *app) forkCmd() *cobra.Command {
+	var (
+		req         api.CreateSandbox
+		env, labels []string
+		asJSON      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "fork SANDBOX CHECKPOINT [NEWNAME]",
+		Short: "Make a new sandbox from a checkpoint",
+		Long: `Make a new, independent sandbox from a checkpoint of SANDBOX: its disk, and
+its memory when the checkpoint has memory, so a fork of a memory checkpoint
+starts with the source's processes running. Its template, image and resources
+come from the checkpoint; env, labels and the rest are the fork's own.
+Without NEWNAME the daemon picks a name.`,
+		Example: `  loam fork scratch v1 scratch-copy --label owner=docs`,
+		Args:    cobra.RangeArgs(2, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 3 {
+				req.Name = args[2]
+			}
+			var err error
+			if req.Env, err = parseKV("env", env); err != nil {
+				return err
+			}
+			if req.Labels, err = parseKV("label", labels); err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			sb, err := c.ForkWith(cmd.Context(), args[0], args[1], req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sb)
+			}
+			return writeSandbox(a.stdout, sb)
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable `KEY=VALUE` (repeatable)")
+	f.StringArrayVarP(&labels, "label", "l", nil, "label `KEY=VALUE` (repeatable)")
+	f.StringVar(&req.Idle, "idle", "", "sleep after this long without activity, such as 10m")
+	f.IntVar(&req.HTTPPort, "http-port", 0, "port the sandbox's URL forwards to, such as 8080")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}

@@ -1,0 +1,191 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/client"
+)
+
+func (a *app) createCmd() *cobra.Command {
+	var (
+		req              api.CreateSandbox
+		env, labels      []string
+		cpus             float64
+		memory, diskSize string
+		asJSON           bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create [NAME]",
+		Short: "Create a sandbox",
+		Long: `Create a sandbox and print it once it runs. Without NAME the daemon picks
+one. Resources left out get the daemon's defaults. Sizes are MiB, or like
+512Mi or 2Gi (512M means 512Mi).`,
+		Example: `  loam create scratch
+  loam create web --template base --memory 1Gi --http-port 8080 --label owner=docs`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				req.Name = args[0]
+			}
+			var err error
+			if req.Env, err = parseKV("env", env); err != nil {
+				return err
+			}
+			if req.Labels, err = parseKV("label", labels); err != nil {
+				return err
+			}
+			flags := cmd.Flags()
+			if flags.Changed("cpus") || flags.Changed("memory") || flags.Changed("disk") {
+				req.Resources = &api.Resources{CPUs: cpus}
+				if flags.Changed("memory") {
+					if req.Resources.MemoryMiB, err = parseSize(memory); err != nil {
+						return fmt.Errorf("--memory: %w", err)
+					}
+				}
+				if flags.Changed("disk") {
+					if req.Resources.DiskMiB, err = parseSize(diskSize); err != nil {
+						return fmt.Errorf("--disk: %w", err)
+					}
+				}
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			sb, err := c.CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sb)
+			}
+			return writeSandbox(a.stdout, sb)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.Template, "template", "", "template to make the sandbox from (the default template when neither this nor --image is given)")
+	f.StringVar(&req.Image, "image", "", "OCI image to make the sandbox from")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable `KEY=VALUE` (repeatable)")
+	f.StringArrayVarP(&labels, "label", "l", nil, "label `KEY=VALUE` (repeatable)")
+	f.Float64Var(&cpus, "cpus", 0, "CPU cores, such as 1 or 0.5")
+	f.StringVar(&memory, "memory", "", "memory limit, such as 512Mi")
+	f.StringVar(&diskSize, "disk", "", "disk size, such as 4Gi")
+	f.StringVar(&req.Idle, "idle", "", "sleep after this long without activity, such as 10m")
+	f.IntVar(&req.HTTPPort, "http-port", 0, "port the sandbox's URL forwards to, such as 8080")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func (a *app) lsCmd() *cobra.Command {
+	var (
+		labels []string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Example: `  loam ls --label owner=docs`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sel, err := parseKV("label", labels)
+			if err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			sbs, err := c.ListSandboxes(cmd.Context(), client.ListOptions{Labels: sel})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sbs)
+			}
+			t := newTable(a.stdout, "NAME", "ID", "STATE", "TEMPLATE", "CREATED")
+			for _, sb := range sbs {
+				from := sb.Template
+				if from == "" {
+					from = sb.Image
+				}
+				t.row(sb.Name, sb.ID, string(sb.State), orDash(from), formatTime(sb.CreatedAt))
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label `KEY=VALUE` (repeatable; all must match)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandboxes as a JSON array")
+	return cmd
+}
+
+func (a *app) getCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			sb, err := c.GetSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sb)
+			}
+			return writeSandbox(a.stdout, sb)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func (a *app) rmCmd() *cobra.Command {
+	var yes bool
+	cmd := &cobra.Command{
+		Use:     "rm NAME...",
+		Aliases: []string{"delete"},
+		Short:   "Delete sandboxes and their checkpoints",
+		Long: `Delete sandboxes, with their disks and checkpoints. Forks made from their
+checkpoints carry on. On a terminal rm asks first; elsewhere it needs --yes.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			what := "sandbox " + args[0]
+			if len(args) > 1 {
+				what = "sandboxes " + strings.Join(args, ", ")
+			}
+			if err := a.confirm(yes, "Delete "+what, "delete "+what); err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			// Delete what can be deleted and report the rest, as rm(1) does.
+			failed := false
+			for _, name := range args {
+				if err := c.DeleteSandbox(cmd.Context(), name); err != nil {
+					if len(args) == 1 {
+						return err
+					}
+					fmt.Fprintf(a.stderr, "loam: %s\n", message(err))
+					failed = true
+				}
+			}
+			if failed {
+				return &ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "delete without asking")
+	return cmd
+}

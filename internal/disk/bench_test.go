@@ -1,0 +1,96 @@
+package disk_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"loam.dev/loam/internal/disk"
+)
+
+// BenchmarkPool times each pool's operations on a real template: busybox,
+// or with LOAM_TEST_BASE=1 the Debian one (from the shared cache).
+func BenchmarkPool(b *testing.B) {
+	requireRoot(b)
+	name := "busybox"
+	cacheDir := b.TempDir()
+	if os.Getenv("LOAM_TEST_BASE") == "1" {
+		name, cacheDir = disk.DefaultTemplate, templateCache()
+	}
+	tpl, err := disk.FindTemplate(name)
+	must(b, err)
+	var cache disk.Cache
+	src, err := cache.EnsureBuilt(b.Context(), cacheDir, tpl)
+	must(b, err)
+
+	pools := []struct {
+		name string
+		new  func(b *testing.B) disk.Pool
+	}{
+		// Room for b.N imports of the Debian template; the image is sparse.
+		{disk.KindBtrfs, func(b *testing.B) disk.Pool { return newBtrfsSized(b, 16<<30) }},
+		{disk.KindCopy, func(b *testing.B) disk.Pool { return newCopy(b) }},
+	}
+	for _, pc := range pools {
+		b.Run(pc.name, func(b *testing.B) {
+			b.Run("ImportTemplate", func(b *testing.B) {
+				p := pc.new(b)
+				for i := 0; b.Loop(); i++ {
+					must(b, p.ImportTemplate(b.Context(), fmt.Sprint("t", i), src))
+				}
+			})
+			b.Run("CreateVolume", func(b *testing.B) {
+				p := pc.new(b)
+				must(b, p.ImportTemplate(b.Context(), name, src))
+				for i := 0; b.Loop(); i++ {
+					_, err := p.CreateVolume(b.Context(), fmt.Sprint("v", i), name)
+					must(b, err)
+				}
+			})
+			b.Run("Snapshot", func(b *testing.B) {
+				p := pc.new(b)
+				must(b, p.ImportTemplate(b.Context(), name, src))
+				v, err := p.CreateVolume(b.Context(), "v", name)
+				must(b, err)
+				for i := 0; b.Loop(); i++ {
+					// A little new data each time, as a running sandbox writes.
+					must(b, os.WriteFile(filepath.Join(v, "counter"), []byte(fmt.Sprint(i)), 0o644))
+					must(b, p.Snapshot(b.Context(), "v", fmt.Sprint("s", i)))
+				}
+			})
+			b.Run("CloneSnapshot", func(b *testing.B) {
+				p := pc.new(b)
+				must(b, p.ImportTemplate(b.Context(), name, src))
+				_, err := p.CreateVolume(b.Context(), "v", name)
+				must(b, err)
+				must(b, p.Snapshot(b.Context(), "v", "s"))
+				for i := 0; b.Loop(); i++ {
+					_, err := p.CloneSnapshot(b.Context(), "s", fmt.Sprint("c", i))
+					must(b, err)
+				}
+			})
+			b.Run("DeleteVolume", func(b *testing.B) {
+				p := pc.new(b)
+				must(b, p.ImportTemplate(b.Context(), name, src))
+				for i := 0; b.Loop(); i++ {
+					b.StopTimer()
+					_, err := p.CreateVolume(b.Context(), "v", name)
+					must(b, err)
+					b.StartTimer()
+					must(b, p.DeleteVolume(b.Context(), "v"))
+				}
+			})
+			b.Run("Usage", func(b *testing.B) {
+				p := pc.new(b)
+				must(b, p.ImportTemplate(b.Context(), name, src))
+				_, err := p.CreateVolume(b.Context(), "v", name)
+				must(b, err)
+				for b.Loop() {
+					_, err := p.Usage(b.Context(), "v")
+					must(b, err)
+				}
+			})
+		})
+	}
+}

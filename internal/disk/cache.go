@@ -1,0 +1,168 @@
+package disk
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Cache builds templates once per recipe and imports them into pools.
+//
+// A cache directory holds one tree per template recipe,
+// <name>-<first 12 hex digits of sha256(Recipe)>, plus a lock file per
+// recipe and at most one .<name>-<hash>.building tree of a build in
+// progress or killed. A tree appears under its final name only once it is
+// complete and flushed, so a killed build is rebuilt rather than reused.
+// Builds of one recipe are serialized across processes with flock(2), so
+// parallel test packages build a template once and the others wait for it.
+// Trees of old recipes are not removed.
+//
+// The zero Cache is ready to use and safe for concurrent use.
+type Cache struct {
+	imports keyedLock // one import per pool and template at a time
+}
+
+// lockPoll is how often a build waits for another process's build lock;
+// flock cannot be interrupted by a context.
+const lockPoll = 100 * time.Millisecond
+
+// Key returns the name of t's tree in a cache directory.
+func (t Template) Key() string {
+	sum := sha256.Sum256([]byte(t.Recipe))
+	return t.Name + "-" + hex.EncodeToString(sum[:])[:12]
+}
+
+// EnsureBuilt returns the directory in cacheDir holding t's tree, building
+// it first unless it is there already.
+func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (string, error) {
+	if err := validName(t.Name); err != nil {
+		return "", fmt.Errorf("building template: %w", err)
+	}
+	if t.Build == nil {
+		return "", fmt.Errorf("building template %s: no Build function", t.Name)
+	}
+	key := t.Key()
+	dir := filepath.Join(cacheDir, key)
+	if ok, err := exists(dir); err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	} else if ok {
+		return dir, nil
+	}
+
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	unlock, err := lockFile(ctx, filepath.Join(cacheDir, "."+key+".lock"), func() {
+		slog.InfoContext(ctx, "waiting for another build of the template", "template", t.Name, "dir", dir)
+	})
+	if err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	defer unlock()
+	// Whoever held the lock may have built it.
+	if ok, err := exists(dir); err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	} else if ok {
+		return dir, nil
+	}
+
+	// Holding the lock, we own the build directory; one found here is
+	// what a killed build left.
+	tmp := filepath.Join(cacheDir, "."+key+".building")
+	if err := removeTree(tmp); err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil { // the umask applies to Mkdir
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	slog.InfoContext(ctx, "building template", "template", t.Name, "dir", dir)
+	start := time.Now()
+	if err := t.Build(ctx, tmp); err != nil {
+		if rerr := removeTree(tmp); rerr != nil {
+			slog.WarnContext(ctx, "removing failed template build", "dir", tmp, "err", rerr)
+		}
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	if err := syncFS(tmp); err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	if err := syncDir(cacheDir); err != nil {
+		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	slog.InfoContext(ctx, "built template", "template", t.Name, "dir", dir, "took", time.Since(start).Round(time.Millisecond))
+	return dir, nil
+}
+
+// EnsureTemplate makes sure pool has template t, building it in cacheDir
+// if needed. The pool's template is named t.Name: one made from an older
+// recipe is kept as it is.
+func (c *Cache) EnsureTemplate(ctx context.Context, pool Pool, cacheDir string, t Template) error {
+	unlock, err := c.imports.lock(ctx, fmt.Sprintf("%p/%s", pool, t.Name))
+	if err != nil {
+		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
+	}
+	defer unlock()
+	ok, err := pool.HasTemplate(ctx, t.Name)
+	if err != nil {
+		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
+	}
+	if ok {
+		return nil
+	}
+	dir, err := c.EnsureBuilt(ctx, cacheDir, t)
+	if err != nil {
+		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
+	}
+	if err := pool.ImportTemplate(ctx, t.Name, dir); err != nil {
+		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+// lockFile takes an exclusive flock on path, creating it, and waits until
+// it is free or ctx ends; waiting is called once if it has to wait. The
+// lock goes with the process, so a killed holder releases it.
+func lockFile(ctx context.Context, path string, waiting func()) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	fd := int(f.Fd())
+	tick := time.NewTicker(lockPoll)
+	defer tick.Stop()
+	for first := true; ; first = false {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("locking %s: %w", path, err)
+		}
+		if first && waiting != nil {
+			waiting()
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("locking %s: %w", path, context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
+	// Closing the file releases the lock.
+	return func() { f.Close() }, nil
+}

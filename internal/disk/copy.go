@@ -1,0 +1,306 @@
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// Copy is a Pool of plain directories, for machines without btrfs. Every
+// volume and snapshot is a full copy (`cp -a --reflink=auto`, so a
+// filesystem with reflinks such as XFS still shares blocks), which makes
+// creating one take time and space in proportion to its size. Templates and
+// snapshots are read-only by convention only.
+//
+// The layout under its directory is templates/, volumes/, snapshots/ and
+// tmp/. Copies are made in tmp/ and renamed into place once durable, so an
+// entry is complete whenever it is visible. A pool directory belongs to one
+// process at a time: opening it clears tmp/.
+type Copy struct {
+	l     layout
+	locks keyedLock // serializes check-then-create per destination name
+}
+
+var _ Pool = (*Copy)(nil)
+
+// NewCopy opens the copy pool in dir, creating it if needed.
+func NewCopy(dir string) (*Copy, error) {
+	dir, err := prepareDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("opening copy pool: %w", err)
+	}
+	if err := checkKind(dir, KindCopy); err != nil {
+		return nil, fmt.Errorf("opening copy pool: %w", err)
+	}
+	c := &Copy{l: layout{root: dir}}
+	if err := c.l.create(); err != nil {
+		return nil, fmt.Errorf("opening copy pool in %s: %w", dir, err)
+	}
+	paths, err := c.l.tempEntries()
+	if err != nil {
+		return nil, fmt.Errorf("opening copy pool in %s: %w", dir, err)
+	}
+	for _, p := range paths {
+		if err := removeTree(p); err != nil {
+			return nil, fmt.Errorf("opening copy pool in %s: clearing leftovers: %w", dir, err)
+		}
+	}
+	if err := writeKind(dir, KindCopy); err != nil {
+		return nil, fmt.Errorf("opening copy pool in %s: %w", dir, err)
+	}
+	return c, nil
+}
+
+// Kind returns KindCopy.
+func (c *Copy) Kind() string { return KindCopy }
+
+// HasTemplate reports whether template name exists.
+func (c *Copy) HasTemplate(ctx context.Context, name string) (bool, error) {
+	if err := validName(name); err != nil {
+		return false, err
+	}
+	ok, err := exists(c.l.templatePath(name))
+	if err != nil {
+		return false, fmt.Errorf("checking template %s: %w", name, err)
+	}
+	return ok, nil
+}
+
+// ImportTemplate copies src to template name.
+func (c *Copy) ImportTemplate(ctx context.Context, name, src string) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	if err := requireDir(src); err != nil {
+		return fmt.Errorf("importing template %s: %w", name, err)
+	}
+	if err := c.copy(ctx, src, "t/"+name, c.l.templatePath(name), copyTree); err != nil {
+		return fmt.Errorf("importing template %s: %w", name, err)
+	}
+	return nil
+}
+
+// CreateVolume makes volume id as a copy of template.
+func (c *Copy) CreateVolume(ctx context.Context, id, template string) (string, error) {
+	if err := validNames(id, template); err != nil {
+		return "", err
+	}
+	if err := c.copy(ctx, c.l.templatePath(template), "v/"+id, c.l.volumePath(id), copyTree); err != nil {
+		return "", fmt.Errorf("creating volume %s from template %s: %w", id, template, err)
+	}
+	return c.l.volumePath(id), nil
+}
+
+// VolumePath is where volume id's root is.
+func (c *Copy) VolumePath(id string) string { return c.l.volumePath(id) }
+
+// DeleteVolume deletes volume id; its snapshots stay.
+func (c *Copy) DeleteVolume(ctx context.Context, id string) error {
+	if err := validName(id); err != nil {
+		return err
+	}
+	if err := c.delete(ctx, "v/"+id, c.l.volumePath(id)); err != nil {
+		return fmt.Errorf("deleting volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// Snapshot copies volume id to snapshot snap. Unlike a btrfs snapshot the
+// copy is not from one instant: a file written during the copy may be seen
+// half-written, as after a crash, and one deleted during it may be missing.
+func (c *Copy) Snapshot(ctx context.Context, id, snap string) error {
+	if err := validNames(id, snap); err != nil {
+		return err
+	}
+	if err := c.copy(ctx, c.l.volumePath(id), "s/"+snap, c.l.snapshotPath(snap), copyLiveTree); err != nil {
+		return fmt.Errorf("snapshotting volume %s as %s: %w", id, snap, err)
+	}
+	return nil
+}
+
+// CloneSnapshot makes volume id as a copy of snapshot snap.
+func (c *Copy) CloneSnapshot(ctx context.Context, snap, id string) (string, error) {
+	if err := validNames(snap, id); err != nil {
+		return "", err
+	}
+	if err := c.copy(ctx, c.l.snapshotPath(snap), "v/"+id, c.l.volumePath(id), copyTree); err != nil {
+		return "", fmt.Errorf("cloning snapshot %s as volume %s: %w", snap, id, err)
+	}
+	return c.l.volumePath(id), nil
+}
+
+// DeleteSnapshot deletes snapshot snap.
+func (c *Copy) DeleteSnapshot(ctx context.Context, snap string) error {
+	if err := validName(snap); err != nil {
+		return err
+	}
+	if err := c.delete(ctx, "s/"+snap, c.l.snapshotPath(snap)); err != nil {
+		return fmt.Errorf("deleting snapshot %s: %w", snap, err)
+	}
+	return nil
+}
+
+// Snapshots lists the snapshots, sorted.
+func (c *Copy) Snapshots(ctx context.Context) ([]string, error) {
+	return c.l.list(snapshotsDir)
+}
+
+// Volumes lists the volumes, sorted.
+func (c *Copy) Volumes(ctx context.Context) ([]string, error) {
+	return c.l.list(volumesDir)
+}
+
+// Usage is the space volume id's files take (allocated blocks, each hard
+// link counted once). A copy shares nothing, except blocks a reflinking
+// filesystem shares, which this overcounts.
+func (c *Copy) Usage(ctx context.Context, id string) (int64, error) {
+	if err := validName(id); err != nil {
+		return 0, err
+	}
+	root := c.l.volumePath(id)
+	if err := mustExist(root); err != nil {
+		return 0, fmt.Errorf("measuring volume %s: %w", id, err)
+	}
+	type inode struct{ dev, ino uint64 }
+	seen := make(map[inode]bool)
+	var total int64
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // deleted by the volume's writer meanwhile
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		if st.Nlink > 1 && !fi.IsDir() {
+			k := inode{st.Dev, st.Ino}
+			if seen[k] {
+				return nil
+			}
+			seen[k] = true
+		}
+		total += st.Blocks * 512 // st_blocks is in 512-byte units whatever the block size
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("measuring volume %s: %w", id, err)
+	}
+	return total, nil
+}
+
+// Close releases nothing; the pool is plain directories.
+func (c *Copy) Close() error { return nil }
+
+// Destroy deletes the pool's directories and everything in them. Meant for
+// tests.
+func (c *Copy) Destroy(ctx context.Context) error {
+	for _, sub := range []string{templatesDir, volumesDir, snapshotsDir, tmpDir, kindFile} {
+		if err := removeTree(filepath.Join(c.l.root, sub)); err != nil {
+			return fmt.Errorf("destroying pool in %s: %w", c.l.root, err)
+		}
+	}
+	return nil
+}
+
+// copy makes dst a copy of src with copyFn under the lock for key, failing
+// with ErrNotFound when src is missing and ErrExists when dst is there. It
+// copies into tmp/, flushes, and renames, so dst appears complete and
+// durable or not at all.
+func (c *Copy) copy(ctx context.Context, src, key, dst string, copyFn func(ctx context.Context, src, dst string) error) (err error) {
+	unlock, err := c.locks.lock(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := mustExist(src); err != nil {
+		return err
+	}
+	if err := mustNotExist(dst); err != nil {
+		return err
+	}
+	tmp := c.l.tempPath(filepath.Base(filepath.Dir(dst)), filepath.Base(dst))
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			if rerr := removeTree(tmp); rerr != nil {
+				slog.WarnContext(ctx, "removing failed copy", "path", tmp, "err", rerr)
+			}
+		}
+	}()
+	if err := copyFn(ctx, src, tmp); err != nil {
+		return err
+	}
+	if err := syncFS(tmp); err != nil {
+		return err
+	}
+	if err := renameNoReplace(tmp, dst); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(dst))
+}
+
+// delete removes the tree at path under the lock for key. It first renames
+// it into tmp/, so that a crash half-way through leaves garbage in tmp/
+// rather than a half-deleted volume that still lists.
+func (c *Copy) delete(ctx context.Context, key, path string) error {
+	unlock, err := c.locks.lock(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	tmp := c.l.tempPath("deleted", filepath.Base(path))
+	if err := os.Rename(path, tmp); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	return removeTree(tmp)
+}
+
+// copyLiveTree is copyTree for a tree that may be changing: a file deleted
+// between cp listing its directory and copying it is left out, as if it
+// had been deleted a moment earlier, instead of failing the copy.
+func copyLiveTree(ctx context.Context, src, dst string) error {
+	err := copyTree(ctx, src, dst)
+	var ce *commandError
+	if err == nil || !errors.As(err, &ce) || ctx.Err() != nil {
+		return err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(ce.stderr), "\n") {
+		if !strings.HasSuffix(line, ": No such file or directory") {
+			return err
+		}
+	}
+	// cp went on past each vanished file; the rest of the copy is whole.
+	return nil
+}
+
+// copyTree copies the tree at src into the existing directory dst, keeping
+// owners, modes, times, links, devices and extended attributes (file
+// capabilities among them), and dst's own attributes from src's root.
+func copyTree(ctx context.Context, src, dst string) error {
+	if _, err := run(ctx, "cp", "-a", "--reflink=auto", "--", src+"/.", dst+"/"); err != nil {
+		return fmt.Errorf("copying %s: %w", src, err)
+	}
+	return nil
+}

@@ -1,0 +1,274 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+const sandboxColumns = `id, name, state, template, image, resources, env, labels, idle,
+	http_port, url, from_source, created_at, net_index, agent_token,
+	checkpoint_seq, auto_seq, error`
+
+// CreateSandbox adds sb; store.ErrExists if its id or name is taken.
+func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	args, err := sandboxArgs(sb)
+	if err != nil {
+		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+		VALUES (:id, :name, :state, :template, :image, :resources, :env, :labels, :idle,
+			:http_port, :url, :from_source, :created_at, :net_index, :agent_token,
+			:checkpoint_seq, :auto_seq, :error)`, args...)
+	if isUniqueViolation(err) {
+		return fmt.Errorf("creating sandbox %s named %q: %w", sb.ID, sb.Name, store.ErrExists)
+	}
+	if err != nil {
+		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// GetSandbox finds a sandbox by id or name; store.ErrNotFound if none. When
+// ref is one sandbox's id and another's name, the id wins.
+func (s *Store) GetSandbox(ctx context.Context, ref string) (*store.Sandbox, error) {
+	row := s.r.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
+		WHERE id = :ref OR name = :ref
+		ORDER BY id = :ref DESC LIMIT 1`, sql.Named("ref", ref))
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("getting sandbox %s: %w", ref, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting sandbox %s: %w", ref, err)
+	}
+	return sb, nil
+}
+
+// ListSandboxes lists the sandboxes that have every label of f, oldest
+// first (by creation time, then id).
+func (s *Store) ListSandboxes(ctx context.Context, f store.Filter) ([]*store.Sandbox, error) {
+	var b strings.Builder
+	b.WriteString(`SELECT ` + sandboxColumns + ` FROM sandboxes`)
+	// json_each compares keys as data, so a key with dots or quotes in it
+	// needs no escaping, unlike a json_extract path.
+	var args []any
+	for i, k := range slices.Sorted(maps.Keys(f.Labels)) {
+		if i == 0 {
+			b.WriteString(" WHERE ")
+		} else {
+			b.WriteString(" AND ")
+		}
+		b.WriteString(`EXISTS (SELECT 1 FROM json_each(sandboxes.labels) WHERE key = ? AND value = ?)`)
+		args = append(args, k, f.Labels[k])
+	}
+	b.WriteString(" ORDER BY created_at, id")
+
+	rows, err := s.r.QueryContext(ctx, b.String(), args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	defer rows.Close()
+	list := []*store.Sandbox{}
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing sandboxes: %w", err)
+		}
+		list = append(list, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	return list, nil
+}
+
+// UpdateSandbox replaces the record with sb's id; store.ErrNotFound if none,
+// store.ErrExists if sb's name is another sandbox's. The sandbox's
+// checkpoints are kept.
+func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	args, err := sandboxArgs(sb)
+	if err != nil {
+		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
+	}
+	// An UPDATE, never INSERT OR REPLACE: REPLACE deletes the old row
+	// first, and the delete would cascade to the checkpoints.
+	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET
+		name = :name, state = :state, template = :template, image = :image,
+		resources = :resources, env = :env, labels = :labels, idle = :idle,
+		http_port = :http_port, url = :url, from_source = :from_source,
+		created_at = :created_at, net_index = :net_index, agent_token = :agent_token,
+		checkpoint_seq = :checkpoint_seq, auto_seq = :auto_seq, error = :error
+		WHERE id = :id`, args...)
+	if isUniqueViolation(err) {
+		return fmt.Errorf("updating sandbox %s to name %q: %w", sb.ID, sb.Name, store.ErrExists)
+	}
+	if err != nil {
+		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
+	}
+	if err := oneRow(res); err != nil {
+		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// DeleteSandbox removes a sandbox and, by cascade, its checkpoints;
+// store.ErrNotFound if none.
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("deleting sandbox %s: %w", id, err)
+	}
+	if err := oneRow(res); err != nil {
+		return fmt.Errorf("deleting sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// UsedNetIndexes returns the NetIndex of every sandbox, in increasing order.
+func (s *Store) UsedNetIndexes(ctx context.Context) ([]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT net_index FROM sandboxes ORDER BY net_index`)
+	if err != nil {
+		return nil, fmt.Errorf("listing net indexes: %w", err)
+	}
+	defer rows.Close()
+	used := []int{}
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, fmt.Errorf("listing net indexes: %w", err)
+		}
+		used = append(used, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing net indexes: %w", err)
+	}
+	return used, nil
+}
+
+// sandboxArgs are sb's columns as named arguments.
+func sandboxArgs(sb *store.Sandbox) ([]any, error) {
+	created, err := formatTime(sb.CreatedAt)
+	if err != nil {
+		return nil, fmt.Errorf("encoding created_at: %w", err)
+	}
+	resources, err := json.Marshal(sb.Resources)
+	if err != nil {
+		return nil, fmt.Errorf("encoding resources: %w", err)
+	}
+	env, err := marshalMap(sb.Env)
+	if err != nil {
+		return nil, fmt.Errorf("encoding env: %w", err)
+	}
+	labels, err := marshalMap(sb.Labels)
+	if err != nil {
+		return nil, fmt.Errorf("encoding labels: %w", err)
+	}
+	var from any // NULL for a sandbox that is not a fork
+	if sb.From != nil {
+		b, err := json.Marshal(sb.From)
+		if err != nil {
+			return nil, fmt.Errorf("encoding from: %w", err)
+		}
+		from = string(b)
+	}
+	return []any{
+		sql.Named("id", sb.ID),
+		sql.Named("name", sb.Name),
+		sql.Named("state", string(sb.State)),
+		sql.Named("template", sb.Template),
+		sql.Named("image", sb.Image),
+		sql.Named("resources", string(resources)),
+		sql.Named("env", env),
+		sql.Named("labels", labels),
+		sql.Named("idle", sb.Idle),
+		sql.Named("http_port", sb.HTTPPort),
+		sql.Named("url", sb.URL),
+		sql.Named("from_source", from),
+		sql.Named("created_at", created),
+		sql.Named("net_index", sb.NetIndex),
+		sql.Named("agent_token", sb.AgentToken),
+		sql.Named("checkpoint_seq", sb.CheckpointSeq),
+		sql.Named("auto_seq", sb.AutoSeq),
+		sql.Named("error", sb.Error),
+	}, nil
+}
+
+// scanSandbox reads one row of sandboxColumns into a new record.
+func scanSandbox(row scanner) (*store.Sandbox, error) {
+	var (
+		sb                     store.Sandbox
+		state, created         string
+		resources, env, labels string
+		from                   sql.NullString
+	)
+	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &resources, &env, &labels,
+		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &created, &sb.NetIndex, &sb.AgentToken,
+		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error)
+	if err != nil {
+		return nil, err
+	}
+	sb.State = api.State(state)
+	if sb.CreatedAt, err = parseTime(created); err != nil {
+		return nil, fmt.Errorf("decoding created_at of sandbox %s: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(resources), &sb.Resources); err != nil {
+		return nil, fmt.Errorf("decoding resources of sandbox %s: %w", sb.ID, err)
+	}
+	if sb.Env, err = unmarshalMap(env); err != nil {
+		return nil, fmt.Errorf("decoding env of sandbox %s: %w", sb.ID, err)
+	}
+	if sb.Labels, err = unmarshalMap(labels); err != nil {
+		return nil, fmt.Errorf("decoding labels of sandbox %s: %w", sb.ID, err)
+	}
+	if from.Valid {
+		sb.From = new(api.ForkSource)
+		if err := json.Unmarshal([]byte(from.String), sb.From); err != nil {
+			return nil, fmt.Errorf("decoding from of sandbox %s: %w", sb.ID, err)
+		}
+	}
+	return &sb, nil
+}
+
+// marshalMap encodes m as a JSON object; nil as {}, so the labels filter
+// and readers of the file see one form for "no entries".
+func marshalMap(m map[string]string) (string, error) {
+	if m == nil {
+		return "{}", nil
+	}
+	b, err := json.Marshal(m)
+	return string(b), err
+}
+
+// unmarshalMap decodes a JSON object into a map that is never nil: the API
+// shows {} rather than null.
+func unmarshalMap(s string) (map[string]string, error) {
+	m := map[string]string{}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, err
+	}
+	if m == nil { // the text was null
+		m = map[string]string{}
+	}
+	return m, nil
+}
+
+// oneRow turns a statement that touched no row into store.ErrNotFound.
+func oneRow(res sql.Result) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// migrations are the schema's steps: migrations[i] brings a database from
+// user_version i to i+1. A step that has shipped is never edited, since files
+// in the field already ran it; a change is a new step at the end.
+var migrations = []string{
+	// 1: sandboxes and their checkpoints.
+	//
+	// created_at is text in timeLayout: fixed width, so it sorts as it
+	// compares, and nanosecond exact. Maps and structs of the API are JSON.
+	// A checkpoint without a name has NULL there, since UNIQUE lets NULLs
+	// repeat. checkpoints.seq is the rowid: it orders checkpoints as they
+	// were created, even two created in the same nanosecond.
+	`
+CREATE TABLE sandboxes (
+	id             TEXT    NOT NULL PRIMARY KEY,
+	name           TEXT    NOT NULL UNIQUE,
+	state          TEXT    NOT NULL,
+	template       TEXT    NOT NULL,
+	image          TEXT    NOT NULL,
+	resources      TEXT    NOT NULL CHECK (json_valid(resources)),
+	env            TEXT    NOT NULL CHECK (json_valid(env)),
+	labels         TEXT    NOT NULL CHECK (json_valid(labels)),
+	idle           TEXT    NOT NULL,
+	http_port      INTEGER NOT NULL,
+	url            TEXT    NOT NULL,
+	from_source    TEXT             CHECK (from_source IS NULL OR json_valid(from_source)),
+	created_at     TEXT    NOT NULL,
+	net_index      INTEGER NOT NULL,
+	agent_token    TEXT    NOT NULL,
+	checkpoint_seq INTEGER NOT NULL,
+	auto_seq       INTEGER NOT NULL,
+	error          TEXT    NOT NULL
+) STRICT;
+
+CREATE INDEX sandboxes_by_age ON sandboxes (created_at, id);
+
+CREATE TABLE checkpoints (
+	seq          INTEGER NOT NULL PRIMARY KEY,
+	sandbox_id   TEXT    NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	id           TEXT    NOT NULL,
+	name         TEXT,
+	comment      TEXT    NOT NULL,
+	memory       INTEGER NOT NULL,
+	auto         INTEGER NOT NULL,
+	created_at   TEXT    NOT NULL,
+	sandbox_name TEXT    NOT NULL,
+	template     TEXT    NOT NULL,
+	image        TEXT    NOT NULL,
+	resources    TEXT    NOT NULL CHECK (json_valid(resources)),
+	agent_token  TEXT    NOT NULL,
+	dir          TEXT    NOT NULL,
+	UNIQUE (sandbox_id, id),
+	UNIQUE (sandbox_id, name)
+) STRICT;
+`,
+}
+
+// migrate applies the steps the database has not run yet, each in its own
+// transaction with the user_version that records it, so a crash mid-step
+// leaves the previous version whole. The write connection's transactions
+// begin IMMEDIATE: two processes opening a new file at once cannot both run
+// a step.
+func migrate(ctx context.Context, db *sql.DB) error {
+	for {
+		done, err := migrateStep(ctx, db)
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// migrateStep applies the next step, if any; done is true when the schema
+// is already current.
+func migrateStep(ctx context.Context, db *sql.DB) (done bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("migrating schema: %w", err)
+	}
+	defer tx.Rollback()
+
+	var version int
+	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return false, fmt.Errorf("reading schema version: %w", err)
+	}
+	switch {
+	case version == len(migrations):
+		return true, nil
+	case version > len(migrations) || version < 0:
+		return false, fmt.Errorf("reading schema version: database is at version %d, this loam knows up to %d", version, len(migrations))
+	}
+	next := version + 1
+	if _, err := tx.ExecContext(ctx, migrations[version]); err != nil {
+		return false, fmt.Errorf("migrating schema to version %d: %w", next, err)
+	}
+	// PRAGMA takes no bound parameters; next is an int we made.
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", next)); err != nil {
+		return false, fmt.Errorf("migrating schema to version %d: %w", next, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("migrating schema to version %d: %w", next, err)
+	}
+	return false, nil
+}
+
+// timeLayout stores times in UTC, to the nanosecond, at a fixed width so the
+// text sorts in time order. It covers years 0 to 9999.
+const timeLayout = "2006-01-02T15:04:05.000000000Z"
+
+func formatTime(t time.Time) (string, error) {
+	t = t.UTC()
+	if y := t.Year(); y < 0 || y > 9999 {
+		return "", fmt.Errorf("time %s is outside years 0 to 9999", t)
+	}
+	return t.Format(timeLayout), nil
+}
+
+func parseTime(s string) (time.Time, error) {
+	t, err := time.Parse(timeLayout, s)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return t.UTC(), nil
+}

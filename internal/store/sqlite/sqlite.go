@@ -1,0 +1,206 @@
+// Package sqlite is the embedded default store.Store: one SQLite database
+// file, driven by the pure-Go modernc.org/sqlite driver so the daemon needs
+// no C toolchain or system library.
+//
+// On disk the store is the database file plus SQLite's -wal and -shm files
+// beside it, which must stay with it. The schema's version is the file's
+// PRAGMA user_version; Open brings an older file up to date and refuses a
+// newer one.
+//
+// Every write is durable when the call returns (WAL with synchronous=FULL
+// fsyncs the log on each commit). The checkpoint package relies on this: it
+// writes a checkpoint's record last, after its data parts, so a crash can
+// never leave a record pointing at a half-written checkpoint.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	sqlitedriver "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"loam.dev/loam/internal/store"
+)
+
+const (
+	// busyTimeoutMS is how long a statement waits for a lock held by another
+	// process (a second daemon by mistake, or the sqlite3 shell) before
+	// failing with SQLITE_BUSY. Within one Store writers never contend: they
+	// queue for the single write connection.
+	busyTimeoutMS = 10000
+	// readConns bounds the read pool. WAL lets readers run beside the writer;
+	// a few are enough for a metadata store on a small machine.
+	readConns = 4
+)
+
+// Store is a store.Store kept in one SQLite database file. It is safe for
+// concurrent use. Records it returns are fresh copies the caller may change.
+type Store struct {
+	path string
+	// w is the only connection that writes. SQLite admits one writer at a
+	// time anyway; queueing writers in database/sql instead of in SQLite's
+	// busy handler keeps them fair and free of SQLITE_BUSY.
+	w *sql.DB
+	// r serves reads; its connections are query_only.
+	r *sql.DB
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens the store at path, creating the database file (but not its
+// directory) if it does not exist, and migrates its schema to the current
+// version. Close it when done.
+func Open(ctx context.Context, path string) (*Store, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening store %s: %w", path, err)
+	}
+	s := &Store{path: abs}
+	s.w, err = sql.Open("sqlite", dsn(abs, false))
+	if err != nil {
+		return nil, fmt.Errorf("opening store %s: %w", abs, err)
+	}
+	s.w.SetMaxOpenConns(1)
+	s.w.SetMaxIdleConns(1)
+	// Pooled connections are never recycled: each one's pragmas are set
+	// once, when the driver opens it.
+	s.w.SetConnMaxLifetime(0)
+	s.w.SetConnMaxIdleTime(0)
+
+	if err := s.setUp(ctx); err != nil {
+		s.w.Close()
+		return nil, fmt.Errorf("opening store %s: %w", abs, err)
+	}
+
+	s.r, err = sql.Open("sqlite", dsn(abs, true))
+	if err != nil {
+		s.w.Close()
+		return nil, fmt.Errorf("opening store %s: %w", abs, err)
+	}
+	s.r.SetMaxOpenConns(readConns)
+	s.r.SetMaxIdleConns(readConns)
+	s.r.SetConnMaxLifetime(0)
+	s.r.SetConnMaxIdleTime(0)
+	if err := s.r.PingContext(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("opening store %s: %w", abs, err)
+	}
+	return s, nil
+}
+
+// setUp checks the write connection's journal mode, migrates the schema and
+// makes the new file's directory entry durable.
+func (s *Store) setUp(ctx context.Context) error {
+	// PRAGMA journal_mode=WAL does not fail where WAL is impossible (some
+	// network file systems): it leaves the old mode, so ask what we got.
+	var mode string
+	if err := s.w.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return fmt.Errorf("reading journal mode: %w", err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return fmt.Errorf("setting journal mode: got %q, want wal (is %s on a file system without shared memory?)", mode, filepath.Dir(s.path))
+	}
+	if err := migrate(ctx, s.w); err != nil {
+		return err
+	}
+	// SQLite syncs the directory when it creates the -wal file, but not when
+	// it creates the database file itself: without this a crash just after
+	// the first Open could lose the file and, with it, every record.
+	if err := syncDir(filepath.Dir(s.path)); err != nil {
+		return fmt.Errorf("syncing directory of database: %w", err)
+	}
+	return nil
+}
+
+// dsn is the driver's name for the database at abs. The file: URI form
+// escapes the path, so a '?' or '#' in it cannot be taken for parameters.
+// The _pragma parameters run on every new connection of the pool: pragmas
+// like synchronous and foreign_keys belong to a connection, not the file.
+func dsn(abs string, readOnly bool) string {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeoutMS))
+	q.Add("_pragma", "foreign_keys(1)")
+	if readOnly {
+		q.Add("_pragma", "query_only(1)")
+	} else {
+		q.Add("_pragma", "journal_mode(WAL)")
+		// FULL: every commit fsyncs the WAL, so a call that returned is on
+		// disk. NORMAL (the usual WAL setting) may lose the last commits
+		// on power loss, which a checkpoint record must never be.
+		q.Add("_pragma", "synchronous(FULL)")
+		// BEGIN IMMEDIATE takes the write lock up front, so a transaction
+		// that reads before it writes cannot fail halfway with
+		// SQLITE_BUSY because another process wrote in between.
+		q.Set("_txlock", "immediate")
+	}
+	u := url.URL{Scheme: "file", Path: abs, RawQuery: q.Encode()}
+	return u.String()
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Path is the absolute path of the database file.
+func (s *Store) Path() string { return s.path }
+
+// Close closes the store. The last connection to close folds the WAL back
+// into the database file.
+func (s *Store) Close() error {
+	var errs []error
+	if s.r != nil {
+		if err := s.r.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := s.w.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("closing store %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// sqliteCode is the extended result code of a SQLite error, or 0 for
+// another error. The driver turns extended codes on for every connection.
+func sqliteCode(err error) int {
+	var e *sqlitedriver.Error
+	if errors.As(err, &e) {
+		return e.Code()
+	}
+	return 0
+}
+
+// isUniqueViolation tells whether err is a UNIQUE or PRIMARY KEY constraint
+// failing, that is, an id or name already in use.
+func isUniqueViolation(err error) bool {
+	switch sqliteCode(err) {
+	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+		return true
+	}
+	return false
+}
+
+// isForeignKeyViolation tells whether err is a FOREIGN KEY constraint
+// failing: a checkpoint for a sandbox that does not exist.
+func isForeignKeyViolation(err error) bool {
+	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+}
+
+// scanner is a *sql.Row or *sql.Rows.
+type scanner interface {
+	Scan(dest ...any) error
+}

@@ -1,0 +1,258 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/storetest"
+)
+
+func openTemp(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "loam.db"))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return s
+}
+
+func TestStore(t *testing.T) {
+	storetest.Run(t,
+		func(t *testing.T) store.Store { return openTemp(t) },
+		storetest.WithReopen(func(t *testing.T, old store.Store) store.Store {
+			s, err := Open(t.Context(), old.(*Store).Path())
+			if err != nil {
+				t.Fatalf("reopening: %v", err)
+			}
+			return s
+		}))
+}
+
+// TestPragmas checks the settings durability and integrity rest on, on the
+// connections that use them.
+func TestPragmas(t *testing.T) {
+	ctx := t.Context()
+	s := openTemp(t)
+	defer s.Close()
+	tests := []struct {
+		db     *sql.DB
+		pragma string
+		want   string
+	}{
+		{s.w, "journal_mode", "wal"},
+		{s.w, "synchronous", "2"}, // FULL
+		{s.w, "foreign_keys", "1"},
+		{s.w, "busy_timeout", fmt.Sprint(busyTimeoutMS)},
+		{s.w, "query_only", "0"},
+		{s.r, "journal_mode", "wal"},
+		{s.r, "foreign_keys", "1"},
+		{s.r, "busy_timeout", fmt.Sprint(busyTimeoutMS)},
+		{s.r, "query_only", "1"},
+	}
+	for _, tc := range tests {
+		pool := "writer"
+		if tc.db == s.r {
+			pool = "reader"
+		}
+		var got string
+		if err := tc.db.QueryRowContext(ctx, "PRAGMA "+tc.pragma).Scan(&got); err != nil {
+			t.Fatalf("%s: PRAGMA %s: %v", pool, tc.pragma, err)
+		}
+		if got != tc.want {
+			t.Errorf("%s: PRAGMA %s = %s, want %s", pool, tc.pragma, got, tc.want)
+		}
+	}
+	if _, err := s.r.ExecContext(ctx, `DELETE FROM sandboxes`); err == nil {
+		t.Errorf("a reader connection could write")
+	}
+}
+
+// TestMigrate checks that a new file gets the current schema, and that
+// migrating again, by Open or directly, changes nothing and keeps the data.
+func TestMigrate(t *testing.T) {
+	ctx := t.Context()
+	s := openTemp(t)
+	path := s.Path()
+	checkVersion(t, s)
+	sb := &store.Sandbox{Sandbox: api.Sandbox{ID: "sb-1", Name: "one", CreatedAt: store.Now()}}
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	schema := schemaOf(t, s)
+	if err := migrate(ctx, s.w); err != nil {
+		t.Fatalf("migrating a current database: %v", err)
+	}
+	checkVersion(t, s)
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	for range 2 {
+		s, err := Open(ctx, path)
+		if err != nil {
+			t.Fatalf("reopening: %v", err)
+		}
+		checkVersion(t, s)
+		if got := schemaOf(t, s); got != schema {
+			t.Errorf("schema changed on reopen:\n got %s\nwant %s", got, schema)
+		}
+		if _, err := s.GetSandbox(ctx, "one"); err != nil {
+			t.Errorf("GetSandbox after reopen: %v", err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	}
+}
+
+// TestMigrateRefusesNewer: a file from a newer loam is left alone rather
+// than misread.
+func TestMigrateRefusesNewer(t *testing.T) {
+	ctx := t.Context()
+	s := openTemp(t)
+	path := s.Path()
+	newer := len(migrations) + 1
+	if _, err := s.w.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", newer)); err != nil {
+		t.Fatalf("setting user_version: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	_, err := Open(ctx, path)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("version %d", newer)) {
+		t.Fatalf("Open of a version %d file: got %v, want an error naming the version", newer, err)
+	}
+}
+
+// TestOddPath: the path is a file name, not a URI, whatever it holds.
+func TestOddPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a dir?with#odd%20chars&_pragma=x")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "loam.db")
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open(%q): %v", path, err)
+	}
+	defer s.Close()
+	if err := s.CreateSandbox(t.Context(), &store.Sandbox{Sandbox: api.Sandbox{ID: "sb-1", Name: "one"}}); err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("database file not at the path given: %v", err)
+	}
+}
+
+func TestOpenMissingDir(t *testing.T) {
+	_, err := Open(t.Context(), filepath.Join(t.TempDir(), "missing", "loam.db"))
+	if err == nil {
+		t.Fatal("Open in a missing directory succeeded")
+	}
+}
+
+// TestCrash kills a process that wrote to the store without closing it: every
+// write whose call had returned must be there for the next Open. (Power loss
+// cannot be tested here; TestPragmas checks synchronous=FULL, which covers
+// it.)
+func TestCrash(t *testing.T) {
+	if os.Getenv("LOAM_STORE_CRASH_PATH") != "" {
+		crashHelper()
+		return
+	}
+	path := filepath.Join(t.TempDir(), "loam.db")
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestCrash$")
+	cmd.Env = append(os.Environ(), "LOAM_STORE_CRASH_PATH="+path)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("helper: got %v, want death by SIGKILL; output:\n%s", err, out)
+	}
+
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open after crash: %v", err)
+	}
+	defer s.Close()
+	list, err := s.ListSandboxes(t.Context(), store.Filter{})
+	if err != nil || len(list) != crashSandboxes {
+		t.Fatalf("ListSandboxes after crash: %d sandboxes, %v; want %d", len(list), err, crashSandboxes)
+	}
+	for _, sb := range list {
+		cps, err := s.ListCheckpoints(t.Context(), sb.ID)
+		if err != nil || len(cps) != 1 {
+			t.Errorf("ListCheckpoints(%s) after crash: %d, %v; want 1", sb.ID, len(cps), err)
+		}
+	}
+}
+
+const crashSandboxes = 5
+
+// crashHelper is the process TestCrash kills: it writes, then dies without
+// closing anything.
+func crashHelper() {
+	ctx := context.Background()
+	s, err := Open(ctx, os.Getenv("LOAM_STORE_CRASH_PATH"))
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	for i := range crashSandboxes {
+		sb := &store.Sandbox{Sandbox: api.Sandbox{ID: fmt.Sprint("sb-", i), Name: fmt.Sprint("box-", i), CreatedAt: time.Now()}}
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		cp := &store.Checkpoint{Checkpoint: api.Checkpoint{ID: "v1", Sandbox: sb.ID}, Dir: "/d/" + sb.ID}
+		if err := s.CreateCheckpoint(ctx, cp); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
+
+func checkVersion(t *testing.T, s *Store) {
+	t.Helper()
+	var v int
+	if err := s.w.QueryRowContext(t.Context(), "PRAGMA user_version").Scan(&v); err != nil {
+		t.Fatalf("reading user_version: %v", err)
+	}
+	if v != len(migrations) {
+		t.Errorf("user_version = %d, want %d", v, len(migrations))
+	}
+}
+
+// schemaOf is the database's schema as SQLite keeps it, one line per object.
+func schemaOf(t *testing.T, s *Store) string {
+	t.Helper()
+	rows, err := s.r.QueryContext(t.Context(), `SELECT type, name, coalesce(sql, '') FROM sqlite_schema ORDER BY type, name`)
+	if err != nil {
+		t.Fatalf("reading schema: %v", err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var typ, name, text string
+		if err := rows.Scan(&typ, &name, &text); err != nil {
+			t.Fatalf("reading schema: %v", err)
+		}
+		fmt.Fprintf(&b, "%s %s %s\n", typ, name, text)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("reading schema: %v", err)
+	}
+	return b.String()
+}
