@@ -4,15 +4,47 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/client"
 )
 
 // envSandbox names the sandbox a command runs in; the daemon sets it inside
 // every sandbox, so `loam checkpoint create` there needs no name.
 const envSandbox = "LOAM_SANDBOX"
+
+// self is the sandbox the CLI runs in, or "" outside one. The sandbox's
+// agent keeps its id in the data dir (rewritten after a fork, whose
+// processes still have their source's LOAM_SANDBOX), so that file comes first.
+func (a *app) self() string {
+	dir := a.getenv(client.EnvDataDir)
+	if dir == "" {
+		dir = client.DefaultDataDir
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "sandbox")); err == nil {
+		if id := strings.TrimSpace(string(b)); id != "" {
+			return id
+		}
+	}
+	return a.getenv(envSandbox)
+}
+
+// sandboxArgs splits args into the sandbox and the rest: with n+1 args the
+// first is the sandbox; with n, inside a sandbox, it is that sandbox.
+func (a *app) sandboxArgs(args []string, n int) (string, []string, error) {
+	if len(args) == n+1 {
+		return args[0], args[1:], nil
+	}
+	if s := a.self(); s != "" {
+		return s, args, nil
+	}
+	return "", nil, errors.New("no sandbox given")
+}
 
 func (a *app) checkpointCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -48,12 +80,9 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 		Example: `  loam checkpoint create scratch --comment 'site up, state v1'`,
 		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox := a.getenv(envSandbox)
-			if len(args) == 1 {
-				sandbox = args[0]
-			}
-			if sandbox == "" {
-				return errors.New("no sandbox given")
+			sandbox, _, err := a.sandboxArgs(args, 0)
+			if err != nil {
+				return err
 			}
 			if diskOnly {
 				memory := false
@@ -85,16 +114,20 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 func (a *app) checkpointLsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:     "ls SANDBOX",
+		Use:     "ls [SANDBOX]",
 		Aliases: []string{"list"},
 		Short:   "List a sandbox's checkpoints, oldest first",
-		Args:    cobra.ExactArgs(1),
+		Args:    cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			sandbox, _, err := a.sandboxArgs(args, 0)
+			if err != nil {
+				return err
+			}
 			c, err := a.connect()
 			if err != nil {
 				return err
 			}
-			cps, err := c.ListCheckpoints(cmd.Context(), args[0])
+			cps, err := c.ListCheckpoints(cmd.Context(), sandbox)
 			if err != nil {
 				return err
 			}
@@ -120,15 +153,19 @@ func writeCheckpointTable(w io.Writer, cps []api.Checkpoint) error {
 func (a *app) checkpointGetCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "get SANDBOX CHECKPOINT",
+		Use:   "get [SANDBOX] CHECKPOINT",
 		Short: "Show a checkpoint",
-		Args:  cobra.ExactArgs(2),
+		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			sandbox, rest, err := a.sandboxArgs(args, 1)
+			if err != nil {
+				return err
+			}
 			c, err := a.connect()
 			if err != nil {
 				return err
 			}
-			cp, err := c.GetCheckpoint(cmd.Context(), args[0], args[1])
+			cp, err := c.GetCheckpoint(cmd.Context(), sandbox, rest[0])
 			if err != nil {
 				return err
 			}
@@ -145,14 +182,18 @@ func (a *app) checkpointGetCmd() *cobra.Command {
 func (a *app) checkpointRmCmd() *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{
-		Use:     "rm SANDBOX CHECKPOINT",
+		Use:     "rm [SANDBOX] CHECKPOINT",
 		Aliases: []string{"delete"},
 		Short:   "Delete a checkpoint",
 		Long: `Delete a checkpoint. Forks made from it carry on. On a terminal rm asks
 first; elsewhere it needs --yes.`,
-		Args: cobra.ExactArgs(2),
+		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, ref := args[0], args[1]
+			sandbox, rest, err := a.sandboxArgs(args, 1)
+			if err != nil {
+				return err
+			}
+			ref := rest[0]
 			if err := a.confirm(yes,
 				fmt.Sprintf("Delete checkpoint %s of %s", ref, sandbox),
 				fmt.Sprintf("delete checkpoint %s of %s", ref, sandbox)); err != nil {
@@ -172,15 +213,19 @@ first; elsewhere it needs --yes.`,
 func (a *app) checkpointRestoreCmd() *cobra.Command {
 	var yes, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "restore SANDBOX CHECKPOINT",
+		Use:   "restore [SANDBOX] CHECKPOINT",
 		Short: "Roll a sandbox back to a checkpoint",
 		Long: `Roll SANDBOX back to CHECKPOINT and print its name and state. Its current
 state is kept first as an automatic checkpoint (auto-N), so a restore can be
 undone. Every exec session on the sandbox ends. On a terminal restore asks
 first; elsewhere it needs --yes.`,
-		Args: cobra.ExactArgs(2),
+		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, ref := args[0], args[1]
+			sandbox, rest, err := a.sandboxArgs(args, 1)
+			if err != nil {
+				return err
+			}
+			ref := rest[0]
 			if err := a.confirm(yes,
 				fmt.Sprintf("Restore %s to checkpoint %s", sandbox, ref),
 				fmt.Sprintf("restore %s to checkpoint %s", sandbox, ref)); err != nil {

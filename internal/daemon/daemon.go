@@ -67,6 +67,7 @@ type Daemon struct {
 	closers []func() error
 	srv     *http.Server
 	ln      net.Listener
+	inside  *server.Inside
 	// madeToken is the file of an admin token made by this start, if any.
 	madeToken string
 }
@@ -154,6 +155,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit: cfg.CheckpointLimit,
 	}, st, rt, pool, nets, tpl, d.log)
+	d.inside = server.NewInside(d.Manager, d.Token, d.log)
+	d.Manager.SetInside(d.inside)
 	if err := d.Manager.Recover(ctx); err != nil {
 		d.log.Error("recovery left some things behind", "err", err)
 	}
@@ -198,6 +201,9 @@ func (d *Daemon) Close() error {
 		errs = append(errs, d.srv.Shutdown(ctx))
 		cancel()
 		d.srv.Close()
+	}
+	if d.inside != nil {
+		d.inside.CloseAll()
 	}
 	for i := len(d.closers) - 1; i >= 0; i-- {
 		errs = append(errs, d.closers[i]())

@@ -12,7 +12,6 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
-	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
 )
@@ -362,31 +361,10 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Check
 	if err := m.rt.Restore(ctx, m.spec(sb, ep), filepath.Join(cp.Dir, memDir)); err != nil {
 		return fmt.Errorf("restoring memory: %w", err)
 	}
-	if err := m.adoptAgent(ctx, sb, ep, cp.AgentToken); err != nil {
+	if err := m.connect(ctx, sb, ep, cp.AgentToken); err != nil {
 		return err
 	}
 	return m.setState(ctx, sb, api.StateRunning, "")
-}
-
-// adoptAgent waits for a restored agent, which answers to old, and hands it
-// the sandbox's own token.
-func (m *Manager) adoptAgent(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, old string) error {
-	m.dropAgent(sb.ID)
-	tmp := *sb
-	tmp.AgentToken = old
-	ac := m.agentClient(&tmp, ep)
-	wctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-	defer cancel()
-	if err := ac.WaitReady(wctx); err != nil {
-		return fmt.Errorf("waiting for the restored agent of %s: %w", sb.ID, err)
-	}
-	if old != sb.AgentToken {
-		if err := ac.RotateToken(wctx, sb.AgentToken); err != nil {
-			return fmt.Errorf("handing the agent of %s its token: %w", sb.ID, err)
-		}
-	}
-	m.dropAgent(sb.ID)
-	return nil
 }
 
 // pruneAutos deletes the oldest automatic checkpoints beyond KeepAuto,

@@ -12,6 +12,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -34,6 +35,15 @@ type Networks interface {
 	Prepare(ctx context.Context, ep network.Endpoint) error
 	Delete(ctx context.Context, ep network.Endpoint) error
 	List(ctx context.Context) ([]string, error)
+}
+
+// Insiders serves the API to sandboxes themselves (see server.Inside): a
+// listener per sandbox on the host end of its network, with a token that
+// reaches only that sandbox.
+type Insiders interface {
+	Open(id string, addr netip.AddrPort) error
+	Close(id string)
+	Token(id string) string
 }
 
 // Templates knows the templates and makes sure one is in the disk pool.
@@ -61,6 +71,9 @@ type Config struct {
 	Defaults api.Resources
 	// CheckpointLimit is how many checkpoints a user may take per sandbox.
 	CheckpointLimit int
+	// InsidePort is the port of the in-sandbox API on each sandbox's host
+	// address.
+	InsidePort int
 	// BootTimeout bounds how long a sandbox's agent may take to answer.
 	BootTimeout time.Duration
 }
@@ -77,6 +90,8 @@ type Manager struct {
 	nets  Networks
 	tpl   Templates
 	log   *slog.Logger
+	// inside is the in-sandbox API; nil serves none.
+	inside Insiders
 
 	mu       sync.Mutex
 	ops      map[string]string           // sandbox id -> the operation running on it
@@ -90,6 +105,9 @@ type Manager struct {
 func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets Networks, tpl Templates, log *slog.Logger) *Manager {
 	if cfg.AgentPort == 0 {
 		cfg.AgentPort = 7071
+	}
+	if cfg.InsidePort == 0 {
+		cfg.InsidePort = 7072
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 60 * time.Second
@@ -381,21 +399,10 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 	if err := m.rt.Start(ctx, m.spec(sb, ep)); err != nil {
 		return fmt.Errorf("starting: %w", err)
 	}
-	if err := m.waitAgent(ctx, sb, ep); err != nil {
+	if err := m.connect(ctx, sb, ep, sb.AgentToken); err != nil {
 		return err
 	}
 	return m.setState(ctx, sb, api.StateRunning, "")
-}
-
-// waitAgent waits until the sandbox's agent answers.
-func (m *Manager) waitAgent(ctx context.Context, sb *store.Sandbox, ep network.Endpoint) error {
-	ac := m.agentClient(sb, ep)
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
-	defer cancel()
-	if err := ac.WaitReady(ctx); err != nil {
-		return fmt.Errorf("waiting for the agent of %s: %w", sb.ID, err)
-	}
-	return nil
 }
 
 // agentClient returns the client of a sandbox's agent, made once.
@@ -456,6 +463,9 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	var errs []error
 	m.closeStreams(sb.ID, "the sandbox was deleted")
 	m.dropAgent(sb.ID)
+	if m.inside != nil {
+		m.inside.Close(sb.ID)
+	}
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container: %w", err))
 	}

@@ -50,7 +50,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			if err != nil {
 				return err
 			}
-			if err := m.waitAgent(ctx, sb, ep); err != nil {
+			if err := m.connect(ctx, sb, ep, sb.AgentToken); err != nil {
 				return err
 			}
 			if sb.State != api.StateRunning {

@@ -1,0 +1,262 @@
+// Package agent is loam's in-sandbox agent and the daemon's client for it.
+//
+// The loam binary runs inside every gVisor sandbox as its init (PID 1) with
+// `loam agent`. The agent owns every user process: it starts them as its own
+// children (never as `runsc exec` children, which gVisor kills on restore),
+// streams their output, delivers signals, reports exit codes and reaps every
+// zombie of the sandbox.
+//
+// The daemon talks to it over plain HTTP and WebSocket on TCP inside the
+// sandbox's network stack; every request carries the bearer token the agent
+// was started with. The agent holds no file descriptor of the host, and no
+// connection is needed for it to keep running: the daemon closes them all
+// before a memory checkpoint and reconnects after a restore or fork, maybe at
+// another address.
+//
+// Endpoints:
+//
+//	GET  /healthz  {"ok":true,"pid":N,"uptime_ms":N}
+//	GET  /exec     WebSocket, the exec protocol of package api (api/exec.go)
+//	POST /token    {"token":"…"}: replace the token (a fork must not keep
+//	               its source's); 204 on success
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"loam.dev/loam/api"
+)
+
+// Environment variables the agent is configured by. ConfigFromEnv removes
+// every LOAM_AGENT_* variable from the agent's environment, and no user
+// process ever gets one, so that the token stays the agent's.
+const (
+	EnvListen = "LOAM_AGENT_LISTEN"
+	EnvToken  = "LOAM_AGENT_TOKEN"
+	envPrefix = "LOAM_AGENT_"
+)
+
+// DefaultPort is the TCP port the agent listens on unless told otherwise.
+const DefaultPort = 7071
+
+// DefaultListen is the agent's default listen address: every address of the
+// sandbox, so it still answers after a fork gives the sandbox a new one.
+const DefaultListen = ":7071"
+
+// Config configures an agent.
+type Config struct {
+	// Listen is the TCP address to serve on; DefaultListen when empty.
+	Listen string
+	// Token is the bearer token every request must carry. An agent with
+	// no token refuses every request.
+	Token string
+	// Env is the sandbox's environment (KEY=VALUE), given to every process
+	// under the variables of its request. LOAM_AGENT_* and the variables
+	// that name the user (HOME, USER, LOGNAME, SHELL) are never taken from it.
+	Env []string
+	// Logger receives the agent's logs; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// ConfigFromEnv reads the agent's configuration from its environment
+// (LOAM_AGENT_LISTEN, LOAM_AGENT_TOKEN), removes every LOAM_AGENT_* variable
+// from the environment, and keeps the rest as the sandbox's environment.
+func ConfigFromEnv() Config {
+	cfg := Config{
+		Listen: os.Getenv(EnvListen),
+		Token:  os.Getenv(EnvToken),
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, envPrefix) {
+			os.Unsetenv(k)
+			continue
+		}
+		cfg.Env = append(cfg.Env, kv)
+	}
+	return cfg
+}
+
+func (cfg Config) logger() *slog.Logger {
+	if cfg.Logger != nil {
+		return cfg.Logger
+	}
+	return slog.Default()
+}
+
+// Run serves the agent on cfg.Listen until ctx is done, then returns nil. It
+// starts the process's reaper first (see NewHandler). It returns an error if
+// it cannot listen or serving fails; as PID 1 the sandbox ends with it.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Token == "" {
+		return fmt.Errorf("starting agent: no token (set %s)", EnvToken)
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	log := cfg.logger()
+	h := NewHandler(cfg)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("starting agent: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("agent serving", "addr", ln.Addr().String(), "pid", os.Getpid())
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving agent on %s: %w", cfg.Listen, err)
+	case <-ctx.Done():
+	}
+	// Exec sockets are hijacked connections, which Shutdown neither waits
+	// for nor closes; their processes go on until the sandbox stops.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	<-errc
+	return nil
+}
+
+// NewHandler returns the agent's HTTP handler. It starts the process's
+// reaper (once per process), which from then on collects every child of the
+// process with wait4(-1): see reaper.
+func NewHandler(cfg Config) http.Handler {
+	h := &handler{
+		log:         cfg.logger(),
+		env:         cfg.Env,
+		passwdPath:  passwdFile,
+		groupPath:   groupFile,
+		identityDir: IdentityDir,
+		started:     time.Now(),
+	}
+	h.reaper = startReaper(h.log)
+	h.setToken(cfg.Token)
+
+	h.mux = http.NewServeMux()
+	h.mux.HandleFunc("GET /healthz", h.serveHealth)
+	h.mux.HandleFunc("GET /exec", h.serveExec)
+	h.mux.HandleFunc("POST /token", h.serveToken)
+	h.mux.HandleFunc("POST /identity", h.serveIdentity)
+	return h
+}
+
+// handler serves the agent's endpoints.
+type handler struct {
+	log    *slog.Logger
+	env    []string
+	reaper *reaper
+	// The account databases users are looked up in; tests use others.
+	passwdPath, groupPath string
+	// identityDir is where POST /identity writes; tests use another.
+	identityDir string
+	started     time.Time
+	mux         *http.ServeMux
+	// tokenSum is the SHA-256 of the token, nil for none. Comparing sums in
+	// constant time hides the token's length too.
+	tokenSum atomic.Pointer[[sha256.Size]byte]
+}
+
+func (h *handler) setToken(token string) {
+	if token == "" {
+		h.tokenSum.Store(nil)
+		return
+	}
+	sum := sha256.Sum256([]byte(token))
+	h.tokenSum.Store(&sum)
+}
+
+func (h *handler) authorized(r *http.Request) bool {
+	want := h.tokenSum.Load()
+	if want == nil {
+		return false
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return false
+	}
+	got := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.authorized(r) {
+		writeError(w, api.Errorf(api.CodeUnauthorized, "missing or wrong agent token"))
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// Health is the body of GET /healthz.
+type Health struct {
+	OK bool `json:"ok"`
+	// PID is the agent's pid: 1 inside a sandbox.
+	PID int `json:"pid"`
+	// UptimeMS is how long the agent has been serving, in milliseconds.
+	UptimeMS int64 `json:"uptime_ms"`
+}
+
+func (h *handler) serveHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, Health{
+		OK:       true,
+		PID:      os.Getpid(),
+		UptimeMS: time.Since(h.started).Milliseconds(),
+	})
+}
+
+// tokenRequest is the body of POST /token.
+type tokenRequest struct {
+	Token string `json:"token"`
+}
+
+func (h *handler) serveToken(w http.ResponseWriter, r *http.Request) {
+	var req tokenRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil {
+		writeError(w, api.Errorf(api.CodeInvalid, `the body must be {"token":"…"}`))
+		return
+	}
+	if req.Token == "" {
+		writeError(w, api.Errorf(api.CodeInvalid, "the new token is empty"))
+		return
+	}
+	h.setToken(req.Token)
+	h.log.Info("agent token rotated")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var e *api.Error
+	if !errors.As(err, &e) {
+		e = api.Errorf(api.CodeInternal, "internal error")
+	}
+	writeJSON(w, e.Code.HTTPStatus(), api.ErrorBody{Error: e})
+}

@@ -1,0 +1,173 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"loam.dev/loam/api"
+)
+
+// Client is the daemon's side of one sandbox's agent. Its methods are safe
+// for concurrent use as long as its fields are not changed meanwhile. Errors
+// the agent answered with are *api.Error (errors.Is(err, api.ErrUnauthorized)
+// for a wrong token).
+type Client struct {
+	// BaseURL is the agent's address, http://IP:7071. A fork or a restore
+	// may move the sandbox to another IP: make a new Client then.
+	BaseURL string
+	// Token is the agent's bearer token.
+	Token string
+	// HTTP is the client requests go through; a shared default when nil.
+	// It must not have a Timeout: exec sockets live long. Use ctx.
+	HTTP *http.Client
+}
+
+// defaultHTTP reaches agents directly: no proxy from the environment (the
+// daemon's HTTP_PROXY must not see sandbox traffic), short dial timeouts.
+var defaultHTTP = &http.Client{
+	Transport: &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     30 * time.Second,
+	},
+}
+
+func (c *Client) httpClient() *http.Client {
+	if c.HTTP != nil {
+		return c.HTTP
+	}
+	return defaultHTTP
+}
+
+func (c *Client) url(path string) string {
+	return strings.TrimSuffix(c.BaseURL, "/") + path
+}
+
+func (c *Client) header() http.Header {
+	return http.Header{"Authorization": {"Bearer " + c.Token}}
+}
+
+// Health asks the agent whether it is up.
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var h Health
+	resp, err := c.do(ctx, http.MethodGet, "/healthz", nil)
+	if err != nil {
+		return h, fmt.Errorf("checking agent health at %s: %w", c.BaseURL, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return h, fmt.Errorf("reading agent health from %s: %w", c.BaseURL, err)
+	}
+	return h, nil
+}
+
+// Polling of WaitReady: tight, because the daemon measures time to ready;
+// each attempt is cut short so that a SYN lost while the sandbox's network
+// comes up costs one attempt, not a TCP retransmission timeout.
+const (
+	readyInterval = 5 * time.Millisecond
+	readyAttempt  = 500 * time.Millisecond
+)
+
+// WaitReady polls Health until the agent answers, ctx is done, or the agent
+// refuses the token (which waiting will not change).
+func (c *Client) WaitReady(ctx context.Context) error {
+	tick := time.NewTicker(readyInterval)
+	defer tick.Stop()
+	for {
+		actx, cancel := context.WithTimeout(ctx, readyAttempt)
+		_, err := c.Health(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, api.ErrUnauthorized) {
+			return fmt.Errorf("waiting for agent: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for agent at %s: %w (last attempt: %w)", c.BaseURL, context.Cause(ctx), err)
+		case <-tick.C:
+		}
+	}
+}
+
+// DialExec opens an exec socket. The caller writes the api.ExecRequest as
+// the first (text) message and then speaks the protocol of api/exec.go.
+// The socket accepts messages of up to 1 MiB; the agent sends at most 32 KiB.
+func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
+	conn, resp, err := websocket.Dial(ctx, c.url("/exec"), &websocket.DialOptions{
+		HTTPClient: c.httpClient(),
+		HTTPHeader: c.header(),
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			err = responseError(resp)
+		}
+		return nil, fmt.Errorf("opening exec socket at %s: %w", c.BaseURL, err)
+	}
+	conn.SetReadLimit(maxClientMessage)
+	return conn, nil
+}
+
+// RotateToken replaces the agent's token with newToken; from then on the
+// agent refuses the old one. The caller sets c.Token (or makes a new Client)
+// afterwards. Exec sockets already open are not affected.
+func (c *Client) RotateToken(ctx context.Context, newToken string) error {
+	body, err := json.Marshal(tokenRequest{Token: newToken})
+	if err != nil {
+		return fmt.Errorf("rotating agent token: %w", err)
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/token", body)
+	if err != nil {
+		return fmt.Errorf("rotating agent token at %s: %w", c.BaseURL, err)
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// do sends a request and turns a response that is not 2xx into an error.
+func (c *Client) do(ctx context.Context, method, path string, body []byte) (*http.Response, error) {
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path), r)
+	if err != nil {
+		return nil, err
+	}
+	req.Header = c.header()
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.httpClient().Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, responseError(resp)
+	}
+	return resp, nil
+}
+
+// responseError is the *api.Error of an error response.
+func responseError(resp *http.Response) error {
+	var body api.ErrorBody
+	err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body)
+	if err == nil && body.Error != nil && body.Error.Code != "" {
+		return body.Error
+	}
+	return &api.Error{Code: api.CodeForStatus(resp.StatusCode), Message: resp.Status}
+}

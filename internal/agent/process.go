@@ -1,0 +1,159 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// reaper is the one collector of exit statuses in this process. Inside a
+// sandbox the agent is PID 1, so every orphan of the sandbox becomes its
+// child and only a wait4(-1) collects them all; outside (tests, development)
+// it makes the process a child subreaper so that it is the same code path.
+//
+// Because wait4(-1) takes any child, nothing else in a process that runs the
+// agent may start children through os/exec or os.StartProcess: their Wait
+// would find the child already reaped.
+//
+// The race between a child exiting and its pid being registered is closed by
+// one lock: start holds it across fork and registration, and reap holds it
+// across wait4 and dispatch. A pid that reap finds unregistered is therefore
+// an orphan nobody waits for, never a child of start that is not registered
+// yet, and no status is kept for later. Holding the lock across wait4 also
+// means a pid is never reused between its reaping and its dispatch.
+type reaper struct {
+	log *slog.Logger
+
+	mu    sync.Mutex
+	procs map[int]*process // started and not yet reaped
+}
+
+// process is a child started by the reaper.
+type process struct {
+	pid  int
+	done chan struct{} // closed once the process is reaped
+	// status is the wait status; it is set before done is closed.
+	status unix.WaitStatus
+}
+
+var (
+	reaperOnce sync.Once
+	theReaper  *reaper
+)
+
+// startReaper starts the process's reaper the first time it is called and
+// returns it. It also makes the process fit to own children:
+//   - outside PID 1 it becomes a child subreaper, so orphans of its
+//     children come to it as they come to PID 1 in a sandbox;
+//   - it handles SIGPIPE, so that a write to a closed stdout or stderr
+//     (init's stdio may be the pipes of a runsc command that has gone) fails
+//     with EPIPE instead of killing the agent. It uses Notify, not Ignore,
+//     because an ignored signal stays ignored across execve and every user
+//     process would inherit it, while a handled one is reset to default.
+func startReaper(log *slog.Logger) *reaper {
+	reaperOnce.Do(func() {
+		r := &reaper{log: log, procs: make(map[int]*process)}
+		if os.Getpid() != 1 {
+			if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+				log.Warn("cannot become a child subreaper; orphans will not be reaped", "err", err)
+			}
+		}
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+		// SIGCHLD signals coalesce; each one makes reap collect every
+		// child that has exited, so none is missed.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGCHLD)
+		go func() {
+			r.reap() // children that exited before Notify
+			for range sigs {
+				r.reap()
+			}
+		}()
+		theReaper = r
+	})
+	return theReaper
+}
+
+// reap collects every exited child and hands each status to its process.
+func (r *reaper) reap() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			// ECHILD (no children) or 0 (none exited yet).
+			return
+		}
+		p, ok := r.procs[pid]
+		if !ok {
+			r.log.Debug("reaped an orphan", "pid", pid, "status", exitCode(ws))
+			continue
+		}
+		delete(r.procs, pid)
+		p.status = ws
+		close(p.done)
+	}
+}
+
+// start forks and executes argv0 with attr and registers the child.
+func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (*process, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// syscall.ForkExec, not os.StartProcess: os.Process would wait through a
+	// pidfd of its own, which the reaper's wait4 would race.
+	pid, err := syscall.ForkExec(argv0, argv, attr)
+	if err != nil {
+		return nil, err
+	}
+	p := &process{pid: pid, done: make(chan struct{})}
+	r.procs[pid] = p
+	return p, nil
+}
+
+// errExited is returned when signalling a process that has been reaped.
+var errExited = errors.New("process has exited")
+
+// signal sends sig to p's process group, or to p alone if p has left the
+// group it was started in. It never signals a reaped process: its pid (and
+// so its group id) may belong to another process by then. The reaper's lock
+// keeps p from being reaped while the signal is sent.
+func (r *reaper) signal(p *process, sig syscall.Signal) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-p.done:
+		return errExited
+	default:
+	}
+	err := unix.Kill(-p.pid, sig)
+	if errors.Is(err, unix.ESRCH) {
+		err = unix.Kill(p.pid, sig)
+	}
+	if err != nil {
+		return fmt.Errorf("sending %s to process %d: %w", unix.SignalName(sig), p.pid, err)
+	}
+	return nil
+}
+
+// exitCode is the exit code of a wait status as a shell reports it: the
+// exit status, or 128+N for a process killed by signal N.
+func exitCode(ws unix.WaitStatus) int {
+	switch {
+	case ws.Exited():
+		return ws.ExitStatus()
+	case ws.Signaled():
+		return 128 + int(ws.Signal())
+	default:
+		return 255
+	}
+}
