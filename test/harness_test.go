@@ -63,7 +63,7 @@ func findRunsc() string {
 
 // daemon is a `loam serve` process run by a test.
 type daemon struct {
-	t       *testing.T
+	t       testing.TB
 	dataDir string
 	subnet  string
 	cmd     *exec.Cmd
@@ -79,7 +79,7 @@ var subnetSeq = 0
 
 // startDaemon runs a daemon on a new data dir; it is stopped, and all it
 // made removed, when the test ends.
-func startDaemon(t *testing.T, extra ...string) *daemon {
+func startDaemon(t testing.TB, extra ...string) *daemon {
 	t.Helper()
 	dataDir, err := os.MkdirTemp("", "loam-e2e-")
 	if err != nil {
@@ -229,6 +229,9 @@ func unmountUnder(dir string) {
 	}
 }
 
+// startDaemonB is startDaemon for benchmarks.
+func startDaemonB(b *testing.B, extra ...string) *daemon { return startDaemon(b, extra...) }
+
 // cli runs the loam CLI against the daemon with stdin from in (nil: /dev/null).
 func (d *daemon) cli(in string, args ...string) (stdout, stderr string, code int) {
 	d.t.Helper()
@@ -252,11 +255,17 @@ func (d *daemon) cli(in string, args ...string) (stdout, stderr string, code int
 // unless it exits 0.
 func (d *daemon) run(sb string, cmd ...string) string {
 	d.t.Helper()
+	return d.runB(d.t, sb, cmd...)
+}
+
+// runB is run for a test or benchmark other than the daemon's own.
+func (d *daemon) runB(t testing.TB, sb string, cmd ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, errb, code, err := d.C.Output(ctx, sb, cmd...)
 	if err != nil || code != 0 {
-		d.t.Fatalf("run %v in %s: code %d, err %v, stderr %q", cmd, sb, code, err, errb)
+		t.Fatalf("run %v in %s: code %d, err %v, stderr %q", cmd, sb, code, err, errb)
 	}
 	return string(out)
 }

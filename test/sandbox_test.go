@@ -100,7 +100,8 @@ func TestSandboxLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("detached process survives", func(t *testing.T) {
-		d.run("alpha", "sh", "-c", "nohup sleep 1000 >/dev/null 2>&1 &")
+		// nohup's way (busybox has no nohup): ignore SIGHUP, then run on.
+		d.run("alpha", "sh", "-c", "(trap '' HUP; exec sleep 1000) >/dev/null 2>&1 &")
 		d.run("alpha", "sh", "-c", "setsid sleep 1001 >/dev/null 2>&1 < /dev/null &")
 		time.Sleep(200 * time.Millisecond)
 		ps := d.run("alpha", "ps")
@@ -166,6 +167,20 @@ func TestSandboxLifecycle(t *testing.T) {
 			t.Errorf("second delete: %v", err)
 		}
 	})
+}
+
+// pidOf finds the pid of the process whose command line is cmd, with ps
+// (busybox has no pgrep).
+func pidOf(t *testing.T, d *daemon, sb, cmd string) string {
+	t.Helper()
+	for _, line := range strings.Split(d.run(sb, "ps", "-o", "pid,args"), "\n") {
+		pid, args, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if strings.TrimSpace(args) == cmd {
+			return pid
+		}
+	}
+	t.Fatalf("no process %q in %s", cmd, sb)
+	return ""
 }
 
 func waitFor(t *testing.T, cond func() bool) {
@@ -251,16 +266,19 @@ func TestDaemonRestart(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "keeper"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("keeper", "sh", "-c", "echo kept > /home/loam/f; nohup sleep 4000 >/dev/null 2>&1 &")
-	before := d.run("keeper", "pgrep", "-f", "sleep 4000")
+	d.run("keeper", "sh", "-c", "echo kept > /home/loam/f; setsid sleep 4000 >/dev/null 2>&1 </dev/null &")
+	before := pidOf(t, d, "keeper", "sleep 4000")
 	d.stop()
 	d.start()
 	sb, err := d.C.GetSandbox(ctx, "keeper")
 	if err != nil || sb.State != api.StateRunning {
 		t.Fatalf("after restart: %v %+v", err, sb)
 	}
-	if got := d.run("keeper", "sh", "-c", "cat /home/loam/f; pgrep -f 'sleep 4000'"); got != "kept\n"+before {
-		t.Fatalf("after restart got %q, want kept and pid %q", got, before)
+	if got := d.run("keeper", "cat", "/home/loam/f"); got != "kept\n" {
+		t.Fatalf("after restart the file holds %q", got)
+	}
+	if after := pidOf(t, d, "keeper", "sleep 4000"); after != before {
+		t.Fatalf("after restart the sleep is pid %q, before it was %q", after, before)
 	}
 }
 
