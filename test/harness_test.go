@@ -173,7 +173,7 @@ func (d *daemon) destroy() {
 		cancel()
 		d.stop()
 	}
-	if t.Failed() {
+	if t.Failed() || os.Getenv("LOAM_TEST_LOG") != "" {
 		t.Logf("daemon log:\n%s", d.log.String())
 	}
 	// Whatever the API could not delete: containers, namespaces, the pool.
@@ -268,4 +268,14 @@ func (d *daemon) runB(t testing.TB, sb string, cmd ...string) string {
 		t.Fatalf("run %v in %s: code %d, err %v, stderr %q", cmd, sb, code, err, errb)
 	}
 	return string(out)
+}
+
+// kill ends the daemon process with SIGKILL, as a crash would.
+func (d *daemon) kill() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	_ = d.cmd.Process.Kill()
+	_ = d.cmd.Wait()
+	d.cmd = nil
 }

@@ -342,20 +342,8 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 // already in place, and waits for its agent. The agent wakes up holding the
 // token it had when the checkpoint was taken; it is given the sandbox's own.
 func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
-	ep, err := m.Endpoint(sb)
+	ep, err := m.prepare(ctx, sb)
 	if err != nil {
-		return err
-	}
-	if err := m.nets.Create(ctx, ep); err != nil {
-		return fmt.Errorf("making network: %w", err)
-	}
-	if err := m.nets.Prepare(ctx, ep); err != nil {
-		return fmt.Errorf("configuring network: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Join(m.dir(sb.ID), "bundle"), 0o700); err != nil {
-		return err
-	}
-	if err := m.writeHandle(sb, ep); err != nil {
 		return err
 	}
 	if err := m.rt.Restore(ctx, m.spec(sb, ep), filepath.Join(cp.Dir, memDir)); err != nil {

@@ -34,7 +34,6 @@ type Networks interface {
 	Create(ctx context.Context, ep network.Endpoint) error
 	Prepare(ctx context.Context, ep network.Endpoint) error
 	Delete(ctx context.Context, ep network.Endpoint) error
-	List(ctx context.Context) ([]string, error)
 }
 
 // Insiders serves the API to sandboxes themselves (see server.Inside): a
@@ -380,20 +379,8 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 			return fmt.Errorf("making disk: %w", err)
 		}
 	}
-	ep, err := m.nets.Endpoint(sb.ID, sb.NetIndex)
+	ep, err := m.prepare(ctx, sb)
 	if err != nil {
-		return err
-	}
-	if err := m.nets.Create(ctx, ep); err != nil {
-		return fmt.Errorf("making network: %w", err)
-	}
-	if err := m.nets.Prepare(ctx, ep); err != nil {
-		return fmt.Errorf("configuring network: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Join(m.dir(sb.ID), "bundle"), 0o700); err != nil {
-		return err
-	}
-	if err := m.writeHandle(sb, ep); err != nil {
 		return err
 	}
 	if err := m.rt.Start(ctx, m.spec(sb, ep)); err != nil {
@@ -403,6 +390,26 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 		return err
 	}
 	return m.setState(ctx, sb, api.StateRunning, "")
+}
+
+// prepare makes what a sandbox's container needs before it starts or is
+// restored: its directory first (start-up sweeps leftovers by it), then its
+// network, configured afresh, and its handle.
+func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpoint, error) {
+	ep, err := m.nets.Endpoint(sb.ID, sb.NetIndex)
+	if err != nil {
+		return ep, err
+	}
+	if err := os.MkdirAll(filepath.Join(m.dir(sb.ID), "bundle"), 0o700); err != nil {
+		return ep, err
+	}
+	if err := m.nets.Create(ctx, ep); err != nil {
+		return ep, fmt.Errorf("making network: %w", err)
+	}
+	if err := m.nets.Prepare(ctx, ep); err != nil {
+		return ep, fmt.Errorf("configuring network: %w", err)
+	}
+	return ep, m.writeHandle(sb, ep)
 }
 
 // agentClient returns the client of a sandbox's agent, made once.

@@ -44,6 +44,14 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		return m.destroy(ctx, sb)
 	case api.StateRunning, api.StateError:
 		st, err := m.rt.State(ctx, sb.ID)
+		if err == nil && st == runtime.StatusPaused {
+			// A crash while a checkpoint had it paused.
+			m.log.Info("resuming sandbox left paused", "sandbox", sb.ID)
+			if err := m.rt.Resume(ctx, sb.ID); err != nil {
+				return fmt.Errorf("resuming: %w", err)
+			}
+			st = runtime.StatusRunning
+		}
 		switch {
 		case err == nil && st == runtime.StatusRunning:
 			ep, err := m.Endpoint(sb)
@@ -58,8 +66,6 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			}
 			m.log.Info("sandbox taken back", "sandbox", sb.ID, "name", sb.Name)
 			return nil
-		case err == nil && st == runtime.StatusPaused:
-			return m.rt.Resume(ctx, sb.ID)
 		case err != nil && !errors.Is(err, runtime.ErrNotExist):
 			return fmt.Errorf("reading container state: %w", err)
 		}
@@ -87,32 +93,21 @@ func (m *Manager) sweep(ctx context.Context, known map[string]bool) error {
 			errs = append(errs, m.disks.DeleteVolume(ctx, v))
 		}
 	}
-	netns, err := m.nets.List(ctx)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, name := range netns {
-		i := strings.Index(name, "sb-")
-		if i < 0 {
-			continue
-		}
-		id := name[i:]
+	// A sandbox's directory is made before its network and container, so
+	// one without a record marks what a crashed create or delete left.
+	// (Namespaces of other daemons on this host are not ours to touch.)
+	entries, _ := os.ReadDir(filepath.Join(m.cfg.DataDir, "sandboxes"))
+	for _, e := range entries {
+		id := e.Name()
 		if known[id] {
 			continue
 		}
-		m.log.Info("removing orphaned network", "netns", name)
-		ep, err := m.nets.Endpoint(id, 0)
-		if err == nil {
+		m.log.Info("removing leftovers of sandbox", "sandbox", id)
+		errs = append(errs, m.rt.Delete(ctx, id))
+		if ep, err := m.nets.Endpoint(id, 0); err == nil {
 			errs = append(errs, m.nets.Delete(ctx, ep))
-			_ = m.rt.Delete(ctx, id)
 		}
-	}
-	entries, _ := os.ReadDir(filepath.Join(m.cfg.DataDir, "sandboxes"))
-	for _, e := range entries {
-		if !known[e.Name()] {
-			_ = m.rt.Delete(ctx, e.Name())
-			errs = append(errs, os.RemoveAll(filepath.Join(m.cfg.DataDir, "sandboxes", e.Name())))
-		}
+		errs = append(errs, os.RemoveAll(filepath.Join(m.cfg.DataDir, "sandboxes", id)))
 	}
 	errs = append(errs, m.sweepCheckpoints(ctx))
 	return errors.Join(errs...)

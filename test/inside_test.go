@@ -1,0 +1,118 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/client"
+)
+
+// TestInside: a sandbox checkpoints itself with the in-sandbox CLI, with a
+// credential that reaches only that sandbox; a fork learns who it is.
+func TestInside(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	self, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "self"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.run("self", "loam", "checkpoint", "create", "--disk-only", "--comment", "from inside"); got != "v1\n" {
+		t.Fatalf("inside disk-only checkpoint printed %q", got)
+	}
+	// A memory checkpoint ends exec streams, so run it detached, as a
+	// program in the sandbox would.
+	d.run("self", "sh", "-c", "setsid sh -c 'loam checkpoint create --comment mem > /tmp/out 2>&1' </dev/null >/dev/null 2>&1 &")
+	waitFor(t, func() bool {
+		out, _, _, _ := d.C.Output(ctx, "self", "cat", "/tmp/out")
+		return string(out) == "v2\n"
+	})
+	ls := d.run("self", "loam", "checkpoint", "ls")
+	if !strings.Contains(ls, "v1  disk    no") || !strings.Contains(ls, "v2  memory  no") {
+		t.Fatalf("inside ls:\n%s", ls)
+	}
+	cps, err := d.C.ListCheckpoints(ctx, "self")
+	if err != nil || len(cps) != 2 || cps[1].Comment != "mem" || cps[1].Sandbox != self.ID {
+		t.Fatalf("%v %+v", err, cps)
+	}
+	// The credential reaches nothing but its own sandbox.
+	for _, args := range [][]string{
+		{"loam", "checkpoint", "ls", "other"},
+		{"loam", "checkpoint", "create", "other"},
+		{"loam", "ls"},
+		{"loam", "rm", "-y", "other"},
+	} {
+		out, errOut, code, err := d.C.Output(ctx, "self", args...)
+		if err != nil || code == 0 {
+			t.Errorf("%v from inside: %d %v %q %q", args, code, err, out, errOut)
+		}
+	}
+	if _, err := d.C.GetSandbox(ctx, "other"); err != nil {
+		t.Fatal(err)
+	}
+	if cps, _ := d.C.ListCheckpoints(ctx, "other"); len(cps) != 0 {
+		t.Fatalf("other got checkpoints: %+v", cps)
+	}
+
+	// A fork knows it is the fork, though its memory came from self.
+	fork, err := d.C.Fork(ctx, "self", "v2", "self-fork")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.run("self-fork", "cat", "/var/lib/loam/sandbox"); got != fork.ID+"\n" {
+		t.Fatalf("fork thinks it is %q, it is %s", got, fork.ID)
+	}
+	if got := d.run("self-fork", "loam", "checkpoint", "create", "--disk-only"); got != "v1\n" {
+		t.Fatalf("checkpoint inside the fork: %q", got)
+	}
+	if cps, _ := d.C.ListCheckpoints(ctx, "self-fork"); len(cps) != 1 {
+		t.Fatalf("fork's checkpoints: %+v", cps)
+	}
+}
+
+// TestStreamsEnd: a memory checkpoint ends exec streams with 1011 and hangs
+// their commands up; a disk-only one ends nothing.
+func TestStreamsEnd(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "streamy"}); err != nil {
+		t.Fatal(err)
+	}
+	start := func(cmd string) chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.C.Exec(context.Background(), "streamy", client.ExecOptions{Cmd: []string{"sleep", cmd}})
+			done <- err
+		}()
+		waitFor(t, func() bool { return strings.Contains(d.run("streamy", "ps", "-o", "args"), "sleep "+cmd) })
+		return done
+	}
+	done := start("5001")
+	f := false
+	if _, err := d.C.CreateCheckpoint(ctx, "streamy", api.CreateCheckpoint{Memory: &f}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("a disk-only checkpoint ended an exec: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if _, err := d.C.CreateCheckpoint(ctx, "streamy", api.CreateCheckpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, client.ErrStreamEnded) || !errors.Is(err, api.ErrUnavailable) {
+			t.Fatalf("exec ended with %v, want a stream ended with 1011", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a memory checkpoint did not end the exec")
+	}
+	waitFor(t, func() bool { return !strings.Contains(d.run("streamy", "ps", "-o", "args"), "sleep 5001") })
+}
