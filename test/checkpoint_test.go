@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -324,5 +325,43 @@ func TestDiskOnlyAndIDs(t *testing.T) {
 	sbs, _ := d.C.ListSandboxes(ctx, client.ListOptions{})
 	if len(sbs) != 1 {
 		t.Errorf("failed forks left sandboxes: %+v", sbs)
+	}
+}
+
+// TestAutoPrune: restores keep the newest five automatic checkpoints, and
+// GET /v1/templates lists both templates.
+func TestAutoPrune(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	tpls, err := d.C.Templates(ctx)
+	if err != nil || len(tpls) != 2 || tpls[0].Name != "base" || tpls[1].Name != "busybox" || !tpls[1].Default {
+		t.Fatalf("templates: %v %+v", err, tpls)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "prune"}); err != nil {
+		t.Fatal(err)
+	}
+	f := false
+	if _, err := d.C.CreateCheckpoint(ctx, "prune", api.CreateCheckpoint{Memory: &f}); err != nil {
+		t.Fatal(err)
+	}
+	for range 7 {
+		if _, err := d.C.RestoreCheckpoint(ctx, "prune", "v1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cps, err := d.C.ListCheckpoints(ctx, "prune")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, cp := range cps {
+		ids = append(ids, cp.ID)
+	}
+	if got := strings.Join(ids, " "); got != "v1 auto-3 auto-4 auto-5 auto-6 auto-7" {
+		t.Fatalf("checkpoints after 7 restores: %s", got)
+	}
+	snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "*"))
+	if len(snaps) != 6 {
+		t.Errorf("%d snapshots for 6 checkpoints: %v", len(snaps), snaps)
 	}
 }

@@ -61,6 +61,15 @@ func findRunsc() string {
 	return p
 }
 
+// templateCache is where the tests' daemons share built templates, so the
+// base template is built once per machine, not once per test.
+func templateCache() string {
+	if dir := os.Getenv("LOAM_TEMPLATE_CACHE"); dir != "" {
+		return dir
+	}
+	return "/var/cache/loam/templates"
+}
+
 // daemon is a `loam serve` process run by a test.
 type daemon struct {
 	t       testing.TB
@@ -98,6 +107,7 @@ func (d *daemon) start(extra ...string) {
 	os.Remove(filepath.Join(d.dataDir, "api_url"))
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
 		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
+		"--template-cache", templateCache(),
 		"--disk-size", fmt.Sprint(8 << 30)}, extra...)
 	d.cmd = exec.Command(loamBin, args...)
 	d.cmd.Env = append(os.Environ(), "LOAM_TOKEN=") // a test's own token file, never the caller's

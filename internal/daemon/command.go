@@ -42,6 +42,7 @@ func Command() *cobra.Command {
 				level = slog.LevelDebug
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			slog.SetDefault(log)
 			cfg.Out = os.Stderr
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -63,7 +64,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.Runsc, "runsc", env("LOAM_RUNSC", ""), "the runsc binary; default runsc in PATH (LOAM_RUNSC)")
 	f.StringVar(&cfg.AgentBinary, "agent-binary", env("LOAM_AGENT_BINARY", ""), "static loam binary to run in sandboxes; default this one (LOAM_AGENT_BINARY)")
 	f.StringVar(&cfg.Subnet, "subnet", env("LOAM_SUBNET", "10.88.0.0/16"), "private range for sandbox addresses, a /30 each (LOAM_SUBNET)")
-	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", "/var/cache/loam/templates"), "where built templates are cached (LOAM_TEMPLATE_CACHE)")
+	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", ""), "where built templates are cached; default DATA_DIR/templates (LOAM_TEMPLATE_CACHE)")
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
 	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")
 	f.Int64Var(&cfg.DiskSize, "disk-size", int64(envInt("LOAM_DISK_SIZE_GIB", 64))<<30, "size of the sparse btrfs file when the data dir is not btrfs, in bytes (LOAM_DISK_SIZE_GIB in GiB)")

@@ -134,6 +134,9 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
+	if cfg.TemplateCache == "" {
+		cfg.TemplateCache = filepath.Join(cfg.DataDir, "templates")
+	}
 	if _, err := disk.FindTemplate(cfg.DefaultTemplate); err != nil {
 		return fmt.Errorf("--default-template: %w", err)
 	}

@@ -109,14 +109,21 @@ const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
 func newID() string { return "sb-" + randomString(12) }
 
 func randomString(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err) // crypto/rand never fails on Linux
+	out := make([]byte, 0, n)
+	b := make([]byte, 2*n)
+	for len(out) < n {
+		if _, err := rand.Read(b); err != nil {
+			panic(err) // crypto/rand never fails on Linux
+		}
+		for _, c := range b {
+			// 252 is the largest multiple of 36 below 256: rejecting the
+			// rest keeps every character equally likely.
+			if c < 252 && len(out) < n {
+				out = append(out, idAlphabet[int(c)%len(idAlphabet)])
+			}
+		}
 	}
-	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
-	}
-	return string(b)
+	return string(out)
 }
 
 // newToken makes a secret for the agent.

@@ -1,0 +1,89 @@
+package sandbox
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"loam.dev/loam/api"
+)
+
+func TestNames(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"scratch", true}, {"scratch-2", true}, {"a", true}, {"a" + strings.Repeat("b", 62), true},
+		{"", false}, {"2x", false}, {"Scratch", false}, {"s_x", false}, {"a" + strings.Repeat("b", 63), false},
+		{"x-", false}, {"a--b", false},
+	} {
+		err := checkName(tc.name)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, api.ErrInvalid)) {
+			t.Errorf("checkName(%q) = %v", tc.name, err)
+		}
+	}
+}
+
+func TestIDShape(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := newID()
+		if len(id) != 15 || !strings.HasPrefix(id, "sb-") || strings.Trim(id[3:], idAlphabet) != "" || seen[id] {
+			t.Fatalf("id %q", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestTransitions(t *testing.T) {
+	for _, tc := range []struct {
+		from, to api.State
+		ok       bool
+	}{
+		{api.StateCreating, api.StateRunning, true},
+		{api.StateRunning, api.StateDeleting, true},
+		{api.StateDeleting, api.StateRunning, false},
+		{api.StateCreating, api.StateSleeping, false},
+		{api.StateError, api.StateRunning, true},
+		{api.StateStopped, api.StateRunning, true},
+	} {
+		if got := canTransition(tc.from, tc.to); got != tc.ok {
+			t.Errorf("%s -> %s: %v", tc.from, tc.to, got)
+		}
+	}
+	if err := requireState("x", api.StateStopped, api.StateRunning); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("requireState: %v", err)
+	}
+}
+
+func TestRequestChecks(t *testing.T) {
+	bad := []error{
+		checkResources(api.Resources{CPUs: 0.01}),
+		checkResources(api.Resources{MemoryMiB: 10}),
+		checkResources(api.Resources{DiskMiB: 1}),
+		checkEnv(map[string]string{"1X": ""}),
+		checkEnv(map[string]string{"LOAM_AGENT_TOKEN": "x"}),
+		checkLabels(map[string]string{"": "x"}),
+		checkLabels(map[string]string{"k": strings.Repeat("v", 256)}),
+		checkIdle("10s"),
+		checkIdle("soon"),
+		checkPort(70000),
+	}
+	for i, err := range bad {
+		if !errors.Is(err, api.ErrInvalid) {
+			t.Errorf("case %d: %v", i, err)
+		}
+	}
+	good := []error{
+		checkResources(api.Resources{CPUs: 0.5, MemoryMiB: 512, DiskMiB: 4096}),
+		checkEnv(map[string]string{"GREETING": "hi"}),
+		checkLabels(map[string]string{"team": "red", "app.kubernetes.io/name": "x"}),
+		checkIdle("10m"), checkIdle(""), checkIdle("0"),
+		checkPort(8080),
+	}
+	for i, err := range good {
+		if err != nil {
+			t.Errorf("good case %d: %v", i, err)
+		}
+	}
+}
