@@ -87,3 +87,40 @@ func TestCrashMidCheckpoint(t *testing.T) {
 		t.Fatalf("after restore: %q", out)
 	}
 }
+
+// TestBusy: an operation on a sandbox while another runs on it is refused
+// with a conflict, and nothing is lost.
+func TestBusy(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "busy", Resources: &api.Resources{MemoryMiB: 1024}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.run("busy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=256 2>/dev/null")
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.C.CreateCheckpoint(context.Background(), "busy", api.CreateCheckpoint{})
+		done <- err
+	}()
+	cpDir := filepath.Join(d.dataDir, "checkpoints", sb.ID)
+	for {
+		if m, _ := filepath.Glob(filepath.Join(cpDir, ".tmp-*")); len(m) > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	status, body := d.curl("DELETE", "/v1/sandboxes/busy", "")
+	if status != 409 || !strings.Contains(body, `"code":"conflict"`) || !strings.Contains(body, "in progress") {
+		t.Errorf("delete during a checkpoint: %d %s", status, body)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if cps, err := d.C.ListCheckpoints(ctx, "busy"); err != nil || len(cps) != 1 {
+		t.Fatalf("%v %+v", err, cps)
+	}
+	if err := d.C.DeleteSandbox(ctx, "busy"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"sync"
 
@@ -77,18 +76,20 @@ func (m *Manager) CheckExec(ctx context.Context, ref string) (*api.Sandbox, erro
 // Exec runs a command in a sandbox for a client's exec socket: it sends the
 // request, with the sandbox's environment under the request's, to the
 // sandbox's agent and copies messages both ways until the command exits or
-// either side goes away. The client's socket is closed when it returns.
+// either side goes away. It returns an error only when the command could not
+// be started and nothing was sent to the client yet: the caller tells the
+// client why. The caller closes the client's socket.
 func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest, client *websocket.Conn) error {
 	sb, err := m.lookup(ctx, ref)
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)
 	}
 	if err != nil {
-		return sendExecError(ctx, client, err)
+		return err
 	}
 	ep, err := m.Endpoint(sb)
 	if err != nil {
-		return sendExecError(ctx, client, err)
+		return err
 	}
 	env := maps.Clone(sb.Env)
 	if env == nil {
@@ -107,7 +108,8 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest, cli
 
 	ag, err := m.agentClient(sb, ep).DialExec(ctx)
 	if err != nil {
-		return sendExecError(ctx, client, api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer: %v", err))
+		m.log.Warn("dialing agent", "sandbox", sb.ID, "err", err)
+		return api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")
 	}
 	ag.SetReadLimit(32 << 20)
 	defer ag.CloseNow()
@@ -116,7 +118,8 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest, cli
 		return err
 	}
 	if err := ag.Write(ctx, websocket.MessageText, first); err != nil {
-		return fmt.Errorf("sending exec request to agent of %s: %w", sb.ID, err)
+		m.log.Warn("sending exec request to agent", "sandbox", sb.ID, "err", err)
+		return api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")
 	}
 
 	errc := make(chan error, 2)
@@ -153,16 +156,4 @@ func pump(ctx context.Context, src, dst *websocket.Conn) error {
 			return err
 		}
 	}
-}
-
-// sendExecError tells the client why its command cannot run, then closes.
-func sendExecError(ctx context.Context, c *websocket.Conn, err error) error {
-	var ae *api.Error
-	if !errors.As(err, &ae) {
-		ae = api.Errorf(api.CodeInternal, "internal error")
-	}
-	b, _ := json.Marshal(api.ExecControl{Type: api.ExecError, Error: ae})
-	_ = c.Write(ctx, websocket.MessageText, b)
-	c.Close(websocket.StatusNormalClosure, "")
-	return err
 }

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -97,7 +99,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	var req api.ExecRequest
-	dec := json.NewDecoder(strings.NewReader(string(first)))
+	dec := json.NewDecoder(bytes.NewReader(first))
 	dec.DisallowUnknownFields()
 	if typ != websocket.MessageText {
 		err = api.Errorf(api.CodeInvalid, "exec: the first message must be a JSON text message")
@@ -111,15 +113,21 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	if err := s.sandboxes.Exec(ctx, ref, req, c); err != nil {
-		s.log.Info("exec ended", "request_id", RequestID(ctx), "sandbox", ref, "err", err)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code == api.CodeUnavailable {
+			s.log.Error("exec failed", "request_id", RequestID(ctx), "sandbox", ref, "err", err)
+		}
+		sendExecError(ctx, c, err)
 	}
 	return nil
 }
 
+// sendExecError tells an exec client why its command cannot run, in an
+// "error" message, and closes the socket normally.
 func sendExecError(ctx context.Context, c *websocket.Conn, err error) {
-	ae, ok := err.(*api.Error)
-	if !ok {
-		ae = api.Errorf(api.CodeInternal, "internal error")
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		ae = api.Errorf(api.CodeInternal, "internal error (request id %s)", RequestID(ctx))
 	}
 	b, _ := json.Marshal(api.ExecControl{Type: api.ExecError, Error: ae})
 	_ = c.Write(ctx, websocket.MessageText, b)
