@@ -346,12 +346,16 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Check
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	if err := m.rt.Restore(ctx, m.spec(sb, ep), filepath.Join(cp.Dir, memDir)); err != nil {
 		return fmt.Errorf("restoring memory: %w", err)
 	}
+	restored := time.Now()
 	if err := m.connect(ctx, sb, ep, cp.AgentToken); err != nil {
 		return err
 	}
+	m.log.Info("memory restored", "sandbox", sb.ID, "checkpoint", cp.ID,
+		"runtime_ms", restored.Sub(start).Milliseconds(), "agent_ms", time.Since(restored).Milliseconds())
 	return m.setState(ctx, sb, api.StateRunning, "")
 }
 
