@@ -81,6 +81,19 @@ func BenchmarkPool(b *testing.B) {
 					must(b, p.DeleteVolume(b.Context(), "v"))
 				}
 			})
+			b.Run("DeleteSnapshot", func(b *testing.B) {
+				p := pc.new(b)
+				must(b, p.ImportTemplate(b.Context(), name, src))
+				v, err := p.CreateVolume(b.Context(), "v", name)
+				must(b, err)
+				for i := 0; b.Loop(); i++ {
+					b.StopTimer()
+					must(b, os.WriteFile(filepath.Join(v, "counter"), []byte(fmt.Sprint(i)), 0o644))
+					must(b, p.Snapshot(b.Context(), "v", "s"))
+					b.StartTimer()
+					must(b, p.DeleteSnapshot(b.Context(), "s"))
+				}
+			})
 			b.Run("Usage", func(b *testing.B) {
 				p := pc.new(b)
 				must(b, p.ImportTemplate(b.Context(), name, src))
