@@ -331,8 +331,15 @@ func TestFork(t *testing.T) {
 		t.Fatalf("Checkpoint: %v", err)
 	}
 	b := e.newSandbox(t, "sb-gvtestforkb0", 6)
+	b.spec.CPUs = 0.5
 	if err := e.rt.Restore(ctx, b.spec, img); err != nil {
 		t.Fatalf("Restore as a fork: %v", err)
+	}
+	// The quota, lifted while the memory loads, is in place once it has.
+	if q, err := filepath.Glob(filepath.Join("/sys/fs/cgroup/cpu*", CgroupParent, b.spec.ID, "cpu.cfs_quota_us")); err != nil || len(q) == 0 {
+		t.Errorf("no cpu cgroup for the fork: %v", err)
+	} else if got, _ := os.ReadFile(q[0]); strings.TrimSpace(string(got)) != "50000" {
+		t.Errorf("fork's CPU quota = %q, want 50000", got)
 	}
 	if r := b.ask(t); r.N != 2 || r.Hostname != b.spec.Hostname {
 		t.Errorf("fork's answer = %+v, want n 2 and hostname %s", r, b.spec.Hostname)
