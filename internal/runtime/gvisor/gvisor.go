@@ -164,13 +164,42 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	return nil
 }
 
+// cpuQuota reads a container's CPU quota in cores; 0 when it has none.
+func cpuQuota(id string) (float64, error) {
+	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "cpu*", CgroupParent, id, "cpu.cfs_quota_us"))
+	if len(v1) > 0 {
+		b, err := os.ReadFile(v1[0])
+		if err != nil {
+			return 0, err
+		}
+		q, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || q < 0 {
+			return 0, err
+		}
+		return float64(q) / cfsPeriod, nil
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", CgroupParent, id, "cpu.max"))
+	if err != nil {
+		return 0, err
+	}
+	q, err := strconv.ParseInt(strings.Fields(string(b) + " max")[0], 10, 64)
+	if err != nil {
+		return 0, nil // "max": no quota
+	}
+	return float64(q) / cfsPeriod, nil
+}
+
 // setCPUQuota sets the CPU quota of a running container's cgroup to cpus
-// cores (0: none), in every hierarchy that has a cpu controller.
+// cores (0: leave it; negative: no quota), in every hierarchy that has a
+// cpu controller.
 func setCPUQuota(id string, cpus float64) error {
-	if cpus <= 0 {
+	if cpus == 0 {
 		return nil
 	}
 	quota := int64(cpus * cfsPeriod)
+	if cpus < 0 {
+		quota = -1
+	}
 	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "cpu*", CgroupParent, id, "cpu.cfs_quota_us"))
 	for _, f := range v1 {
 		period := filepath.Join(filepath.Dir(f), "cpu.cfs_period_us")
@@ -185,7 +214,11 @@ func setCPUQuota(id string, cpus float64) error {
 		return nil
 	}
 	v2 := filepath.Join("/sys/fs/cgroup", CgroupParent, id, "cpu.max")
-	if err := os.WriteFile(v2, []byte(fmt.Sprintf("%d %d", quota, cfsPeriod)), 0); err != nil {
+	max := strconv.FormatInt(quota, 10)
+	if quota < 0 {
+		max = "max"
+	}
+	if err := os.WriteFile(v2, []byte(fmt.Sprintf("%s %d", max, cfsPeriod)), 0); err != nil {
 		return fmt.Errorf("setting CPU quota: %w", err)
 	}
 	return nil
@@ -271,6 +304,17 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts runt
 	args := []string{"checkpoint", "-direct", "-image-path", imageDir}
 	if opts.LeaveRunning {
 		args = append(args, "-leave-running")
+	}
+	// The sandbox is paused while it writes its image, so the quota only
+	// lengthens the pause; lift it for the checkpoint.
+	if q, err := cpuQuota(id); err == nil && q > 0 {
+		if err := setCPUQuota(id, -1); err == nil {
+			defer func() {
+				if err := setCPUQuota(id, q); err != nil {
+					r.log.Error("putting back the CPU quota", "container", id, "err", err)
+				}
+			}()
+		}
 	}
 	if _, err := r.run(ctx, id, append(args, id)...); err != nil {
 		// The directory did not exist before: whatever is there is ours

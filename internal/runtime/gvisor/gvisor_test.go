@@ -243,6 +243,7 @@ func TestCheckpointLeaveRunning(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	sb := e.newSandbox(t, "sb-gvtestleave0", 3)
+	sb.spec.CPUs = 0.5
 	if err := e.rt.Start(ctx, sb.spec); err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -250,6 +251,10 @@ func TestCheckpointLeaveRunning(t *testing.T) {
 	img := filepath.Join(t.TempDir(), "img")
 	if err := e.rt.Checkpoint(ctx, sb.spec.ID, img, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
+	}
+	// The quota is lifted during the checkpoint only.
+	if q, err := cpuQuota(sb.spec.ID); err != nil || q != 0.5 {
+		t.Errorf("CPU quota after a checkpoint = %g, %v; want 0.5", q, err)
 	}
 	if _, err := os.Stat(filepath.Join(img, "checkpoint.img")); err != nil {
 		t.Errorf("image: %v", err)
