@@ -194,9 +194,7 @@ first; elsewhere it needs --yes.`,
 				return err
 			}
 			ref := rest[0]
-			if err := a.confirm(yes,
-				fmt.Sprintf("Delete checkpoint %s of %s", ref, sandbox),
-				fmt.Sprintf("delete checkpoint %s of %s", ref, sandbox)); err != nil {
+			if err := a.confirm(yes, fmt.Sprintf("delete checkpoint %s of %s", ref, sandbox)); err != nil {
 				return err
 			}
 			c, err := a.connect()
@@ -226,9 +224,7 @@ first; elsewhere it needs --yes.`,
 				return err
 			}
 			ref := rest[0]
-			if err := a.confirm(yes,
-				fmt.Sprintf("Restore %s to checkpoint %s", sandbox, ref),
-				fmt.Sprintf("restore %s to checkpoint %s", sandbox, ref)); err != nil {
+			if err := a.confirm(yes, fmt.Sprintf("restore %s to checkpoint %s", sandbox, ref)); err != nil {
 				return err
 			}
 			c, err := a.connect()

@@ -162,7 +162,7 @@ checkpoints carry on. On a terminal rm asks first; elsewhere it needs --yes.`,
 			if len(args) > 1 {
 				what = "sandboxes " + strings.Join(args, ", ")
 			}
-			if err := a.confirm(yes, "Delete "+what, "delete "+what); err != nil {
+			if err := a.confirm(yes, "delete "+what); err != nil {
 				return err
 			}
 			c, err := a.connect()
