@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,7 +49,30 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "building loam:", err)
 		return 1
 	}
+	// The SDK examples talk to a daemon of their own, found as a user's
+	// program finds one: through LOAM_API_URL and LOAM_TOKEN.
+	ex, err := exampleDaemon()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting the examples' daemon:", err)
+		return 1
+	}
+	defer ex.destroy()
+	os.Setenv("LOAM_API_URL", ex.URL)
+	os.Setenv("LOAM_TOKEN", ex.Token)
 	return m.Run()
+}
+
+func exampleDaemon() (*daemon, error) {
+	dataDir, err := os.MkdirTemp("", "loam-e2e-examples-")
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{dataDir: dataDir, subnet: "10.89.250.0/24"}
+	if err := d.launch(); err != nil {
+		d.destroy()
+		return nil, err
+	}
+	return d, nil
 }
 
 func findRunsc() string {
@@ -76,7 +100,7 @@ type daemon struct {
 	dataDir string
 	subnet  string
 	cmd     *exec.Cmd
-	log     *bytes.Buffer
+	log     *syncBuffer
 	URL     string
 	Token   string
 	C       *client.Client
@@ -102,8 +126,14 @@ func startDaemon(t testing.TB, extra ...string) *daemon {
 }
 
 func (d *daemon) start(extra ...string) {
-	t := d.t
-	t.Helper()
+	d.t.Helper()
+	if err := d.launch(extra...); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// launch runs `loam serve` and waits until it answers.
+func (d *daemon) launch(extra ...string) error {
 	os.Remove(filepath.Join(d.dataDir, "api_url"))
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
 		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
@@ -111,11 +141,11 @@ func (d *daemon) start(extra ...string) {
 		"--disk-size", fmt.Sprint(8 << 30)}, extra...)
 	d.cmd = exec.Command(loamBin, args...)
 	d.cmd.Env = append(os.Environ(), "LOAM_TOKEN=") // a test's own token file, never the caller's
-	d.log = &bytes.Buffer{}
+	d.log = &syncBuffer{}
 	d.cmd.Stdout = d.log
 	d.cmd.Stderr = d.log
 	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -125,13 +155,13 @@ func (d *daemon) start(extra ...string) {
 			break
 		}
 		if time.Now().After(deadline) || d.cmd.ProcessState != nil {
-			t.Fatalf("daemon did not start:\n%s", d.log.String())
+			return fmt.Errorf("daemon did not start:\n%s", d.log.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	tok, err := os.ReadFile(filepath.Join(d.dataDir, "token"))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	d.Token = strings.TrimSpace(string(tok))
 	d.C = client.New(d.URL, d.Token)
@@ -142,10 +172,11 @@ func (d *daemon) start(extra ...string) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("daemon does not answer: %v\n%s", err, d.log.String())
+			return fmt.Errorf("daemon does not answer: %v\n%s", err, d.log.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return nil
 }
 
 // stop ends the daemon process (SIGTERM) and waits for it; its sandboxes
@@ -169,22 +200,26 @@ func (d *daemon) stop() {
 // destroy deletes every sandbox through the API, stops the daemon, and
 // removes whatever is left: runsc containers, namespaces, mounts.
 func (d *daemon) destroy() {
-	t := d.t
+	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+	failed := false
+	if d.t != nil {
+		logf, failed = d.t.Logf, d.t.Failed()
+	}
 	if d.cmd != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		sbs, err := d.C.ListSandboxes(ctx, client.ListOptions{})
 		if err == nil {
 			for _, sb := range sbs {
 				if err := d.C.DeleteSandbox(ctx, sb.ID); err != nil {
-					t.Logf("cleanup: deleting %s: %v", sb.Name, err)
+					logf("cleanup: deleting %s: %v", sb.Name, err)
 				}
 			}
 		}
 		cancel()
 		d.stop()
 	}
-	if t.Failed() || os.Getenv("LOAM_TEST_LOG") != "" {
-		t.Logf("daemon log:\n%s", d.log.String())
+	if failed || os.Getenv("LOAM_TEST_LOG") != "" {
+		logf("daemon log:\n%s", d.log.String())
 	}
 	// Whatever the API could not delete: containers, namespaces, the pool.
 	runscRoot := filepath.Join(d.dataDir, "runsc")
@@ -288,4 +323,23 @@ func (d *daemon) kill() {
 	_ = d.cmd.Process.Kill()
 	_ = d.cmd.Wait()
 	d.cmd = nil
+}
+
+// syncBuffer is a bytes.Buffer that the daemon's output can be written to
+// while a test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
