@@ -124,3 +124,35 @@ func TestBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLostCheckpointData: a checkpoint whose data was lost while the
+// daemon was down is no longer listed after it starts.
+func TestLostCheckpointData(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "lossy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := false
+	for _, req := range []api.CreateCheckpoint{{Memory: &f}, {}} {
+		if _, err := d.C.CreateCheckpoint(ctx, "lossy", req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.stop()
+	if err := os.RemoveAll(filepath.Join(d.dataDir, "checkpoints", sb.ID, "v2", "mem")); err != nil {
+		t.Fatal(err)
+	}
+	d.start()
+	cps, err := d.C.ListCheckpoints(ctx, "lossy")
+	if err != nil || len(cps) != 1 || cps[0].ID != "v1" {
+		t.Fatalf("after losing v2's memory: %v %+v", err, cps)
+	}
+	if _, err := os.Stat(filepath.Join(d.dataDir, "checkpoints", sb.ID, "v2")); !os.IsNotExist(err) {
+		t.Errorf("v2's directory is still there: %v", err)
+	}
+	if _, err := d.C.RestoreCheckpoint(ctx, "lossy", "v1"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -117,6 +117,9 @@ func (m *Manager) sweep(ctx context.Context, known map[string]bool) error {
 // crash while a checkpoint was being taken (or deleted) leaves. A record is
 // written only after its data is durable, so such data was never visible.
 func (m *Manager) sweepCheckpoints(ctx context.Context) error {
+	if err := m.dropBrokenCheckpoints(ctx); err != nil {
+		return err
+	}
 	dirs, err := m.store.AllCheckpointDirs(ctx)
 	if err != nil {
 		return err
@@ -154,6 +157,45 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 		}
 		m.log.Info("removing unfinished checkpoint snapshot", "snapshot", snap)
 		errs = append(errs, m.disks.DeleteSnapshot(ctx, snap))
+	}
+	return errors.Join(errs...)
+}
+
+// dropBrokenCheckpoints deletes the records of checkpoints whose data is
+// gone (removed by hand, or lost with a disk), so that the store never lists
+// a checkpoint that cannot be restored.
+func (m *Manager) dropBrokenCheckpoints(ctx context.Context) error {
+	snaps, err := m.disks.Snapshots(ctx)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for _, s := range snaps {
+		have[s] = true
+	}
+	sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sb := range sbs {
+		cps, err := m.store.ListCheckpoints(ctx, sb.ID)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, cp := range cps {
+			data := cp.Dir
+			if cp.Memory {
+				data = filepath.Join(cp.Dir, memDir)
+			}
+			_, statErr := os.Stat(data)
+			if statErr == nil && have[snapName(sb.ID, cp.ID)] {
+				continue
+			}
+			m.log.Error("checkpoint data is missing; dropping the checkpoint", "sandbox", sb.ID, "checkpoint", cp.ID)
+			errs = append(errs, m.removeCheckpoint(ctx, sb, cp))
+		}
 	}
 	return errors.Join(errs...)
 }
