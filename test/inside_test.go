@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,21 @@ func TestInside(t *testing.T) {
 	}
 	if cps, _ := d.C.ListCheckpoints(ctx, "other"); len(cps) != 0 {
 		t.Fatalf("other got checkpoints: %+v", cps)
+	}
+
+	// The in-sandbox API answers its own sandbox only: even with the
+	// sandbox's token, a caller elsewhere (here, the host) is refused.
+	apiURL := strings.TrimSpace(d.run("self", "cat", "/var/lib/loam/api_url"))
+	token := strings.TrimSpace(d.run("self", "cat", "/var/lib/loam/token"))
+	req, _ := http.NewRequest("GET", apiURL+"/v1/sandboxes/self/checkpoints", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
+		t.Errorf("in-sandbox API from the host: %v %v", err, resp)
+	} else {
+		resp.Body.Close()
+	}
+	if token == d.Token || !strings.HasPrefix(token, "loam_sb_") {
+		t.Errorf("the sandbox holds token %q", token)
 	}
 
 	// A fork knows it is the fork, though its memory came from self.

@@ -38,7 +38,7 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 		return nil
 	}
 	addr := netip.AddrPortFrom(ep.HostIP, uint16(m.cfg.InsidePort))
-	if err := m.inside.Open(sb.ID, addr); err != nil {
+	if err := m.inside.Open(sb.ID, addr, ep.SandboxIP); err != nil {
 		return fmt.Errorf("serving the in-sandbox API of %s on %s: %w", sb.ID, addr, err)
 	}
 	id := agent.Identity{

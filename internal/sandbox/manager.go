@@ -40,7 +40,7 @@ type Networks interface {
 // listener per sandbox on the host end of its network, with a token that
 // reaches only that sandbox.
 type Insiders interface {
-	Open(id string, addr netip.AddrPort) error
+	Open(id string, addr netip.AddrPort, peer netip.Addr) error
 	Close(id string)
 	Token(id string) string
 }

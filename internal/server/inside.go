@@ -46,7 +46,10 @@ func (in *Inside) Token(id string) string {
 }
 
 // Open starts serving sandbox id on addr, unless it is served already.
-func (in *Inside) Open(id string, addr netip.AddrPort) error {
+// Only connections from peer, the sandbox's own address, are served: the
+// host answers on every local address, so without that another sandbox
+// could reach this listener too (it would still need the token).
+func (in *Inside) Open(id string, addr netip.AddrPort, peer netip.Addr) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if _, ok := in.srvs[id]; ok {
@@ -56,7 +59,14 @@ func (in *Inside) Open(id string, addr netip.AddrPort) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: in.handler(id), ReadHeaderTimeout: 10 * time.Second}
+	h := in.handler(id)
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if from, err := netip.ParseAddrPort(r.RemoteAddr); err != nil || from.Addr().Unmap() != peer {
+			writeError(w, r, in.log, api.Errorf(api.CodeUnauthorized, "this API serves only its own sandbox"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})}
 	in.srvs[id] = srv
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
