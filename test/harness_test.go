@@ -138,7 +138,7 @@ func (d *daemon) launch(extra ...string) error {
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
 		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
 		"--template-cache", templateCache(),
-		"--disk-size", fmt.Sprint(8 << 30)}, extra...)
+		"--disk-size-gib", "8"}, extra...)
 	d.cmd = exec.Command(loamBin, args...)
 	d.cmd.Env = append(os.Environ(), "LOAM_TOKEN=") // a test's own token file, never the caller's
 	d.log = &syncBuffer{}

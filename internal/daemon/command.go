@@ -29,7 +29,10 @@ func envInt(key string, def int) int {
 // Sandboxes keep running when it stops; the next start takes them back.
 func Command() *cobra.Command {
 	var cfg Config
-	var debug bool
+	var (
+		debug   bool
+		diskGiB int
+	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the loam daemon (API server and sandbox host)",
@@ -44,6 +47,7 @@ func Command() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			slog.SetDefault(log)
 			cfg.Out = os.Stderr
+			cfg.DiskSize = int64(diskGiB) << 30
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			d, err := Start(ctx, cfg, log)
@@ -67,7 +71,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", ""), "where built templates are cached; default DATA_DIR/templates (LOAM_TEMPLATE_CACHE)")
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
 	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")
-	f.Int64Var(&cfg.DiskSize, "disk-size", int64(envInt("LOAM_DISK_SIZE_GIB", 64))<<30, "size of the sparse btrfs file when the data dir is not btrfs, in bytes (LOAM_DISK_SIZE_GIB in GiB)")
+	f.IntVar(&diskGiB, "disk-size-gib", envInt("LOAM_DISK_SIZE_GIB", 64), "size of the sparse file the btrfs pool lives on when the data dir is not btrfs, in GiB (LOAM_DISK_SIZE_GIB)")
 	f.BoolVar(&debug, "debug", os.Getenv("LOAM_DEBUG") != "", "debug logs (LOAM_DEBUG)")
 	cfg.Token = os.Getenv("LOAM_TOKEN")
 	return cmd
