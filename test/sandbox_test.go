@@ -69,6 +69,12 @@ func TestSandboxLifecycle(t *testing.T) {
 			t.Fatalf("code %d err %v out %q", code, err, out.String())
 		}
 	})
+	t.Run("hostname", func(t *testing.T) {
+		got := d.run("alpha", "sh", "-c", "hostname; cat /etc/hostname; grep -c alpha /etc/hosts; grep -c nameserver /etc/resolv.conf || true")
+		if got != "alpha\nalpha\n1\n0\n" {
+			t.Fatalf("got %q", got)
+		}
+	})
 	t.Run("user env dir", func(t *testing.T) {
 		got := d.run("alpha", "sh", "-c", `echo "$(id -u) $HOME $GREETING $(pwd)"`)
 		if got != "1000 /home/loam hello /home/loam\n" {

@@ -375,7 +375,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 		if err := m.tpl.Ensure(ctx, sb.Template); err != nil {
 			return fmt.Errorf("preparing template %s: %w", sb.Template, err)
 		}
-		if _, err := m.disks.CreateVolume(ctx, sb.ID, sb.Template); err != nil {
+		root, err := m.disks.CreateVolume(ctx, sb.ID, sb.Template)
+		if err != nil {
+			return fmt.Errorf("making disk: %w", err)
+		}
+		if err := personalize(root, sb.Name); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
 	}
@@ -390,6 +394,32 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 		return err
 	}
 	return m.setState(ctx, sb, api.StateRunning, "")
+}
+
+// personalize writes the files that name a new sandbox in its own root:
+// its hostname, and hosts and resolv.conf to match. A sandbox has no DNS
+// server to ask yet, so resolv.conf names none: lookups of names not in
+// /etc/hosts then fail at once instead of after a 10 s timeout against the
+// template builder's server (python's http.server looks its own address up
+// before it listens).
+func personalize(root, name string) error {
+	files := map[string]string{
+		"etc/hostname": name + "\n",
+		"etc/hosts": "127.0.0.1\tlocalhost\n127.0.1.1\t" + name + "\n" +
+			"::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"etc/resolv.conf": "# loam: no DNS server is reachable from this sandbox yet.\n",
+	}
+	for rel, content := range files {
+		path := filepath.Join(root, rel)
+		// A template's resolv.conf may be a symlink; replace it, never follow it.
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("writing %s: %w", rel, err)
+		}
+	}
+	return nil
 }
 
 // prepare makes what a sandbox's container needs before it starts or is
