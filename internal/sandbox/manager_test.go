@@ -1,0 +1,372 @@
+package sandbox_test
+
+import (
+	"encoding/json"
+	"errors"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/sandbox"
+)
+
+func TestCreate(t *testing.T) {
+	e := newEnv(t)
+	before := time.Now().Add(-time.Second)
+	sb := e.create(api.CreateSandbox{
+		Name:      "scratch",
+		Env:       map[string]string{"GREETING": "hi"},
+		Labels:    map[string]string{"team": "red"},
+		Resources: &api.Resources{MemoryMiB: 1024},
+	})
+
+	if !strings.HasPrefix(sb.ID, "sb-") || len(sb.ID) != 15 {
+		t.Errorf("id %q", sb.ID)
+	}
+	want := api.Sandbox{
+		ID: sb.ID, Name: "scratch", State: api.StateRunning, Template: tinyTemplate,
+		Resources: api.Resources{CPUs: 1, MemoryMiB: 1024, DiskMiB: 4096},
+		Env:       map[string]string{"GREETING": "hi"}, Labels: map[string]string{"team": "red"},
+		HTTPPort: 8080, URL: "https://scratch--acme.loam.test", CreatedAt: sb.CreatedAt,
+	}
+	if !equalSandbox(*sb, want) {
+		t.Errorf("Create returned\n%+v\nwant\n%+v", *sb, want)
+	}
+	if sb.CreatedAt.Before(before) || sb.CreatedAt.After(time.Now()) {
+		t.Errorf("created_at %v", sb.CreatedAt)
+	}
+	for _, ref := range []string{"scratch", sb.ID} {
+		got, err := e.m.Get(e.ctx, ref)
+		if err != nil || !equalSandbox(*got, *sb) {
+			t.Errorf("Get(%s) = %+v, %v; want %+v", ref, got, err, *sb)
+		}
+	}
+
+	rec := e.record(sb.ID)
+	if rec.AgentToken == "" || rec.NetIndex != 0 || rec.CheckpointSeq != 0 || rec.AutoSeq != 0 || rec.Error != "" {
+		t.Errorf("record: %+v", rec)
+	}
+
+	c, ok := e.rt.get(sb.ID)
+	if !ok {
+		t.Fatal("no container")
+	}
+	spec := c.spec
+	if spec.Hostname != "scratch" || spec.Rootfs != e.pool.VolumePath(sb.ID) ||
+		spec.BundleDir != filepath.Join(e.sandboxDir(sb.ID), "bundle") ||
+		spec.CPUs != 1 || spec.MemoryMiB != 1024 || spec.AgentBinary != e.cfg.AgentBinary ||
+		envValue(spec.Env, agent.EnvToken) != rec.AgentToken || c.status != runtime.StatusRunning || c.from != "" {
+		t.Errorf("container: %+v", c)
+	}
+	// The sandbox's env is given to commands by the agent, per exec; the
+	// container's environment holds no user variable.
+	if v := envValue(spec.Env, "GREETING"); v != "" {
+		t.Errorf("GREETING=%q in the container's environment", v)
+	}
+	if got := e.rt.callsOf(sb.ID); !slices.Equal(got, []string{"start"}) {
+		t.Errorf("runtime calls %v, want [start]", got)
+	}
+	if !e.nets.exists(sb.ID) {
+		t.Error("no network")
+	}
+	e.agentAnswers(sb.ID)
+
+	// The disk is the template's, named after the sandbox.
+	if got := e.readVolume(sb.ID, "hello.txt"); got != "hello\n" {
+		t.Errorf("hello.txt = %q", got)
+	}
+	if got := e.readVolume(sb.ID, "etc/hostname"); got != "scratch\n" {
+		t.Errorf("etc/hostname = %q", got)
+	}
+	if fi, err := os.Lstat(filepath.Join(e.pool.VolumePath(sb.ID), "etc", "resolv.conf")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("etc/resolv.conf should replace the template's symlink: %v, %v", fi, err)
+	}
+	// The handle lets a restarted daemon find the sandbox.
+	var h struct {
+		Version   int    `json:"version"`
+		ID        string `json:"id"`
+		SandboxIP string `json:"sandbox_ip"`
+		AgentPort int    `json:"agent_port"`
+	}
+	b, err := os.ReadFile(filepath.Join(e.sandboxDir(sb.ID), "handle.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &h)
+	}
+	ep, _ := e.m.Endpoint(rec)
+	if err != nil || h.Version != 1 || h.ID != sb.ID || h.SandboxIP != ep.SandboxIP.String() || h.AgentPort != e.cfg.AgentPort {
+		t.Errorf("handle %+v, %v", h, err)
+	}
+
+	// A second sandbox, with no name: its name is its id, and it gets the
+	// next address.
+	other := e.create(api.CreateSandbox{Template: tinyTemplate})
+	if other.Name != other.ID || other.HTTPPort != 8080 || len(other.Env) != 0 || len(other.Labels) != 0 {
+		t.Errorf("sandbox without a name: %+v", other)
+	}
+	if i := e.record(other.ID).NetIndex; i != 1 {
+		t.Errorf("second sandbox has net index %d, want 1", i)
+	}
+	e.agentAnswers(other.ID, rec.AgentToken)
+
+	all, err := e.m.List(e.ctx, nil)
+	if err != nil || len(all) != 2 || all[0].ID != sb.ID || all[1].ID != other.ID {
+		t.Errorf("List = %v, %v", all, err)
+	}
+	red, err := e.m.List(e.ctx, map[string]string{"team": "red"})
+	if err != nil || len(red) != 1 || red[0].ID != sb.ID {
+		t.Errorf("List(team=red) = %v, %v", red, err)
+	}
+}
+
+func equalSandbox(a, b api.Sandbox) bool {
+	eqFrom := (a.From == nil) == (b.From == nil) && (a.From == nil || *a.From == *b.From)
+	return a.ID == b.ID && a.Name == b.Name && a.State == b.State && a.Template == b.Template &&
+		a.Image == b.Image && a.Resources == b.Resources && maps.Equal(a.Env, b.Env) &&
+		maps.Equal(a.Labels, b.Labels) && a.Idle == b.Idle && a.HTTPPort == b.HTTPPort &&
+		a.URL == b.URL && eqFrom && a.CreatedAt.Equal(b.CreatedAt)
+}
+
+func TestCreateInvalid(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		name string
+		req  api.CreateSandbox
+	}{
+		{"upper-case name", api.CreateSandbox{Name: "Scratch"}},
+		{"name with --", api.CreateSandbox{Name: "a--b"}},
+		{"name ending with -", api.CreateSandbox{Name: "a-"}},
+		{"unknown template", api.CreateSandbox{Template: "nope"}},
+		{"image", api.CreateSandbox{Image: "debian:12"}},
+		{"too many cpus", api.CreateSandbox{Resources: &api.Resources{CPUs: 100}}},
+		{"too little memory", api.CreateSandbox{Resources: &api.Resources{MemoryMiB: 10}}},
+		{"too little disk", api.CreateSandbox{Resources: &api.Resources{DiskMiB: 1}}},
+		{"reserved env", api.CreateSandbox{Env: map[string]string{"LOAM_AGENT_TOKEN": "x"}}},
+		{"bad env name", api.CreateSandbox{Env: map[string]string{"1X": "x"}}},
+		{"bad label", api.CreateSandbox{Labels: map[string]string{"-x": "y"}}},
+		{"short idle", api.CreateSandbox{Idle: "10s"}},
+		{"port out of range", api.CreateSandbox{HTTPPort: 70000}},
+		{"the agent's port", api.CreateSandbox{HTTPPort: e.cfg.AgentPort}},
+		{"fork without a checkpoint", api.CreateSandbox{From: &api.ForkSource{Sandbox: "x"}}},
+		{"fork without a sandbox", api.CreateSandbox{From: &api.ForkSource{Checkpoint: "v1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.m.Create(e.ctx, tc.req)
+			if !errors.Is(err, api.ErrInvalid) {
+				t.Errorf("Create: %v, want invalid", err)
+			}
+		})
+	}
+	all, err := e.m.List(e.ctx, nil)
+	if err != nil || len(all) != 0 {
+		t.Errorf("List = %v, %v; want nothing", all, err)
+	}
+	if ids := e.rt.ids(); len(ids) != 0 {
+		t.Errorf("containers %v", ids)
+	}
+	if v := e.volumes(); len(v) != 0 {
+		t.Errorf("volumes %v", v)
+	}
+}
+
+func TestNameConflict(t *testing.T) {
+	e := newEnv(t)
+	first := e.create(api.CreateSandbox{Name: "dup"})
+	_, err := e.m.Create(e.ctx, api.CreateSandbox{Name: "dup"})
+	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), `"dup"`) {
+		t.Errorf("second create: %v, want a conflict naming dup", err)
+	}
+	if ids := e.rt.ids(); !slices.Equal(ids, []string{first.ID}) {
+		t.Errorf("containers %v, want only %s", ids, first.ID)
+	}
+	if v := e.volumes(); !slices.Equal(v, []string{first.ID}) {
+		t.Errorf("volumes %v", v)
+	}
+	if got, err := e.m.Get(e.ctx, "dup"); err != nil || got.ID != first.ID || got.State != api.StateRunning {
+		t.Errorf("Get(dup) = %+v, %v", got, err)
+	}
+	// Once deleted, the name is free again.
+	if err := e.m.Delete(e.ctx, "dup"); err != nil {
+		t.Fatal(err)
+	}
+	again := e.create(api.CreateSandbox{Name: "dup"})
+	if again.ID == first.ID {
+		t.Error("a new sandbox got the old one's id")
+	}
+}
+
+// TestCreateFailure checks that a create that fails leaves nothing behind:
+// no record, container, disk, network or directory, and frees its address.
+func TestCreateFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setUp func(e *env)
+		undo  func(e *env)
+	}{
+		{"runtime fails to start", func(e *env) { e.rt.failNext("start", errors.New("runsc: boom")) }, nil},
+		{"template fails", func(e *env) { e.tpl.failNext(errors.New("debootstrap: boom")) }, nil},
+		{"agent never answers", func(e *env) { e.rt.setNoAgent(true) }, func(e *env) { e.rt.setNoAgent(false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, func(c *sandbox.Config) { c.BootTimeout = 300 * time.Millisecond })
+			tc.setUp(e)
+			_, err := e.m.Create(e.ctx, api.CreateSandbox{Name: "doomed"})
+			if err == nil {
+				t.Fatal("Create succeeded")
+			}
+			if !strings.Contains(err.Error(), "creating sandbox doomed") {
+				t.Errorf("error %q does not say what failed", err)
+			}
+			if all, err := e.m.List(e.ctx, nil); err != nil || len(all) != 0 {
+				t.Errorf("List = %v, %v", all, err)
+			}
+			if ids := e.rt.ids(); len(ids) != 0 {
+				t.Errorf("containers %v", ids)
+			}
+			if v := e.volumes(); len(v) != 0 {
+				t.Errorf("volumes %v", v)
+			}
+			if n := e.nets.count(); n != 0 {
+				t.Errorf("%d networks left", n)
+			}
+			if entries, _ := os.ReadDir(filepath.Join(e.cfg.DataDir, "sandboxes")); len(entries) != 0 {
+				t.Errorf("sandbox directories left: %v", entries)
+			}
+			if tc.undo != nil {
+				tc.undo(e)
+			}
+			// The name and the address are free again.
+			sb := e.create(api.CreateSandbox{Name: "doomed"})
+			if i := e.record(sb.ID).NetIndex; i != 0 {
+				t.Errorf("net index %d after a failed create, want 0", i)
+			}
+			e.agentAnswers(sb.ID)
+		})
+	}
+}
+
+func TestDelete(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "gone"})
+	keep := e.create(api.CreateSandbox{Name: "kept"})
+	e.checkpoint("gone", true)
+	e.checkpoint("gone", false)
+	c, _ := e.rt.get(sb.ID)
+	if len(e.snapshots()) != 2 {
+		t.Fatalf("snapshots %v", e.snapshots())
+	}
+
+	if err := e.m.Delete(e.ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	e.requireGone(sb.ID)
+	select {
+	case <-c.exited:
+	case <-time.After(5 * time.Second):
+		t.Error("the sandbox's agent still runs")
+	}
+	if got := e.rt.callsOf(sb.ID); got[len(got)-1] != "delete" {
+		t.Errorf("runtime calls %v, want a delete last", got)
+	}
+	if err := e.m.Delete(e.ctx, "gone"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("deleting again: %v, want not_found", err)
+	}
+	if _, err := e.m.ListCheckpoints(e.ctx, sb.ID); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("checkpoints of a deleted sandbox: %v, want not_found", err)
+	}
+	// The other sandbox is untouched.
+	if got, err := e.m.Get(e.ctx, "kept"); err != nil || got.State != api.StateRunning {
+		t.Errorf("Get(kept) = %+v, %v", got, err)
+	}
+	e.agentAnswers(keep.ID)
+	// The freed address is handed out again.
+	next := e.create(api.CreateSandbox{})
+	if i := e.record(next.ID).NetIndex; i != 0 {
+		t.Errorf("net index %d, want the freed 0", i)
+	}
+}
+
+func TestConcurrentCreates(t *testing.T) {
+	e := newEnv(t)
+	const n = 4
+	var wg sync.WaitGroup
+	sbs := make([]*api.Sandbox, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { sbs[i], errs[i] = e.m.Create(e.ctx, api.CreateSandbox{}) })
+	}
+	wg.Wait()
+	seen := map[int]bool{}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("create %d: %v", i, errs[i])
+		}
+		idx := e.record(sbs[i].ID).NetIndex
+		if seen[idx] {
+			t.Errorf("net index %d handed out twice", idx)
+		}
+		seen[idx] = true
+		e.agentAnswers(sbs[i].ID)
+	}
+}
+
+// TestNameIsAnotherID names a sandbox with another sandbox's id.
+//
+// It fails today: the create succeeds, and since a reference that is one
+// sandbox's id and another's name means the first (store.GetSandbox), the
+// new sandbox can no longer be reached by its name, and deleting "it" by
+// name deletes the other one.
+func TestNameIsAnotherID(t *testing.T) {
+	e := newEnv(t)
+	alpha := e.create(api.CreateSandbox{Name: "alpha"})
+	sb, err := e.m.Create(e.ctx, api.CreateSandbox{Name: alpha.ID})
+	if err == nil {
+		t.Errorf("a sandbox named %s, the id of alpha, was made", alpha.ID)
+		if got, _ := e.m.Get(e.ctx, sb.Name); got.ID != sb.ID {
+			t.Errorf("Get by the new sandbox's name %q finds %s (%s), not it", sb.Name, got.ID, got.Name)
+		}
+		return
+	}
+	if !errors.Is(err, api.ErrInvalid) && !errors.Is(err, api.ErrConflict) {
+		t.Errorf("Create: %v, want invalid or conflict", err)
+	}
+}
+
+// TestBusyDuringCreate acts on a sandbox while its create is in the
+// runtime: it shows as creating, and changes to it are refused.
+func TestBusyDuringCreate(t *testing.T) {
+	e := newEnv(t)
+	var state api.State
+	var errs []error
+	e.rt.setHook(func(op, id string) {
+		if op != "start" {
+			return
+		}
+		if sb, err := e.m.Get(e.ctx, "young"); err == nil {
+			state = sb.State
+		}
+		_, cpErr := e.m.CreateCheckpoint(e.ctx, "young", api.CreateCheckpoint{Memory: ptr(false)})
+		errs = append(errs, e.m.Delete(e.ctx, "young"), cpErr)
+	})
+	sb := e.create(api.CreateSandbox{Name: "young"})
+	e.rt.setHook(nil)
+	if state != api.StateCreating {
+		t.Errorf("state during the create: %q, want creating", state)
+	}
+	for _, err := range errs {
+		if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "create is in progress") {
+			t.Errorf("during the create: %v, want a conflict naming the create", err)
+		}
+	}
+	if sb.State != api.StateRunning {
+		t.Errorf("created sandbox is %s", sb.State)
+	}
+	e.agentAnswers(sb.ID)
+}

@@ -1,0 +1,278 @@
+package sandbox_test
+
+import (
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/runtime"
+)
+
+// crashAt runs op until it calls the runtime's op crashOp, where its
+// goroutine ends, as if the daemon had died there. (Deferred calls do run,
+// which a real crash would not do; the sweep test makes what they remove
+// by hand.)
+func crashAt(e *env, crashOp string, op func()) {
+	e.t.Helper()
+	e.rt.setHook(func(o, id string) {
+		if o == crashOp {
+			goruntime.Goexit()
+		}
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		op()
+		e.t.Errorf("no crash: %s was not called", crashOp)
+	}()
+	<-done
+	e.rt.setHook(nil)
+}
+
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, d := range entries {
+		names = append(names, d.Name())
+	}
+	return names
+}
+
+func TestRecover(t *testing.T) {
+	t.Run("running is taken back", func(t *testing.T) {
+		e := newEnv(t)
+		sb := e.create(api.CreateSandbox{Name: "alive"})
+		must(t, e.restart())
+		if got := e.rt.callsOf(sb.ID); !slices.Equal(got, []string{"start"}) {
+			t.Errorf("runtime calls %v, want only the first start", got)
+		}
+		if got, _ := e.m.Get(e.ctx, "alive"); got.State != api.StateRunning {
+			t.Errorf("state %s", got.State)
+		}
+		e.agentAnswers(sb.ID)
+	})
+
+	for _, tc := range []struct {
+		name string
+		kill func(t *testing.T, e *env, id string)
+	}{
+		{"gone container boots again", func(t *testing.T, e *env, id string) { e.rt.vanish(id) }},
+		{"dead container boots again", func(t *testing.T, e *env, id string) {
+			c, _ := e.rt.get(id)
+			c.kill()
+			if st, _ := e.rt.State(e.ctx, id); st != runtime.StatusStopped {
+				t.Fatalf("killed container is %s", st)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			sb := e.create(api.CreateSandbox{Name: "reboot"})
+			e.writeVolume(sb.ID, "state.txt", "kept")
+			tc.kill(t, e, sb.ID)
+			must(t, e.restart())
+			if got, want := e.rt.callsOf(sb.ID), []string{"start", "delete", "start"}; !slices.Equal(got, want) {
+				t.Errorf("runtime calls %v, want %v", got, want)
+			}
+			if got, _ := e.m.Get(e.ctx, "reboot"); got.State != api.StateRunning {
+				t.Errorf("state %s", got.State)
+			}
+			if c, _ := e.rt.get(sb.ID); c.from != "" || c.status != runtime.StatusRunning {
+				t.Errorf("container %+v", c)
+			}
+			e.agentAnswers(sb.ID)
+			if s := e.readVolume(sb.ID, "state.txt"); s != "kept" {
+				t.Errorf("disk %q, want the one it had", s)
+			}
+		})
+	}
+
+	t.Run("agent that does not answer is an error", func(t *testing.T) {
+		e := newEnv(t)
+		sb := e.create(api.CreateSandbox{Name: "mute"})
+		e.rt.vanish(sb.ID)
+		e.rt.setNoAgent(true)
+		e.cfg.BootTimeout = 200 * time.Millisecond
+		must(t, e.restart())
+		got, _ := e.m.Get(e.ctx, "mute")
+		if rec := e.record(sb.ID); got.State != api.StateError || !strings.Contains(rec.Error, "waiting for the agent") {
+			t.Errorf("state %s, error %q", got.State, rec.Error)
+		}
+		// Deleting it still frees everything.
+		must(t, e.m.Delete(e.ctx, "mute"))
+		e.requireGone(sb.ID)
+	})
+
+	t.Run("interrupted create is undone", func(t *testing.T) {
+		e := newEnv(t)
+		var id string
+		crashAt(e, "start", func() { _, _ = e.m.Create(e.ctx, api.CreateSandbox{Name: "half"}) })
+		all, _ := e.m.List(e.ctx, nil)
+		if len(all) != 1 || all[0].State != api.StateCreating {
+			t.Fatalf("before the restart: %+v", all)
+		}
+		id = all[0].ID
+		if !slices.Contains(e.volumes(), id) || !e.nets.exists(id) {
+			t.Fatal("the crashed create made no disk or network")
+		}
+		must(t, e.restart())
+		e.requireGone(id)
+		// Its name and address are free.
+		sb := e.create(api.CreateSandbox{Name: "half"})
+		if i := e.record(sb.ID).NetIndex; i != 0 {
+			t.Errorf("net index %d, want 0", i)
+		}
+	})
+
+	t.Run("interrupted delete is finished", func(t *testing.T) {
+		e := newEnv(t)
+		sb := e.create(api.CreateSandbox{Name: "doomed"})
+		e.checkpoint("doomed", false)
+		crashAt(e, "delete", func() { _ = e.m.Delete(e.ctx, "doomed") })
+		if got, _ := e.m.Get(e.ctx, "doomed"); got.State != api.StateDeleting {
+			t.Fatalf("before the restart: %+v", got)
+		}
+		must(t, e.restart())
+		e.requireGone(sb.ID)
+	})
+
+	t.Run("paused container is resumed", func(t *testing.T) {
+		e := newEnv(t)
+		sb := e.create(api.CreateSandbox{Name: "frozen"})
+		crashAt(e, "checkpoint", func() { _, _ = e.m.CreateCheckpoint(e.ctx, "frozen", api.CreateCheckpoint{}) })
+		if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusPaused {
+			t.Fatalf("before the restart the container is %s", c.status)
+		}
+		must(t, e.restart())
+		if got, want := e.rt.callsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume"}; !slices.Equal(got, want) {
+			t.Errorf("runtime calls %v, want %v", got, want)
+		}
+		if got, _ := e.m.Get(e.ctx, "frozen"); got.State != api.StateRunning {
+			t.Errorf("state %s", got.State)
+		}
+		e.agentAnswers(sb.ID)
+		if ids := e.checkpointIDs("frozen"); len(ids) != 0 {
+			t.Errorf("checkpoints %v", ids)
+		}
+		// The id the crashed checkpoint took is spent.
+		if cp := e.checkpoint("frozen", true); cp.ID != "v2" {
+			t.Errorf("next checkpoint %s, want v2", cp.ID)
+		}
+	})
+}
+
+// TestRecoverSweeps leaves what crashes between two steps leave behind,
+// and checks that start-up removes it and keeps the rest.
+func TestRecoverSweeps(t *testing.T) {
+	e := newEnv(t)
+	keep := e.create(api.CreateSandbox{Name: "keep"})
+	e.checkpoint("keep", true)
+
+	// A disk with no record (a create that crashed before storing it is
+	// impossible, but a delete that crashed after removing it is not).
+	const orphanVol = "sb-orphanvol0001"
+	if _, err := e.pool.CreateVolume(e.ctx, orphanVol, tinyTemplate); err != nil {
+		t.Fatal(err)
+	}
+	// A sandbox directory with a network and a container and no record.
+	const orphan = "sb-orphandir001"
+	if _, err := e.pool.CreateVolume(e.ctx, orphan, tinyTemplate); err != nil {
+		t.Fatal(err)
+	}
+	must(t, os.MkdirAll(filepath.Join(e.sandboxDir(orphan), "bundle"), 0o700))
+	ep, _ := e.nets.Endpoint(orphan, 0)
+	must(t, e.nets.Create(e.ctx, ep))
+	e.rt.setNoAgent(true)
+	must(t, e.rt.Start(e.ctx, runtime.Spec{
+		ID: orphan, BundleDir: filepath.Join(e.sandboxDir(orphan), "bundle"),
+		Rootfs: e.pool.VolumePath(orphan), Netns: ep.Netns,
+		Env: []string{agent.EnvListen + "=:7071", agent.EnvToken + "=x"},
+	}))
+	e.rt.setNoAgent(false)
+	// Checkpoint data with no record: a checkpoint cut short in its
+	// temporary directory, a finished one whose record was never stored, and
+	// the checkpoints of a sandbox that is gone.
+	cps := e.checkpointsDir(keep.ID)
+	must(t, os.MkdirAll(filepath.Join(cps, ".tmp-v2-123456", "mem"), 0o700))
+	must(t, os.WriteFile(filepath.Join(cps, ".tmp-v2-123456", "mem", imageFile), []byte("{}"), 0o600))
+	must(t, os.MkdirAll(filepath.Join(cps, "v7", "mem"), 0o700))
+	must(t, os.MkdirAll(filepath.Join(e.checkpointsDir("sb-gone00000000"), "v1", "mem"), 0o700))
+	must(t, e.pool.Snapshot(e.ctx, keep.ID, keep.ID+".v7"))
+	must(t, e.pool.Snapshot(e.ctx, keep.ID, "junk"))
+
+	must(t, e.restart())
+
+	if got := e.volumes(); !slices.Equal(got, []string{keep.ID}) {
+		t.Errorf("volumes %v, want only %s", got, keep.ID)
+	}
+	if got := dirNames(t, filepath.Join(e.cfg.DataDir, "sandboxes")); !slices.Equal(got, []string{keep.ID}) {
+		t.Errorf("sandbox directories %v", got)
+	}
+	if got := e.rt.ids(); !slices.Equal(got, []string{keep.ID}) {
+		t.Errorf("containers %v", got)
+	}
+	if e.nets.exists(orphan) {
+		t.Error("the orphan's network is left")
+	}
+	if got := dirNames(t, filepath.Join(e.cfg.DataDir, "checkpoints")); !slices.Equal(got, []string{keep.ID}) {
+		t.Errorf("checkpoint directories %v", got)
+	}
+	if got := dirNames(t, cps); !slices.Equal(got, []string{"v1"}) {
+		t.Errorf("checkpoints of keep on disk: %v, want [v1]", got)
+	}
+	if got := e.snapshots(); !slices.Equal(got, []string{keep.ID + ".v1"}) {
+		t.Errorf("snapshots %v", got)
+	}
+	// What has a record is untouched.
+	if got, _ := e.m.Get(e.ctx, "keep"); got.State != api.StateRunning {
+		t.Errorf("keep is %s", got.State)
+	}
+	if got := e.rt.callsOf(keep.ID); slices.Contains(got, "delete") {
+		t.Errorf("keep's container was touched: %v", got)
+	}
+	e.agentAnswers(keep.ID)
+	if _, err := e.m.RestoreCheckpoint(e.ctx, "keep", "v1"); err != nil {
+		t.Errorf("restoring v1 after the sweep: %v", err)
+	}
+}
+
+// TestRecoverDropsBrokenCheckpoints removes parts of checkpoints by hand
+// and checks that start-up drops those checkpoints, whole.
+func TestRecoverDropsBrokenCheckpoints(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "broken"})
+	for _, memory := range []bool{true, false, true, false, true} {
+		e.checkpoint("broken", memory)
+	}
+	must(t, os.RemoveAll(filepath.Join(e.cpRecord(sb.ID, "v1").Dir, "mem"))) // memory image lost
+	must(t, e.pool.DeleteSnapshot(e.ctx, sb.ID+".v2"))                       // disk snapshot lost
+	must(t, os.RemoveAll(e.cpRecord(sb.ID, "v3").Dir))                       // whole directory lost
+	must(t, os.RemoveAll(e.cpRecord(sb.ID, "v4").Dir))                       // a disk-only one's directory
+
+	must(t, e.restart())
+	if ids := e.checkpointIDs("broken"); !slices.Equal(ids, []string{"v5"}) {
+		t.Errorf("checkpoints %v, want [v5]", ids)
+	}
+	if got := e.snapshots(); !slices.Equal(got, []string{sb.ID + ".v5"}) {
+		t.Errorf("snapshots %v", got)
+	}
+	if got := dirNames(t, e.checkpointsDir(sb.ID)); !slices.Equal(got, []string{"v5"}) {
+		t.Errorf("checkpoint directories %v", got)
+	}
+	if got, _ := e.m.Get(e.ctx, "broken"); got.State != api.StateRunning {
+		t.Errorf("state %s", got.State)
+	}
+	if cp := e.checkpoint("broken", false); cp.ID != "v6" {
+		t.Errorf("next checkpoint %s, want v6", cp.ID)
+	}
+}
