@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -74,11 +75,7 @@ func (m *Manager) GetCheckpoint(ctx context.Context, ref, cpRef string) (*api.Ch
 // DeleteCheckpoint deletes one checkpoint: its record first, so that it is
 // gone at once, then its data. It never wakes the sandbox.
 func (m *Manager) DeleteCheckpoint(ctx context.Context, ref, cpRef string) error {
-	sb, err := m.lookup(ctx, ref)
-	if err != nil {
-		return err
-	}
-	end, err := m.begin(sb, "a checkpoint delete")
+	sb, end, err := m.claim(ctx, ref, "a checkpoint delete")
 	if err != nil {
 		return err
 	}
@@ -110,8 +107,7 @@ func (m *Manager) removeCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 
 // CreateCheckpoint takes a checkpoint of a sandbox on request.
 func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.CreateCheckpoint) (*api.Checkpoint, error) {
-	sb, err := m.lookup(ctx, ref)
-	if err != nil {
+	if _, err := m.lookup(ctx, ref); err != nil {
 		return nil, err
 	}
 	if err := checkpoint.CheckComment(req.Comment); err != nil {
@@ -123,7 +119,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 		}
 	}
 	memory := req.Memory == nil || *req.Memory
-	end, err := m.begin(sb, "a checkpoint")
+	sb, end, err := m.claim(ctx, ref, "a checkpoint")
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +191,17 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, id, nam
 	}
 	final := filepath.Join(parent, id)
 	snap := snapName(sb.ID, id)
+	// A snapshot by this name that is there already belongs to another
+	// checkpoint: never take it over, nor delete it on the way out.
+	snaps, err := m.disks.Snapshots(ctx)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	if slices.Contains(snaps, snap) {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("checkpointing %s: snapshot %s exists already", sb.ID, snap)
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -273,11 +280,7 @@ func syncVolume(path string) error {
 // keeps the current state as an automatic checkpoint, so that the restore
 // can be undone.
 func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*api.Sandbox, error) {
-	sb, err := m.lookup(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	end, err := m.begin(sb, "a restore")
+	sb, end, err := m.claim(ctx, ref, "a restore")
 	if err != nil {
 		return nil, err
 	}

@@ -55,9 +55,13 @@ func (m *Manager) closeStreams(id, reason string) {
 		ss = append(ss, s)
 	}
 	m.mu.Unlock()
+	// Each close waits for the client's reply (up to a few seconds for one
+	// that does not read): close them all at once, not one after another.
+	var wg sync.WaitGroup
 	for _, s := range ss {
-		s.end(reason)
+		wg.Go(func() { s.end(reason) })
 	}
+	wg.Wait()
 }
 
 // CheckExec checks that a command can be run in the sandbox now, before the

@@ -40,12 +40,12 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		return nil, err
 	}
 	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
+	end, _ := m.begin(sb, "create") // before it is stored: see Create
+	defer end()
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
 	}
 	ctx = context.WithoutCancel(ctx)
-	end, _ := m.begin(sb, "create")
-	defer end()
 	start := time.Now()
 	if err := m.bootFork(ctx, sb, src, cp); err != nil {
 		m.log.Error("fork failed", "sandbox", sb.ID, "err", err)

@@ -196,6 +196,26 @@ func (m *Manager) begin(sb *store.Sandbox, what string) (func(), error) {
 	}, nil
 }
 
+// claim finds a sandbox and begins an operation on it. The record is read
+// again once the operation is ours: one read before could be stale (another
+// operation may have finished in between and, say, spent a checkpoint id).
+func (m *Manager) claim(ctx context.Context, ref, what string) (*store.Sandbox, func(), error) {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	end, err := m.begin(sb, what)
+	if err != nil {
+		return nil, nil, err
+	}
+	fresh, err := m.lookup(ctx, sb.ID)
+	if err != nil {
+		end()
+		return nil, nil, err
+	}
+	return fresh, end, nil
+}
+
 // setState moves a sandbox to a new state and stores it.
 func (m *Manager) setState(ctx context.Context, sb *store.Sandbox, to api.State, why string) error {
 	if !canTransition(sb.State, to) {
@@ -252,14 +272,16 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	if !found {
 		return nil, api.Errorf(api.CodeInvalid, "template: %q does not exist (GET /v1/templates lists them)", sb.Template)
 	}
+	// Claimed before it is stored, so that no other operation (a delete)
+	// can run on it while it boots. The id is new: the claim cannot fail.
+	end, _ := m.begin(sb, "create")
+	defer end()
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
 	}
 	// The work goes on even if the client goes away: stopping half-way would
 	// only leave more to clean up.
 	ctx = context.WithoutCancel(ctx)
-	end, _ := m.begin(sb, "create")
-	defer end()
 	start := time.Now()
 	if err := m.boot(ctx, sb, true); err != nil {
 		m.log.Error("create failed", "sandbox", sb.ID, "err", err)
@@ -476,11 +498,7 @@ func (m *Manager) dropAgent(id string) {
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
 func (m *Manager) Delete(ctx context.Context, ref string) error {
-	sb, err := m.lookup(ctx, ref)
-	if err != nil {
-		return err
-	}
-	end, err := m.begin(sb, "delete")
+	sb, end, err := m.claim(ctx, ref, "delete")
 	if err != nil {
 		return err
 	}

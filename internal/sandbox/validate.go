@@ -12,6 +12,7 @@ import (
 var (
 	nameRE     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
 	envKeyRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	idRE       = regexp.MustCompile(`^sb-[a-z0-9]{12}$`)
 	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
 )
 
@@ -22,6 +23,11 @@ func ValidName(s string) bool { return nameRE.MatchString(s) }
 func checkName(s string) error {
 	if !ValidName(s) {
 		return api.Errorf(api.CodeInvalid, "name %q: a name is 1-63 characters of a-z, 0-9 and '-', starting with a letter", s)
+	}
+	if idRE.MatchString(s) {
+		// Lookups try ids first: such a name would hide, or be hidden by,
+		// the sandbox with that id.
+		return api.Errorf(api.CodeInvalid, "name %q: names of the form sb-xxxxxxxxxxxx are kept for sandbox ids", s)
 	}
 	if strings.HasSuffix(s, "-") || strings.Contains(s, "--") {
 		// "--" separates the name from the org in URLs (NAME--ORG.domain).
