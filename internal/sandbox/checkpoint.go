@@ -258,6 +258,9 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap 
 	}
 	if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("resuming: %w", rerr))
+		// Not running any more, whatever the record said; a restore or
+		// a restart of the daemon (which resumes paused sandboxes) mends it.
+		_ = m.setState(ctx, sb, api.StateError, "left paused: "+rerr.Error())
 	}
 	return time.Since(start), err
 }
@@ -296,18 +299,22 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	unlock := m.lockSource(sb.ID)
 	defer unlock()
 
-	// Keep the current state: memory and disk when running, the disk otherwise.
-	sb.AutoSeq++
-	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-		return nil, fmt.Errorf("numbering automatic checkpoint of %s: %w", sb.ID, err)
-	}
-	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
-	if err != nil {
-		return nil, err
-	}
-	name, _ := pickName(cps, "")
-	if _, err := m.takeCheckpoint(ctx, sb, checkpoint.AutoID(sb.AutoSeq), name, "before restoring "+cp.ID, sb.State == api.StateRunning, true); err != nil {
-		return nil, fmt.Errorf("keeping the state before the restore: %w", err)
+	// Keep the current state: memory and disk when running, the disk
+	// otherwise. A sandbox left without a disk by a failed restore has no
+	// state to keep, and must still be restorable.
+	if _, err := os.Stat(m.disks.VolumePath(sb.ID)); err == nil || sb.State != api.StateError {
+		sb.AutoSeq++
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			return nil, fmt.Errorf("numbering automatic checkpoint of %s: %w", sb.ID, err)
+		}
+		cps, err := m.store.ListCheckpoints(ctx, sb.ID)
+		if err != nil {
+			return nil, err
+		}
+		name, _ := pickName(cps, "")
+		if _, err := m.takeCheckpoint(ctx, sb, checkpoint.AutoID(sb.AutoSeq), name, "before restoring "+cp.ID, sb.State == api.StateRunning, true); err != nil {
+			return nil, fmt.Errorf("keeping the state before the restore: %w", err)
+		}
 	}
 
 	start := time.Now()
