@@ -143,9 +143,9 @@ func (d *Daemon) start(ctx context.Context) error {
 	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, d.log)
 	tpl.warm(context.WithoutCancel(ctx))
 
+	// A domain with a port, or localhost, is served without TLS.
 	scheme := "https"
-	if host, _, err := net.SplitHostPort(cfg.Domain); err == nil || strings.HasPrefix(cfg.Domain, "localhost") {
-		_ = host // a domain with a port, or localhost, is served without TLS
+	if _, _, err := net.SplitHostPort(cfg.Domain); err == nil || strings.HasPrefix(cfg.Domain, "localhost") {
 		scheme = "http"
 	}
 	d.Manager = sandbox.New(sandbox.Config{

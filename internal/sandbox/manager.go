@@ -448,7 +448,7 @@ func personalize(root, name string) error {
 // restored: its directory first (start-up sweeps leftovers by it), then its
 // network, configured afresh, and its handle.
 func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpoint, error) {
-	ep, err := m.nets.Endpoint(sb.ID, sb.NetIndex)
+	ep, err := m.Endpoint(sb)
 	if err != nil {
 		return ep, err
 	}
@@ -524,7 +524,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container: %w", err))
 	}
-	if ep, err := m.nets.Endpoint(sb.ID, sb.NetIndex); err == nil {
+	if ep, err := m.Endpoint(sb); err == nil {
 		if err := m.nets.Delete(ctx, ep); err != nil {
 			errs = append(errs, fmt.Errorf("deleting network: %w", err))
 		}

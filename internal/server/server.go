@@ -120,29 +120,36 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // decode reads a JSON body into v, refusing unknown fields, trailing data
 // and bodies over maxBody, with a message that says what is wrong.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(w, r.Body, maxBody)
-	dec := json.NewDecoder(body)
+	if err := decodeJSON(w, r, v); err != nil {
+		return decodeError(err)
+	}
+	return nil
+}
+
+// decodeOptional is decode for bodies that may be empty.
+func decodeOptional(w http.ResponseWriter, r *http.Request, v any) error {
+	err := decodeJSON(w, r, v)
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if err != nil {
+		return decodeError(err)
+	}
+	return nil
+}
+
+// decodeJSON decodes one JSON value and returns encoding/json's own error
+// (io.EOF for an empty body), or an *api.Error for trailing data.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return decodeError(err)
+		return err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return api.Errorf(api.CodeInvalid, "body: more than one JSON value")
 	}
 	return nil
-}
-
-// decodeBody is decode for bodies that may be empty.
-func decodeOptional(w http.ResponseWriter, r *http.Request, v any) error {
-	if r.ContentLength == 0 {
-		return nil
-	}
-	err := decode(w, r, v)
-	var ae *api.Error
-	if errors.As(err, &ae) && ae.Message == "body: empty" {
-		return nil
-	}
-	return err
 }
 
 func decodeError(err error) error {
@@ -151,7 +158,10 @@ func decodeError(err error) error {
 		typ  *json.UnmarshalTypeError
 		size *http.MaxBytesError
 	)
+	var ae *api.Error
 	switch {
+	case errors.As(err, &ae):
+		return ae
 	case errors.Is(err, io.EOF):
 		return api.Errorf(api.CodeInvalid, "body: empty")
 	case errors.As(err, &size):
