@@ -13,6 +13,7 @@ type Code string
 const (
 	CodeInvalid      Code = "invalid"      // 400
 	CodeUnauthorized Code = "unauthorized" // 401
+	CodeForbidden    Code = "forbidden"    // 403
 	CodeNotFound     Code = "not_found"    // 404
 	CodeConflict     Code = "conflict"     // 409
 	CodeLimit        Code = "limit"        // 409, or 429 for rate limits
@@ -37,6 +38,7 @@ type ErrorBody struct {
 var (
 	ErrInvalid      = &Error{Code: CodeInvalid}
 	ErrUnauthorized = &Error{Code: CodeUnauthorized}
+	ErrForbidden    = &Error{Code: CodeForbidden}
 	ErrNotFound     = &Error{Code: CodeNotFound}
 	ErrConflict     = &Error{Code: CodeConflict}
 	ErrLimit        = &Error{Code: CodeLimit}
@@ -73,6 +75,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusBadRequest
 	case CodeUnauthorized:
 		return http.StatusUnauthorized
+	case CodeForbidden:
+		return http.StatusForbidden
 	case CodeNotFound:
 		return http.StatusNotFound
 	case CodeConflict, CodeLimit:
@@ -89,8 +93,10 @@ func CodeForStatus(status int) Code {
 	switch status {
 	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
 		return CodeInvalid
-	case http.StatusUnauthorized, http.StatusForbidden:
+	case http.StatusUnauthorized:
 		return CodeUnauthorized
+	case http.StatusForbidden:
+		return CodeForbidden
 	case http.StatusNotFound:
 		return CodeNotFound
 	case http.StatusConflict:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -70,7 +71,7 @@ func TestAuthWithoutToken(t *testing.T) {
 	t.Cleanup(srv.Close)
 	for _, token := range []string{"", "x"} {
 		c := &Client{BaseURL: srv.URL, Token: token}
-		if _, err := c.Health(context.Background()); !errors.Is(err, api.ErrUnauthorized) {
+		if _, err := c.Health(context.Background()); !IsUnauthorized(err) {
 			t.Errorf("an agent without a token answered token %q with %v, want unauthorized", token, err)
 		}
 	}
@@ -98,13 +99,13 @@ func TestRotateToken(t *testing.T) {
 	if err := c.RotateToken(ctx, "new-token"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Health(ctx); !errors.Is(err, api.ErrUnauthorized) {
+	if _, err := c.Health(ctx); !IsUnauthorized(err) {
 		t.Errorf("health with the old token: %v, want unauthorized", err)
 	}
-	if _, err := c.DialExec(ctx); !errors.Is(err, api.ErrUnauthorized) {
+	if _, err := c.DialExec(ctx); !IsUnauthorized(err) {
 		t.Errorf("exec with the old token: %v, want unauthorized", err)
 	}
-	if err := c.RotateToken(ctx, "mine"); !errors.Is(err, api.ErrUnauthorized) {
+	if err := c.RotateToken(ctx, "mine"); !IsUnauthorized(err) {
 		t.Errorf("rotating with the old token: %v, want unauthorized", err)
 	}
 
@@ -115,7 +116,8 @@ func TestRotateToken(t *testing.T) {
 	if s := execute(t, c2, api.ExecRequest{User: "root", Cmd: []string{"true"}}, ""); s.code() != 0 {
 		t.Errorf("exec with the new token: exit code %d", s.code())
 	}
-	if err := c2.RotateToken(ctx, ""); !errors.Is(err, api.ErrInvalid) {
+	var refused *Error
+	if err := c2.RotateToken(ctx, ""); !errors.As(err, &refused) || refused.Status != http.StatusBadRequest {
 		t.Errorf("rotating to an empty token: %v, want invalid", err)
 	}
 
@@ -180,7 +182,7 @@ func TestWaitReady(t *testing.T) {
 		c.Token = "wrong"
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		if err := c.WaitReady(ctx); !errors.Is(err, api.ErrUnauthorized) {
+		if err := c.WaitReady(ctx); !IsUnauthorized(err) {
 			t.Errorf("WaitReady: %v, want unauthorized", err)
 		}
 	})
@@ -225,5 +227,43 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv(EnvListen, "")
 	if cfg := ConfigFromEnv(); cfg.Listen != DefaultListen {
 		t.Errorf("default listen %q, want %q", cfg.Listen, DefaultListen)
+	}
+}
+
+// TestClientErrorsAreNotAPIErrors: whatever an agent answers, its error is
+// the agent's, quoted, never an *api.Error the daemon's API would pass on as
+// its own verdict (an agent that says 400 "invalid" must not make a restore
+// a user's mistake).
+func TestClientErrorsAreNotAPIErrors(t *testing.T) {
+	long := strings.Repeat("x", 10000)
+	for _, tt := range []struct {
+		name   string
+		status int
+		body   string
+		want   string
+	}{
+		{"api error body", 400, `{"error":{"code":"invalid","message":"agent says hi"}}`, `the sandbox's agent answered 400: "invalid" "agent says hi"`},
+		{"not found", 404, `{"error":{"code":"not_found","message":"sandbox \"x\" not found"}}`, `the sandbox's agent answered 404: "not_found" "sandbox \"x\" not found"`},
+		{"no body", 500, ``, `the sandbox's agent answered 500`},
+		{"garbage", 409, `<html>`, `the sandbox's agent answered 409`},
+		{"long", 400, `{"error":{"code":"invalid","message":"` + long + `"}}`, `the sandbox's agent answered 400: "invalid" "` + long[:256] + `…"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tt.status)
+				io.WriteString(w, tt.body)
+			}))
+			defer srv.Close()
+			c := &Client{BaseURL: srv.URL, Token: "t"}
+			err := c.RotateToken(t.Context(), "new")
+			var ae *api.Error
+			if errors.As(err, &ae) {
+				t.Fatalf("RotateToken error %v unwraps to *api.Error %v", err, ae)
+			}
+			var agentErr *Error
+			if !errors.As(err, &agentErr) || agentErr.Error() != tt.want {
+				t.Errorf("RotateToken error = %v, want one ending in %s", err, tt.want)
+			}
+		})
 	}
 }

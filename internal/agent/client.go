@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 
@@ -19,8 +20,8 @@ import (
 
 // Client is the daemon's side of one sandbox's agent. Its methods are safe
 // for concurrent use as long as its fields are not changed meanwhile. Errors
-// the agent answered with are *api.Error (errors.Is(err, api.ErrUnauthorized)
-// for a wrong token).
+// the agent answered with are *Error, never *api.Error: an agent runs inside
+// a sandbox, and what it says must not pass for the API's own verdict.
 type Client struct {
 	// BaseURL is the agent's address, http://IP:7071. A fork or a restore
 	// may move the sandbox to another IP: make a new Client then.
@@ -92,7 +93,7 @@ func (c *Client) WaitReady(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, api.ErrUnauthorized) {
+		if IsUnauthorized(err) {
 			return fmt.Errorf("waiting for agent: %w", err)
 		}
 		select {
@@ -162,12 +163,51 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) (*htt
 	return resp, nil
 }
 
-// responseError is the *api.Error of an error response.
-func responseError(resp *http.Response) error {
-	var body api.ErrorBody
-	err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body)
-	if err == nil && body.Error != nil && body.Error.Code != "" {
-		return body.Error
+// Error is an error answer of an agent. It comes from inside a sandbox, so
+// it is hostile input: its code and message are data to quote, and it never
+// unwraps to an *api.Error, which the daemon's API would send on as its own.
+type Error struct {
+	// Status is the HTTP status of the answer.
+	Status int
+	// Code and Message are what the agent's error body said, if anything,
+	// cut to maxErrorText bytes.
+	Code, Message string
+}
+
+// maxErrorText bounds how much of an agent's error text is kept.
+const maxErrorText = 256
+
+func (e *Error) Error() string {
+	if e.Code == "" && e.Message == "" {
+		return fmt.Sprintf("the sandbox's agent answered %d", e.Status)
 	}
-	return &api.Error{Code: api.CodeForStatus(resp.StatusCode), Message: resp.Status}
+	return fmt.Sprintf("the sandbox's agent answered %d: %q %q", e.Status, e.Code, e.Message)
+}
+
+// IsUnauthorized reports whether err is an agent's refusal of the token.
+func IsUnauthorized(err error) bool {
+	var ae *Error
+	return errors.As(err, &ae) && ae.Status == http.StatusUnauthorized
+}
+
+// responseError is the *Error of an error response.
+func responseError(resp *http.Response) error {
+	e := &Error{Status: resp.StatusCode}
+	var body api.ErrorBody
+	if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) == nil && body.Error != nil {
+		e.Code, e.Message = clip(string(body.Error.Code)), clip(body.Error.Message)
+	}
+	return e
+}
+
+// clip cuts s to maxErrorText bytes, on a rune boundary.
+func clip(s string) string {
+	if len(s) <= maxErrorText {
+		return s
+	}
+	s = s[:maxErrorText]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
 }

@@ -26,8 +26,18 @@ type Sandbox struct {
 	// NetIndex is the sandbox's slot in the private address range; unique
 	// among live sandboxes.
 	NetIndex int
-	// AgentToken authenticates the daemon to the sandbox's agent.
-	AgentToken string
+	// AgentGen is the generation of the agent's token. The token itself is
+	// never stored: the daemon derives it from its own secret, the
+	// sandbox's id and this number, and bumps the number to rotate it.
+	AgentGen int
+	// LegacyAgentToken is the token, in clear, of a sandbox made by a loam
+	// that stored tokens (schema version 1); "" for any other. It is used
+	// once, to hand the agent a derived token, and then cleared.
+	LegacyAgentToken string
+	// RestoreTarget is the checkpoint a restore in progress (state
+	// restoring) is putting the sandbox back to, so that a restarted daemon
+	// can finish it.
+	RestoreTarget string
 	// CheckpointSeq is the number of the last v-checkpoint taken (v1, v2, …);
 	// it only grows, so ids are never reused.
 	CheckpointSeq int
@@ -49,10 +59,17 @@ type Checkpoint struct {
 	Template  string
 	Image     string
 	Resources api.Resources
-	// AgentToken is the token the agent held in the checkpoint's memory.
-	AgentToken string
-	// Dir is where the checkpoint's data parts are kept.
-	Dir string
+	// AgentGen is the generation of the token the agent held in the
+	// checkpoint's memory (see Sandbox.AgentGen).
+	AgentGen int
+	// LegacyAgentToken is that token in clear for a checkpoint taken by a
+	// loam that stored tokens (schema version 1); "" for any other.
+	LegacyAgentToken string
+	// Inside is true for a checkpoint taken at the request of the sandbox
+	// itself (through its in-sandbox API), or, for an automatic one, kept
+	// by a restore the sandbox asked for. Such a sandbox may delete only
+	// these, and its restores prune only these.
+	Inside bool
 }
 
 // Filter narrows ListSandboxes. Every label given must match.
@@ -94,10 +111,6 @@ type Store interface {
 	ListCheckpoints(ctx context.Context, sandboxID string) ([]*Checkpoint, error)
 	// DeleteCheckpoint removes one checkpoint, given by id; ErrNotFound if none.
 	DeleteCheckpoint(ctx context.Context, sandboxID, id string) error
-	// AllCheckpointDirs returns the Dir of every checkpoint of every
-	// sandbox, so start-up can remove data no record points at.
-	AllCheckpointDirs(ctx context.Context) ([]string, error)
-
 	// Close releases the store.
 	Close() error
 }

@@ -11,7 +11,7 @@ import (
 )
 
 const checkpointColumns = `sandbox_id, id, name, comment, memory, auto, created_at,
-	sandbox_name, template, image, resources, agent_token, dir`
+	sandbox_name, template, image, resources, agent_token, agent_gen, inside`
 
 // CreateCheckpoint adds cp to the sandbox cp.Sandbox. It fails with
 // store.ErrExists if that sandbox has a checkpoint with cp's id or name, and
@@ -30,10 +30,12 @@ func (s *Store) CreateCheckpoint(ctx context.Context, cp *store.Checkpoint) erro
 	if cp.Name != "" {
 		name = cp.Name
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	// dir, a column of schema version 1, is written empty: a checkpoint's
+	// data is found from its ids.
+	_, err = s.w.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointColumns+`, dir)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '')`,
 		cp.Sandbox, cp.ID, name, cp.Comment, cp.Memory, cp.Auto, created,
-		cp.SandboxName, cp.Template, cp.Image, string(resources), cp.AgentToken, cp.Dir)
+		cp.SandboxName, cp.Template, cp.Image, string(resources), cp.LegacyAgentToken, cp.AgentGen, cp.Inside)
 	switch {
 	case isUniqueViolation(err):
 		return fmt.Errorf("creating checkpoint %s named %q of sandbox %s: %w", cp.ID, cp.Name, cp.Sandbox, store.ErrExists)
@@ -117,27 +119,6 @@ func (s *Store) DeleteCheckpoint(ctx context.Context, sandboxID, id string) erro
 	return nil
 }
 
-// AllCheckpointDirs returns the Dir of every checkpoint of every sandbox.
-func (s *Store) AllCheckpointDirs(ctx context.Context) ([]string, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT dir FROM checkpoints ORDER BY seq`)
-	if err != nil {
-		return nil, fmt.Errorf("listing checkpoint dirs: %w", err)
-	}
-	defer rows.Close()
-	dirs := []string{}
-	for rows.Next() {
-		var d string
-		if err := rows.Scan(&d); err != nil {
-			return nil, fmt.Errorf("listing checkpoint dirs: %w", err)
-		}
-		dirs = append(dirs, d)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("listing checkpoint dirs: %w", err)
-	}
-	return dirs, nil
-}
-
 // scanCheckpoint reads one row of checkpointColumns into a new record.
 func scanCheckpoint(row scanner) (*store.Checkpoint, error) {
 	var (
@@ -146,7 +127,7 @@ func scanCheckpoint(row scanner) (*store.Checkpoint, error) {
 		created, resources string
 	)
 	err := row.Scan(&cp.Sandbox, &cp.ID, &name, &cp.Comment, &cp.Memory, &cp.Auto, &created,
-		&cp.SandboxName, &cp.Template, &cp.Image, &resources, &cp.AgentToken, &cp.Dir)
+		&cp.SandboxName, &cp.Template, &cp.Image, &resources, &cp.LegacyAgentToken, &cp.AgentGen, &cp.Inside)
 	if err != nil {
 		return nil, err
 	}

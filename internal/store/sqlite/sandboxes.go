@@ -16,7 +16,7 @@ import (
 
 const sandboxColumns = `id, name, state, template, image, resources, env, labels, idle,
 	http_port, url, from_source, created_at, net_index, agent_token,
-	checkpoint_seq, auto_seq, error`
+	checkpoint_seq, auto_seq, error, agent_gen, restore_target`
 
 // CreateSandbox adds sb; store.ErrExists if its id or name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
@@ -27,7 +27,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES (:id, :name, :state, :template, :image, :resources, :env, :labels, :idle,
 			:http_port, :url, :from_source, :created_at, :net_index, :agent_token,
-			:checkpoint_seq, :auto_seq, :error)`, args...)
+			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target)`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("creating sandbox %s named %q: %w", sb.ID, sb.Name, store.ErrExists)
 	}
@@ -106,7 +106,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		resources = :resources, env = :env, labels = :labels, idle = :idle,
 		http_port = :http_port, url = :url, from_source = :from_source,
 		created_at = :created_at, net_index = :net_index, agent_token = :agent_token,
-		checkpoint_seq = :checkpoint_seq, auto_seq = :auto_seq, error = :error
+		checkpoint_seq = :checkpoint_seq, auto_seq = :auto_seq, error = :error,
+		agent_gen = :agent_gen, restore_target = :restore_target
 		WHERE id = :id`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s to name %q: %w", sb.ID, sb.Name, store.ErrExists)
@@ -195,10 +196,12 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 		sql.Named("from_source", from),
 		sql.Named("created_at", created),
 		sql.Named("net_index", sb.NetIndex),
-		sql.Named("agent_token", sb.AgentToken),
+		sql.Named("agent_token", sb.LegacyAgentToken),
 		sql.Named("checkpoint_seq", sb.CheckpointSeq),
 		sql.Named("auto_seq", sb.AutoSeq),
 		sql.Named("error", sb.Error),
+		sql.Named("agent_gen", sb.AgentGen),
+		sql.Named("restore_target", sb.RestoreTarget),
 	}, nil
 }
 
@@ -211,8 +214,8 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 		from                   sql.NullString
 	)
 	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &resources, &env, &labels,
-		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &created, &sb.NetIndex, &sb.AgentToken,
-		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error)
+		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &created, &sb.NetIndex, &sb.LegacyAgentToken,
+		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget)
 	if err != nil {
 		return nil, err
 	}

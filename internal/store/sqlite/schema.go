@@ -61,6 +61,19 @@ CREATE TABLE checkpoints (
 	UNIQUE (sandbox_id, name)
 ) STRICT;
 `,
+	// 2: agent tokens are derived, not stored; restores in progress are
+	// recorded; checkpoints say whether the sandbox itself asked for them.
+	//
+	// agent_token stays for the sandboxes and checkpoints of version 1, whose
+	// agents hold a stored token: it is read once, then cleared. dir stays
+	// unread: a checkpoint's data is found from its ids, so the data dir can
+	// move.
+	`
+ALTER TABLE sandboxes ADD COLUMN agent_gen INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN restore_target TEXT NOT NULL DEFAULT '';
+ALTER TABLE checkpoints ADD COLUMN agent_gen INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE checkpoints ADD COLUMN inside INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -18,6 +18,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -63,6 +64,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("opening store %s: %w", path, err)
 	}
 	s := &Store{path: abs}
+	if err := restrictFiles(abs); err != nil {
+		return nil, fmt.Errorf("opening store %s: %w", abs, err)
+	}
 	s.w, err = sql.Open("sqlite", dsn(abs, false))
 	if err != nil {
 		return nil, fmt.Errorf("opening store %s: %w", abs, err)
@@ -108,6 +112,11 @@ func (s *Store) setUp(ctx context.Context) error {
 		return fmt.Errorf("setting journal mode: got %q, want wal (is %s on a file system without shared memory?)", mode, filepath.Dir(s.path))
 	}
 	if err := migrate(ctx, s.w); err != nil {
+		return err
+	}
+	// The WAL and its index exist now; SQLite gives them the database's
+	// mode, but a file left by an older loam may have kept a wider one.
+	if err := restrictFiles(s.path); err != nil {
 		return err
 	}
 	// SQLite syncs the directory when it creates the -wal file, but not when
@@ -203,4 +212,31 @@ func isForeignKeyViolation(err error) bool {
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface {
 	Scan(dest ...any) error
+}
+
+// fileMode is the mode of the database and its WAL files: the records name
+// every sandbox and checkpoint, which are no one else's business.
+const fileMode = 0o600
+
+// restrictFiles makes the database file (creating it empty if missing, so
+// that SQLite never creates it with the umask's mode) and any WAL files
+// readable by their owner only.
+func restrictFiles(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, fileMode)
+	if err != nil {
+		return err
+	}
+	err = f.Chmod(fileMode)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+		if err := os.Chmod(path+suffix, fileMode); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }

@@ -214,7 +214,7 @@ func crashHelper() {
 			fmt.Println(err)
 			os.Exit(1)
 		}
-		cp := &store.Checkpoint{Checkpoint: api.Checkpoint{ID: "v1", Sandbox: sb.ID}, Dir: "/d/" + sb.ID}
+		cp := &store.Checkpoint{Checkpoint: api.Checkpoint{ID: "v1", Sandbox: sb.ID}, AgentGen: 1}
 		if err := s.CreateCheckpoint(ctx, cp); err != nil {
 			fmt.Println(err)
 			os.Exit(1)
@@ -255,4 +255,87 @@ func schemaOf(t *testing.T, s *Store) string {
 		t.Fatalf("reading schema: %v", err)
 	}
 	return b.String()
+}
+
+// TestFileModes: the database and its WAL are the owner's alone, also when
+// an older loam left them readable by all.
+func TestFileModes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "loam.db")
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.WriteFile(path+suffix, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(path); err != nil { // a fresh file, but WAL leftovers
+		t.Fatal(err)
+	}
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	if err := s.CreateSandbox(t.Context(), &store.Sandbox{Sandbox: api.Sandbox{ID: "sb-1", Name: "a", CreatedAt: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		st, err := os.Stat(path + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", filepath.Base(path+suffix), st.Mode().Perm())
+		}
+	}
+}
+
+// TestMigrateFromVersion1: records written by schema version 1, which kept
+// agent tokens in clear and checkpoint paths, come back with the token as
+// the legacy one, generation 0, and no restore in progress.
+func TestMigrateFromVersion1(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "loam.db")
+	db, err := sql.Open("sqlite", dsn(path, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{migrations[0], "PRAGMA user_version = 1",
+		`INSERT INTO sandboxes VALUES ('sb-1', 'old', 'running', 'base', '', '{}', '{}', '{}', '', 8080, '', NULL,
+			'2026-01-01T00:00:00.000000000Z', 3, 'clear-token', 1, 0, '')`,
+		`INSERT INTO checkpoints (sandbox_id, id, name, comment, memory, auto, created_at, sandbox_name, template,
+			image, resources, agent_token, dir) VALUES ('sb-1', 'v1', NULL, '', 1, 0, '2026-01-01T00:00:00.000000000Z',
+			'old', 'base', '', '{}', 'cp-token', '/var/lib/loam/checkpoints/sb-1/v1')`,
+	} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	checkVersion(t, s)
+	sb, err := s.GetSandbox(ctx, "sb-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.LegacyAgentToken != "clear-token" || sb.AgentGen != 0 || sb.RestoreTarget != "" || sb.NetIndex != 3 {
+		t.Errorf("migrated sandbox = %+v", sb)
+	}
+	cp, err := s.GetCheckpoint(ctx, "sb-1", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.LegacyAgentToken != "cp-token" || cp.AgentGen != 0 || cp.Inside {
+		t.Errorf("migrated checkpoint = %+v", cp)
+	}
 }

@@ -112,10 +112,6 @@ func testCheckpointUnknownSandbox(ctx context.Context, t *testing.T, st store.St
 		wantErr(t, "ListCheckpoints("+ref+")", err, store.ErrNotFound)
 		wantErr(t, "DeleteCheckpoint("+ref+", v1)", st.DeleteCheckpoint(ctx, ref, "v1"), store.ErrNotFound)
 	}
-	dirs, err := st.AllCheckpointDirs(ctx)
-	if err != nil || len(dirs) != 0 {
-		t.Errorf("AllCheckpointDirs = %v, %v; want none", dirs, err)
-	}
 }
 
 // testCheckpointIDBeatsName is testSandboxIDBeatsName for checkpoints.
@@ -142,7 +138,7 @@ func testCheckpointRecordsAreCopies(ctx context.Context, t *testing.T, st store.
 	mustCreateCheckpoint(ctx, t, st, cp)
 
 	mutate := func(cp *store.Checkpoint) {
-		cp.Name, cp.Comment, cp.Dir = "changed", "changed", "/changed"
+		cp.Name, cp.Comment, cp.AgentGen, cp.Inside = "changed", "changed", 99, !cp.Inside
 		cp.Resources.CPUs = 64
 	}
 	mutate(cp)
@@ -223,28 +219,14 @@ func testCheckpointDelete(ctx context.Context, t *testing.T, st store.Store) {
 	mustCreateCheckpoint(ctx, t, st, newCheckpoint(a, "v3", "named"))
 }
 
-func testAllCheckpointDirs(ctx context.Context, t *testing.T, st store.Store) {
-	var want []string
-	for n := 1; n <= 3; n++ {
-		sb := newSandbox(n)
-		mustCreateSandbox(ctx, t, st, sb)
-		for _, id := range []string{"v1", "auto-1"} {
-			cp := newCheckpoint(sb, id, "")
-			mustCreateCheckpoint(ctx, t, st, cp)
-			want = append(want, cp.Dir)
-		}
-	}
-	if err := st.DeleteCheckpoint(ctx, "sb-002", "v1"); err != nil {
-		t.Fatalf("DeleteCheckpoint: %v", err)
-	}
-	want = slices.DeleteFunc(want, func(d string) bool { return d == "/var/lib/loam/checkpoints/sb-002/v1" })
-	got, err := st.AllCheckpointDirs(ctx)
-	if err != nil {
-		t.Fatalf("AllCheckpointDirs: %v", err)
-	}
-	slices.Sort(got)
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Errorf("AllCheckpointDirs = %v, want %v in any order", got, want)
+// testCheckpointFields: the fields added by later schema versions (token
+// generation, legacy token, origin) come back as written.
+func testCheckpointFields(ctx context.Context, t *testing.T, st store.Store) {
+	sb := newSandbox(1)
+	mustCreateSandbox(ctx, t, st, sb)
+	for i, cp := range []*store.Checkpoint{newCheckpoint(sb, "v1", ""), newCheckpoint(sb, "v2", "")} {
+		cp.AgentGen, cp.Inside, cp.LegacyAgentToken = i+3, i == 1, ""
+		mustCreateCheckpoint(ctx, t, st, cp)
+		checkCheckpoint(t, cp.ID, mustGetCheckpoint(ctx, t, st, sb.ID, cp.ID), cp)
 	}
 }

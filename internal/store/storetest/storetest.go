@@ -80,7 +80,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) 
 		{"CheckpointRecordsAreCopies", testCheckpointRecordsAreCopies},
 		{"CheckpointListOrder", testCheckpointListOrder},
 		{"CheckpointDelete", testCheckpointDelete},
-		{"AllCheckpointDirs", testAllCheckpointDirs},
+		{"CheckpointFields", testCheckpointFields},
 
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"ConcurrentConflicts", testConcurrentConflicts},
@@ -134,7 +134,8 @@ func newSandbox(n int) *store.Sandbox {
 			CreatedAt: t0.Add(time.Duration(n) * time.Second),
 		},
 		NetIndex:      n,
-		AgentToken:    "token-" + id,
+		AgentGen:      7,
+		RestoreTarget: "v2",
 		CheckpointSeq: 4,
 		AutoSeq:       2,
 	}
@@ -156,8 +157,8 @@ func newCheckpoint(sb *store.Sandbox, id, name string) *store.Checkpoint {
 		Template:    sb.Template,
 		Image:       sb.Image,
 		Resources:   sb.Resources,
-		AgentToken:  sb.AgentToken,
-		Dir:         "/var/lib/loam/checkpoints/" + sb.ID + "/" + id,
+		AgentGen:    sb.AgentGen,
+		Inside:      true,
 	}
 }
 
@@ -300,9 +301,5 @@ func testEmpty(ctx context.Context, t *testing.T, st store.Store) {
 	used, err := st.UsedNetIndexes(ctx)
 	if err != nil || len(used) != 0 {
 		t.Errorf("UsedNetIndexes on a new store: got %v, %v; want none", used, err)
-	}
-	dirs, err := st.AllCheckpointDirs(ctx)
-	if err != nil || len(dirs) != 0 {
-		t.Errorf("AllCheckpointDirs on a new store: got %v, %v; want none", dirs, err)
 	}
 }
