@@ -13,6 +13,9 @@ const (
 	StateStopped  State = "stopped"  // not running; its disk is kept
 	StateError    State = "error"    // something failed; see the daemon's log
 	StateDeleting State = "deleting" // being freed
+	// StateRestoring: being put back to a checkpoint; its processes and
+	// disk are being replaced.
+	StateRestoring State = "restoring"
 )
 
 // Resources are the limits a sandbox runs under.

@@ -242,11 +242,11 @@ func TestClientErrorsAreNotAPIErrors(t *testing.T) {
 		body   string
 		want   string
 	}{
-		{"api error body", 400, `{"error":{"code":"invalid","message":"agent says hi"}}`, `the sandbox's agent answered 400: "invalid" "agent says hi"`},
-		{"not found", 404, `{"error":{"code":"not_found","message":"sandbox \"x\" not found"}}`, `the sandbox's agent answered 404: "not_found" "sandbox \"x\" not found"`},
-		{"no body", 500, ``, `the sandbox's agent answered 500`},
-		{"garbage", 409, `<html>`, `the sandbox's agent answered 409`},
-		{"long", 400, `{"error":{"code":"invalid","message":"` + long + `"}}`, `the sandbox's agent answered 400: "invalid" "` + long[:256] + `…"`},
+		{"api error body", 400, `{"error":{"code":"invalid","message":"agent says hi"}}`, `the agent answered 400: "invalid" "agent says hi"`},
+		{"not found", 404, `{"error":{"code":"not_found","message":"sandbox \"x\" not found"}}`, `the agent answered 404: "not_found" "sandbox \"x\" not found"`},
+		{"no body", 500, ``, `the agent answered 500`},
+		{"garbage", 409, `<html>`, `the agent answered 409`},
+		{"long", 400, `{"error":{"code":"invalid","message":"` + long + `"}}`, `the agent answered 400: "invalid" "` + long[:256] + `…"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -179,9 +179,9 @@ const maxErrorText = 256
 
 func (e *Error) Error() string {
 	if e.Code == "" && e.Message == "" {
-		return fmt.Sprintf("the sandbox's agent answered %d", e.Status)
+		return fmt.Sprintf("the agent answered %d", e.Status)
 	}
-	return fmt.Sprintf("the sandbox's agent answered %d: %q %q", e.Status, e.Code, e.Message)
+	return fmt.Sprintf("the agent answered %d: %q %q", e.Status, e.Code, e.Message)
 }
 
 // IsUnauthorized reports whether err is an agent's refusal of the token.

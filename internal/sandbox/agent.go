@@ -2,9 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
+	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/store"
@@ -13,26 +15,39 @@ import (
 // SetInside gives the manager the in-sandbox API; call it before Recover.
 func (m *Manager) SetInside(in Insiders) { m.inside = in }
 
-// connect waits for a sandbox's agent, which answers to the token it holds
-// (old: the sandbox's own after a boot, the checkpoint's after a restore or
-// a fork), hands it the sandbox's own token if that differs, and tells it
-// who it is: the sandbox's id and name and where its in-sandbox API is.
-func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, old string) error {
-	m.dropAgent(sb.ID)
-	tmp := *sb
-	tmp.AgentToken = old
-	ac := m.agentClient(&tmp, ep)
-	defer m.dropAgent(sb.ID)
+// connect waits for a sandbox's agent, which answers to one of holds (the
+// token it was started with after a boot, the checkpoint's after a restore
+// or a fork; a recovery tries the ones a crash may have left it with),
+// hands it the sandbox's own token if it holds another, and tells it who it
+// is: the sandbox's id and name and where its in-sandbox API is.
+func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
+	// Connections made before a restore lead to a sandbox that is gone.
+	m.dropAgentConns()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	if err := ac.WaitReady(ctx); err != nil {
-		return fmt.Errorf("waiting for the agent of %s: %w", sb.ID, err)
+	var ac *agent.Client
+	for i, tok := range holds {
+		ac = m.agentClient(ep, tok)
+		err := ac.WaitReady(ctx)
+		if err == nil {
+			break
+		}
+		if !agent.IsUnauthorized(err) || i == len(holds)-1 {
+			return fmt.Errorf("waiting for the agent of %s: %w", sb.ID, err)
+		}
 	}
-	if old != sb.AgentToken {
-		if err := ac.RotateToken(ctx, sb.AgentToken); err != nil {
+	if own := m.agentToken(sb); ac.Token != own {
+		if err := ac.RotateToken(ctx, own); err != nil {
 			return fmt.Errorf("handing the agent of %s its token: %w", sb.ID, err)
 		}
-		ac.Token = sb.AgentToken
+		ac.Token = own
+	}
+	if sb.LegacyAgentToken != "" {
+		// The agent holds a derived token now; the stored one is of no use.
+		sb.LegacyAgentToken = ""
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			return fmt.Errorf("forgetting the stored agent token of %s: %w", sb.ID, err)
+		}
 	}
 	if m.inside == nil {
 		return nil
@@ -49,4 +64,56 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 		return fmt.Errorf("telling the agent of %s who it is: %w", sb.ID, err)
 	}
 	return nil
+}
+
+// recoveryTokens are the tokens a running sandbox's agent may hold after a
+// crash of the daemon: its own; the one before, if the crash came between
+// storing a new generation and handing it over (see rotateToken); the one
+// an older loam stored.
+func (m *Manager) recoveryTokens(sb *store.Sandbox) []string {
+	toks := []string{m.agentToken(sb)}
+	if sb.AgentGen > 0 {
+		toks = append(toks, AgentToken(m.cfg.Secret, sb.ID, sb.AgentGen-1))
+	}
+	if sb.LegacyAgentToken != "" {
+		toks = append(toks, sb.LegacyAgentToken)
+	}
+	return toks
+}
+
+// rotateToken moves a running sandbox's agent to the next generation of its
+// token. It runs after every memory checkpoint, before the checkpoint is
+// visible: the image holds the token the agent had, which every restore and
+// fork of it wakes up with, and that must not be one the source answers to.
+// The new generation is stored first, so that a crash in between leaves the
+// agent with a token recovery tries (see recoveryTokens).
+func (m *Manager) rotateToken(ctx context.Context, sb *store.Sandbox) error {
+	ep, err := m.Endpoint(sb)
+	if err != nil {
+		return err
+	}
+	old := m.agentToken(sb)
+	sb.AgentGen++
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		sb.AgentGen--
+		return fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	if err := m.agentClient(ep, old).RotateToken(ctx, m.agentToken(sb)); err != nil {
+		return fmt.Errorf("handing the agent of %s a new token: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// publicError is err as the API shows it. An error that an agent answered
+// with is the sandbox's word, not loam's: it becomes an internal error that
+// says the sandbox's agent failed and quotes what it said, never the class
+// the agent chose. Other errors are returned as they are.
+func publicError(err error) error {
+	var ae *agent.Error
+	if err == nil || !errors.As(err, &ae) {
+		return err
+	}
+	return api.Errorf(api.CodeInternal, "the sandbox's agent failed: %s", ae)
 }

@@ -25,6 +25,13 @@ func (m *Manager) checkpointsDir(id string) string {
 	return filepath.Join(m.cfg.DataDir, "checkpoints", id)
 }
 
+// checkpointDir holds the data of one checkpoint. It is derived from the
+// ids, never stored, so that the data dir can move (or be reached through
+// another path) without losing a checkpoint.
+func (m *Manager) checkpointDir(sandboxID, cpID string) string {
+	return filepath.Join(m.checkpointsDir(sandboxID), cpID)
+}
+
 func cpView(cp *store.Checkpoint) api.Checkpoint { return cp.Checkpoint }
 
 // findCheckpoint finds a checkpoint of a sandbox by id or name, as a user's
@@ -84,6 +91,9 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref, cpRef string) error
 	if err != nil {
 		return err
 	}
+	if err := checkpoint.CheckDelete(checkpoint.CallerOf(ctx), cp); err != nil {
+		return err
+	}
 	unlock := m.lockSource(sb.ID)
 	defer unlock()
 	return m.removeCheckpoint(context.WithoutCancel(ctx), sb, cp)
@@ -93,12 +103,10 @@ func (m *Manager) removeCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 	if err := m.store.DeleteCheckpoint(ctx, sb.ID, cp.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("deleting checkpoint %s of %s: %w", cp.ID, sb.ID, err)
 	}
-	var errs []error
-	errs = append(errs, m.disks.DeleteSnapshot(ctx, snapName(sb.ID, cp.ID)))
-	if cp.Dir != "" {
-		errs = append(errs, os.RemoveAll(cp.Dir))
-	}
-	if err := errors.Join(errs...); err != nil {
+	err := errors.Join(
+		m.disks.DeleteSnapshot(ctx, snapName(sb.ID, cp.ID)),
+		os.RemoveAll(m.checkpointDir(sb.ID, cp.ID)))
+	if err != nil {
 		// The record is gone; the next start sweeps what is left.
 		m.log.Warn("removing checkpoint data", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
 	}
@@ -149,9 +157,12 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, fmt.Errorf("numbering checkpoint of %s: %w", sb.ID, err)
 	}
-	cp, err := m.takeCheckpoint(ctx, sb, checkpoint.UserID(sb.CheckpointSeq), name, req.Comment, memory, false)
+	cp, err := m.takeCheckpoint(ctx, sb, take{
+		id: checkpoint.UserID(sb.CheckpointSeq), name: name, comment: req.Comment,
+		memory: memory, inside: checkpoint.CallerOf(ctx) == checkpoint.Inside,
+	})
 	if err != nil {
-		return nil, err
+		return nil, publicError(err)
 	}
 	v := cpView(cp)
 	return &v, nil
@@ -177,10 +188,20 @@ func pickName(cps []*store.Checkpoint, want string) (string, error) {
 	}
 }
 
+// take says which checkpoint takeCheckpoint takes.
+type take struct {
+	id, name, comment string
+	memory            bool // memory and disk, or the disk alone
+	auto              bool // kept by a restore, not asked for
+	inside            bool // asked for by the sandbox itself (see store.Checkpoint.Inside)
+}
+
 // takeCheckpoint writes a checkpoint's data, makes it durable, and only
 // then stores its record. A memory checkpoint pauses the sandbox while its
-// memory image and disk snapshot are taken, and ends its streams first.
-func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, id, name, comment string, memory, auto bool) (*store.Checkpoint, error) {
+// memory image and disk snapshot are taken, and ends its streams first;
+// then the sandbox's agent gets a new token, since the image holds the old.
+func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take) (*store.Checkpoint, error) {
+	id := t.id
 	parent := m.checkpointsDir(sb.ID)
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return nil, err
@@ -189,7 +210,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, id, nam
 	if err != nil {
 		return nil, err
 	}
-	final := filepath.Join(parent, id)
+	final := m.checkpointDir(sb.ID, id)
 	snap := snapName(sb.ID, id)
 	// A snapshot by this name that is there already belongs to another
 	// checkpoint: never take it over, nor delete it on the way out.
@@ -209,12 +230,17 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, id, nam
 			_ = m.disks.DeleteSnapshot(ctx, snap)
 		}
 	}()
-	if memory {
+	held := sb.AgentGen // the generation in the memory image
+	if t.memory {
 		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap)
 		if err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		m.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "paused_ms", paused.Milliseconds())
+		if err := m.rotateToken(ctx, sb); err != nil {
+			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
+			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
+		}
 	} else if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
 		return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
 	}
@@ -229,11 +255,11 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, id, nam
 	}
 	cp := &store.Checkpoint{
 		Checkpoint: api.Checkpoint{
-			ID: id, Sandbox: sb.ID, Name: name, Comment: comment,
-			Memory: memory, Auto: auto, CreatedAt: store.Now(),
+			ID: id, Sandbox: sb.ID, Name: t.name, Comment: t.comment,
+			Memory: t.memory, Auto: t.auto, CreatedAt: store.Now(),
 		},
 		SandboxName: sb.Name, Template: sb.Template, Image: sb.Image, Resources: sb.Resources,
-		AgentToken: sb.AgentToken, Dir: final,
+		AgentGen: held, LegacyAgentToken: sb.LegacyAgentToken, Inside: t.inside,
 	}
 	if err := m.store.CreateCheckpoint(ctx, cp); err != nil {
 		os.RemoveAll(final)
@@ -247,7 +273,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, id, nam
 // is paused, and resumes it. It returns how long the sandbox was paused.
 func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap string) (time.Duration, error) {
 	m.closeStreams(sb.ID, "the sandbox is being checkpointed")
-	m.dropAgent(sb.ID)
+	m.dropAgentConns()
 	start := time.Now()
 	if err := m.rt.Pause(ctx, sb.ID); err != nil {
 		return 0, fmt.Errorf("pausing: %w", err)
@@ -281,13 +307,16 @@ func syncVolume(path string) error {
 
 // RestoreCheckpoint puts a sandbox back to a checkpoint, in place. It first
 // keeps the current state as an automatic checkpoint, so that the restore
-// can be undone.
+// can be undone, then records the restore (state restoring, and its
+// target) before it changes anything, so that a restarted daemon finishes
+// a restore cut short.
 func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*api.Sandbox, error) {
 	sb, end, err := m.claim(ctx, ref, "a restore")
 	if err != nil {
 		return nil, err
 	}
 	defer end()
+	caller := checkpoint.CallerOf(ctx)
 	ctx = context.WithoutCancel(ctx)
 	cp, err := m.findCheckpoint(ctx, sb, cpRef)
 	if err != nil {
@@ -312,19 +341,28 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 			return nil, err
 		}
 		name, _ := pickName(cps, "")
-		if _, err := m.takeCheckpoint(ctx, sb, checkpoint.AutoID(sb.AutoSeq), name, "before restoring "+cp.ID, sb.State == api.StateRunning, true); err != nil {
-			return nil, fmt.Errorf("keeping the state before the restore: %w", err)
+		_, err = m.takeCheckpoint(ctx, sb, take{
+			id: checkpoint.AutoID(sb.AutoSeq), name: name, comment: "before restoring " + cp.ID,
+			memory: sb.State == api.StateRunning, auto: true, inside: caller == checkpoint.Inside,
+		})
+		if err != nil {
+			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
+			return nil, publicError(fmt.Errorf("keeping the state before the restore: %w", err))
 		}
 	}
 
+	sb.RestoreTarget = cp.ID
+	if err := m.setState(ctx, sb, api.StateRestoring, ""); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	if err := m.rollBack(ctx, sb, cp); err != nil {
 		m.log.Error("restore failed", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
-		_ = m.setState(ctx, sb, api.StateError, err.Error())
-		return nil, fmt.Errorf("restoring %s to %s: %w", sb.Name, cp.ID, err)
+		_ = m.setState(ctx, sb, api.StateError, fmt.Sprintf("restoring %s failed: %v", cp.ID, err))
+		return nil, publicError(fmt.Errorf("restoring %s to %s: %w", sb.Name, cp.ID, err))
 	}
 	m.log.Info("restored", "sandbox", sb.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
-	m.pruneAutos(ctx, sb, cp.ID)
+	m.pruneAutos(ctx, sb, caller, cp.ID)
 	return m.view(sb), nil
 }
 
@@ -332,7 +370,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 // restores the checkpoint's memory (or boots fresh for a disk-only one).
 func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
 	m.closeStreams(sb.ID, "the sandbox is being restored")
-	m.dropAgent(sb.ID)
+	m.dropAgentConns()
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return fmt.Errorf("stopping: %w", err)
 	}
@@ -357,11 +395,11 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Check
 		return err
 	}
 	start := time.Now()
-	if err := m.rt.Restore(ctx, m.spec(sb, ep), filepath.Join(cp.Dir, memDir)); err != nil {
+	if err := m.rt.Restore(ctx, m.spec(sb, ep), filepath.Join(m.checkpointDir(cp.Sandbox, cp.ID), memDir)); err != nil {
 		return fmt.Errorf("restoring memory: %w", err)
 	}
 	restored := time.Now()
-	if err := m.connect(ctx, sb, ep, cp.AgentToken); err != nil {
+	if err := m.connect(ctx, sb, ep, m.heldToken(cp)); err != nil {
 		return err
 	}
 	m.log.Info("memory restored", "sandbox", sb.ID, "checkpoint", cp.ID,
@@ -370,14 +408,15 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Check
 }
 
 // pruneAutos deletes the oldest automatic checkpoints beyond KeepAuto,
-// sparing keep (the one just restored).
-func (m *Manager) pruneAutos(ctx context.Context, sb *store.Sandbox, keep string) {
+// sparing keep (the one just restored). A restore asked for from inside the
+// sandbox prunes only the automatic checkpoints of such restores.
+func (m *Manager) pruneAutos(ctx context.Context, sb *store.Sandbox, by checkpoint.Caller, keep string) {
 	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
 	if err != nil {
 		m.log.Warn("listing checkpoints to prune", "sandbox", sb.ID, "err", err)
 		return
 	}
-	for _, cp := range checkpoint.PruneAutos(cps, checkpoint.KeepAuto) {
+	for _, cp := range checkpoint.PruneAutosBy(by, cps, checkpoint.KeepAuto) {
 		if cp.ID == keep {
 			continue
 		}

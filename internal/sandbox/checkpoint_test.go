@@ -172,17 +172,26 @@ func TestCheckpointKinds(t *testing.T) {
 			// with the memory image for a memory checkpoint, and a snapshot
 			// of the disk; nothing temporary is left.
 			rec := e.cpRecord(sb.ID, "v1")
-			if rec.Dir != filepath.Join(e.checkpointsDir(sb.ID), "v1") || rec.Template != tinyTemplate ||
-				rec.Resources != e.record(sb.ID).Resources || rec.AgentToken != e.record(sb.ID).AgentToken {
-				t.Errorf("checkpoint record %+v", rec)
+			// A memory checkpoint moves the agent to a new token: the one
+			// in the image is no longer the source's.
+			wantGen := 0
+			if memory {
+				wantGen = 1
 			}
-			b, err := os.ReadFile(filepath.Join(rec.Dir, "mem", imageFile))
+			if rec.Template != tinyTemplate || rec.Resources != e.record(sb.ID).Resources ||
+				rec.AgentGen != 0 || e.record(sb.ID).AgentGen != wantGen || rec.Inside || rec.LegacyAgentToken != "" {
+				t.Errorf("checkpoint record %+v, sandbox's token generation %d", rec, e.record(sb.ID).AgentGen)
+			}
+			if memory {
+				e.agentAnswers(sb.ID, e.cpToken(sb.ID, "v1"))
+			}
+			b, err := os.ReadFile(filepath.Join(e.checkpointsDir(sb.ID), "v1", "mem", imageFile))
 			if memory {
 				var img fakeImage
 				if err == nil {
 					err = json.Unmarshal(b, &img)
 				}
-				if err != nil || img.Sandbox != sb.ID || img.Token != rec.AgentToken {
+				if err != nil || img.Sandbox != sb.ID || img.Token != e.cpToken(sb.ID, "v1") {
 					t.Errorf("memory image %+v, %v", img, err)
 				}
 			} else if !errors.Is(err, os.ErrNotExist) {
@@ -469,8 +478,8 @@ func TestFork(t *testing.T) {
 			// The fork's agent answers to the fork's own token, not the
 			// source's it woke up with.
 			srcRec := e.record(src.ID)
-			e.agentAnswers(fork.ID, srcRec.AgentToken)
-			e.agentAnswers(src.ID, e.record(fork.ID).AgentToken)
+			e.agentAnswers(fork.ID, e.token(src.ID), e.cpToken(src.ID, "v1"))
+			e.agentAnswers(src.ID, e.token(fork.ID), e.cpToken(src.ID, "v1"))
 			if e.record(fork.ID).NetIndex == srcRec.NetIndex {
 				t.Error("the fork has its source's address")
 			}

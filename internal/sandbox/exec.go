@@ -110,7 +110,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest, cli
 	m.addStream(sb.ID, s)
 	defer m.removeStream(sb.ID, s)
 
-	ag, err := m.agentClient(sb, ep).DialExec(ctx)
+	ag, err := m.agentClient(ep, m.agentToken(sb)).DialExec(ctx)
 	if err != nil {
 		m.log.Warn("dialing agent", "sandbox", sb.ID, "err", err)
 		return api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")

@@ -75,6 +75,10 @@ type fakeRuntime struct {
 	failures   map[string]error // op -> error for its next call
 	hook       func(op, id string)
 	noAgent    bool // containers start no agent: it never answers
+	// tokens lists the tokens the daemon may have handed container id's
+	// agent since it started (it derives them; see sandbox.AgentToken), for
+	// finding out which one the agent holds when its memory is "written".
+	tokens func(id string) []string
 }
 
 // container is one fake container.
@@ -369,7 +373,7 @@ func (r *fakeRuntime) Pause(ctx context.Context, id string) error {
 	if st, _ := r.State(ctx, id); st != runtime.StatusRunning {
 		return fmt.Errorf("fake runtime: pausing %s: it is %s", id, st)
 	}
-	held := c.heldToken(ctx)
+	held := c.heldToken(ctx, r.candidates(id))
 	if c.cmd != nil {
 		if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			return err
@@ -403,10 +407,18 @@ func (r *fakeRuntime) Resume(ctx context.Context, id string) error {
 	return nil
 }
 
+// candidates are the derived tokens container id's agent may hold.
+func (r *fakeRuntime) candidates(id string) []string {
+	if r.tokens == nil {
+		return nil
+	}
+	return r.tokens(id)
+}
+
 // heldToken finds which token the agent holds now: the one it was started
 // with, or the sandbox's own that the daemon has given it since.
-func (c *container) heldToken(ctx context.Context) string {
-	for _, tok := range []string{envValue(c.spec.Env, agent.EnvToken), c.token} {
+func (c *container) heldToken(ctx context.Context, more []string) string {
+	for _, tok := range append([]string{envValue(c.spec.Env, agent.EnvToken), c.token}, more...) {
 		cl := &agent.Client{
 			BaseURL: "http://" + c.addr, Token: tok,
 			HTTP: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
@@ -437,7 +449,7 @@ func (r *fakeRuntime) Checkpoint(ctx context.Context, id, imageDir string, opts 
 		held = c.held
 		r.mu.Unlock()
 	case runtime.StatusRunning:
-		held = c.heldToken(ctx)
+		held = c.heldToken(ctx, r.candidates(id))
 	default:
 		return fmt.Errorf("fake runtime: checkpointing %s: it is %s", id, st)
 	}

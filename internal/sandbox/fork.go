@@ -52,7 +52,7 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed fork", "sandbox", sb.ID, "err", derr)
 		}
-		return nil, fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err)
+		return nil, publicError(fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err))
 	}
 	m.log.Info("sandbox forked", "sandbox", sb.ID, "name", sb.Name, "from", src.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
 	return m.view(sb), nil
@@ -68,6 +68,15 @@ func (m *Manager) bootFork(ctx context.Context, sb *store.Sandbox, src *store.Sa
 		return m.boot(ctx, sb, false)
 	}
 	return m.resume(ctx, sb, cp)
+}
+
+// forgetSource drops the lock on a deleted sandbox's checkpoints, so that
+// the map does not grow with every sandbox ever made. A fork still waiting
+// on the old lock finds the sandbox gone once it gets it.
+func (m *Manager) forgetSource(id string) {
+	m.mu.Lock()
+	delete(m.sources, id)
+	m.mu.Unlock()
 }
 
 // sourceLock is the lock on a sandbox's checkpoints.

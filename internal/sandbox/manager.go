@@ -75,6 +75,9 @@ type Config struct {
 	InsidePort int
 	// BootTimeout bounds how long a sandbox's agent may take to answer.
 	BootTimeout time.Duration
+	// Secret is the daemon's key that agent tokens are derived from (see
+	// AgentToken). It must stay the same across restarts of the daemon.
+	Secret []byte
 }
 
 // Manager creates, runs and deletes sandboxes. It is safe for concurrent
@@ -92,11 +95,14 @@ type Manager struct {
 	// inside is the in-sandbox API; nil serves none.
 	inside Insiders
 
+	// agentHTTP carries every request to every agent. Clients are made per
+	// call (see agentClient), so there is nothing per sandbox to forget.
+	agentHTTP *http.Client
+
 	mu       sync.Mutex
 	ops      map[string]string           // sandbox id -> the operation running on it
 	reserved map[int]bool                // net indexes handed out but not yet stored
 	streams  map[string]map[*stream]bool // sandbox id -> open streams
-	agents   map[string]*agent.Client    // sandbox id -> agent client
 	sources  map[string]*sync.RWMutex    // sandbox id -> lock on its checkpoints (see lockSource)
 }
 
@@ -116,10 +122,16 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	}
 	return &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
+		agentHTTP: &http.Client{Transport: &http.Transport{
+			// Never a proxy from the environment: agent traffic stays local.
+			Proxy:               nil,
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 4,
+			IdleConnTimeout:     30 * time.Second,
+		}},
 		ops:      map[string]string{},
 		reserved: map[int]bool{},
 		streams:  map[string]map[*stream]bool{},
-		agents:   map[string]*agent.Client{},
 		sources:  map[string]*sync.RWMutex{},
 	}
 }
@@ -223,6 +235,9 @@ func (m *Manager) setState(ctx context.Context, sb *store.Sandbox, to api.State,
 	}
 	sb.State = to
 	sb.Error = why
+	if to != api.StateRestoring {
+		sb.RestoreTarget = "" // only a restore in progress has one
+	}
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return fmt.Errorf("storing state %s of sandbox %s: %w", to, sb.ID, err)
 	}
@@ -288,7 +303,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
 		}
-		return nil, fmt.Errorf("creating sandbox %s: %w", sb.Name, err)
+		return nil, publicError(fmt.Errorf("creating sandbox %s: %w", sb.Name, err))
 	}
 	m.log.Info("sandbox created", "sandbox", sb.ID, "name", sb.Name, "ms", time.Since(start).Milliseconds())
 	return m.view(sb), nil
@@ -300,7 +315,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 	name := req.Name
 	if name == "" {
 		name = id
-	} else if err := checkName(name); err != nil {
+	} else if err := checkName(name, m.maxNameLen()); err != nil {
 		return nil, err
 	}
 	res := m.cfg.Defaults
@@ -338,7 +353,6 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			Idle: req.Idle, HTTPPort: port, From: req.From,
 			CreatedAt: store.Now(),
 		},
-		AgentToken: newToken(),
 	}, nil
 }
 
@@ -368,6 +382,9 @@ func orEmpty(m map[string]string) map[string]string {
 	return maps.Clone(m)
 }
 
+// maxNameLen is the longest name a sandbox may have under this daemon's org.
+func (m *Manager) maxNameLen() int { return MaxNameLen(m.cfg.Org) }
+
 // dir is the sandbox's own directory on the host.
 func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.DataDir, "sandboxes", id) }
 
@@ -382,7 +399,7 @@ func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint) runtime.Spec {
 		AgentBinary: m.cfg.AgentBinary,
 		Env: []string{
 			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-			"LOAM_AGENT_TOKEN=" + sb.AgentToken,
+			"LOAM_AGENT_TOKEN=" + m.agentToken(sb),
 			"LOAM_AGENT_LISTEN=:" + strconv.Itoa(m.cfg.AgentPort),
 		},
 		CPUs:      sb.Resources.CPUs,
@@ -412,7 +429,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 	if err := m.rt.Start(ctx, m.spec(sb, ep)); err != nil {
 		return fmt.Errorf("starting: %w", err)
 	}
-	if err := m.connect(ctx, sb, ep, sb.AgentToken); err != nil {
+	if err := m.connect(ctx, sb, ep, m.agentToken(sb)); err != nil {
 		return err
 	}
 	return m.setState(ctx, sb, api.StateRunning, "")
@@ -424,7 +441,15 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 // /etc/hosts then fail at once instead of after a 10 s timeout against the
 // template builder's server (python's http.server looks its own address up
 // before it listens).
-func personalize(root, name string) error {
+//
+// The root is a new copy of a template, but it is written through an
+// os.Root all the same: no path in a sandbox's disk is followed out of it.
+func personalize(rootDir, name string) error {
+	root, err := os.OpenRoot(rootDir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	files := map[string]string{
 		"etc/hostname": name + "\n",
 		"etc/hosts": "127.0.0.1\tlocalhost\n127.0.1.1\t" + name + "\n" +
@@ -432,12 +457,11 @@ func personalize(root, name string) error {
 		"etc/resolv.conf": "# loam: no DNS server is reachable from this sandbox yet.\n",
 	}
 	for rel, content := range files {
-		path := filepath.Join(root, rel)
 		// A template's resolv.conf may be a symlink; replace it, never follow it.
-		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		if err := root.Remove(rel); err != nil && !os.IsNotExist(err) {
 			return err
 		}
-		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		if err := root.WriteFile(rel, []byte(content), 0o644); err != nil {
 			return fmt.Errorf("writing %s: %w", rel, err)
 		}
 	}
@@ -464,36 +488,21 @@ func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpo
 	return ep, m.writeHandle(sb, ep)
 }
 
-// agentClient returns the client of a sandbox's agent, made once.
-func (m *Manager) agentClient(sb *store.Sandbox, ep network.Endpoint) *agent.Client {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c, ok := m.agents[sb.ID]; ok && c.Token == sb.AgentToken {
-		return c
+// agentClient is a client of the agent at ep that presents token.
+func (m *Manager) agentClient(ep network.Endpoint, token string) *agent.Client {
+	return &agent.Client{
+		BaseURL: "http://" + net.JoinHostPort(ep.SandboxIP.String(), strconv.Itoa(m.cfg.AgentPort)),
+		Token:   token,
+		HTTP:    m.agentHTTP,
 	}
-	addr := net.JoinHostPort(ep.SandboxIP.String(), strconv.Itoa(m.cfg.AgentPort))
-	c := &agent.Client{
-		BaseURL: "http://" + addr,
-		Token:   sb.AgentToken,
-		HTTP: &http.Client{Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 4,
-		}},
-	}
-	m.agents[sb.ID] = c
-	return c
 }
 
-// dropAgent forgets a sandbox's agent client and its idle connections, so
-// the next call dials afresh.
-func (m *Manager) dropAgent(id string) {
-	m.mu.Lock()
-	c := m.agents[id]
-	delete(m.agents, id)
-	m.mu.Unlock()
-	if c != nil && c.HTTP != nil {
-		c.HTTP.CloseIdleConnections()
-	}
+// dropAgentConns closes the idle connections to agents, so that none is
+// open into a sandbox whose memory is about to be written or replaced (its
+// agent would wake up holding a dead one). Every sandbox's go, since the
+// pool is shared: the next calls dial afresh, which costs little.
+func (m *Manager) dropAgentConns() {
+	m.agentHTTP.CloseIdleConnections()
 }
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
@@ -517,7 +526,6 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	var errs []error
 	m.closeStreams(sb.ID, "the sandbox was deleted")
-	m.dropAgent(sb.ID)
 	if m.inside != nil {
 		m.inside.Close(sb.ID)
 	}
@@ -546,6 +554,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("deleting record of sandbox %s: %w", sb.ID, err)
 	}
+	m.forgetSource(sb.ID)
 	m.log.Info("sandbox deleted", "sandbox", sb.ID, "name", sb.Name)
 	return nil
 }
@@ -562,9 +571,7 @@ func (m *Manager) deleteCheckpointData(ctx context.Context, id string) error {
 		if err := m.disks.DeleteSnapshot(ctx, snapName(id, cp.ID)); err != nil {
 			errs = append(errs, err)
 		}
-		if cp.Dir != "" {
-			errs = append(errs, os.RemoveAll(cp.Dir))
-		}
+		errs = append(errs, os.RemoveAll(m.checkpointDir(id, cp.ID)))
 	}
 	return errors.Join(errs...)
 }

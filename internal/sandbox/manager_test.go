@@ -51,7 +51,7 @@ func TestCreate(t *testing.T) {
 	}
 
 	rec := e.record(sb.ID)
-	if rec.AgentToken == "" || rec.NetIndex != 0 || rec.CheckpointSeq != 0 || rec.AutoSeq != 0 || rec.Error != "" {
+	if rec.AgentGen != 0 || rec.LegacyAgentToken != "" || rec.NetIndex != 0 || rec.CheckpointSeq != 0 || rec.AutoSeq != 0 || rec.Error != "" {
 		t.Errorf("record: %+v", rec)
 	}
 
@@ -63,7 +63,7 @@ func TestCreate(t *testing.T) {
 	if spec.Hostname != "scratch" || spec.Rootfs != e.pool.VolumePath(sb.ID) ||
 		spec.BundleDir != filepath.Join(e.sandboxDir(sb.ID), "bundle") ||
 		spec.CPUs != 1 || spec.MemoryMiB != 1024 || spec.AgentBinary != e.cfg.AgentBinary ||
-		envValue(spec.Env, agent.EnvToken) != rec.AgentToken || c.status != runtime.StatusRunning || c.from != "" {
+		envValue(spec.Env, agent.EnvToken) != e.token(sb.ID) || c.status != runtime.StatusRunning || c.from != "" {
 		t.Errorf("container: %+v", c)
 	}
 	// The sandbox's env is given to commands by the agent, per exec; the
@@ -114,7 +114,7 @@ func TestCreate(t *testing.T) {
 	if i := e.record(other.ID).NetIndex; i != 1 {
 		t.Errorf("second sandbox has net index %d, want 1", i)
 	}
-	e.agentAnswers(other.ID, rec.AgentToken)
+	e.agentAnswers(other.ID, e.token(sb.ID))
 
 	all, err := e.m.List(e.ctx, nil)
 	if err != nil || len(all) != 2 || all[0].ID != sb.ID || all[1].ID != other.ID {

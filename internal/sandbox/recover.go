@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,6 +43,8 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		// The client of a create cut short got no sandbox; a delete was asked for.
 		m.log.Info("finishing interrupted operation", "sandbox", sb.ID, "state", sb.State)
 		return m.destroy(ctx, sb)
+	case api.StateRestoring:
+		return m.finishRestore(ctx, sb)
 	case api.StateRunning, api.StateError:
 		st, err := m.rt.State(ctx, sb.ID)
 		if err == nil && st == runtime.StatusPaused {
@@ -58,7 +61,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			if err != nil {
 				return err
 			}
-			if err := m.connect(ctx, sb, ep, sb.AgentToken); err != nil {
+			if err := m.connect(ctx, sb, ep, m.recoveryTokens(sb)...); err != nil {
 				return err
 			}
 			if sb.State != api.StateRunning {
@@ -75,6 +78,24 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		}
 		m.log.Info("sandbox container gone; booting it again", "sandbox", sb.ID)
 		return m.boot(ctx, sb, false)
+	}
+	return nil
+}
+
+// finishRestore finishes a restore that a crash cut short: the user asked
+// for it, and the sandbox may be half rolled back. When the checkpoint is
+// gone too, the sandbox is left in state error, saying why, for the user to
+// restore to another.
+func (m *Manager) finishRestore(ctx context.Context, sb *store.Sandbox) error {
+	target := sb.RestoreTarget
+	cp, err := m.store.GetCheckpoint(ctx, sb.ID, target)
+	if err != nil {
+		m.log.Error("a restore was cut short and its checkpoint is gone", "sandbox", sb.ID, "checkpoint", target, "err", err)
+		return m.setState(ctx, sb, api.StateError, fmt.Sprintf("a restore to %s was cut short, and the checkpoint is gone: restore another", target))
+	}
+	m.log.Info("finishing interrupted restore", "sandbox", sb.ID, "checkpoint", target)
+	if err := m.rollBack(ctx, sb, cp); err != nil {
+		return fmt.Errorf("finishing the restore to %s: %w", target, err)
 	}
 	return nil
 }
@@ -120,14 +141,6 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 	if err := m.dropBrokenCheckpoints(ctx); err != nil {
 		return err
 	}
-	dirs, err := m.store.AllCheckpointDirs(ctx)
-	if err != nil {
-		return err
-	}
-	keep := map[string]bool{}
-	for _, d := range dirs {
-		keep[d] = true
-	}
 	var errs []error
 	root := filepath.Join(m.cfg.DataDir, "checkpoints")
 	sbDirs, _ := os.ReadDir(root)
@@ -135,10 +148,18 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 		cpDirs, _ := os.ReadDir(filepath.Join(root, sd.Name()))
 		for _, cd := range cpDirs {
 			path := filepath.Join(root, sd.Name(), cd.Name())
-			if !keep[path] {
-				m.log.Info("removing unfinished checkpoint data", "path", path)
-				errs = append(errs, os.RemoveAll(path))
+			cp, err := m.store.GetCheckpoint(ctx, sd.Name(), cd.Name())
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				errs = append(errs, err)
+				continue
 			}
+			// A directory is a checkpoint's if it is named by the id (a
+			// name never looks like one, nor like ".tmp-…").
+			if err == nil && cp.ID == cd.Name() {
+				continue
+			}
+			m.log.Info("removing unfinished checkpoint data", "path", path)
+			errs = append(errs, os.RemoveAll(path))
 		}
 		if len(cpDirs) == 0 || !m.known(ctx, sd.Name()) {
 			_ = os.Remove(filepath.Join(root, sd.Name()))
@@ -163,7 +184,10 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 
 // dropBrokenCheckpoints deletes the records of checkpoints whose data is
 // gone (removed by hand, or lost with a disk), so that the store never lists
-// a checkpoint that cannot be restored.
+// a checkpoint that cannot be restored. Only data that is certainly not
+// there counts as gone: any other error reading it (a data dir on a disk
+// that is not mounted yet, a permission) keeps the checkpoint, and fails
+// the recovery loudly instead.
 func (m *Manager) dropBrokenCheckpoints(ctx context.Context) error {
 	snaps, err := m.disks.Snapshots(ctx)
 	if err != nil {
@@ -185,15 +209,20 @@ func (m *Manager) dropBrokenCheckpoints(ctx context.Context) error {
 			continue
 		}
 		for _, cp := range cps {
-			data := cp.Dir
+			data := m.checkpointDir(sb.ID, cp.ID)
 			if cp.Memory {
-				data = filepath.Join(cp.Dir, memDir)
+				data = filepath.Join(data, memDir)
 			}
 			_, statErr := os.Stat(data)
-			if statErr == nil && have[snapName(sb.ID, cp.ID)] {
+			switch {
+			case statErr != nil && !errors.Is(statErr, fs.ErrNotExist):
+				errs = append(errs, fmt.Errorf("checking the data of checkpoint %s of %s: %w", cp.ID, sb.ID, statErr))
+				continue
+			case statErr == nil && have[snapName(sb.ID, cp.ID)]:
 				continue
 			}
-			m.log.Error("checkpoint data is missing; dropping the checkpoint", "sandbox", sb.ID, "checkpoint", cp.ID)
+			m.log.Error("checkpoint data is missing; dropping the checkpoint", "sandbox", sb.ID, "checkpoint", cp.ID,
+				"image_missing", statErr != nil, "snapshot_missing", !have[snapName(sb.ID, cp.ID)], "path", data)
 			errs = append(errs, m.removeCheckpoint(ctx, sb, cp))
 		}
 	}

@@ -254,10 +254,11 @@ func TestRecoverDropsBrokenCheckpoints(t *testing.T) {
 	for _, memory := range []bool{true, false, true, false, true} {
 		e.checkpoint("broken", memory)
 	}
-	must(t, os.RemoveAll(filepath.Join(e.cpRecord(sb.ID, "v1").Dir, "mem"))) // memory image lost
-	must(t, e.pool.DeleteSnapshot(e.ctx, sb.ID+".v2"))                       // disk snapshot lost
-	must(t, os.RemoveAll(e.cpRecord(sb.ID, "v3").Dir))                       // whole directory lost
-	must(t, os.RemoveAll(e.cpRecord(sb.ID, "v4").Dir))                       // a disk-only one's directory
+	cpDir := func(id string) string { return filepath.Join(e.checkpointsDir(sb.ID), id) }
+	must(t, os.RemoveAll(filepath.Join(cpDir("v1"), "mem"))) // memory image lost
+	must(t, e.pool.DeleteSnapshot(e.ctx, sb.ID+".v2"))       // disk snapshot lost
+	must(t, os.RemoveAll(cpDir("v3")))                       // whole directory lost
+	must(t, os.RemoveAll(cpDir("v4")))                       // a disk-only one's directory
 
 	must(t, e.restart())
 	if ids := e.checkpointIDs("broken"); !slices.Equal(ids, []string{"v5"}) {
@@ -274,5 +275,137 @@ func TestRecoverDropsBrokenCheckpoints(t *testing.T) {
 	}
 	if cp := e.checkpoint("broken", false); cp.ID != "v6" {
 		t.Errorf("next checkpoint %s, want v6", cp.ID)
+	}
+}
+
+// TestRecoverFinishesInterruptedRestore: a restore records itself (state
+// restoring, and its target) before it changes anything, and a daemon that
+// dies part-way finishes it at the next start: the sandbox ends up running
+// the checkpoint's memory on the checkpoint's disk.
+func TestRecoverFinishesInterruptedRestore(t *testing.T) {
+	for _, crashOp := range []string{"delete", "restore"} {
+		t.Run("crash at "+crashOp, func(t *testing.T) {
+			e := newEnv(t)
+			sb := e.create(api.CreateSandbox{Name: "undo"})
+			e.writeVolume(sb.ID, "state.txt", "one")
+			e.checkpoint("undo", true)
+			e.writeVolume(sb.ID, "state.txt", "two")
+
+			var seen *api.Sandbox
+			crashAt(e, crashOp, func() {
+				// The hook runs first: look at the record as it stands.
+				e.rt.setHook(func(o, id string) {
+					if o == crashOp && id == sb.ID {
+						seen, _ = e.m.Get(e.ctx, sb.ID)
+						goruntime.Goexit()
+					}
+				})
+				_, _ = e.m.RestoreCheckpoint(e.ctx, "undo", "v1")
+			})
+			if seen == nil || seen.State != api.StateRestoring {
+				t.Fatalf("during the restore the sandbox is %+v, want restoring", seen)
+			}
+			if rec := e.record(sb.ID); rec.State != api.StateRestoring || rec.RestoreTarget != "v1" {
+				t.Fatalf("after the crash: state %s, target %q", rec.State, rec.RestoreTarget)
+			}
+			e.rt.setHook(nil)
+			must(t, e.restart())
+			rec := e.record(sb.ID)
+			if rec.State != api.StateRunning || rec.RestoreTarget != "" || rec.Error != "" {
+				t.Errorf("after recovery: %+v", rec)
+			}
+			if c, _ := e.rt.get(sb.ID); c.from != sb.ID || c.status != runtime.StatusRunning {
+				t.Errorf("container after recovery: from %q, %s; want restored from %s", c.from, c.status, sb.ID)
+			}
+			if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
+				t.Errorf("disk after recovery %q, want one", s)
+			}
+			e.agentAnswers(sb.ID)
+			if ids := e.checkpointIDs("undo"); !slices.Equal(ids, []string{"v1", "auto-1"}) {
+				t.Errorf("checkpoints %v", ids)
+			}
+		})
+	}
+}
+
+// TestRecoverRestoreWithoutItsCheckpoint: when the checkpoint of a restore
+// cut short is gone too, the sandbox is left in error, saying why, and can
+// be restored to another checkpoint.
+func TestRecoverRestoreWithoutItsCheckpoint(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "lost"})
+	e.writeVolume(sb.ID, "state.txt", "one")
+	e.checkpoint("lost", false)
+	e.writeVolume(sb.ID, "state.txt", "two")
+	e.checkpoint("lost", true)
+	crashAt(e, "delete", func() { _, _ = e.m.RestoreCheckpoint(e.ctx, "lost", "v2") })
+	e.rt.setHook(nil)
+	must(t, e.st.DeleteCheckpoint(e.ctx, sb.ID, "v2"))
+
+	must(t, e.restart())
+	rec := e.record(sb.ID)
+	if rec.State != api.StateError || !strings.Contains(rec.Error, "v2") {
+		t.Fatalf("after recovery: state %s, error %q", rec.State, rec.Error)
+	}
+	if _, err := e.m.RestoreCheckpoint(e.ctx, "lost", "v1"); err != nil {
+		t.Fatalf("restoring another checkpoint: %v", err)
+	}
+	if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
+		t.Errorf("disk %q, want one", s)
+	}
+	e.agentAnswers(sb.ID)
+}
+
+// TestCheckpointsSurviveAMovedDataDir: checkpoints are found from their ids,
+// not from paths stored at the time, so a data dir that moved (or is
+// reached through another path) keeps every checkpoint, and each can be
+// restored.
+func TestCheckpointsSurviveAMovedDataDir(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "mover"})
+	e.writeVolume(sb.ID, "state.txt", "one")
+	e.checkpoint("mover", true)
+	e.checkpoint("mover", false)
+
+	// The host "reboots" into a data dir at another path.
+	e.rt.vanish(sb.ID)
+	moved := filepath.Join(t.TempDir(), "moved")
+	must(t, os.Rename(e.cfg.DataDir, moved))
+	e.cfg.DataDir = moved
+	must(t, e.restart())
+
+	if ids := e.checkpointIDs("mover"); !slices.Equal(ids, []string{"v1", "v2"}) {
+		t.Fatalf("checkpoints after the move %v, want [v1 v2]", ids)
+	}
+	e.writeVolume(sb.ID, "state.txt", "two")
+	if _, err := e.m.RestoreCheckpoint(e.ctx, "mover", "v1"); err != nil {
+		t.Fatalf("restoring v1 after the move: %v", err)
+	}
+	if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
+		t.Errorf("disk %q, want one", s)
+	}
+	if _, err := os.Stat(filepath.Join(moved, "checkpoints", sb.ID, "v1", "mem")); err != nil {
+		t.Errorf("v1's memory image: %v", err)
+	}
+}
+
+// TestRecoverKeepsCheckpointsItCannotCheck: data that cannot be read for a
+// reason other than its absence (here a path that is not a directory) is
+// not taken for lost: the checkpoint stays.
+func TestRecoverKeepsCheckpointsItCannotCheck(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "odd"})
+	e.checkpoint("odd", true)
+	dir := e.checkpointsDir(sb.ID)
+	hidden := dir + ".hidden"
+	must(t, os.Rename(dir, hidden))
+	must(t, os.WriteFile(dir, nil, 0o600)) // stat of dir/v1/mem: not a directory
+	if err := e.restart(); err == nil {
+		t.Error("recovery did not report the checkpoint it could not check")
+	}
+	must(t, os.Remove(dir))
+	must(t, os.Rename(hidden, dir))
+	if ids := e.checkpointIDs("odd"); !slices.Equal(ids, []string{"v1"}) {
+		t.Errorf("checkpoints %v, want [v1]", ids)
 	}
 }

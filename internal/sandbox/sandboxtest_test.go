@@ -242,6 +242,7 @@ func newEnv(t *testing.T, edit ...func(*sandbox.Config)) *env {
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit: 10,
 		BootTimeout:     20 * time.Second,
+		Secret:          []byte("test secret"),
 	}
 	for _, f := range edit {
 		f(&cfg)
@@ -253,6 +254,13 @@ func newEnv(t *testing.T, edit ...func(*sandbox.Config)) *env {
 		rt:   newFakeRuntime(t),
 		nets: nets,
 		tpl:  &fakeTemplates{pool: pool, src: makeTinyTree(t)},
+	}
+	e.rt.tokens = func(id string) []string {
+		var toks []string
+		for gen := range 64 {
+			toks = append(toks, sandbox.AgentToken(cfg.Secret, id, gen))
+		}
+		return toks
 	}
 	e.m = sandbox.New(cfg, e.st, e.rt, e.pool, e.nets, e.tpl, testLogger())
 	if err := e.m.Recover(ctx); err != nil {
@@ -305,6 +313,19 @@ func (e *env) cpRecord(id, cpID string) *store.Checkpoint {
 	return cp
 }
 
+// token is the token sandbox id's agent should answer to now.
+func (e *env) token(id string) string {
+	e.t.Helper()
+	return sandbox.AgentToken(e.cfg.Secret, id, e.record(id).AgentGen)
+}
+
+// cpToken is the token the agent held when checkpoint cpID of sandbox id
+// was taken.
+func (e *env) cpToken(id, cpID string) string {
+	e.t.Helper()
+	return sandbox.AgentToken(e.cfg.Secret, id, e.cpRecord(id, cpID).AgentGen)
+}
+
 // agentAnswers checks that sandbox id's agent answers, at the sandbox's
 // address, to the sandbox's own token and to no other.
 func (e *env) agentAnswers(id string, others ...string) {
@@ -314,7 +335,8 @@ func (e *env) agentAnswers(id string, others ...string) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	for _, tok := range append([]string{sb.AgentToken}, others...) {
+	own := e.token(id)
+	for _, tok := range append([]string{own}, others...) {
 		c := &agent.Client{
 			BaseURL: "http://" + net.JoinHostPort(ep.SandboxIP.String(), fmt.Sprint(e.cfg.AgentPort)),
 			Token:   tok,
@@ -323,9 +345,9 @@ func (e *env) agentAnswers(id string, others ...string) {
 		ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
 		_, err := c.Health(ctx)
 		cancel()
-		if own := tok == sb.AgentToken; own && err != nil {
+		if tok == own && err != nil {
 			e.t.Errorf("the agent of %s does not answer to its token: %v", id, err)
-		} else if !own && !errors.Is(err, api.ErrUnauthorized) {
+		} else if tok != own && !agent.IsUnauthorized(err) {
 			e.t.Errorf("the agent of %s with another sandbox's token: got %v, want unauthorized", id, err)
 		}
 	}

@@ -10,12 +10,13 @@ import (
 // the one place that says which changes are possible; setState refuses the
 // rest as a bug, requireState refuses them as a user's mistake.
 var transitions = map[api.State][]api.State{
-	api.StateCreating: {api.StateRunning, api.StateError, api.StateDeleting},
-	api.StateRunning:  {api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError, api.StateDeleting},
-	api.StateStopped:  {api.StateRunning, api.StateError, api.StateDeleting},
-	api.StateSleeping: {api.StateRunning, api.StateError, api.StateDeleting},
-	api.StateError:    {api.StateRunning, api.StateError, api.StateDeleting},
-	api.StateDeleting: {api.StateDeleting},
+	api.StateCreating:  {api.StateRunning, api.StateError, api.StateDeleting},
+	api.StateRunning:   {api.StateRunning, api.StateStopped, api.StateSleeping, api.StateRestoring, api.StateError, api.StateDeleting},
+	api.StateStopped:   {api.StateRunning, api.StateRestoring, api.StateError, api.StateDeleting},
+	api.StateSleeping:  {api.StateRunning, api.StateError, api.StateDeleting},
+	api.StateRestoring: {api.StateRunning, api.StateError},
+	api.StateError:     {api.StateRunning, api.StateRestoring, api.StateError, api.StateDeleting},
+	api.StateDeleting:  {api.StateDeleting},
 }
 
 // canTransition reports whether a sandbox in state from may move to to.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"crypto/rand"
+	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -20,9 +21,33 @@ var (
 // '-', starting with a letter.
 func ValidName(s string) bool { return nameRE.MatchString(s) }
 
-func checkName(s string) error {
+// maxLabel is the longest label of a DNS name. A sandbox's URL starts with
+// the label NAME--ORG, which must fit.
+const maxLabel = 63
+
+// MaxNameLen is the longest sandbox name whose URL label, NAME--ORG, is a
+// valid DNS label under org.
+func MaxNameLen(org string) int { return maxLabel - len("--") - len(org) }
+
+// CheckOrg refuses an org that cannot make URLs: it must be a name as
+// sandbox names are, and leave room for a sandbox's id in the URL label.
+func CheckOrg(org string) error {
+	if !ValidName(org) || strings.HasSuffix(org, "-") || strings.Contains(org, "--") {
+		return fmt.Errorf("org %q: an org is a-z, 0-9 and '-', starting with a letter, not ending with '-' nor containing '--'", org)
+	}
+	if MaxNameLen(org) < len(newID()) {
+		return fmt.Errorf("org %q: at most %d characters, so that NAME--ORG is a DNS label for every sandbox", org, maxLabel-len("--")-len(newID()))
+	}
+	return nil
+}
+
+// checkName refuses a sandbox name that is not valid, or longer than max.
+func checkName(s string, max int) error {
 	if !ValidName(s) {
 		return api.Errorf(api.CodeInvalid, "name %q: a name is 1-63 characters of a-z, 0-9 and '-', starting with a letter", s)
+	}
+	if len(s) > max {
+		return api.Errorf(api.CodeInvalid, "name %q: at most %d characters here (the sandbox's URL starts with NAME--ORG, which DNS allows 63 characters)", s, max)
 	}
 	if idRE.MatchString(s) {
 		// Lookups try ids first: such a name would hide, or be hidden by,
@@ -130,9 +155,4 @@ func randomString(n int) string {
 		}
 	}
 	return string(out)
-}
-
-// newToken makes a secret for the agent.
-func newToken() string {
-	return rand.Text() + rand.Text()
 }

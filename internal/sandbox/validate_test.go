@@ -9,17 +9,38 @@ import (
 )
 
 func TestNames(t *testing.T) {
+	const org = "default"
+	max := MaxNameLen(org) // NAME--default fills a 63-character DNS label
 	for _, tc := range []struct {
 		name string
 		ok   bool
 	}{
-		{"scratch", true}, {"scratch-2", true}, {"a", true}, {"a" + strings.Repeat("b", 62), true},
-		{"", false}, {"2x", false}, {"Scratch", false}, {"s_x", false}, {"a" + strings.Repeat("b", 63), false},
-		{"x-", false}, {"a--b", false},
+		{"scratch", true}, {"scratch-2", true}, {"a", true}, {"a" + strings.Repeat("b", max-1), true},
+		{"", false}, {"2x", false}, {"Scratch", false}, {"s_x", false}, {"a" + strings.Repeat("b", max), false},
+		{"a" + strings.Repeat("b", 62), false}, {"x-", false}, {"a--b", false},
 	} {
-		err := checkName(tc.name)
+		err := checkName(tc.name, max)
 		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, api.ErrInvalid)) {
 			t.Errorf("checkName(%q) = %v", tc.name, err)
+		}
+		if err == nil {
+			if label := tc.name + "--" + org; len(label) > 63 {
+				t.Errorf("name %q accepted, but its URL label %q is %d characters", tc.name, label, len(label))
+			}
+		}
+	}
+}
+
+func TestOrgs(t *testing.T) {
+	for _, tc := range []struct {
+		org string
+		ok  bool
+	}{
+		{"default", true}, {"acme", true}, {"a" + strings.Repeat("b", 45), true},
+		{"a" + strings.Repeat("b", 46), false}, {"", false}, {"Acme", false}, {"a--b", false}, {"a-", false}, {"a.b", false},
+	} {
+		if err := CheckOrg(tc.org); (err == nil) != tc.ok {
+			t.Errorf("CheckOrg(%q) = %v", tc.org, err)
 		}
 	}
 }
