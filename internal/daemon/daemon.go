@@ -88,10 +88,35 @@ func (d *Daemon) start(ctx context.Context) error {
 		return errors.New("loam serve must run as root (it makes network namespaces, mounts and gVisor sandboxes)")
 	}
 	raiseFileLimit(d.log)
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("making data dir: %w", err)
+	if err := sandbox.CheckOrg(cfg.Org); err != nil {
+		return fmt.Errorf("--org: %w", err)
 	}
+	// First the data dir's lock: nothing in it may be touched (the store
+	// opened, the pools' leftovers cleared, sandboxes taken back) while
+	// another daemon owns it.
+	unlock, err := lockDataDir(cfg.DataDir, d.log)
+	if err != nil {
+		return err
+	}
+	d.closers = append(d.closers, unlock)
+	// Then the port, before anything is recovered: a second daemon that
+	// cannot serve must fail before it changes anything.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	d.ln = ln
+	d.closers = append(d.closers, func() error {
+		if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			return err
+		}
+		return nil
+	})
 	if err := d.loadToken(); err != nil {
+		return err
+	}
+	secret, err := loadSecret(cfg.DataDir, d.log)
+	if err != nil {
 		return err
 	}
 	if cfg.AgentBinary == "" {
@@ -157,18 +182,14 @@ func (d *Daemon) start(ctx context.Context) error {
 		DefaultTemplate: cfg.DefaultTemplate,
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit: cfg.CheckpointLimit,
+		Secret:          secret,
 	}, st, rt, pool, nets, tpl, d.log)
-	d.inside = server.NewInside(d.Manager, d.Token, d.log)
+	d.inside = server.NewInside(d.Manager, secret, d.log)
 	d.Manager.SetInside(d.inside)
 	if err := d.Manager.Recover(ctx); err != nil {
 		d.log.Error("recovery left some things behind", "err", err)
 	}
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
-	}
-	d.ln = ln
 	d.URL = "http://" + ln.Addr().String()
 	if err := writeFileAtomic(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
 		return err
@@ -228,6 +249,9 @@ func (d *Daemon) loadToken() error {
 	}
 	b, err := os.ReadFile(path)
 	if err == nil {
+		if err := restrictMode(path, 0o600, d.log); err != nil {
+			return err
+		}
 		d.Token = strings.TrimSpace(string(b))
 		if d.Token == "" {
 			return fmt.Errorf("token file %s is empty", path)
@@ -243,26 +267,6 @@ func (d *Daemon) loadToken() error {
 	}
 	d.madeToken = path
 	return nil
-}
-
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // findRunsc finds the runsc binary: the flag, then PATH.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
 )
 
 // Inside serves the API to the sandboxes themselves, so that a program in a
@@ -34,8 +35,8 @@ type Inside struct {
 
 // NewInside makes the in-sandbox API. Sandbox tokens are derived from
 // secret, so they need no storing and survive restarts of the daemon.
-func NewInside(sandboxes Sandboxes, secret string, log *slog.Logger) *Inside {
-	return &Inside{sandboxes: sandboxes, secret: []byte(secret), log: log, srvs: map[string]*http.Server{}}
+func NewInside(sandboxes Sandboxes, secret []byte, log *slog.Logger) *Inside {
+	return &Inside{sandboxes: sandboxes, secret: secret, log: log, srvs: map[string]*http.Server{}}
 }
 
 // Token is the token of sandbox id's own API.
@@ -116,6 +117,9 @@ func (in *Inside) handler(id string) http.Handler {
 				writeError(w, r, s.log, err)
 				return
 			}
+			// The sandbox asks about itself: the checkpoint rules that
+			// keep the owner's undo points apply (checkpoint.Caller).
+			r = r.WithContext(checkpoint.WithCaller(r.Context(), checkpoint.Inside))
 			if err := h(w, r); err != nil {
 				writeError(w, r, s.log, err)
 			}
