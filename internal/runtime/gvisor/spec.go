@@ -166,7 +166,7 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 		}
 		if spec.CPUs > 0 {
 			period := uint64(cfsPeriod)
-			quota := int64(spec.CPUs * cfsPeriod)
+			quota := quotaMicros(spec.CPUs)
 			res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
 		}
 		s.Linux.Resources = res
