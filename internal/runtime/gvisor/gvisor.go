@@ -10,7 +10,11 @@
 //	             restarts of the daemon
 //	runsc.log    errors of runsc run and restore and of the sandbox and
 //	             gofer processes they start, as JSON objects
+//	*.log.1      the newest part of a log before TrimLogs last emptied it
 //	debug/       runsc's debug logs, when Config.Debug is set
+//
+// The logs grow until TrimLogs cuts them (LogKeeper does, every few
+// seconds).
 //
 // Containers run detached: runsc's sandbox and gofer processes start their
 // own sessions and are re-parented to the host's init, so they outlive the
@@ -451,6 +455,11 @@ func readErrors(path string, offset int64) string {
 		return ""
 	}
 	defer f.Close()
+	// A file shorter than offset was trimmed meanwhile (TrimLogs): runsc
+	// wrote its messages from the start.
+	if st, err := f.Stat(); err == nil && st.Size() < offset {
+		offset = 0
+	}
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		return ""
 	}
