@@ -58,6 +58,18 @@ type Spec struct {
 	MemoryMiB int
 }
 
+// Limits are a container's resource limits, with the meaning of the Spec
+// fields of the same names.
+type Limits struct {
+	// CPUs is the CPU quota in cores; 0 means no limit.
+	CPUs float64
+	// MemoryMiB is the memory limit; 0 means no limit.
+	MemoryMiB int
+}
+
+// Limits returns the limits spec gives its container.
+func (s Spec) Limits() Limits { return Limits{CPUs: s.CPUs, MemoryMiB: s.MemoryMiB} }
+
 // AgentPath is where the agent binary appears inside every sandbox.
 const AgentPath = "/.loam/loam"
 
@@ -93,4 +105,10 @@ type Runtime interface {
 	// imageDir, detached. The id must not exist. Restoring into an id other
 	// than the checkpointed one is a fork.
 	Restore(ctx context.Context, spec Spec, imageDir string) error
+	// SetLimits makes a running or paused container's limits l, whatever
+	// they are now: a limit of 0 is removed, as in Spec. It is idempotent,
+	// and it is how the caller puts back limits that a crash or a failed
+	// call may have left lifted (Checkpoint and Restore lift the CPU quota
+	// while they run). ErrNotExist when there is no such container.
+	SetLimits(ctx context.Context, id string, l Limits) error
 }

@@ -92,6 +92,8 @@ type container struct {
 	cmd    *exec.Cmd
 	stdin  *os.File
 	exited chan struct{}
+
+	limits *runtime.Limits // given by the last SetLimits, if any
 }
 
 // fakeImage is the content of a fake memory image.
@@ -493,5 +495,20 @@ func (r *fakeRuntime) Restore(ctx context.Context, spec runtime.Spec, imageDir s
 		c.kill()
 		return err
 	}
+	return nil
+}
+
+// SetLimits records the call ("setlimits id") and keeps l on the container.
+func (r *fakeRuntime) SetLimits(ctx context.Context, id string, l runtime.Limits) error {
+	if err := r.enter("setlimits", id); err != nil {
+		return err
+	}
+	c, err := r.lookup(id)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c.limits = &l
 	return nil
 }

@@ -10,7 +10,11 @@
 //	             restarts of the daemon
 //	runsc.log    errors of runsc run and restore and of the sandbox and
 //	             gofer processes they start, as JSON objects
+//	*.log.1      the newest part of a log before TrimLogs last emptied it
 //	debug/       runsc's debug logs, when Config.Debug is set
+//
+// The logs grow until TrimLogs cuts them (LogKeeper does, every few
+// seconds).
 //
 // Containers run detached: runsc's sandbox and gofer processes start their
 // own sessions and are re-parented to the host's init, so they outlive the
@@ -30,7 +34,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -72,6 +75,9 @@ type Runtime struct {
 	// brought the first answer no sooner at 64 and 512 MiB, and it would
 	// leave the sandbox reading the image after Restore returns.
 	background bool
+	// writeCgroup writes a cgroup control file: writeCgroupFile, or in
+	// tests one that fails.
+	writeCgroup func(path, value string) error
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -115,8 +121,9 @@ func New(cfg Config) (*Runtime, error) {
 			// memory, where those snapshots cannot see them.
 			"--overlay2=none",
 		},
-		debug: cfg.Debug,
-		log:   log,
+		debug:       cfg.Debug,
+		log:         log,
+		writeCgroup: writeCgroupFile,
 	}, nil
 }
 
@@ -133,7 +140,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
 
 // Restore writes spec's bundle and restores its container from the memory
 // image in imageDir, detached. The image must have been made from a
-// container whose rootfs looked like spec.Rootfs does now.
+// container whose rootfs looked like spec.Rootfs does now. A Restore that
+// fails leaves no container; one that it cannot remove is left with its
+// limits.
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
 	if st, err := os.Stat(imageDir); err != nil {
 		return fmt.Errorf("restoring %s: %w", spec.ID, err)
@@ -144,7 +153,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	// load runs under the container's CPU quota: at 2 GiB a one-CPU quota
 	// made a fork take 10 s instead of 5 s. So restore without the quota and
 	// set it once the memory is in.
-	cpus := spec.CPUs
+	limits := spec.Limits()
 	spec.CPUs = 0
 	if err := r.prepareBundle(spec); err != nil {
 		return fmt.Errorf("restoring %s from %s: %w", spec.ID, imageDir, err)
@@ -156,70 +165,25 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 		args = append(args, "-background")
 	}
 	if err := r.launch(ctx, spec, append(args, spec.ID)...); err != nil {
+		// launch removes what a failed runsc left, but may fail to: what
+		// is left is not to run without its limits.
+		if r.exists(spec.ID) {
+			if lerr := r.applyLimits(spec.ID, limits); lerr != nil {
+				err = errors.Join(err, fmt.Errorf("setting limits of the container left behind: %w", lerr))
+			}
+		}
 		return fmt.Errorf("restoring %s from %s: %w", spec.ID, imageDir, err)
 	}
-	if err := setCPUQuota(spec.ID, cpus); err != nil {
-		return fmt.Errorf("restoring %s: %w", spec.ID, err)
-	}
-	return nil
-}
-
-// cpuQuota reads a container's CPU quota in cores; 0 when it has none.
-func cpuQuota(id string) (float64, error) {
-	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "cpu*", CgroupParent, id, "cpu.cfs_quota_us"))
-	if len(v1) > 0 {
-		b, err := os.ReadFile(v1[0])
-		if err != nil {
-			return 0, err
+	if err := r.applyLimits(spec.ID, limits); err != nil {
+		// It must not run without its quota: remove it, Restore fails
+		// whole.
+		err = fmt.Errorf("setting limits: %w", err)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if derr := r.Delete(cctx, spec.ID); derr != nil {
+			err = errors.Join(err, fmt.Errorf("removing the restored container: %w", derr))
 		}
-		q, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil || q < 0 {
-			return 0, err
-		}
-		return float64(q) / cfsPeriod, nil
-	}
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", CgroupParent, id, "cpu.max"))
-	if err != nil {
-		return 0, err
-	}
-	q, err := strconv.ParseInt(strings.Fields(string(b) + " max")[0], 10, 64)
-	if err != nil {
-		return 0, nil // "max": no quota
-	}
-	return float64(q) / cfsPeriod, nil
-}
-
-// setCPUQuota sets the CPU quota of a running container's cgroup to cpus
-// cores (0: leave it; negative: no quota), in every hierarchy that has a
-// cpu controller.
-func setCPUQuota(id string, cpus float64) error {
-	if cpus == 0 {
-		return nil
-	}
-	quota := int64(cpus * cfsPeriod)
-	if cpus < 0 {
-		quota = -1
-	}
-	v1, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "cpu*", CgroupParent, id, "cpu.cfs_quota_us"))
-	for _, f := range v1 {
-		period := filepath.Join(filepath.Dir(f), "cpu.cfs_period_us")
-		if err := os.WriteFile(period, []byte(strconv.Itoa(cfsPeriod)), 0); err != nil {
-			return fmt.Errorf("setting CPU period: %w", err)
-		}
-		if err := os.WriteFile(f, []byte(strconv.FormatInt(quota, 10)), 0); err != nil {
-			return fmt.Errorf("setting CPU quota: %w", err)
-		}
-	}
-	if len(v1) > 0 {
-		return nil
-	}
-	v2 := filepath.Join("/sys/fs/cgroup", CgroupParent, id, "cpu.max")
-	max := strconv.FormatInt(quota, 10)
-	if quota < 0 {
-		max = "max"
-	}
-	if err := os.WriteFile(v2, []byte(fmt.Sprintf("%s %d", max, cfsPeriod)), 0); err != nil {
-		return fmt.Errorf("setting CPU quota: %w", err)
+		return fmt.Errorf("restoring %s from %s: %w", spec.ID, imageDir, err)
 	}
 	return nil
 }
@@ -288,8 +252,9 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 // opts.LeaveRunning the container stops, but runsc goes on reporting it as
 // running for about 2 s (its sandbox process sleeps before it exits), so the
 // caller deletes it rather than wait. The image files are not synced: the
-// caller makes them durable.
-func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts runtime.CheckpointOptions) error {
+// caller makes them durable. On error imageDir is removed; a container left
+// without its CPU quota (lifted for the checkpoint) is an error too.
+func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts runtime.CheckpointOptions) (err error) {
 	if err := checkID(id); err != nil {
 		return fmt.Errorf("checkpointing %s: %w", id, err)
 	}
@@ -306,14 +271,25 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts runt
 		args = append(args, "-leave-running")
 	}
 	// The sandbox is paused while it writes its image, so the quota only
-	// lengthens the pause; lift it for the checkpoint.
-	if q, err := cpuQuota(id); err == nil && q > 0 {
-		if err := setCPUQuota(id, -1); err == nil {
-			defer func() {
-				if err := setCPUQuota(id, q); err != nil {
-					r.log.Error("putting back the CPU quota", "container", id, "err", err)
-				}
-			}()
+	// lengthens the pause; lift it for the checkpoint. It is put back on
+	// every way out, also when lifting failed half-way, but for a
+	// checkpoint that stopped the container: nothing is left to limit.
+	if q, qerr := cpuQuota(id); qerr == nil && q > 0 {
+		defer func() {
+			if err == nil && !opts.LeaveRunning {
+				return
+			}
+			perr := r.setCPUQuota(id, q)
+			if perr == nil || (errors.Is(perr, fs.ErrNotExist) && !r.exists(id)) {
+				return
+			}
+			if err == nil {
+				_ = os.RemoveAll(imageDir)
+			}
+			err = errors.Join(err, fmt.Errorf("checkpointing %s: putting back its CPU quota: %w", id, perr))
+		}()
+		if lerr := r.setCPUQuota(id, 0); lerr != nil {
+			r.log.WarnContext(ctx, "lifting the CPU quota for a checkpoint", "container", id, "err", lerr)
 		}
 	}
 	if _, err := r.run(ctx, id, append(args, id)...); err != nil {
@@ -479,6 +455,11 @@ func readErrors(path string, offset int64) string {
 		return ""
 	}
 	defer f.Close()
+	// A file shorter than offset was trimmed meanwhile (TrimLogs): runsc
+	// wrote its messages from the start.
+	if st, err := f.Stat(); err == nil && st.Size() < offset {
+		offset = 0
+	}
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		return ""
 	}
@@ -496,18 +477,6 @@ func readErrors(path string, offset int64) string {
 		}
 	}
 	return strings.Join(msgs, "; ")
-}
-
-// removeCgroups removes the container's cgroups, if any are left: runsc
-// makes them before it has state for the container, so after a failed
-// start it has nothing to delete them by. Best effort: one still in use
-// stays.
-func removeCgroups(id string) {
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", CgroupParent, id))
-	dirs = append(dirs, filepath.Join("/sys/fs/cgroup", CgroupParent, id)) // cgroup v2
-	for _, d := range dirs {
-		_ = unix.Rmdir(d)
-	}
 }
 
 // Close unmounts the network namespace runsc pins in Root for its gofers

@@ -3,6 +3,7 @@ package gvisor
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -166,7 +167,7 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 		}
 		if spec.CPUs > 0 {
 			period := uint64(cfsPeriod)
-			quota := int64(spec.CPUs * cfsPeriod)
+			quota := quotaMicros(spec.CPUs)
 			res.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
 		}
 		s.Linux.Resources = res
@@ -186,20 +187,31 @@ func writeBundle(spec runtime.Spec) error {
 	if err != nil {
 		return fmt.Errorf("encoding OCI spec: %w", err)
 	}
-	tmp, err := os.CreateTemp(spec.BundleDir, configFile+".*")
-	if err != nil {
-		return fmt.Errorf("writing OCI spec: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing OCI spec: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing OCI spec: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(spec.BundleDir, configFile)); err != nil {
+	if err := replaceFile(filepath.Join(spec.BundleDir, configFile), b, 0o600); err != nil {
 		return fmt.Errorf("writing OCI spec: %w", err)
 	}
 	return nil
+}
+
+// replaceFile replaces the file at path with one holding data, whole or
+// not at all (write and rename). It is not synced: the files it writes
+// (configs runsc copies, copies of logs) are worth no fsync.
+func replaceFile(path string, data []byte, perm fs.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
