@@ -190,6 +190,18 @@ func (d *Daemon) start(ctx context.Context) error {
 		d.log.Error("recovery left some things behind", "err", err)
 	}
 
+	// Sandboxes write their init logs on the host: cap and rotate them.
+	logs := &gvisor.LogKeeper{
+		Bundles: filepath.Join(cfg.DataDir, "sandboxes", "*", "bundle"),
+		Logger:  d.log,
+	}
+	go func() {
+		if err := logs.Run(context.WithoutCancel(ctx)); err != nil {
+			d.log.Error("keeping sandbox logs", "err", err)
+		}
+	}()
+	d.closers = append(d.closers, logs.Close)
+
 	d.URL = "http://" + ln.Addr().String()
 	if err := writeFileAtomic(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
 		return err

@@ -288,7 +288,24 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap 
 		// a restart of the daemon (which resumes paused sandboxes) mends it.
 		_ = m.setState(ctx, sb, api.StateError, "left paused: "+rerr.Error())
 	}
-	return time.Since(start), err
+	paused := time.Since(start)
+	if err != nil {
+		// The runtime lifts the CPU quota while it writes the image; a
+		// checkpoint that failed part-way must not leave it lifted.
+		err = errors.Join(err, m.applyLimits(ctx, sb))
+	}
+	return paused, err
+}
+
+// applyLimits sets a running sandbox's resource limits again, as its
+// record says. Checkpoints and restores lift the CPU quota for speed; every
+// path that may have been cut short while it was lifted calls this.
+func (m *Manager) applyLimits(ctx context.Context, sb *store.Sandbox) error {
+	l := runtime.Limits{CPUs: sb.Resources.CPUs, MemoryMiB: sb.Resources.MemoryMiB}
+	if err := m.rt.SetLimits(ctx, sb.ID, l); err != nil {
+		return fmt.Errorf("setting the limits of %s: %w", sb.ID, err)
+	}
+	return nil
 }
 
 // syncVolume flushes the filesystem a volume lives on, so that a snapshot

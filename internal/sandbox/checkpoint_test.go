@@ -216,7 +216,7 @@ func TestCheckpointFailure(t *testing.T) {
 	if _, err := e.m.CreateCheckpoint(e.ctx, "flaky", api.CreateCheckpoint{}); err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("CreateCheckpoint: %v, want the runtime's error", err)
 	}
-	if got, want := e.rt.callsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume"}; !slices.Equal(got, want) {
+	if got, want := e.rt.callsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume", "setlimits"}; !slices.Equal(got, want) {
 		t.Errorf("runtime calls %v, want %v", got, want)
 	}
 	if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusRunning {
@@ -614,5 +614,28 @@ func TestStaleRecordReusesCheckpointID(t *testing.T) {
 	}
 	if _, err := e.m.RestoreCheckpoint(e.ctx, "stale", "v1"); err != nil {
 		t.Errorf("restoring v1: %v", err)
+	}
+}
+
+// TestFailedCheckpointSetsLimitsAgain: a memory checkpoint that fails part
+// way (the runtime lifts the CPU quota while it writes) leaves the sandbox
+// with its limits set again.
+func TestFailedCheckpointSetsLimitsAgain(t *testing.T) {
+	for _, op := range []string{"checkpoint", "resume"} {
+		t.Run(op+" fails", func(t *testing.T) {
+			e := newEnv(t)
+			sb := e.create(api.CreateSandbox{Name: "capped", Resources: &api.Resources{CPUs: 0.5, MemoryMiB: 256}})
+			e.rt.failNext(op, errors.New("injected"))
+			if _, err := e.m.CreateCheckpoint(e.ctx, "capped", api.CreateCheckpoint{}); err == nil {
+				t.Fatal("the checkpoint succeeded")
+			}
+			calls := e.rt.callsOf(sb.ID)
+			if calls[len(calls)-1] != "setlimits" {
+				t.Errorf("runtime calls %v, want setlimits last", calls)
+			}
+			if c, _ := e.rt.get(sb.ID); c.limits == nil || *c.limits != (runtime.Limits{CPUs: 0.5, MemoryMiB: 256}) {
+				t.Errorf("limits after the failed checkpoint %+v", c.limits)
+			}
+		})
 	}
 }

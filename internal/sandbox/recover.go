@@ -57,6 +57,11 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		}
 		switch {
 		case err == nil && st == runtime.StatusRunning:
+			// A crash may have come while the limits were lifted (a
+			// checkpoint or restore lifts the CPU quota): set them again.
+			if err := m.applyLimits(ctx, sb); err != nil {
+				return err
+			}
 			ep, err := m.Endpoint(sb)
 			if err != nil {
 				return err

@@ -51,10 +51,15 @@ func dirNames(t *testing.T, dir string) []string {
 func TestRecover(t *testing.T) {
 	t.Run("running is taken back", func(t *testing.T) {
 		e := newEnv(t)
-		sb := e.create(api.CreateSandbox{Name: "alive"})
+		sb := e.create(api.CreateSandbox{Name: "alive", Resources: &api.Resources{CPUs: 0.5, MemoryMiB: 256}})
 		must(t, e.restart())
-		if got := e.rt.callsOf(sb.ID); !slices.Equal(got, []string{"start"}) {
-			t.Errorf("runtime calls %v, want only the first start", got)
+		// Taken back as it runs, with its limits set again: a crash may
+		// have come while a checkpoint had lifted them.
+		if got := e.rt.callsOf(sb.ID); !slices.Equal(got, []string{"start", "setlimits"}) {
+			t.Errorf("runtime calls %v, want the first start, then setlimits", got)
+		}
+		if c, _ := e.rt.get(sb.ID); c.limits == nil || *c.limits != (runtime.Limits{CPUs: 0.5, MemoryMiB: 256}) {
+			t.Errorf("limits after recovery %+v", c.limits)
 		}
 		if got, _ := e.m.Get(e.ctx, "alive"); got.State != api.StateRunning {
 			t.Errorf("state %s", got.State)
@@ -154,7 +159,7 @@ func TestRecover(t *testing.T) {
 			t.Fatalf("before the restart the container is %s", c.status)
 		}
 		must(t, e.restart())
-		if got, want := e.rt.callsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume"}; !slices.Equal(got, want) {
+		if got, want := e.rt.callsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume", "setlimits"}; !slices.Equal(got, want) {
 			t.Errorf("runtime calls %v, want %v", got, want)
 		}
 		if got, _ := e.m.Get(e.ctx, "frozen"); got.State != api.StateRunning {
