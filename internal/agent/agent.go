@@ -154,6 +154,7 @@ func NewHandler(cfg Config) http.Handler {
 		started:     time.Now(),
 	}
 	h.reaper = startReaper(h.log)
+	h.apiSocket = &apiSocket{log: h.log, allowed: h.sandboxUser}
 	h.setToken(cfg.Token)
 
 	h.mux = http.NewServeMux()
@@ -178,6 +179,8 @@ type handler struct {
 	// tokenSum is the SHA-256 of the token, nil for none. Comparing sums in
 	// constant time hides the token's length too.
 	tokenSum atomic.Pointer[[sha256.Size]byte]
+	// apiSocket serves the in-sandbox API to the sandbox's own processes.
+	apiSocket *apiSocket
 }
 
 func (h *handler) setToken(token string) {

@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // IdentityDir is where, inside a sandbox, the agent keeps what programs in
@@ -42,6 +45,16 @@ func (h *handler) serveIdentity(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if err := h.apiSocket.set(id, filepath.Join(h.identityDir, APISocketName)); err != nil {
+		h.log.Error("serving the in-sandbox API socket", "err", err)
+		writeError(w, err)
+		return
+	}
+	if err := h.setHostname(id.SandboxName); err != nil {
+		h.log.Error("naming the sandbox", "err", err)
+		writeError(w, err)
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -51,21 +64,27 @@ func writeIdentity(dir string, id Identity) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("writing identity: %w", err)
 	}
-	files := map[string]string{
-		"api_url":      id.APIURL + "\n",
-		"token":        id.APIToken + "\n",
-		"sandbox":      id.SandboxID + "\n",
-		"sandbox_name": id.SandboxName + "\n",
+	// The token is root's: other users reach the API through the agent's
+	// socket, which lets only the sandbox's user through (see APISocketName).
+	files := map[string]struct {
+		content string
+		mode    os.FileMode
+	}{
+		"api_url":      {id.APIURL + "\n", 0o644},
+		"token":        {id.APIToken + "\n", 0o600},
+		"sandbox":      {id.SandboxID + "\n", 0o644},
+		"sandbox_name": {id.SandboxName + "\n", 0o644},
 	}
 	// The in-sandbox CLI is the agent's own binary; put it on PATH.
 	if _, err := os.Lstat("/usr/local/bin/loam"); os.IsNotExist(err) && dir == IdentityDir {
 		_ = os.MkdirAll("/usr/local/bin", 0o755)
 		_ = os.Symlink(AgentBinaryPath, "/usr/local/bin/loam")
 	}
-	for name, content := range files {
+	for name, f := range files {
 		path := filepath.Join(dir, name)
 		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		_ = os.Remove(tmp) // a file left over keeps its mode through WriteFile
+		if err := os.WriteFile(tmp, []byte(f.content), f.mode); err != nil {
 			return fmt.Errorf("writing identity: %w", err)
 		}
 		if err := os.Rename(tmp, path); err != nil {
@@ -86,5 +105,61 @@ func (c *Client) SetIdentity(ctx context.Context, id Identity) error {
 		return fmt.Errorf("setting identity at %s: %w", c.BaseURL, err)
 	}
 	resp.Body.Close()
+	return nil
+}
+
+// setHostname gives the sandbox its name: in the kernel, in /etc/hostname
+// and in /etc/hosts. A fork wakes up with its source's name everywhere (in
+// memory, for a memory checkpoint, and on the disk it copied), so each
+// connect of the daemon names it again; for a sandbox that keeps its name
+// this changes nothing. Only the init of a sandbox names it: an agent run
+// elsewhere (in tests) leaves its machine alone.
+func (h *handler) setHostname(name string) error {
+	if os.Getpid() != 1 || name == "" {
+		return nil
+	}
+	if cur, err := os.Hostname(); err != nil || cur != name {
+		if err := unix.Sethostname([]byte(name)); err != nil {
+			return fmt.Errorf("setting the hostname: %w", err)
+		}
+	}
+	b, err := os.ReadFile("/etc/hostname")
+	prev := strings.TrimSpace(string(b))
+	if err == nil && prev == name {
+		return nil
+	}
+	if err := replaceFile("/etc/hostname", []byte(name+"\n"), 0o644); err != nil {
+		return err
+	}
+	if prev == "" {
+		return nil
+	}
+	hosts, err := os.ReadFile("/etc/hosts")
+	if err != nil {
+		return nil // no hosts file to mend
+	}
+	lines := strings.Split(string(hosts), "\n")
+	for i, line := range lines {
+		fields := strings.Fields(line)
+		for j := 1; j < len(fields); j++ { // fields[0] is the address
+			if fields[j] == prev {
+				fields[j] = name
+				lines[i] = strings.Join(fields, "\t")
+			}
+		}
+	}
+	return replaceFile("/etc/hosts", []byte(strings.Join(lines, "\n")), 0o644)
+}
+
+// replaceFile writes path whole: a temporary file beside it, renamed over it.
+func replaceFile(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".loam-tmp"
+	_ = os.Remove(tmp)
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
 	return nil
 }
