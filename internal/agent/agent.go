@@ -8,10 +8,11 @@
 //
 // The daemon talks to it over plain HTTP and WebSocket on TCP inside the
 // sandbox's network stack; every request carries the bearer token the agent
-// was started with. The agent holds no file descriptor of the host, and no
-// connection is needed for it to keep running: the daemon closes them all
-// before a memory checkpoint and reconnects after a restore or fork, maybe at
-// another address.
+// was started with, and is served only if it comes over the sandbox's own
+// link (see onLink), since a memory fork holds its source's token. The agent
+// holds no file descriptor of the host, and no connection is needed for it
+// to keep running: the daemon closes them all before a memory checkpoint and
+// reconnects after a restore or fork, maybe at another address.
 //
 // Endpoints:
 //
@@ -31,6 +32,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -151,6 +153,7 @@ func NewHandler(cfg Config) http.Handler {
 		passwdPath:  passwdFile,
 		groupPath:   groupFile,
 		identityDir: IdentityDir,
+		prefixes:    interfacePrefixes,
 		started:     time.Now(),
 	}
 	h.reaper = startReaper(h.log)
@@ -181,6 +184,9 @@ type handler struct {
 	tokenSum atomic.Pointer[[sha256.Size]byte]
 	// apiSocket serves the in-sandbox API to the sandbox's own processes.
 	apiSocket *apiSocket
+	// prefixes lists the sandbox's interface addresses (see onLink);
+	// tests use others.
+	prefixes func() ([]netip.Prefix, error)
 }
 
 func (h *handler) setToken(token string) {
@@ -205,7 +211,13 @@ func (h *handler) authorized(r *http.Request) bool {
 	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
 }
 
+// ServeHTTP serves only requests over the sandbox's own link (see onLink),
+// and of those only the ones that carry the token.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.fromOwnLink(r) {
+		writeError(w, api.Errorf(api.CodeUnauthorized, "the agent serves only its sandbox's host"))
+		return
+	}
 	if !h.authorized(r) {
 		writeError(w, api.Errorf(api.CodeUnauthorized, "missing or wrong agent token"))
 		return

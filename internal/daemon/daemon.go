@@ -155,8 +155,13 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--subnet %q: %w", cfg.Subnet, err)
 	}
-	nets, err := network.New(network.Config{Subnet: subnet})
+	nets, err := network.New(network.Config{Subnet: subnet, InsidePort: network.DefaultInsidePort})
 	if err != nil {
+		return fmt.Errorf("setting up networking: %w", err)
+	}
+	// Before any sandbox is taken back, and never removed: sandboxes keep
+	// running while the daemon is down.
+	if err := nets.Firewall().Install(ctx); err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
 	if cfg.TemplateCache == "" {
@@ -183,6 +188,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit: cfg.CheckpointLimit,
 		Secret:          secret,
+		InsidePort:      network.DefaultInsidePort,
 	}, st, rt, pool, nets, tpl, d.log)
 	d.inside = server.NewInside(d.Manager, secret, d.log)
 	d.Manager.SetInside(d.inside)

@@ -45,6 +45,14 @@ type Config struct {
 	NetnsPrefix string
 	// VethPrefix starts every host veth name; default "lm".
 	VethPrefix string
+	// InsidePort is the TCP port of the in-sandbox API on each sandbox's
+	// host address, the one port of the host the firewall lets sandboxes
+	// connect to; default DefaultInsidePort.
+	InsidePort uint16
+	// FirewallTable names the firewall's nftables table; default
+	// TableName(Subnet), so that daemons with different subnets never
+	// touch each other's table.
+	FirewallTable string
 }
 
 // Manager creates and removes sandboxes' network namespaces. It keeps no
@@ -89,6 +97,15 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.VethPrefix == "" {
 		cfg.VethPrefix = "lm"
+	}
+	if cfg.InsidePort == 0 {
+		cfg.InsidePort = DefaultInsidePort
+	}
+	if cfg.FirewallTable == "" {
+		cfg.FirewallTable = TableName(cfg.Subnet)
+	}
+	if err := checkName(cfg.FirewallTable); err != nil || len(cfg.FirewallTable) > maxTableName {
+		return nil, fmt.Errorf("configuring network: firewall table %q is not a valid name", cfg.FirewallTable)
 	}
 	if err := checkName(cfg.NetnsPrefix); err != nil {
 		return nil, fmt.Errorf("configuring network: netns prefix: %w", err)
