@@ -215,7 +215,7 @@ func (h *handler) authorized(r *http.Request) bool {
 // and of those only the ones that carry the token.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.fromOwnLink(r) {
-		writeError(w, api.Errorf(api.CodeUnauthorized, "the agent serves only its sandbox's host"))
+		writeError(w, api.Errorf(api.CodeForbidden, "the agent serves only its sandbox's host"))
 		return
 	}
 	if !h.authorized(r) {

@@ -88,11 +88,11 @@ func TestServeRefusesOffLink(t *testing.T) {
 	}{
 		{"the daemon with the token", agentAddr, "10.88.0.5:40000", testToken, 200, ""},
 		{"the daemon with a wrong token", agentAddr, "10.88.0.5:40000", "wrong", 401, tokenMsg},
-		{"another sandbox with the token", agentAddr, "10.88.0.2:40000", testToken, 401, linkMsg},
-		{"another sandbox without a token", agentAddr, "10.88.0.2:40000", "", 401, linkMsg},
-		{"no local address", nil, "10.88.0.5:40000", testToken, 401, linkMsg},
-		{"a local address that is not TCP", &net.UnixAddr{Name: "/x", Net: "unix"}, "10.88.0.5:40000", testToken, 401, linkMsg},
-		{"an unparsable remote address", agentAddr, "somewhere", testToken, 401, linkMsg},
+		{"another sandbox with the token", agentAddr, "10.88.0.2:40000", testToken, 403, linkMsg},
+		{"another sandbox without a token", agentAddr, "10.88.0.2:40000", "", 403, linkMsg},
+		{"no local address", nil, "10.88.0.5:40000", testToken, 403, linkMsg},
+		{"a local address that is not TCP", &net.UnixAddr{Name: "/x", Net: "unix"}, "10.88.0.5:40000", testToken, 403, linkMsg},
+		{"an unparsable remote address", agentAddr, "somewhere", testToken, 403, linkMsg},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,8 +105,8 @@ func TestServeRefusesOffLink(t *testing.T) {
 
 	// The sandbox's addresses cannot be listed: refused.
 	h.prefixes = func() ([]netip.Prefix, error) { return nil, errors.New("no netlink") }
-	if status, msg := serveFrom(t, h, agentAddr, "10.88.0.5:40000", testToken); status != 401 || msg != linkMsg {
-		t.Errorf("without the sandbox's addresses: status %d %q, want 401 %q", status, msg, linkMsg)
+	if status, msg := serveFrom(t, h, agentAddr, "10.88.0.5:40000", testToken); status != 403 || msg != linkMsg {
+		t.Errorf("without the sandbox's addresses: status %d %q, want 403 %q", status, msg, linkMsg)
 	}
 	// Loopback needs no listing.
 	loop := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: DefaultPort}
@@ -136,8 +136,8 @@ func serveFrom(t *testing.T, h http.Handler, local net.Addr, remote, token strin
 	if err := json.NewDecoder(w.Body).Decode(&e); err != nil || e.Error == nil {
 		t.Fatalf("status %d, body %q: want an error body", w.Code, w.Body.String())
 	}
-	if e.Error.Code != api.CodeUnauthorized {
-		t.Errorf("error code %s, want %s", e.Error.Code, api.CodeUnauthorized)
+	if want := api.CodeForStatus(w.Code); e.Error.Code != want {
+		t.Errorf("error code %s, want %s", e.Error.Code, want)
 	}
 	return w.Code, e.Error.Message
 }
