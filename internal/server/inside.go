@@ -103,10 +103,10 @@ func (in *Inside) CloseAll() {
 // handler serves one sandbox: its record and its checkpoints, with its
 // token; "{sandbox}" in a path must be that sandbox, by id or name.
 func (in *Inside) handler(id string) http.Handler {
-	s := &Server{sandboxes: in.sandboxes, log: in.log, mux: http.NewServeMux()}
+	s := &Server{sandboxes: in.sandboxes, log: in.log, mux: http.NewServeMux(), where: " inside a sandbox"}
 	token := in.Token(id)
 	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-		s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.handle(pattern, func(w http.ResponseWriter, r *http.Request) {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				writeError(w, r, s.log, api.Errorf(api.CodeUnauthorized, "missing or wrong token"))
@@ -119,13 +119,10 @@ func (in *Inside) handler(id string) http.Handler {
 			if err := h(w, r); err != nil {
 				writeError(w, r, s.log, err)
 			}
-		}))
+		})
 	}
 	v1("GET /v1/sandboxes/{sandbox}", s.getSandbox)
 	s.checkpointRoutes(v1)
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, s.log, api.Errorf(api.CodeNotFound, "no such endpoint inside a sandbox: %s %s", r.Method, r.URL.Path))
-	})
 	return s
 }
 
