@@ -144,6 +144,8 @@ func TestErrorShape(t *testing.T) {
 		{name: "map value", req: request{method: "POST", path: "/v1/sandboxes", body: `{"labels":{"a":1}}`}, status: 400, code: api.CodeInvalid, msg: "labels: each value must be a string, not a number"},
 		{name: "nested string", req: request{method: "POST", path: "/v1/sandboxes", body: `{"from":{"sandbox":1}}`}, status: 400, code: api.CodeInvalid, msg: "from.sandbox: must be a string, not a number"},
 		{name: "bool field", req: request{method: "POST", path: "/v1/sandboxes/box/checkpoints", body: `{"memory":"no"}`}, status: 400, code: api.CodeInvalid, msg: "memory: must be true or false, not a string"},
+		{name: "string for an integer", req: request{method: "POST", path: "/v1/sandboxes", body: `{"http_port":"80"}`}, status: 400, code: api.CodeInvalid, msg: "http_port: must be an integer, not a string"},
+		{name: "big body", req: request{method: "POST", path: "/v1/sandboxes", body: `{"name":"` + strings.Repeat("a", 2<<20) + `"}`}, status: 400, code: api.CodeInvalid, msg: "body: larger than 1048576 bytes"},
 		{name: "unknown field", req: request{method: "POST", path: "/v1/sandboxes", body: `{"nmae":"x"}`}, status: 400, code: api.CodeInvalid, msg: "nmae: unknown field"},
 		{name: "two values", req: request{method: "POST", path: "/v1/sandboxes", body: `{}{}`}, status: 400, code: api.CodeInvalid, msg: "more than one JSON value"},
 		{name: "bad JSON", req: request{method: "POST", path: "/v1/sandboxes", body: `{"name":`}, status: 400, code: api.CodeInvalid, msg: "body"},
