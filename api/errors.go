@@ -11,14 +11,16 @@ type Code string
 
 // The error codes of the API, with the HTTP status each one is sent with.
 const (
-	CodeInvalid      Code = "invalid"      // 400
-	CodeUnauthorized Code = "unauthorized" // 401
-	CodeForbidden    Code = "forbidden"    // 403
-	CodeNotFound     Code = "not_found"    // 404
-	CodeConflict     Code = "conflict"     // 409
-	CodeLimit        Code = "limit"        // 409, or 429 for rate limits
-	CodeUnavailable  Code = "unavailable"  // 503
-	CodeInternal     Code = "internal"     // 500
+	CodeInvalid          Code = "invalid"            // 400
+	CodeUnauthorized     Code = "unauthorized"       // 401: no token, or the wrong one
+	CodeForbidden        Code = "forbidden"          // 403: a valid token that may not do this
+	CodeNotFound         Code = "not_found"          // 404
+	CodeMethodNotAllowed Code = "method_not_allowed" // 405: the path exists; Allow lists its methods
+	CodeConflict         Code = "conflict"           // 409
+	CodeLimit            Code = "limit"              // 409, or 429 for rate limits
+	CodeUpgradeRequired  Code = "upgrade_required"   // 426: a WebSocket endpoint called without the upgrade
+	CodeUnavailable      Code = "unavailable"        // 503
+	CodeInternal         Code = "internal"           // 500
 )
 
 // Error is an API error: the body {"error":{"code":…,"message":…}}. It works
@@ -36,14 +38,16 @@ type ErrorBody struct {
 
 // Sentinel errors, one per code, for errors.Is.
 var (
-	ErrInvalid      = &Error{Code: CodeInvalid}
-	ErrUnauthorized = &Error{Code: CodeUnauthorized}
-	ErrForbidden    = &Error{Code: CodeForbidden}
-	ErrNotFound     = &Error{Code: CodeNotFound}
-	ErrConflict     = &Error{Code: CodeConflict}
-	ErrLimit        = &Error{Code: CodeLimit}
-	ErrUnavailable  = &Error{Code: CodeUnavailable}
-	ErrInternal     = &Error{Code: CodeInternal}
+	ErrInvalid          = &Error{Code: CodeInvalid}
+	ErrUnauthorized     = &Error{Code: CodeUnauthorized}
+	ErrForbidden        = &Error{Code: CodeForbidden}
+	ErrNotFound         = &Error{Code: CodeNotFound}
+	ErrMethodNotAllowed = &Error{Code: CodeMethodNotAllowed}
+	ErrConflict         = &Error{Code: CodeConflict}
+	ErrLimit            = &Error{Code: CodeLimit}
+	ErrUpgradeRequired  = &Error{Code: CodeUpgradeRequired}
+	ErrUnavailable      = &Error{Code: CodeUnavailable}
+	ErrInternal         = &Error{Code: CodeInternal}
 )
 
 func (e *Error) Error() string {
@@ -79,8 +83,12 @@ func (c Code) HTTPStatus() int {
 		return http.StatusForbidden
 	case CodeNotFound:
 		return http.StatusNotFound
+	case CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	case CodeConflict, CodeLimit:
 		return http.StatusConflict
+	case CodeUpgradeRequired:
+		return http.StatusUpgradeRequired
 	case CodeUnavailable:
 		return http.StatusServiceUnavailable
 	default:
@@ -99,8 +107,12 @@ func CodeForStatus(status int) Code {
 		return CodeForbidden
 	case http.StatusNotFound:
 		return CodeNotFound
+	case http.StatusMethodNotAllowed:
+		return CodeMethodNotAllowed
 	case http.StatusConflict:
 		return CodeConflict
+	case http.StatusUpgradeRequired:
+		return CodeUpgradeRequired
 	case http.StatusTooManyRequests:
 		return CodeLimit
 	case http.StatusServiceUnavailable:

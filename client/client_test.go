@@ -55,6 +55,10 @@ func TestErrorDecoding(t *testing.T) {
 		{"plain text", 503, "upstream down\n", api.ErrUnavailable, "Service Unavailable"},
 		{"json without error", 400, `{"oops":1}`, api.ErrInvalid, "Bad Request"},
 		{"empty body", 401, "", api.ErrUnauthorized, "Unauthorized"},
+		{"forbidden", 403, "", api.ErrForbidden, "Forbidden"},
+		{"method not allowed", 405, `{"error":{"code":"method_not_allowed","message":"PUT is not allowed on /v1/sandboxes"}}`, api.ErrMethodNotAllowed, "PUT is not allowed on /v1/sandboxes"},
+		{"method not allowed without body", 405, "", api.ErrMethodNotAllowed, "Method Not Allowed"},
+		{"upgrade required", 426, "", api.ErrUpgradeRequired, "Upgrade Required"},
 		{"unknown status", 418, "", api.ErrInternal, "I'm a teapot"},
 		{"bad gateway", 502, "<html>", api.ErrInternal, "Bad Gateway"},
 	}

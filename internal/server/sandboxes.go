@@ -45,13 +45,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
-	labels := map[string]string{}
-	for _, l := range r.URL.Query()["label"] {
-		k, v, ok := strings.Cut(l, "=")
-		if !ok || k == "" {
-			return api.Errorf(api.CodeInvalid, "label: %q is not key=value", l)
-		}
-		labels[k] = v
+	labels, err := labelFilter(r.URL.Query()["label"])
+	if err != nil {
+		return err
 	}
 	sbs, err := s.sandboxes.List(r.Context(), labels)
 	if err != nil {
@@ -59,6 +55,34 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, api.SandboxList{Sandboxes: sbs})
 	return nil
+}
+
+// labelFilter reads the label=key=value filters of a list. They follow the
+// rules of labels themselves, so a filter that no sandbox could match is a
+// mistake, and there can be no more of them than a sandbox can have labels:
+// each one costs the store a condition.
+func labelFilter(filters []string) (map[string]string, error) {
+	if len(filters) > api.MaxLabels {
+		return nil, api.Errorf(api.CodeInvalid, "label: %d filters; at most %d (a sandbox has at most %d labels)", len(filters), api.MaxLabels, api.MaxLabels)
+	}
+	labels := make(map[string]string, len(filters))
+	for _, l := range filters {
+		k, v, ok := strings.Cut(l, "=")
+		switch {
+		case !ok || k == "":
+			return nil, api.Errorf(api.CodeInvalid, "label: %q is not key=value", l)
+		case !api.ValidLabelKey(k):
+			return nil, api.Errorf(api.CodeInvalid, "label: key %q: %s", k, api.LabelKeyRule)
+		case len(v) > api.MaxLabelValue:
+			return nil, api.Errorf(api.CodeInvalid, "label: the value of %s is longer than %d bytes", k, api.MaxLabelValue)
+		}
+		if prev, ok := labels[k]; ok && prev != v {
+			// A sandbox has one value per key: no sandbox would match.
+			return nil, api.Errorf(api.CodeInvalid, "label: %s is given twice, as %q and %q", k, prev, v)
+		}
+		labels[k] = v
+	}
+	return labels, nil
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -79,15 +103,18 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 // exec upgrades to the exec WebSocket (see api/exec.go). Refusals that can be
-// known before the upgrade are plain HTTP errors.
+// known before the upgrade are HTTP errors: first those about the sandbox (a
+// sandbox that does not exist is 404 however it is asked for), then those
+// about the handshake (426 without the upgrade).
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("sandbox")
 	if _, err := s.sandboxes.CheckExec(r.Context(), ref); err != nil {
 		return err
 	}
-	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	hw := &handshakeWriter{ResponseWriter: w}
+	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
-		return nil // Accept has answered already.
+		return hw.refusal()
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(32 << 20)
@@ -104,7 +131,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if typ != websocket.MessageText {
 		err = api.Errorf(api.CodeInvalid, "exec: the first message must be a JSON text message")
 	} else if derr := dec.Decode(&req); derr != nil {
-		err = decodeError(derr)
+		err = decodeError(derr, &req)
 	} else if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		err = api.Errorf(api.CodeInvalid, "cmd: give the command to run")
 	}
@@ -132,4 +159,50 @@ func sendExecError(ctx context.Context, c *websocket.Conn, err error) {
 	b, _ := json.Marshal(api.ExecControl{Type: api.ExecError, Error: ae})
 	_ = c.Write(ctx, websocket.MessageText, b)
 	c.Close(websocket.StatusNormalClosure, "")
+}
+
+// handshakeWriter holds back the error websocket.Accept answers a bad
+// handshake with, in plain text, so that exec can answer with the API's
+// JSON error instead. The upgrade itself goes through.
+type handshakeWriter struct {
+	http.ResponseWriter
+	sent   bool // a status went through
+	status int  // the error status held back; 0 if none
+	msg    strings.Builder
+}
+
+func (w *handshakeWriter) WriteHeader(status int) {
+	if status >= 400 && !w.sent {
+		w.status = status
+		return
+	}
+	w.sent = true
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *handshakeWriter) Write(b []byte) (int, error) {
+	if w.status != 0 {
+		return w.msg.Write(b)
+	}
+	w.sent = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets Accept reach the connection to hijack it.
+func (w *handshakeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// refusal is the error that was held back, as an *api.Error; nil when
+// Accept failed after the answer was on its way.
+func (w *handshakeWriter) refusal() error {
+	msg := strings.TrimSpace(w.msg.String())
+	switch {
+	case w.status == 0:
+		return nil
+	case w.status == http.StatusUpgradeRequired:
+		// Accept has set Upgrade: websocket (and Connection: Upgrade).
+		return api.Errorf(api.CodeUpgradeRequired, "exec is a WebSocket endpoint: connect with a WebSocket client (%s)", msg)
+	case w.status == http.StatusMethodNotAllowed:
+		w.Header().Set("Allow", "GET")
+	}
+	return api.Errorf(api.CodeForStatus(w.status), "exec: %s", msg)
 }

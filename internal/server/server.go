@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -12,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -27,6 +29,9 @@ type Server struct {
 	token     string
 	log       *slog.Logger
 	mux       *http.ServeMux
+	// where says which API this is in messages: "" for the daemon's own,
+	// " inside a sandbox" for a sandbox's (see Inside).
+	where string
 }
 
 // New makes a server over the sandbox manager. Every /v1 call must carry
@@ -38,11 +43,11 @@ func New(sandboxes Sandboxes, token string, log *slog.Logger) *Server {
 }
 
 func (s *Server) routes() {
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	s.handle("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true})
 	})
 	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-		s.mux.Handle(pattern, s.auth(h))
+		s.handle(pattern, s.auth(h))
 	}
 	v1("GET /v1/templates", s.listTemplates)
 	v1("POST /v1/sandboxes", s.createSandbox)
@@ -51,9 +56,68 @@ func (s *Server) routes() {
 	v1("DELETE /v1/sandboxes/{sandbox}", s.deleteSandbox)
 	v1("GET /v1/sandboxes/{sandbox}/exec", s.exec)
 	s.checkpointRoutes(v1)
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, s.log, api.Errorf(api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
-	})
+}
+
+// endpoint is a handler the API registered. Any other handler the mux
+// returns is one of its own answers, which route replaces.
+type endpoint http.HandlerFunc
+
+func (e endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) { e(w, r) }
+
+// handle registers h for pattern ("METHOD /path").
+func (s *Server) handle(pattern string, h http.HandlerFunc) {
+	s.mux.Handle(pattern, endpoint(h))
+}
+
+// route serves r with its endpoint. When there is none, the mux would answer
+// by itself in plain text or HTML (404, 405, or a redirect to the clean
+// path); route asks it which, and answers with the API's JSON error instead.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	h, _ := s.mux.Handler(r)
+	if _, ok := h.(endpoint); ok {
+		// ServeHTTP, not h: the mux sets the path values.
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	ans := &muxAnswer{header: http.Header{}}
+	h.ServeHTTP(ans, r)
+	var err error
+	switch {
+	case ans.status == http.StatusMethodNotAllowed:
+		allow := ans.header.Get("Allow")
+		w.Header().Set("Allow", allow)
+		err = api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: %s)", r.Method, r.URL.Path, allow)
+	case ans.status/100 == 3:
+		// The mux redirects a path to its clean form (the API registers
+		// no "/dir/" patterns, so it makes no other redirects). An API
+		// client should send the path it means, and many clients follow
+		// a redirect with a GET, whatever the method was.
+		clean, _, _ := strings.Cut(ans.header.Get("Location"), "?")
+		err = api.Errorf(api.CodeNotFound, "%s %s: not a clean path (no //, /./ or /../); the clean path is %q", r.Method, r.URL.EscapedPath(), clean)
+	default:
+		err = api.Errorf(api.CodeNotFound, "no such endpoint%s: %s %s", s.where, r.Method, r.URL.Path)
+	}
+	writeError(w, r, s.log, err)
+}
+
+// muxAnswer keeps the status and header of an answer of the mux's own and
+// drops its body.
+type muxAnswer struct {
+	header http.Header
+	status int
+}
+
+func (a *muxAnswer) Header() http.Header { return a.header }
+
+func (a *muxAnswer) WriteHeader(status int) {
+	if a.status == 0 {
+		a.status = status
+	}
+}
+
+func (a *muxAnswer) Write(b []byte) (int, error) {
+	a.WriteHeader(http.StatusOK)
+	return len(b), nil
 }
 
 type ctxKey int
@@ -75,7 +139,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", id)
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	start := time.Now()
-	s.mux.ServeHTTP(rec, r)
+	s.route(rec, r)
 	if r.URL.Path != "/healthz" {
 		s.log.Info("request", "request_id", id, "method", r.Method, "path", r.URL.Path,
 			"status", rec.status, "ms", time.Since(start).Milliseconds())
@@ -83,8 +147,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // auth checks the bearer token, then runs h and turns its error into a response.
-func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) != 1 {
 			writeError(w, r, s.log, api.Errorf(api.CodeUnauthorized, "missing or wrong token: send Authorization: Bearer $LOAM_TOKEN"))
@@ -93,7 +157,7 @@ func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.Han
 		if err := h(w, r); err != nil {
 			writeError(w, r, s.log, err)
 		}
-	})
+	}
 }
 
 // writeError sends err as the API's error body. Errors that carry an
@@ -117,42 +181,67 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// decode reads a JSON body into v, refusing unknown fields, trailing data
-// and bodies over maxBody, with a message that says what is wrong.
+// decode reads a JSON object from r's body into v, refusing unknown fields,
+// trailing data, other JSON values and bodies over maxBody, with a message
+// that says what is wrong.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	if err := decodeJSON(w, r, v); err != nil {
-		return decodeError(err)
+	if err := decodeJSON(http.MaxBytesReader(w, r.Body, maxBody), v); err != nil {
+		return decodeError(err, v)
 	}
 	return nil
 }
 
 // decodeOptional is decode for bodies that may be empty.
 func decodeOptional(w http.ResponseWriter, r *http.Request, v any) error {
-	err := decodeJSON(w, r, v)
+	err := decodeJSON(http.MaxBytesReader(w, r.Body, maxBody), v)
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
 	if err != nil {
-		return decodeError(err)
+		return decodeError(err, v)
 	}
 	return nil
 }
 
-// decodeJSON decodes one JSON value and returns encoding/json's own error
-// (io.EOF for an empty body), or an *api.Error for trailing data.
-func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+// decodeJSON decodes one JSON object from body into v and returns
+// encoding/json's own error (io.EOF for an empty body), or an *api.Error for
+// trailing data or a value that is not an object. (Decoding null into a
+// struct would succeed and leave it as it was, as if no body were sent.)
+func decodeJSON(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
 		return err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return api.Errorf(api.CodeInvalid, "body: more than one JSON value")
 	}
-	return nil
+	if raw[0] != '{' {
+		return api.Errorf(api.CodeInvalid, "body: must be an object, not %s", literalKind(raw[0]))
+	}
+	dec = json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }
 
-func decodeError(err error) error {
+// literalKind names the kind of a JSON value by its first byte.
+func literalKind(b byte) string {
+	switch b {
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "true or false"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// decodeError turns an error of decoding a body into v into an *api.Error
+// that names the field at fault.
+func decodeError(err error, v any) error {
 	var (
 		syn  *json.SyntaxError
 		typ  *json.UnmarshalTypeError
@@ -169,7 +258,7 @@ func decodeError(err error) error {
 	case errors.As(err, &syn):
 		return api.Errorf(api.CodeInvalid, "body: not valid JSON at byte %d", syn.Offset)
 	case errors.As(err, &typ):
-		return api.Errorf(api.CodeInvalid, "%s: must be %s, not %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value)
+		return typeError(typ, v)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		// encoding/json has no typed error for this one.
 		return api.Errorf(api.CodeInvalid, "%s: unknown field", strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`))
@@ -179,18 +268,94 @@ func decodeError(err error) error {
 	return api.Errorf(api.CodeInvalid, "body: %v", err)
 }
 
-func jsonKind(k string) string {
-	switch k {
-	case "int", "int64", "float64", "uint", "int32":
-		return "a number"
-	case "map", "struct":
-		return "an object"
-	case "slice":
-		return "an array"
+// typeError says what a field of v must be and what it was, as in
+// "resources.cpus: must be a number, not a string". encoding/json names the
+// field by its path of JSON names; "" is the body itself. When a map's value
+// or an array's item is wrong, the path names the map or array.
+func typeError(e *json.UnmarshalTypeError, v any) error {
+	field := e.Field
+	if field == "" {
+		field = "body"
+	}
+	must := "must be"
+	if t := fieldType(reflect.TypeOf(v), e.Field); t != nil && t != e.Type {
+		switch t.Kind() {
+		case reflect.Map:
+			must = "each value must be"
+		case reflect.Slice, reflect.Array:
+			must = "each item must be"
+		}
+	}
+	return api.Errorf(api.CodeInvalid, "%s: %s %s, not %s", field, must, jsonKind(e.Type), valueKind(e.Value))
+}
+
+// valueKind reads UnmarshalTypeError.Value: the kind of JSON value that was
+// sent, or "number 1.5" for a number that does not fit.
+func valueKind(v string) string {
+	switch v {
+	case "array", "object":
+		return "an " + v
+	case "string", "number":
+		return "a " + v
 	case "bool":
 		return "true or false"
 	}
-	return "a " + k
+	if n, ok := strings.CutPrefix(v, "number "); ok {
+		return n
+	}
+	return v
+}
+
+// fieldType is the type of the field of t at path, a path of JSON names as
+// encoding/json gives it; nil if there is none.
+func fieldType(t reflect.Type, path string) reflect.Type {
+	if t == nil || path == "" {
+		return nil
+	}
+	for name := range strings.SplitSeq(path, ".") {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil
+		}
+		found := false
+		for _, f := range reflect.VisibleFields(t) {
+			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if f.IsExported() && !f.Anonymous && (tag == name || tag == "" && f.Name == name) {
+				t, found = f.Type, true
+				break
+			}
+		}
+		if !found {
+			return nil
+		}
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t
+}
+
+// jsonKind says what JSON value decodes into t.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer of at least 0"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	}
+	return "a " + t.Kind().String()
 }
 
 type statusRecorder struct {

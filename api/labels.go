@@ -1,0 +1,20 @@
+package api
+
+import "regexp"
+
+// Labels are key=value pairs a sandbox is given at creation and listed by
+// (GET /v1/sandboxes?label=key=value).
+const (
+	// MaxLabels is the most labels a sandbox can have, and so the most
+	// label filters a list can take.
+	MaxLabels = 64
+	// MaxLabelValue is the longest a label's value can be, in bytes.
+	MaxLabelValue = 255
+	// LabelKeyRule says what ValidLabelKey accepts, for error messages.
+	LabelKeyRule = "1-63 characters of letters, digits and . _ / -, starting with a letter or digit"
+)
+
+var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+
+// ValidLabelKey reports whether k can be a label's key (see LabelKeyRule).
+func ValidLabelKey(k string) bool { return labelKeyRE.MatchString(k) }

@@ -1,0 +1,215 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"loam.dev/loam/api"
+)
+
+// fakeSandboxes is Sandboxes in memory, for tests of the HTTP layer: a
+// running sandbox "box" (sb-000000000001) with a checkpoint v1, and a
+// sleeping one "sleepy" (sb-000000000002).
+type fakeSandboxes struct {
+	mu      sync.Mutex
+	sbs     []api.Sandbox
+	filters []map[string]string // the label filters List was called with
+	// cpDelay is how long CreateCheckpoint takes, as a memory checkpoint
+	// can; it gives up early if its context ends.
+	cpDelay time.Duration
+}
+
+func newFake() *fakeSandboxes {
+	return &fakeSandboxes{sbs: []api.Sandbox{
+		{ID: "sb-000000000001", Name: "box", State: api.StateRunning, Labels: map[string]string{"team": "red"}},
+		{ID: "sb-000000000002", Name: "sleepy", State: api.StateSleeping},
+	}}
+}
+
+func (f *fakeSandboxes) Templates(ctx context.Context) []api.Template {
+	return []api.Template{{Name: "busybox", Default: true, Ready: true}}
+}
+
+func (f *fakeSandboxes) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
+	return &api.Sandbox{ID: "sb-000000000003", Name: req.Name, State: api.StateRunning}, nil
+}
+
+func (f *fakeSandboxes) List(ctx context.Context, labels map[string]string) ([]api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.filters = append(f.filters, maps.Clone(labels))
+	var out []api.Sandbox
+	for _, sb := range f.sbs {
+		match := true
+		for k, v := range labels {
+			if got, ok := sb.Labels[k]; !ok || got != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}
+
+// lastFilter is the label filter of the last List call.
+func (f *fakeSandboxes) lastFilter() map[string]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.filters) == 0 {
+		return nil
+	}
+	return f.filters[len(f.filters)-1]
+}
+
+func (f *fakeSandboxes) Get(ctx context.Context, ref string) (*api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, sb := range f.sbs {
+		if sb.ID == ref || sb.Name == ref {
+			return &sb, nil
+		}
+	}
+	return nil, api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
+}
+
+func (f *fakeSandboxes) Delete(ctx context.Context, ref string) error {
+	_, err := f.Get(ctx, ref)
+	return err
+}
+
+func (f *fakeSandboxes) CheckExec(ctx context.Context, ref string) (*api.Sandbox, error) {
+	sb, err := f.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != api.StateRunning {
+		return nil, api.Errorf(api.CodeConflict, "sandbox %s is %s, not running", sb.Name, sb.State)
+	}
+	return sb, nil
+}
+
+// Exec runs every command at once, with exit status 0.
+func (f *fakeSandboxes) Exec(ctx context.Context, ref string, req api.ExecRequest, client *websocket.Conn) error {
+	code := 0
+	b, _ := json.Marshal(api.ExecControl{Type: api.ExecExit, ExitCode: &code})
+	if err := client.Write(ctx, websocket.MessageText, b); err != nil {
+		return err
+	}
+	client.Close(websocket.StatusNormalClosure, "")
+	return nil
+}
+
+func (f *fakeSandboxes) CreateCheckpoint(ctx context.Context, sandbox string, req api.CreateCheckpoint) (*api.Checkpoint, error) {
+	sb, err := f.Get(ctx, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-time.After(f.cpDelay):
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	return &api.Checkpoint{ID: "v2", Sandbox: sb.ID, Comment: req.Comment, Memory: req.Memory == nil || *req.Memory}, nil
+}
+
+func (f *fakeSandboxes) ListCheckpoints(ctx context.Context, sandbox string) ([]api.Checkpoint, error) {
+	cp, err := f.GetCheckpoint(ctx, sandbox, "v1")
+	if err != nil {
+		return nil, err
+	}
+	return []api.Checkpoint{*cp}, nil
+}
+
+func (f *fakeSandboxes) GetCheckpoint(ctx context.Context, sandbox, ref string) (*api.Checkpoint, error) {
+	sb, err := f.Get(ctx, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	if sb.Name != "box" || ref != "v1" {
+		return nil, api.Errorf(api.CodeNotFound, "checkpoint %q of %s not found", ref, sb.Name)
+	}
+	return &api.Checkpoint{ID: "v1", Sandbox: sb.ID, Memory: true}, nil
+}
+
+func (f *fakeSandboxes) DeleteCheckpoint(ctx context.Context, sandbox, ref string) error {
+	_, err := f.GetCheckpoint(ctx, sandbox, ref)
+	return err
+}
+
+func (f *fakeSandboxes) RestoreCheckpoint(ctx context.Context, sandbox, ref string) (*api.Sandbox, error) {
+	if _, err := f.GetCheckpoint(ctx, sandbox, ref); err != nil {
+		return nil, err
+	}
+	return f.Get(ctx, sandbox)
+}
+
+const testToken = "test-token"
+
+func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// serve serves h on a real socket for the length of the test.
+func serve(t *testing.T, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// request is one request a test sends.
+type request struct {
+	method, path string
+	token        string // "-" sends none; "" the test's default
+	body         string
+	header       map[string]string
+}
+
+// do sends req to base over a real socket and returns the answer and its
+// body. Redirects are not followed: they are answers too.
+func do(t *testing.T, base, defaultToken string, req request) (*http.Response, []byte) {
+	t.Helper()
+	var body io.Reader
+	if req.body != "" {
+		body = strings.NewReader(req.body)
+	}
+	r, err := http.NewRequest(req.method, base+req.path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch req.token {
+	case "-":
+	case "":
+		r.Header.Set("Authorization", "Bearer "+defaultToken)
+	default:
+		r.Header.Set("Authorization", "Bearer "+req.token)
+	}
+	for k, v := range req.header {
+		r.Header.Set(k, v)
+	}
+	c := &http.Client{
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	resp, err := c.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
