@@ -20,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -112,6 +114,14 @@ func FromEnv(opts ...Option) (*Client, error) {
 	if token == "" {
 		path := filepath.Join(dataDir, "token")
 		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrPermission) {
+			// Inside a sandbox the token is root's; the agent lends the
+			// API to the sandbox's user on a socket beside it.
+			sock := filepath.Join(dataDir, APISocketName)
+			if st, serr := os.Stat(sock); serr == nil && st.Mode()&fs.ModeSocket != 0 {
+				return New("http://loam", "", append([]Option{WithHTTPClient(unixHTTP(sock))}, opts...)...), nil
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("reading the loam token (set %s, or make %s readable): %w", EnvToken, path, err)
 		}
@@ -209,4 +219,21 @@ func segment(what, ref string) (string, error) {
 		return "", api.Errorf(api.CodeInvalid, "no %s given", what)
 	}
 	return url.PathEscape(ref), nil
+}
+
+// APISocketName is the name, in a sandbox's data dir (/var/lib/loam), of
+// the socket on which the sandbox's agent serves the sandbox's own API to
+// root and the sandbox's user, who cannot read its token.
+const APISocketName = "api.sock"
+
+// unixHTTP is an HTTP client whose every connection goes to the unix
+// socket at path.
+func unixHTTP(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
 }

@@ -11,10 +11,9 @@ import (
 )
 
 var (
-	nameRE     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
-	envKeyRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	idRE       = regexp.MustCompile(`^sb-[a-z0-9]{12}$`)
-	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+	nameRE   = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	idRE     = regexp.MustCompile(`^sb-[a-z0-9]{12}$`)
 )
 
 // ValidName reports whether s is a valid sandbox name: 1–63 of a-z, 0-9 and
@@ -81,15 +80,15 @@ func checkEnv(env map[string]string) error {
 
 func checkLabels(labels map[string]string) error {
 	for k, v := range labels {
-		if !labelKeyRE.MatchString(k) {
-			return api.Errorf(api.CodeInvalid, "labels: key %q: 1-63 characters of letters, digits and . _ / -, starting with a letter or digit", k)
+		if !api.ValidLabelKey(k) {
+			return api.Errorf(api.CodeInvalid, "labels: key %q: %s", k, api.LabelKeyRule)
 		}
-		if len(v) > 255 {
-			return api.Errorf(api.CodeInvalid, "labels: the value of %s is longer than 255 bytes", k)
+		if len(v) > api.MaxLabelValue {
+			return api.Errorf(api.CodeInvalid, "labels: the value of %s is longer than %d bytes", k, api.MaxLabelValue)
 		}
 	}
-	if len(labels) > 64 {
-		return api.Errorf(api.CodeInvalid, "labels: at most 64 labels")
+	if len(labels) > api.MaxLabels {
+		return api.Errorf(api.CodeInvalid, "labels: at most %d labels", api.MaxLabels)
 	}
 	return nil
 }
