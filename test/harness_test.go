@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/network"
 )
 
 // loamBin is the loam binary built for this run.
@@ -240,6 +242,13 @@ func (d *daemon) destroy() {
 	}
 	unmountUnder(d.dataDir)
 	os.RemoveAll(d.dataDir)
+	// The daemon leaves its firewall in place when it stops (its sandboxes
+	// outlive it); the test is done with it.
+	if nets, err := network.New(network.Config{Subnet: netip.MustParsePrefix(d.subnet)}); err == nil {
+		if err := nets.Firewall().Remove(context.Background()); err != nil {
+			logf("cleanup: removing the firewall of %s: %v", d.subnet, err)
+		}
+	}
 }
 
 // ownsNetns tells whether a namespace belongs to this daemon: its sandbox
