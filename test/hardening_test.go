@@ -98,7 +98,8 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 
 // TestDataDirThroughAnotherPath: a daemon started on its data dir through a
 // symlink, then on the real path once the link is gone, keeps every
-// checkpoint, and they restore.
+// checkpoint, and they restore; so does one whose data dir was moved while
+// the host was down (its containers gone, its disk unmounted).
 func TestDataDirThroughAnotherPath(t *testing.T) {
 	real, err := os.MkdirTemp("", "loam-e2e-moved-")
 	if err != nil {
@@ -113,6 +114,7 @@ func TestDataDirThroughAnotherPath(t *testing.T) {
 	d := &daemon{t: t, dataDir: link, subnet: fmt.Sprintf("10.89.%d.0/24", subnetSeq%250)}
 	d.start()
 	t.Cleanup(func() { d.dataDir = real; d.destroy() })
+	d.dataDir = link
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "mover"}); err != nil {
 		t.Fatal(err)
@@ -130,15 +132,38 @@ func TestDataDirThroughAnotherPath(t *testing.T) {
 	if err != nil || len(cps) != 2 {
 		t.Fatalf("checkpoints after the data dir moved: %v %+v\n%s", err, cps, d.log.String())
 	}
-	d.run("mover", "sh", "-c", "echo two > /home/loam/f")
-	for _, id := range []string{"v1", "v2"} {
-		if _, err := d.C.RestoreCheckpoint(ctx, "mover", id); err != nil {
-			t.Fatalf("restoring %s: %v", id, err)
-		}
-		if got := d.run("mover", "cat", "/home/loam/f"); got != "one\n" {
-			t.Errorf("after restoring %s: %q", id, got)
+	restoreBoth := func(when string) {
+		d.run("mover", "sh", "-c", "echo two > /home/loam/f")
+		for _, id := range []string{"v1", "v2"} {
+			if _, err := d.C.RestoreCheckpoint(ctx, "mover", id); err != nil {
+				t.Fatalf("%s: restoring %s: %v", when, id, err)
+			}
+			if got := d.run("mover", "cat", "/home/loam/f"); got != "one\n" {
+				t.Errorf("%s: after restoring %s: %q", when, id, got)
+			}
 		}
 	}
+	restoreBoth("through the real path")
+
+	// The host goes down; the data dir moves.
+	d.stop()
+	deleteContainers(filepath.Join(d.dataDir, "runsc"))
+	unmountUnder(d.dataDir)
+	moved := real + ".moved"
+	if err := os.Rename(real, moved); err != nil {
+		t.Fatal(err)
+	}
+	real = moved
+	d.dataDir = moved
+	d.start()
+	cps, err = d.C.ListCheckpoints(ctx, "mover")
+	if err != nil || len(cps) != 4 { // v1, v2 and the autos of the two restores
+		t.Fatalf("checkpoints after the data dir moved: %v %+v\n%s", err, cps, d.log.String())
+	}
+	if got, err := d.C.GetSandbox(ctx, "mover"); err != nil || got.State != api.StateRunning {
+		t.Fatalf("after the move: %v %+v", err, got)
+	}
+	restoreBoth("after the move")
 }
 
 func mustCheckpoint(t *testing.T, d *daemon, sb string, memory bool) *api.Checkpoint {
@@ -184,7 +209,10 @@ func TestInsideCredential(t *testing.T) {
 		}
 	}
 	// Another user of the sandbox (a web server's, say) gets nothing.
-	_, errOut, code := d.runAs("65534", "guard", "loam", "checkpoint", "ls")
+	if _, errOut, code := d.runAs("root", "guard", "sh", "-c", "echo 'www:x:33:33:www:/:/bin/sh' >> /etc/passwd"); code != 0 {
+		t.Fatalf("adding a user: %q", errOut)
+	}
+	_, errOut, code := d.runAs("www", "guard", "loam", "checkpoint", "ls")
 	if code == 0 || !strings.Contains(errOut, "only root and the sandbox's user") {
 		t.Errorf("checkpoint ls as uid 65534: %d %q", code, errOut)
 	}
@@ -276,9 +304,10 @@ func TestCrashMidRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.run("undo", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=256 2>/dev/null; echo one > /home/loam/f")
-	d.run("undo", "sh", "-c", "setsid sh -c 'while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &")
+	d.run("undo", "sh", "-c", "setsid sh -c 'echo $$ > /home/loam/loop.pid; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &")
+	waitFor(t, func() bool { _, _, code := d.runAs("loam", "undo", "test", "-s", "/home/loam/loop.pid"); return code == 0 })
 	mustCheckpoint(t, d, "undo", true)
-	d.run("undo", "sh", "-c", "echo two > /home/loam/f; pkill -f 'while :'")
+	d.run("undo", "sh", "-c", "echo two > /home/loam/f; kill $(cat /home/loam/loop.pid)")
 
 	go d.C.RestoreCheckpoint(context.Background(), "undo", "v1")
 	deadline := time.Now().Add(60 * time.Second)
@@ -302,8 +331,8 @@ func TestCrashMidRestore(t *testing.T) {
 	if out := d.run("undo", "cat", "/home/loam/f"); out != "one\n" {
 		t.Errorf("file after the finished restore: %q", out)
 	}
-	if out := d.run("undo", "ps", "-o", "args"); !strings.Contains(out, "while :") {
-		t.Errorf("the checkpoint's process is not running:\n%s", out)
+	if _, _, code := d.runAs("loam", "undo", "sh", "-c", "kill -0 $(cat /home/loam/loop.pid)"); code != 0 {
+		t.Errorf("the checkpoint's process is not running: %s", d.run("undo", "ps"))
 	}
 	if cps, _ := d.C.ListCheckpoints(ctx, "undo"); len(cps) != 2 {
 		t.Errorf("checkpoints %+v, want v1 and auto-1", cps)

@@ -224,14 +224,7 @@ func (d *daemon) destroy() {
 		logf("daemon log:\n%s", d.log.String())
 	}
 	// Whatever the API could not delete: containers, namespaces, the pool.
-	runscRoot := filepath.Join(d.dataDir, "runsc")
-	if ents, err := os.ReadDir(runscRoot); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), "sb-") && !strings.Contains(e.Name(), ".") {
-				exec.Command(findRunsc(), "--root", runscRoot, "delete", "-force", e.Name()).Run()
-			}
-		}
-	}
+	deleteContainers(filepath.Join(d.dataDir, "runsc"))
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
 			name, _, _ := strings.Cut(line, " ")
@@ -248,6 +241,17 @@ func (d *daemon) destroy() {
 		if err := nets.Firewall().Remove(context.Background()); err != nil {
 			logf("cleanup: removing the firewall of %s: %v", d.subnet, err)
 		}
+	}
+}
+
+// deleteContainers force-deletes every runsc container under runscRoot.
+func deleteContainers(runscRoot string) {
+	out, err := exec.Command(findRunsc(), "--root", runscRoot, "list", "-quiet").Output()
+	if err != nil {
+		return
+	}
+	for _, id := range strings.Fields(string(out)) {
+		exec.Command(findRunsc(), "--root", runscRoot, "delete", "-force", id).Run()
 	}
 }
 

@@ -99,6 +99,12 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	d.closers = append(d.closers, unlock)
+	// One name for the data dir, whichever way it was reached: runsc keeps
+	// the paths it was given in its state, so a daemon reaching it through
+	// a symlink one day and directly the next would lose its containers.
+	if cfg.DataDir, err = canonicalDir(cfg.DataDir); err != nil {
+		return err
+	}
 	// Then the port, before anything is recovered: a second daemon that
 	// cannot serve must fail before it changes anything.
 	ln, err := net.Listen("tcp", cfg.Listen)

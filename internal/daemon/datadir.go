@@ -140,3 +140,12 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// canonicalDir is dir as an absolute path with no symlinks.
+func canonicalDir(dir string) (string, error) {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", fmt.Errorf("resolving the data dir: %w", err)
+	}
+	return filepath.Abs(real)
+}
