@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 )
@@ -242,7 +241,8 @@ func (b *Btrfs) ImportTemplate(ctx context.Context, name, src string) error {
 	if err := mustNotExist(dst); err != nil {
 		return fmt.Errorf("importing template %s: %w", name, err)
 	}
-	if err := requireDir(src); err != nil {
+	src, err = resolveDir(src)
+	if err != nil {
 		return fmt.Errorf("importing template %s: %w", name, err)
 	}
 	tmp := b.l.tempPath("template", name)
@@ -334,10 +334,15 @@ func (b *Btrfs) Volumes(ctx context.Context) ([]string, error) {
 }
 
 // Usage is the size of the data extents only volume id refers to, as
-// `btrfs filesystem du` counts them. Metadata is not counted, and data
-// written but not yet flushed (up to the 30 s commit interval) is not
-// either. It looks at every file's extents, so it costs time in proportion
-// to the number of files: about 0.1-0.2 s for the Debian template's 9,000.
+// `btrfs filesystem du` counts them (see exclusiveBytes). Metadata is not
+// counted, and data written but not yet flushed (up to the 30 s commit
+// interval) is not either. It looks at every file's extents, so it costs
+// time in proportion to the number of files.
+//
+// It walks the volume itself rather than running `btrfs filesystem du`,
+// which opens each file by its path: a sandbox swapping one of its
+// directories for a symlink made it walk, and open as root, files outside
+// the volume.
 func (b *Btrfs) Usage(ctx context.Context, id string) (int64, error) {
 	if err := validName(id); err != nil {
 		return 0, err
@@ -346,19 +351,9 @@ func (b *Btrfs) Usage(ctx context.Context, id string) (int64, error) {
 	if err := mustExist(path); err != nil {
 		return 0, fmt.Errorf("measuring volume %s: %w", id, err)
 	}
-	out, err := run(ctx, "btrfs", "filesystem", "du", "-s", "--raw", path)
+	n, err := exclusiveBytes(ctx, path)
 	if err != nil {
 		return 0, fmt.Errorf("measuring volume %s: %w", id, err)
-	}
-	// "Total Exclusive Set shared Filename", then one line of numbers.
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	fields := strings.Fields(lines[len(lines)-1])
-	if len(fields) < 2 {
-		return 0, fmt.Errorf("measuring volume %s: unexpected btrfs output %q", id, out)
-	}
-	n, err := strconv.ParseInt(fields[1], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("measuring volume %s: unexpected btrfs output %q: %w", id, out, err)
 	}
 	return n, nil
 }
@@ -528,14 +523,21 @@ func mustNotExist(path string) error {
 	return nil
 }
 
-// requireDir fails unless path is a directory.
-func requireDir(path string) error {
-	fi, err := os.Stat(path)
+// resolveDir fails unless path is a directory, and returns it with
+// symlinks resolved. It is for a path the caller trusts, such as a
+// template's source, which may be a link to the tree (as `cp -a` followed
+// one); copyTree follows no link, not even at the top.
+func resolveDir(path string) (string, error) {
+	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		return err
+		return "", err
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return "", err
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory", path)
+		return "", fmt.Errorf("%s is not a directory", path)
 	}
-	return nil
+	return real, nil
 }

@@ -2,8 +2,11 @@ package disk_test
 
 import (
 	"context"
+	"crypto/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +181,48 @@ func loopDevicesUnder(t testing.TB, dir string) []string {
 		}
 	}
 	return devs
+}
+
+// TestBtrfsUsageMatchesDu: Usage, which walks the volume itself, counts
+// what `btrfs filesystem du` counts as exclusive: data no other file or
+// subvolume shares, hard links once, inline data not at all.
+func TestBtrfsUsageMatchesDu(t *testing.T) {
+	p := newBtrfs(t)
+	ctx := t.Context()
+	src := t.TempDir()
+	big := make([]byte, 1<<20)
+	_, _ = rand.Read(big)
+	must(t, os.WriteFile(filepath.Join(src, "shared"), big, 0o644))
+	must(t, p.ImportTemplate(ctx, "t", src))
+	v, err := p.CreateVolume(ctx, "v", "t")
+	must(t, err)
+
+	_, _ = rand.Read(big)
+	must(t, os.MkdirAll(filepath.Join(v, "a/b"), 0o755))
+	must(t, os.WriteFile(filepath.Join(v, "a/b/own"), big, 0o644))
+	must(t, os.Link(filepath.Join(v, "a/b/own"), filepath.Join(v, "own-link")))
+	must(t, os.WriteFile(filepath.Join(v, "inline"), []byte("tiny\n"), 0o644))
+	must(t, os.WriteFile(filepath.Join(v, "a/alone"), big[:256<<10], 0o644))
+	must(t, os.Symlink("a/b/own", filepath.Join(v, "symlink")))
+	if out, err := exec.Command("cp", "--reflink=always", filepath.Join(v, "a/b/own"), filepath.Join(v, "reflink")).CombinedOutput(); err != nil {
+		t.Fatalf("cp --reflink: %v: %s", err, out)
+	}
+	must(t, exec.Command("sync", "-f", v).Run())
+
+	got, err := p.Usage(ctx, "v")
+	must(t, err)
+	out, err := exec.Command("btrfs", "filesystem", "du", "-s", "--raw", v).Output()
+	must(t, err)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	fields := strings.Fields(lines[len(lines)-1])
+	want, err := strconv.ParseInt(fields[1], 10, 64)
+	must(t, err)
+	if got != want {
+		t.Errorf("Usage = %d, btrfs filesystem du says %d exclusive", got, want)
+	}
+	// Only a/alone counts: the template's file is shared with the
+	// template, a/b/own with its reflinked copy.
+	if got < 256<<10 || got >= 1<<20 {
+		t.Errorf("Usage = %d, want a/alone's %d bytes and nothing shared", got, 256<<10)
+	}
 }

@@ -17,7 +17,7 @@ const maxStderr = 2048
 
 // run runs a command and returns its stdout. A failure's error names the
 // command and carries the tail of its stderr, since that is where tools such
-// as btrfs and cp say what went wrong.
+// as btrfs and debootstrap say what went wrong.
 //
 // The command runs in its own process group so that cancelling ctx kills its
 // children too (debootstrap runs dpkg in a chroot; killing only debootstrap

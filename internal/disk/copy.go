@@ -8,15 +8,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 )
 
 // Copy is a Pool of plain directories, for machines without btrfs. Every
-// volume and snapshot is a full copy (`cp -a --reflink=auto`, so a
-// filesystem with reflinks such as XFS still shares blocks), which makes
-// creating one take time and space in proportion to its size. Templates and
-// snapshots are read-only by convention only.
+// volume and snapshot is a full copy (see copyTree; a filesystem with
+// reflinks such as XFS still shares blocks), which makes creating one take
+// time and space in proportion to its size. Templates and snapshots are
+// read-only by convention only.
 //
 // The layout under its directory is templates/, volumes/, snapshots/ and
 // tmp/. Copies are made in tmp/ and renamed into place once durable, so an
@@ -77,10 +75,11 @@ func (c *Copy) ImportTemplate(ctx context.Context, name, src string) error {
 	if err := validName(name); err != nil {
 		return err
 	}
-	if err := requireDir(src); err != nil {
+	src, err := resolveDir(src)
+	if err != nil {
 		return fmt.Errorf("importing template %s: %w", name, err)
 	}
-	if err := c.copy(ctx, src, "t/"+name, c.l.templatePath(name), copyTree); err != nil {
+	if err := c.copy(ctx, src, "t/"+name, c.l.templatePath(name)); err != nil {
 		return fmt.Errorf("importing template %s: %w", name, err)
 	}
 	return nil
@@ -91,7 +90,7 @@ func (c *Copy) CreateVolume(ctx context.Context, id, template string) (string, e
 	if err := validNames(id, template); err != nil {
 		return "", err
 	}
-	if err := c.copy(ctx, c.l.templatePath(template), "v/"+id, c.l.volumePath(id), copyTree); err != nil {
+	if err := c.copy(ctx, c.l.templatePath(template), "v/"+id, c.l.volumePath(id)); err != nil {
 		return "", fmt.Errorf("creating volume %s from template %s: %w", id, template, err)
 	}
 	return c.l.volumePath(id), nil
@@ -114,11 +113,14 @@ func (c *Copy) DeleteVolume(ctx context.Context, id string) error {
 // Snapshot copies volume id to snapshot snap. Unlike a btrfs snapshot the
 // copy is not from one instant: a file written during the copy may be seen
 // half-written, as after a crash, and one deleted during it may be missing.
+// The volume's sandbox may be running, and may be trying to make the copy
+// read outside its volume: copyTree makes sure it cannot, and fails the
+// snapshot when a directory turns into something else under it.
 func (c *Copy) Snapshot(ctx context.Context, id, snap string) error {
 	if err := validNames(id, snap); err != nil {
 		return err
 	}
-	if err := c.copy(ctx, c.l.volumePath(id), "s/"+snap, c.l.snapshotPath(snap), copyLiveTree); err != nil {
+	if err := c.copy(ctx, c.l.volumePath(id), "s/"+snap, c.l.snapshotPath(snap)); err != nil {
 		return fmt.Errorf("snapshotting volume %s as %s: %w", id, snap, err)
 	}
 	return nil
@@ -129,7 +131,7 @@ func (c *Copy) CloneSnapshot(ctx context.Context, snap, id string) (string, erro
 	if err := validNames(snap, id); err != nil {
 		return "", err
 	}
-	if err := c.copy(ctx, c.l.snapshotPath(snap), "v/"+id, c.l.volumePath(id), copyTree); err != nil {
+	if err := c.copy(ctx, c.l.snapshotPath(snap), "v/"+id, c.l.volumePath(id)); err != nil {
 		return "", fmt.Errorf("cloning snapshot %s as volume %s: %w", snap, id, err)
 	}
 	return c.l.volumePath(id), nil
@@ -167,43 +169,11 @@ func (c *Copy) Usage(ctx context.Context, id string) (int64, error) {
 	if err := mustExist(root); err != nil {
 		return 0, fmt.Errorf("measuring volume %s: %w", id, err)
 	}
-	type inode struct{ dev, ino uint64 }
-	seen := make(map[inode]bool)
-	var total int64
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil // deleted by the volume's writer meanwhile
-			}
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return context.Cause(ctx)
-		}
-		fi, err := d.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		} else if err != nil {
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return nil
-		}
-		if st.Nlink > 1 && !fi.IsDir() {
-			k := inode{st.Dev, st.Ino}
-			if seen[k] {
-				return nil
-			}
-			seen[k] = true
-		}
-		total += st.Blocks * 512 // st_blocks is in 512-byte units whatever the block size
-		return nil
-	})
+	n, err := blocksUsed(ctx, root)
 	if err != nil {
 		return 0, fmt.Errorf("measuring volume %s: %w", id, err)
 	}
-	return total, nil
+	return n, nil
 }
 
 // Close releases nothing; the pool is plain directories.
@@ -220,11 +190,11 @@ func (c *Copy) Destroy(ctx context.Context) error {
 	return nil
 }
 
-// copy makes dst a copy of src with copyFn under the lock for key, failing
+// copy makes dst a copy of src with copyTree under the lock for key, failing
 // with ErrNotFound when src is missing and ErrExists when dst is there. It
 // copies into tmp/, flushes, and renames, so dst appears complete and
 // durable or not at all.
-func (c *Copy) copy(ctx context.Context, src, key, dst string, copyFn func(ctx context.Context, src, dst string) error) (err error) {
+func (c *Copy) copy(ctx context.Context, src, key, dst string) (err error) {
 	unlock, err := c.locks.lock(ctx, key)
 	if err != nil {
 		return err
@@ -247,7 +217,7 @@ func (c *Copy) copy(ctx context.Context, src, key, dst string, copyFn func(ctx c
 			}
 		}
 	}()
-	if err := copyFn(ctx, src, tmp); err != nil {
+	if err := copyTree(ctx, src, tmp); err != nil {
 		return err
 	}
 	if err := syncFS(tmp); err != nil {
@@ -275,32 +245,4 @@ func (c *Copy) delete(ctx context.Context, key, path string) error {
 		return err
 	}
 	return removeTree(tmp)
-}
-
-// copyLiveTree is copyTree for a tree that may be changing: a file deleted
-// between cp listing its directory and copying it is left out, as if it
-// had been deleted a moment earlier, instead of failing the copy.
-func copyLiveTree(ctx context.Context, src, dst string) error {
-	err := copyTree(ctx, src, dst)
-	var ce *commandError
-	if err == nil || !errors.As(err, &ce) || ctx.Err() != nil {
-		return err
-	}
-	for _, line := range strings.Split(strings.TrimSpace(ce.stderr), "\n") {
-		if !strings.HasSuffix(line, ": No such file or directory") {
-			return err
-		}
-	}
-	// cp went on past each vanished file; the rest of the copy is whole.
-	return nil
-}
-
-// copyTree copies the tree at src into the existing directory dst, keeping
-// owners, modes, times, links, devices and extended attributes (file
-// capabilities among them), and dst's own attributes from src's root.
-func copyTree(ctx context.Context, src, dst string) error {
-	if _, err := run(ctx, "cp", "-a", "--reflink=auto", "--", src+"/.", dst+"/"); err != nil {
-		return fmt.Errorf("copying %s: %w", src, err)
-	}
-	return nil
 }
