@@ -305,7 +305,10 @@ func TestCrashMidRestore(t *testing.T) {
 	}
 	d.run("undo", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=256 2>/dev/null; echo one > /home/loam/f")
 	d.run("undo", "sh", "-c", "setsid sh -c 'echo $$ > /home/loam/loop.pid; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &")
-	waitFor(t, func() bool { _, _, code := d.runAs("loam", "undo", "test", "-s", "/home/loam/loop.pid"); return code == 0 })
+	waitFor(t, func() bool {
+		_, _, code := d.runAs("loam", "undo", "test", "-s", "/home/loam/loop.pid")
+		return code == 0
+	})
 	mustCheckpoint(t, d, "undo", true)
 	d.run("undo", "sh", "-c", "echo two > /home/loam/f; kill $(cat /home/loam/loop.pid)")
 
