@@ -129,9 +129,9 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest, cli
 	errc := make(chan error, 2)
 	// Client -> agent: stdin and control. When the client goes away, closing
 	// the agent's socket hangs the command up.
-	go func() { errc <- pump(ctx, client, ag) }()
+	go func() { errc <- pump(ctx, client, ag, nil) }()
 	// Agent -> client: output, then "exit", then a normal close.
-	go func() { errc <- pump(ctx, ag, client) }()
+	go func() { errc <- pump(ctx, ag, client, agentControl) }()
 	err = <-errc
 	switch st := websocket.CloseStatus(err); {
 	case st == websocket.StatusNormalClosure:
@@ -146,8 +146,9 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest, cli
 }
 
 // pump copies messages from one socket to another until either fails. A
-// close received from src is passed on to dst with its status.
-func pump(ctx context.Context, src, dst *websocket.Conn) error {
+// close received from src is passed on to dst with its status. filter, when
+// not nil, rewrites each text message.
+func pump(ctx context.Context, src, dst *websocket.Conn, filter func([]byte) []byte) error {
 	for {
 		typ, data, err := src.Read(ctx)
 		if err != nil {
@@ -156,8 +157,43 @@ func pump(ctx context.Context, src, dst *websocket.Conn) error {
 			}
 			return err
 		}
+		if typ == websocket.MessageText && filter != nil {
+			data = filter(data)
+		}
 		if err := dst.Write(ctx, typ, data); err != nil {
 			return err
 		}
 	}
+}
+
+// agentErrorCodes are the error classes an agent may give a command it could
+// not start: the request was wrong for this sandbox (no such user, no such
+// directory) or the program is not there. Anything else an agent says is
+// its own failure, not a verdict on the request.
+var agentErrorCodes = map[api.Code]bool{api.CodeInvalid: true, api.CodeNotFound: true}
+
+// maxAgentMessage bounds the error text of an agent passed on to a client.
+const maxAgentMessage = 1024
+
+// agentControl passes an agent's control message on to the client, unless
+// it is an "error" the agent has no business choosing the class of: that
+// becomes an internal error that quotes what the agent said.
+func agentControl(data []byte) []byte {
+	var c api.ExecControl
+	if json.Unmarshal(data, &c) != nil || c.Type != api.ExecError {
+		return data
+	}
+	if c.Error != nil && agentErrorCodes[c.Error.Code] && len(c.Error.Message) <= maxAgentMessage {
+		return data
+	}
+	said := ""
+	if c.Error != nil {
+		said = string(c.Error.Code) + ": " + c.Error.Message
+	}
+	if len(said) > maxAgentMessage {
+		said = said[:maxAgentMessage] + "…"
+	}
+	c.Error = api.Errorf(api.CodeInternal, "the sandbox's agent failed: %q", said)
+	out, _ := json.Marshal(c)
+	return out
 }

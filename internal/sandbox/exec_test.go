@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/sandbox"
 )
 
 // execUser is who commands run as: the fake containers' agents run on the
@@ -189,5 +190,37 @@ func TestExecStreamsAndCheckpoints(t *testing.T) {
 	c2 := startExec(t, e, "stream", api.ExecRequest{Cmd: []string{"echo", "three"}, User: execUser(t)})
 	if st := c2.wait(); st != websocket.StatusNormalClosure || c2.stdout.String() != "three\n" {
 		t.Errorf("exec after the checkpoint: %d, %q", st, c2.stdout.String())
+	}
+}
+
+// TestAgentControl: an agent may refuse a command as invalid or not found,
+// but any other class it names (unauthorized, say, which would tell the
+// client its token is wrong) becomes the agent's own failure.
+func TestAgentControl(t *testing.T) {
+	for _, tc := range []struct {
+		in, wantCode string
+		same         bool
+	}{
+		{`{"type":"started","pid":7}`, "", true},
+		{`{"type":"error","error":{"code":"invalid","message":"user \"x\" does not exist"}}`, "invalid", true},
+		{`{"type":"error","error":{"code":"not_found","message":"exec: \"x\": not found"}}`, "not_found", true},
+		{`{"type":"error","error":{"code":"unauthorized","message":"your token is wrong"}}`, "internal", false},
+		{`{"type":"error","error":{"code":"limit","message":"pay more"}}`, "internal", false},
+		{`{"type":"error"}`, "internal", false},
+		{`{"type":"error","error":{"code":"invalid","message":"` + strings.Repeat("x", 5000) + `"}}`, "internal", false},
+		{`not json`, "", true},
+	} {
+		out := sandbox.AgentControl([]byte(tc.in))
+		if tc.same {
+			if string(out) != tc.in {
+				t.Errorf("%s: rewritten to %s", tc.in, out)
+			}
+			continue
+		}
+		var c api.ExecControl
+		if err := json.Unmarshal(out, &c); err != nil || c.Error == nil || string(c.Error.Code) != tc.wantCode ||
+			!strings.HasPrefix(c.Error.Message, "the sandbox's agent failed") || len(c.Error.Message) > 1200 {
+			t.Errorf("%.80s: got %.200s", tc.in, out)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -369,4 +370,27 @@ func TestBusyDuringCreate(t *testing.T) {
 		t.Errorf("created sandbox is %s", sb.State)
 	}
 	e.agentAnswers(sb.ID)
+}
+
+// TestNothingPerSandboxOutlivesIt: the Manager keeps no state for a sandbox
+// that is gone (a lock on its checkpoints, a client of its agent), so a
+// long-lived daemon does not grow with every sandbox it ever ran.
+func TestNothingPerSandboxOutlivesIt(t *testing.T) {
+	e := newEnv(t)
+	for i := range 3 {
+		name := fmt.Sprintf("short-%d", i)
+		e.create(api.CreateSandbox{Name: name})
+		e.checkpoint(name, true)
+		if _, err := e.m.Create(e.ctx, api.CreateSandbox{Name: name + "-fork", From: &api.ForkSource{Sandbox: name, Checkpoint: "v1"}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.m.RestoreCheckpoint(e.ctx, name, "v1"); err != nil {
+			t.Fatal(err)
+		}
+		must(t, e.m.Delete(e.ctx, name+"-fork"))
+		must(t, e.m.Delete(e.ctx, name))
+	}
+	if n := e.m.SourceLocks(); n != 0 {
+		t.Errorf("%d checkpoint locks left for deleted sandboxes", n)
+	}
 }
