@@ -259,7 +259,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			Memory: t.memory, Auto: t.auto, CreatedAt: store.Now(),
 		},
 		SandboxName: sb.Name, Template: sb.Template, Image: sb.Image, Resources: sb.Resources,
-		AgentGen: held, LegacyAgentToken: sb.LegacyAgentToken, Inside: t.inside,
+		AgentGen: held, Inside: t.inside,
 	}
 	if err := m.store.CreateCheckpoint(ctx, cp); err != nil {
 		os.RemoveAll(final)

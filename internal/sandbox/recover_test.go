@@ -12,6 +12,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/sandbox"
 )
 
 // crashAt runs op until it calls the runtime's op crashOp, where its
@@ -413,4 +414,22 @@ func TestRecoverKeepsCheckpointsItCannotCheck(t *testing.T) {
 	if ids := e.checkpointIDs("odd"); !slices.Equal(ids, []string{"v1"}) {
 		t.Errorf("checkpoints %v, want [v1]", ids)
 	}
+}
+
+// TestRecoverLegacyToken: a sandbox made by a loam that stored its agent's
+// token in clear (schema version 1) is taken back with that token, moved to
+// a derived one, and the stored one is forgotten.
+func TestRecoverLegacyToken(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "old"})
+	rec := e.record(sb.ID)
+	// Its agent holds a token the daemon would not derive now.
+	rec.LegacyAgentToken, rec.AgentGen = e.token(sb.ID), 5
+	must(t, e.st.UpdateSandbox(e.ctx, rec))
+	must(t, e.restart())
+	rec = e.record(sb.ID)
+	if rec.State != api.StateRunning || rec.LegacyAgentToken != "" {
+		t.Fatalf("after recovery: %+v", rec)
+	}
+	e.agentAnswers(sb.ID, sandbox.AgentToken(e.cfg.Secret, sb.ID, 0))
 }

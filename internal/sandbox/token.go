@@ -22,11 +22,10 @@ func AgentToken(secret []byte, id string, gen int) string {
 	return hex.EncodeToString(mac.Sum(nil))
 }
 
-// agentToken is the token sb's agent answers to now.
+// agentToken is the token sb's agent answers to now. (One made by a loam
+// that stored tokens answers to sb.LegacyAgentToken until its first
+// connect hands it this one; see recoveryTokens.)
 func (m *Manager) agentToken(sb *store.Sandbox) string {
-	if sb.LegacyAgentToken != "" {
-		return sb.LegacyAgentToken
-	}
 	return AgentToken(m.cfg.Secret, sb.ID, sb.AgentGen)
 }
 
