@@ -94,6 +94,22 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 	if _, err := d.C.CreateCheckpoint(ctx, "first", api.CreateCheckpoint{}); err != nil {
 		t.Errorf("checkpoint after the second daemon: %v", err)
 	}
+
+	// A daemon on a data dir of its own but the first's port fails on the
+	// port before it opens or recovers anything there.
+	other := t.TempDir()
+	port := strings.TrimPrefix(d.URL, "http://")
+	out, err = exec.Command(loamBin, "serve", "--listen", port, "--data-dir", other,
+		"--subnet", "10.89.251.0/24", "--runsc", findRunsc(), "--default-template", "busybox",
+		"--template-cache", templateCache(), "--disk-size-gib", "8").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "listening on "+port) {
+		t.Errorf("a daemon on a taken port: %v\n%s", err, out)
+	}
+	for _, name := range []string{"loam.db", "disk", "sandboxes"} {
+		if _, err := os.Stat(filepath.Join(other, name)); err == nil {
+			t.Errorf("a daemon that could not listen made %s", name)
+		}
+	}
 }
 
 // TestDataDirThroughAnotherPath: a daemon started on its data dir through a
