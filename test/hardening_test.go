@@ -100,7 +100,7 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 	other := t.TempDir()
 	port := strings.TrimPrefix(d.URL, "http://")
 	out, err = exec.Command(loamBin, "serve", "--listen", port, "--data-dir", other,
-		"--subnet", "10.89.251.0/24", "--runsc", findRunsc(), "--default-template", "busybox",
+		"--subnet", testSubnet(251), "--runsc", findRunsc(), "--default-template", "busybox",
 		"--template-cache", templateCache(), "--disk-size-gib", "8").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "listening on "+port) {
 		t.Errorf("a daemon on a taken port: %v\n%s", err, out)
@@ -126,8 +126,7 @@ func TestDataDirThroughAnotherPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.Remove(link)
-	subnetSeq++
-	d := &daemon{t: t, dataDir: link, subnet: fmt.Sprintf("10.89.%d.0/24", subnetSeq%250)}
+	d := &daemon{t: t, dataDir: link, subnet: nextSubnet()}
 	d.start()
 	t.Cleanup(func() { d.dataDir = real; d.destroy() })
 	d.dataDir = link
@@ -369,8 +368,7 @@ func TestDataDirSecrets(t *testing.T) {
 	if err := os.Chmod(dataDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	subnetSeq++
-	d := &daemon{t: t, dataDir: dataDir, subnet: fmt.Sprintf("10.89.%d.0/24", subnetSeq%250)}
+	d := &daemon{t: t, dataDir: dataDir, subnet: nextSubnet()}
 	d.start()
 	t.Cleanup(d.destroy)
 	ctx := ctxT(t)

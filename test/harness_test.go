@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,7 +70,7 @@ func exampleDaemon() (*daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{dataDir: dataDir, subnet: "10.89.250.0/24"}
+	d := &daemon{dataDir: dataDir, subnet: testSubnet(250)}
 	if err := d.launch(); err != nil {
 		d.destroy()
 		return nil, err
@@ -112,6 +113,23 @@ type daemon struct {
 // two daemons never give out the same addresses.
 var subnetSeq = 0
 
+// testSubnet is the n-th /24 of this run's test range, 10.89.0.0/16 unless
+// LOAM_TEST_NET names another second octet (two runs at once on one host,
+// from two checkouts, must use two).
+func testSubnet(n int) string {
+	octet := 89
+	if v, err := strconv.Atoi(os.Getenv("LOAM_TEST_NET")); err == nil && v > 0 && v < 256 {
+		octet = v
+	}
+	return fmt.Sprintf("10.%d.%d.0/24", octet, n)
+}
+
+// nextSubnet is the next test subnet for a daemon.
+func nextSubnet() string {
+	subnetSeq++
+	return testSubnet(subnetSeq % 250)
+}
+
 // startDaemon runs a daemon on a new data dir; it is stopped, and all it
 // made removed, when the test ends.
 func startDaemon(t testing.TB, extra ...string) *daemon {
@@ -120,8 +138,7 @@ func startDaemon(t testing.TB, extra ...string) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	subnetSeq++
-	d := &daemon{t: t, dataDir: dataDir, subnet: fmt.Sprintf("10.89.%d.0/24", subnetSeq%250)}
+	d := &daemon{t: t, dataDir: dataDir, subnet: nextSubnet()}
 	d.start(extra...)
 	t.Cleanup(func() { d.destroy() })
 	return d

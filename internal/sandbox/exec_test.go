@@ -16,6 +16,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/server"
 )
 
 // execUser is who commands run as: the fake containers' agents run on the
@@ -51,9 +52,12 @@ func startExec(t *testing.T, e *env, ref string, req api.ExecRequest) *execClien
 			return
 		}
 		defer c.CloseNow()
-		if err := e.m.Exec(r.Context(), ref, req, c); err != nil {
+		st, err := e.m.Exec(r.Context(), ref, req)
+		if err != nil {
 			c.Close(websocket.StatusPolicyViolation, err.Error())
+			return
 		}
+		server.ProxyStream(r.Context(), c, st)
 	}))
 	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)

@@ -102,7 +102,7 @@ type Manager struct {
 	mu       sync.Mutex
 	ops      map[string]string           // sandbox id -> the operation running on it
 	reserved map[int]bool                // net indexes handed out but not yet stored
-	streams  map[string]map[*stream]bool // sandbox id -> open streams
+	streams  map[string]map[*Stream]bool // sandbox id -> open streams
 	sources  map[string]*sync.RWMutex    // sandbox id -> lock on its checkpoints (see lockSource)
 }
 
@@ -131,7 +131,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		}},
 		ops:      map[string]string{},
 		reserved: map[int]bool{},
-		streams:  map[string]map[*stream]bool{},
+		streams:  map[string]map[*Stream]bool{},
 		sources:  map[string]*sync.RWMutex{},
 	}
 }

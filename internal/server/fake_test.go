@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/sandbox"
 )
 
 // fakeSandboxes is Sandboxes in memory, for tests of the HTTP layer: a
@@ -101,15 +102,30 @@ func (f *fakeSandboxes) CheckExec(ctx context.Context, ref string) (*api.Sandbox
 	return sb, nil
 }
 
-// Exec runs every command at once, with exit status 0.
-func (f *fakeSandboxes) Exec(ctx context.Context, ref string, req api.ExecRequest, client *websocket.Conn) error {
-	code := 0
-	b, _ := json.Marshal(api.ExecControl{Type: api.ExecExit, ExitCode: &code})
-	if err := client.Write(ctx, websocket.MessageText, b); err != nil {
-		return err
+// Exec runs every command at once, with exit status 0: its "agent" reads
+// the request, says exit and closes.
+func (f *fakeSandboxes) Exec(ctx context.Context, ref string, req api.ExecRequest) (*sandbox.Stream, error) {
+	var agent *httptest.Server
+	agent = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { go agent.Close() }() // one socket each
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		code := 0
+		b, _ := json.Marshal(api.ExecControl{Type: api.ExecExit, ExitCode: &code})
+		if err := c.Write(r.Context(), websocket.MessageText, b); err != nil {
+			return
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+	}))
+	conn, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(agent.URL, "http"), nil)
+	if err != nil {
+		agent.Close()
+		return nil, err
 	}
-	client.Close(websocket.StatusNormalClosure, "")
-	return nil
+	return sandbox.NewStream(conn), nil
 }
 
 func (f *fakeSandboxes) CreateCheckpoint(ctx context.Context, sandbox string, req api.CreateCheckpoint) (*api.Checkpoint, error) {

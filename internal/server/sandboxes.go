@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/sandbox"
 )
 
 // Sandboxes is what the server needs of the sandbox manager.
@@ -22,7 +23,7 @@ type Sandboxes interface {
 	Get(ctx context.Context, ref string) (*api.Sandbox, error)
 	Delete(ctx context.Context, ref string) error
 	CheckExec(ctx context.Context, ref string) (*api.Sandbox, error)
-	Exec(ctx context.Context, ref string, req api.ExecRequest, client *websocket.Conn) error
+	Exec(ctx context.Context, ref string, req api.ExecRequest) (*sandbox.Stream, error)
 	Checkpoints
 }
 
@@ -139,13 +140,16 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		sendExecError(ctx, c, err)
 		return nil
 	}
-	if err := s.sandboxes.Exec(ctx, ref, req, c); err != nil {
+	st, err := s.sandboxes.Exec(ctx, ref, req)
+	if err != nil {
 		var ae *api.Error
 		if !errors.As(err, &ae) || ae.Code == api.CodeUnavailable {
 			s.log.Error("exec failed", "request_id", RequestID(ctx), "sandbox", ref, "err", err)
 		}
 		sendExecError(ctx, c, err)
+		return nil
 	}
+	ProxyStream(ctx, c, st)
 	return nil
 }
 

@@ -1,0 +1,90 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Stream is one open WebSocket into a sandbox's agent (an exec socket; later
+// attach sockets, port streams and watches), handed to the caller to proxy
+// to its client: the Manager never holds a client's socket. The Manager
+// ends every stream of a sandbox before a memory checkpoint or a restore:
+// it closes the agent's side, and Ended is closed with Reason saying why;
+// the caller then closes its client's socket with status 1011. The caller
+// calls Close when it is done, whichever side ended first.
+type Stream struct {
+	agent  *websocket.Conn
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// fromAgent rewrites each text message from the agent before the
+	// client sees it; nil passes them on as they are.
+	fromAgent func([]byte) []byte
+	release   func() // unregisters the stream from its sandbox
+	once      sync.Once
+	closed    chan struct{}
+}
+
+// streamCloseWait bounds how long ending a stream waits for its caller to
+// close the client's socket.
+const streamCloseWait = 5 * time.Second
+
+func newStream(agent *websocket.Conn, fromAgent func([]byte) []byte) *Stream {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Stream{agent: agent, ctx: ctx, cancel: cancel, fromAgent: fromAgent, closed: make(chan struct{})}
+}
+
+// NewStream makes a Stream over a socket to an agent that no sandbox ends,
+// for tests of code that proxies streams.
+func NewStream(agent *websocket.Conn) *Stream { return newStream(agent, nil) }
+
+// Agent is the socket to the sandbox's agent.
+func (s *Stream) Agent() *websocket.Conn { return s.agent }
+
+// FromAgent is what the client should get for a text message the agent
+// sent: the message itself, or, where the agent said more than it may (see
+// agentControl), what loam says instead.
+func (s *Stream) FromAgent(data []byte) []byte {
+	if s.fromAgent == nil {
+		return data
+	}
+	return s.fromAgent(data)
+}
+
+// Ended is closed when the Manager ends the stream.
+func (s *Stream) Ended() <-chan struct{} { return s.ctx.Done() }
+
+// Reason says why the Manager ended the stream; "" while it has not.
+func (s *Stream) Reason() string {
+	if s.ctx.Err() == nil {
+		return ""
+	}
+	return context.Cause(s.ctx).Error()
+}
+
+// end is the Manager's side: it closes the agent's socket and tells the
+// caller why, then waits (a while) for the caller to close its client's.
+func (s *Stream) end(reason string) {
+	s.cancel(errors.New(reason))
+	s.agent.CloseNow()
+	select {
+	case <-s.closed:
+	case <-time.After(streamCloseWait):
+	}
+}
+
+// Close releases the stream and closes the agent's socket. It is safe to
+// call more than once.
+func (s *Stream) Close() {
+	s.once.Do(func() {
+		s.cancel(nil)
+		s.agent.CloseNow()
+		if s.release != nil {
+			s.release()
+		}
+		close(s.closed)
+	})
+}
