@@ -225,9 +225,22 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
+// ProtocolVersion is the version of the daemon–agent protocol this agent
+// speaks: what its endpoints are and what they take. A sandbox restored or
+// forked from a checkpoint runs the agent that was in the checkpoint's
+// memory, which may be older than the daemon, so the daemon asks (GET
+// /healthz) and refuses, with a clear error, what an old agent cannot do.
+//
+// Versions: 1 is the first agent, which reported none (exec, token,
+// identity); 2 adds the agent's own link check, the in-sandbox API socket
+// and renaming forks.
+const ProtocolVersion = 2
+
 // Health is the body of GET /healthz.
 type Health struct {
 	OK bool `json:"ok"`
+	// Version is the agent's ProtocolVersion; 0 (absent) means 1.
+	Version int `json:"version,omitempty"`
 	// PID is the agent's pid: 1 inside a sandbox.
 	PID int `json:"pid"`
 	// UptimeMS is how long the agent has been serving, in milliseconds.
@@ -237,6 +250,7 @@ type Health struct {
 func (h *handler) serveHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, Health{
 		OK:       true,
+		Version:  ProtocolVersion,
 		PID:      os.Getpid(),
 		UptimeMS: time.Since(h.started).Milliseconds(),
 	})

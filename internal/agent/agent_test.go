@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -143,7 +144,13 @@ func TestRun(t *testing.T) {
 	readyCtx, cancelReady := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancelReady()
 	ready := make(chan error, 1)
-	go func() { ready <- c.WaitReady(readyCtx) }()
+	go func() {
+		h, err := c.WaitReady(readyCtx)
+		if err == nil && h.Version != ProtocolVersion {
+			err = fmt.Errorf("the agent reports protocol %d, want %d", h.Version, ProtocolVersion)
+		}
+		ready <- err
+	}()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -182,7 +189,7 @@ func TestWaitReady(t *testing.T) {
 		c.Token = "wrong"
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		if err := c.WaitReady(ctx); !IsUnauthorized(err) {
+		if _, err := c.WaitReady(ctx); !IsUnauthorized(err) {
 			t.Errorf("WaitReady: %v, want unauthorized", err)
 		}
 	})
@@ -195,7 +202,7 @@ func TestWaitReady(t *testing.T) {
 		ln.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
-		if err := c.WaitReady(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		if _, err := c.WaitReady(ctx); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("WaitReady: %v, want deadline exceeded", err)
 		}
 	})

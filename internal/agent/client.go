@@ -82,23 +82,27 @@ const (
 )
 
 // WaitReady polls Health until the agent answers, ctx is done, or the agent
-// refuses the token (which waiting will not change).
-func (c *Client) WaitReady(ctx context.Context) error {
+// refuses the token (which waiting will not change). It returns the
+// agent's health, its protocol version among it.
+func (c *Client) WaitReady(ctx context.Context) (Health, error) {
 	tick := time.NewTicker(readyInterval)
 	defer tick.Stop()
 	for {
 		actx, cancel := context.WithTimeout(ctx, readyAttempt)
-		_, err := c.Health(actx)
+		h, err := c.Health(actx)
 		cancel()
 		if err == nil {
-			return nil
+			if h.Version == 0 {
+				h.Version = 1 // the first agent reported none
+			}
+			return h, nil
 		}
 		if IsUnauthorized(err) {
-			return fmt.Errorf("waiting for agent: %w", err)
+			return Health{}, fmt.Errorf("waiting for agent: %w", err)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for agent at %s: %w (last attempt: %w)", c.BaseURL, context.Cause(ctx), err)
+			return Health{}, fmt.Errorf("waiting for agent at %s: %w (last attempt: %w)", c.BaseURL, context.Cause(ctx), err)
 		case <-tick.C:
 		}
 	}

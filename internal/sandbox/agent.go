@@ -26,9 +26,11 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	var ac *agent.Client
+	var health agent.Health
 	for i, tok := range holds {
 		ac = m.agentClient(ep, tok)
-		err := ac.WaitReady(ctx)
+		var err error
+		health, err = ac.WaitReady(ctx)
 		if err == nil {
 			break
 		}
@@ -36,6 +38,7 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 			return fmt.Errorf("waiting for the agent of %s: %w", sb.ID, err)
 		}
 	}
+	m.setAgentVersion(sb.ID, health.Version)
 	if own := m.agentToken(sb); ac.Token != own {
 		if err := ac.RotateToken(ctx, own); err != nil {
 			return fmt.Errorf("handing the agent of %s its token: %w", sb.ID, err)
@@ -116,4 +119,28 @@ func publicError(err error) error {
 		return err
 	}
 	return api.Errorf(api.CodeInternal, "the sandbox's agent failed: %s", ae)
+}
+
+// setAgentVersion records the protocol version of the agent sandbox id
+// runs now: learned at every connect, since a restore or a fork may bring
+// back an older agent with the checkpoint's memory.
+func (m *Manager) setAgentVersion(id string, v int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.agentVersions[id] = v
+}
+
+// requireAgent refuses, with a clear error, an operation (what) that needs
+// an agent of protocol version min or newer when sandbox sb runs an older
+// one.
+func (m *Manager) requireAgent(sb *store.Sandbox, min int, what string) error {
+	m.mu.Lock()
+	v, ok := m.agentVersions[sb.ID]
+	m.mu.Unlock()
+	if !ok || v >= min {
+		// Unknown only between a daemon's start and the sandbox's first
+		// connect, when nothing can reach it anyway.
+		return nil
+	}
+	return api.Errorf(api.CodeConflict, "%s needs a newer agent than sandbox %s runs (protocol %d, needs %d): it was restored or forked from a checkpoint taken by an older loam; a fresh boot (a disk-only checkpoint restored, or a new sandbox) runs the current agent", what, sb.Name, v, min)
 }

@@ -7,5 +7,5 @@ var AgentControl = agentControl
 func (m *Manager) SourceLocks() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.sources)
+	return len(m.sources) + len(m.agentVersions)
 }

@@ -70,12 +70,14 @@ func (m *Manager) bootFork(ctx context.Context, sb *store.Sandbox, src *store.Sa
 	return m.resume(ctx, sb, cp)
 }
 
-// forgetSource drops the lock on a deleted sandbox's checkpoints, so that
-// the map does not grow with every sandbox ever made. A fork still waiting
+// forgetSource drops the lock on a deleted sandbox's checkpoints and what
+// is known of its agent, so that the maps do not grow with every sandbox
+// ever made. A fork still waiting
 // on the old lock finds the sandbox gone once it gets it.
 func (m *Manager) forgetSource(id string) {
 	m.mu.Lock()
 	delete(m.sources, id)
+	delete(m.agentVersions, id)
 	m.mu.Unlock()
 }
 

@@ -104,6 +104,9 @@ type Manager struct {
 	reserved map[int]bool                // net indexes handed out but not yet stored
 	streams  map[string]map[*Stream]bool // sandbox id -> open streams
 	sources  map[string]*sync.RWMutex    // sandbox id -> lock on its checkpoints (see lockSource)
+	// agentVersions is the protocol version of each sandbox's agent, as
+	// its last connect found it.
+	agentVersions map[string]int
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -133,6 +136,8 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		reserved: map[int]bool{},
 		streams:  map[string]map[*Stream]bool{},
 		sources:  map[string]*sync.RWMutex{},
+
+		agentVersions: map[string]int{},
 	}
 }
 
