@@ -81,13 +81,7 @@ func writeIdentity(dir string, id Identity) error {
 		_ = os.Symlink(AgentBinaryPath, "/usr/local/bin/loam")
 	}
 	for name, f := range files {
-		path := filepath.Join(dir, name)
-		tmp := path + ".tmp"
-		_ = os.Remove(tmp) // a file left over keeps its mode through WriteFile
-		if err := os.WriteFile(tmp, []byte(f.content), f.mode); err != nil {
-			return fmt.Errorf("writing identity: %w", err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
+		if err := replaceFile(filepath.Join(dir, name), []byte(f.content), f.mode); err != nil {
 			return fmt.Errorf("writing identity: %w", err)
 		}
 	}
@@ -151,10 +145,11 @@ func (h *handler) setHostname(name string) error {
 	return replaceFile("/etc/hosts", []byte(strings.Join(lines, "\n")), 0o644)
 }
 
-// replaceFile writes path whole: a temporary file beside it, renamed over it.
+// replaceFile writes path whole, with mode: a temporary file beside it,
+// renamed over it, so a reader never sees half of it.
 func replaceFile(path string, data []byte, mode os.FileMode) error {
 	tmp := path + ".loam-tmp"
-	_ = os.Remove(tmp)
+	_ = os.Remove(tmp) // a file left over would keep its mode through WriteFile
 	if err := os.WriteFile(tmp, data, mode); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
