@@ -418,3 +418,81 @@ func TestFilesLarge(t *testing.T) {
 		t.Fatal("the download differs from the upload")
 	}
 }
+
+// TestFilesCLI: loam cp in and out, of a file, of a directory (a tar, with
+// a symlink in it), and of stdin and stdout; loam files ls, cat, mkdir, mv
+// and rm.
+func TestFilesCLI(t *testing.T) {
+	d := startDaemon(t)
+	if _, err := d.C.CreateSandbox(ctxT(t), api.CreateSandbox{Name: "cli"}); err != nil {
+		t.Fatal(err)
+	}
+	cli := func(in string, args ...string) string {
+		t.Helper()
+		out, errOut, code := d.cli(in, args...)
+		if code != 0 {
+			t.Fatalf("loam %v: exit %d: %s", args, code, errOut)
+		}
+		return out
+	}
+	local := t.TempDir()
+	site := filepath.Join(local, "site")
+	if err := os.MkdirAll(filepath.Join(site, "css"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(site, "index.html"), []byte("<h1>hi</h1>\n"), 0o644)
+	os.WriteFile(filepath.Join(site, "css", "a.css"), []byte("body{}\n"), 0o600)
+	os.Symlink("index.html", filepath.Join(site, "home.html"))
+
+	cli("", "cp", site, "cli:/home/loam/site")
+	if got := d.run("cli", "sh", "-c", "cat /home/loam/site/home.html; stat -c '%U %a' /home/loam/site/css/a.css"); got != "<h1>hi</h1>\nloam 600\n" {
+		t.Errorf("copied in: %q", got)
+	}
+	// Into an existing directory: as DST/NAME.
+	cli("", "cp", filepath.Join(site, "index.html"), "cli:/home/loam")
+	cli("hello stdin\n", "cp", "-", "cli:/home/loam/stdin.txt")
+	if got := d.run("cli", "cat", "/home/loam/index.html", "/home/loam/stdin.txt"); got != "<h1>hi</h1>\nhello stdin\n" {
+		t.Errorf("copied in: %q", got)
+	}
+
+	out := filepath.Join(local, "out")
+	cli("", "cp", "cli:/home/loam/site", out)
+	if b, err := os.ReadFile(filepath.Join(out, "home.html")); err != nil || string(b) != "<h1>hi</h1>\n" {
+		t.Errorf("copied out: %q, %v", b, err)
+	}
+	if l, err := os.Readlink(filepath.Join(out, "home.html")); err != nil || l != "index.html" {
+		t.Errorf("the symlink copied out: %q, %v", l, err)
+	}
+	cli("", "cp", "cli:/home/loam/stdin.txt", local)
+	if b, _ := os.ReadFile(filepath.Join(local, "stdin.txt")); string(b) != "hello stdin\n" {
+		t.Errorf("a file copied out into a directory: %q", b)
+	}
+	if got := cli("", "cp", "cli:/home/loam/stdin.txt", "-"); got != "hello stdin\n" {
+		t.Errorf("to stdout: %q", got)
+	}
+
+	ls := cli("", "files", "ls", "cli", "/home/loam/site", "--depth", "2")
+	for _, want := range []string{"symlink", "/home/loam/site/home.html -> index.html", "/home/loam/site/css/a.css", "0600"} {
+		if !strings.Contains(ls, want) {
+			t.Errorf("files ls lacks %q:\n%s", want, ls)
+		}
+	}
+	if got := cli("", "files", "cat", "cli", "/home/loam/site/index.html", "/home/loam/stdin.txt"); got != "<h1>hi</h1>\nhello stdin\n" {
+		t.Errorf("files cat: %q", got)
+	}
+	cli("", "files", "mkdir", "cli", "/home/loam/a/b")
+	cli("", "files", "mv", "cli", "/home/loam/stdin.txt", "/home/loam/a/b")
+	if got := d.run("cli", "cat", "/home/loam/a/b/stdin.txt"); got != "hello stdin\n" {
+		t.Errorf("after mv: %q", got)
+	}
+	if _, errOut, code := d.cli("", "files", "rm", "cli", "/home/loam/a"); code == 0 || !strings.Contains(errOut, "--yes") {
+		t.Errorf("rm without a terminal or --yes: %d %q", code, errOut)
+	}
+	if _, errOut, code := d.cli("", "files", "rm", "-y", "cli", "/home/loam/a"); code == 0 || !strings.Contains(errOut, "recursive") {
+		t.Errorf("rm of a full directory: %d %q", code, errOut)
+	}
+	cli("", "files", "rm", "-r", "-y", "cli", "/home/loam/a")
+	if _, errOut, code := d.cli("", "files", "cat", "cli", "/home/loam/a/b/stdin.txt"); code == 0 || !strings.Contains(errOut, "not found") {
+		t.Errorf("cat after rm: %d %q", code, errOut)
+	}
+}
