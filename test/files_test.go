@@ -496,3 +496,74 @@ func TestFilesCLI(t *testing.T) {
 		t.Errorf("cat after rm: %d %q", code, errOut)
 	}
 }
+
+// TestFilesCheckpointCutsCalls: a memory checkpoint cuts the transfers in
+// flight on its sandbox with a clear error: a download ends short (never
+// passing for a whole file), an upload fails and leaves neither the file
+// nor a temp file. The sandbox serves files again right after.
+func TestFilesCheckpointCutsCalls(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	c := d.C
+	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "cut"}); err != nil {
+		t.Fatal(err)
+	}
+	d.run("cut", "sh", "-c", "head -c 268435456 /dev/zero > /home/loam/z")
+
+	r, err := c.ReadFile(ctx, "cut", "/home/loam/z", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := io.CopyN(io.Discard, r, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+
+	pr, pw := io.Pipe()
+	upload := make(chan error, 1)
+	go func() {
+		_, err := c.WriteFile(ctx, "cut", "/home/loam/up", pr, nil)
+		pr.CloseWithError(errors.New("upload over"))
+		upload <- err
+	}()
+	chunk := make([]byte, 1<<20)
+	if _, err := pw.Write(chunk); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // the rest, until the upload is over
+		for {
+			if _, err := pw.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+
+	if _, err := c.CreateCheckpoint(ctx, "cut", api.CreateCheckpoint{}); err != nil {
+		t.Fatalf("memory checkpoint: %v", err)
+	}
+	n, err := io.Copy(io.Discard, r)
+	if !errors.Is(err, client.ErrShortRead) {
+		t.Errorf("download after a memory checkpoint: %d more bytes, %v; want ErrShortRead", n, err)
+	}
+	select {
+	case err := <-upload:
+		var ae *api.Error
+		switch {
+		case err == nil:
+			t.Error("the upload went through a memory checkpoint")
+		case errors.As(err, &ae) && (ae.Code != api.CodeUnavailable || !strings.Contains(ae.Message, "cut short")):
+			t.Errorf("upload: %v, want unavailable, cut short", err)
+		default:
+			t.Logf("upload: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the upload did not end")
+	}
+	if got := d.run("cut", "ls", "-a", "/home/loam"); strings.Contains(got, "up") {
+		t.Errorf("after a cut upload, /home/loam holds: %q", got)
+	}
+	if _, err := c.WriteFile(ctx, "cut", "/home/loam/after", strings.NewReader("ok"), nil); err != nil {
+		t.Errorf("writing after the checkpoint: %v", err)
+	}
+}
