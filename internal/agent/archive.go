@@ -96,9 +96,14 @@ func writeTree(tw *tar.Writer, dir string) error {
 		if !fi.Mode().IsRegular() {
 			return tw.WriteHeader(hdr)
 		}
-		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		// Swapped for a fifo or a symlink since the walk saw it: refused.
+		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 		if err != nil {
 			return err
+		}
+		if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+			f.Close()
+			return fmt.Errorf("%s changed while it was archived", p)
 		}
 		defer f.Close()
 		if err := tw.WriteHeader(hdr); err != nil {

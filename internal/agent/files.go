@@ -210,7 +210,7 @@ func (h *handler) serveRead(w http.ResponseWriter, r *http.Request) {
 	var f *os.File
 	err = asUser(a, func() error {
 		var err error
-		f, err = os.Open(p)
+		f, err = openRegular(p)
 		return err
 	})
 	if err != nil {
@@ -221,10 +221,6 @@ func (h *handler) serveRead(w http.ResponseWriter, r *http.Request) {
 	fi, err := f.Stat()
 	if err != nil {
 		h.fileError(w, r, p, err)
-		return
-	}
-	if !fi.Mode().IsRegular() {
-		h.fileError(w, r, p, api.Errorf(api.CodeInvalid, "%s is not a regular file", p))
 		return
 	}
 	// The size at open: a file that grows meanwhile is sent as it was
@@ -263,6 +259,26 @@ func (h *handler) serveWrite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, info)
+}
+
+// openRegular opens p for reading without blocking on a fifo a user of
+// the sandbox may have put there (open(2) of a fifo waits for a writer),
+// and refuses anything but a regular file.
+func openRegular(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, api.Errorf(api.CodeInvalid, "%s is not a regular file", p)
+	}
+	return f, nil
 }
 
 // writeAtomic writes body to p as the calling thread's user: to a temp file

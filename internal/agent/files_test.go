@@ -151,6 +151,10 @@ func TestFilesRefused(t *testing.T) {
 	if err := os.Symlink(secret, filepath.Join(dir, "link")); err != nil {
 		t.Fatal(err)
 	}
+	// A fifo nobody writes: opening it for reading would wait for ever.
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o666); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name   string
 		call   func() error
@@ -165,6 +169,7 @@ func TestFilesRefused(t *testing.T) {
 		{"unknown user", func() error { _, err := c.Stat(ctx, FileQuery{Path: dir, User: "nobody-x"}, 0); return err }, 400},
 		{"missing", func() error { _, err := c.Stat(ctx, FileQuery{Path: filepath.Join(dir, "nope")}, 0); return err }, 404},
 		{"read a directory", func() error { _, _, err := c.ReadFile(ctx, FileQuery{Path: dir}); return err }, 400},
+		{"read a fifo", func() error { _, _, err := c.ReadFile(ctx, FileQuery{Path: filepath.Join(dir, "fifo")}); return err }, 400},
 		{"read through a symlink to root's", func() error {
 			_, _, err := c.ReadFile(ctx, FileQuery{Path: filepath.Join(dir, "link", "key")})
 			return err

@@ -121,6 +121,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 	}
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return nil
+	}
 	if _, err := io.Copy(w, body); err != nil {
 		s.log.Warn("file download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
 	}
@@ -181,6 +184,9 @@ func (s *Server) readArchive(w http.ResponseWriter, r *http.Request) error {
 	defer body.Close()
 	w.Header().Set("Content-Type", "application/x-tar")
 	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return nil
+	}
 	if _, err := io.Copy(w, body); err != nil {
 		s.log.Warn("archive download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
 		panic(http.ErrAbortHandler)
