@@ -297,6 +297,22 @@ func TestFilesWatchCheckpoint(t *testing.T) {
 	if ev, err := w2.Next(ctx); err != nil || ev.Path != "/home/loam/proj/c" {
 		t.Errorf("after the checkpoint: %+v, %v", ev, err)
 	}
+
+	// A restore ends it too.
+	if _, err := c.RestoreCheckpoint(ctx, "w", "v1"); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	for {
+		ev, err := w2.Next(wctx)
+		if err == nil {
+			t.Logf("event before the restore: %+v", ev)
+			continue
+		}
+		if !errors.Is(err, client.ErrWatchEnded) || apiCode(err) != api.CodeUnavailable {
+			t.Fatalf("after a restore: %v, want ErrWatchEnded with unavailable", err)
+		}
+		break
+	}
 }
 
 // pattern is an endless, cheap stream of bytes that are not all alike.
