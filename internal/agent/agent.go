@@ -20,6 +20,7 @@
 //	GET  /exec     WebSocket, the exec protocol of package api (api/exec.go)
 //	POST /token    {"token":"…"}: replace the token (a fork must not keep
 //	               its source's); 204 on success
+//	/files…        the files protocol (files.go) and file watches (watch.go)
 package agent
 
 import (
@@ -165,6 +166,7 @@ func NewHandler(cfg Config) http.Handler {
 	h.mux.HandleFunc("GET /exec", h.serveExec)
 	h.mux.HandleFunc("POST /token", h.serveToken)
 	h.mux.HandleFunc("POST /identity", h.serveIdentity)
+	h.fileRoutes(h.mux)
 	return h
 }
 
@@ -233,8 +235,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 //
 // Versions: 1 is the first agent, which reported none (exec, token,
 // identity); 2 adds the agent's own link check, the in-sandbox API socket
-// and renaming forks.
-const ProtocolVersion = 2
+// and renaming forks; 3 adds the files protocol and file watches (files.go,
+// watch.go).
+const ProtocolVersion = 3
 
 // Health is the body of GET /healthz.
 type Health struct {

@@ -96,6 +96,9 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.templatesCmd(),
 		a.checkpointCmd(),
 		a.forkCmd(),
+		a.filesCmd(),
+		a.cpCmd(),
+		a.watchCmd(),
 	)
 	root.AddCommand(extra...)
 	return root

@@ -31,8 +31,10 @@ func (m *Manager) removeStream(id string, s *Stream) {
 	}
 }
 
-// closeStreams ends every stream of a sandbox with status 1011.
+// closeStreams ends every stream of a sandbox with status 1011, and cuts
+// its files calls in flight.
 func (m *Manager) closeStreams(id, reason string) {
+	m.endCalls(id, reason)
 	m.mu.Lock()
 	ss := make([]*Stream, 0, len(m.streams[id]))
 	for s := range m.streams[id] {

@@ -107,6 +107,8 @@ type Manager struct {
 	// agentVersions is the protocol version of each sandbox's agent, as
 	// its last connect found it.
 	agentVersions map[string]int
+	// calls are the files calls in flight to each sandbox (files.go).
+	calls map[string]map[*fileCall]bool
 }
 
 // New makes a Manager. Call Recover before serving requests.

@@ -1,0 +1,303 @@
+package cli
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/client"
+)
+
+func printJSONLine(w io.Writer, v any) error {
+	return json.NewEncoder(w).Encode(v)
+}
+
+// remote is one side of a cp: a path of a sandbox, or a local one when
+// sandbox is "".
+type remote struct {
+	sandbox, path string
+}
+
+// parseCpArg reads SANDBOX:PATH or a local path. A local path that holds a
+// colon can be given as ./a:b or as an absolute path.
+func parseCpArg(s string) remote {
+	name, p, ok := strings.Cut(s, ":")
+	if !ok || name == "" || strings.ContainsRune(name, '/') || strings.HasPrefix(s, ".") {
+		return remote{path: s}
+	}
+	return remote{sandbox: name, path: p}
+}
+
+func (a *app) cpCmd() *cobra.Command {
+	var (
+		user string
+		mode string
+	)
+	cmd := &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy files and directories into and out of a sandbox",
+		Long: `Copy between the local machine and a sandbox: one of SRC and DST is
+SANDBOX:PATH, a path of the sandbox (absolute, resolved inside it), the other
+a local path, or - for stdin or stdout.
+
+A file is copied to DST, or into DST when DST is a directory; it is written
+atomically, its parents made. A directory is copied as a tar: to DST when
+DST does not exist, into DST (as DST/NAME) when it does. Files land in the
+sandbox as its user, loam, unless --user names another. Copying out, entries
+that would land outside DST are refused.`,
+		Example: `  loam cp ./site scratch:/home/loam/site
+  loam cp scratch:/home/loam/out.log .
+  tar c . | loam cp - scratch:/tmp/upload.tar`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, dst := parseCpArg(args[0]), parseCpArg(args[1])
+			if (src.sandbox == "") == (dst.sandbox == "") {
+				return errors.New("one of SRC and DST must be SANDBOX:PATH, and only one")
+			}
+			m, err := parseMode(mode)
+			if err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			opts := &client.FileOptions{User: user, Mode: m}
+			if dst.sandbox != "" {
+				return a.copyIn(cmd.Context(), c, src.path, dst, opts)
+			}
+			return a.copyOut(cmd.Context(), c, src, dst.path, opts)
+		},
+	}
+	userFlag(cmd, &user)
+	cmd.Flags().StringVarP(&mode, "mode", "m", "", "permission bits in octal of a file copied in (default: those of the file replaced, or 0644)")
+	return cmd
+}
+
+// copyIn copies the local src (a file, a directory, or - for stdin) to dst.
+func (a *app) copyIn(ctx context.Context, c *client.Client, src string, dst remote, opts *client.FileOptions) error {
+	target, err := c.StatFile(ctx, dst.sandbox, dst.path, opts)
+	var ae *api.Error
+	switch {
+	case err != nil && !(errors.As(err, &ae) && ae.Code == api.CodeNotFound):
+		return err
+	case err != nil:
+		target = nil
+	}
+	if src == "-" {
+		if target != nil && target.Type == api.FileTypeDir {
+			return fmt.Errorf("%s:%s is a directory: name the file to write stdin to", dst.sandbox, dst.path)
+		}
+		_, err := c.WriteFile(ctx, dst.sandbox, dst.path, a.stdin, opts)
+		return err
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	into := target != nil && target.Type == api.FileTypeDir
+	p := dst.path
+	if into {
+		p = path.Join(dst.path, filepath.Base(src))
+	}
+	if !fi.IsDir() {
+		f, err := os.Open(src)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = c.WriteFile(ctx, dst.sandbox, p, f, opts)
+		return err
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(writeLocalTar(pw, src)) }()
+	err = c.WriteArchive(ctx, dst.sandbox, p, pr, opts)
+	pr.CloseWithError(errors.New("the upload ended"))
+	return err
+}
+
+// writeLocalTar writes a tar of the local directory dir, symlinks as
+// symlinks; devices, sockets and fifos are left out.
+func writeLocalTar(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		fi, err := de.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case !fi.Mode().IsRegular() && !fi.IsDir():
+			return nil
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if fi.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, io.LimitReader(f, hdr.Size))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// copyOut copies src (a file or directory of a sandbox) to the local dst,
+// or a file to stdout for -.
+func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst string, opts *client.FileOptions) error {
+	info, err := c.StatFile(ctx, src.sandbox, src.path, opts)
+	if err != nil {
+		return err
+	}
+	if dst == "-" {
+		if info.Type == api.FileTypeDir {
+			return fmt.Errorf("%s:%s is a directory: copy it to a local directory", src.sandbox, src.path)
+		}
+		r, err := c.ReadFile(ctx, src.sandbox, src.path, opts)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		_, err = io.Copy(a.stdout, r)
+		return err
+	}
+	if st, err := os.Stat(dst); err == nil && st.IsDir() {
+		dst = filepath.Join(dst, path.Base(info.Path))
+	}
+	if info.Type != api.FileTypeDir {
+		r, err := c.ReadFile(ctx, src.sandbox, src.path, opts)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		return writeLocalFile(dst, r)
+	}
+	r, err := c.ReadArchive(ctx, src.sandbox, src.path, opts)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return extractLocal(r, dst)
+}
+
+// writeLocalFile writes r to a temp file beside dst and renames it over
+// dst once whole, so that a cut transfer leaves no half file.
+func writeLocalFile(dst string, r io.Reader) error {
+	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".loam-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), dst)
+}
+
+// extractLocal extracts a tar that came from a sandbox into the local
+// directory dir (made if missing). The tar is the sandbox's word: every
+// entry goes through an os.Root of dir, which refuses names and symlinks
+// that lead outside it, and only files, directories and symlinks are made.
+func extractLocal(r io.Reader, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading the archive: %w", err)
+		}
+		name := path.Clean(hdr.Name)
+		if !filepath.IsLocal(name) {
+			return fmt.Errorf("the archive's entry %q would land outside %s: refused", hdr.Name, dir)
+		}
+		perm := fs.FileMode(hdr.Mode) & 0o777
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := root.MkdirAll(name, 0o755); err != nil {
+				return err
+			}
+			_ = root.Chmod(name, perm|0o700)
+		case tar.TypeReg:
+			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
+				return err
+			}
+			_ = root.Remove(name)
+			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		case tar.TypeSymlink:
+			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
+				return err
+			}
+			_ = root.Remove(name)
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
+				return err
+			}
+		}
+	}
+}
