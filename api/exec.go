@@ -7,11 +7,13 @@ package api
 //     (StreamStdin from the client, StreamStdout or StreamStderr from the
 //     server) and the rest is the data;
 //   - text messages carry an ExecControl: from the client "resize", "eof"
-//     (stdin is closed) or "signal"; from the server "started" (with the pid)
-//     and, last, "exit" (with the exit code).
+//     (stdin is closed) or "signal"; from the server "started" (with the pid
+//     and the session's id) and, last, "exit" (with the exit code).
 //
 // After "exit" the server closes the socket with status 1000. Closing the
-// socket before that hangs the command up (SIGHUP). A memory checkpoint or a
+// socket before that hangs the command up (SIGHUP), unless the request was
+// detachable: then the session runs on and can be attached to (see
+// api/session.go for the attach socket). A memory checkpoint or a
 // restore of the sandbox closes every exec socket with status 1011.
 
 // Stream bytes: the first byte of each binary exec message.
@@ -39,18 +41,34 @@ type ExecRequest struct {
 	// Stdin tells whether the client will send stdin. Without it, the
 	// command's stdin is empty (as </dev/null).
 	Stdin bool `json:"stdin,omitempty"`
+	// Detachable makes the command a session that runs on when its socket
+	// closes, instead of getting SIGHUP; its output goes on into buffers a
+	// client can attach to (see api/session.go). It needs an agent of
+	// protocol 3: a sandbox restored from an older checkpoint refuses it.
+	Detachable bool `json:"detachable,omitempty"`
+	// BufferSize is the size, in bytes, of each output buffer of a
+	// detachable session: DefaultSessionBuffer when 0, at most
+	// MaxSessionBuffer.
+	BufferSize int `json:"buffer_size,omitempty"`
 }
 
 // ExecControl is a text message on an exec socket.
 type ExecControl struct {
-	Type string `json:"type"` // "resize", "eof", "signal", "started", "exit", "error"
+	Type string `json:"type"` // "resize", "eof", "signal", "started", "offset", "exit", "error"
 	// Rows and Cols for "resize".
 	Rows int `json:"rows,omitempty"`
 	Cols int `json:"cols,omitempty"`
 	// Signal for "signal": a name like "TERM" or "INT".
 	Signal string `json:"signal,omitempty"`
-	// PID for "started".
-	PID int `json:"pid,omitempty"`
+	// PID and Session (its id, s-…) for "started".
+	PID     int    `json:"pid,omitempty"`
+	Session string `json:"session,omitempty"`
+	// Stream, Offset and Dropped for "offset" (attach sockets only): the
+	// next bytes of Stream start at byte Offset of its output, and Dropped
+	// bytes before it, from where the client asked, are no longer buffered.
+	Stream  byte  `json:"stream,omitempty"`
+	Offset  int64 `json:"offset,omitempty"`
+	Dropped int64 `json:"dropped,omitempty"`
 	// ExitCode for "exit": the exit status, or 128+N for a command killed by signal N.
 	ExitCode *int `json:"exit_code,omitempty"`
 	// Error for "error": why the command could not be started.
@@ -65,4 +83,5 @@ const (
 	ExecStarted = "started"
 	ExecExit    = "exit"
 	ExecError   = "error"
+	ExecOffset  = "offset"
 )

@@ -1,0 +1,736 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/api"
+)
+
+// sessions is the agent's registry of exec sessions (see api/session.go).
+// Every exec is a session; a detachable one owns its process's stdio and
+// keeps its output in rings for any number of clients to attach to, while a
+// non-detachable one is served by the exec socket that started it (see
+// execSocket) and is registered only to be listed, waited for, signalled and
+// killed. The registry holds every running session and the newest
+// api.MaxExitedSessions exited ones; nothing ends a session on a timer.
+type sessions struct {
+	log    *slog.Logger
+	reaper *reaper
+
+	mu   sync.Mutex
+	byID map[string]*session
+	list []*session // in order of start
+}
+
+func newSessions(log *slog.Logger, r *reaper) *sessions {
+	return &sessions{log: log, reaper: r, byID: map[string]*session{}}
+}
+
+// session is one command of the registry.
+type session struct {
+	id         string
+	cmd        []string
+	tty        bool
+	detachable bool
+	started    time.Time
+	proc       *process
+	reaper     *reaper
+	log        *slog.Logger
+
+	// done is closed once the session has exited and, when detachable,
+	// all its output is in its rings; code and exited are set before.
+	done   chan struct{}
+	code   int
+	exited time.Time
+
+	// Detachable sessions only.
+	sio  *stdio
+	outs []sessionOutput
+	// stdinQ carries attached clients' stdin to writeStdin; nil when the
+	// command takes none. stdinMu guards sending on it and closing it.
+	stdinMu  sync.Mutex
+	stdinQ   chan []byte
+	stdinEOF bool
+}
+
+// sessionOutput is one output stream of a detachable session.
+type sessionOutput struct {
+	stream byte
+	f      *os.File // the parent's end of the pipe or terminal
+	ring   *ring
+}
+
+// newSessionID makes an id "s-" and 12 letters and digits.
+func newSessionID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return "s-" + string(b)
+}
+
+// add registers a started process as a session. For a detachable one, sio
+// is its stdio, which the session owns from here on; nil otherwise.
+func (r *sessions) add(p *process, c *command, detachable bool, sio *stdio) *session {
+	ss := &session{
+		id:         newSessionID(),
+		cmd:        slices.Clone(c.argv),
+		tty:        c.tty,
+		detachable: detachable,
+		started:    time.Now().UTC(),
+		proc:       p,
+		reaper:     r.reaper,
+		done:       make(chan struct{}),
+		sio:        sio,
+	}
+	ss.log = r.log.With("session", ss.id, "pid", p.pid, "cmd", c.argv[0], "user", c.user)
+	r.mu.Lock()
+	r.byID[ss.id] = ss
+	r.list = append(r.list, ss)
+	r.mu.Unlock()
+	return ss
+}
+
+// start starts c as a detachable session, with output buffers of
+// req.BufferSize bytes per stream.
+func (r *sessions) start(h *handler, c *command, req *api.ExecRequest) (*session, error) {
+	p, sio, err := h.spawn(c)
+	if err != nil {
+		return nil, err
+	}
+	ss := r.add(p, c, true, sio)
+	size := req.BufferSize
+	if size == 0 {
+		size = api.DefaultSessionBuffer
+	}
+	for _, o := range sio.outs {
+		ss.outs = append(ss.outs, sessionOutput{stream: o.stream, f: o.f, ring: newRing(size)})
+	}
+	if sio.stdin != nil {
+		ss.stdinQ = make(chan []byte, stdinQueue)
+		go ss.writeStdin()
+	}
+	ss.log.Info("session started", "tty", c.tty, "buffer", size)
+	go func() {
+		ss.collect()
+		r.exited(ss)
+	}()
+	return ss, nil
+}
+
+// watch records the exit of a session an exec socket serves.
+func (r *sessions) watch(ss *session) {
+	go func() {
+		<-ss.proc.done
+		ss.finish()
+		r.exited(ss)
+	}()
+}
+
+// finish records the exit status; the process has been reaped.
+func (ss *session) finish() {
+	ss.code = exitCode(ss.proc.status)
+	ss.exited = time.Now().UTC()
+	close(ss.done)
+}
+
+// exited prunes the registry after ss exited: beyond the newest
+// api.MaxExitedSessions exited sessions, the oldest go.
+func (r *sessions) exited(ss *session) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.list {
+		if s.hasExited() {
+			n++
+		}
+	}
+	if n <= api.MaxExitedSessions {
+		return
+	}
+	// Drop the exited sessions that exited first, not those started first.
+	var ex []*session
+	for _, s := range r.list {
+		if s.hasExited() {
+			ex = append(ex, s)
+		}
+	}
+	slices.SortStableFunc(ex, func(a, b *session) int { return a.exited.Compare(b.exited) })
+	for _, s := range ex[:n-api.MaxExitedSessions] {
+		r.forgetLocked(s)
+	}
+}
+
+func (r *sessions) forgetLocked(ss *session) {
+	delete(r.byID, ss.id)
+	r.list = slices.DeleteFunc(r.list, func(s *session) bool { return s == ss })
+}
+
+// get returns a session, or a not_found error.
+func (r *sessions) get(id string) (*session, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ss, ok := r.byID[id]
+	if !ok {
+		return nil, api.Errorf(api.CodeNotFound, "no session %q", id)
+	}
+	return ss, nil
+}
+
+// all returns every session, oldest first.
+func (r *sessions) all() []api.Session {
+	r.mu.Lock()
+	list := slices.Clone(r.list)
+	r.mu.Unlock()
+	out := make([]api.Session, 0, len(list))
+	for _, ss := range list {
+		out = append(out, ss.view())
+	}
+	return out
+}
+
+// remove kills ss's whole process tree and forgets it.
+func (r *sessions) remove(ss *session) {
+	ss.kill()
+	r.mu.Lock()
+	r.forgetLocked(ss)
+	r.mu.Unlock()
+}
+
+func (ss *session) hasExited() bool {
+	select {
+	case <-ss.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// view is the session as the API shows it.
+func (ss *session) view() api.Session {
+	v := api.Session{
+		ID: ss.id, PID: ss.proc.pid, Cmd: ss.cmd, TTY: ss.tty, Detachable: ss.detachable,
+		State: api.SessionRunning, StartedAt: ss.started,
+	}
+	if ss.hasExited() {
+		code, at := ss.code, ss.exited
+		v.State, v.ExitCode, v.ExitedAt = api.SessionExited, &code, &at
+	}
+	return v
+}
+
+// collect moves a detachable session's output into its rings until the
+// main process has exited and its output is read, then records the exit.
+// As on an exec socket, output of background children that keep the pipes
+// open is read only for a short grace after the main process exits.
+func (ss *session) collect() {
+	var pumps sync.WaitGroup
+	for _, o := range ss.outs {
+		pumps.Go(func() { ss.pump(o) })
+	}
+	pumped := make(chan struct{})
+	go func() {
+		pumps.Wait()
+		close(pumped)
+	}()
+	<-ss.proc.done
+	var giveUp <-chan time.Time
+	deadline := time.Now().Add(outputGrace)
+	for _, o := range ss.outs {
+		if err := o.f.SetReadDeadline(deadline); err != nil {
+			giveUp = time.After(outputGrace)
+		}
+	}
+	select {
+	case <-pumped:
+	case <-giveUp:
+	}
+	for _, o := range ss.outs {
+		o.ring.Close()
+	}
+	ss.sio.close()
+	ss.finish()
+	ss.log.Info("session exited", "exit_code", ss.code)
+}
+
+// pump copies one output into its ring until EOF, or until the deadline set
+// when the main process exits; then it takes what the pipe still holds.
+func (ss *session) pump(o sessionOutput) {
+	buf := make([]byte, maxFrame-1)
+	for {
+		n, err := o.f.Read(buf)
+		if n > 0 {
+			o.ring.Write(buf[:n])
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			drainFile(o.f, buf, drainLimit, o.ring)
+			return
+		default:
+			return
+		}
+	}
+}
+
+// drainFile writes to w what f holds now, up to limit bytes, without
+// waiting for more.
+func drainFile(f *os.File, buf []byte, limit int, w io.Writer) {
+	if err := f.SetReadDeadline(time.Time{}); err != nil {
+		return
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	for done := 0; done < limit; {
+		var n int
+		var readErr error
+		err := rc.Read(func(fd uintptr) bool {
+			for {
+				n, readErr = unix.Read(int(fd), buf)
+				if readErr != unix.EINTR {
+					return true
+				}
+			}
+		})
+		if err != nil || readErr != nil || n <= 0 {
+			return
+		}
+		if _, err := w.Write(buf[:n]); err != nil {
+			return
+		}
+		done += n
+	}
+}
+
+// writeStdin writes queued stdin to the process until "eof" or its exit.
+func (ss *session) writeStdin() {
+	var err error
+	for {
+		select {
+		case b, ok := <-ss.stdinQ:
+			if !ok {
+				ss.sio.stdin.Close()
+				return
+			}
+			if err == nil {
+				_, err = ss.sio.stdin.Write(b)
+			}
+		case <-ss.done:
+			return
+		}
+	}
+}
+
+// queueStdin hands b to writeStdin, waiting while the queue is full.
+func (ss *session) queueStdin(ctx context.Context, b []byte) {
+	ss.stdinMu.Lock()
+	defer ss.stdinMu.Unlock()
+	if ss.stdinQ == nil || ss.stdinEOF {
+		return
+	}
+	select {
+	case ss.stdinQ <- b:
+	case <-ctx.Done():
+	case <-ss.done:
+	}
+}
+
+// closeStdin acts on a client's "eof".
+func (ss *session) closeStdin(ctx context.Context) {
+	if ss.tty {
+		// As on exec: type ^D.
+		ss.queueStdin(ctx, []byte{4})
+		return
+	}
+	ss.stdinMu.Lock()
+	defer ss.stdinMu.Unlock()
+	if ss.stdinQ != nil && !ss.stdinEOF {
+		ss.stdinEOF = true
+		close(ss.stdinQ)
+	}
+}
+
+// signal sends sig to the session's process group.
+func (ss *session) signal(sig syscall.Signal) error {
+	err := ss.reaper.signal(ss.proc, sig)
+	if errors.Is(err, errExited) {
+		return api.Errorf(api.CodeConflict, "session %s has exited", ss.id)
+	}
+	return err
+}
+
+// killWait bounds how long kill keeps killing a tree that keeps forking.
+const killWait = 5 * time.Second
+
+// kill kills the session's whole process tree with SIGKILL: its process
+// group (its terminal's session, with a tty), and every descendant of its
+// main process, even one that made a group or session of its own. It stops
+// them all first, finding the tree again until no new process shows up, so
+// that none forks or is orphaned (and lost from the tree) meanwhile.
+func (ss *session) kill() {
+	deadline := time.Now().Add(killWait)
+	seen := map[int]bool{}
+	for time.Now().Before(deadline) {
+		grew := false
+		for _, pid := range treeOf(ss.proc.pid, seen) {
+			if !seen[pid] {
+				seen[pid] = true
+				grew = true
+				_ = unix.Kill(pid, syscall.SIGSTOP)
+			}
+		}
+		if !grew {
+			break
+		}
+	}
+	_ = ss.reaper.signal(ss.proc, syscall.SIGKILL)
+	for pid := range seen {
+		_ = unix.Kill(pid, syscall.SIGKILL)
+	}
+	for time.Now().Before(deadline) {
+		left := treeOf(ss.proc.pid, nil)
+		if len(left) == 0 && ss.proc.reaped() {
+			return
+		}
+		for _, pid := range left {
+			_ = unix.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ss.log.Warn("session: processes survived the kill", "pids", treeOf(ss.proc.pid, nil))
+}
+
+// treeOf lists the live processes of root's tree, from /proc: root, those
+// in root's process group or session, those in also, and the descendants of
+// any of them.
+func treeOf(root int, also map[int]bool) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	type stat struct{ ppid, pgrp, sid int }
+	procs := map[int]stat{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp session …; comm may hold anything.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 4 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		pgrp, _ := strconv.Atoi(f[2])
+		sid, _ := strconv.Atoi(f[3])
+		procs[pid] = stat{ppid, pgrp, sid}
+	}
+	in := map[int]bool{}
+	for pid, st := range procs {
+		if pid == root || also[pid] || st.pgrp == root || st.sid == root {
+			in[pid] = true
+		}
+	}
+	for grew := true; grew; {
+		grew = false
+		for pid, st := range procs {
+			if !in[pid] && (in[st.ppid] || st.ppid == root) {
+				in[pid] = true
+				grew = true
+			}
+		}
+	}
+	delete(in, os.Getpid())
+	out := make([]int, 0, len(in))
+	for pid := range in {
+		out = append(out, pid)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// attachFrom is where an attach starts in each stream; nil for everything
+// still buffered.
+type attachFrom struct {
+	stdout, stderr *int64
+}
+
+// attach serves one attach socket of a detachable session (see
+// api/session.go) until the session has exited and all its output was sent,
+// or the client goes away. The session runs on either way.
+func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attachFrom) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wmu sync.Mutex
+	send := func(typ websocket.MessageType, b []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return conn.Write(ctx, typ, b)
+	}
+	if send(websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: ss.proc.pid, Session: ss.id})) != nil {
+		return
+	}
+	go func() {
+		defer cancel()
+		ss.readClient(ctx, conn)
+	}()
+	var outs sync.WaitGroup
+	failed := make(chan struct{}, len(ss.outs))
+	for _, o := range ss.outs {
+		off := from.stdout
+		if o.stream == api.StreamStderr && from.stderr != nil {
+			off = from.stderr
+		}
+		outs.Go(func() {
+			if ss.follow(ctx, o, off, send) != nil {
+				failed <- struct{}{}
+			}
+		})
+	}
+	outs.Wait()
+	if len(failed) > 0 || ctx.Err() != nil {
+		return
+	}
+	select {
+	case <-ss.done:
+	case <-ctx.Done():
+		return
+	}
+	code := ss.code
+	if send(websocket.MessageText, control(api.ExecControl{Type: api.ExecExit, ExitCode: &code})) == nil {
+		conn.Close(websocket.StatusNormalClosure, "")
+	}
+}
+
+// follow sends one output stream from offset *from (everything buffered
+// when nil) until the ring is closed and read. It says where the bytes
+// start, and how many were lost, before the first and after every gap.
+func (ss *session) follow(ctx context.Context, o sessionOutput, from *int64, send func(websocket.MessageType, []byte) error) error {
+	var off int64
+	if from != nil {
+		off = *from
+	} else {
+		off, _ = o.ring.bounds()
+	}
+	buf := make([]byte, maxFrame)
+	buf[0] = o.stream
+	first := true
+	for {
+		n, at, err := o.ring.ReadAt(ctx, buf[1:], off)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if first || at != off {
+			c := api.ExecControl{Type: api.ExecOffset, Stream: o.stream, Offset: at}
+			if at > off {
+				c.Dropped = at - off
+			}
+			if err := send(websocket.MessageText, control(c)); err != nil {
+				return err
+			}
+			first = false
+		}
+		if err := send(websocket.MessageBinary, buf[:1+n]); err != nil {
+			return err
+		}
+		off = at + int64(n)
+	}
+}
+
+// readClient acts on an attached client's messages until its socket ends.
+func (ss *session) readClient(ctx context.Context, conn *websocket.Conn) {
+	for {
+		typ, b, err := conn.Read(ctx)
+		if err != nil {
+			return
+		}
+		if typ == websocket.MessageBinary {
+			if len(b) > 1 && b[0] == api.StreamStdin {
+				ss.queueStdin(ctx, b[1:])
+			}
+			continue
+		}
+		var c api.ExecControl
+		if json.Unmarshal(b, &c) != nil {
+			continue
+		}
+		switch c.Type {
+		case api.ExecEOF:
+			ss.closeStdin(ctx)
+		case api.ExecSignal:
+			if sig := signalByName(c.Signal); sig != 0 {
+				_ = ss.signal(sig)
+			}
+		case api.ExecResize:
+			if ss.sio.master != nil && c.Rows > 0 && c.Cols > 0 && c.Rows <= 0xffff && c.Cols <= 0xffff {
+				_ = setTerminalSize(ss.sio.master, uint16(c.Rows), uint16(c.Cols))
+			}
+		}
+	}
+}
+
+// The session endpoints of the agent's API.
+
+func (h *handler) serveSessionCreate(w http.ResponseWriter, r *http.Request) {
+	var req api.ExecRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxClientMessage)).Decode(&req); err != nil {
+		writeError(w, api.Errorf(api.CodeInvalid, "the body must be an exec request"))
+		return
+	}
+	if err := checkRequest(&req); err != nil {
+		writeError(w, err)
+		return
+	}
+	c, err := h.prepare(&req)
+	if err != nil {
+		h.sessionError(w, err)
+		return
+	}
+	ss, err := h.sessions.start(h, c, &req)
+	if err != nil {
+		h.sessionError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, ss.view())
+}
+
+// sessionError answers with err, logging causes that are not the client's.
+func (h *handler) sessionError(w http.ResponseWriter, err error) {
+	var e *api.Error
+	if !errors.As(err, &e) {
+		h.log.Warn("session failed", "err", err)
+	}
+	writeError(w, err)
+}
+
+func (h *handler) serveSessionList(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, api.SessionList{Sessions: h.sessions.all()})
+}
+
+func (h *handler) serveSessionGet(w http.ResponseWriter, r *http.Request) {
+	ss, err := h.sessions.get(r.PathValue("session"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ss.view())
+}
+
+func (h *handler) serveSessionWait(w http.ResponseWriter, r *http.Request) {
+	ss, err := h.sessions.get(r.PathValue("session"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	select {
+	case <-ss.done:
+	case <-r.Context().Done():
+		return
+	}
+	writeJSON(w, http.StatusOK, ss.view())
+}
+
+func (h *handler) serveSessionSignal(w http.ResponseWriter, r *http.Request) {
+	ss, err := h.sessions.get(r.PathValue("session"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req api.SignalSession
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil {
+		writeError(w, api.Errorf(api.CodeInvalid, `the body must be {"signal":"…"}`))
+		return
+	}
+	sig := signalByName(req.Signal)
+	if sig == 0 {
+		writeError(w, api.Errorf(api.CodeInvalid, "signal %q: not a signal name or number", req.Signal))
+		return
+	}
+	if err := ss.signal(sig); err != nil {
+		h.sessionError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handler) serveSessionDelete(w http.ResponseWriter, r *http.Request) {
+	ss, err := h.sessions.get(r.PathValue("session"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	h.sessions.remove(ss)
+	ss.log.Info("session deleted")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handler) serveSessionAttach(w http.ResponseWriter, r *http.Request) {
+	ss, err := h.sessions.get(r.PathValue("session"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !ss.detachable {
+		writeError(w, api.Errorf(api.CodeConflict, "session %s is not detachable: its output goes only to the socket that started it", ss.id))
+		return
+	}
+	var from attachFrom
+	for _, p := range []struct {
+		name string
+		to   **int64
+	}{{"offset", &from.stdout}, {"stderr_offset", &from.stderr}} {
+		v := r.URL.Query().Get(p.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, api.Errorf(api.CodeInvalid, "%s must be a byte offset (0 or more)", p.name))
+			return
+		}
+		*p.to = &n
+	}
+	if from.stderr == nil {
+		from.stderr = from.stdout
+	}
+	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		return
+	}
+	defer conn.CloseNow()
+	conn.SetReadLimit(maxClientMessage)
+	ss.attach(r.Context(), conn, from)
+}
