@@ -9,9 +9,11 @@ import (
 	"github.com/coder/websocket"
 )
 
-// Stream is one open WebSocket into a sandbox's agent (an exec socket; later
-// attach sockets, port streams and watches), handed to the caller to proxy
-// to its client: the Manager never holds a client's socket. The Manager
+// Stream is one open WebSocket into a sandbox's agent (an exec or attach
+// socket; later port streams and watches), handed to the caller to proxy
+// to its client: the Manager never holds a client's socket. (Internally, a
+// Stream with no socket stands for a call in flight that must end as
+// streams do, a session's wait.) The Manager
 // ends every stream of a sandbox before a memory checkpoint or a restore:
 // it closes the agent's side, and Ended is closed with Reason saying why;
 // the caller then closes its client's socket with status 1011. The caller
@@ -69,7 +71,9 @@ func (s *Stream) Reason() string {
 // caller why, then waits (a while) for the caller to close its client's.
 func (s *Stream) end(reason string) {
 	s.cancel(errors.New(reason))
-	s.agent.CloseNow()
+	if s.agent != nil {
+		s.agent.CloseNow()
+	}
 	select {
 	case <-s.closed:
 	case <-time.After(streamCloseWait):
@@ -81,7 +85,9 @@ func (s *Stream) end(reason string) {
 func (s *Stream) Close() {
 	s.once.Do(func() {
 		s.cancel(nil)
-		s.agent.CloseNow()
+		if s.agent != nil {
+			s.agent.CloseNow()
+		}
 		if s.release != nil {
 			s.release()
 		}
