@@ -327,6 +327,7 @@ func oldAgent(t *testing.T) string {
 		t.Fatal(err)
 	}
 	archive := exec.Command("sh", "-c", `git archive d3d1566 | tar -x -C "$1"`, "sh", src)
+	archive.Dir = ".." // the whole tree, not test/ alone
 	if out, err := archive.CombinedOutput(); err != nil {
 		t.Fatalf("extracting commit d3d1566: %v\n%s", err, out)
 	}
