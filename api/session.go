@@ -13,8 +13,9 @@ import (
 //
 // The attach WebSocket: GET /v1/sandboxes/{sandbox}/sessions/{session}/attach,
 // upgraded, with optional query parameters offset (where stdout's replay
-// starts) and stderr_offset (stderr's; offset when not given). Without them,
-// everything still buffered is replayed. The client sends no request: the
+// starts), stderr_offset (stderr's; offset when not given) and follow
+// (see AttachParams). Without them, everything still buffered is replayed,
+// then live output follows. The client sends no request: the
 // frames are those of the exec socket (api/exec.go) from the server's
 // "started" on. Before each stream's first byte the server sends an
 // ExecOffset control message saying the offset of the byte that follows and
@@ -25,6 +26,18 @@ import (
 // ends the socket (status 1000) once the command has exited and every byte
 // was sent. Closing an attach socket leaves the session running. Any number
 // of clients may attach at once; each one's stdin goes to the command.
+
+// AttachParams are the query parameters of an attach socket: offset,
+// stderr_offset and follow.
+type AttachParams struct {
+	// Offset is where stdout's replay starts, StderrOffset stderr's
+	// (Offset's when nil); nil replays everything still buffered.
+	Offset, StderrOffset *int64
+	// NoFollow (follow=false) ends the socket once what was buffered when
+	// it opened is sent: with "exit" if the session had exited, else with
+	// a normal close and no "exit". It is how logs are read.
+	NoFollow bool
+}
 
 // Session states.
 const (

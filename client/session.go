@@ -101,6 +101,10 @@ type AttachOptions struct {
 	Stdout, Stderr io.Writer
 	Resize         <-chan WindowSize
 	Signal         <-chan string
+	// NoFollow ends the attach once what was buffered when it began is
+	// written: Attach then returns the exit code if the session had
+	// exited, else -1 and no error. It is how `loam logs` reads.
+	NoFollow bool
 	// OnOffset, when not nil, is called before the first bytes of each
 	// stream, and after every gap: the next bytes of stream start at
 	// offset, and dropped bytes before it, from where this client was,
@@ -137,6 +141,9 @@ func (c *Client) attach(ctx context.Context, sandbox, id string, opts AttachOpti
 	if opts.StderrOffset != nil {
 		q.Set("stderr_offset", strconv.FormatInt(*opts.StderrOffset, 10))
 	}
+	if opts.NoFollow {
+		q.Set("follow", "false")
+	}
 	u := wsURL(c.base) + "/v1/sandboxes/" + sseg + "/sessions/" + iseg + "/attach"
 	if len(q) > 0 {
 		u += "?" + q.Encode()
@@ -152,8 +159,13 @@ func (c *Client) attach(ctx context.Context, sandbox, id string, opts AttachOpti
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(execReadLimit)
-	return readStream(ctx, conn, streamIO{
+	code, err := readStream(ctx, conn, streamIO{
 		stdin: opts.Stdin, stdout: opts.Stdout, stderr: opts.Stderr,
 		resize: opts.Resize, signal: opts.Signal, offset: opts.OnOffset,
 	})
+	if err != nil && opts.NoFollow && ctx.Err() == nil && websocket.CloseStatus(err) == websocket.StatusNormalClosure {
+		// All that was buffered is written; the session runs on.
+		return -1, nil
+	}
+	return code, err
 }

@@ -386,3 +386,59 @@ func (w *firstByte) Write(p []byte) (int, error) {
 	w.cancel()
 	return len(p), nil
 }
+
+// TestSessionCLI drives sessions through the CLI: exec -d, sessions, logs,
+// attach (and its 1011 ending), kill.
+func TestSessionCLI(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "cli"}); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := d.cli("", "exec", "-d", "cli", "--", "sh", "-c", "echo out; echo err >&2; exec sleep 1000")
+	id := strings.TrimSpace(out)
+	if code != 0 || !api.ValidSessionID(id) {
+		t.Fatalf("exec -d: %d %q %q", code, out, errOut)
+	}
+	if out, _, _ := d.cli("", "sessions", "cli"); !strings.Contains(out, id) || !strings.Contains(out, "running") || !strings.Contains(out, "sh -c echo out") {
+		t.Fatalf("sessions:\n%s", out)
+	}
+	waitFor(t, func() bool {
+		out, errOut, code := d.cli("", "logs", "cli", id)
+		return code == 0 && out == "out\n" && errOut == "err\n"
+	})
+
+	// An attach ended by a memory checkpoint says the session runs on.
+	attach := exec.Command(loamBin, "attach", "cli", id)
+	attach.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
+	var aout, aerr syncBuffer
+	attach.Stdout, attach.Stderr = &aout, &aerr
+	if err := attach.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(aout.String(), "out") })
+	if _, err := d.C.CreateCheckpoint(ctx, "cli", api.CreateCheckpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	err := attach.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(aerr.String(), "can be attached again: loam attach cli "+id) {
+		t.Fatalf("attach across a checkpoint: %v, stderr %q", err, aerr.String())
+	}
+
+	if _, errOut, code := d.cli("", "kill", "cli", id); code != 0 {
+		t.Fatalf("kill: %d %q", code, errOut)
+	}
+	out, errOut, code = d.cli("", "attach", "cli", id)
+	if code != 128+15 || out != "out\n" || errOut != "err\n" {
+		t.Fatalf("attach after kill: %d %q %q", code, out, errOut)
+	}
+	if _, errOut, code := d.cli("", "kill", "--rm", "cli", id); code != 0 {
+		t.Fatalf("kill --rm: %d %q", code, errOut)
+	}
+	if out, _, _ := d.cli("", "sessions", "cli"); strings.Contains(out, id) {
+		t.Fatalf("sessions after kill --rm:\n%s", out)
+	}
+	if _, errOut, code := d.cli("", "logs", "cli", id); code != 1 || !strings.Contains(errOut, "no session") {
+		t.Fatalf("logs of a removed session: %d %q", code, errOut)
+	}
+}

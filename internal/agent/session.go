@@ -479,10 +479,14 @@ func treeOf(root int, also map[int]bool) []int {
 	return out
 }
 
-// attachFrom is where an attach starts in each stream; nil for everything
-// still buffered.
+// attachFrom is where an attach starts in each stream (nil for everything
+// still buffered) and whether it follows live output.
 type attachFrom struct {
 	stdout, stderr *int64
+	// noFollow ends the attach once what was buffered when it began is
+	// sent: with "exit" if the session has exited by then, else with a
+	// normal close and no "exit".
+	noFollow bool
 }
 
 // attach serves one attach socket of a detachable session (see
@@ -511,14 +515,22 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 		if o.stream == api.StreamStderr && from.stderr != nil {
 			off = from.stderr
 		}
+		until := int64(-1)
+		if from.noFollow {
+			_, until = o.ring.bounds()
+		}
 		outs.Go(func() {
-			if ss.follow(ctx, o, off, send) != nil {
+			if ss.follow(ctx, o, off, until, send) != nil {
 				failed <- struct{}{}
 			}
 		})
 	}
 	outs.Wait()
 	if len(failed) > 0 || ctx.Err() != nil {
+		return
+	}
+	if from.noFollow && !ss.hasExited() {
+		conn.Close(websocket.StatusNormalClosure, "")
 		return
 	}
 	select {
@@ -533,9 +545,10 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 }
 
 // follow sends one output stream from offset *from (everything buffered
-// when nil) until the ring is closed and read. It says where the bytes
+// when nil) until the ring is closed and read, or up to offset until when
+// it is not negative. It says where the bytes
 // start, and how many were lost, before the first and after every gap.
-func (ss *session) follow(ctx context.Context, o sessionOutput, from *int64, send func(websocket.MessageType, []byte) error) error {
+func (ss *session) follow(ctx context.Context, o sessionOutput, from *int64, until int64, send func(websocket.MessageType, []byte) error) error {
 	var off int64
 	if from != nil {
 		off = *from
@@ -546,7 +559,14 @@ func (ss *session) follow(ctx context.Context, o sessionOutput, from *int64, sen
 	buf[0] = o.stream
 	first := true
 	for {
-		n, at, err := o.ring.ReadAt(ctx, buf[1:], off)
+		p := buf[1:]
+		if until >= 0 {
+			if off >= until {
+				return nil
+			}
+			p = p[:min(int64(len(p)), until-off)]
+		}
+		n, at, err := o.ring.ReadAt(ctx, p, off)
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -725,6 +745,14 @@ func (h *handler) serveSessionAttach(w http.ResponseWriter, r *http.Request) {
 	}
 	if from.stderr == nil {
 		from.stderr = from.stdout
+	}
+	switch r.URL.Query().Get("follow") {
+	case "", "true":
+	case "false":
+		from.noFollow = true
+	default:
+		writeError(w, api.Errorf(api.CodeInvalid, "follow must be true or false"))
+		return
 	}
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {

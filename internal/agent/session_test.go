@@ -19,7 +19,7 @@ func attach(t *testing.T, c *Client, id string, stdout, stderr *int64) *execSess
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	conn, err := c.DialAttach(ctx, id, stdout, stderr)
+	conn, err := c.DialAttach(ctx, id, api.AttachParams{Offset: stdout, StderrOffset: stderr})
 	if err != nil {
 		t.Fatalf("DialAttach: %v", err)
 	}
@@ -166,7 +166,7 @@ func TestSessionNotDetachable(t *testing.T) {
 	if err != nil || got.State != api.SessionRunning || got.Detachable {
 		t.Fatalf("the exec's session: %+v, %v", got, err)
 	}
-	if _, err := c.DialAttach(ctx, s.session, nil, nil); !isAgentStatus(err, http.StatusConflict) {
+	if _, err := c.DialAttach(ctx, s.session, api.AttachParams{}); !isAgentStatus(err, http.StatusConflict) {
 		t.Fatalf("attaching to a non-detachable session: %v, want 409", err)
 	}
 	// Its socket closing hangs it up; it stays listed as exited.

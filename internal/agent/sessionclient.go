@@ -82,15 +82,17 @@ func (c *Client) DeleteSession(ctx context.Context, id string) error {
 }
 
 // DialAttach opens an attach socket to a detachable session (see
-// api/session.go), replaying stdout from *stdout and stderr from *stderr
-// (everything buffered when nil).
-func (c *Client) DialAttach(ctx context.Context, id string, stdout, stderr *int64) (*websocket.Conn, error) {
+// api/session.go).
+func (c *Client) DialAttach(ctx context.Context, id string, p api.AttachParams) (*websocket.Conn, error) {
 	q := url.Values{}
-	if stdout != nil {
-		q.Set("offset", strconv.FormatInt(*stdout, 10))
+	if p.Offset != nil {
+		q.Set("offset", strconv.FormatInt(*p.Offset, 10))
 	}
-	if stderr != nil {
-		q.Set("stderr_offset", strconv.FormatInt(*stderr, 10))
+	if p.StderrOffset != nil {
+		q.Set("stderr_offset", strconv.FormatInt(*p.StderrOffset, 10))
+	}
+	if p.NoFollow {
+		q.Set("follow", "false")
 	}
 	u := c.url("/sessions/" + url.PathEscape(id) + "/attach")
 	if len(q) > 0 {

@@ -96,6 +96,11 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.templatesCmd(),
 		a.checkpointCmd(),
 		a.forkCmd(),
+		a.execCmd(),
+		a.attachCmd(),
+		a.sessionsCmd(),
+		a.logsCmd(),
+		a.killCmd(),
 	)
 	root.AddCommand(extra...)
 	return root

@@ -219,11 +219,10 @@ func (m *Manager) DeleteSession(ctx context.Context, ref, id string) error {
 }
 
 // AttachSession opens an attach socket to a detachable session (see
-// api/session.go) from the given offsets (everything buffered when nil),
-// and returns it as a Stream for the caller to proxy, as Exec does. It
+// api/session.go) and returns it as a Stream for the caller to proxy, as Exec does. It
 // fails, before the caller has upgraded its client, when the session is
 // not there or not detachable.
-func (m *Manager) AttachSession(ctx context.Context, ref, id string, stdout, stderr *int64) (*Stream, error) {
+func (m *Manager) AttachSession(ctx context.Context, ref, id string, p api.AttachParams) (*Stream, error) {
 	sb, ac, err := m.sessionAgent(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -231,12 +230,12 @@ func (m *Manager) AttachSession(ctx context.Context, ref, id string, stdout, std
 	if err := checkSessionID(sb, id); err != nil {
 		return nil, err
 	}
-	for _, off := range []*int64{stdout, stderr} {
+	for _, off := range []*int64{p.Offset, p.StderrOffset} {
 		if off != nil && *off < 0 {
 			return nil, api.Errorf(api.CodeInvalid, "offset: a byte offset is 0 or more")
 		}
 	}
-	conn, err := ac.DialAttach(ctx, id, stdout, stderr)
+	conn, err := ac.DialAttach(ctx, id, p)
 	if err != nil {
 		return nil, m.sessionError(sb, id, err, "is not detachable: its output went only to the socket that started it")
 	}

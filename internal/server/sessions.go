@@ -22,9 +22,8 @@ type Sessions interface {
 	WaitSession(ctx context.Context, sandbox, id string) (*api.Session, error)
 	SignalSession(ctx context.Context, sandbox, id string, req api.SignalSession) error
 	DeleteSession(ctx context.Context, sandbox, id string) error
-	// AttachSession opens an attach socket to the session's agent from
-	// the given offsets (nil for everything buffered).
-	AttachSession(ctx context.Context, sandbox, id string, stdout, stderr *int64) (*sandbox.Stream, error)
+	// AttachSession opens an attach socket to the session's agent.
+	AttachSession(ctx context.Context, sandbox, id string, p api.AttachParams) (*sandbox.Stream, error)
 }
 
 func (s *Server) sessionRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
@@ -128,7 +127,15 @@ func (s *Server) attachSession(w http.ResponseWriter, r *http.Request) error {
 	if stderr == nil {
 		stderr = stdout
 	}
-	st, err := s.sandboxes.AttachSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), stdout, stderr)
+	p := api.AttachParams{Offset: stdout, StderrOffset: stderr}
+	switch f := r.URL.Query().Get("follow"); f {
+	case "", "true":
+	case "false":
+		p.NoFollow = true
+	default:
+		return api.Errorf(api.CodeInvalid, "follow: %q is neither true nor false", f)
+	}
+	st, err := s.sandboxes.AttachSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), p)
 	if err != nil {
 		return err
 	}

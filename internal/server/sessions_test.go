@@ -57,7 +57,7 @@ func (f *fakeSandboxes) DeleteSession(ctx context.Context, sandbox, id string) e
 	return err
 }
 
-func (f *fakeSandboxes) AttachSession(ctx context.Context, sandbox, id string, stdout, stderr *int64) (*sandbox.Stream, error) {
+func (f *fakeSandboxes) AttachSession(ctx context.Context, sandbox, id string, p api.AttachParams) (*sandbox.Stream, error) {
 	if _, err := f.session(ctx, sandbox, id); err != nil {
 		return nil, err
 	}
@@ -78,6 +78,7 @@ func TestSessionErrors(t *testing.T) {
 		{name: "GET wait", req: get(sess + "/wait"), status: 405, code: api.CodeMethodNotAllowed, allow: "POST"},
 		{name: "bad offset", req: get(sess + "/attach?offset=-1"), status: 400, code: api.CodeInvalid, msg: "offset"},
 		{name: "bad stderr offset", req: get(sess + "/attach?stderr_offset=x"), status: 400, code: api.CodeInvalid, msg: "stderr_offset"},
+		{name: "bad follow", req: get(sess + "/attach?follow=maybe"), status: 400, code: api.CodeInvalid, msg: "follow"},
 		{name: "attach refused before the upgrade", req: get(sess + "/attach"), status: 409, code: api.CodeConflict, msg: "not detachable"},
 	})
 }
