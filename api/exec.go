@@ -13,8 +13,24 @@ package api
 // After "exit" the server closes the socket with status 1000. Closing the
 // socket before that hangs the command up (SIGHUP), unless the request was
 // detachable: then the session runs on and can be attached to (see
-// api/session.go for the attach socket). A memory checkpoint or a
-// restore of the sandbox closes every exec socket with status 1011.
+// api/session.go for sessions, and the attach socket below). A memory
+// checkpoint or a restore of the sandbox closes every exec and attach
+// socket with status 1011; a detachable session runs on through it.
+
+// The attach WebSocket: GET /v1/sandboxes/{sandbox}/sessions/{session}/attach,
+// upgraded, with optional query parameters offset (where stdout's replay
+// starts), stderr_offset (stderr's; offset when not given) and follow
+// (see AttachParams). Without them, everything still buffered is replayed,
+// then live output follows. The client sends no request: the frames are
+// those of the exec socket from the server's "started" on. Before each stream's first byte the server sends an
+// ExecOffset control message saying the offset of the byte that follows and
+// how many bytes before it, from the offset asked for, were dropped because
+// the buffer wrapped; it sends another whenever a client too slow for the
+// command falls behind what the buffer holds. Then the buffered output, then
+// live output; stdin, "eof", "resize" and "signal" work as on exec; "exit"
+// ends the socket (status 1000) once the command has exited and every byte
+// was sent. Closing an attach socket leaves the session running. Any number
+// of clients may attach at once; each one's stdin goes to the command.
 
 // Stream bytes: the first byte of each binary exec message.
 const (

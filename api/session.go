@@ -11,22 +11,6 @@ import (
 // stream with a terminal), addressed by byte offsets that only grow, so a
 // client that attaches again can ask for what it has not seen yet.
 //
-// The attach WebSocket: GET /v1/sandboxes/{sandbox}/sessions/{session}/attach,
-// upgraded, with optional query parameters offset (where stdout's replay
-// starts), stderr_offset (stderr's; offset when not given) and follow
-// (see AttachParams). Without them, everything still buffered is replayed,
-// then live output follows. The client sends no request: the
-// frames are those of the exec socket (api/exec.go) from the server's
-// "started" on. Before each stream's first byte the server sends an
-// ExecOffset control message saying the offset of the byte that follows and
-// how many bytes before it, from the offset asked for, were dropped because
-// the buffer wrapped; it sends another whenever a client too slow for the
-// command falls behind what the buffer holds. Then the buffered output, then
-// live output; stdin, "eof", "resize" and "signal" work as on exec; "exit"
-// ends the socket (status 1000) once the command has exited and every byte
-// was sent. Closing an attach socket leaves the session running. Any number
-// of clients may attach at once; each one's stdin goes to the command.
-
 // AttachParams are the query parameters of an attach socket: offset,
 // stderr_offset and follow.
 type AttachParams struct {
