@@ -24,13 +24,23 @@ func ExampleClient_Attach() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	var got, gotErr int64 // bytes received per stream: where to attach again
+	// The offset reached in each stream: where to attach again.
+	var got, gotErr int64
 	for {
 		code, err := c.Attach(ctx, "scratch", ss.ID, client.AttachOptions{
 			Offset:       &got,
 			StderrOffset: &gotErr,
 			Stdout:       counter{os.Stdout, &got},
 			Stderr:       counter{os.Stderr, &gotErr},
+			OnOffset: func(stream byte, offset, dropped int64) {
+				// The bytes that follow start here (later than asked
+				// if dropped bytes wrapped out of the buffer).
+				if stream == api.StreamStderr {
+					gotErr = offset
+				} else {
+					got = offset
+				}
+			},
 		})
 		if errors.Is(err, client.ErrInterrupted) {
 			continue // checkpointed or restored: the session runs on
