@@ -210,3 +210,38 @@ func TestSessionsPruned(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionNoFollow: follow=false sends what is buffered and ends, with
+// "exit" only once the session has exited.
+func TestSessionNoFollow(t *testing.T) {
+	c := newTestAgent(t)
+	ctx := context.Background()
+	ss, err := c.CreateSession(ctx, api.ExecRequest{User: "root", Cmd: sh(`echo one; read x; echo two`), Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a *execSession
+	for a == nil || a.stdout.String() != "one\n" {
+		conn, err := c.DialAttach(ctx, ss.ID, api.AttachParams{NoFollow: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a = &execSession{t: t, ctx: ctx, conn: conn}
+		a.wait()
+		if a.exitCode != nil {
+			t.Fatalf("exit from a running session: %d", *a.exitCode)
+		}
+	}
+	live := attach(t, c, ss.ID, nil, nil)
+	live.sendStdin("\n")
+	live.wait()
+	conn, err := c.DialAttach(ctx, ss.ID, api.AttachParams{NoFollow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a = &execSession{t: t, ctx: ctx, conn: conn}
+	a.wait()
+	if a.code() != 0 || a.stdout.String() != "one\ntwo\n" {
+		t.Fatalf("logs of an exited session: %d %q", a.code(), a.stdout.String())
+	}
+}
