@@ -47,12 +47,20 @@ func (r *ring) Write(p []byte) (int, error) {
 		// buf[o%size]); what was in it is all overwritten below.
 		r.end += int64(n - r.size)
 		p = p[n-r.size:]
-		r.buf = append(r.buf, make([]byte, r.size-len(r.buf))...)
+		if len(r.buf) < r.size {
+			r.buf = make([]byte, r.size)
+		}
 	}
 	for len(p) > 0 {
 		if len(r.buf) < r.size {
 			// Still growing: the ring has not wrapped, and end == len(buf).
 			k := min(len(p), r.size-len(r.buf))
+			if len(r.buf)+k > cap(r.buf) {
+				// Grow as append would, but never past size.
+				nb := make([]byte, len(r.buf), min(max(2*cap(r.buf), len(r.buf)+k, 4096), r.size))
+				copy(nb, r.buf)
+				r.buf = nb
+			}
 			r.buf = append(r.buf, p[:k]...)
 			r.end += int64(k)
 			p = p[k:]
@@ -69,13 +77,18 @@ func (r *ring) Write(p []byte) (int, error) {
 }
 
 // Close marks the end of the output: readers that have read everything get
-// io.EOF instead of waiting.
+// io.EOF instead of waiting. The ring keeps only what it holds from then on.
 func (r *ring) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.closed {
 		r.closed = true
 		close(r.more)
+		if cap(r.buf) > len(r.buf) {
+			nb := make([]byte, len(r.buf))
+			copy(nb, r.buf)
+			r.buf = nb
+		}
 	}
 }
 

@@ -101,3 +101,23 @@ func TestRingReadWaitsForContext(t *testing.T) {
 		t.Fatalf("ReadAt on an empty ring = %v, want the context's deadline", err)
 	}
 }
+
+// TestRingMemory checks that a ring never holds more than its size, however
+// it is written, and gives back what it does not use once closed.
+func TestRingMemory(t *testing.T) {
+	const size = 100 << 10
+	r := newRing(size)
+	chunk := bytes.Repeat([]byte("x"), 999)
+	for range 300 {
+		r.Write(chunk)
+		if cap(r.buf) > size {
+			t.Fatalf("ring of %d bytes holds a buffer of %d", size, cap(r.buf))
+		}
+	}
+	small := newRing(size)
+	small.Write([]byte("hello"))
+	small.Close()
+	if cap(small.buf) != 5 {
+		t.Fatalf("a closed ring holding 5 bytes keeps a buffer of %d", cap(small.buf))
+	}
+}

@@ -549,11 +549,12 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 // it is not negative. It says where the bytes
 // start, and how many were lost, before the first and after every gap.
 func (ss *session) follow(ctx context.Context, o sessionOutput, from *int64, until int64, send func(websocket.MessageType, []byte) error) error {
-	var off int64
+	start, end := o.ring.bounds()
+	off := start
 	if from != nil {
-		off = *from
-	} else {
-		off, _ = o.ring.bounds()
+		// An offset past the end (a restore rolled the output back)
+		// starts at the end; the offset message says so.
+		off = min(*from, end)
 	}
 	buf := make([]byte, maxFrame)
 	buf[0] = o.stream
@@ -577,6 +578,9 @@ func (ss *session) follow(ctx context.Context, o sessionOutput, from *int64, unt
 			c := api.ExecControl{Type: api.ExecOffset, Stream: o.stream, Offset: at}
 			if at > off {
 				c.Dropped = at - off
+			}
+			if first && from != nil && at > *from {
+				c.Dropped = at - *from
 			}
 			if err := send(websocket.MessageText, control(c)); err != nil {
 				return err

@@ -56,6 +56,7 @@ func TestSessionDetachAndAttach(t *testing.T) {
 		{"everything", nil, nil, "0\n1\n2\n3\n4\n", "err\n"},
 		{"from an offset", ptr(4), ptr(0), "2\n3\n4\n", "err\n"},
 		{"past stderr", ptr(8), ptr(4), "4\n", ""},
+		{"past the end", ptr(100), nil, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
