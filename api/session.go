@@ -40,11 +40,11 @@ type Session struct {
 	Detachable bool `json:"detachable"`
 	// State is SessionRunning or SessionExited.
 	State string `json:"state"`
-	// ExitCode is set once exited: the exit status, or 128+N for a command
-	// killed by signal N.
-	ExitCode  *int       `json:"exit_code,omitempty"`
+	// ExitCode and ExitedAt are null until it has exited. The exit code
+	// is the exit status, or 128+N for a command killed by signal N.
+	ExitCode  *int       `json:"exit_code"`
 	StartedAt time.Time  `json:"started_at"`
-	ExitedAt  *time.Time `json:"exited_at,omitempty"`
+	ExitedAt  *time.Time `json:"exited_at"`
 }
 
 // SessionList is the body of GET /v1/sandboxes/{sandbox}/sessions: running

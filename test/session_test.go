@@ -121,9 +121,18 @@ func TestSessionAcrossCheckpoints(t *testing.T) {
 
 	var f follower
 	done := f.attach(ctx, d.C, "sess", ss.ID)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := d.C.WaitSession(ctx, "sess", ss.ID)
+		waited <- err
+	}()
 	f.waitLines(t, 10)
 	if _, err := d.C.CreateCheckpoint(ctx, "sess", api.CreateCheckpoint{}); err != nil {
 		t.Fatal(err)
+	}
+	// A wait in flight ends too, unavailable: the caller waits again.
+	if err := <-waited; !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("a wait across a memory checkpoint ended with %v, want unavailable", err)
 	}
 	select {
 	case err := <-done:
