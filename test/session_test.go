@@ -458,4 +458,9 @@ func TestSessionCLI(t *testing.T) {
 	if _, errOut, code := d.cli("", "logs", "cli", id); code != 1 || !strings.Contains(errOut, "no session") {
 		t.Fatalf("logs of a removed session: %d %q", code, errOut)
 	}
+	// Without -d, exec attaches at once and exits with the command's status.
+	out, errOut, code = d.cli("", "exec", "cli", "--", "sh", "-c", "echo hi; exit 4")
+	if code != 4 || out != "hi\n" {
+		t.Fatalf("exec: %d %q %q", code, out, errOut)
+	}
 }

@@ -246,3 +246,22 @@ func TestSessionNoFollow(t *testing.T) {
 		t.Fatalf("logs of an exited session: %d %q", a.code(), a.stdout.String())
 	}
 }
+
+// TestSessionTTY: a detachable session with a terminal takes input and
+// resizes from whoever is attached, and its output is one stream.
+func TestSessionTTY(t *testing.T) {
+	c := newTestAgent(t)
+	ctx := context.Background()
+	ss, err := c.CreateSession(ctx, api.ExecRequest{User: "root", Cmd: sh(`read x; stty size; echo got $x`), TTY: true, Stdin: true, Rows: 10, Cols: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := attach(t, c, ss.ID, nil, nil)
+	a.waitStarted()
+	a.sendControl(api.ExecControl{Type: api.ExecResize, Rows: 33, Cols: 44})
+	a.sendStdin("hi\n")
+	a.wait()
+	if a.code() != 0 || !strings.Contains(a.stdout.String(), "33 44") || !strings.Contains(a.stdout.String(), "got hi") || a.stderr.Len() != 0 {
+		t.Fatalf("tty session: %d %q %q", a.code(), a.stdout.String(), a.stderr.String())
+	}
+}
