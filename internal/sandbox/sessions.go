@@ -78,6 +78,16 @@ func (m *Manager) sessionError(sb *store.Sandbox, id string, err error, conflict
 	return publicError(err)
 }
 
+// checkAnswer checks a session an agent answered with: it is the sandbox's
+// word, passed on to clients only when it is well formed.
+func checkAnswer(sb *store.Sandbox, s *api.Session) error {
+	if !api.ValidSessionID(s.ID) || (s.State != api.SessionRunning && s.State != api.SessionExited) ||
+		(s.State == api.SessionExited) != (s.ExitCode != nil) {
+		return api.Errorf(api.CodeInternal, "the sandbox's agent failed: it answered with a malformed session (sandbox %s)", sb.Name)
+	}
+	return nil
+}
+
 // sessionRequest is req with the sandbox's environment under its own, as
 // Exec gives it.
 func sessionRequest(sb *store.Sandbox, req api.ExecRequest) api.ExecRequest {
@@ -118,6 +128,9 @@ func (m *Manager) CreateSession(ctx context.Context, ref string, req api.ExecReq
 	if err != nil {
 		return nil, m.sessionError(sb, "", err, "")
 	}
+	if err := checkAnswer(sb, s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -135,6 +148,11 @@ func (m *Manager) ListSessions(ctx context.Context, ref string) ([]api.Session, 
 	if ss == nil {
 		ss = []api.Session{}
 	}
+	for i := range ss {
+		if err := checkAnswer(sb, &ss[i]); err != nil {
+			return nil, err
+		}
+	}
 	return ss, nil
 }
 
@@ -150,6 +168,9 @@ func (m *Manager) GetSession(ctx context.Context, ref, id string) (*api.Session,
 	s, err := ac.GetSession(ctx, id)
 	if err != nil {
 		return nil, m.sessionError(sb, id, err, "")
+	}
+	if err := checkAnswer(sb, s); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -180,6 +201,9 @@ func (m *Manager) WaitSession(ctx context.Context, ref, id string) (*api.Session
 	}
 	if err != nil {
 		return nil, m.sessionError(sb, id, err, "")
+	}
+	if err := checkAnswer(sb, s); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
