@@ -24,8 +24,8 @@
 //	                                    api.ExecRequest) → 201 api.Session
 //	GET    /sessions                    api.SessionList
 //	GET    /sessions/{session}          api.Session
-//	GET    /sessions/{session}/attach   WebSocket (api/session.go);
-//	                                    ?offset=N&stderr_offset=N
+//	GET    /sessions/{session}/attach   WebSocket (api/exec.go); ?offset=N
+//	                                    &stderr_offset=N&follow=false
 //	POST   /sessions/{session}/wait     api.Session once it has exited
 //	POST   /sessions/{session}/signal   api.SignalSession → 204
 //	DELETE /sessions/{session}          kill its whole tree, forget it → 204

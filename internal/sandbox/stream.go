@@ -9,15 +9,16 @@ import (
 	"github.com/coder/websocket"
 )
 
-// Stream is one open WebSocket into a sandbox's agent (an exec or attach
-// socket; later port streams and watches), handed to the caller to proxy
-// to its client: the Manager never holds a client's socket. (Internally, a
-// Stream with no socket stands for a call in flight that must end as
-// streams do, a session's wait.) The Manager
+// Stream is one open WebSocket into a sandbox's agent (an exec socket; later
+// attach sockets, port streams and watches), handed to the caller to proxy
+// to its client: the Manager never holds a client's socket. The Manager
 // ends every stream of a sandbox before a memory checkpoint or a restore:
 // it closes the agent's side, and Ended is closed with Reason saying why;
 // the caller then closes its client's socket with status 1011. The caller
 // calls Close when it is done, whichever side ended first.
+//
+// Inside the package, a Stream with no socket (agent nil) stands for a call
+// in flight that must end as streams do: a session's wait.
 type Stream struct {
 	agent  *websocket.Conn
 	ctx    context.Context
