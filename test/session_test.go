@@ -279,6 +279,25 @@ func TestSessionLifecycle(t *testing.T) {
 		t.Fatalf("a deleted session: %v, want not found", err)
 	}
 
+	// A detachable exec runs on when its socket goes; its output waits.
+	ectx, cancel := context.WithCancel(ctx)
+	var detached string
+	_, err = d.C.Exec(ectx, "life", client.ExecOptions{
+		Cmd:        []string{"sh", "-c", "sleep 0.5; echo late"},
+		Detachable: true,
+		Started:    func(_ int, s string) { detached = s; cancel() },
+	})
+	if !errors.Is(err, context.Canceled) || !api.ValidSessionID(detached) {
+		t.Fatalf("detachable exec cancelled: %v, session %q", err, detached)
+	}
+	if got, err := d.C.WaitSession(ctx, "life", detached); err != nil || *got.ExitCode != 0 {
+		t.Fatalf("wait for the detached exec: %+v, %v", got, err)
+	}
+	out.Reset()
+	if code, err := d.C.Attach(ctx, "life", detached, client.AttachOptions{Stdout: &out, NoFollow: true}); err != nil || code != 0 || out.String() != "late\n" {
+		t.Fatalf("logs of the detached exec: %d %q %v", code, out.String(), err)
+	}
+
 	// A non-detachable exec is a session too, and cannot be attached to.
 	var id string
 	if _, err := d.C.Exec(ctx, "life", client.ExecOptions{Cmd: []string{"true"}, Started: func(_ int, s string) { id = s }}); err != nil {
