@@ -26,12 +26,19 @@ const execReadLimit = 64 << 20
 // commonly keep by default.
 const stdinChunk = 16 << 10
 
-// ErrStreamEnded is wrapped by the error Exec returns when the exec socket
-// closed before the command exited. The command is gone (it got SIGHUP)
-// unless it was a detachable session. When the daemon closed the socket with
-// status 1011 (the sandbox was checkpointed or restored), the error also
-// wraps an *api.Error of code unavailable.
+// ErrStreamEnded is wrapped by the error Exec and Attach return when the
+// socket closed before the command exited. The command is gone (it got
+// SIGHUP) unless it was a detachable session. When the daemon closed the
+// socket with status 1011 (the sandbox was checkpointed or restored), the
+// error also wraps ErrInterrupted and an *api.Error of code unavailable.
 var ErrStreamEnded = errors.New("exec stream ended before the command exited")
+
+// ErrInterrupted is wrapped by the error Exec and Attach return when the
+// daemon ended the stream with status 1011 because the sandbox was
+// checkpointed (memory) or restored. A detachable session runs on through a
+// checkpoint, and through a memory restore comes back as it was then:
+// attach to it again, from the offsets already received, to lose nothing.
+var ErrInterrupted = errors.New("the sandbox was checkpointed or restored (status 1011)")
 
 // ErrNotStarted is wrapped by the error Exec returns when the sandbox was
 // reached but the command could not be started; the error also wraps the
@@ -73,6 +80,15 @@ type ExecOptions struct {
 	// Signal, when not nil, carries signal names such as "INT" or "TERM" to
 	// send to the command.
 	Signal <-chan string
+	// Detachable makes the command a session that runs on if the stream
+	// ends before it exits (ctx cancelled, the connection lost, a
+	// checkpoint); attach to it again with Attach. BufferSize is the size
+	// of each of its output buffers (api.DefaultSessionBuffer when 0).
+	Detachable bool
+	BufferSize int
+	// Started, when not nil, is called once the command has started, with
+	// its pid and its session's id.
+	Started func(pid int, session string)
 }
 
 // Exec runs a command in sandbox, streaming its stdin, stdout and stderr, and
@@ -132,6 +148,9 @@ func (c *Client) exec(ctx context.Context, sandbox string, opts ExecOptions) (in
 		Rows:  opts.Rows,
 		Cols:  opts.Cols,
 		Stdin: opts.Stdin != nil,
+
+		Detachable: opts.Detachable,
+		BufferSize: opts.BufferSize,
 	})
 	if err != nil {
 		return -1, fmt.Errorf("encoding the exec request: %w", err)
@@ -140,14 +159,33 @@ func (c *Client) exec(ctx context.Context, sandbox string, opts ExecOptions) (in
 		return -1, streamError(ctx, err)
 	}
 
-	// The senders stop when Exec returns; the reader below decides when.
+	return readStream(ctx, conn, streamIO{
+		stdin: opts.Stdin, stdout: opts.Stdout, stderr: opts.Stderr,
+		resize: opts.Resize, signal: opts.Signal, started: opts.Started,
+	})
+}
+
+// streamIO is where the messages of an exec or attach socket go.
+type streamIO struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	resize         <-chan WindowSize
+	signal         <-chan string
+	started        func(pid int, session string)
+	offset         func(stream byte, offset, dropped int64)
+}
+
+// readStream serves an exec or attach socket after the request: it sends
+// stdin, resizes and signals, and writes output, until "exit".
+func readStream(ctx context.Context, conn *websocket.Conn, sio streamIO) (int, error) {
+	// The senders stop when this returns; the reader below decides when.
 	sendCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if opts.Stdin != nil {
-		go sendStdin(sendCtx, conn, opts.Stdin)
+	if sio.stdin != nil {
+		go sendStdin(sendCtx, conn, sio.stdin)
 	}
-	if opts.Resize != nil || opts.Signal != nil {
-		go sendControls(sendCtx, conn, opts.Resize, opts.Signal)
+	if sio.resize != nil || sio.signal != nil {
+		go sendControls(sendCtx, conn, sio.resize, sio.signal)
 	}
 
 	for {
@@ -159,9 +197,9 @@ func (c *Client) exec(ctx context.Context, sandbox string, opts ExecOptions) (in
 			if len(data) == 0 {
 				continue
 			}
-			w := opts.Stdout
+			w := sio.stdout
 			if data[0] == api.StreamStderr {
-				w = opts.Stderr
+				w = sio.stderr
 			} else if data[0] != api.StreamStdout {
 				continue // a stream this client doesn't know: skip it
 			}
@@ -192,8 +230,16 @@ func (c *Client) exec(ctx context.Context, sandbox string, opts ExecOptions) (in
 				apiErr = &api.Error{Code: api.CodeInternal, Message: "the command could not be started"}
 			}
 			return -1, fmt.Errorf("%w: %w", ErrNotStarted, apiErr)
+		case api.ExecStarted:
+			if sio.started != nil {
+				sio.started(ctl.PID, ctl.Session)
+			}
+		case api.ExecOffset:
+			if sio.offset != nil {
+				sio.offset(ctl.Stream, ctl.Offset, ctl.Dropped)
+			}
 		}
-		// "started" and message types newer than this client need nothing.
+		// Message types newer than this client need nothing.
 	}
 }
 
@@ -208,7 +254,7 @@ func streamError(ctx context.Context, err error) error {
 		if msg == "" {
 			msg = "the sandbox was checkpointed or restored"
 		}
-		return fmt.Errorf("%w: %w", ErrStreamEnded, &api.Error{Code: api.CodeUnavailable, Message: msg})
+		return fmt.Errorf("%w: %w: %w", ErrStreamEnded, ErrInterrupted, &api.Error{Code: api.CodeUnavailable, Message: msg})
 	}
 	return fmt.Errorf("%w: %w", ErrStreamEnded, err)
 }

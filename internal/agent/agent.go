@@ -21,6 +21,15 @@
 //	POST /token    {"token":"…"}: replace the token (a fork must not keep
 //	               its source's); 204 on success
 //	/files…        the files protocol (files.go) and file watches (watch.go)
+//	POST   /sessions                    start a detachable session (an
+//	                                    api.ExecRequest) → 201 api.Session
+//	GET    /sessions                    api.SessionList
+//	GET    /sessions/{session}          api.Session
+//	GET    /sessions/{session}/attach   WebSocket (api/exec.go); ?offset=N
+//	                                    &stderr_offset=N&follow=false
+//	POST   /sessions/{session}/wait     api.Session once it has exited
+//	POST   /sessions/{session}/signal   api.SignalSession → 204
+//	DELETE /sessions/{session}          kill its whole tree, forget it → 204
 package agent
 
 import (
@@ -158,6 +167,7 @@ func NewHandler(cfg Config) http.Handler {
 		started:     time.Now(),
 	}
 	h.reaper = startReaper(h.log)
+	h.sessions = newSessions(h.log, h.reaper)
 	h.apiSocket = &apiSocket{log: h.log, allowed: h.sandboxUser}
 	h.setToken(cfg.Token)
 
@@ -167,6 +177,13 @@ func NewHandler(cfg Config) http.Handler {
 	h.mux.HandleFunc("POST /token", h.serveToken)
 	h.mux.HandleFunc("POST /identity", h.serveIdentity)
 	h.fileRoutes(h.mux)
+	h.mux.HandleFunc("POST /sessions", h.serveSessionCreate)
+	h.mux.HandleFunc("GET /sessions", h.serveSessionList)
+	h.mux.HandleFunc("GET /sessions/{session}", h.serveSessionGet)
+	h.mux.HandleFunc("GET /sessions/{session}/attach", h.serveSessionAttach)
+	h.mux.HandleFunc("POST /sessions/{session}/wait", h.serveSessionWait)
+	h.mux.HandleFunc("POST /sessions/{session}/signal", h.serveSessionSignal)
+	h.mux.HandleFunc("DELETE /sessions/{session}", h.serveSessionDelete)
 	return h
 }
 
@@ -175,6 +192,8 @@ type handler struct {
 	log    *slog.Logger
 	env    []string
 	reaper *reaper
+	// sessions is the registry of exec sessions.
+	sessions *sessions
 	// The account databases users are looked up in; tests use others.
 	passwdPath, groupPath string
 	// identityDir is where POST /identity writes; tests use another.
@@ -235,8 +254,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 //
 // Versions: 1 is the first agent, which reported none (exec, token,
 // identity); 2 adds the agent's own link check, the in-sandbox API socket
-// and renaming forks; 3 adds the files protocol and file watches (files.go,
-// watch.go).
+// and renaming forks; 3 adds exec sessions (detachable execs, the
+// /sessions endpoints, the session id in "started"), the files protocol
+// and file watches (files.go, watch.go).
 const ProtocolVersion = 3
 
 // Health is the body of GET /healthz.

@@ -72,6 +72,15 @@ func (h *handler) serveExec(w http.ResponseWriter, r *http.Request) {
 		h.refuse(ctx, conn, err)
 		return
 	}
+	if req.Detachable {
+		ss, err := h.sessions.start(h, cmd, req)
+		if err != nil {
+			h.refuse(ctx, conn, err)
+			return
+		}
+		ss.attach(ctx, conn, attachFrom{})
+		return
+	}
 	s, err := h.start(conn, cmd)
 	if err != nil {
 		h.refuse(ctx, conn, err)
@@ -111,26 +120,37 @@ func readRequest(ctx context.Context, conn *websocket.Conn) (*api.ExecRequest, e
 	if err := json.Unmarshal(b, &req); err != nil {
 		return nil, api.Errorf(api.CodeInvalid, "the exec request is not valid JSON")
 	}
+	if err := checkRequest(&req); err != nil {
+		return nil, err
+	}
+	return &req, nil
+}
+
+// checkRequest checks what an exec request holds before it is resolved.
+func checkRequest(req *api.ExecRequest) error {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
-		return nil, api.Errorf(api.CodeInvalid, "cmd is empty")
+		return api.Errorf(api.CodeInvalid, "cmd is empty")
 	}
 	for _, a := range req.Cmd {
 		if strings.ContainsRune(a, 0) {
-			return nil, api.Errorf(api.CodeInvalid, "cmd holds a NUL byte")
+			return api.Errorf(api.CodeInvalid, "cmd holds a NUL byte")
 		}
 	}
 	for k, v := range req.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return nil, api.Errorf(api.CodeInvalid, "env: %q is not a valid variable", k)
+			return api.Errorf(api.CodeInvalid, "env: %q is not a valid variable", k)
 		}
 	}
 	if strings.ContainsRune(req.Dir, 0) || strings.ContainsRune(req.User, 0) {
-		return nil, api.Errorf(api.CodeInvalid, "dir or user holds a NUL byte")
+		return api.Errorf(api.CodeInvalid, "dir or user holds a NUL byte")
+	}
+	if req.BufferSize < 0 || req.BufferSize > api.MaxSessionBuffer {
+		return api.Errorf(api.CodeInvalid, "buffer_size must be between 0 (the default, %d) and %d bytes", api.DefaultSessionBuffer, api.MaxSessionBuffer)
 	}
 	if req.Rows < 0 || req.Rows > 0xffff || req.Cols < 0 || req.Cols > 0xffff {
-		return nil, api.Errorf(api.CodeInvalid, "rows and cols must be between 0 and 65535")
+		return api.Errorf(api.CodeInvalid, "rows and cols must be between 0 and 65535")
 	}
-	return &req, nil
+	return nil
 }
 
 // command is an exec request resolved against the sandbox: what to execve,
@@ -335,8 +355,9 @@ func (sio *stdio) close() {
 	}
 }
 
-// start starts c with its stdio and returns its session.
-func (h *handler) start(conn *websocket.Conn, c *command) (*session, error) {
+// spawn starts c with its stdio: in a process group of its own, or with a
+// terminal in a session of its own.
+func (h *handler) spawn(c *command) (*process, *stdio, error) {
 	var sio *stdio
 	var err error
 	sys := &syscall.SysProcAttr{Credential: c.cred}
@@ -352,24 +373,36 @@ func (h *handler) start(conn *websocket.Conn, c *command) (*session, error) {
 		sys.Setpgid = true
 	}
 	if err != nil {
-		return nil, fmt.Errorf("starting %q: %w", c.argv[0], err)
+		return nil, nil, fmt.Errorf("starting %q: %w", c.argv[0], err)
 	}
 	attr := &syscall.ProcAttr{Dir: c.dir, Env: c.env, Files: sio.childFds(), Sys: sys}
 	p, err := h.reaper.start(c.path, c.argv, attr)
 	sio.closeChild()
 	if err != nil {
 		sio.close()
-		return nil, startError(c.argv[0], err)
+		return nil, nil, startError(c.argv[0], err)
 	}
-	s := &session{
-		conn:   conn,
-		log:    h.log.With("pid", p.pid, "cmd", c.argv[0], "user", c.user),
-		reaper: h.reaper,
-		proc:   p,
-		sio:    sio,
-		tty:    c.tty,
-		ended:  make(chan struct{}),
-		gone:   make(chan struct{}),
+	return p, sio, nil
+}
+
+// start starts c, not detachable, as a session served on conn.
+func (h *handler) start(conn *websocket.Conn, c *command) (*execSocket, error) {
+	p, sio, err := h.spawn(c)
+	if err != nil {
+		return nil, err
+	}
+	ss := h.sessions.add(p, c, false, nil)
+	h.sessions.watch(ss)
+	s := &execSocket{
+		conn:    conn,
+		log:     h.log.With("pid", p.pid, "cmd", c.argv[0], "user", c.user, "session", ss.id),
+		reaper:  h.reaper,
+		proc:    p,
+		session: ss.id,
+		sio:     sio,
+		tty:     c.tty,
+		ended:   make(chan struct{}),
+		gone:    make(chan struct{}),
 	}
 	// A terminal always takes input: it is how a person types.
 	if sio.stdin != nil {
@@ -379,14 +412,16 @@ func (h *handler) start(conn *websocket.Conn, c *command) (*session, error) {
 	return s, nil
 }
 
-// session is one running exec: a process and the socket of its client.
-type session struct {
-	conn   *websocket.Conn
-	log    *slog.Logger
-	reaper *reaper
-	proc   *process
-	sio    *stdio
-	tty    bool
+// execSocket is one running exec that is not detachable: a process and the
+// socket of its client, which it ends with.
+type execSocket struct {
+	conn    *websocket.Conn
+	log     *slog.Logger
+	reaper  *reaper
+	proc    *process
+	session string // the session's id
+	sio     *stdio
+	tty     bool
 
 	// stdinQ carries stdin from readClient to writeStdin; nil when the
 	// process takes none. Closing it means "eof".
@@ -404,11 +439,11 @@ var errOutputDone = errors.New("exit already sent")
 
 // run serves the session until the process exits and its output is sent,
 // or the client goes away.
-func (s *session) run(ctx context.Context) {
+func (s *execSocket) run(ctx context.Context) {
 	defer s.sio.close()
 	defer close(s.ended)
 
-	if err := s.send(ctx, websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: s.proc.pid}), false); err != nil {
+	if err := s.send(ctx, websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: s.proc.pid, Session: s.session}), false); err != nil {
 		s.hangup(err)
 		return
 	}
@@ -466,7 +501,7 @@ func (s *session) run(ctx context.Context) {
 // hangup ends a session whose client has gone before the process exited:
 // SIGHUP to its process group, as a terminal's hangup would. Closing the
 // terminal's master (when run returns) hangs a tty session up as well.
-func (s *session) hangup(why error) {
+func (s *execSocket) hangup(why error) {
 	s.log.Info("exec hung up", "reason", why)
 	if err := s.reaper.signal(s.proc, syscall.SIGHUP); err != nil && !errors.Is(err, errExited) {
 		s.log.Warn("exec: hanging up", "err", err)
@@ -481,7 +516,7 @@ func control(c api.ExecControl) []byte {
 // send writes one message; last marks "exit", after which nothing is sent.
 // Writes wait for the client, so a slow client slows the process down
 // (its pipe fills) instead of filling the agent's memory.
-func (s *session) send(ctx context.Context, typ websocket.MessageType, b []byte, last bool) error {
+func (s *execSocket) send(ctx context.Context, typ websocket.MessageType, b []byte, last bool) error {
 	s.outMu.Lock()
 	defer s.outMu.Unlock()
 	if s.outDone {
@@ -494,7 +529,7 @@ func (s *session) send(ctx context.Context, typ websocket.MessageType, b []byte,
 // pump forwards one output of the process to the client until EOF, or
 // until the read deadline set when the main process exits; it then sends
 // what is left in the pipe without waiting for more.
-func (s *session) pump(ctx context.Context, o output) {
+func (s *execSocket) pump(ctx context.Context, o output) {
 	buf := make([]byte, maxFrame)
 	buf[0] = o.stream
 	for {
@@ -518,7 +553,7 @@ func (s *session) pump(ctx context.Context, o output) {
 }
 
 // drain sends what o holds now, up to drainLimit, without waiting for more.
-func (s *session) drain(ctx context.Context, o output, buf []byte) {
+func (s *execSocket) drain(ctx context.Context, o output, buf []byte) {
 	// Clear the deadline: a raw read is refused past it as well.
 	if err := o.f.SetReadDeadline(time.Time{}); err != nil {
 		return
@@ -552,7 +587,7 @@ func (s *session) drain(ctx context.Context, o output, buf []byte) {
 
 // readClient reads the client's messages until the socket ends: stdin data
 // goes to writeStdin, control messages are acted on at once.
-func (s *session) readClient(ctx context.Context) {
+func (s *execSocket) readClient(ctx context.Context) {
 	defer close(s.gone)
 	for {
 		typ, b, err := s.conn.Read(ctx)
@@ -575,7 +610,7 @@ func (s *session) readClient(ctx context.Context) {
 }
 
 // queueStdin hands data to writeStdin, waiting while the queue is full.
-func (s *session) queueStdin(b []byte) {
+func (s *execSocket) queueStdin(b []byte) {
 	if s.stdinQ == nil || s.stdinEOF {
 		return
 	}
@@ -586,7 +621,7 @@ func (s *session) queueStdin(b []byte) {
 }
 
 // control acts on one control message of the client.
-func (s *session) control(c api.ExecControl) {
+func (s *execSocket) control(c api.ExecControl) {
 	switch c.Type {
 	case api.ExecEOF:
 		if s.tty {
@@ -619,7 +654,7 @@ func (s *session) control(c api.ExecControl) {
 }
 
 // writeStdin writes the queued stdin to the process, and closes it at "eof".
-func (s *session) writeStdin() {
+func (s *execSocket) writeStdin() {
 	var err error
 	for {
 		select {

@@ -50,6 +50,8 @@ type execSession struct {
 	conn *websocket.Conn
 
 	pid            int
+	session        string
+	offsets        []api.ExecControl // the "offset" messages of an attach
 	stdout, stderr bytes.Buffer
 	exitCode       *int
 	err            *api.Error
@@ -133,6 +135,9 @@ func (s *execSession) next() bool {
 			s.t.Errorf("started twice or without a pid: %q", b)
 		}
 		s.pid = c.PID
+		s.session = c.Session
+	case api.ExecOffset:
+		s.offsets = append(s.offsets, c)
 	case api.ExecExit:
 		if s.pid == 0 || c.ExitCode == nil {
 			s.t.Errorf("exit before started or without a code: %q", b)

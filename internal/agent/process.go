@@ -42,6 +42,16 @@ type process struct {
 	status unix.WaitStatus
 }
 
+// reaped reports whether the process has been reaped.
+func (p *process) reaped() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
 var (
 	reaperOnce sync.Once
 	theReaper  *reaper

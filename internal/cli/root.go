@@ -99,6 +99,11 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.filesCmd(),
 		a.cpCmd(),
 		a.watchCmd(),
+		a.execCmd(),
+		a.attachCmd(),
+		a.sessionsCmd(),
+		a.logsCmd(),
+		a.killCmd(),
 	)
 	root.AddCommand(extra...)
 	return root

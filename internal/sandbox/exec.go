@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
-	"maps"
 	"sync"
 
 	"github.com/coder/websocket"
@@ -73,6 +72,9 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest) (*S
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)
 	}
+	if err == nil {
+		err = m.requireDetachable(sb, req)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -80,15 +82,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest) (*S
 	if err != nil {
 		return nil, err
 	}
-	env := maps.Clone(sb.Env)
-	if env == nil {
-		env = map[string]string{}
-	}
-	maps.Copy(env, req.Env)
-	env["LOAM_SANDBOX"] = sb.Name
-	env["LOAM_SANDBOX_ID"] = sb.ID
-	req.Env = env
-	first, err := json.Marshal(req)
+	first, err := json.Marshal(sessionRequest(sb, req))
 	if err != nil {
 		return nil, err
 	}

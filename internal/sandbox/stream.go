@@ -16,6 +16,9 @@ import (
 // it closes the agent's side, and Ended is closed with Reason saying why;
 // the caller then closes its client's socket with status 1011. The caller
 // calls Close when it is done, whichever side ended first.
+//
+// Inside the package, a Stream with no socket (agent nil) stands for a call
+// in flight that must end as streams do: a session's wait.
 type Stream struct {
 	agent  *websocket.Conn
 	ctx    context.Context
@@ -69,7 +72,9 @@ func (s *Stream) Reason() string {
 // caller why, then waits (a while) for the caller to close its client's.
 func (s *Stream) end(reason string) {
 	s.cancel(errors.New(reason))
-	s.agent.CloseNow()
+	if s.agent != nil {
+		s.agent.CloseNow()
+	}
 	select {
 	case <-s.closed:
 	case <-time.After(streamCloseWait):
@@ -81,7 +86,9 @@ func (s *Stream) end(reason string) {
 func (s *Stream) Close() {
 	s.once.Do(func() {
 		s.cancel(nil)
-		s.agent.CloseNow()
+		if s.agent != nil {
+			s.agent.CloseNow()
+		}
 		if s.release != nil {
 			s.release()
 		}

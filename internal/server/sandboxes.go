@@ -26,6 +26,7 @@ type Sandboxes interface {
 	Exec(ctx context.Context, ref string, req api.ExecRequest) (*sandbox.Stream, error)
 	Checkpoints
 	Files
+	Sessions
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {

@@ -57,6 +57,7 @@ func (s *Server) routes() {
 	v1("GET /v1/sandboxes/{sandbox}/exec", s.exec)
 	s.checkpointRoutes(v1)
 	s.fileRoutes(v1)
+	s.sessionRoutes(v1)
 }
 
 // endpoint is a handler the API registered. Any other handler the mux

@@ -1,0 +1,152 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+
+	"github.com/coder/websocket"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/sandbox"
+)
+
+// Sessions is what the server needs of the sandbox manager for exec
+// sessions (api/session.go).
+type Sessions interface {
+	CreateSession(ctx context.Context, sandbox string, req api.ExecRequest) (*api.Session, error)
+	ListSessions(ctx context.Context, sandbox string) ([]api.Session, error)
+	GetSession(ctx context.Context, sandbox, id string) (*api.Session, error)
+	// WaitSession returns the session once it has exited, or fails when
+	// ctx ends first.
+	WaitSession(ctx context.Context, sandbox, id string) (*api.Session, error)
+	SignalSession(ctx context.Context, sandbox, id string, req api.SignalSession) error
+	DeleteSession(ctx context.Context, sandbox, id string) error
+	// AttachSession opens an attach socket to the session's agent.
+	AttachSession(ctx context.Context, sandbox, id string, p api.AttachParams) (*sandbox.Stream, error)
+}
+
+func (s *Server) sessionRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
+	v1("POST /v1/sandboxes/{sandbox}/sessions", s.createSession)
+	v1("GET /v1/sandboxes/{sandbox}/sessions", s.listSessions)
+	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}", s.getSession)
+	v1("DELETE /v1/sandboxes/{sandbox}/sessions/{session}", s.deleteSession)
+	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}/attach", s.attachSession)
+	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/wait", s.waitSession)
+	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/signal", s.signalSession)
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
+	var req api.ExecRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
+		return api.Errorf(api.CodeInvalid, "cmd: give the command to run")
+	}
+	ss, err := s.sandboxes.CreateSession(r.Context(), r.PathValue("sandbox"), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, ss)
+	return nil
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
+	ss, err := s.sandboxes.ListSessions(r.Context(), r.PathValue("sandbox"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, api.SessionList{Sessions: ss})
+	return nil
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
+	ss, err := s.sandboxes.GetSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, ss)
+	return nil
+}
+
+func (s *Server) waitSession(w http.ResponseWriter, r *http.Request) error {
+	ss, err := s.sandboxes.WaitSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, ss)
+	return nil
+}
+
+func (s *Server) signalSession(w http.ResponseWriter, r *http.Request) error {
+	var req api.SignalSession
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if err := s.sandboxes.SignalSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), req); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sandboxes.DeleteSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// offsetParam reads an optional byte offset from the query.
+func offsetParam(r *http.Request, name string) (*int64, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return nil, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return nil, api.Errorf(api.CodeInvalid, "%s: %q is not a byte offset (0 or more)", name, v)
+	}
+	return &n, nil
+}
+
+// attachSession upgrades to an attach socket (see api/session.go). As with
+// exec, what can be refused before the upgrade is an HTTP error: the
+// sandbox, the session, then the handshake.
+func (s *Server) attachSession(w http.ResponseWriter, r *http.Request) error {
+	stdout, err := offsetParam(r, "offset")
+	if err != nil {
+		return err
+	}
+	stderr, err := offsetParam(r, "stderr_offset")
+	if err != nil {
+		return err
+	}
+	if stderr == nil {
+		stderr = stdout
+	}
+	p := api.AttachParams{Offset: stdout, StderrOffset: stderr}
+	switch f := r.URL.Query().Get("follow"); f {
+	case "", "true":
+	case "false":
+		p.NoFollow = true
+	default:
+		return api.Errorf(api.CodeInvalid, "follow: %q is neither true nor false", f)
+	}
+	st, err := s.sandboxes.AttachSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), p)
+	if err != nil {
+		return err
+	}
+	hw := &handshakeWriter{ResponseWriter: w}
+	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		st.Close()
+		return hw.refusal()
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(32 << 20)
+	ProxyStream(r.Context(), c, st)
+	return nil
+}
