@@ -20,6 +20,9 @@
 //	GET  /exec     WebSocket, the exec protocol of package api (api/exec.go)
 //	POST /token    {"token":"…"}: replace the token (a fork must not keep
 //	               its source's); 204 on success
+//	GET  /ports    api.PortList: the sandbox's listening TCP ports
+//	GET  /ports/watch          WebSocket of api.PortEvent (see ports.go)
+//	GET  /ports/{port}/stream  WebSocket carrying one TCP connection
 package agent
 
 import (
@@ -155,6 +158,8 @@ func NewHandler(cfg Config) http.Handler {
 		identityDir: IdentityDir,
 		prefixes:    interfacePrefixes,
 		started:     time.Now(),
+		ownPort:     listenPort(cfg.Listen),
+		procNetTCP:  procNetTCP[:],
 	}
 	h.reaper = startReaper(h.log)
 	h.apiSocket = &apiSocket{log: h.log, allowed: h.sandboxUser}
@@ -165,6 +170,9 @@ func NewHandler(cfg Config) http.Handler {
 	h.mux.HandleFunc("GET /exec", h.serveExec)
 	h.mux.HandleFunc("POST /token", h.serveToken)
 	h.mux.HandleFunc("POST /identity", h.serveIdentity)
+	h.mux.HandleFunc("GET /ports", h.servePorts)
+	h.mux.HandleFunc("GET /ports/watch", h.servePortWatch)
+	h.mux.HandleFunc("GET /ports/{port}/stream", h.servePortStream)
 	return h
 }
 
@@ -187,6 +195,11 @@ type handler struct {
 	// prefixes lists the sandbox's interface addresses (see onLink);
 	// tests use others.
 	prefixes func() ([]netip.Prefix, error)
+	// ownPort is the agent's port, which no port call lists or reaches.
+	ownPort int
+	// procNetTCP lists the files listening sockets are read from; tests
+	// use others.
+	procNetTCP []string
 }
 
 func (h *handler) setToken(token string) {
@@ -233,8 +246,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 //
 // Versions: 1 is the first agent, which reported none (exec, token,
 // identity); 2 adds the agent's own link check, the in-sandbox API socket
-// and renaming forks.
-const ProtocolVersion = 2
+// and renaming forks; 3 adds ports (GET /ports, /ports/watch and
+// /ports/{port}/stream).
+const ProtocolVersion = 3
 
 // Health is the body of GET /healthz.
 type Health struct {
