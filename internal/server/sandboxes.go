@@ -25,6 +25,7 @@ type Sandboxes interface {
 	CheckExec(ctx context.Context, ref string) (*api.Sandbox, error)
 	Exec(ctx context.Context, ref string, req api.ExecRequest) (*sandbox.Stream, error)
 	Checkpoints
+	Ports
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {

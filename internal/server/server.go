@@ -56,6 +56,7 @@ func (s *Server) routes() {
 	v1("DELETE /v1/sandboxes/{sandbox}", s.deleteSandbox)
 	v1("GET /v1/sandboxes/{sandbox}/exec", s.exec)
 	s.checkpointRoutes(v1)
+	s.portRoutes(v1)
 }
 
 // endpoint is a handler the API registered. Any other handler the mux
