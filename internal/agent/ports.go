@@ -225,20 +225,14 @@ func (h *handler) servePortStream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeForbidden, "port %d is the agent's own", port))
 		return
 	}
-	ls, err := listeners(h.procNetTCP)
+	tcp, err := h.dialPort(r.Context(), port)
 	if err != nil {
-		h.log.Warn("port stream", "err", err)
-		writeError(w, api.Errorf(api.CodeInternal, "listing ports: %s", err))
-		return
-	}
-	targets := dialTargets(ls, port)
-	if len(targets) == 0 {
-		writeError(w, api.Errorf(api.CodeNotFound, "nothing listens on port %d", port))
-		return
-	}
-	tcp, err := dialFirst(r.Context(), targets)
-	if err != nil {
-		writeError(w, api.Errorf(api.CodeUnavailable, "connecting to port %d: %s", port, err))
+		var ae *api.Error
+		if !errors.As(err, &ae) {
+			h.log.Warn("port stream", "err", err)
+			ae = api.Errorf(api.CodeInternal, "listing ports: %s", err)
+		}
+		writeError(w, ae)
 		return
 	}
 	defer tcp.Close()
@@ -253,6 +247,31 @@ func (h *handler) servePortStream(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	carry(ctx, conn, tcp)
+}
+
+// dialPort connects to port inside the sandbox. Most programs listen on
+// every address or on loopback, so it tries 127.0.0.1 first; only when that
+// is refused does it look for the addresses the port listens on, which
+// costs a read of every socket of the sandbox.
+func (h *handler) dialPort(ctx context.Context, port int) (net.Conn, error) {
+	d := net.Dialer{Timeout: portDialTimeout}
+	loopback := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port)).String()
+	if c, err := d.DialContext(ctx, "tcp", loopback); err == nil {
+		return c, nil
+	}
+	ls, err := listeners(h.procNetTCP)
+	if err != nil {
+		return nil, err
+	}
+	targets := dialTargets(ls, port)
+	if len(targets) == 0 {
+		return nil, api.Errorf(api.CodeNotFound, "nothing listens on port %d", port)
+	}
+	c, err := dialFirst(ctx, targets)
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnavailable, "connecting to port %d: %s", port, err)
+	}
+	return c, nil
 }
 
 // dialTargets are the addresses to reach a port at, from inside the
