@@ -272,7 +272,8 @@ type readResult struct {
 	err error
 }
 
-// TestPortsCLI: loam ports lists, loam port-forward forwards.
+// TestPortsCLI: loam ports lists, loam ports watch watches, loam
+// port-forward forwards.
 func TestPortsCLI(t *testing.T) {
 	d := startDaemon(t)
 	ctx := ctxT(t)
@@ -293,6 +294,22 @@ func TestPortsCLI(t *testing.T) {
 		t.Fatalf("loam ports --json: exit %d, %s", code, out)
 	}
 
+	watch := exec.Command(loamBin, "ports", "watch", "porty")
+	watch.Env = append(watch.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
+	wout, err := watch.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(wout).ReadString('\n')
+	watch.Process.Kill()
+	watch.Wait()
+	if err != nil || line != "open 8080\n" {
+		t.Fatalf("loam ports watch: %q, %v", line, err)
+	}
+
 	pf := exec.Command(loamBin, "port-forward", "porty", "0:8080")
 	pf.Env = append(pf.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
 	stdout, err := pf.StdoutPipe()
@@ -306,7 +323,7 @@ func TestPortsCLI(t *testing.T) {
 		pf.Process.Kill()
 		pf.Wait()
 	}()
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	line, err = bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,13 @@ import (
 // portsVersion is the first agent protocol version that knows ports.
 const portsVersion = 3
 
-// maxPorts bounds the ports a listing passes on from an agent: more than a
-// sandbox can listen on is an agent that is lying.
-const maxPorts = api.MaxPort
+// Bounds on what a listing passes on from an agent: more ports than a
+// sandbox can listen on, or more addresses than a sandbox has for one
+// port, is an agent that is lying.
+const (
+	maxPorts         = api.MaxPort
+	maxPortAddresses = 64
+)
 
 // portsSandbox finds a running sandbox whose agent knows ports.
 func (m *Manager) portsSandbox(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, error) {
@@ -68,7 +72,7 @@ func (m *Manager) checkPorts(ps []api.Port) ([]api.Port, error) {
 	}
 	out := make([]api.Port, 0, len(ps))
 	for _, p := range ps {
-		if p.Port < 1 || p.Port > api.MaxPort || p.Port == m.cfg.AgentPort || len(p.Addresses) == 0 || len(p.Addresses) > 16 {
+		if p.Port < 1 || p.Port > api.MaxPort || p.Port == m.cfg.AgentPort || len(p.Addresses) == 0 || len(p.Addresses) > maxPortAddresses {
 			return nil, api.Errorf(api.CodeInternal, "the sandbox's agent listed a port that cannot be (%d)", p.Port)
 		}
 		loopback := true
@@ -131,20 +135,32 @@ func (m *Manager) DialPort(ctx context.Context, ref string, port int) (*Stream, 
 	}
 	ag, err := ac.DialPort(ctx, port)
 	if err != nil {
-		// The agent's refusals that mean what they say about the port
-		// get loam's own words; anything else is the agent's failure.
-		var ae *agent.Error
-		switch {
-		case errors.As(err, &ae) && ae.Status == http.StatusNotFound:
-			return nil, api.Errorf(api.CodeNotFound, "nothing listens on TCP port %d in sandbox %s", port, sb.Name)
-		case errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable:
-			return nil, api.Errorf(api.CodeUnavailable, "TCP port %d in sandbox %s does not accept connections", port, sb.Name)
+		if perr := portRefusal(sb.Name, port, err); perr != nil {
+			return nil, perr
 		}
 		return nil, m.agentFailed(sb, "opening a port stream", err)
 	}
 	s := newStream(ag, dropText)
 	m.addStream(sb.ID, s)
 	return s, nil
+}
+
+// portRefusal is loam's own error for an agent's refusal of a port stream
+// that says something about the port (err is an *agent.Error of status 404
+// or 503), chosen by the status alone, never by what the agent wrote; nil
+// for any other error, which is the agent's failure.
+func portRefusal(sandbox string, port int, err error) error {
+	var ae *agent.Error
+	if !errors.As(err, &ae) {
+		return nil
+	}
+	switch ae.Status {
+	case http.StatusNotFound:
+		return api.Errorf(api.CodeNotFound, "nothing listens on TCP port %d in sandbox %s", port, sandbox)
+	case http.StatusServiceUnavailable:
+		return api.Errorf(api.CodeUnavailable, "TCP port %d in sandbox %s does not accept connections", port, sandbox)
+	}
+	return nil
 }
 
 // dropText drops every text message: a port stream carries bytes only.
