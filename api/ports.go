@@ -13,7 +13,9 @@ package api
 // a second or so: a port open and closed again between two looks is missed.
 //
 // A port stream carries one TCP connection to the port, made inside the
-// sandbox: binary messages carry its bytes, both ways. When the program
+// sandbox: binary messages of at most MaxPortMessage bytes carry its bytes,
+// both ways (a client's WebSocket library must accept messages that large;
+// coder/websocket's default read limit, 32 KiB, is too small). When the program
 // closes the connection the server closes the socket with status 1000, and
 // closing the socket closes the connection (there is no half close).
 //
@@ -51,6 +53,12 @@ type PortEvent struct {
 	Type string `json:"type"`
 	Port int    `json:"port"`
 }
+
+// MaxPortMessage is the largest message on a port stream, either way. It
+// is large because each message costs the sandbox's agent system calls,
+// which gVisor makes dear: 256 KiB moves two to three times as many bytes a
+// second as 32 KiB (see BenchmarkPortStream).
+const MaxPortMessage = 256 << 10
 
 // MaxPort is the highest TCP port number.
 const MaxPort = 65535

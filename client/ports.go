@@ -16,12 +16,8 @@ import (
 	"loam.dev/loam/api"
 )
 
-// portChunk is the most one message of a port stream carries: Writes are
-// split to fit the 32 KiB read limit WebSocket servers commonly keep.
-const portChunk = 32 << 10
-
 // portReadLimit bounds one message from a port stream or watch; the daemon
-// sends at most portChunk at a time.
+// sends at most api.MaxPortMessage at a time.
 const portReadLimit = 1 << 20
 
 // ListPorts lists the TCP ports that something in a running sandbox listens
@@ -142,7 +138,8 @@ func (e streamEnded) Error() string        { return string(e) }
 func (e streamEnded) Is(target error) bool { return target == ErrStreamEnded }
 
 // portConn is a port stream as a net.Conn: Writes are split into messages
-// of at most portChunk, and the daemon's ending of the stream is explained.
+// of at most api.MaxPortMessage, and the daemon's ending of the stream is
+// explained.
 type portConn struct {
 	net.Conn
 }
@@ -155,7 +152,7 @@ func (p *portConn) Read(b []byte) (int, error) {
 func (p *portConn) Write(b []byte) (int, error) {
 	var n int
 	for len(b) > 0 {
-		m, err := p.Conn.Write(b[:min(len(b), portChunk)])
+		m, err := p.Conn.Write(b[:min(len(b), api.MaxPortMessage)])
 		n += m
 		if err != nil {
 			return n, closedError(err)

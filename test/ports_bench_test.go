@@ -55,7 +55,8 @@ serve(9000, source)
 // BenchmarkPortStream: the time to list ports, to open a port stream, the time for an HTTP GET through a port stream (a
 // new stream each, as port-forward makes one per connection) beside one
 // straight to the sandbox's address, and the throughput of a port stream
-// each way.
+// each way, beside a connection straight to the sandbox's address (what
+// the sandbox's network and the Python servers allow).
 func BenchmarkPortStream(b *testing.B) {
 	d := startDaemonB(b)
 	ctx := context.Background()
@@ -118,40 +119,55 @@ func BenchmarkPortStream(b *testing.B) {
 			DisableKeepAlives: true,
 		}})
 	})
-	b.Run("download", func(b *testing.B) {
-		b.SetBytes(portBenchMiB << 20)
-		for i := 0; i < b.N; i++ {
-			conn, err := d.C.DialPort(ctx, "bench", 9000)
-			if err != nil {
+	stream := func(port int) func() (net.Conn, error) {
+		return func() (net.Conn, error) { return d.C.DialPort(ctx, "bench", port) }
+	}
+	direct := func(port int) func() (net.Conn, error) {
+		addr := net.JoinHostPort(d.sandboxIP(sb.ID), strconv.Itoa(port))
+		return func() (net.Conn, error) { return net.Dial("tcp", addr) }
+	}
+	b.Run("download", func(b *testing.B) { benchDownload(b, stream(9000)) })
+	b.Run("download-direct", func(b *testing.B) { benchDownload(b, direct(9000)) })
+	b.Run("upload", func(b *testing.B) { benchUpload(b, stream(9001)) })
+	b.Run("upload-direct", func(b *testing.B) { benchUpload(b, direct(9001)) })
+}
+
+// benchDownload reads portBenchMiB from bulkServer's source per iteration.
+func benchDownload(b *testing.B, dial func() (net.Conn, error)) {
+	b.SetBytes(portBenchMiB << 20)
+	for i := 0; i < b.N; i++ {
+		conn, err := dial()
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.WriteString(conn, strconv.Itoa(portBenchMiB)+"\n")
+		n, err := io.Copy(io.Discard, conn)
+		conn.Close()
+		if err != nil || n != portBenchMiB<<20 {
+			b.Fatalf("read %d bytes: %v", n, err)
+		}
+	}
+}
+
+// benchUpload writes portBenchMiB to bulkServer's sink per iteration.
+func benchUpload(b *testing.B, dial func() (net.Conn, error)) {
+	b.SetBytes(portBenchMiB << 20)
+	buf := make([]byte, 1<<20)
+	for i := 0; i < b.N; i++ {
+		conn, err := dial()
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.WriteString(conn, strconv.Itoa(portBenchMiB)+"\n")
+		for range portBenchMiB {
+			if _, err := conn.Write(buf); err != nil {
 				b.Fatal(err)
 			}
-			io.WriteString(conn, strconv.Itoa(portBenchMiB)+"\n")
-			n, err := io.Copy(io.Discard, conn)
-			conn.Close()
-			if err != nil || n != portBenchMiB<<20 {
-				b.Fatalf("read %d bytes: %v", n, err)
-			}
 		}
-	})
-	b.Run("upload", func(b *testing.B) {
-		b.SetBytes(portBenchMiB << 20)
-		buf := make([]byte, 1<<20)
-		for i := 0; i < b.N; i++ {
-			conn, err := d.C.DialPort(ctx, "bench", 9001)
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.WriteString(conn, strconv.Itoa(portBenchMiB)+"\n")
-			for range portBenchMiB {
-				if _, err := conn.Write(buf); err != nil {
-					b.Fatal(err)
-				}
-			}
-			ok, err := io.ReadAll(conn)
-			conn.Close()
-			if err != nil || string(ok) != "ok" {
-				b.Fatalf("after the upload: %q, %v", ok, err)
-			}
+		ok, err := io.ReadAll(conn)
+		conn.Close()
+		if err != nil || string(ok) != "ok" {
+			b.Fatalf("after the upload: %q, %v", ok, err)
 		}
-	})
+	}
 }

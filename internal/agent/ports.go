@@ -332,7 +332,7 @@ func carry(ctx context.Context, conn *websocket.Conn, tcp net.Conn) {
 			}
 		}
 	}()
-	buf := make([]byte, maxFrame)
+	buf := make([]byte, api.MaxPortMessage)
 	for {
 		n, err := tcp.Read(buf)
 		if n > 0 {

@@ -26,9 +26,10 @@ type Ports interface {
 	DialPort(ctx context.Context, ref string, port int) (*sandbox.Stream, error)
 }
 
-// portMessageLimit bounds one message from a client's port stream: a client
-// that writes more at once should split it (the Go SDK's DialPort does).
-const portMessageLimit = 1 << 20
+// portMessageLimit bounds one message from a client's port stream, which
+// should be at most api.MaxPortMessage (the Go SDK's DialPort splits its
+// writes); a little more is let through.
+const portMessageLimit = 4 * api.MaxPortMessage
 
 func (s *Server) portRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
 	v1("GET /v1/sandboxes/{sandbox}/ports", s.listPorts)
