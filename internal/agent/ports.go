@@ -319,15 +319,20 @@ func carry(ctx context.Context, conn *websocket.Conn, tcp net.Conn) {
 	go func() {
 		defer close(done)
 		defer tcp.Close()
+		// Each message is copied through one buffer: reading whole
+		// messages would allocate each, growing it a few times.
+		buf := make([]byte, api.MaxPortMessage)
+		to := struct{ io.Writer }{tcp} // not TCPConn's ReadFrom, whose buffer is small
 		for {
-			typ, data, err := conn.Read(ctx)
+			typ, r, err := conn.Reader(ctx)
 			if err != nil {
 				return
 			}
+			w := io.Writer(to)
 			if typ != websocket.MessageBinary {
-				continue
+				w = io.Discard // a port stream carries bytes only
 			}
-			if _, err := tcp.Write(data); err != nil {
+			if _, err := io.CopyBuffer(w, r, buf); err != nil {
 				return
 			}
 		}
