@@ -30,6 +30,9 @@
 //	POST   /sessions/{session}/wait     api.Session once it has exited
 //	POST   /sessions/{session}/signal   api.SignalSession → 204
 //	DELETE /sessions/{session}          kill its whole tree, forget it → 204
+//	GET  /ports    api.PortList: the sandbox's listening TCP ports
+//	GET  /ports/watch          WebSocket of api.PortEvent (see ports.go)
+//	GET  /ports/{port}/stream  WebSocket carrying one TCP connection
 package agent
 
 import (
@@ -165,6 +168,8 @@ func NewHandler(cfg Config) http.Handler {
 		identityDir: IdentityDir,
 		prefixes:    interfacePrefixes,
 		started:     time.Now(),
+		ownPort:     listenPort(cfg.Listen),
+		procNetTCP:  procNetTCP[:],
 	}
 	h.reaper = startReaper(h.log)
 	h.sessions = newSessions(h.log, h.reaper)
@@ -184,6 +189,9 @@ func NewHandler(cfg Config) http.Handler {
 	h.mux.HandleFunc("POST /sessions/{session}/wait", h.serveSessionWait)
 	h.mux.HandleFunc("POST /sessions/{session}/signal", h.serveSessionSignal)
 	h.mux.HandleFunc("DELETE /sessions/{session}", h.serveSessionDelete)
+	h.mux.HandleFunc("GET /ports", h.servePorts)
+	h.mux.HandleFunc("GET /ports/watch", h.servePortWatch)
+	h.mux.HandleFunc("GET /ports/{port}/stream", h.servePortStream)
 	return h
 }
 
@@ -208,6 +216,11 @@ type handler struct {
 	// prefixes lists the sandbox's interface addresses (see onLink);
 	// tests use others.
 	prefixes func() ([]netip.Prefix, error)
+	// ownPort is the agent's port, which no port call lists or reaches.
+	ownPort int
+	// procNetTCP lists the files listening sockets are read from; tests
+	// use others.
+	procNetTCP []string
 }
 
 func (h *handler) setToken(token string) {
@@ -256,7 +269,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // identity); 2 adds the agent's own link check, the in-sandbox API socket
 // and renaming forks; 3 adds exec sessions (detachable execs, the
 // /sessions endpoints, the session id in "started"), the files protocol
-// and file watches (files.go, watch.go).
+// and file watches (files.go, watch.go), and ports (GET /ports,
+// /ports/watch and /ports/{port}/stream).
 const ProtocolVersion = 3
 
 // Health is the body of GET /healthz.

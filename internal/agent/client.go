@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -214,4 +215,51 @@ func clip(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s + "…"
+}
+
+// Ports lists the sandbox's listening TCP ports as the agent reports them:
+// hostile input, for the caller to check.
+func (c *Client) Ports(ctx context.Context) (api.PortList, error) {
+	var pl api.PortList
+	resp, err := c.do(ctx, http.MethodGet, "/ports", nil)
+	if err != nil {
+		return pl, fmt.Errorf("listing ports at %s: %w", c.BaseURL, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxPortList)).Decode(&pl); err != nil {
+		return pl, fmt.Errorf("reading the ports listed at %s: %w", c.BaseURL, err)
+	}
+	return pl, nil
+}
+
+// maxPortList bounds the agent's answer to GET /ports: every port of a
+// sandbox, each on a few addresses, fits it many times over.
+const maxPortList = 4 << 20
+
+// DialPortWatch opens a port watch: a socket of api.PortEvent text messages.
+func (c *Client) DialPortWatch(ctx context.Context) (*websocket.Conn, error) {
+	return c.dial(ctx, "/ports/watch", "opening a port watch")
+}
+
+// DialPort opens a port stream to TCP port port inside the sandbox. The
+// agent refuses before the upgrade, with an *Error: 404 when nothing
+// listens on the port, 503 when it does not accept, 403 for its own port.
+func (c *Client) DialPort(ctx context.Context, port int) (*websocket.Conn, error) {
+	return c.dial(ctx, "/ports/"+strconv.Itoa(port)+"/stream", "opening a stream to port "+strconv.Itoa(port))
+}
+
+// dial opens a WebSocket at path; what says what for the error.
+func (c *Client) dial(ctx context.Context, path, what string) (*websocket.Conn, error) {
+	conn, resp, err := websocket.Dial(ctx, c.url(path), &websocket.DialOptions{
+		HTTPClient: c.httpClient(),
+		HTTPHeader: c.header(),
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			err = responseError(resp)
+		}
+		return nil, fmt.Errorf("%s at %s: %w", what, c.BaseURL, err)
+	}
+	conn.SetReadLimit(maxClientMessage)
+	return conn, nil
 }

@@ -104,6 +104,8 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.sessionsCmd(),
 		a.logsCmd(),
 		a.killCmd(),
+		a.portsCmd(),
+		a.portForwardCmd(),
 	)
 	root.AddCommand(extra...)
 	return root

@@ -24,7 +24,8 @@ type Stream struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	// fromAgent rewrites each text message from the agent before the
-	// client sees it; nil passes them on as they are.
+	// client sees it, or drops it (returns nil); nil passes them on as
+	// they are.
 	fromAgent func([]byte) []byte
 	release   func() // unregisters the stream from its sandbox
 	once      sync.Once
@@ -49,7 +50,8 @@ func (s *Stream) Agent() *websocket.Conn { return s.agent }
 
 // FromAgent is what the client should get for a text message the agent
 // sent: the message itself, or, where the agent said more than it may (see
-// agentControl), what loam says instead.
+// agentControl), what loam says instead; nil when the client should get
+// nothing.
 func (s *Stream) FromAgent(data []byte) []byte {
 	if s.fromAgent == nil {
 		return data

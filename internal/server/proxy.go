@@ -43,7 +43,7 @@ func ProxyStream(ctx context.Context, client *websocket.Conn, st *sandbox.Stream
 
 // pump copies messages from one socket to another until either fails. A
 // close received from src is passed on to dst with its status. filter, when
-// not nil, rewrites each text message.
+// not nil, rewrites each text message, or drops it by returning nil.
 func pump(ctx context.Context, src, dst *websocket.Conn, filter func([]byte) []byte) error {
 	for {
 		typ, data, err := src.Read(ctx)
@@ -54,7 +54,9 @@ func pump(ctx context.Context, src, dst *websocket.Conn, filter func([]byte) []b
 			return err
 		}
 		if typ == websocket.MessageText && filter != nil {
-			data = filter(data)
+			if data = filter(data); data == nil {
+				continue // dropped
+			}
 		}
 		if err := dst.Write(ctx, typ, data); err != nil {
 			return err

@@ -27,6 +27,7 @@ type Sandboxes interface {
 	Checkpoints
 	Files
 	Sessions
+	Ports
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {

@@ -58,6 +58,7 @@ func (s *Server) routes() {
 	s.checkpointRoutes(v1)
 	s.fileRoutes(v1)
 	s.sessionRoutes(v1)
+	s.portRoutes(v1)
 }
 
 // endpoint is a handler the API registered. Any other handler the mux
