@@ -232,7 +232,11 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 	}()
 	held := sb.AgentGen // the generation in the memory image
 	if t.memory {
-		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap)
+		why := "the sandbox is being checkpointed"
+		if t.auto {
+			why = "the sandbox is being restored" // the state before a restore
+		}
+		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap, why)
 		if err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
@@ -271,8 +275,8 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 
 // freeze takes a running sandbox's memory image and disk snapshot while it
 // is paused, and resumes it. It returns how long the sandbox was paused.
-func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap string) (time.Duration, error) {
-	m.closeStreams(sb.ID, "the sandbox is being checkpointed")
+func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap, why string) (time.Duration, error) {
+	m.closeStreams(sb.ID, why)
 	m.dropAgentConns()
 	start := time.Now()
 	if err := m.rt.Pause(ctx, sb.ID); err != nil {

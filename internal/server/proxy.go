@@ -30,6 +30,10 @@ func ProxyStream(ctx context.Context, client *websocket.Conn, st *sandbox.Stream
 	}
 	switch {
 	case st.Reason() != "":
+		// Release the Manager first: it waits for the stream to be let
+		// go before it pauses the sandbox, and a client that does not
+		// read would hold it for the whole close handshake.
+		st.Close()
 		client.Close(websocket.StatusInternalError, st.Reason())
 	case websocket.CloseStatus(err) == websocket.StatusNormalClosure:
 		// The agent finished (exit sent) or the client hung up cleanly.
