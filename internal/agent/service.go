@@ -245,6 +245,12 @@ func (r *services) check(def api.Service) error {
 		return err
 	}
 	_, err := r.h.prepare(serviceRequest(def))
+	var e *api.Error
+	if errors.As(err, &e) && e.Code == api.CodeNotFound {
+		// A 404 of the service endpoints means no such service; a
+		// program that is not there is a mistake in the definition.
+		return api.Errorf(api.CodeInvalid, "cmd: %s", e.Message)
+	}
 	return err
 }
 
