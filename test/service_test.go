@@ -130,8 +130,9 @@ func TestServices(t *testing.T) {
 }
 
 // TestServicesAcrossCheckpoints: a memory checkpoint leaves a service
-// running (same pid), and a fork of it has it running; a disk-only restore
-// boots fresh and starts again what was running when the checkpoint was
+// running (same pid), and a fork of it has it running; a disk-only fork and
+// a disk-only restore
+// boot fresh and start again what was running when the checkpoint was
 // taken (a fresh start), even if it was stopped by hand since, and leaves
 // stopped what was stopped.
 func TestServicesAcrossCheckpoints(t *testing.T) {
@@ -174,6 +175,15 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svcp-fork2", From: &api.ForkSource{Sandbox: "svcp", Checkpoint: mem.ID},
 		Services: []api.Service{{Name: "x", Cmd: []string{"true"}}}}); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("a fork with services: %v, want invalid", err)
+	}
+
+	// A fork of the disk-only checkpoint boots fresh, and starts web.
+	if _, err := d.C.Fork(ctx, "svcp", disk.ID, "svcp-dfork"); err != nil {
+		t.Fatal(err)
+	}
+	waitService(t, d, "svcp-dfork", "web", "running in a disk-only fork", running)
+	if s, err := d.C.GetService(ctx, "svcp-dfork", "idle"); err != nil || s.State != api.ServiceStopped {
+		t.Errorf("in a disk-only fork idle is %+v, %v; want stopped", s, err)
 	}
 
 	// Stopped by hand after the disk-only checkpoint: the restore's fresh

@@ -408,13 +408,10 @@ func (s *service) stopLocked(h *handler) {
 	if s.cancel == nil {
 		return
 	}
-	wasRunning := s.supervised()
 	s.cancel()
 	<-s.done
 	s.cancel, s.done = nil, nil
-	if wasRunning {
-		s.set(func() { s.state, s.pid = api.ServiceStopped, 0 })
-	}
+	s.set(func() { s.state, s.pid = api.ServiceStopped, 0 })
 }
 
 func (s *service) set(f func()) {

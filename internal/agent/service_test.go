@@ -57,10 +57,10 @@ func waitService(t *testing.T, c *Client, name string, what string, ok func(api.
 func TestServiceRestartPolicies(t *testing.T) {
 	c := newServiceAgent(t, t.TempDir())
 	ctx := context.Background()
-	if _, err := c.PutService(ctx, api.Service{Name: "fails", User: "root", Cmd: sh("exit 1"), Restart: api.RestartOnFailure}); err != nil {
+	if _, _, err := c.PutService(ctx, api.Service{Name: "fails", User: "root", Cmd: sh("exit 1"), Restart: api.RestartOnFailure}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PutService(ctx, api.Service{Name: "succeeds", User: "root", Cmd: sh("exit 0"), Restart: api.RestartOnFailure}); err != nil {
+	if _, _, err := c.PutService(ctx, api.Service{Name: "succeeds", User: "root", Cmd: sh("exit 0"), Restart: api.RestartOnFailure}); err != nil {
 		t.Fatal(err)
 	}
 	s := waitService(t, c, "fails", "2 restarts", func(s api.ServiceStatus) bool { return s.Restarts >= 2 })
@@ -85,11 +85,16 @@ func TestServiceStopStartAndReload(t *testing.T) {
 	c := newServiceAgent(t, dir)
 	ctx := context.Background()
 	for _, name := range []string{"up", "down"} {
-		if _, err := c.PutService(ctx, api.Service{Name: name, User: "root", Cmd: sh("trap 'exit 0' TERM; while :; do sleep 0.05; done")}); err != nil {
+		if _, _, err := c.PutService(ctx, api.Service{Name: name, User: "root", Cmd: sh("trap 'exit 0' TERM; while :; do sleep 0.05; done")}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	first := waitService(t, c, "up", "running", func(s api.ServiceStatus) bool { return s.State == api.ServiceRunning })
+	// Defining it again replaces it: a new process, not a new service.
+	if _, created, err := c.PutService(ctx, api.Service{Name: "up", User: "root", Cmd: sh("trap 'exit 0' TERM; while :; do sleep 0.05; done")}); err != nil || created {
+		t.Fatalf("PUT again: created %v, %v", created, err)
+	}
+	first = waitService(t, c, "up", "running", func(s api.ServiceStatus) bool { return s.State == api.ServiceRunning && s.PID != first.PID })
 	s, err := c.ServiceAction(ctx, "down", api.ServiceStop)
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +151,7 @@ func TestServiceLogs(t *testing.T) {
 	c := newServiceAgent(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := c.PutService(ctx, api.Service{Name: "talk", User: "root", Cmd: sh("echo out; echo err >&2"), Restart: api.RestartNever}); err != nil {
+	if _, _, err := c.PutService(ctx, api.Service{Name: "talk", User: "root", Cmd: sh("echo out; echo err >&2"), Restart: api.RestartNever}); err != nil {
 		t.Fatal(err)
 	}
 	waitService(t, c, "talk", "exited", func(s api.ServiceStatus) bool { return s.State == api.ServiceExited })
@@ -192,7 +197,7 @@ func TestServiceRefusals(t *testing.T) {
 		{"no program", api.Service{Name: "web", User: "root", Cmd: []string{"no-such-program-anywhere"}}, "not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := c.PutService(ctx, tc.def)
+			_, _, err := c.PutService(ctx, tc.def)
 			var ae *Error
 			if !errors.As(err, &ae) || ae.Status/100 != 4 || !strings.Contains(ae.Message, tc.want) {
 				t.Fatalf("PutService: %v, want a 4xx about %s", err, tc.want)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -14,16 +15,22 @@ import (
 )
 
 // PutService defines (or redefines) a service and starts it (protocol 3).
-func (c *Client) PutService(ctx context.Context, def api.Service) (*api.ServiceStatus, error) {
+// created says whether the service is new.
+func (c *Client) PutService(ctx context.Context, def api.Service) (s *api.ServiceStatus, created bool, err error) {
 	body, err := json.Marshal(def)
 	if err != nil {
-		return nil, fmt.Errorf("encoding service %s: %w", def.Name, err)
+		return nil, false, fmt.Errorf("encoding service %s: %w", def.Name, err)
 	}
-	var s api.ServiceStatus
-	if err := c.call(ctx, http.MethodPut, "/services/"+url.PathEscape(def.Name), body, maxSessionAnswer, &s); err != nil {
-		return nil, fmt.Errorf("defining service %s at %s: %w", def.Name, c.BaseURL, err)
+	resp, err := c.do(ctx, http.MethodPut, "/services/"+url.PathEscape(def.Name), body)
+	if err != nil {
+		return nil, false, fmt.Errorf("defining service %s at %s: %w", def.Name, c.BaseURL, err)
 	}
-	return &s, nil
+	defer resp.Body.Close()
+	s = &api.ServiceStatus{}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxSessionAnswer)).Decode(s); err != nil {
+		return nil, false, fmt.Errorf("defining service %s at %s: reading the agent's answer: %w", def.Name, c.BaseURL, err)
+	}
+	return s, resp.StatusCode == http.StatusCreated, nil
 }
 
 // ListServices lists the agent's services.

@@ -125,22 +125,14 @@ func (m *Manager) PutService(ctx context.Context, ref string, def api.Service) (
 }
 
 func (m *Manager) putService(ctx context.Context, sb *store.Sandbox, ac *agent.Client, def api.Service) (*api.ServiceStatus, bool, error) {
-	existed := true
-	if _, err := ac.GetService(ctx, def.Name); err != nil {
-		var ae *agent.Error
-		if !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
-			return nil, false, m.serviceError(sb, "", err)
-		}
-		existed = false
-	}
-	s, err := ac.PutService(ctx, def)
+	s, created, err := ac.PutService(ctx, def)
 	if err != nil {
 		return nil, false, m.serviceError(sb, def.Name, err)
 	}
 	if err := checkServiceAnswer(sb, s); err != nil {
 		return nil, false, err
 	}
-	return s, !existed, nil
+	return s, created, nil
 }
 
 // ListServices lists a sandbox's services, by name.
@@ -264,7 +256,7 @@ func (m *Manager) startServices(ctx context.Context, sb *store.Sandbox, defs []a
 	}
 	ac := m.agentClient(ep, m.agentToken(sb))
 	for _, def := range defs {
-		if _, err := ac.PutService(ctx, def); err != nil {
+		if _, _, err := ac.PutService(ctx, def); err != nil {
 			return m.serviceError(sb, def.Name, err)
 		}
 	}
