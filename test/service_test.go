@@ -121,6 +121,19 @@ func TestServices(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "web") || !strings.Contains(out, "flaky") {
 		t.Errorf("loam service ls: %d %q %q", code, out, errs)
 	}
+	if _, errs, code := d.cli("", "service", "add", "svc", "echoer", "--restart", "never", "-e", "WORD=hi", "--", "sh", "-c", "echo $WORD"); code != 0 {
+		t.Fatalf("loam service add: %d %q", code, errs)
+	}
+	waitService(t, d, "svc", "echoer", "exited", func(s api.ServiceStatus) bool { return s.State == api.ServiceExited })
+	if out, errs, code := d.cli("", "service", "logs", "svc", "echoer"); code != 0 || out != "hi\n" {
+		t.Errorf("loam service logs: %d %q %q", code, out, errs)
+	}
+	for _, action := range []string{"stop", "start", "restart"} {
+		if _, errs, code := d.cli("", "service", action, "svc", "web"); code != 0 {
+			t.Errorf("loam service %s: %d %q", action, code, errs)
+		}
+	}
+	waitService(t, d, "svc", "web", "running", running)
 	if _, errs, code := d.cli("", "service", "rm", "-y", "svc", "once"); code != 0 {
 		t.Errorf("loam service rm: %d %q", code, errs)
 	}
@@ -151,12 +164,29 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 	}
 	web := waitService(t, d, "svcp", "web", "running", running)
 
+	// Following its logs across a memory checkpoint ends with an
+	// interruption, to be read again from the offsets reached.
+	var got bytes.Buffer
+	followed := make(chan error, 1)
+	go func() {
+		followed <- d.C.ServiceLogs(ctx, "svcp", "web", client.ServiceLogsOptions{Stdout: &got, Stderr: &got, Follow: true})
+	}()
+	time.Sleep(300 * time.Millisecond)
+
 	mem, err := d.C.CreateCheckpoint(ctx, "svcp", api.CreateCheckpoint{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s := waitService(t, d, "svcp", "web", "running", running); s.PID != web.PID {
 		t.Errorf("after a memory checkpoint web has pid %d, want %d", s.PID, web.PID)
+	}
+	select {
+	case err := <-followed:
+		if !errors.Is(err, client.ErrInterrupted) {
+			t.Errorf("following logs across a memory checkpoint ended with %v, want ErrInterrupted", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a memory checkpoint did not end the logs socket")
 	}
 	no := false
 	disk, err := d.C.CreateCheckpoint(ctx, "svcp", api.CreateCheckpoint{Memory: &no})
