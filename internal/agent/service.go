@@ -54,6 +54,8 @@ type services struct {
 	h   *handler
 	log *slog.Logger
 	dir string
+	// stopGrace is serviceStopGrace; tests shorten it.
+	stopGrace time.Duration
 
 	mu     sync.Mutex
 	byName map[string]*service
@@ -82,7 +84,7 @@ type service struct {
 }
 
 func newServices(h *handler, dir string) *services {
-	return &services{h: h, log: h.log, dir: dir, byName: map[string]*service{}}
+	return &services{h: h, log: h.log, dir: dir, stopGrace: serviceStopGrace, byName: map[string]*service{}}
 }
 
 func newService(log *slog.Logger, def api.Service) *service {
@@ -420,9 +422,20 @@ func (s *service) set(f func()) {
 	f()
 }
 
+// serviceBackoff is how long a service waits before its next start, given
+// the wait before its last one (0 for none) and how long it then ran:
+// serviceMinBackoff at first and after a run of serviceStable or more, else
+// twice the last wait, up to api.ServiceMaxBackoff.
+func serviceBackoff(last, ran time.Duration) time.Duration {
+	if last == 0 || ran >= serviceStable {
+		return serviceMinBackoff
+	}
+	return min(2*last, api.ServiceMaxBackoff)
+}
+
 // supervise runs def until ctx ends, restarting it as its policy says.
 func (s *service) supervise(ctx context.Context, h *handler, def api.Service) {
-	backoff := serviceMinBackoff
+	var backoff time.Duration
 	for {
 		started := time.Now()
 		code, err := s.runOnce(ctx, h, def)
@@ -452,9 +465,7 @@ func (s *service) supervise(ctx context.Context, h *handler, def api.Service) {
 			s.set(func() { s.state, s.pid = api.ServiceExited, 0 })
 			return
 		}
-		if time.Since(started) >= serviceStable {
-			backoff = serviceMinBackoff
-		}
+		backoff = serviceBackoff(backoff, time.Since(started))
 		s.set(func() { s.state, s.pid = api.ServiceBackoff, 0 })
 		t := time.NewTimer(backoff)
 		select {
@@ -463,7 +474,6 @@ func (s *service) supervise(ctx context.Context, h *handler, def api.Service) {
 			t.Stop()
 			return
 		}
-		backoff = min(2*backoff, api.ServiceMaxBackoff)
 		s.set(func() { s.restarts++ })
 	}
 }
@@ -508,20 +518,21 @@ func (s *service) runOnce(ctx context.Context, h *handler, def api.Service) (int
 	return code, nil
 }
 
-// terminate sends SIGTERM to p's process group, and SIGKILL if it has not
-// exited after serviceStopGrace; it returns once p is reaped.
+// terminate sends SIGTERM to p's process group, and SIGKILL to the group if
+// p has not exited after the stop grace; it returns once p is reaped.
 func (s *service) terminate(h *handler, p *process) {
 	if err := h.reaper.signal(p, syscall.SIGTERM); err != nil && !errors.Is(err, errExited) {
 		s.log.Warn("stopping service", "err", err)
 	}
-	t := time.NewTimer(serviceStopGrace)
+	grace := h.services.stopGrace
+	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case <-p.done:
 		return
 	case <-t.C:
 	}
-	s.log.Warn("service did not stop on SIGTERM; killing it", "grace", serviceStopGrace)
+	s.log.Warn("service did not stop on SIGTERM; killing it", "grace", grace)
 	_ = h.reaper.signal(p, syscall.SIGKILL)
 	<-p.done
 }

@@ -208,3 +208,54 @@ func TestServiceRefusals(t *testing.T) {
 		t.Errorf("services after refusals: %v, %v", l, err)
 	}
 }
+
+func TestServiceBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		last, ran time.Duration
+		want      time.Duration
+	}{
+		{"first restart", 0, time.Millisecond, serviceMinBackoff},
+		{"doubles", serviceMinBackoff, time.Millisecond, 2 * serviceMinBackoff},
+		{"doubles again", 4 * serviceMinBackoff, time.Second, 8 * serviceMinBackoff},
+		{"capped", 20 * time.Second, time.Second, api.ServiceMaxBackoff},
+		{"stays capped", api.ServiceMaxBackoff, time.Second, api.ServiceMaxBackoff},
+		{"reset after a stable run", api.ServiceMaxBackoff, serviceStable, serviceMinBackoff},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := serviceBackoff(tc.last, tc.ran); got != tc.want {
+				t.Errorf("serviceBackoff(%v, %v) = %v, want %v", tc.last, tc.ran, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestServiceStopKills: a service that ignores SIGTERM is killed, its
+// whole process group, once the grace has passed.
+func TestServiceStopKills(t *testing.T) {
+	h := NewHandler(Config{Token: testToken, Logger: testLogger(), ServicesDir: t.TempDir()}).(*handler)
+	h.services.stopGrace = 200 * time.Millisecond
+	srv := httptest.NewServer(h)
+	c := &Client{BaseURL: srv.URL, Token: testToken}
+	t.Cleanup(func() {
+		_ = c.DeleteService(context.Background(), "stubborn")
+		srv.Close()
+	})
+	ctx := context.Background()
+	// The trap is inherited: sleep ignores TERM too.
+	if _, _, err := c.PutService(ctx, api.Service{Name: "stubborn", User: "root", Cmd: sh("trap '' TERM; sleep 1000 & wait")}); err != nil {
+		t.Fatal(err)
+	}
+	waitService(t, c, "stubborn", "running", func(s api.ServiceStatus) bool { return s.State == api.ServiceRunning })
+	start := time.Now()
+	s, err := c.ServiceAction(ctx, "stubborn", api.ServiceStop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < h.services.stopGrace {
+		t.Errorf("stop took %v, less than the grace", took)
+	}
+	if s.State != api.ServiceStopped || s.ExitCode == nil || *s.ExitCode != 128+9 {
+		t.Errorf("after stop: %+v, want stopped, killed by SIGKILL", s)
+	}
+}
