@@ -53,10 +53,19 @@ func serviceLogs(t *testing.T, d *daemon, sb, name string) (stdout, stderr strin
 func TestServices(t *testing.T) {
 	d := startDaemon(t)
 	ctx := ctxT(t)
-	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svc", Services: []api.Service{{Name: "web", Cmd: tickCmd}}}); err != nil {
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svc", Env: map[string]string{"GREETING": "hi"}, Services: []api.Service{
+		{Name: "web", Cmd: tickCmd},
+		{Name: "hello", Cmd: []string{"sh", "-c", "echo $GREETING $LOAM_SANDBOX $OWN"}, Env: map[string]string{"OWN": "mine"}, Restart: api.RestartNever},
+	}}); err != nil {
 		t.Fatal(err)
 	}
 	web := waitService(t, d, "svc", "web", "running", running)
+	// A service's environment is as an exec's: the sandbox's env, its
+	// own over it, the sandbox's name.
+	waitService(t, d, "svc", "hello", "exited", func(s api.ServiceStatus) bool { return s.State == api.ServiceExited })
+	if out, _ := serviceLogs(t, d, "svc", "hello"); out != "hi svc mine\n" {
+		t.Errorf("hello said %q", out)
+	}
 
 	if _, err := d.C.PutService(ctx, "svc", api.Service{Name: "flaky", Cmd: []string{"sh", "-c", "echo try; echo oops >&2; exit 1"}, Restart: api.RestartOnFailure}); err != nil {
 		t.Fatal(err)
@@ -159,6 +168,9 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if _, err := d.C.PutService(ctx, "svcp", api.Service{Name: "who", Cmd: []string{"sh", "-c", "echo $LOAM_SANDBOX"}, Restart: api.RestartNever}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := d.C.StopService(ctx, "svcp", "idle"); err != nil {
 		t.Fatal(err)
 	}
@@ -212,6 +224,12 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitService(t, d, "svcp-dfork", "web", "running in a disk-only fork", running)
+	// Services of a fresh boot start once the agent knows which sandbox
+	// it is in.
+	waitService(t, d, "svcp-dfork", "who", "exited", func(s api.ServiceStatus) bool { return s.State == api.ServiceExited })
+	if out, _ := serviceLogs(t, d, "svcp-dfork", "who"); out != "svcp-dfork\n" {
+		t.Errorf("in a disk-only fork, who said %q", out)
+	}
 	if s, err := d.C.GetService(ctx, "svcp-dfork", "idle"); err != nil || s.State != api.ServiceStopped {
 		t.Errorf("in a disk-only fork idle is %+v, %v; want stopped", s, err)
 	}

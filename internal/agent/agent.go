@@ -141,7 +141,10 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Listen = DefaultListen
 	}
 	log := cfg.logger()
-	h := NewHandler(cfg)
+	h := newHandler(cfg)
+	// This is the agent's start, a fresh boot: a restore from memory goes
+	// on where the checkpoint was and never comes here again.
+	h.services.load()
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -174,8 +177,11 @@ func Run(ctx context.Context, cfg Config) error {
 
 // NewHandler returns the agent's HTTP handler. It starts the process's
 // reaper (once per process), which from then on collects every child of the
-// process with wait4(-1): see reaper.
-func NewHandler(cfg Config) http.Handler {
+// process with wait4(-1): see reaper. It does not start the services kept
+// in cfg.ServicesDir: Run does, at the agent's start.
+func NewHandler(cfg Config) http.Handler { return newHandler(cfg) }
+
+func newHandler(cfg Config) *handler {
 	h := &handler{
 		log:         cfg.logger(),
 		env:         cfg.Env,
@@ -210,8 +216,6 @@ func NewHandler(cfg Config) http.Handler {
 	h.mux.HandleFunc("GET /ports", h.servePorts)
 	h.mux.HandleFunc("GET /ports/watch", h.servePortWatch)
 	h.mux.HandleFunc("GET /ports/{port}/stream", h.servePortStream)
-	// Last: a fresh boot starts the services its disk says should run.
-	h.services.load()
 	return h
 }
 
@@ -224,6 +228,11 @@ type handler struct {
 	sessions *sessions
 	// services is the registry of services.
 	services *services
+	// identity is the last identity the daemon sent (nil before any):
+	// which sandbox this is (even in a fork of a memory checkpoint, whose
+	// environment still names its source) and the sandbox's env, which
+	// services get.
+	identity atomic.Pointer[Identity]
 	// The account databases users are looked up in; tests use others.
 	passwdPath, groupPath string
 	// identityDir is where POST /identity writes; tests use another.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,6 +34,10 @@ const (
 	// serviceStopGrace is how long a stop waits after SIGTERM to the
 	// service's process group before it sends SIGKILL.
 	serviceStopGrace = 10 * time.Second
+	// serviceIdentityWait bounds how long services wait, on a fresh boot,
+	// for the daemon to say which sandbox this is and what its env is
+	// (see Identity) before they start without.
+	serviceIdentityWait = 10 * time.Second
 	// serviceLogBuffer is the size of each of a service's log rings
 	// (stdout, stderr); they keep the newest output across restarts.
 	serviceLogBuffer = api.DefaultSessionBuffer
@@ -54,8 +59,13 @@ type services struct {
 	h   *handler
 	log *slog.Logger
 	dir string
-	// stopGrace is serviceStopGrace; tests shorten it.
-	stopGrace time.Duration
+	// stopGrace is serviceStopGrace, identityWait serviceIdentityWait;
+	// tests shorten them.
+	stopGrace, identityWait time.Duration
+	// identifiedCh is closed when the daemon first tells the agent its
+	// identity; once closes it.
+	identifiedCh chan struct{}
+	once         sync.Once
 
 	mu     sync.Mutex
 	byName map[string]*service
@@ -73,6 +83,10 @@ type service struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	// pending is set for a service loaded to run at boot until it starts
+	// or a client acts on it first; under ops.
+	pending bool
+
 	mu       sync.Mutex
 	def      api.Service
 	state    string
@@ -84,7 +98,11 @@ type service struct {
 }
 
 func newServices(h *handler, dir string) *services {
-	return &services{h: h, log: h.log, dir: dir, stopGrace: serviceStopGrace, byName: map[string]*service{}}
+	return &services{
+		h: h, log: h.log, dir: dir,
+		stopGrace: serviceStopGrace, identityWait: serviceIdentityWait,
+		identifiedCh: make(chan struct{}), byName: map[string]*service{},
+	}
 }
 
 func newService(log *slog.Logger, def api.Service) *service {
@@ -100,8 +118,9 @@ func newService(log *slog.Logger, def api.Service) *service {
 }
 
 // load reads every definition in the services directory and starts the
-// services that should run. A definition it cannot read is logged and
-// skipped.
+// services that should run, once the daemon has said which sandbox this is
+// (see identified), or after identityWait. A definition it cannot read is
+// logged and skipped.
 func (r *services) load() {
 	if r.dir == "" {
 		return
@@ -113,6 +132,7 @@ func (r *services) load() {
 		}
 		return
 	}
+	var pending []*service
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok || !api.ValidServiceName(name) {
@@ -134,16 +154,40 @@ func (r *services) load() {
 			continue
 		}
 		s := newService(r.log, f.Service)
+		s.pending = f.Running
 		r.mu.Lock()
 		r.byName[name] = s
 		r.mu.Unlock()
 		if f.Running {
-			s.ops.Lock()
-			s.startLocked(r.h)
-			s.ops.Unlock()
+			pending = append(pending, s)
 		}
 		r.log.Info("service loaded", "service", name, "running", f.Running)
 	}
+	if len(pending) == 0 {
+		return
+	}
+	go func() {
+		t := time.NewTimer(r.identityWait)
+		defer t.Stop()
+		select {
+		case <-r.identifiedCh:
+		case <-t.C:
+			r.log.Warn("starting services without the sandbox's identity", "waited", r.identityWait)
+		}
+		for _, s := range pending {
+			s.ops.Lock()
+			if s.pending {
+				s.pending = false
+				s.startLocked(r.h)
+			}
+			s.ops.Unlock()
+		}
+	}()
+}
+
+// identified is called when the daemon has told the agent its identity.
+func (r *services) identified() {
+	r.once.Do(func() { close(r.identifiedCh) })
 }
 
 // save writes a definition and its desired state, atomically and durably.
@@ -246,7 +290,7 @@ func (r *services) check(def api.Service) error {
 	if err := api.CheckService(&def); err != nil {
 		return err
 	}
-	_, err := r.h.prepare(serviceRequest(def))
+	_, err := r.h.prepare(r.h.serviceRequest(def))
 	var e *api.Error
 	if errors.As(err, &e) && e.Code == api.CodeNotFound {
 		// A 404 of the service endpoints means no such service; a
@@ -271,6 +315,7 @@ func (r *services) put(def api.Service) (*service, bool, error) {
 	r.mu.Unlock()
 	s.ops.Lock()
 	defer s.ops.Unlock()
+	s.pending = false
 	if ok {
 		s.stopLocked(r.h)
 	}
@@ -293,6 +338,7 @@ func (r *services) put(def api.Service) (*service, bool, error) {
 func (r *services) act(s *service, action string) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
+	s.pending = false
 	def := s.definition()
 	switch action {
 	case api.ServiceStart:
@@ -330,6 +376,7 @@ func (r *services) act(s *service, action string) error {
 func (r *services) remove(s *service) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
+	s.pending = false
 	s.stopLocked(r.h)
 	name := s.definition().Name
 	if err := r.forgetFile(name); err != nil {
@@ -372,8 +419,21 @@ func (s *service) view() api.ServiceStatus {
 }
 
 // serviceRequest is the exec request a service's command is resolved from.
-func serviceRequest(def api.Service) *api.ExecRequest {
-	return &api.ExecRequest{Cmd: def.Cmd, Env: def.Env, Dir: def.Dir, User: def.User}
+// Its environment is as an exec's: the sandbox's env as the daemon last
+// told it (see Identity), the service's env over it, and the sandbox's name
+// and id, which a memory fork changes.
+func (h *handler) serviceRequest(def api.Service) *api.ExecRequest {
+	env := map[string]string{}
+	id := h.identity.Load()
+	if id != nil {
+		maps.Copy(env, id.Env)
+	}
+	maps.Copy(env, def.Env)
+	if id != nil {
+		// As on exec, these are always the sandbox's.
+		env["LOAM_SANDBOX"], env["LOAM_SANDBOX_ID"] = id.SandboxName, id.SandboxID
+	}
+	return &api.ExecRequest{Cmd: def.Cmd, Env: env, Dir: def.Dir, User: def.User}
 }
 
 // startLocked starts a supervisor for s; s.ops is held and none runs.
@@ -482,7 +542,7 @@ func (s *service) supervise(ctx context.Context, h *handler, def api.Service) {
 // output is in the rings; when ctx ends first it stops the command: TERM
 // to its process group, KILL after serviceStopGrace.
 func (s *service) runOnce(ctx context.Context, h *handler, def api.Service) (int, error) {
-	c, err := h.prepare(serviceRequest(def))
+	c, err := h.prepare(h.serviceRequest(def))
 	if err != nil {
 		return 0, err
 	}

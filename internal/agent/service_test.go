@@ -18,10 +18,20 @@ import (
 )
 
 // newServiceAgent serves an agent that keeps service definitions in dir,
-// and deletes every service it has when the test ends.
+// as at an agent's start (see Run), and deletes every service it has when
+// the test ends. Services to start wait for an identity up to identityWait.
 func newServiceAgent(t *testing.T, dir string) *Client {
+	c, _ := newServiceAgentWait(t, dir, 0)
+	return c
+}
+
+func newServiceAgentWait(t *testing.T, dir string, identityWait time.Duration) (*Client, *handler) {
 	t.Helper()
-	srv := httptest.NewServer(NewHandler(Config{Token: testToken, Logger: testLogger(), ServicesDir: dir}))
+	h := newHandler(Config{Token: testToken, Logger: testLogger(), ServicesDir: dir})
+	h.identityDir = t.TempDir()
+	h.services.identityWait = identityWait
+	h.services.load()
+	srv := httptest.NewServer(h)
 	c := &Client{BaseURL: srv.URL, Token: testToken}
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -32,7 +42,7 @@ func newServiceAgent(t *testing.T, dir string) *Client {
 		}
 		srv.Close()
 	})
-	return c
+	return c, h
 }
 
 // waitService polls service name until ok says yes, or fails the test.
@@ -233,14 +243,8 @@ func TestServiceBackoff(t *testing.T) {
 // TestServiceStopKills: a service that ignores SIGTERM is killed, its
 // whole process group, once the grace has passed.
 func TestServiceStopKills(t *testing.T) {
-	h := NewHandler(Config{Token: testToken, Logger: testLogger(), ServicesDir: t.TempDir()}).(*handler)
+	c, h := newServiceAgentWait(t, t.TempDir(), 0)
 	h.services.stopGrace = 200 * time.Millisecond
-	srv := httptest.NewServer(h)
-	c := &Client{BaseURL: srv.URL, Token: testToken}
-	t.Cleanup(func() {
-		_ = c.DeleteService(context.Background(), "stubborn")
-		srv.Close()
-	})
 	ctx := context.Background()
 	// The trap is inherited: sleep ignores TERM too.
 	if _, _, err := c.PutService(ctx, api.Service{Name: "stubborn", User: "root", Cmd: sh("trap '' TERM; sleep 1000 & wait")}); err != nil {
@@ -257,5 +261,50 @@ func TestServiceStopKills(t *testing.T) {
 	}
 	if s.State != api.ServiceStopped || s.ExitCode == nil || *s.ExitCode != 128+9 {
 		t.Errorf("after stop: %+v, want stopped, killed by SIGKILL", s)
+	}
+}
+
+// TestServiceBootWaitsForIdentity: on a fresh boot, services start once the
+// daemon has said which sandbox this is, with the sandbox's env.
+func TestServiceBootWaitsForIdentity(t *testing.T) {
+	dir := t.TempDir()
+	b, err := json.Marshal(serviceFile{Running: true, Service: api.Service{
+		Name: "envy", User: "root", Restart: api.RestartNever,
+		Cmd: sh("echo $GREETING $LOAM_SANDBOX $OWN"), Env: map[string]string{"OWN": "mine", "LOAM_SANDBOX": "not-this"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "envy.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := newServiceAgentWait(t, dir, time.Hour)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	time.Sleep(100 * time.Millisecond)
+	if s, err := c.GetService(ctx, "envy"); err != nil || s.State != api.ServiceStopped || s.StartedAt != nil {
+		t.Fatalf("before the identity: %+v, %v; want not started", s, err)
+	}
+	if err := c.SetIdentity(ctx, Identity{SandboxID: "sb-000000000001", SandboxName: "box", APIURL: "http://127.0.0.1:1", Env: map[string]string{"GREETING": "hi", "OWN": "theirs"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitService(t, c, "envy", "exited", func(s api.ServiceStatus) bool { return s.State == api.ServiceExited })
+	conn, err := c.DialServiceLogs(ctx, "envy", api.AttachParams{NoFollow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	var out bytes.Buffer
+	for {
+		typ, b, err := conn.Read(ctx)
+		if err != nil {
+			break
+		}
+		if typ == websocket.MessageBinary && len(b) > 0 && b[0] == api.StreamStdout {
+			out.Write(b[1:])
+		}
+	}
+	if out.String() != "hi box mine\n" {
+		t.Errorf("the service's env gave %q, want %q", out.String(), "hi box mine\n")
 	}
 }
