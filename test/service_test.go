@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -260,5 +261,36 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 	}
 	if s := waitService(t, d, "svcp", "web", "running", running); s.PID != web.PID {
 		t.Errorf("after a memory restore web has pid %d, want %d", s.PID, web.PID)
+	}
+}
+
+// TestServicesColdStart: when the host went down with the sandbox (its
+// container is gone), the daemon boots the sandbox again on its disk, and
+// its services start again as they were: running ones run, stopped ones
+// stay stopped.
+func TestServicesColdStart(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "cold", Services: []api.Service{
+		{Name: "web", Cmd: tickCmd}, {Name: "idle", Cmd: tickCmd},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	web := waitService(t, d, "cold", "web", "running", running)
+	if _, err := d.C.StopService(ctx, "cold", "idle"); err != nil {
+		t.Fatal(err)
+	}
+	d.stop()
+	deleteContainers(filepath.Join(d.dataDir, "runsc"))
+	d.start()
+	if !strings.Contains(d.log.String(), "booting it again") {
+		t.Fatalf("the daemon did not boot the sandbox again:\n%s", d.log.String())
+	}
+	s := waitService(t, d, "cold", "web", "running after a cold start", running)
+	if s.StartedAt == nil || !s.StartedAt.After(*web.StartedAt) {
+		t.Errorf("after a cold start web is %+v, want a fresh start (after %v)", s, web.StartedAt)
+	}
+	if s, err := d.C.GetService(ctx, "cold", "idle"); err != nil || s.State != api.ServiceStopped {
+		t.Errorf("after a cold start idle is %+v, %v; want stopped", s, err)
 	}
 }
