@@ -84,8 +84,8 @@ type service struct {
 	done   chan struct{}
 
 	// pending is set for a service loaded to run at boot until it starts
-	// or a client acts on it first; under ops.
-	pending bool
+	// or a client acts on it first; removed once it is deleted. Under ops.
+	pending, removed bool
 
 	mu       sync.Mutex
 	def      api.Service
@@ -306,14 +306,23 @@ func (r *services) put(def api.Service) (*service, bool, error) {
 	if err := r.check(def); err != nil {
 		return nil, false, err
 	}
-	r.mu.Lock()
-	s, ok := r.byName[def.Name]
-	if !ok {
-		s = newService(r.log, def)
-		r.byName[def.Name] = s
+	var s *service
+	var ok bool
+	for {
+		r.mu.Lock()
+		s, ok = r.byName[def.Name]
+		if !ok {
+			s = newService(r.log, def)
+			r.byName[def.Name] = s
+		}
+		r.mu.Unlock()
+		s.ops.Lock()
+		if !s.removed {
+			break
+		}
+		// Deleted meanwhile: define it anew.
+		s.ops.Unlock()
 	}
-	r.mu.Unlock()
-	s.ops.Lock()
 	defer s.ops.Unlock()
 	s.pending = false
 	if ok {
@@ -321,6 +330,7 @@ func (r *services) put(def api.Service) (*service, bool, error) {
 	}
 	if err := r.save(def, true); err != nil {
 		if !ok {
+			s.removed = true
 			r.mu.Lock()
 			delete(r.byName, def.Name)
 			r.mu.Unlock()
@@ -338,6 +348,9 @@ func (r *services) put(def api.Service) (*service, bool, error) {
 func (r *services) act(s *service, action string) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
+	if s.removed {
+		return api.Errorf(api.CodeNotFound, "no service %q", s.definition().Name)
+	}
 	s.pending = false
 	def := s.definition()
 	switch action {
@@ -376,12 +389,16 @@ func (r *services) act(s *service, action string) error {
 func (r *services) remove(s *service) error {
 	s.ops.Lock()
 	defer s.ops.Unlock()
+	name := s.definition().Name
+	if s.removed {
+		return api.Errorf(api.CodeNotFound, "no service %q", name)
+	}
 	s.pending = false
 	s.stopLocked(r.h)
-	name := s.definition().Name
 	if err := r.forgetFile(name); err != nil {
 		return err
 	}
+	s.removed = true
 	r.mu.Lock()
 	if r.byName[name] == s {
 		delete(r.byName, name)
