@@ -66,6 +66,10 @@ type CreateSandbox struct {
 	Idle      string            `json:"idle,omitempty"`
 	HTTPPort  int               `json:"http_port,omitempty"`
 	From      *ForkSource       `json:"from,omitempty"`
+	// Services are started once the sandbox is up, before the create
+	// returns (see Service). A fork takes its services from the
+	// checkpoint's disk and may not give any.
+	Services []Service `json:"services,omitempty"`
 }
 
 // Template is a root filesystem sandboxes can be made from.

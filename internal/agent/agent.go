@@ -30,6 +30,17 @@
 //	POST   /sessions/{session}/wait     api.Session once it has exited
 //	POST   /sessions/{session}/signal   api.SignalSession → 204
 //	DELETE /sessions/{session}          kill its whole tree, forget it → 204
+//	PUT    /services/{service}          define (or redefine) and start a
+//	                                    service (api.Service) → 201 or 200
+//	                                    api.ServiceStatus
+//	GET    /services                    api.ServiceList
+//	GET    /services/{service}          api.ServiceStatus
+//	POST   /services/{service}/{action} start, stop or restart →
+//	                                    api.ServiceStatus
+//	DELETE /services/{service}          stop it and forget it → 204
+//	GET    /services/{service}/logs     WebSocket of its output (see
+//	                                    serveServiceLogs); ?offset=N
+//	                                    &stderr_offset=N&follow=false
 //	GET  /ports    api.PortList: the sandbox's listening TCP ports
 //	GET  /ports/watch          WebSocket of api.PortEvent (see ports.go)
 //	GET  /ports/{port}/stream  WebSocket carrying one TCP connection
@@ -83,6 +94,10 @@ type Config struct {
 	Env []string
 	// Logger receives the agent's logs; slog.Default() when nil.
 	Logger *slog.Logger
+	// ServicesDir is where service definitions are kept (see service.go);
+	// ConfigFromEnv sets DefaultServicesDir. Empty keeps them in memory
+	// only, for tests of other parts.
+	ServicesDir string
 }
 
 // ConfigFromEnv reads the agent's configuration from its environment
@@ -90,8 +105,9 @@ type Config struct {
 // from the environment, and keeps the rest as the sandbox's environment.
 func ConfigFromEnv() Config {
 	cfg := Config{
-		Listen: os.Getenv(EnvListen),
-		Token:  os.Getenv(EnvToken),
+		Listen:      os.Getenv(EnvListen),
+		Token:       os.Getenv(EnvToken),
+		ServicesDir: DefaultServicesDir,
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultListen
@@ -125,7 +141,10 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Listen = DefaultListen
 	}
 	log := cfg.logger()
-	h := NewHandler(cfg)
+	h := newHandler(cfg)
+	// This is the agent's start, a fresh boot: a restore from memory goes
+	// on where the checkpoint was and never comes here again.
+	h.services.load()
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -158,8 +177,11 @@ func Run(ctx context.Context, cfg Config) error {
 
 // NewHandler returns the agent's HTTP handler. It starts the process's
 // reaper (once per process), which from then on collects every child of the
-// process with wait4(-1): see reaper.
-func NewHandler(cfg Config) http.Handler {
+// process with wait4(-1): see reaper. It does not start the services kept
+// in cfg.ServicesDir: Run does, at the agent's start.
+func NewHandler(cfg Config) http.Handler { return newHandler(cfg) }
+
+func newHandler(cfg Config) *handler {
 	h := &handler{
 		log:         cfg.logger(),
 		env:         cfg.Env,
@@ -175,6 +197,7 @@ func NewHandler(cfg Config) http.Handler {
 	h.sessions = newSessions(h.log, h.reaper)
 	h.apiSocket = &apiSocket{log: h.log, allowed: h.sandboxUser}
 	h.setToken(cfg.Token)
+	h.services = newServices(h, cfg.ServicesDir)
 
 	h.mux = http.NewServeMux()
 	h.mux.HandleFunc("GET /healthz", h.serveHealth)
@@ -189,6 +212,7 @@ func NewHandler(cfg Config) http.Handler {
 	h.mux.HandleFunc("POST /sessions/{session}/wait", h.serveSessionWait)
 	h.mux.HandleFunc("POST /sessions/{session}/signal", h.serveSessionSignal)
 	h.mux.HandleFunc("DELETE /sessions/{session}", h.serveSessionDelete)
+	h.serviceRoutes(h.mux)
 	h.mux.HandleFunc("GET /ports", h.servePorts)
 	h.mux.HandleFunc("GET /ports/watch", h.servePortWatch)
 	h.mux.HandleFunc("GET /ports/{port}/stream", h.servePortStream)
@@ -202,6 +226,13 @@ type handler struct {
 	reaper *reaper
 	// sessions is the registry of exec sessions.
 	sessions *sessions
+	// services is the registry of services.
+	services *services
+	// identity is the last identity the daemon sent (nil before any):
+	// which sandbox this is (even in a fork of a memory checkpoint, whose
+	// environment still names its source) and the sandbox's env, which
+	// services get.
+	identity atomic.Pointer[Identity]
 	// The account databases users are looked up in; tests use others.
 	passwdPath, groupPath string
 	// identityDir is where POST /identity writes; tests use another.
@@ -269,8 +300,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // identity); 2 adds the agent's own link check, the in-sandbox API socket
 // and renaming forks; 3 adds exec sessions (detachable execs, the
 // /sessions endpoints, the session id in "started"), the files protocol
-// and file watches (files.go, watch.go), and ports (GET /ports,
-// /ports/watch and /ports/{port}/stream).
+// and file watches (files.go, watch.go), ports (GET /ports,
+// /ports/watch and /ports/{port}/stream), and services (the /services
+// endpoints, service.go).
 const ProtocolVersion = 3
 
 // Health is the body of GET /healthz.

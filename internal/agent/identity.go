@@ -32,6 +32,10 @@ type Identity struct {
 	// sandbox only.
 	APIURL   string `json:"api_url"`
 	APIToken string `json:"api_token"`
+	// Env is the sandbox's environment (its env at create), which the
+	// agent gives services; an exec gets it with its request. It is kept
+	// in memory only.
+	Env map[string]string `json:"env,omitempty"`
 }
 
 func (h *handler) serveIdentity(w http.ResponseWriter, r *http.Request) {
@@ -55,6 +59,8 @@ func (h *handler) serveIdentity(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	h.identity.Store(&id)
+	h.services.identified()
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -236,30 +236,8 @@ func (ss *session) view() api.Session {
 
 // collect moves a detachable session's output into its rings until the
 // main process has exited and its output is read, then records the exit.
-// As on an exec socket, output of background children that keep the pipes
-// open is read only for a short grace after the main process exits.
 func (ss *session) collect() {
-	var pumps sync.WaitGroup
-	for _, o := range ss.outs {
-		pumps.Go(func() { ss.pump(o) })
-	}
-	pumped := make(chan struct{})
-	go func() {
-		pumps.Wait()
-		close(pumped)
-	}()
-	<-ss.proc.done
-	var giveUp <-chan time.Time
-	deadline := time.Now().Add(outputGrace)
-	for _, o := range ss.outs {
-		if err := o.f.SetReadDeadline(deadline); err != nil {
-			giveUp = time.After(outputGrace)
-		}
-	}
-	select {
-	case <-pumped:
-	case <-giveUp:
-	}
+	pumpOutputs(ss.outs, ss.proc.done)
 	for _, o := range ss.outs {
 		o.ring.Close()
 	}
@@ -268,9 +246,38 @@ func (ss *session) collect() {
 	ss.log.Info("session exited", "exit_code", ss.code)
 }
 
-// pump copies one output into its ring until EOF, or until the deadline set
-// when the main process exits; then it takes what the pipe still holds.
-func (ss *session) pump(o sessionOutput) {
+// pumpOutputs copies outs into their rings until exited is closed and
+// their output is read. As on an exec socket, output of background
+// children that keep the pipes open is read only for a short grace after
+// the main process exits. It neither closes the rings nor the files.
+func pumpOutputs(outs []sessionOutput, exited <-chan struct{}) {
+	var pumps sync.WaitGroup
+	for _, o := range outs {
+		pumps.Go(func() { pumpOutput(o) })
+	}
+	pumped := make(chan struct{})
+	go func() {
+		pumps.Wait()
+		close(pumped)
+	}()
+	<-exited
+	var giveUp <-chan time.Time
+	deadline := time.Now().Add(outputGrace)
+	for _, o := range outs {
+		if err := o.f.SetReadDeadline(deadline); err != nil {
+			giveUp = time.After(outputGrace)
+		}
+	}
+	select {
+	case <-pumped:
+	case <-giveUp:
+	}
+}
+
+// pumpOutput copies one output into its ring until EOF, or until the
+// deadline set when the main process exits; then it takes what the pipe
+// still holds.
+func pumpOutput(o sessionOutput) {
 	buf := make([]byte, maxFrame-1)
 	for {
 		n, err := o.f.Read(buf)
@@ -417,7 +424,7 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 			_, until = o.ring.bounds()
 		}
 		outs.Go(func() {
-			if ss.follow(ctx, o, off, until, send) != nil {
+			if followOutput(ctx, o, off, until, send) != nil {
 				failed <- struct{}{}
 			}
 		})
@@ -441,11 +448,11 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 	}
 }
 
-// follow sends one output stream from offset *from (everything buffered
-// when nil) until the ring is closed and read, or up to offset until when
-// it is not negative. It says where the bytes
+// followOutput sends one output stream from offset *from (everything
+// buffered when nil) until the ring is closed and read, or up to offset
+// until when it is not negative. It says where the bytes
 // start, and how many were lost, before the first and after every gap.
-func (ss *session) follow(ctx context.Context, o sessionOutput, from *int64, until int64, send func(websocket.MessageType, []byte) error) error {
+func followOutput(ctx context.Context, o sessionOutput, from *int64, until int64, send func(websocket.MessageType, []byte) error) error {
 	start, end := o.ring.bounds()
 	off := start
 	if from != nil {

@@ -104,6 +104,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.sessionsCmd(),
 		a.logsCmd(),
 		a.killCmd(),
+		a.serviceCmd(),
 		a.portsCmd(),
 		a.portForwardCmd(),
 	)

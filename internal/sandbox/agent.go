@@ -62,6 +62,7 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 	id := agent.Identity{
 		SandboxID: sb.ID, SandboxName: sb.Name,
 		APIURL: "http://" + addr.String(), APIToken: m.inside.Token(sb.ID),
+		Env: sb.Env,
 	}
 	if err := ac.SetIdentity(ctx, id); err != nil {
 		return fmt.Errorf("telling the agent of %s who it is: %w", sb.ID, err)

@@ -21,6 +21,9 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 	if req.Template != "" || req.Image != "" || req.Resources != nil {
 		return nil, errForkSettings
 	}
+	if len(req.Services) > 0 {
+		return nil, api.Errorf(api.CodeInvalid, "services: a fork takes its services from the checkpoint's disk; don't give any (PUT …/services/{name} once it is up)")
+	}
 	if req.From.Sandbox == "" || req.From.Checkpoint == "" {
 		return nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
 	}

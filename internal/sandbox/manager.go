@@ -280,6 +280,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	if req.Image != "" {
 		return nil, api.Errorf(api.CodeInvalid, "image: images are not supported yet; use a template (GET /v1/templates)")
 	}
+	if err := checkServices(req.Services); err != nil {
+		return nil, err
+	}
 	sb, err := m.newRecord(ctx, req)
 	if err != nil {
 		return nil, err
@@ -311,6 +314,15 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
 		}
 		return nil, publicError(fmt.Errorf("creating sandbox %s: %w", sb.Name, err))
+	}
+	if err := m.startServices(ctx, sb, req.Services); err != nil {
+		// A service the sandbox cannot run (no such user, program) is the
+		// client's mistake, told as it is; the sandbox is not kept.
+		m.log.Info("create failed: starting services", "sandbox", sb.ID, "err", err)
+		if derr := m.destroy(ctx, sb); derr != nil {
+			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, err
 	}
 	m.log.Info("sandbox created", "sandbox", sb.ID, "name", sb.Name, "ms", time.Since(start).Milliseconds())
 	return m.view(sb), nil

@@ -27,6 +27,7 @@ type Sandboxes interface {
 	Checkpoints
 	Files
 	Sessions
+	Services
 	Ports
 }
 

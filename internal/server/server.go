@@ -58,6 +58,7 @@ func (s *Server) routes() {
 	s.checkpointRoutes(v1)
 	s.fileRoutes(v1)
 	s.sessionRoutes(v1)
+	s.serviceRoutes(v1)
 	s.portRoutes(v1)
 }
 

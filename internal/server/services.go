@@ -1,0 +1,141 @@
+package server
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/coder/websocket"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/sandbox"
+)
+
+// Services is what the server needs of the sandbox manager for services
+// (api/service.go).
+type Services interface {
+	// PutService defines or redefines a service and starts it; created
+	// says whether it is new.
+	PutService(ctx context.Context, sandbox string, def api.Service) (s *api.ServiceStatus, created bool, err error)
+	ListServices(ctx context.Context, sandbox string) ([]api.ServiceStatus, error)
+	GetService(ctx context.Context, sandbox, name string) (*api.ServiceStatus, error)
+	// ServiceAction is api.ServiceStart, api.ServiceStop or
+	// api.ServiceRestart of the service.
+	ServiceAction(ctx context.Context, sandbox, name, action string) (*api.ServiceStatus, error)
+	DeleteService(ctx context.Context, sandbox, name string) error
+	// ServiceLogs opens a socket of the service's logs.
+	ServiceLogs(ctx context.Context, sandbox, name string, p api.AttachParams) (*sandbox.Stream, error)
+}
+
+func (s *Server) serviceRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
+	v1("GET /v1/sandboxes/{sandbox}/services", s.listServices)
+	v1("PUT /v1/sandboxes/{sandbox}/services/{service}", s.putService)
+	v1("GET /v1/sandboxes/{sandbox}/services/{service}", s.getService)
+	v1("DELETE /v1/sandboxes/{sandbox}/services/{service}", s.deleteService)
+	v1("GET /v1/sandboxes/{sandbox}/services/{service}/logs", s.serviceLogs)
+	for _, action := range []string{api.ServiceStart, api.ServiceStop, api.ServiceRestart} {
+		v1("POST /v1/sandboxes/{sandbox}/services/{service}/"+action, func(w http.ResponseWriter, r *http.Request) error {
+			return s.serviceAction(w, r, action)
+		})
+	}
+}
+
+func (s *Server) putService(w http.ResponseWriter, r *http.Request) error {
+	var def api.Service
+	if err := decode(w, r, &def); err != nil {
+		return err
+	}
+	name := r.PathValue("service")
+	if def.Name == "" {
+		def.Name = name
+	}
+	if def.Name != name {
+		return api.Errorf(api.CodeInvalid, "name: %q is not the service of the path, %q", def.Name, name)
+	}
+	if err := api.CheckService(&def); err != nil {
+		return err
+	}
+	st, created, err := s.sandboxes.PutService(r.Context(), r.PathValue("sandbox"), def)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, st)
+	return nil
+}
+
+func (s *Server) listServices(w http.ResponseWriter, r *http.Request) error {
+	l, err := s.sandboxes.ListServices(r.Context(), r.PathValue("sandbox"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, api.ServiceList{Services: l})
+	return nil
+}
+
+func (s *Server) getService(w http.ResponseWriter, r *http.Request) error {
+	st, err := s.sandboxes.GetService(r.Context(), r.PathValue("sandbox"), r.PathValue("service"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Server) serviceAction(w http.ResponseWriter, r *http.Request, action string) error {
+	st, err := s.sandboxes.ServiceAction(r.Context(), r.PathValue("sandbox"), r.PathValue("service"), action)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Server) deleteService(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sandboxes.DeleteService(r.Context(), r.PathValue("sandbox"), r.PathValue("service")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// serviceLogs upgrades to a socket of a service's logs: "offset" messages
+// and output frames as on an attach socket (api/session.go), from offset
+// and stderr_offset; follow=false ends it once what was buffered is sent.
+func (s *Server) serviceLogs(w http.ResponseWriter, r *http.Request) error {
+	stdout, err := offsetParam(r, "offset")
+	if err != nil {
+		return err
+	}
+	stderr, err := offsetParam(r, "stderr_offset")
+	if err != nil {
+		return err
+	}
+	if stderr == nil {
+		stderr = stdout
+	}
+	p := api.AttachParams{Offset: stdout, StderrOffset: stderr}
+	switch f := r.URL.Query().Get("follow"); f {
+	case "", "true":
+	case "false":
+		p.NoFollow = true
+	default:
+		return api.Errorf(api.CodeInvalid, "follow: %q is neither true nor false", f)
+	}
+	st, err := s.sandboxes.ServiceLogs(r.Context(), r.PathValue("sandbox"), r.PathValue("service"), p)
+	if err != nil {
+		return err
+	}
+	hw := &handshakeWriter{ResponseWriter: w}
+	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil {
+		st.Close()
+		return hw.refusal()
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(32 << 20)
+	ProxyStream(r.Context(), c, st)
+	return nil
+}
