@@ -47,7 +47,10 @@ type peerKey struct{}
 // set points the proxy at id's API and, the first time, starts serving the
 // socket at path.
 func (s *apiSocket) set(id Identity, path string) error {
-	if _, err := url.Parse(id.APIURL); err != nil || id.APIURL == "" {
+	if id.APIURL == "" {
+		return errors.New("no in-sandbox API URL")
+	}
+	if _, err := url.Parse(id.APIURL); err != nil {
 		return fmt.Errorf("in-sandbox API URL %q: %w", id.APIURL, err)
 	}
 	s.id.Store(&id)
