@@ -33,7 +33,8 @@ func TestSandboxLifecycle(t *testing.T) {
 	c := d.C
 
 	a, err := c.CreateSandbox(ctx, api.CreateSandbox{
-		Name: "alpha", Env: map[string]string{"GREETING": "hello"},
+		// BIG: an env larger than the agent's old 8 KiB identity limit.
+		Name: "alpha", Env: map[string]string{"GREETING": "hello", "BIG": strings.Repeat("x", 100000)},
 		Labels: map[string]string{"team": "red"}, HTTPPort: 8080,
 		Resources: &api.Resources{MemoryMiB: 256, CPUs: 1},
 	})
@@ -50,6 +51,11 @@ func TestSandboxLifecycle(t *testing.T) {
 		t.Errorf("resources/template %+v %q", a.Resources, a.Template)
 	}
 
+	t.Run("big env", func(t *testing.T) {
+		if out := d.run("alpha", "sh", "-c", "echo ${#BIG}"); out != "100000\n" {
+			t.Errorf("BIG has %q characters", out)
+		}
+	})
 	t.Run("stdout stderr exit", func(t *testing.T) {
 		var out, errb bytes.Buffer
 		code, err := c.Exec(ctx, "alpha", client.ExecOptions{

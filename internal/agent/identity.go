@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/api"
 )
 
 // IdentityDir is where, inside a sandbox, the agent keeps what programs in
@@ -38,10 +40,14 @@ type Identity struct {
 	Env map[string]string `json:"env,omitempty"`
 }
 
+// maxIdentity bounds the body of POST /identity. It carries the sandbox's
+// env, which a create may fill up to the API's 1 MiB body.
+const maxIdentity = 2 << 20
+
 func (h *handler) serveIdentity(w http.ResponseWriter, r *http.Request) {
 	var id Identity
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8192)).Decode(&id); err != nil || id.SandboxID == "" {
-		writeError(w, fmt.Errorf("bad identity: %w", err))
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxIdentity)).Decode(&id); err != nil || id.SandboxID == "" {
+		writeError(w, api.Errorf(api.CodeInvalid, "bad identity: it must be JSON naming the sandbox"))
 		return
 	}
 	if err := writeIdentity(h.identityDir, id); err != nil {
