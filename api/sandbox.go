@@ -41,6 +41,10 @@ type Sandbox struct {
 	Idle      string            `json:"idle,omitempty"`
 	HTTPPort  int               `json:"http_port,omitempty"`
 	URL       string            `json:"url"`
+	// Secrets and SecretFiles say which secrets the sandbox has, by name
+	// (see CreateSandbox); never their values.
+	Secrets     map[string]string `json:"secrets,omitempty"`
+	SecretFiles map[string]string `json:"secret_files,omitempty"`
 	// From is the checkpoint a fork was made from; empty for other sandboxes.
 	From      *ForkSource `json:"from,omitempty"`
 	CreatedAt time.Time   `json:"created_at"`
@@ -66,6 +70,13 @@ type CreateSandbox struct {
 	Idle      string            `json:"idle,omitempty"`
 	HTTPPort  int               `json:"http_port,omitempty"`
 	From      *ForkSource       `json:"from,omitempty"`
+	// Secrets gives secrets (PUT /v1/secrets/{name}) to every process of
+	// the sandbox as environment variables: variable name → secret name.
+	// SecretFiles writes them as files, mode 0400, owned by the user loam:
+	// absolute path → secret name. A fork takes both from its source
+	// unless it gives either.
+	Secrets     map[string]string `json:"secrets,omitempty"`
+	SecretFiles map[string]string `json:"secret_files,omitempty"`
 	// Services are started once the sandbox is up, before the create
 	// returns (see Service). A fork takes its services from the
 	// checkpoint's disk and may not give any.

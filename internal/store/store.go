@@ -72,6 +72,17 @@ type Checkpoint struct {
 	Inside bool
 }
 
+// Secret is the stored record of a secret: its value sealed by
+// internal/secret (AES-GCM), never in clear. Stores that keep secrets
+// (store/sqlite) have PutSecret, GetSecret, ListSecrets and DeleteSecret;
+// they are not part of Store, since only internal/secret uses them.
+type Secret struct {
+	Name      string
+	Sealed    []byte
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
 // Filter narrows ListSandboxes. Every label given must match.
 type Filter struct {
 	Labels map[string]string

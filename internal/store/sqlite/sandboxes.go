@@ -16,7 +16,7 @@ import (
 
 const sandboxColumns = `id, name, state, template, image, resources, env, labels, idle,
 	http_port, url, from_source, created_at, net_index, agent_token,
-	checkpoint_seq, auto_seq, error, agent_gen, restore_target`
+	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files`
 
 // CreateSandbox adds sb; store.ErrExists if its id or name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
@@ -27,7 +27,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES (:id, :name, :state, :template, :image, :resources, :env, :labels, :idle,
 			:http_port, :url, :from_source, :created_at, :net_index, :agent_token,
-			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target)`, args...)
+			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target, :secrets, :secret_files)`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("creating sandbox %s named %q: %w", sb.ID, sb.Name, store.ErrExists)
 	}
@@ -107,7 +107,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		http_port = :http_port, url = :url, from_source = :from_source,
 		created_at = :created_at, net_index = :net_index, agent_token = :agent_token,
 		checkpoint_seq = :checkpoint_seq, auto_seq = :auto_seq, error = :error,
-		agent_gen = :agent_gen, restore_target = :restore_target
+		agent_gen = :agent_gen, restore_target = :restore_target,
+		secrets = :secrets, secret_files = :secret_files
 		WHERE id = :id`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s to name %q: %w", sb.ID, sb.Name, store.ErrExists)
@@ -173,6 +174,14 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding labels: %w", err)
 	}
+	secrets, err := marshalMap(sb.Secrets)
+	if err != nil {
+		return nil, fmt.Errorf("encoding secrets: %w", err)
+	}
+	secretFiles, err := marshalMap(sb.SecretFiles)
+	if err != nil {
+		return nil, fmt.Errorf("encoding secret_files: %w", err)
+	}
 	var from any // NULL for a sandbox that is not a fork
 	if sb.From != nil {
 		b, err := json.Marshal(sb.From)
@@ -202,6 +211,8 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 		sql.Named("error", sb.Error),
 		sql.Named("agent_gen", sb.AgentGen),
 		sql.Named("restore_target", sb.RestoreTarget),
+		sql.Named("secrets", secrets),
+		sql.Named("secret_files", secretFiles),
 	}, nil
 }
 
@@ -212,10 +223,11 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 		state, created         string
 		resources, env, labels string
 		from                   sql.NullString
+		secrets, secretFiles   string
 	)
 	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &resources, &env, &labels,
 		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &created, &sb.NetIndex, &sb.LegacyAgentToken,
-		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget)
+		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &secrets, &secretFiles)
 	if err != nil {
 		return nil, err
 	}
@@ -231,6 +243,13 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 	}
 	if sb.Labels, err = unmarshalMap(labels); err != nil {
 		return nil, fmt.Errorf("decoding labels of sandbox %s: %w", sb.ID, err)
+	}
+	// Empty maps read as nil: the API leaves them out.
+	if sb.Secrets, err = unmarshalRefs(secrets); err != nil {
+		return nil, fmt.Errorf("decoding secrets of sandbox %s: %w", sb.ID, err)
+	}
+	if sb.SecretFiles, err = unmarshalRefs(secretFiles); err != nil {
+		return nil, fmt.Errorf("decoding secret_files of sandbox %s: %w", sb.ID, err)
 	}
 	if from.Valid {
 		sb.From = new(api.ForkSource)
@@ -260,6 +279,15 @@ func unmarshalMap(s string) (map[string]string, error) {
 	}
 	if m == nil { // the text was null
 		m = map[string]string{}
+	}
+	return m, nil
+}
+
+// unmarshalRefs decodes a map of secret references; nil when it is empty.
+func unmarshalRefs(s string) (map[string]string, error) {
+	m, err := unmarshalMap(s)
+	if err != nil || len(m) == 0 {
+		return nil, err
 	}
 	return m, nil
 }

@@ -74,6 +74,19 @@ ALTER TABLE sandboxes ADD COLUMN restore_target TEXT NOT NULL DEFAULT '';
 ALTER TABLE checkpoints ADD COLUMN agent_gen INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN inside INTEGER NOT NULL DEFAULT 0;
 `,
+	// secrets: the sealed (AES-GCM) values of secrets, and which of them
+	// each sandbox has, by name (JSON maps: env name or file path → secret
+	// name), never their values.
+	`
+CREATE TABLE secrets (
+	name       TEXT NOT NULL PRIMARY KEY,
+	sealed     BLOB NOT NULL,
+	created_at TEXT NOT NULL,
+	updated_at TEXT NOT NULL
+) STRICT;
+ALTER TABLE sandboxes ADD COLUMN secrets TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(secrets));
+ALTER TABLE sandboxes ADD COLUMN secret_files TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(secret_files));
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

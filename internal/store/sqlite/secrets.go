@@ -1,0 +1,96 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"loam.dev/loam/internal/store"
+)
+
+// PutSecret stores a sealed secret under its name, replacing one of that
+// name (which keeps its creation time). It stores only what it is given:
+// sealing is the caller's (internal/secret).
+func (s *Store) PutSecret(ctx context.Context, sec *store.Secret) error {
+	created, err := formatTime(sec.CreatedAt)
+	if err != nil {
+		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
+	}
+	updated, err := formatTime(sec.UpdatedAt)
+	if err != nil {
+		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO secrets (name, sealed, created_at, updated_at)
+		VALUES (?, ?, ?, ?)
+		ON CONFLICT (name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at`,
+		sec.Name, sec.Sealed, created, updated)
+	if err != nil {
+		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
+	}
+	return nil
+}
+
+// GetSecret finds a secret by name; store.ErrNotFound if none.
+func (s *Store) GetSecret(ctx context.Context, name string) (*store.Secret, error) {
+	row := s.r.QueryRowContext(ctx, `SELECT name, sealed, created_at, updated_at FROM secrets WHERE name = ?`, name)
+	sec, err := scanSecret(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("getting secret %s: %w", name, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting secret %s: %w", name, err)
+	}
+	return sec, nil
+}
+
+// ListSecrets lists every secret, by name.
+func (s *Store) ListSecrets(ctx context.Context) ([]*store.Secret, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT name, sealed, created_at, updated_at FROM secrets ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("listing secrets: %w", err)
+	}
+	defer rows.Close()
+	list := []*store.Secret{}
+	for rows.Next() {
+		sec, err := scanSecret(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing secrets: %w", err)
+		}
+		list = append(list, sec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing secrets: %w", err)
+	}
+	return list, nil
+}
+
+// DeleteSecret removes a secret; store.ErrNotFound if none.
+func (s *Store) DeleteSecret(ctx context.Context, name string) error {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM secrets WHERE name = ?`, name)
+	if err != nil {
+		return fmt.Errorf("deleting secret %s: %w", name, err)
+	}
+	if err := oneRow(res); err != nil {
+		return fmt.Errorf("deleting secret %s: %w", name, err)
+	}
+	return nil
+}
+
+func scanSecret(row scanner) (*store.Secret, error) {
+	var (
+		sec              store.Secret
+		created, updated string
+	)
+	if err := row.Scan(&sec.Name, &sec.Sealed, &created, &updated); err != nil {
+		return nil, err
+	}
+	var err error
+	if sec.CreatedAt, err = parseTime(created); err != nil {
+		return nil, fmt.Errorf("decoding created_at of secret %s: %w", sec.Name, err)
+	}
+	if sec.UpdatedAt, err = parseTime(updated); err != nil {
+		return nil, fmt.Errorf("decoding updated_at of secret %s: %w", sec.Name, err)
+	}
+	return &sec, nil
+}
