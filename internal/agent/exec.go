@@ -191,7 +191,7 @@ func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 	c := &command{
 		path:  req.Cmd[0],
 		argv:  req.Cmd,
-		env:   buildEnv(h.env, acct, req.TTY, req.Env),
+		env:   buildEnv(h.env, acct, req.TTY, h.secretEnv(req.Env)),
 		dir:   dir,
 		user:  acct.Name,
 		cred:  cred,

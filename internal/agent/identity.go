@@ -38,6 +38,13 @@ type Identity struct {
 	// agent gives services; an exec gets it with its request. It is kept
 	// in memory only.
 	Env map[string]string `json:"env,omitempty"`
+	// SecretEnv are the sandbox's secrets given as env (variable → value),
+	// which every process gets under the request's own env. SecretFiles
+	// are those given as files (absolute path → value), which the agent
+	// writes mode 0400, owned by the default user. Both are the values in
+	// clear: never log an Identity.
+	SecretEnv   map[string]string `json:"secret_env,omitempty"`
+	SecretFiles map[string]string `json:"secret_files,omitempty"`
 }
 
 // maxIdentity bounds the body of POST /identity. It carries the sandbox's
@@ -57,6 +64,11 @@ func (h *handler) serveIdentity(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := h.apiSocket.set(id, filepath.Join(h.identityDir, APISocketName)); err != nil {
 		h.log.Error("serving the in-sandbox API socket", "err", err)
+		writeError(w, err)
+		return
+	}
+	if err := h.writeSecretFiles(id.SecretFiles); err != nil {
+		h.log.Error("writing secret files", "err", err)
 		writeError(w, err)
 		return
 	}

@@ -59,10 +59,15 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 	if err := m.inside.Open(sb.ID, addr, ep.SandboxIP); err != nil {
 		return fmt.Errorf("serving the in-sandbox API of %s on %s: %w", sb.ID, addr, err)
 	}
+	secretEnv, secretFiles, err := m.secretValues(ctx, sb)
+	if err != nil {
+		return err
+	}
 	id := agent.Identity{
 		SandboxID: sb.ID, SandboxName: sb.Name,
 		APIURL: "http://" + addr.String(), APIToken: m.inside.Token(sb.ID),
-		Env: sb.Env,
+		Env:       sb.Env,
+		SecretEnv: secretEnv, SecretFiles: secretFiles,
 	}
 	if err := ac.SetIdentity(ctx, id); err != nil {
 		return fmt.Errorf("telling the agent of %s who it is: %w", sb.ID, err)

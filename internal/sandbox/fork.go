@@ -43,6 +43,12 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		return nil, err
 	}
 	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
+	if len(req.Secrets) == 0 && len(req.SecretFiles) == 0 {
+		// The seed: secrets come from the source unless the fork gives
+		// its own. The references are the source's now, not the
+		// checkpoint's.
+		sb.Secrets, sb.SecretFiles = orNil(src.Secrets), orNil(src.SecretFiles)
+	}
 	end, _ := m.begin(sb, "create") // before it is stored: see Create
 	defer end()
 	if err := m.insert(ctx, sb); err != nil {

@@ -24,6 +24,7 @@ import (
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/store"
 )
 
@@ -78,6 +79,9 @@ type Config struct {
 	// Secret is the daemon's key that agent tokens are derived from (see
 	// AgentToken). It must stay the same across restarts of the daemon.
 	Secret []byte
+	// Secrets keeps the secrets sandboxes are given (see secrets.go); nil
+	// for a manager that has none, which refuses creates that name any.
+	Secrets secret.Store
 }
 
 // Manager creates, runs and deletes sandboxes. It is safe for concurrent
@@ -156,6 +160,7 @@ func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 	v.URL = m.URL(v.Name)
 	v.Env = maps.Clone(v.Env)
 	v.Labels = maps.Clone(v.Labels)
+	v.Secrets, v.SecretFiles = orNil(v.Secrets), orNil(v.SecretFiles)
 	if v.Env == nil {
 		v.Env = map[string]string{}
 	}
@@ -357,6 +362,9 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			return nil, check
 		}
 	}
+	if err := m.checkSecretRefs(ctx, req); err != nil {
+		return nil, err
+	}
 	port := req.HTTPPort
 	if port == 0 {
 		port = 8080
@@ -370,6 +378,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			Template: req.Template, Resources: res,
 			Env: orEmpty(req.Env), Labels: orEmpty(req.Labels),
 			Idle: req.Idle, HTTPPort: port, From: req.From,
+			Secrets: orNil(req.Secrets), SecretFiles: orNil(req.SecretFiles),
 			CreatedAt: store.Now(),
 		},
 	}, nil

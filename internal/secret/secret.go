@@ -7,6 +7,7 @@
 package secret
 
 import (
+	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -112,6 +113,9 @@ func checkValue(v Value) error {
 	}
 	if !utf8.Valid(v.b) {
 		return api.Errorf(api.CodeInvalid, "value: not valid UTF-8")
+	}
+	if bytes.IndexByte(v.b, 0) >= 0 {
+		return api.Errorf(api.CodeInvalid, "value: contains a NUL byte, which no environment variable can hold")
 	}
 	return nil
 }

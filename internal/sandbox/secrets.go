@@ -1,0 +1,165 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/secret"
+	"loam.dev/loam/internal/store"
+)
+
+// PutSecret stores a secret's value (PUT /v1/secrets/{name}). Sandboxes
+// that have it get the new value at their next boot, restore or wake.
+func (m *Manager) PutSecret(ctx context.Context, name string, value secret.Value) (*api.Secret, error) {
+	if m.cfg.Secrets == nil {
+		return nil, errNoSecrets
+	}
+	return m.cfg.Secrets.Put(ctx, name, value)
+}
+
+// ListSecrets lists the secrets' names and times.
+func (m *Manager) ListSecrets(ctx context.Context) ([]api.Secret, error) {
+	if m.cfg.Secrets == nil {
+		return []api.Secret{}, nil
+	}
+	return m.cfg.Secrets.List(ctx)
+}
+
+// DeleteSecret deletes a secret. One that a sandbox has is a conflict that
+// names the sandboxes, unless force: then they keep running with the value
+// they were given, and their next boot, restore or wake goes without it.
+func (m *Manager) DeleteSecret(ctx context.Context, name string, force bool) error {
+	if m.cfg.Secrets == nil {
+		return errNoSecrets
+	}
+	if err := secret.CheckName(name); err != nil {
+		return err
+	}
+	if !force {
+		sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
+		if err != nil {
+			return err
+		}
+		var users []string
+		for _, sb := range sbs {
+			if slices.Contains(slices.Collect(maps.Values(sb.Secrets)), name) ||
+				slices.Contains(slices.Collect(maps.Values(sb.SecretFiles)), name) {
+				users = append(users, sb.Name)
+			}
+		}
+		if len(users) > 0 {
+			return api.Errorf(api.CodeConflict, "secret %q is used by sandbox %s; delete with ?force=true to delete it anyway (they lose it at their next boot)", name, strings.Join(users, ", "))
+		}
+	}
+	if err := m.cfg.Secrets.Delete(ctx, name); err != nil {
+		return err
+	}
+	m.log.Info("secret deleted", "secret", name, "force", force)
+	return nil
+}
+
+var errNoSecrets = api.Errorf(api.CodeUnavailable, "this daemon keeps no secrets")
+
+// checkSecretRefs checks a create's secrets and secret_files: valid
+// variable names not also in env, clean absolute paths outside the
+// directories loam and the kernel own, and secrets that exist.
+func (m *Manager) checkSecretRefs(ctx context.Context, req api.CreateSandbox) error {
+	if len(req.Secrets) == 0 && len(req.SecretFiles) == 0 {
+		return nil
+	}
+	if m.cfg.Secrets == nil {
+		return errNoSecrets
+	}
+	if len(req.Secrets)+len(req.SecretFiles) > 256 {
+		return api.Errorf(api.CodeInvalid, "secrets, secret_files: at most 256 in all")
+	}
+	var names []string
+	for k, name := range req.Secrets {
+		if !envKeyRE.MatchString(k) || strings.HasPrefix(k, "LOAM_") {
+			return api.Errorf(api.CodeInvalid, "secrets: %q is not a valid variable name (names starting with LOAM_ are reserved)", k)
+		}
+		if _, ok := req.Env[k]; ok {
+			return api.Errorf(api.CodeInvalid, "secrets: %s is also in env; give it in one of them", k)
+		}
+		names = append(names, name)
+	}
+	for p, name := range req.SecretFiles {
+		if err := checkSecretPath(p); err != nil {
+			return err
+		}
+		names = append(names, name)
+	}
+	for _, name := range names {
+		if err := secret.CheckName(name); err != nil {
+			return err
+		}
+	}
+	got, err := m.cfg.Secrets.Resolve(ctx, names)
+	if err != nil {
+		return fmt.Errorf("looking up secrets: %w", err)
+	}
+	for _, name := range names {
+		if _, ok := got[name]; !ok {
+			return api.Errorf(api.CodeInvalid, "secret %q does not exist (PUT /v1/secrets/%s first)", name, name)
+		}
+	}
+	return nil
+}
+
+// reservedDirs are where secret files may not go: the agent's own, and
+// the kernel's.
+var reservedDirs = []string{agent.IdentityDir, filepath.Dir(agent.AgentBinaryPath), "/proc", "/sys", "/dev"}
+
+func checkSecretPath(p string) error {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" || strings.ContainsRune(p, 0) || len(p) > 1024 {
+		return api.Errorf(api.CodeInvalid, "secret_files: %q is not a clean absolute path to a file", p)
+	}
+	for _, d := range reservedDirs {
+		if p == d || strings.HasPrefix(p, d+"/") {
+			return api.Errorf(api.CodeInvalid, "secret_files: %q is in %s, which loam or the kernel owns", p, d)
+		}
+	}
+	return nil
+}
+
+// secretValues resolves sb's secrets for its agent: env name → value and
+// file path → value. A secret deleted with force since is left out, and
+// logged by name.
+func (m *Manager) secretValues(ctx context.Context, sb *store.Sandbox) (env, files map[string]string, err error) {
+	if m.cfg.Secrets == nil || len(sb.Secrets)+len(sb.SecretFiles) == 0 {
+		return nil, nil, nil
+	}
+	names := slices.Concat(slices.Collect(maps.Values(sb.Secrets)), slices.Collect(maps.Values(sb.SecretFiles)))
+	vals, err := m.cfg.Secrets.Resolve(ctx, names)
+	if err != nil {
+		return nil, nil, fmt.Errorf("resolving the secrets of %s: %w", sb.ID, err)
+	}
+	pick := func(refs map[string]string) map[string]string {
+		out := make(map[string]string, len(refs))
+		for k, name := range refs {
+			v, ok := vals[name]
+			if !ok {
+				m.log.Warn("a secret the sandbox has is gone; it goes without", "sandbox", sb.ID, "secret", name)
+				continue
+			}
+			out[k] = v.Reveal()
+		}
+		return out
+	}
+	return pick(sb.Secrets), pick(sb.SecretFiles), nil
+}
+
+// orNil is a copy of m, nil when m is empty: a sandbox without secrets
+// shows none.
+func orNil(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return maps.Clone(m)
+}
