@@ -145,6 +145,10 @@ func (d *Daemon) start(ctx context.Context) error {
 		return fmt.Errorf("opening store: %w", err)
 	}
 	d.closers = append(d.closers, st.Close)
+	secrets, err := openSecrets(cfg.DataDir, st, d.log)
+	if err != nil {
+		return err
+	}
 
 	pool, err := disk.Open(ctx, filepath.Join(cfg.DataDir, "disk"), cfg.DiskSize)
 	if err != nil {
@@ -194,6 +198,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit: cfg.CheckpointLimit,
 		Secret:          secret,
+		Secrets:         secrets,
 		InsidePort:      network.DefaultInsidePort,
 	}, st, rt, pool, nets, tpl, d.log)
 	d.inside = server.NewInside(d.Manager, secret, d.log)

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/internal/secret"
 )
 
 // lockFile, in the data dir, is held (flock) by the daemon that owns it.
@@ -105,6 +107,47 @@ func loadSecret(dir string, log *slog.Logger) ([]byte, error) {
 		return nil, fmt.Errorf("reading the daemon's secret: %s is not a hex key of 16 bytes or more", path)
 	}
 	return key, nil
+}
+
+// secretsKeyFile, in the data dir, holds the key secrets are sealed with
+// (internal/secret). It is apart from secretFile: that one derives tokens
+// and this one only encrypts, and losing it loses every secret's value.
+const secretsKeyFile = "secrets.key"
+
+// loadSecretsKey reads the key secrets are sealed with, making it (mode
+// 0600) on the first start.
+func loadSecretsKey(dir string, log *slog.Logger) ([]byte, error) {
+	path := filepath.Join(dir, secretsKeyFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		key := make([]byte, secret.KeySize)
+		_, _ = rand.Read(key) // never fails on Linux
+		if err := writeFileAtomic(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("storing the secrets key: %w", err)
+		}
+		return key, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the secrets key: %w", err)
+	}
+	if err := restrictMode(path, 0o600, log); err != nil {
+		return nil, err
+	}
+	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil || len(key) != secret.KeySize {
+		return nil, fmt.Errorf("reading the secrets key: %s is not a hex key of %d bytes", path, secret.KeySize)
+	}
+	return key, nil
+}
+
+// openSecrets opens the secret store over the metadata store, with the key
+// from the data dir.
+func openSecrets(dir string, records secret.Records, log *slog.Logger) (*secret.Sealed, error) {
+	key, err := loadSecretsKey(dir, log)
+	if err != nil {
+		return nil, err
+	}
+	return secret.NewSealed(records, key)
 }
 
 // writeFileAtomic writes path whole or not at all, durably: a temporary

@@ -1,0 +1,65 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/secret"
+)
+
+// Secrets is what the server needs of the secret keeper. No route returns
+// a secret's value.
+type Secrets interface {
+	PutSecret(ctx context.Context, name string, value secret.Value) (*api.Secret, error)
+	ListSecrets(ctx context.Context) ([]api.Secret, error)
+	DeleteSecret(ctx context.Context, name string, force bool) error
+}
+
+func (s *Server) secretRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
+	v1("PUT /v1/secrets/{name}", s.putSecret)
+	v1("GET /v1/secrets", s.listSecrets)
+	v1("DELETE /v1/secrets/{name}", s.deleteSecret)
+}
+
+// errSecretBody never quotes the body: encoding/json's own messages can
+// hold a piece of it, which here is the value.
+var errSecretBody = api.Errorf(api.CodeInvalid, `body: must be a JSON object {"value":"…"} whose value is a string`)
+
+func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) error {
+	var req api.PutSecret
+	if err := decodeJSON(http.MaxBytesReader(w, r.Body, maxBody), &req); err != nil {
+		return errSecretBody
+	}
+	sec, err := s.sandboxes.PutSecret(r.Context(), r.PathValue("name"), secret.NewValue(req.Value))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sec)
+	return nil
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) error {
+	list, err := s.sandboxes.ListSecrets(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, api.SecretList{Secrets: list})
+	return nil
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) error {
+	force := false
+	if f := r.URL.Query().Get("force"); f != "" {
+		var err error
+		if force, err = strconv.ParseBool(f); err != nil {
+			return api.Errorf(api.CodeInvalid, "force: %q is not true or false", f)
+		}
+	}
+	if err := s.sandboxes.DeleteSecret(r.Context(), r.PathValue("name"), force); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
