@@ -8,9 +8,10 @@ import (
 
 func (a *app) forkCmd() *cobra.Command {
 	var (
-		req         api.CreateSandbox
-		env, labels []string
-		asJSON      bool
+		req            api.CreateSandbox
+		env, labels    []string
+		secrets, files []string
+		asJSON         bool
 	)
 	cmd := &cobra.Command{
 		Use:   "fork SANDBOX CHECKPOINT [NEWNAME]",
@@ -18,7 +19,8 @@ func (a *app) forkCmd() *cobra.Command {
 		Long: `Make a new, independent sandbox from a checkpoint of SANDBOX: its disk, and
 its memory when the checkpoint has memory, so a fork of a memory checkpoint
 starts with the source's processes running. Its template, image and resources
-come from the checkpoint; env, labels and the rest are the fork's own.
+come from the checkpoint; env, labels and the rest are the fork's own. Its
+secrets are its source's unless it gives its own (--secret, --secret-file).
 Without NEWNAME the daemon picks a name.`,
 		Example: `  loam fork scratch v1 scratch-copy --label owner=docs`,
 		Args:    cobra.RangeArgs(2, 3),
@@ -31,6 +33,12 @@ Without NEWNAME the daemon picks a name.`,
 				return err
 			}
 			if req.Labels, err = parseKV("label", labels); err != nil {
+				return err
+			}
+			if req.Secrets, err = parseKV("secret", secrets); err != nil {
+				return err
+			}
+			if req.SecretFiles, err = parseKV("secret-file", files); err != nil {
 				return err
 			}
 			c, err := a.connect()
@@ -50,6 +58,8 @@ Without NEWNAME the daemon picks a name.`,
 	f := cmd.Flags()
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable `KEY=VALUE` (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label `KEY=VALUE` (repeatable)")
+	f.StringArrayVar(&secrets, "secret", nil, "give secret NAME as environment variable ENV instead of the source's secrets: `ENV=NAME` (repeatable)")
+	f.StringArrayVar(&files, "secret-file", nil, "give secret NAME as a file, mode 0400, instead of the source's secrets: `PATH=NAME` (repeatable)")
 	f.StringVar(&req.Idle, "idle", "", "sleep after this long without activity, such as 10m")
 	f.IntVar(&req.HTTPPort, "http-port", 0, "port the sandbox's URL forwards to, such as 8080")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")

@@ -117,6 +117,12 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	b.line("http_port", formatPort(sb.HTTPPort))
 	b.line("env", formatKV(sb.Env))
 	b.line("labels", formatKV(sb.Labels))
+	if len(sb.Secrets) > 0 {
+		b.line("secrets", formatKV(sb.Secrets))
+	}
+	if len(sb.SecretFiles) > 0 {
+		b.line("secret_files", formatKV(sb.SecretFiles))
+	}
 	if sb.From != nil {
 		b.line("from", sb.From.Sandbox+"/"+sb.From.Checkpoint)
 	}

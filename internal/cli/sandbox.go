@@ -14,6 +14,7 @@ func (a *app) createCmd() *cobra.Command {
 	var (
 		req              api.CreateSandbox
 		env, labels      []string
+		secrets, files   []string
 		cpus             float64
 		memory, diskSize string
 		asJSON           bool
@@ -36,6 +37,12 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 				return err
 			}
 			if req.Labels, err = parseKV("label", labels); err != nil {
+				return err
+			}
+			if req.Secrets, err = parseKV("secret", secrets); err != nil {
+				return err
+			}
+			if req.SecretFiles, err = parseKV("secret-file", files); err != nil {
 				return err
 			}
 			flags := cmd.Flags()
@@ -71,6 +78,8 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 	f.StringVar(&req.Image, "image", "", "OCI image to make the sandbox from")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable `KEY=VALUE` (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label `KEY=VALUE` (repeatable)")
+	f.StringArrayVar(&secrets, "secret", nil, "give secret NAME as environment variable ENV: `ENV=NAME` (repeatable; see loam secret)")
+	f.StringArrayVar(&files, "secret-file", nil, "give secret NAME as a file, mode 0400: `PATH=NAME` (repeatable)")
 	f.Float64Var(&cpus, "cpus", 0, "CPU cores, such as 1 or 0.5")
 	f.StringVar(&memory, "memory", "", "memory limit, such as 512Mi")
 	f.StringVar(&diskSize, "disk", "", "disk size, such as 4Gi")

@@ -1,0 +1,136 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"loam.dev/loam/api"
+)
+
+func (a *app) secretCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "secret",
+		Short: "Store secrets that sandboxes get as env or files",
+		Long: `Secrets are stored by the daemon, encrypted at rest, and given to sandboxes
+that name them at create (loam create --secret ENV=NAME, --secret-file
+PATH=NAME). No command or API call shows a secret's value.`,
+	}
+	cmd.AddCommand(a.secretSetCmd(), a.secretLsCmd(), a.secretRmCmd())
+	return cmd
+}
+
+func (a *app) secretSetCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "set NAME",
+		Short: "Store a secret, its value read from stdin or a prompt",
+		Long: `Store a secret. The value is read from stdin, or asked for without echo
+on a terminal; never from the command line, where other users and the shell's
+history would see it. One trailing newline is dropped, so that
+'echo value | loam secret set NAME' stores "value". Setting a secret
+again replaces its value; sandboxes that have it get the new one at their next
+boot, restore or wake.`,
+		Example: `  loam secret set db-password
+  loam secret set api-key < key.txt`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			value, err := a.readSecretValue(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			_, err = c.PutSecret(cmd.Context(), args[0], value)
+			return err
+		},
+	}
+}
+
+// readSecretValue reads a value from a prompt without echo when stdin is a
+// terminal, else all of stdin, less one trailing newline.
+func (a *app) readSecretValue(name string) (string, error) {
+	if f, ok := a.stdin.(*os.File); ok && a.interactive() {
+		fmt.Fprintf(a.stderr, "Value of %s: ", name)
+		b, err := term.ReadPassword(int(f.Fd()))
+		fmt.Fprintln(a.stderr)
+		if err != nil {
+			return "", fmt.Errorf("reading the value: %w", err)
+		}
+		return string(b), nil
+	}
+	b, err := io.ReadAll(io.LimitReader(a.stdin, api.MaxSecretSize+2))
+	if err != nil {
+		return "", fmt.Errorf("reading the value from stdin: %w", err)
+	}
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	b = bytes.TrimSuffix(b, []byte("\r"))
+	if len(b) > api.MaxSecretSize {
+		return "", fmt.Errorf("reading the value from stdin: more than %d bytes", api.MaxSecretSize)
+	}
+	if len(b) == 0 {
+		return "", errors.New("reading the value from stdin: it is empty")
+	}
+	return string(b), nil
+}
+
+func (a *app) secretLsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List secrets (names and times, never values)",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			list, err := c.ListSecrets(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, list)
+			}
+			t := newTable(a.stdout, "NAME", "CREATED", "UPDATED")
+			for _, s := range list {
+				t.row(s.Name, formatTime(s.CreatedAt), formatTime(s.UpdatedAt))
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the secrets as a JSON array")
+	return cmd
+}
+
+func (a *app) secretRmCmd() *cobra.Command {
+	var yes, force bool
+	cmd := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Delete a secret",
+		Long: `Delete a secret. A secret that sandboxes have is refused unless --force:
+then they keep running with the value they have, and go without it from their
+next boot, restore or wake.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.confirm(yes, "delete secret "+args[0]); err != nil {
+				return err
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			return c.DeleteSecret(cmd.Context(), args[0], force)
+		},
+	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "delete without asking")
+	cmd.Flags().BoolVar(&force, "force", false, "delete it even if sandboxes have it")
+	return cmd
+}
