@@ -10,7 +10,7 @@ import (
 
 // PutSecret stores value as the secret name (encrypted at rest by the
 // daemon), replacing any value it had. Sandboxes that have the secret get
-// the new value at their next boot, restore or wake. No call returns a
+// the new value at their next boot, restore or fork. No call returns a
 // secret's value.
 func (c *Client) PutSecret(ctx context.Context, name, value string) (*api.Secret, error) {
 	seg, err := segment("secret", name)
@@ -38,7 +38,7 @@ func (c *Client) ListSecrets(ctx context.Context) ([]api.Secret, error) {
 
 // DeleteSecret deletes the secret name. A secret that a sandbox has is a
 // conflict (api.CodeConflict) unless force; with force the sandboxes keep
-// running, and go without it from their next boot, restore or wake.
+// running, and go without it from their next boot, restore or fork.
 func (c *Client) DeleteSecret(ctx context.Context, name string, force bool) error {
 	seg, err := segment("secret", name)
 	if err != nil {

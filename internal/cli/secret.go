@@ -34,7 +34,7 @@ on a terminal; never from the command line, where other users and the shell's
 history would see it. One trailing newline is dropped, so that
 'echo value | loam secret set NAME' stores "value". Setting a secret
 again replaces its value; sandboxes that have it get the new one at their next
-boot, restore or wake.`,
+boot, restore or fork.`,
 		Example: `  loam secret set db-password
   loam secret set api-key < key.txt`,
 		Args: cobra.ExactArgs(1),
@@ -117,7 +117,7 @@ func (a *app) secretRmCmd() *cobra.Command {
 		Short: "Delete a secret",
 		Long: `Delete a secret. A secret that sandboxes have is refused unless --force:
 then they keep running with the value they have, and go without it from their
-next boot, restore or wake.`,
+next boot, restore or fork.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.confirm(yes, "delete secret "+args[0]); err != nil {

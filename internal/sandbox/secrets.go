@@ -15,7 +15,7 @@ import (
 )
 
 // PutSecret stores a secret's value (PUT /v1/secrets/{name}). Sandboxes
-// that have it get the new value at their next boot, restore or wake.
+// that have it get the new value at their next boot, restore or fork.
 func (m *Manager) PutSecret(ctx context.Context, name string, value secret.Value) (*api.Secret, error) {
 	if m.cfg.Secrets == nil {
 		return nil, errNoSecrets
@@ -33,7 +33,7 @@ func (m *Manager) ListSecrets(ctx context.Context) ([]api.Secret, error) {
 
 // DeleteSecret deletes a secret. One that a sandbox has is a conflict that
 // names the sandboxes, unless force: then they keep running with the value
-// they were given, and their next boot, restore or wake goes without it.
+// they were given, and their next boot, restore or fork goes without it.
 func (m *Manager) DeleteSecret(ctx context.Context, name string, force bool) error {
 	if m.cfg.Secrets == nil {
 		return errNoSecrets

@@ -39,6 +39,10 @@ func testSandboxRoundTrip(ctx context.Context, t *testing.T, st store.Store) {
 			sb.State, sb.Error = api.StateError, "booting: runsc exited with status 1"
 		}},
 		{"fractional cpus", func(sb *store.Sandbox) { sb.Resources.CPUs = 0.1 }},
+		{"secret references", func(sb *store.Sandbox) {
+			sb.Secrets = map[string]string{"DB_PASS": "db-pass", "API_KEY": "api.key"}
+			sb.SecretFiles = map[string]string{"/run/secrets/db": "db-pass"}
+		}},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
