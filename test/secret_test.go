@@ -96,6 +96,8 @@ func TestSecrets(t *testing.T) {
 		Name:        "sec",
 		Secrets:     map[string]string{"DB_PASS": "db-pass"},
 		SecretFiles: map[string]string{"/run/secrets/db": "db-pass"},
+		Services: []api.Service{{Name: "show", Cmd: []string{"sh", "-c",
+			`if [ "$DB_PASS" = "` + dbPass + `" ] && [ "$(cat /run/secrets/db)" = "` + dbPass + `" ]; then echo yes; else echo no; fi > /tmp/svc; exec sleep 100000`}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -121,6 +123,17 @@ func TestSecrets(t *testing.T) {
 	}
 	check("sec", `[ "$DB_PASS" = "`+dbPass+`" ]`)
 	check("sec", `[ "$(cat /run/secrets/db)" = "`+dbPass+`" ]`)
+	// A service gets them too.
+	for i := 0; ; i++ {
+		got := run("sec", "sh", "-c", "cat /tmp/svc 2>/dev/null || true")
+		if got == "yes\n" {
+			break
+		}
+		if got != "" || i == 100 {
+			t.Fatalf("the service saw the secret: %q", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if got := run("sec", "stat", "-c", "%a %U", "/run/secrets/db"); got != "400 loam\n" {
 		t.Errorf("the secret file is %q, want 400 loam", got)
 	}
@@ -161,6 +174,9 @@ func TestSecrets(t *testing.T) {
 	check("sec-own", `[ ! -e /run/secrets/db ]`)
 
 	// Deleting a secret in use is a conflict naming its sandboxes.
+	if _, errb, code := d.cli("", "secret", "rm", "-y", "db-pass"); code != 1 || !strings.Contains(errb, "force") {
+		t.Errorf("loam secret rm of a secret in use: %d %s", code, errb)
+	}
 	err = c.DeleteSecret(ctx, "db-pass", false)
 	var ae *api.Error
 	if !errors.As(err, &ae) || ae.Code != api.CodeConflict || !strings.Contains(ae.Message, "sec-fork") {
