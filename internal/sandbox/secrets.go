@@ -54,7 +54,7 @@ func (m *Manager) DeleteSecret(ctx context.Context, name string, force bool) err
 			}
 		}
 		if len(users) > 0 {
-			return api.Errorf(api.CodeConflict, "secret %q is used by sandbox %s; delete with ?force=true to delete it anyway (they lose it at their next boot)", name, strings.Join(users, ", "))
+			return api.Errorf(api.CodeConflict, "secret %q is used by sandbox %s; force (?force=true, loam secret rm --force) deletes it anyway, and they go without it from their next boot", name, strings.Join(users, ", "))
 		}
 	}
 	if err := m.cfg.Secrets.Delete(ctx, name); err != nil {
