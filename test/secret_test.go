@@ -173,6 +173,17 @@ func TestSecrets(t *testing.T) {
 	check("sec-own", `[ -z "${DB_PASS+set}" ]`)
 	check("sec-own", `[ ! -e /run/secrets/db ]`)
 
+	// A fork of a disk-only checkpoint boots fresh and gets them again.
+	memory := false
+	if _, err := c.CreateCheckpoint(ctx, "sec", api.CreateCheckpoint{Comment: "disk", Memory: &memory}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Fork(ctx, "sec", "v2", "sec-disk"); err != nil {
+		t.Fatal(err)
+	}
+	check("sec-disk", `[ "$DB_PASS" = "`+dbPass+`" ]`)
+	check("sec-disk", `[ "$(cat /run/secrets/db)" = "`+dbPass+`" ]`)
+
 	// Deleting a secret in use is a conflict naming its sandboxes.
 	if _, errb, code := d.cli("", "secret", "rm", "-y", "db-pass"); code != 1 || !strings.Contains(errb, "force") {
 		t.Errorf("loam secret rm of a secret in use: %d %s", code, errb)
@@ -212,5 +223,30 @@ func TestSecrets(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(d.dataDir, "secrets.key")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("secrets.key: %v, %v", fi, err)
+	}
+}
+
+// TestSecretsAfterRestart: a sandbox keeps its secrets when the daemon
+// restarts and takes it back (recovery sends the agent its identity, the
+// secrets with it, again).
+func TestSecretsAfterRestart(t *testing.T) {
+	d := startDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	v := randomValue(t)
+	if _, err := d.C.PutSecret(ctx, "tok", v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "kept", Secrets: map[string]string{"TOK": "tok"}}); err != nil {
+		t.Fatal(err)
+	}
+	cond := `if [ "$TOK" = "` + v + `" ]; then echo yes; fi`
+	if got := d.run("kept", "sh", "-c", cond); got != "yes\n" {
+		t.Fatalf("before the restart: %q", got)
+	}
+	d.stop()
+	d.start()
+	if got := d.run("kept", "sh", "-c", cond); got != "yes\n" {
+		t.Fatalf("after the restart: %q", got)
 	}
 }
