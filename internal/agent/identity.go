@@ -48,8 +48,9 @@ type Identity struct {
 }
 
 // maxIdentity bounds the body of POST /identity. It carries the sandbox's
-// env, which a create may fill up to the API's 1 MiB body.
-const maxIdentity = 2 << 20
+// env, which a create may fill up to the API's 1 MiB body, and its
+// secrets: up to 64 of up to 64 KiB, which JSON may escape to 6 times that.
+const maxIdentity = 32 << 20
 
 func (h *handler) serveIdentity(w http.ResponseWriter, r *http.Request) {
 	var id Identity

@@ -64,6 +64,10 @@ func (m *Manager) DeleteSecret(ctx context.Context, name string, force bool) err
 	return nil
 }
 
+// maxSecretRefs bounds the secrets a sandbox has, so that their values fit
+// the identity the agent takes (see agent.Identity).
+const maxSecretRefs = 64
+
 var errNoSecrets = api.Errorf(api.CodeUnavailable, "this daemon keeps no secrets")
 
 // checkSecretRefs checks a create's secrets and secret_files: valid
@@ -76,8 +80,8 @@ func (m *Manager) checkSecretRefs(ctx context.Context, req api.CreateSandbox) er
 	if m.cfg.Secrets == nil {
 		return errNoSecrets
 	}
-	if len(req.Secrets)+len(req.SecretFiles) > 256 {
-		return api.Errorf(api.CodeInvalid, "secrets, secret_files: at most 256 in all")
+	if len(req.Secrets)+len(req.SecretFiles) > maxSecretRefs {
+		return api.Errorf(api.CodeInvalid, "secrets, secret_files: at most %d in all", maxSecretRefs)
 	}
 	var names []string
 	for k, name := range req.Secrets {
