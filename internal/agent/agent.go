@@ -302,8 +302,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // /sessions endpoints, the session id in "started"), the files protocol
 // and file watches (files.go, watch.go), ports (GET /ports,
 // /ports/watch and /ports/{port}/stream), and services (the /services
-// endpoints, service.go).
-const ProtocolVersion = 3
+// endpoints, service.go); 4 adds secrets to the identity (SecretEnv,
+// SecretFiles), which older agents ignore.
+const ProtocolVersion = 4
 
 // Health is the body of GET /healthz.
 type Health struct {

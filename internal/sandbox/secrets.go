@@ -68,6 +68,10 @@ func (m *Manager) DeleteSecret(ctx context.Context, name string, force bool) err
 // the identity the agent takes (see agent.Identity).
 const maxSecretRefs = 64
 
+// secretsProtocol is the first agent protocol that takes secrets with the
+// identity; an older one, back from an old checkpoint, ignores them.
+const secretsProtocol = 4
+
 var errNoSecrets = api.Errorf(api.CodeUnavailable, "this daemon keeps no secrets")
 
 // checkSecretRefs checks a create's secrets and secret_files: valid
@@ -134,9 +138,16 @@ func checkSecretPath(p string) error {
 
 // secretValues resolves sb's secrets for its agent: env name → value and
 // file path → value. A secret deleted with force since is left out, and
-// logged by name.
+// logged by name; an agent too old to take secrets (back from a checkpoint
+// of an older loam) gets none, logged.
 func (m *Manager) secretValues(ctx context.Context, sb *store.Sandbox) (env, files map[string]string, err error) {
 	if m.cfg.Secrets == nil || len(sb.Secrets)+len(sb.SecretFiles) == 0 {
+		return nil, nil, nil
+	}
+	if err := m.requireAgent(sb, secretsProtocol, "secrets"); err != nil {
+		// Not a reason to fail a restore or fork: the sandbox goes
+		// without, as after a forced delete, and a fresh boot has them.
+		m.log.Warn("the sandbox's agent is too old for secrets; it goes without them", "sandbox", sb.ID)
 		return nil, nil, nil
 	}
 	names := slices.Concat(slices.Collect(maps.Values(sb.Secrets)), slices.Collect(maps.Values(sb.SecretFiles)))
