@@ -41,6 +41,10 @@ type Sandbox struct {
 	Idle      string            `json:"idle,omitempty"`
 	HTTPPort  int               `json:"http_port,omitempty"`
 	URL       string            `json:"url"`
+	// Public is true when the URL is open to anyone who reaches the daemon;
+	// false (the default) asks for the API token or the sandbox's access
+	// token (GET /v1/sandboxes/{sandbox}/access-token).
+	Public bool `json:"public"`
 	// From is the checkpoint a fork was made from; empty for other sandboxes.
 	From      *ForkSource `json:"from,omitempty"`
 	CreatedAt time.Time   `json:"created_at"`
@@ -65,7 +69,9 @@ type CreateSandbox struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	Idle      string            `json:"idle,omitempty"`
 	HTTPPort  int               `json:"http_port,omitempty"`
-	From      *ForkSource       `json:"from,omitempty"`
+	// Public opens the sandbox's URL to anyone who reaches the daemon.
+	Public bool        `json:"public,omitempty"`
+	From   *ForkSource `json:"from,omitempty"`
 	// Services are started once the sandbox is up, before the create
 	// returns (see Service). A fork takes its services from the
 	// checkpoint's disk and may not give any.
@@ -90,4 +96,12 @@ type SandboxList struct {
 // TemplateList is the body of GET /v1/templates.
 type TemplateList struct {
 	Templates []Template `json:"templates"`
+}
+
+// AccessToken is the body of GET /v1/sandboxes/{sandbox}/access-token: the
+// token that opens a private sandbox's URL (header X-Loam-Access-Token, or
+// once as ?loam_token=, which sets a cookie), and the URL itself.
+type AccessToken struct {
+	URL         string `json:"url"`
+	AccessToken string `json:"access_token"`
 }

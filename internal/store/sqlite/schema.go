@@ -74,6 +74,11 @@ ALTER TABLE sandboxes ADD COLUMN restore_target TEXT NOT NULL DEFAULT '';
 ALTER TABLE checkpoints ADD COLUMN agent_gen INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN inside INTEGER NOT NULL DEFAULT 0;
 `,
+	// 3: a sandbox's URL may be public (open to anyone who reaches the
+	// daemon); by default it is private.
+	`
+ALTER TABLE sandboxes ADD COLUMN public INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own
