@@ -23,8 +23,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"loam.dev/loam/api"
@@ -69,11 +72,31 @@ type Handler struct {
 	suffix  string // "--ORG." + DOMAIN without its port, lower case
 	log     *slog.Logger
 	rp      *httputil.ReverseProxy
+	tr      *http.Transport
+
+	mu sync.Mutex
+	// seen is, for each sandbox address, the sandbox and epoch last sent
+	// a request there (see fresh).
+	seen map[netip.AddrPort]seenTarget
+	// gates pace the requests released together after a hold, per
+	// sandbox address (see pace).
+	gates map[netip.AddrPort]chan struct{}
+}
+
+// heldAtOnce is how many requests held during a create or restore are sent
+// to the new machine at once; the rest wait for their answers' headers.
+// Servers with a short accept queue (python's http.server keeps 5) reset
+// connections beyond it when a burst arrives all together.
+const heldAtOnce = 4
+
+type seenTarget struct {
+	id    string
+	epoch uint64
 }
 
 // New makes the front door.
 func New(targets Targets, cfg Config, log *slog.Logger) *Handler {
-	h := &Handler{targets: targets, cfg: cfg, log: log}
+	h := &Handler{targets: targets, cfg: cfg, log: log, seen: map[netip.AddrPort]seenTarget{}, gates: map[netip.AddrPort]chan struct{}{}}
 	h.suffix = "--" + strings.ToLower(cfg.Org) + "." + strings.ToLower(stripPort(cfg.Domain))
 	tr := &http.Transport{
 		// Never a proxy from the environment: the sandboxes are local.
@@ -84,9 +107,10 @@ func New(targets Targets, cfg Config, log *slog.Logger) *Handler {
 		IdleConnTimeout:       60 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
+	h.tr = tr
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:       h.rewrite,
-		Transport:     &retrier{base: tr, targets: targets},
+		Transport:     &retrier{base: tr, h: h},
 		FlushInterval: -1,
 		ErrorHandler:  h.proxyError,
 		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelDebug),
@@ -161,6 +185,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
 	case newCookie:
 		h.setCookie(w, t)
 	}
+	h.fresh(t)
 	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, t))
 	h.rp.ServeHTTP(w, r)
 	h.log.Debug("url request", "sandbox", t.ID, "method", r.Method, "path", r.URL.Path, "ms", time.Since(start).Milliseconds())
@@ -309,13 +334,52 @@ func (h *Handler) page(w http.ResponseWriter, status int, title, msg string) {
 `, status, html.EscapeString(title), html.EscapeString(title), html.EscapeString(msg))
 }
 
+// fresh makes sure no kept-alive connection to a machine that t's has
+// replaced is used for t: after a restore (a new epoch) or a new sandbox
+// at the same address, idle connections were made to the old machine and
+// would be answered with a reset. They are all dropped, as the Manager
+// drops its agent connections: the next requests dial afresh, which costs
+// little, and restores are rare beside requests.
+func (h *Handler) fresh(t sandbox.Target) {
+	now := seenTarget{t.ID, t.Epoch}
+	h.mu.Lock()
+	before, ok := h.seen[t.Addr]
+	h.seen[t.Addr] = now
+	h.mu.Unlock()
+	if ok && before != now {
+		h.tr.CloseIdleConnections()
+	}
+}
+
+// pace takes a place among the requests sent to t after a hold (none is
+// needed for others); the returned func gives it back.
+func (h *Handler) pace(ctx context.Context, t sandbox.Target) (func(), error) {
+	if !t.Held {
+		return func() {}, nil
+	}
+	h.mu.Lock()
+	g, ok := h.gates[t.Addr]
+	if !ok {
+		g = make(chan struct{}, heldAtOnce)
+		h.gates[t.Addr] = g
+	}
+	h.mu.Unlock()
+	select {
+	case g <- struct{}{}:
+		return func() { <-g }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // retrier sends a request again when the machine it was sent to has been
 // replaced meanwhile (a restore began after the request was held, or cut
 // its connection): it waits for the new machine (HTTPTarget) and sends the
-// request to it, if the request has no body to replay.
+// request to it, if the request has no body to replay. A safe request
+// (GET, HEAD, OPTIONS) whose connection was reset is sent again too.
 type retrier struct {
-	base    http.RoundTripper
-	targets Targets
+	base http.RoundTripper
+	h    *Handler
 }
 
 // maxRetries bounds how many replaced machines one request follows.
@@ -324,12 +388,24 @@ const maxRetries = 3
 func (rt *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 	t, _ := req.Context().Value(ctxKey{}).(sandbox.Target)
 	for i := 0; ; i++ {
+		done, err := rt.h.pace(req.Context(), t)
+		if err != nil {
+			return nil, err
+		}
 		resp, err := rt.base.RoundTrip(req)
+		done()
 		if err == nil || i == maxRetries || t.Name == "" || req.Context().Err() != nil ||
 			(req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
 			return resp, err
 		}
-		next, terr := rt.targets.HTTPTarget(req.Context(), t.Name)
+		if errors.Is(err, syscall.ECONNRESET) && (req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions) {
+			// A server with a short accept queue (python's http.server
+			// keeps 5) resets connections when the requests held during a
+			// restore all arrive at once: a safe request tries again.
+			time.Sleep(time.Duration(i+1) * 25 * time.Millisecond)
+			continue
+		}
+		next, terr := rt.h.targets.HTTPTarget(req.Context(), t.Name)
 		if terr != nil {
 			return nil, terr
 		}
@@ -337,6 +413,7 @@ func (rt *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		t = next
+		rt.h.fresh(t)
 		req = req.Clone(req.Context())
 		req.URL.Host = t.Addr.String()
 		if req.GetBody != nil {

@@ -38,6 +38,9 @@ type Target struct {
 	// a newer target has a larger Epoch (the machine it was sent to has
 	// been replaced).
 	Epoch uint64
+	// Held is true when HTTPTarget waited for a create or restore: the
+	// request is one of a burst released at once onto a new machine.
+	Held bool
 }
 
 // holdsURL tells whether an operation (as begin names it) makes the URL
@@ -55,6 +58,7 @@ func holdsURL(what string) bool { return what == "a restore" || what == "create"
 func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
 	ctx, cancel := context.WithTimeout(ctx, HoldLimit)
 	defer cancel()
+	held := false
 	for {
 		sb, err := m.store.GetSandbox(ctx, name)
 		if errors.Is(err, store.ErrNotFound) || err == nil && sb.Name != name {
@@ -74,6 +78,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
 			if !holdsURL(op) {
 				done, poll = nil, time.After(holdPoll)
 			}
+			held = true
 			select {
 			case <-done:
 			case <-poll:
@@ -101,6 +106,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
 			Public:      sb.Public,
 			AccessToken: AccessToken(m.cfg.Secret, sb.ID),
 			Epoch:       epoch,
+			Held:        held,
 		}, nil
 	}
 }
