@@ -140,6 +140,11 @@ func TestURL(t *testing.T) {
 	if err != nil || at.URL != sb.URL || !strings.HasPrefix(at.AccessToken, "loam_at_") {
 		t.Fatalf("access token: %+v, %v", at, err)
 	}
+	out, errOut, code := d.cli("", "url", "web")
+	if code != 0 || !strings.Contains(out, "access:      private\n") || !strings.Contains(out, "token:       "+at.AccessToken+"\n") ||
+		!strings.Contains(out, "open:        http://web--default.localhost:7070/?loam_token="+at.AccessToken+"\n") {
+		t.Fatalf("loam url: %d %q %q", code, out, errOut)
+	}
 	c := urlClient(d)
 
 	// Before the server listens: 502, loam's page.
@@ -201,8 +206,8 @@ func TestURL(t *testing.T) {
 	ws.Close(websocket.StatusNormalClosure, "")
 
 	// A public sandbox needs no token.
-	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "open", Template: "base", Public: true}); err != nil {
-		t.Fatal(err)
+	if out, errOut, code := d.cli("", "create", "open", "--template", "base", "--public"); code != 0 || !strings.Contains(out, "access:      public\n") {
+		t.Fatalf("loam create --public: %d %q %q", code, out, errOut)
 	}
 	startURLServer(t, d, "open", "open")
 	status, body, _, err = fetch(ctx, c, "GET", "http://open--default.localhost:7070/", nil, "")

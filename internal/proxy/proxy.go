@@ -24,7 +24,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
-	"net/url"
 	"strings"
 	"sync"
 	"syscall"
@@ -422,20 +421,4 @@ func (rt *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 	}
-}
-
-// URLFor is the URL of the sandbox with the given access token in the
-// query, which opens a private sandbox in a browser.
-func URLFor(sandboxURL, accessToken string) string {
-	u, err := url.Parse(sandboxURL)
-	if err != nil {
-		return sandboxURL
-	}
-	q := u.Query()
-	q.Set(TokenParam, accessToken)
-	u.RawQuery = q.Encode()
-	if u.Path == "" {
-		u.Path = "/"
-	}
-	return u.String()
 }
