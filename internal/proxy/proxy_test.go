@@ -75,6 +75,7 @@ func backend(t *testing.T) netip.AddrPort {
 		w.Header().Set("X-Token", r.Header.Get(TokenHeader))
 		w.Header().Set("X-Cookie", r.Header.Get("Cookie"))
 		w.Header().Set("X-Query", r.URL.RawQuery)
+		w.Header().Set("X-Proto", r.Header.Get("X-Forwarded-Proto"))
 		io.WriteString(w, r.Method+" "+r.URL.Path+" "+string(body))
 	}))
 	t.Cleanup(srv.Close)
@@ -219,5 +220,39 @@ func TestUpgrade(t *testing.T) {
 	line, err := br.ReadString('\n')
 	if err != nil || line != "ping\n" {
 		t.Fatalf("echo through the upgraded connection: %q, %v", line, err)
+	}
+}
+
+// TestTLS: under TLS the cookie is Secure and the sandbox is told the
+// request came over https.
+func TestTLS(t *testing.T) {
+	addr := backend(t)
+	targets := fakeTargets{"priv": {ID: "sb-1", Name: "priv", Addr: addr, AccessToken: "acc1"}}
+	h := New(targets, Config{Domain: "loam.example.com", Org: "default", Token: "admin", TLS: true}, slog.New(slog.DiscardHandler))
+	front := httptest.NewTLSServer(h.Mount(http.NotFoundHandler()))
+	defer front.Close()
+	c := front.Client()
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+	req, _ := http.NewRequest("GET", front.URL+"/?loam_token=acc1", nil)
+	req.Host = "priv--default.loam.example.com"
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if ck := resp.Header.Get("Set-Cookie"); resp.StatusCode != http.StatusSeeOther || !strings.Contains(ck, "Secure") {
+		t.Errorf("under TLS: %d, cookie %q", resp.StatusCode, ck)
+	}
+	req, _ = http.NewRequest("GET", front.URL+"/", nil)
+	req.Host = "priv--default.loam.example.com"
+	req.Header.Set("Cookie", TokenCookie+"=acc1")
+	resp, err = c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Proto") != "https" {
+		t.Errorf("under TLS: %d, X-Forwarded-Proto %q", resp.StatusCode, resp.Header.Get("X-Proto"))
 	}
 }
