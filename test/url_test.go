@@ -215,6 +215,17 @@ func TestURL(t *testing.T) {
 		t.Fatalf("public: %d %q %v", status, body, err)
 	}
 
+	// A server that listens on the sandbox's loopback only is reached
+	// through a port stream.
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "lo", Template: "base", HTTPPort: 9090, Public: true}); err != nil {
+		t.Fatal(err)
+	}
+	serveSite(t, d, "lo", 9090, "127.0.0.1")
+	waitFor(t, func() bool {
+		status, body, _, err = fetch(ctx, c, "GET", "http://lo--default.localhost:7070/", nil, "")
+		return err == nil && status == 200 && body == "hello\n"
+	})
+
 	// An unknown name; the API is unaffected on its own host.
 	status, body, _, err = fetch(ctx, c, "GET", "http://nope--default.localhost:7070/", nil, "")
 	if err != nil || status != 404 || !strings.Contains(body, "no sandbox named nope") {

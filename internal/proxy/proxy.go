@@ -7,10 +7,11 @@
 //
 // Connections go from the host straight to the sandbox's address and
 // http_port over its veth: the firewall lets the host's connections into
-// its sandboxes, and a direct TCP connection costs nothing beside a port
+// its sandboxes, and a direct TCP connection costs about half of a port
 // stream through the agent (one WebSocket, and the agent's copy, per
-// connection). A server that listens on the sandbox's loopback only is not
-// reachable this way; its page says so.
+// connection; see BenchmarkURL). Only when the direct connection is refused
+// (a server that listens on the sandbox's loopback only) is a port stream
+// used instead.
 package proxy
 
 import (
@@ -29,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/sandbox"
 )
@@ -39,6 +42,9 @@ type Targets interface {
 	// created or restored; not_found when there is none, unavailable
 	// when it cannot serve (sleeping, stopped, …).
 	HTTPTarget(ctx context.Context, name string) (sandbox.Target, error)
+	// DialPort opens a port stream: a connection made inside the sandbox
+	// by its agent, for servers that listen on its loopback only.
+	DialPort(ctx context.Context, ref string, port int) (*sandbox.Stream, error)
 }
 
 // Names of what a client presents to open a private sandbox's URL.
@@ -100,7 +106,7 @@ func New(targets Targets, cfg Config, log *slog.Logger) *Handler {
 	tr := &http.Transport{
 		// Never a proxy from the environment: the sandboxes are local.
 		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           h.dial,
 		MaxIdleConns:          256,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       60 * time.Second,
@@ -115,6 +121,41 @@ func New(targets Targets, cfg Config, log *slog.Logger) *Handler {
 		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	return h
+}
+
+// dial connects to a sandbox's server: straight to its address, or, when
+// that is refused (a server that listens on the sandbox's loopback only),
+// through a port stream. A memory checkpoint or a restore ends the
+// connections made the second way.
+func (h *Handler) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	c, err := d.DialContext(ctx, network, addr)
+	if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+		return c, err
+	}
+	t, ok := ctx.Value(ctxKey{}).(sandbox.Target)
+	if !ok || t.Addr.String() != addr {
+		return nil, err
+	}
+	st, serr := h.targets.DialPort(ctx, t.ID, int(t.Addr.Port()))
+	if serr != nil {
+		h.log.Debug("no port stream either", "sandbox", t.ID, "err", serr)
+		return nil, err
+	}
+	// The connection outlives the dial's context: it may be kept alive.
+	return &streamConn{Conn: websocket.NetConn(context.Background(), st.Agent(), websocket.MessageBinary), st: st}, nil
+}
+
+// streamConn is a connection carried by a port stream.
+type streamConn struct {
+	net.Conn
+	st *sandbox.Stream
+}
+
+func (c *streamConn) Close() error {
+	err := c.Conn.Close()
+	c.st.Close()
+	return err
 }
 
 // stripPort is host without its port, if it has one.
@@ -313,7 +354,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	h.log.Info("url request failed", "sandbox", t.ID, "err", err)
 	h.page(w, http.StatusBadGateway, "Nothing answers",
-		fmt.Sprintf("Sandbox %s is running, but nothing answered on its port %d. Is its server listening on 0.0.0.0:%d (not 127.0.0.1 only)?",
+		fmt.Sprintf("Sandbox %s is running, but nothing answered on its port %d. Is its server started, and listening on port %d?",
 			t.Name, t.Addr.Port(), t.Addr.Port()))
 }
 

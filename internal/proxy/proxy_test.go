@@ -30,6 +30,10 @@ func (f fakeTargets) HTTPTarget(ctx context.Context, name string) (sandbox.Targe
 	return t, nil
 }
 
+func (f fakeTargets) DialPort(ctx context.Context, ref string, port int) (*sandbox.Stream, error) {
+	return nil, api.Errorf(api.CodeNotFound, "nothing listens on TCP port %d in sandbox %s", port, ref)
+}
+
 func newFront(t *testing.T, targets Targets, domain string) *Handler {
 	t.Helper()
 	return New(targets, Config{Domain: domain, Org: "default", Token: "admin"}, slog.New(slog.DiscardHandler))
