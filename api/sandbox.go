@@ -45,6 +45,10 @@ type Sandbox struct {
 	// (see CreateSandbox); never their values.
 	Secrets     map[string]string `json:"secrets,omitempty"`
 	SecretFiles map[string]string `json:"secret_files,omitempty"`
+	// Public is true when the URL is open to anyone who reaches the daemon;
+	// false (the default) asks for the API token or the sandbox's access
+	// token (GET /v1/sandboxes/{sandbox}/access-token).
+	Public bool `json:"public"`
 	// From is the checkpoint a fork was made from; empty for other sandboxes.
 	From      *ForkSource `json:"from,omitempty"`
 	CreatedAt time.Time   `json:"created_at"`
@@ -69,7 +73,9 @@ type CreateSandbox struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	Idle      string            `json:"idle,omitempty"`
 	HTTPPort  int               `json:"http_port,omitempty"`
-	From      *ForkSource       `json:"from,omitempty"`
+	// Public opens the sandbox's URL to anyone who reaches the daemon.
+	Public bool        `json:"public,omitempty"`
+	From   *ForkSource `json:"from,omitempty"`
 	// Secrets gives secrets (PUT /v1/secrets/{name}) to every process of
 	// the sandbox as environment variables: variable name → secret name.
 	// SecretFiles writes them as files, mode 0400, owned by the user loam:
@@ -101,4 +107,12 @@ type SandboxList struct {
 // TemplateList is the body of GET /v1/templates.
 type TemplateList struct {
 	Templates []Template `json:"templates"`
+}
+
+// AccessToken is the body of GET /v1/sandboxes/{sandbox}/access-token: the
+// token that opens a private sandbox's URL (header X-Loam-Access-Token, or
+// once as ?loam_token=, which sets a cookie), and the URL itself.
+type AccessToken struct {
+	URL         string `json:"url"`
+	AccessToken string `json:"access_token"`
 }

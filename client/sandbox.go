@@ -63,6 +63,17 @@ func (c *Client) GetSandbox(ctx context.Context, ref string) (*api.Sandbox, erro
 	return &sb, nil
 }
 
+// AccessToken returns a sandbox's URL and the token that opens it when the
+// sandbox is not public: send it as the header X-Loam-Access-Token, or once
+// as ?loam_token= in a browser, which then keeps it in a cookie.
+func (c *Client) AccessToken(ctx context.Context, ref string) (*api.AccessToken, error) {
+	var at api.AccessToken
+	if err := c.sandboxCall(ctx, "GET", ref, "/access-token", nil, &at); err != nil {
+		return nil, fmt.Errorf("getting the access token of sandbox %s: %w", ref, err)
+	}
+	return &at, nil
+}
+
 // DeleteSandbox deletes the sandbox ref names, and its checkpoints with it.
 func (c *Client) DeleteSandbox(ctx context.Context, ref string) error {
 	if err := c.sandboxCall(ctx, "DELETE", ref, "", nil, nil); err != nil {

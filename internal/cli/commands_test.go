@@ -35,6 +35,7 @@ func TestCheckpointWalkthrough(t *testing.T) {
 			"id:          sb-000000000001\n" +
 			"state:       running\n" +
 			"url:         https://scratch-copy--docs.loam.example.com\n" +
+			"access:      private\n" +
 			"template:    base\n" +
 			"cpus:        1\n" +
 			"memory:      512Mi\n" +

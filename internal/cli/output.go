@@ -106,6 +106,7 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	b.line("id", sb.ID)
 	b.line("state", string(sb.State))
 	b.line("url", sb.URL)
+	b.line("access", access(sb.Public))
 	b.line("template", sb.Template)
 	if sb.Image != "" {
 		b.line("image", sb.Image)
@@ -128,6 +129,14 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	}
 	b.line("created", formatTime(sb.CreatedAt))
 	return b.err
+}
+
+// access says who may use a sandbox's URL.
+func access(public bool) string {
+	if public {
+		return "public"
+	}
+	return "private"
 }
 
 func writeCheckpoint(w io.Writer, cp *api.Checkpoint) error {

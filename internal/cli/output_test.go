@@ -64,6 +64,7 @@ func TestSandboxBlockGolden(t *testing.T) {
 id:          sb-y6sgfql7k3ra
 state:       running
 url:         https://scratch-copy--docs.loam.example.com
+access:      private
 template:    base
 cpus:        1
 memory:      512Mi
@@ -90,6 +91,7 @@ created:     2026-10-12 05:17:36
 id:          sb-1
 state:       creating
 url:         -
+access:      private
 template:    -
 image:       python:3.13
 cpus:        0.5

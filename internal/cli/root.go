@@ -108,6 +108,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.portsCmd(),
 		a.portForwardCmd(),
 		a.secretCmd(),
+		a.urlCmd(),
 	)
 	root.AddCommand(extra...)
 	return root

@@ -85,6 +85,7 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 	f.StringVar(&diskSize, "disk", "", "disk size, such as 4Gi")
 	f.StringVar(&req.Idle, "idle", "", "sleep after this long without activity, such as 10m")
 	f.IntVar(&req.HTTPPort, "http-port", 0, "port the sandbox's URL forwards to, such as 8080")
+	f.BoolVar(&req.Public, "public", false, "open the sandbox's URL to anyone who reaches the daemon (by default it needs a token: loam url NAME)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

@@ -63,6 +63,8 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.Listen, "listen", env("LOAM_LISTEN", "127.0.0.1:7070"), "address of the API (LOAM_LISTEN)")
 	f.StringVar(&cfg.DataDir, "data-dir", env("LOAM_DATA_DIR", "/var/lib/loam"), "where loam keeps its data (LOAM_DATA_DIR)")
 	f.StringVar(&cfg.Domain, "domain", env("LOAM_DOMAIN", "localhost:7070"), "domain of sandbox URLs, http://NAME--ORG.DOMAIN (LOAM_DOMAIN)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", env("LOAM_TLS_CERT", ""), "certificate (PEM) to serve the API and sandbox URLs over TLS, with --tls-key; URLs are then https:// (LOAM_TLS_CERT)")
+	f.StringVar(&cfg.TLSKey, "tls-key", env("LOAM_TLS_KEY", ""), "private key (PEM) of --tls-cert (LOAM_TLS_KEY)")
 	f.StringVar(&cfg.Org, "org", env("LOAM_ORG", "default"), "organisation, in sandbox URLs (LOAM_ORG)")
 	f.StringVar(&cfg.TokenFile, "token-file", env("LOAM_TOKEN_FILE", ""), "file holding the admin token; default DATA_DIR/token, made on first start (LOAM_TOKEN_FILE)")
 	f.StringVar(&cfg.Runsc, "runsc", env("LOAM_RUNSC", ""), "the runsc binary; default runsc in PATH (LOAM_RUNSC)")

@@ -7,6 +7,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/proxy"
 	"loam.dev/loam/internal/runtime/gvisor"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/server"
@@ -32,13 +34,16 @@ import (
 // Config is the daemon's configuration; every field has a flag and an
 // environment variable (see Command).
 type Config struct {
-	Listen    string // address of the API
-	DataDir   string // where everything is kept
-	Domain    string // sandbox URLs are http://NAME--ORG.DOMAIN
-	Org       string
-	TokenFile string // file holding the admin token; DataDir/token by default
-	Token     string // the admin token itself, overriding TokenFile
-	Runsc     string // the runsc binary
+	Listen  string // address of the API
+	DataDir string // where everything is kept
+	Domain  string // sandbox URLs are http://NAME--ORG.DOMAIN
+	Org     string
+	// TLSCert and TLSKey, both or neither, are PEM files: with them the
+	// listener serves TLS, and URLs are https://.
+	TLSCert, TLSKey string
+	TokenFile       string // file holding the admin token; DataDir/token by default
+	Token           string // the admin token itself, overriding TokenFile
+	Runsc           string // the runsc binary
 	// AgentBinary is the static loam binary run inside sandboxes; this
 	// binary by default.
 	AgentBinary string
@@ -107,6 +112,17 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	// Then the port, before anything is recovered: a second daemon that
 	// cannot serve must fail before it changes anything.
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return errors.New("--tls-cert and --tls-key go together: give both or neither")
+	}
+	var tlsConfig *tls.Config
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return fmt.Errorf("--tls-cert, --tls-key: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
@@ -183,9 +199,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, d.log)
 	tpl.warm(context.WithoutCancel(ctx))
 
-	// A domain with a port, or localhost, is served without TLS.
+	// With a certificate, URLs are https. Without one, a domain with a
+	// port, or localhost, is this listener's own, plain http; any other is
+	// taken to be behind a proxy that serves TLS.
 	scheme := "https"
-	if _, _, err := net.SplitHostPort(cfg.Domain); err == nil || strings.HasPrefix(cfg.Domain, "localhost") {
+	if _, _, err := net.SplitHostPort(cfg.Domain); tlsConfig == nil && (err == nil || strings.HasPrefix(cfg.Domain, "localhost")) {
 		scheme = "http"
 	}
 	d.Manager = sandbox.New(sandbox.Config{
@@ -220,16 +238,28 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.closers = append(d.closers, logs.Close)
 
 	d.URL = "http://" + ln.Addr().String()
+	if tlsConfig != nil {
+		d.URL = "https://" + ln.Addr().String()
+	}
 	if err := writeFileAtomic(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
 		return err
 	}
+	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
+	front := proxy.New(d.Manager, proxy.Config{
+		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: tlsConfig != nil,
+	}, d.log)
 	d.srv = &http.Server{
-		Handler:           server.New(d.Manager, d.Token, d.log),
+		Handler:           front.Mount(server.New(d.Manager, d.Token, d.log)),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		TLSConfig:         tlsConfig,
 	}
 	go func() {
-		if err := d.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := d.srv.Serve
+		if tlsConfig != nil {
+			serve = func(ln net.Listener) error { return d.srv.ServeTLS(ln, "", "") }
+		}
+		if err := serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.log.Error("serving", "err", err)
 		}
 	}()

@@ -87,6 +87,7 @@ func (m *Manager) forgetSource(id string) {
 	m.mu.Lock()
 	delete(m.sources, id)
 	delete(m.agentVersions, id)
+	delete(m.holds, id)
 	m.mu.Unlock()
 }
 

@@ -105,6 +105,8 @@ type Manager struct {
 
 	mu       sync.Mutex
 	ops      map[string]string           // sandbox id -> the operation running on it
+	opDone   map[string]chan struct{}    // sandbox id -> closed when its operation ends
+	holds    map[string]uint64           // sandbox id -> operations begun that hold its URL (see HTTPTarget)
 	reserved map[int]bool                // net indexes handed out but not yet stored
 	streams  map[string]map[*Stream]bool // sandbox id -> open streams
 	sources  map[string]*sync.RWMutex    // sandbox id -> lock on its checkpoints (see lockSource)
@@ -139,6 +141,8 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 			IdleConnTimeout:     30 * time.Second,
 		}},
 		ops:      map[string]string{},
+		opDone:   map[string]chan struct{}{},
+		holds:    map[string]uint64{},
 		reserved: map[int]bool{},
 		streams:  map[string]map[*Stream]bool{},
 		sources:  map[string]*sync.RWMutex{},
@@ -213,9 +217,16 @@ func (m *Manager) begin(sb *store.Sandbox, what string) (func(), error) {
 		return nil, api.Errorf(api.CodeConflict, "sandbox %s is busy: %s is in progress", sb.Name, cur)
 	}
 	m.ops[sb.ID] = what
+	done := make(chan struct{})
+	m.opDone[sb.ID] = done
+	if holdsURL(what) {
+		m.holds[sb.ID]++
+	}
 	return func() {
 		m.mu.Lock()
 		delete(m.ops, sb.ID)
+		delete(m.opDone, sb.ID)
+		close(done)
 		m.mu.Unlock()
 	}, nil
 }
@@ -377,7 +388,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			ID: id, Name: name, State: api.StateCreating,
 			Template: req.Template, Resources: res,
 			Env: orEmpty(req.Env), Labels: orEmpty(req.Labels),
-			Idle: req.Idle, HTTPPort: port, From: req.From,
+			Idle: req.Idle, HTTPPort: port, Public: req.Public, From: req.From,
 			Secrets: orNil(req.Secrets), SecretFiles: orNil(req.SecretFiles),
 			CreatedAt: store.Now(),
 		},

@@ -86,6 +86,14 @@ func (f *fakeSandboxes) Get(ctx context.Context, ref string) (*api.Sandbox, erro
 	return nil, api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
 }
 
+func (f *fakeSandboxes) AccessToken(ctx context.Context, ref string) (*api.AccessToken, error) {
+	sb, err := f.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return &api.AccessToken{URL: sb.URL, AccessToken: "loam_at_" + sb.ID}, nil
+}
+
 func (f *fakeSandboxes) Delete(ctx context.Context, ref string) error {
 	_, err := f.Get(ctx, ref)
 	return err

@@ -24,6 +24,9 @@ type Sandboxes interface {
 	Delete(ctx context.Context, ref string) error
 	CheckExec(ctx context.Context, ref string) (*api.Sandbox, error)
 	Exec(ctx context.Context, ref string, req api.ExecRequest) (*sandbox.Stream, error)
+	// AccessToken is a sandbox's URL and the token that opens it; only the
+	// owner's API offers it, never the in-sandbox one.
+	AccessToken(ctx context.Context, ref string) (*api.AccessToken, error)
 	Checkpoints
 	Files
 	Sessions
@@ -97,6 +100,16 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) accessToken(w http.ResponseWriter, r *http.Request) error {
+	at, err := s.sandboxes.AccessToken(r.Context(), r.PathValue("sandbox"))
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, at)
 	return nil
 }
 

@@ -74,7 +74,7 @@ ALTER TABLE sandboxes ADD COLUMN restore_target TEXT NOT NULL DEFAULT '';
 ALTER TABLE checkpoints ADD COLUMN agent_gen INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN inside INTEGER NOT NULL DEFAULT 0;
 `,
-	// secrets: the sealed (AES-GCM) values of secrets, and which of them
+	// 3: secrets: the sealed (AES-GCM) values of secrets, and which of them
 	// each sandbox has, by name (JSON maps: env name or file path → secret
 	// name), never their values.
 	`
@@ -86,6 +86,11 @@ CREATE TABLE secrets (
 ) STRICT;
 ALTER TABLE sandboxes ADD COLUMN secrets TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(secrets));
 ALTER TABLE sandboxes ADD COLUMN secret_files TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(secret_files));
+`,
+	// 4: a sandbox's URL may be public (open to anyone who reaches the
+	// daemon); by default it is private.
+	`
+ALTER TABLE sandboxes ADD COLUMN public INTEGER NOT NULL DEFAULT 0;
 `,
 }
 

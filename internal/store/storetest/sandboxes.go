@@ -165,6 +165,7 @@ func testSandboxUpdate(ctx context.Context, t *testing.T, st store.Store) {
 	up.NetIndex, up.AgentGen, up.LegacyAgentToken, up.RestoreTarget = 77, 8, "legacy-token", "auto-3"
 	up.CheckpointSeq, up.AutoSeq = 5, 3
 	up.Error = "something"
+	up.Public = true
 	if err := st.UpdateSandbox(ctx, up); err != nil {
 		t.Fatalf("UpdateSandbox: %v", err)
 	}

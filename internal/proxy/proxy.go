@@ -1,0 +1,465 @@
+// Package proxy is loam's URL front door: it serves each sandbox's
+// http_port at the sandbox's URL, NAME--ORG.DOMAIN, on the API's own
+// listener, routed by the request's Host. Any method, streamed bodies and
+// WebSocket upgrades pass through (httputil.ReverseProxy). Requests sent
+// while a sandbox is being created or restored wait for it (see
+// sandbox.Manager.HTTPTarget) and are answered by the new machine.
+//
+// Connections go from the host straight to the sandbox's address and
+// http_port over its veth: the firewall lets the host's connections into
+// its sandboxes, and a direct TCP connection costs about half of a port
+// stream through the agent (one WebSocket, and the agent's copy, per
+// connection; see BenchmarkURL). Only when the direct connection is refused
+// (a server that listens on the sandbox's loopback only) is a port stream
+// used instead.
+package proxy
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"html"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/sandbox"
+)
+
+// Targets finds where a sandbox's requests go (sandbox.Manager).
+type Targets interface {
+	// HTTPTarget is the sandbox named name, running, waiting while it is
+	// created or restored; not_found when there is none, unavailable
+	// when it cannot serve (sleeping, stopped, …).
+	HTTPTarget(ctx context.Context, name string) (sandbox.Target, error)
+	// DialPort opens a port stream: a connection made inside the sandbox
+	// by its agent, for servers that listen on its loopback only.
+	DialPort(ctx context.Context, ref string, port int) (*sandbox.Stream, error)
+}
+
+// Names of what a client presents to open a private sandbox's URL.
+const (
+	// TokenHeader carries the sandbox's access token (or the API token).
+	TokenHeader = "X-Loam-Access-Token"
+	// TokenParam carries it once in the query string; the answer is a
+	// redirect to the same URL without it, setting TokenCookie.
+	TokenParam = "loam_token"
+	// TokenCookie keeps the sandbox's access token in a browser, for its
+	// URL's host only.
+	TokenCookie = "loam_access"
+)
+
+// Config is the front door's configuration.
+type Config struct {
+	// Domain and Org make URLs: NAME--ORG.DOMAIN. A port in Domain, or in
+	// the request's Host, is not compared: the listener is the daemon's.
+	Domain, Org string
+	// Token is the admin (API) token, which opens every sandbox's URL.
+	Token string
+	// TLS is true when the listener serves TLS: the cookie is then Secure.
+	TLS bool
+}
+
+// Handler is the URL front door.
+type Handler struct {
+	targets Targets
+	cfg     Config
+	suffix  string // "--ORG." + DOMAIN without its port, lower case
+	log     *slog.Logger
+	rp      *httputil.ReverseProxy
+	tr      *http.Transport
+
+	mu sync.Mutex
+	// seen is, for each sandbox address, the sandbox and epoch last sent
+	// a request there (see fresh).
+	seen map[netip.AddrPort]seenTarget
+	// gates pace the requests released together after a hold, per
+	// sandbox address (see pace).
+	gates map[netip.AddrPort]chan struct{}
+}
+
+// heldAtOnce is how many requests held during a create or restore are sent
+// to the new machine at once; the rest wait for their answers' headers.
+// Servers with a short accept queue (python's http.server keeps 5) reset
+// connections beyond it when a burst arrives all together.
+const heldAtOnce = 4
+
+type seenTarget struct {
+	id    string
+	epoch uint64
+}
+
+// New makes the front door.
+func New(targets Targets, cfg Config, log *slog.Logger) *Handler {
+	h := &Handler{targets: targets, cfg: cfg, log: log, seen: map[netip.AddrPort]seenTarget{}, gates: map[netip.AddrPort]chan struct{}{}}
+	h.suffix = "--" + strings.ToLower(cfg.Org) + "." + strings.ToLower(stripPort(cfg.Domain))
+	tr := &http.Transport{
+		// Never a proxy from the environment: the sandboxes are local.
+		Proxy:                 nil,
+		DialContext:           h.dial,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       60 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	h.tr = tr
+	h.rp = &httputil.ReverseProxy{
+		Rewrite:       h.rewrite,
+		Transport:     &retrier{base: tr, h: h},
+		FlushInterval: -1,
+		ErrorHandler:  h.proxyError,
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	return h
+}
+
+// dial connects to a sandbox's server: straight to its address, or, when
+// that is refused (a server that listens on the sandbox's loopback only),
+// through a port stream. A memory checkpoint or a restore ends the
+// connections made the second way.
+func (h *Handler) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	c, err := d.DialContext(ctx, network, addr)
+	if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+		return c, err
+	}
+	t, ok := ctx.Value(ctxKey{}).(sandbox.Target)
+	if !ok || t.Addr.String() != addr {
+		return nil, err
+	}
+	st, serr := h.targets.DialPort(ctx, t.ID, int(t.Addr.Port()))
+	if serr != nil {
+		h.log.Debug("no port stream either", "sandbox", t.ID, "err", serr)
+		return nil, err
+	}
+	// The connection outlives the dial's context: it may be kept alive.
+	return &streamConn{Conn: websocket.NetConn(context.Background(), st.Agent(), websocket.MessageBinary), st: st}, nil
+}
+
+// streamConn is a connection carried by a port stream.
+type streamConn struct {
+	net.Conn
+	st *sandbox.Stream
+}
+
+func (c *streamConn) Close() error {
+	err := c.Conn.Close()
+	c.st.Close()
+	return err
+}
+
+// stripPort is host without its port, if it has one.
+func stripPort(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		return h
+	}
+	return host
+}
+
+// Match tells whether host (a request's Host) is a sandbox's URL, and
+// whose: NAME--ORG.DOMAIN, in any case, with any port or none.
+func (h *Handler) Match(host string) (name string, ok bool) {
+	host = strings.ToLower(strings.TrimSuffix(stripPort(host), "."))
+	name, ok = strings.CutSuffix(host, h.suffix)
+	if !ok || name == "" || strings.Contains(name, ".") {
+		return "", false
+	}
+	return name, true
+}
+
+// Mount is the daemon's handler: requests for a sandbox's URL go to the
+// front door, every other one to api.
+func (h *Handler) Mount(api http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name, ok := h.Match(r.Host); ok {
+			h.serve(w, r, name)
+			return
+		}
+		api.ServeHTTP(w, r)
+	})
+}
+
+type ctxKey struct{}
+
+// ServeHTTP serves a request for a sandbox's URL; any other Host is a 404.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	name, ok := h.Match(r.Host)
+	if !ok {
+		h.page(w, http.StatusNotFound, "Not a sandbox's URL", fmt.Sprintf("%s is not the URL of a sandbox here.", r.Host))
+		return
+	}
+	h.serve(w, r, name)
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
+	start := time.Now()
+	t, err := h.targets.HTTPTarget(r.Context(), name)
+	if err != nil {
+		h.targetError(w, r, name, err)
+		return
+	}
+	switch h.allow(r, t) {
+	case denied:
+		h.page(w, http.StatusUnauthorized, "Private sandbox",
+			fmt.Sprintf("Sandbox %s is private. Open its URL with ?%s=ACCESS_TOKEN once (loam url %s shows it), or send the header %s.",
+				name, TokenParam, name, TokenHeader))
+		return
+	case redirect:
+		h.setCookie(w, t)
+		u := *r.URL
+		q := u.Query()
+		q.Del(TokenParam)
+		u.RawQuery = q.Encode()
+		http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+		return
+	case newCookie:
+		h.setCookie(w, t)
+	}
+	h.fresh(t)
+	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, t))
+	h.rp.ServeHTTP(w, r)
+	h.log.Debug("url request", "sandbox", t.ID, "method", r.Method, "path", r.URL.Path, "ms", time.Since(start).Milliseconds())
+}
+
+// verdict is what allow decides.
+type verdict int
+
+const (
+	denied    verdict = iota
+	allowed           // pass the request on
+	newCookie         // pass it on and set the cookie (a request with ?loam_token= that is not a GET)
+	redirect          // set the cookie and redirect to the URL without ?loam_token=
+)
+
+// allow decides whether r may use t's URL: a public sandbox's by anyone; a
+// private one's with its access token or the API token, in the header, the
+// query (once) or the cookie.
+func (h *Handler) allow(r *http.Request, t sandbox.Target) verdict {
+	if q := r.URL.Query(); q.Has(TokenParam) && h.opens(q.Get(TokenParam), t) {
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			return redirect
+		}
+		return newCookie
+	}
+	if t.Public {
+		return allowed
+	}
+	if h.opens(r.Header.Get(TokenHeader), t) {
+		return allowed
+	}
+	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && h.isAdmin(bearer) {
+		return allowed
+	}
+	if c, err := r.Cookie(TokenCookie); err == nil && h.opens(c.Value, t) {
+		return allowed
+	}
+	return denied
+}
+
+// opens tells whether tok opens t's URL: its access token, or the API token.
+func (h *Handler) opens(tok string, t sandbox.Target) bool {
+	if tok == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(tok), []byte(t.AccessToken)) == 1 || h.isAdmin(tok)
+}
+
+func (h *Handler) isAdmin(tok string) bool {
+	return h.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(h.cfg.Token)) == 1
+}
+
+// setCookie keeps the sandbox's access token (never the API token) in the
+// browser, for this host only.
+func (h *Handler) setCookie(w http.ResponseWriter, t sandbox.Target) {
+	http.SetCookie(w, &http.Cookie{
+		Name: TokenCookie, Value: t.AccessToken, Path: "/",
+		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: h.cfg.TLS,
+	})
+}
+
+// rewrite sends the request to the sandbox, with the client's Host, and
+// without what opened the URL: the sandbox sees none of loam's tokens.
+func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
+	t := pr.In.Context().Value(ctxKey{}).(sandbox.Target)
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = t.Addr.String()
+	pr.Out.Host = pr.In.Host
+	pr.SetXForwarded()
+	h.strip(pr.Out)
+}
+
+// strip removes loam's credentials from a request bound for a sandbox: the
+// access token header, query parameter and cookie, and an Authorization
+// header that carries the API token (any other is the sandbox app's own).
+func (h *Handler) strip(r *http.Request) {
+	r.Header.Del(TokenHeader)
+	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && h.isAdmin(bearer) {
+		r.Header.Del("Authorization")
+	}
+	if q := r.URL.Query(); q.Has(TokenParam) {
+		q.Del(TokenParam)
+		r.URL.RawQuery = q.Encode()
+	}
+	if cookies := r.Cookies(); len(cookies) > 0 {
+		r.Header.Del("Cookie")
+		var keep []string
+		for _, c := range cookies {
+			if c.Name != TokenCookie {
+				keep = append(keep, c.String())
+			}
+		}
+		if len(keep) > 0 {
+			r.Header.Set("Cookie", strings.Join(keep, "; "))
+		}
+	}
+}
+
+// targetError answers a request whose sandbox cannot be reached.
+func (h *Handler) targetError(w http.ResponseWriter, r *http.Request, name string, err error) {
+	var ae *api.Error
+	switch {
+	case errors.As(err, &ae) && ae.Code == api.CodeNotFound:
+		h.page(w, http.StatusNotFound, "No such sandbox", fmt.Sprintf("There is no sandbox named %s here.", name))
+	case errors.As(err, &ae) && ae.Code == api.CodeUnavailable:
+		w.Header().Set("Retry-After", "5")
+		h.page(w, http.StatusServiceUnavailable, "Sandbox unavailable", ae.Message+".")
+	case r.Context().Err() != nil:
+		// The client went away while the request was held.
+	default:
+		h.log.Error("finding a sandbox for its URL", "name", name, "err", err)
+		h.page(w, http.StatusInternalServerError, "Internal error", "loam could not look the sandbox up; see the daemon's log.")
+	}
+}
+
+// proxyError answers a request the sandbox did not answer.
+func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	t := r.Context().Value(ctxKey{}).(sandbox.Target)
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		h.targetError(w, r, t.Name, err)
+		return
+	}
+	if r.Context().Err() != nil {
+		return
+	}
+	h.log.Info("url request failed", "sandbox", t.ID, "err", err)
+	h.page(w, http.StatusBadGateway, "Nothing answers",
+		fmt.Sprintf("Sandbox %s is running, but nothing answered on its port %d. Is its server started, and listening on port %d?",
+			t.Name, t.Addr.Port(), t.Addr.Port()))
+}
+
+// page writes a small HTML page for a browser.
+func (h *Handler) page(w http.ResponseWriter, status int, title, msg string) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Loam-Error", strings.ToLower(strings.ReplaceAll(title, " ", "-")))
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `<!doctype html>
+<html><head><meta charset="utf-8"><title>%d %s</title></head>
+<body style="font-family:sans-serif;max-width:40em;margin:4em auto">
+<h1>%s</h1>
+<p>%s</p>
+<p style="color:#888">loam</p>
+</body></html>
+`, status, html.EscapeString(title), html.EscapeString(title), html.EscapeString(msg))
+}
+
+// fresh makes sure no kept-alive connection to a machine that t's has
+// replaced is used for t: after a restore (a new epoch) or a new sandbox
+// at the same address, idle connections were made to the old machine and
+// would be answered with a reset. They are all dropped, as the Manager
+// drops its agent connections: the next requests dial afresh, which costs
+// little, and restores are rare beside requests.
+func (h *Handler) fresh(t sandbox.Target) {
+	now := seenTarget{t.ID, t.Epoch}
+	h.mu.Lock()
+	before, ok := h.seen[t.Addr]
+	h.seen[t.Addr] = now
+	h.mu.Unlock()
+	if ok && before != now {
+		h.tr.CloseIdleConnections()
+	}
+}
+
+// pace takes a place among the requests sent to t after a hold (none is
+// needed for others); the returned func gives it back.
+func (h *Handler) pace(ctx context.Context, t sandbox.Target) (func(), error) {
+	if !t.Held {
+		return func() {}, nil
+	}
+	h.mu.Lock()
+	g, ok := h.gates[t.Addr]
+	if !ok {
+		g = make(chan struct{}, heldAtOnce)
+		h.gates[t.Addr] = g
+	}
+	h.mu.Unlock()
+	select {
+	case g <- struct{}{}:
+		return func() { <-g }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// retrier sends a request again when the machine it was sent to has been
+// replaced meanwhile (a restore began after the request was held, or cut
+// its connection): it waits for the new machine (HTTPTarget) and sends the
+// request to it, if the request has no body to replay. A safe request
+// (GET, HEAD, OPTIONS) whose connection was reset is sent again too.
+type retrier struct {
+	base http.RoundTripper
+	h    *Handler
+}
+
+// maxRetries bounds how many replaced machines one request follows.
+const maxRetries = 3
+
+func (rt *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
+	t, _ := req.Context().Value(ctxKey{}).(sandbox.Target)
+	for i := 0; ; i++ {
+		done, err := rt.h.pace(req.Context(), t)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := rt.base.RoundTrip(req)
+		done()
+		if err == nil || i == maxRetries || t.Name == "" || req.Context().Err() != nil ||
+			(req.Body != nil && req.Body != http.NoBody && req.GetBody == nil) {
+			return resp, err
+		}
+		if errors.Is(err, syscall.ECONNRESET) && (req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions) {
+			// A server with a short accept queue (python's http.server
+			// keeps 5) resets connections when the requests held during a
+			// restore all arrive at once: a safe request tries again.
+			time.Sleep(time.Duration(i+1) * 25 * time.Millisecond)
+			continue
+		}
+		next, terr := rt.h.targets.HTTPTarget(req.Context(), t.Name)
+		if terr != nil {
+			return nil, terr
+		}
+		if next.ID != t.ID || next.Epoch == t.Epoch {
+			return nil, err
+		}
+		t = next
+		rt.h.fresh(t)
+		req = req.Clone(req.Context())
+		req.URL.Host = t.Addr.String()
+		if req.GetBody != nil {
+			if req.Body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		}
+	}
+}

@@ -1,0 +1,139 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/netip"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+// HoldLimit bounds how long HTTPTarget holds a request while its sandbox is
+// being created or restored.
+const HoldLimit = 60 * time.Second
+
+// holdPoll is how often HTTPTarget looks again at a sandbox that is
+// creating or restoring with no operation of this daemon to wait for (a
+// restore that a restarted daemon is finishing).
+const holdPoll = 50 * time.Millisecond
+
+// Target is where the URL front door sends the HTTP requests of one
+// sandbox, as HTTPTarget found it.
+type Target struct {
+	ID, Name string
+	// Addr is the sandbox's address and http_port, reached from the host
+	// straight over its veth (the firewall lets the host's connections in).
+	Addr netip.AddrPort
+	// Public is the sandbox's "public": anyone may use its URL.
+	Public bool
+	// AccessToken opens the sandbox's URL when it is not public.
+	AccessToken string
+	// Epoch counts the creates and restores this daemon has begun on the
+	// sandbox: a request that failed on one target may be sent again when
+	// a newer target has a larger Epoch (the machine it was sent to has
+	// been replaced).
+	Epoch uint64
+	// Held is true when HTTPTarget waited for a create or restore: the
+	// request is one of a burst released at once onto a new machine.
+	Held bool
+}
+
+// holdsURL tells whether an operation (as begin names it) makes the URL
+// front door wait for its end: one that replaces the machine behind it.
+func holdsURL(what string) bool { return what == "a restore" || what == "create" }
+
+// HTTPTarget finds where to send an HTTP request for sandbox name (a name,
+// never an id: URLs carry names). While the sandbox is being created or
+// restored it waits, up to HoldLimit or ctx's end, so that a request sent
+// during a restore is answered by the restored machine, never refused.
+//
+// Errors: not_found for no such sandbox; unavailable for a sandbox that is
+// sleeping (wake-on-request plugs in here), in any other state but running,
+// or still busy after HoldLimit.
+func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
+	ctx, cancel := context.WithTimeout(ctx, HoldLimit)
+	defer cancel()
+	held := false
+	for {
+		sb, err := m.store.GetSandbox(ctx, name)
+		if errors.Is(err, store.ErrNotFound) || err == nil && sb.Name != name {
+			return Target{}, api.Errorf(api.CodeNotFound, "sandbox %q not found", name)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return Target{}, m.holdExpired(ctx, name)
+			}
+			return Target{}, err
+		}
+		m.mu.Lock()
+		op, done, epoch := m.ops[sb.ID], m.opDone[sb.ID], m.holds[sb.ID]
+		m.mu.Unlock()
+		if holdsURL(op) || sb.State == api.StateCreating || sb.State == api.StateRestoring {
+			var poll <-chan time.Time
+			if !holdsURL(op) {
+				done, poll = nil, time.After(holdPoll)
+			}
+			held = true
+			select {
+			case <-done:
+			case <-poll:
+			case <-ctx.Done():
+				return Target{}, m.holdExpired(ctx, name)
+			}
+			continue
+		}
+		switch sb.State {
+		case api.StateRunning:
+		case api.StateSleeping:
+			// Wake-on-request plugs in here: wake the sandbox, then go
+			// round the loop again.
+			return Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is sleeping", name)
+		default:
+			return Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is %s", name, sb.State)
+		}
+		ep, err := m.Endpoint(sb)
+		if err != nil {
+			return Target{}, err
+		}
+		return Target{
+			ID: sb.ID, Name: sb.Name,
+			Addr:        netip.AddrPortFrom(ep.SandboxIP, uint16(sb.HTTPPort)),
+			Public:      sb.Public,
+			AccessToken: AccessToken(m.cfg.Secret, sb.ID),
+			Epoch:       epoch,
+			Held:        held,
+		}, nil
+	}
+}
+
+// holdExpired is HTTPTarget's error when it waited as long as it may.
+func (m *Manager) holdExpired(ctx context.Context, name string) error {
+	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		return api.Errorf(api.CodeUnavailable, "sandbox %s is still being created or restored after %s", name, HoldLimit)
+	}
+	return ctx.Err()
+}
+
+// AccessToken is the token that opens the URL of private sandbox id,
+// derived from the daemon's secret, so it needs no storing and lasts as
+// long as the sandbox.
+func AccessToken(secret []byte, id string) string {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte("loam access token\x00" + id))
+	return "loam_at_" + hex.EncodeToString(mac.Sum(nil))[:40]
+}
+
+// AccessToken returns a sandbox's URL and the token that opens it. It is
+// for the sandbox's owner only: the in-sandbox API does not offer it.
+func (m *Manager) AccessToken(ctx context.Context, ref string) (*api.AccessToken, error) {
+	sb, err := m.lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return &api.AccessToken{URL: m.URL(sb.Name), AccessToken: AccessToken(m.cfg.Secret, sb.ID)}, nil
+}
