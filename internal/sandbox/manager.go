@@ -75,6 +75,12 @@ type Config struct {
 	InsidePort int
 	// BootTimeout bounds how long a sandbox's agent may take to answer.
 	BootTimeout time.Duration
+	// Idle is how long a sandbox that says no idle of its own may go
+	// without activity before it sleeps; 0 is never.
+	Idle time.Duration
+	// IdleMin is the shortest idle a sandbox may ask for (1m unless a test
+	// sets it shorter).
+	IdleMin time.Duration
 	// Secret is the daemon's key that agent tokens are derived from (see
 	// AgentToken). It must stay the same across restarts of the daemon.
 	Secret []byte
@@ -109,6 +115,10 @@ type Manager struct {
 	agentVersions map[string]int
 	// calls are the files calls in flight to each sandbox (files.go).
 	calls map[string]map[*fileCall]bool
+	// wakes are the wakes in progress (sleep.go).
+	wakes map[string]*waking
+	// used is when each sandbox was last used (idle.go).
+	used map[string]time.Time
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -121,6 +131,9 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 60 * time.Second
+	}
+	if cfg.IdleMin == 0 {
+		cfg.IdleMin = time.Minute
 	}
 	if cfg.Scheme == "" {
 		cfg.Scheme = "http"
@@ -140,6 +153,8 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		sources:  map[string]*sync.RWMutex{},
 
 		agentVersions: map[string]int{},
+		wakes:         map[string]*waking{},
+		used:          map[string]time.Time{},
 	}
 }
 
@@ -352,7 +367,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			res.DiskMiB = req.Resources.DiskMiB
 		}
 	}
-	for _, check := range []error{checkEnv(req.Env), checkLabels(req.Labels), checkIdle(req.Idle), checkPort(req.HTTPPort)} {
+	for _, check := range []error{checkEnv(req.Env), checkLabels(req.Labels), checkIdle(req.Idle, m.cfg.IdleMin), checkPort(req.HTTPPort)} {
 		if check != nil {
 			return nil, check
 		}
@@ -551,6 +566,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container: %w", err))
 	}
+	m.forget(sb.ID)
 	if ep, err := m.Endpoint(sb); err == nil {
 		if err := m.nets.Delete(ctx, ep); err != nil {
 			errs = append(errs, fmt.Errorf("deleting network: %w", err))

@@ -45,6 +45,8 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		return m.destroy(ctx, sb)
 	case api.StateRestoring:
 		return m.finishRestore(ctx, sb)
+	case api.StateSleeping:
+		return m.recoverSleeping(ctx, sb)
 	case api.StateRunning, api.StateError:
 		st, err := m.rt.State(ctx, sb.ID)
 		if err == nil && st == runtime.StatusPaused {
@@ -80,6 +82,11 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		// The container is gone or dead: boot again on the sandbox's disk.
 		if err := m.rt.Delete(ctx, sb.ID); err != nil {
 			return err
+		}
+		if sb.State == api.StateRunning {
+			if slept, err := m.recoverSlept(ctx, sb); slept || err != nil {
+				return err
+			}
 		}
 		m.log.Info("sandbox container gone; booting it again", "sandbox", sb.ID)
 		return m.boot(ctx, sb, false)
