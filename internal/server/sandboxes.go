@@ -24,6 +24,8 @@ type Sandboxes interface {
 	Delete(ctx context.Context, ref string) error
 	CheckExec(ctx context.Context, ref string) (*api.Sandbox, error)
 	Exec(ctx context.Context, ref string, req api.ExecRequest) (*sandbox.Stream, error)
+	Sleep(ctx context.Context, ref string) (*api.Sandbox, error)
+	Wake(ctx context.Context, ref string) (*api.Sandbox, error)
 	Checkpoints
 	Files
 	Sessions
@@ -213,4 +215,24 @@ func (w *handshakeWriter) refusal() error {
 		w.Header().Set("Allow", "GET")
 	}
 	return api.Errorf(api.CodeForStatus(w.status), "exec: %s", msg)
+}
+
+// sleepSandbox puts a sandbox to sleep now (POST …/sleep).
+func (s *Server) sleepSandbox(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxes.Sleep(r.Context(), r.PathValue("sandbox"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+// wakeSandbox wakes a sleeping sandbox (POST …/wake).
+func (s *Server) wakeSandbox(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxes.Wake(r.Context(), r.PathValue("sandbox"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
 }
