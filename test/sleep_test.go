@@ -1,0 +1,175 @@
+package test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+)
+
+// idleFlags make idle times of seconds possible, for tests.
+var idleFlags = []string{"--test-idle-every", "300ms", "--test-idle-min", "1s"}
+
+// wakes counts the wakes of a sandbox the daemon has logged so far.
+func (d *daemon) wakes(id string) int {
+	return strings.Count(d.log.String(), "msg=awake sandbox="+id)
+}
+
+// waitState waits, reading the sandbox (which never wakes it), until it
+// is in state want.
+func waitState(t *testing.T, d *daemon, sb string, want api.State) *api.Sandbox {
+	t.Helper()
+	var got *api.Sandbox
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		got, err = d.C.GetSandbox(ctxT(t), sb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == want {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is %s after 30 s, want %s", sb, got.State, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runscProcesses counts the host processes that name sandbox id (runsc's
+// sandbox, gofer and their helpers).
+func runscProcesses(id string) int {
+	out, _ := exec.Command("pgrep", "-f", id).Output()
+	return len(strings.Fields(string(out)))
+}
+
+// startCounter starts a counter like counter's that also writes its PID.
+func startCounter(t *testing.T, d *daemon, sb string) string {
+	t.Helper()
+	d.run(sb, "sh", "-c", `sh -c 'echo $$ > /tmp/pid; i=0; while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &`)
+	waitFor(t, func() bool { return readCount(t, d, sb) > 0 })
+	return strings.TrimSpace(d.run(sb, "cat", "/tmp/pid"))
+}
+
+// alive checks the process pid still runs in sb, as the counter.
+func alive(t *testing.T, d *daemon, sb, pid string) {
+	t.Helper()
+	out := d.run(sb, "sh", "-c", "cat /tmp/pid; kill -0 "+pid+" && echo alive")
+	if out != pid+"\nalive\n" {
+		t.Fatalf("the counter (pid %s) in %s: %q", pid, sb, out)
+	}
+}
+
+// TestSleepWake: a sandbox with an idle time falls asleep (no runsc process
+// left); reading it, listing and reading its checkpoints, and checkpoints
+// of it (disk-only, and memory from the sleep image) don't wake it; an exec
+// wakes it with its processes and PIDs and the counter's state; loam sleep
+// and loam wake; a fork of a checkpoint taken asleep doesn't wake it; a
+// daemon restart keeps it asleep; a restore of a sleeping sandbox leaves it
+// running at the checkpoint with an auto-N of its sleeping state.
+func TestSleepWake(t *testing.T) {
+	d := startDaemon(t, idleFlags...)
+	ctx := ctxT(t)
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nap", Idle: "2s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := startCounter(t, d, "nap")
+	before := readCount(t, d, "nap")
+
+	// Idle: it falls asleep, and nothing of it runs on the host.
+	waitState(t, d, "nap", api.StateSleeping)
+	if n := runscProcesses(sb.ID); n != 0 {
+		t.Errorf("%d host processes name the sleeping sandbox", n)
+	}
+	woken := d.wakes(sb.ID)
+
+	// Reads and checkpoints don't wake it.
+	if out, errOut, code := d.cli("", "checkpoint", "ls", "nap"); code != 0 {
+		t.Fatalf("checkpoint ls: %d %s %s", code, out, errOut)
+	}
+	if out, _, _ := d.cli("", "ls"); !strings.Contains(out, "sleeping") {
+		t.Errorf("ls does not show sleeping:\n%s", out)
+	}
+	disk := mustCheckpoint(t, d, "nap", false)
+	mem := mustCheckpoint(t, d, "nap", true)
+	if _, err := d.C.GetCheckpoint(ctx, "nap", mem.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, d, "nap", api.StateSleeping)
+	if d.wakes(sb.ID) != woken {
+		t.Fatalf("reads or checkpoints woke the sandbox:\n%s", d.log.String())
+	}
+
+	// A fork of the memory checkpoint counts on; the source sleeps on.
+	if _, err := d.C.Fork(ctx, "nap", mem.ID, "nap-fork"); err != nil {
+		t.Fatal(err)
+	}
+	counts(t, d, "nap-fork", before)
+	if got := waitState(t, d, "nap", api.StateSleeping); d.wakes(sb.ID) != woken {
+		t.Fatalf("the fork woke its source (%s)", got.State)
+	}
+	if err := d.C.DeleteSandbox(ctx, "nap-fork"); err != nil {
+		t.Fatal(err)
+	}
+
+	// An exec wakes it: same process, and the count goes on from where it was.
+	n := readCount(t, d, "nap")
+	if n < before {
+		t.Errorf("woken, the count is %d; before sleeping it was at least %d", n, before)
+	}
+	if d.wakes(sb.ID) != woken+1 {
+		t.Errorf("an exec on a sleeping sandbox: %d wakes, want 1", d.wakes(sb.ID)-woken)
+	}
+	alive(t, d, "nap", pid)
+	counts(t, d, "nap", n)
+
+	// loam sleep, a daemon restart (it stays asleep), loam wake.
+	if out, errOut, code := d.cli("", "sleep", "nap"); code != 0 || out != "nap\tsleeping\n" {
+		t.Fatalf("loam sleep: %d %q %q", code, out, errOut)
+	}
+	d.stop()
+	d.start(idleFlags...)
+	waitState(t, d, "nap", api.StateSleeping)
+	if n := runscProcesses(sb.ID); n != 0 {
+		t.Errorf("after a restart, %d host processes name the sleeping sandbox", n)
+	}
+	if out, errOut, code := d.cli("", "wake", "nap"); code != 0 || out != "nap\trunning\n" {
+		t.Fatalf("loam wake: %d %q %q", code, out, errOut)
+	}
+	alive(t, d, "nap", pid)
+
+	// A restore of a sleeping sandbox: running at the checkpoint (the
+	// disk-only one boots fresh), with an automatic memory checkpoint of
+	// its sleeping state, which a restore brings back with the counter.
+	if _, err := d.C.Sleep(ctx, "nap"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.C.RestoreCheckpoint(ctx, "nap", disk.ID)
+	if err != nil || got.State != api.StateRunning {
+		t.Fatalf("restore of a sleeping sandbox: %v %+v", err, got)
+	}
+	if out, _, code, _ := d.C.Output(ctx, "nap", "kill", "-0", pid); code == 0 {
+		t.Errorf("after a disk-only restore the counter still runs: %q", out)
+	}
+	cps, err := d.C.ListCheckpoints(ctx, "nap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := cps[len(cps)-1]
+	if !last.Auto || !last.Memory {
+		t.Fatalf("no automatic memory checkpoint: %+v", cps)
+	}
+	if _, err := d.C.RestoreCheckpoint(ctx, "nap", last.ID); err != nil {
+		t.Fatal(err)
+	}
+	alive(t, d, "nap", pid)
+	// The memory checkpoint taken asleep restores too.
+	if _, err := d.C.RestoreCheckpoint(ctx, "nap", mem.ID); err != nil {
+		t.Fatal(err)
+	}
+	alive(t, d, "nap", pid)
+}
