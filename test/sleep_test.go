@@ -41,9 +41,12 @@ func waitState(t *testing.T, d *daemon, sb string, want api.State) *api.Sandbox 
 
 // runscProcesses counts the host processes that name sandbox id (runsc's
 // sandbox, gofer and their helpers).
-func runscProcesses(id string) int {
+func runscProcesses(id string) int { return len(pids(id)) }
+
+// pids lists the host processes whose command line names id.
+func pids(id string) []string {
 	out, _ := exec.Command("pgrep", "-f", id).Output()
-	return len(strings.Fields(string(out)))
+	return strings.Fields(string(out))
 }
 
 // startCounter starts a counter like counter's that also writes its PID.
