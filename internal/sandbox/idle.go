@@ -85,7 +85,7 @@ func (m *Manager) SleepIdle(ctx context.Context, now time.Time) error {
 }
 
 func (m *Manager) sleepIdle(ctx context.Context, id string, idle time.Duration, now time.Time) error {
-	sb, end, err := m.claim(ctx, id, "a sleep")
+	sb, end, err := m.claim(ctx, id, opSleep)
 	if err != nil {
 		return nil // busy, or gone: not idle
 	}

@@ -42,7 +42,7 @@ func (m *Manager) sleepImage(id string) string { return filepath.Join(m.sleepDir
 // Sleep puts a running sandbox to sleep now. Sleeping a sleeping sandbox
 // is not an error.
 func (m *Manager) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
-	sb, end, err := m.claim(ctx, ref, "a sleep")
+	sb, end, err := m.claim(ctx, ref, opSleep)
 	if err != nil {
 		return nil, err
 	}
@@ -151,16 +151,27 @@ type waking struct {
 
 // awake is the start of every call that needs a sandbox running: it finds
 // the sandbox, wakes it if it sleeps (one wake, however many callers ask
-// at once), and marks it active. It returns the sandbox's fresh record;
-// the caller still checks its state (a stopped or broken sandbox is not
-// woken).
+// at once), and marks it active. A call that comes while the sandbox goes
+// to sleep waits for the sleep and wakes it; one that comes while another
+// operation holds a sleeping sandbox (a checkpoint of it) waits for that.
+// It returns the sandbox's fresh record; the caller still checks its state
+// (a stopped or broken sandbox is not woken).
 func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error) {
 	for {
 		sb, err := m.lookup(ctx, ref)
 		if err != nil {
 			return nil, err
 		}
+		// Marked before the look at the operations: an idle sleep that
+		// claims the sandbox looks at this mark again, and gives up.
 		m.touch(sb.ID)
+		op := m.opOn(sb.ID)
+		if op == opSleep || sb.State == api.StateSleeping && op != "" && op != opWake {
+			if err := pause(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if sb.State != api.StateSleeping {
 			return sb, nil
 		}
@@ -185,6 +196,12 @@ func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error)
 				return nil, ctx.Err()
 			}
 		}
+		if errors.Is(w.err, errBusy) {
+			if err := pause(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if w.err != nil {
 			return nil, w.err
 		}
@@ -192,9 +209,38 @@ func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error)
 	}
 }
 
+// Operation names that awake looks for.
+const (
+	opSleep = "a sleep"
+	opWake  = "a wake"
+)
+
+// errBusy is wakeOne's: another operation holds the sandbox; try again.
+var errBusy = errors.New("busy")
+
+// pause waits a little before awake looks again, or until ctx ends.
+func pause(ctx context.Context) error {
+	select {
+	case <-time.After(50 * time.Millisecond):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// opOn is the operation running on sandbox id, "" for none.
+func (m *Manager) opOn(id string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ops[id]
+}
+
 // wakeOne claims a sleeping sandbox and wakes it.
 func (m *Manager) wakeOne(ctx context.Context, id string) error {
-	sb, end, err := m.claim(ctx, id, "a wake")
+	sb, end, err := m.claim(ctx, id, opWake)
+	if errors.Is(err, api.ErrConflict) {
+		return errBusy
+	}
 	if err != nil {
 		return err
 	}

@@ -255,3 +255,38 @@ func TestRecoverSleep(t *testing.T) {
 		}
 	})
 }
+
+// TestCallDuringSleep: a call that comes while the sandbox goes to sleep
+// waits for the sleep, then wakes it, instead of failing on a container
+// that is going away.
+func TestCallDuringSleep(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "nap"})
+	entered, release := make(chan struct{}), make(chan struct{})
+	e.rt.setHook(func(op, id string) {
+		if op == "checkpoint" {
+			close(entered)
+			<-release
+		}
+	})
+	slept := make(chan error, 1)
+	go func() { _, err := e.m.Sleep(e.ctx, "nap"); slept <- err }()
+	<-entered
+	called := make(chan error, 1)
+	go func() { _, err := e.m.ListSessions(e.ctx, "nap"); called <- err }()
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-called:
+		t.Fatalf("the call did not wait for the sleep: %v", err)
+	default:
+	}
+	e.rt.setHook(nil)
+	close(release)
+	if err := <-slept; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-called; err != nil {
+		t.Fatalf("the call after the sleep: %v", err)
+	}
+	e.awake(sb.ID)
+}
