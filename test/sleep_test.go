@@ -176,3 +176,31 @@ func TestSleepWake(t *testing.T) {
 	}
 	alive(t, d, "nap", pid)
 }
+
+// TestSleepKeepsSessions: a detachable session runs on across a sleep and
+// a wake with its PID; listing sessions of a sleeping sandbox wakes it
+// (sessions need it running).
+func TestSleepKeepsSessions(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "sess"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := d.C.CreateSession(ctx, "sess", api.ExecRequest{Cmd: []string{"sleep", "3600"}, Detachable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := d.C.Sleep(ctx, "sess"); err != nil || got.State != api.StateSleeping {
+		t.Fatalf("sleep: %+v %v", got, err)
+	}
+	list, err := d.C.ListSessions(ctx, "sess")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].ID != s.ID || list[0].PID != s.PID || list[0].State != api.SessionRunning {
+		t.Fatalf("sessions after the wake: %+v, want %s (pid %d) running", list, s.ID, s.PID)
+	}
+	if sb, _ := d.C.GetSandbox(ctx, "sess"); sb.State != api.StateRunning {
+		t.Errorf("after listing sessions the sandbox is %s", sb.State)
+	}
+}
