@@ -83,6 +83,11 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 	img := filepath.Join(tmp, memDir)
 	err = m.rt.Checkpoint(ctx, sb.ID, img, runtime.CheckpointOptions{})
 	if err == nil {
+		// The image expects the disk as it was: what the sandbox wrote
+		// to it must be on disk before the image counts.
+		err = syncVolume(m.disks.VolumePath(sb.ID))
+	}
+	if err == nil {
 		err = checkpoint.SyncTree(tmp)
 	}
 	if err == nil {
