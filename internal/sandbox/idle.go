@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"loam.dev/loam/api"
@@ -99,12 +100,13 @@ func (m *Manager) sleepIdle(ctx context.Context, id string, idle time.Duration, 
 }
 
 // Idle puts sandboxes to sleep when their idle time has passed. The daemon
-// runs one.
+// runs one: Run until Close.
 type Idle struct {
-	m     *Manager
-	every time.Duration
-	stop  context.CancelCauseFunc
-	done  chan struct{}
+	m       *Manager
+	every   time.Duration
+	quit    chan struct{}
+	once    sync.Once
+	running sync.WaitGroup
 }
 
 // NewIdle makes the component that checks m's sandboxes every so often
@@ -113,39 +115,33 @@ func NewIdle(m *Manager, every time.Duration) *Idle {
 	if every == 0 {
 		every = 10 * time.Second
 	}
-	return &Idle{m: m, every: every, done: make(chan struct{})}
+	return &Idle{m: m, every: every, quit: make(chan struct{})}
 }
 
-// Run checks the sandboxes until ctx ends or Close is called.
+// Run checks the sandboxes until ctx ends or Close is called. A sleep in
+// progress is finished first.
 func (i *Idle) Run(ctx context.Context) error {
-	defer close(i.done)
-	ctx, cancel := context.WithCancelCause(ctx)
-	i.m.mu.Lock()
-	i.stop = cancel
-	i.m.mu.Unlock()
+	i.running.Add(1)
+	defer i.running.Done()
 	t := time.NewTicker(i.every)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-i.quit:
+			return nil
 		case now := <-t.C:
-			if err := i.m.SleepIdle(ctx, now); err != nil {
+			if err := i.m.SleepIdle(context.WithoutCancel(ctx), now); err != nil {
 				i.m.log.Error("putting idle sandboxes to sleep", "err", err)
 			}
 		}
 	}
 }
 
-// Close stops Run and waits for it, if it runs.
+// Close stops Run, and waits for it to return.
 func (i *Idle) Close() error {
-	i.m.mu.Lock()
-	stop := i.stop
-	i.m.mu.Unlock()
-	if stop == nil {
-		return nil
-	}
-	stop(errors.New("the daemon is stopping"))
-	<-i.done
+	i.once.Do(func() { close(i.quit) })
+	i.running.Wait()
 	return nil
 }

@@ -290,3 +290,25 @@ func TestCallDuringSleep(t *testing.T) {
 	}
 	e.awake(sb.ID)
 }
+
+// TestIdleComponent: the daemon's Idle component puts an idle sandbox to
+// sleep on its own, and Close stops it.
+func TestIdleComponent(t *testing.T) {
+	e := newEnv(t, func(c *sandbox.Config) { c.IdleMin = 10 * time.Millisecond })
+	sb := e.create(api.CreateSandbox{Name: "nap", Idle: "200ms"})
+	idle := sandbox.NewIdle(e.m, 20*time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- idle.Run(e.ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.record(sb.ID).State != api.StateSleeping {
+		if time.Now().After(deadline) {
+			t.Fatal("not asleep after 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	must(t, idle.Close())
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	e.sleeping(sb.ID)
+}
