@@ -177,9 +177,9 @@ func TestSleepWake(t *testing.T) {
 	alive(t, d, "nap", pid)
 }
 
-// TestSleepKeepsSessions: a detachable session runs on across a sleep and
-// a wake with its PID; listing sessions of a sleeping sandbox wakes it
-// (sessions need it running).
+// TestSleepKeepsSessions: a detachable session runs on across sleeps and
+// wakes with its PID; listing sessions, and files, ports and services
+// calls, each wake a sleeping sandbox.
 func TestSleepKeepsSessions(t *testing.T) {
 	d := startDaemon(t)
 	ctx := ctxT(t)
@@ -202,5 +202,26 @@ func TestSleepKeepsSessions(t *testing.T) {
 	}
 	if sb, _ := d.C.GetSandbox(ctx, "sess"); sb.State != api.StateRunning {
 		t.Errorf("after listing sessions the sandbox is %s", sb.State)
+	}
+
+	// Each kind of call that needs the sandbox running wakes it.
+	for name, call := range map[string]func() error{
+		"files":    func() error { _, err := d.C.StatFile(ctx, "sess", "/etc/hostname", nil); return err },
+		"ports":    func() error { _, err := d.C.ListPorts(ctx, "sess"); return err },
+		"services": func() error { _, err := d.C.ListServices(ctx, "sess"); return err },
+		"wake":     func() error { _, err := d.C.Wake(ctx, "sess"); return err },
+	} {
+		if _, err := d.C.Sleep(ctx, "sess"); err != nil {
+			t.Fatal(err)
+		}
+		if err := call(); err != nil {
+			t.Errorf("%s on a sleeping sandbox: %v", name, err)
+		}
+		if sb, _ := d.C.GetSandbox(ctx, "sess"); sb.State != api.StateRunning {
+			t.Errorf("after a %s call the sandbox is %s", name, sb.State)
+		}
+	}
+	if list, err := d.C.ListSessions(ctx, "sess"); err != nil || len(list) != 1 || list[0].PID != s.PID {
+		t.Errorf("sessions after 5 sleeps: %+v %v", list, err)
 	}
 }
