@@ -225,3 +225,27 @@ func TestSleepKeepsSessions(t *testing.T) {
 		t.Errorf("sessions after 5 sleeps: %+v %v", list, err)
 	}
 }
+
+// TestServeIdle: a sandbox created without an idle takes loam serve
+// --idle; an exec stream open longer than the idle keeps it awake; "0"
+// never sleeps.
+func TestServeIdle(t *testing.T) {
+	d := startDaemon(t, append([]string{"--idle", "1500ms"}, idleFlags...)...)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "dflt"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "never", Idle: "0"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, code, err := d.C.Output(ctx, "dflt", "sleep", "4"); err != nil || code != 0 {
+		t.Fatalf("sleep 4: %d %v", code, err)
+	}
+	if sb, _ := d.C.GetSandbox(ctx, "dflt"); sb.State != api.StateRunning {
+		t.Fatalf("asleep right after a 4 s exec with an idle of 1.5 s: %s", sb.State)
+	}
+	waitState(t, d, "dflt", api.StateSleeping)
+	if sb, _ := d.C.GetSandbox(ctx, "never"); sb.State != api.StateRunning {
+		t.Errorf("a sandbox with idle 0 is %s", sb.State)
+	}
+}
