@@ -1,7 +1,9 @@
 package test
 
 import (
+	"context"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -247,5 +249,51 @@ func TestServeIdle(t *testing.T) {
 	waitState(t, d, "dflt", api.StateSleeping)
 	if sb, _ := d.C.GetSandbox(ctx, "never"); sb.State != api.StateRunning {
 		t.Errorf("a sandbox with idle 0 is %s", sb.State)
+	}
+}
+
+// TestCrashMidSleep: a daemon killed part-way through a sleep leaves the
+// sandbox running or asleep, never lost: after a restart an exec answers,
+// and a sandbox found asleep wakes with its processes.
+func TestCrashMidSleep(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "crashy", Resources: &api.Resources{MemoryMiB: 1024}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.run("crashy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=384 2>/dev/null")
+	sleepDir := filepath.Join(d.dataDir, "sandboxes", sb.ID, "sleep")
+	for _, after := range []time.Duration{0, 300 * time.Millisecond, 900 * time.Millisecond} {
+		pid := startCounter(t, d, "crashy")
+		go d.C.Sleep(context.Background(), "crashy")
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if m, _ := filepath.Glob(filepath.Join(sleepDir, ".tmp-*")); len(m) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the sleep never started")
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		time.Sleep(after)
+		d.kill()
+		time.Sleep(2 * time.Second) // runsc finishes or fails what it was doing
+		d.start()
+		got, err := d.C.GetSandbox(ctx, "crashy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("killed %v into the sleep: %s", after, got.State)
+		switch got.State {
+		case api.StateSleeping:
+			alive(t, d, "crashy", pid)
+		case api.StateRunning:
+			d.run("crashy", "true")
+		default:
+			t.Fatalf("killed %v into the sleep: %s", after, got.State)
+		}
+		d.run("crashy", "sh", "-c", "pkill -f count.tmp; true")
 	}
 }

@@ -48,6 +48,11 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	case api.StateSleeping:
 		return m.recoverSleeping(ctx, sb)
 	case api.StateRunning, api.StateError:
+		if sb.State == api.StateRunning {
+			if done, err := m.recoverMidSleep(ctx, sb); done || err != nil {
+				return err
+			}
+		}
 		st, err := m.rt.State(ctx, sb.ID)
 		if err == nil && st == runtime.StatusPaused {
 			// A crash while a checkpoint had it paused.
@@ -82,11 +87,6 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		// The container is gone or dead: boot again on the sandbox's disk.
 		if err := m.rt.Delete(ctx, sb.ID); err != nil {
 			return err
-		}
-		if sb.State == api.StateRunning {
-			if slept, err := m.recoverSlept(ctx, sb); slept || err != nil {
-				return err
-			}
 		}
 		m.log.Info("sandbox container gone; booting it again", "sandbox", sb.ID)
 		return m.boot(ctx, sb, false)

@@ -100,8 +100,7 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 		err = checkpoint.SyncTree(dir)
 	}
 	if err != nil {
-		os.RemoveAll(tmp)
-		os.RemoveAll(m.sleepImage(sb.ID))
+		os.RemoveAll(dir)
 		// Still there, paused, or stopped by a checkpoint that failed
 		// late: resume it, or boot it again on its disk.
 		if rerr := m.rt.Resume(ctx, sb.ID); rerr == nil {
@@ -346,17 +345,52 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 	return m.boot(ctx, sb, false)
 }
 
-// recoverSlept is for a sandbox whose record says running but whose
-// container is gone: a crash after its sleep image was durable and before
-// the state said so. It reports whether the sandbox was put to sleep.
-func (m *Manager) recoverSlept(ctx context.Context, sb *store.Sandbox) (bool, error) {
-	ok, err := m.hasSleepImage(sb.ID)
-	if err != nil || !ok {
-		return false, err
+// recoverMidSleep is for a sandbox whose record says running and that has
+// a sleep dir: a crash came part-way through a sleep. With the image
+// durable, the checkpoint that wrote it stopped the container: the sandbox
+// sleeps. Without, the checkpoint may or may not have ended it (runsc may
+// still call it running): it is taken back if its agent answers soon, and
+// booted again on its disk otherwise. It reports whether it dealt with sb.
+func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool, error) {
+	if _, err := os.Stat(m.sleepDir(sb.ID)); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
 	}
-	m.log.Info("finishing interrupted sleep", "sandbox", sb.ID)
-	return true, m.setState(ctx, sb, api.StateSleeping, "")
+	ok, err := m.hasSleepImage(sb.ID)
+	if err != nil {
+		return true, err
+	}
+	if ok {
+		m.log.Info("finishing interrupted sleep", "sandbox", sb.ID)
+		if err := m.rt.Delete(ctx, sb.ID); err != nil {
+			return true, err
+		}
+		return true, m.setState(ctx, sb, api.StateSleeping, "")
+	}
+	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+		return true, err
+	}
+	if st, err := m.rt.State(ctx, sb.ID); err == nil && st == runtime.StatusPaused {
+		_ = m.rt.Resume(ctx, sb.ID)
+	}
+	if ep, err := m.Endpoint(sb); err == nil {
+		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
+		err = m.connect(cctx, sb, ep, m.recoveryTokens(sb)...)
+		cancel()
+		if err == nil {
+			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
+			return true, m.applyLimits(ctx, sb)
+		}
+	}
+	m.log.Warn("a sleep was cut short and stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		return true, err
+	}
+	return true, m.boot(ctx, sb, false)
 }
+
+// midSleepWait bounds how long recovery waits for the agent of a sandbox
+// whose sleep a crash cut short.
+const midSleepWait = 5 * time.Second
 
 // linkTree makes dst a copy of the directory tree src by hard links (a
 // memory image's files are written once and never changed), or by copies
