@@ -14,7 +14,8 @@ import (
 // call that needs it running (exec, sessions, files, ports, services, a
 // wake, and Use: the requests of its URL), and for as long as a stream
 // (an exec or attach socket, a port stream or watch, a file watch, a
-// session's wait, a service's logs) or a files call is open on it.
+// session's wait, a service's logs), a files call or a Hold (a
+// connection through its URL) is open on it.
 // Listing and reading sandboxes and checkpoints are not activity. A daemon
 // that starts counts every running sandbox as used at that moment.
 
@@ -37,7 +38,7 @@ func (m *Manager) forget(id string) {
 func (m *Manager) idleFor(id string, now time.Time) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.streams[id]) > 0 || len(m.calls[id]) > 0 {
+	if len(m.streams[id]) > 0 || len(m.calls[id]) > 0 || m.holds[id] > 0 {
 		m.used[id] = now
 		return 0
 	}

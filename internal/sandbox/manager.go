@@ -117,8 +117,10 @@ type Manager struct {
 	calls map[string]map[*fileCall]bool
 	// wakes are the wakes in progress (sleep.go).
 	wakes map[string]*waking
-	// used is when each sandbox was last used (idle.go).
-	used map[string]time.Time
+	// used is when each sandbox was last used, and holds how many Holds
+	// are open on it (idle.go).
+	used  map[string]time.Time
+	holds map[string]int
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -155,6 +157,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		agentVersions: map[string]int{},
 		wakes:         map[string]*waking{},
 		used:          map[string]time.Time{},
+		holds:         map[string]int{},
 	}
 }
 

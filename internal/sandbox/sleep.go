@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"loam.dev/loam/api"
@@ -145,6 +146,32 @@ func (m *Manager) Wake(ctx context.Context, ref string) (*api.Sandbox, error) {
 // returns the sandbox, running, or the error that kept it from running.
 func (m *Manager) Use(ctx context.Context, ref string) (*api.Sandbox, error) {
 	return m.Wake(ctx, ref)
+}
+
+// Hold is Use for work that lasts, such as a WebSocket or a long response
+// through the sandbox's URL: the sandbox counts as active until release is
+// called (as an open stream does), and its idle time starts again then.
+// Release must be called once; calling it again does nothing.
+func (m *Manager) Hold(ctx context.Context, ref string) (sb *api.Sandbox, release func(), err error) {
+	sb, err = m.Use(ctx, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	id := sb.ID
+	m.mu.Lock()
+	m.holds[id]++
+	m.mu.Unlock()
+	var once sync.Once
+	return sb, func() {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if m.holds[id]--; m.holds[id] <= 0 {
+				delete(m.holds, id)
+			}
+			m.used[id] = time.Now()
+		})
+	}, nil
 }
 
 // waking is one wake in progress, that concurrent callers wait for.

@@ -312,3 +312,30 @@ func TestIdleComponent(t *testing.T) {
 	}
 	e.sleeping(sb.ID)
 }
+
+// TestHold: Hold wakes a sleeping sandbox and keeps it awake until
+// released, as a connection through its URL would.
+func TestHold(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "web", Idle: "1m"})
+	if _, err := e.m.Sleep(e.ctx, "web"); err != nil {
+		t.Fatal(err)
+	}
+	got, release, err := e.m.Hold(e.ctx, "web")
+	if err != nil || got.State != api.StateRunning {
+		t.Fatalf("Hold: %+v %v", got, err)
+	}
+	e.awake(sb.ID)
+	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(time.Hour)))
+	if e.record(sb.ID).State != api.StateRunning {
+		t.Fatal("slept while held")
+	}
+	release()
+	release()
+	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(30*time.Second)))
+	if e.record(sb.ID).State != api.StateRunning {
+		t.Fatal("slept 30 s after the hold ended, with an idle of 1m")
+	}
+	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(2*time.Minute)))
+	e.sleeping(sb.ID)
+}
