@@ -17,8 +17,9 @@ import (
 // BenchmarkWake times a wake as a client sees it: from sleeping to the
 // first exec answered (the exec wakes the sandbox), at 64 MiB and 512 MiB
 // of incompressible memory (LOAM_BENCH_MIB overrides). It also reports the
-// sleep call, the sleep image's size, and the host memory of the sleeping
-// sandbox (the PSS of every host process naming it: none is left).
+// sleep call, a memory checkpoint taken asleep, the sleep image's size, and
+// the host memory of the sleeping sandbox (the PSS of every host process
+// naming it: none is left).
 func BenchmarkWake(b *testing.B) {
 	sizes := os.Getenv("LOAM_BENCH_MIB")
 	if sizes == "" {
@@ -34,7 +35,7 @@ func BenchmarkWake(b *testing.B) {
 }
 
 func benchWake(b *testing.B, mib int) {
-	d := startDaemonB(b)
+	d := startDaemonB(b, "--checkpoint-limit", "1000")
 	ctx := context.Background()
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nap", Resources: &api.Resources{MemoryMiB: mib + 1024}})
 	if err != nil {
@@ -42,7 +43,7 @@ func benchWake(b *testing.B, mib int) {
 	}
 	d.runB(b, "nap", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
 	awakePSS := sandboxPSS(b, sb.ID)
-	var sleeps, wakes []time.Duration
+	var sleeps, wakes, cps []time.Duration
 	var size int64
 	var asleepKiB, procs int
 	for i := 0; i < b.N; i++ {
@@ -54,6 +55,12 @@ func benchWake(b *testing.B, mib int) {
 		size = dirSize(filepath.Join(d.dataDir, "sandboxes", sb.ID, "sleep"))
 		procs = runscProcesses(sb.ID)
 		asleepKiB = sleepingPSS(sb.ID)
+		// A memory checkpoint of the sleeping sandbox reuses its image.
+		start = time.Now()
+		if _, err := d.C.CreateCheckpoint(ctx, "nap", api.CreateCheckpoint{}); err != nil {
+			b.Fatal(err)
+		}
+		cps = append(cps, time.Since(start))
 
 		start = time.Now()
 		if _, err := d.C.Exec(ctx, "nap", client.ExecOptions{Cmd: []string{"true"}}); err != nil {
@@ -63,6 +70,7 @@ func benchWake(b *testing.B, mib int) {
 	}
 	b.ReportMetric(median(wakes), "wake-to-exec-ms")
 	b.ReportMetric(median(sleeps), "sleep-call-ms")
+	b.ReportMetric(median(cps), "asleep-mem-checkpoint-ms")
 	b.ReportMetric(float64(size)/(1<<20), "image-MiB")
 	b.ReportMetric(float64(awakePSS)/1024, "awake-host-MiB")
 	b.ReportMetric(float64(asleepKiB)/1024, "asleep-host-MiB")
