@@ -396,10 +396,11 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
 		return true, err
 	}
-	if st, err := m.rt.State(ctx, sb.ID); err == nil && st == runtime.StatusPaused {
+	st, err := m.rt.State(ctx, sb.ID)
+	if err == nil && st == runtime.StatusPaused {
 		_ = m.rt.Resume(ctx, sb.ID)
 	}
-	if ep, err := m.Endpoint(sb); err == nil {
+	if ep, eerr := m.Endpoint(sb); err == nil && st != runtime.StatusStopped && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
 		err = m.connect(cctx, sb, ep, m.recoveryTokens(sb)...)
 		cancel()

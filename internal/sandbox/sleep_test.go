@@ -242,6 +242,23 @@ func TestRecoverSleep(t *testing.T) {
 		}
 		e.awake(sb.ID)
 	})
+	t.Run("crash after the checkpoint stopped it, before the image was durable", func(t *testing.T) {
+		e := newEnv(t)
+		sb := e.create(api.CreateSandbox{Name: "nap"})
+		must(t, os.MkdirAll(filepath.Join(e.sandboxDir(sb.ID), "sleep", ".tmp-1", "mem"), 0o700))
+		e.rt.vanish(sb.ID)
+		must(t, e.restart())
+		if rec := e.record(sb.ID); rec.State != api.StateRunning {
+			t.Fatalf("state %s, want running (booted again)", rec.State)
+		}
+		if ops := e.rt.callsOf(sb.ID); ops[len(ops)-1] != "start" {
+			t.Errorf("not booted again: %v", ops)
+		}
+		if _, err := os.Stat(filepath.Join(e.sandboxDir(sb.ID), "sleep")); !os.IsNotExist(err) {
+			t.Errorf("the unfinished sleep image is still there: %v", err)
+		}
+		e.agentAnswers(sb.ID)
+	})
 	t.Run("restart while asleep", func(t *testing.T) {
 		e := newEnv(t)
 		sb := e.create(api.CreateSandbox{Name: "nap"})
