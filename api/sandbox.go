@@ -38,9 +38,12 @@ type Sandbox struct {
 	Resources Resources         `json:"resources"`
 	Env       map[string]string `json:"env"`
 	Labels    map[string]string `json:"labels"`
-	Idle      string            `json:"idle,omitempty"`
-	HTTPPort  int               `json:"http_port,omitempty"`
-	URL       string            `json:"url"`
+	// Idle is how long the sandbox may go without activity before it
+	// sleeps, as given at create ("10m"; "0" never); empty takes the
+	// daemon's default (loam serve --idle).
+	Idle     string `json:"idle,omitempty"`
+	HTTPPort int    `json:"http_port,omitempty"`
+	URL      string `json:"url"`
 	// Secrets and SecretFiles say which secrets the sandbox has, by name
 	// (see CreateSandbox); never their values.
 	Secrets     map[string]string `json:"secrets,omitempty"`

@@ -103,3 +103,23 @@ func (c *Client) sandboxCall(ctx context.Context, method, ref, rest string, in, 
 	}
 	return c.do(ctx, method, "/v1/sandboxes/"+seg+rest, nil, in, out)
 }
+
+// Sleep puts sandbox ref to sleep now: its memory and disk are kept and it
+// uses no CPU or memory until it is woken. It returns the sandbox, sleeping.
+func (c *Client) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if err := c.sandboxCall(ctx, "POST", ref, "/sleep", nil, &sb); err != nil {
+		return nil, fmt.Errorf("putting %s to sleep: %w", ref, err)
+	}
+	return &sb, nil
+}
+
+// Wake wakes sandbox ref where it was, with its processes, and returns it
+// running. Every call that needs a sandbox running wakes it too.
+func (c *Client) Wake(ctx context.Context, ref string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if err := c.sandboxCall(ctx, "POST", ref, "/wake", nil, &sb); err != nil {
+		return nil, fmt.Errorf("waking %s: %w", ref, err)
+	}
+	return &sb, nil
+}

@@ -391,3 +391,35 @@ func benchGets(b *testing.B, c *http.Client, u string, clients int) {
 	b.ReportMetric(float64(lats[len(lats)*99/100].Microseconds()), "p99-µs")
 	b.ReportMetric(float64(lats[len(lats)/2].Microseconds()), "p50-µs")
 }
+
+// TestURLWakesASleepingSandbox: a sandbox with an idle time falls asleep;
+// `loam checkpoint ls` does not wake it; an HTTP request through its URL
+// does, and is answered by the server that was running, same PID.
+func TestURLWakesASleepingSandbox(t *testing.T) {
+	d := startDaemon(t, idleFlags...)
+	ctx := ctxT(t)
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "dozy", Template: "base", Public: true, Idle: "2s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startURLServer(t, d, "dozy", "awake")
+	pid := strings.TrimSpace(d.run("dozy", "pgrep", "-x", "python3"))
+	waitState(t, d, "dozy", api.StateSleeping)
+	if n := runscProcesses(sb.ID); n != 0 {
+		t.Fatalf("%d host processes left for a sleeping sandbox", n)
+	}
+	if out, errOut, code := d.cli("", "checkpoint", "ls", "dozy"); code != 0 {
+		t.Fatalf("checkpoint ls: %d %q %q", code, out, errOut)
+	}
+	if got, _ := d.C.GetSandbox(ctx, "dozy"); got.State != api.StateSleeping {
+		t.Fatalf("checkpoint ls woke it: %s", got.State)
+	}
+	u := sb.URL + "/index.html" // urlClient takes every URL to the daemon
+	code, body, _, err := fetch(ctx, urlClient(d), "GET", u, nil, "")
+	if err != nil || code != 200 || strings.TrimSpace(body) != "awake" {
+		t.Fatalf("GET %s on a sleeping sandbox: %d %q %v", u, code, body, err)
+	}
+	if got := strings.TrimSpace(d.run("dozy", "pgrep", "-x", "python3")); got != pid {
+		t.Errorf("the server's pid after the wake is %q, was %q", got, pid)
+	}
+}

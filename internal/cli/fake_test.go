@@ -55,6 +55,8 @@ func newFakeAPI(t *testing.T) (*fakeAPI, *httptest.Server) {
 	mux.HandleFunc("GET /v1/sandboxes/{sandbox}", f.get)
 	mux.HandleFunc("DELETE /v1/sandboxes/{sandbox}", f.delete)
 	mux.HandleFunc("GET /v1/sandboxes/{sandbox}/exec", f.exec)
+	mux.HandleFunc("POST /v1/sandboxes/{sandbox}/sleep", f.setState(api.StateSleeping))
+	mux.HandleFunc("POST /v1/sandboxes/{sandbox}/wake", f.setState(api.StateRunning))
 	mux.HandleFunc("GET /v1/templates", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, 200, api.TemplateList{Templates: []api.Template{
 			{Name: "base", Description: "Debian with Python and Node", Default: true, Ready: true},
@@ -173,6 +175,18 @@ func (f *fakeAPI) get(w http.ResponseWriter, r *http.Request) {
 	defer f.mu.Unlock()
 	if sb := f.lookup(w, r); sb != nil {
 		reply(w, 200, sb)
+	}
+}
+
+// setState answers a sleep or a wake: the sandbox, in state st.
+func (f *fakeAPI) setState(st api.State) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if sb := f.lookup(w, r); sb != nil {
+			sb.State = st
+			reply(w, 200, sb)
+		}
 	}
 }
 

@@ -96,6 +96,8 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.templatesCmd(),
 		a.checkpointCmd(),
 		a.forkCmd(),
+		a.sleepCmd(),
+		a.wakeCmd(),
 		a.filesCmd(),
 		a.cpCmd(),
 		a.watchCmd(),

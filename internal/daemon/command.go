@@ -6,6 +6,7 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -20,6 +21,13 @@ func env(key, def string) string {
 
 func envInt(key string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(key)); err == nil {
+		return v
+	}
+	return def
+}
+
+func envDuration(key string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(key)); err == nil {
 		return v
 	}
 	return def
@@ -74,6 +82,12 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
 	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")
 	f.IntVar(&diskGiB, "disk-size-gib", envInt("LOAM_DISK_SIZE_GIB", 64), "size of the sparse file the btrfs pool lives on when the data dir is not btrfs, in GiB (LOAM_DISK_SIZE_GIB)")
+	f.DurationVar(&cfg.Idle, "idle", envDuration("LOAM_IDLE", 0), "a sandbox created without an idle of its own sleeps after this long without activity, such as 10m; 0 is never (LOAM_IDLE)")
+	// For tests only: idle times shorter than a minute.
+	f.DurationVar(&cfg.IdleEvery, "test-idle-every", envDuration("LOAM_TEST_IDLE_EVERY", 0), "tests only: how often idle sandboxes are looked for (LOAM_TEST_IDLE_EVERY)")
+	f.DurationVar(&cfg.IdleMin, "test-idle-min", envDuration("LOAM_TEST_IDLE_MIN", 0), "tests only: the shortest idle a sandbox may have (LOAM_TEST_IDLE_MIN)")
+	_ = f.MarkHidden("test-idle-every")
+	_ = f.MarkHidden("test-idle-min")
 	f.BoolVar(&debug, "debug", os.Getenv("LOAM_DEBUG") != "", "debug logs (LOAM_DEBUG)")
 	cfg.Token = os.Getenv("LOAM_TOKEN")
 	return cmd

@@ -58,6 +58,13 @@ type Config struct {
 	// DiskSize is the size of the loop file the btrfs pool lives on, when
 	// the data dir is not on btrfs.
 	DiskSize int64
+	// Idle is the idle of a sandbox created without one: how long it may
+	// go without activity before it sleeps; 0 is never.
+	Idle time.Duration
+	// IdleEvery and IdleMin are for tests only: how often idle sandboxes
+	// are looked for (10 s by default) and the shortest idle a sandbox may
+	// ask for (1m by default).
+	IdleEvery, IdleMin time.Duration
 	// Out is where the start-up banner goes (the token and how to use it).
 	Out *os.File
 }
@@ -218,6 +225,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		Secret:          secret,
 		Secrets:         secrets,
 		InsidePort:      network.DefaultInsidePort,
+		Idle:            cfg.Idle,
+		IdleMin:         cfg.IdleMin,
 	}, st, rt, pool, nets, tpl, d.log)
 	d.inside = server.NewInside(d.Manager, secret, d.log)
 	d.Manager.SetInside(d.inside)
@@ -236,6 +245,15 @@ func (d *Daemon) start(ctx context.Context) error {
 		}
 	}()
 	d.closers = append(d.closers, logs.Close)
+
+	// Sandboxes whose idle time has passed go to sleep.
+	idle := sandbox.NewIdle(d.Manager, cfg.IdleEvery)
+	go func() {
+		if err := idle.Run(context.WithoutCancel(ctx)); err != nil {
+			d.log.Error("putting idle sandboxes to sleep", "err", err)
+		}
+	}()
+	d.closers = append(d.closers, idle.Close)
 
 	d.URL = "http://" + ln.Addr().String()
 	if tlsConfig != nil {

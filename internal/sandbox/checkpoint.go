@@ -134,7 +134,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	defer end()
 	ctx = context.WithoutCancel(ctx)
 	if memory {
-		if err := requireState(sb.Name, sb.State, api.StateRunning); err != nil {
+		if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateSleeping); err != nil {
 			return nil, api.Errorf(api.CodeConflict, "sandbox %s is %s: a memory checkpoint needs it running (take a disk-only one with \"memory\":false)", sb.Name, sb.State)
 		}
 	} else if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
@@ -231,7 +231,26 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		}
 	}()
 	held := sb.AgentGen // the generation in the memory image
-	if t.memory {
+	if t.memory && sb.State == api.StateSleeping {
+		// The sleep image is the memory, and the disk does not change
+		// while the sandbox sleeps: no wake, no pause. The wake gives the
+		// agent a new token generation.
+		held = m.sleptGen(sb)
+		if err := linkTree(m.sleepImage(sb.ID), filepath.Join(tmp, memDir)); err != nil {
+			return nil, fmt.Errorf("checkpointing %s: keeping its sleep image: %w", sb.Name, err)
+		}
+		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
+			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
+		}
+		// The token in the image is not one the sandbox may answer to
+		// once it wakes (or is restored): move it on now.
+		if sb.AgentGen == held {
+			sb.AgentGen++
+			if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+				return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
+			}
+		}
+	} else if t.memory {
 		why := "the sandbox is being checkpointed"
 		if t.auto {
 			why = "the sandbox is being restored" // the state before a restore
@@ -343,7 +362,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	if err != nil {
 		return nil, err
 	}
-	if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateError); err != nil {
+	if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
 		return nil, err
 	}
 	unlock := m.lockSource(sb.ID)
@@ -364,7 +383,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		name, _ := pickName(cps, "")
 		_, err = m.takeCheckpoint(ctx, sb, take{
 			id: checkpoint.AutoID(sb.AutoSeq), name: name, comment: "before restoring " + cp.ID,
-			memory: sb.State == api.StateRunning, auto: true, inside: caller == checkpoint.Inside,
+			memory: sb.State == api.StateRunning || sb.State == api.StateSleeping, auto: true, inside: caller == checkpoint.Inside,
 		})
 		if err != nil {
 			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
@@ -397,6 +416,11 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	}
 	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
 		return fmt.Errorf("dropping the disk: %w", err)
+	}
+	// A sleep image is of the disk just dropped (a restore of a sleeping
+	// sandbox kept it as its automatic checkpoint): never wake on it.
+	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+		return fmt.Errorf("dropping the sleep image: %w", err)
 	}
 	if _, err := m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), sb.ID); err != nil {
 		return fmt.Errorf("putting the disk back: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -25,6 +26,7 @@ func (m *Manager) removeStream(id string, s *Stream) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.streams[id], s)
+	m.used[id] = time.Now() // idle time starts when the stream ends
 	if len(m.streams[id]) == 0 {
 		delete(m.streams, id)
 	}
@@ -52,7 +54,7 @@ func (m *Manager) closeStreams(id, reason string) {
 // CheckExec checks that a command can be run in the sandbox now, before the
 // caller upgrades the connection, so that refusals are plain HTTP errors.
 func (m *Manager) CheckExec(ctx context.Context, ref string) (*api.Sandbox, error) {
-	sb, err := m.lookup(ctx, ref)
+	sb, err := m.awake(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +70,7 @@ func (m *Manager) CheckExec(ctx context.Context, ref string) (*api.Sandbox, erro
 // client (the exec protocol of api/exec.go). It fails, before anything was
 // sent to the client, when the command cannot be sent.
 func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest) (*Stream, error) {
-	sb, err := m.lookup(ctx, ref)
+	sb, err := m.awake(ctx, ref)
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)
 	}

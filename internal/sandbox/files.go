@@ -59,7 +59,7 @@ func (m *Manager) endCalls(id, reason string) {
 // registers one. It returns the sandbox, a client of its agent, the call's
 // context (cut by endCalls) and the func that ends the call.
 func (m *Manager) startCall(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, context.Context, func(), error) {
-	sb, err := m.lookup(ctx, ref)
+	sb, err := m.awake(ctx, ref)
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)
 	}

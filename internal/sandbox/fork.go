@@ -88,6 +88,7 @@ func (m *Manager) forgetSource(id string) {
 	delete(m.sources, id)
 	delete(m.agentVersions, id)
 	delete(m.holds, id)
+	delete(m.epochs, id)
 	m.mu.Unlock()
 }
 

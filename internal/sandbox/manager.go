@@ -76,6 +76,12 @@ type Config struct {
 	InsidePort int
 	// BootTimeout bounds how long a sandbox's agent may take to answer.
 	BootTimeout time.Duration
+	// Idle is how long a sandbox that says no idle of its own may go
+	// without activity before it sleeps; 0 is never.
+	Idle time.Duration
+	// IdleMin is the shortest idle a sandbox may ask for (1m unless a test
+	// sets it shorter).
+	IdleMin time.Duration
 	// Secret is the daemon's key that agent tokens are derived from (see
 	// AgentToken). It must stay the same across restarts of the daemon.
 	Secret []byte
@@ -106,7 +112,7 @@ type Manager struct {
 	mu       sync.Mutex
 	ops      map[string]string           // sandbox id -> the operation running on it
 	opDone   map[string]chan struct{}    // sandbox id -> closed when its operation ends
-	holds    map[string]uint64           // sandbox id -> operations begun that hold its URL (see HTTPTarget)
+	epochs   map[string]uint64           // sandbox id -> operations begun that hold its URL (see HTTPTarget)
 	reserved map[int]bool                // net indexes handed out but not yet stored
 	streams  map[string]map[*Stream]bool // sandbox id -> open streams
 	sources  map[string]*sync.RWMutex    // sandbox id -> lock on its checkpoints (see lockSource)
@@ -115,6 +121,12 @@ type Manager struct {
 	agentVersions map[string]int
 	// calls are the files calls in flight to each sandbox (files.go).
 	calls map[string]map[*fileCall]bool
+	// wakes are the wakes in progress (sleep.go).
+	wakes map[string]*waking
+	// used is when each sandbox was last used, and holds how many Holds
+	// are open on it (idle.go).
+	used  map[string]time.Time
+	holds map[string]int
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -127,6 +139,9 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 60 * time.Second
+	}
+	if cfg.IdleMin == 0 {
+		cfg.IdleMin = time.Minute
 	}
 	if cfg.Scheme == "" {
 		cfg.Scheme = "http"
@@ -142,12 +157,15 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		}},
 		ops:      map[string]string{},
 		opDone:   map[string]chan struct{}{},
-		holds:    map[string]uint64{},
+		epochs:   map[string]uint64{},
 		reserved: map[int]bool{},
 		streams:  map[string]map[*Stream]bool{},
 		sources:  map[string]*sync.RWMutex{},
 
 		agentVersions: map[string]int{},
+		wakes:         map[string]*waking{},
+		used:          map[string]time.Time{},
+		holds:         map[string]int{},
 	}
 }
 
@@ -220,7 +238,7 @@ func (m *Manager) begin(sb *store.Sandbox, what string) (func(), error) {
 	done := make(chan struct{})
 	m.opDone[sb.ID] = done
 	if holdsURL(what) {
-		m.holds[sb.ID]++
+		m.epochs[sb.ID]++
 	}
 	return func() {
 		m.mu.Lock()
@@ -368,7 +386,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			res.DiskMiB = req.Resources.DiskMiB
 		}
 	}
-	for _, check := range []error{checkEnv(req.Env), checkLabels(req.Labels), checkIdle(req.Idle), checkPort(req.HTTPPort)} {
+	for _, check := range []error{checkEnv(req.Env), checkLabels(req.Labels), checkIdle(req.Idle, m.cfg.IdleMin), checkPort(req.HTTPPort)} {
 		if check != nil {
 			return nil, check
 		}
@@ -571,6 +589,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container: %w", err))
 	}
+	m.forget(sb.ID)
 	if ep, err := m.Endpoint(sb); err == nil {
 		if err := m.nets.Delete(ctx, ep); err != nil {
 			errs = append(errs, fmt.Errorf("deleting network: %w", err))

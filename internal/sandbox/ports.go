@@ -25,7 +25,7 @@ const (
 
 // portsSandbox finds a running sandbox whose agent knows ports.
 func (m *Manager) portsSandbox(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, error) {
-	sb, err := m.lookup(ctx, ref)
+	sb, err := m.awake(ctx, ref)
 	if err != nil {
 		return nil, nil, err
 	}

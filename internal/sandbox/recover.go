@@ -45,7 +45,14 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		return m.destroy(ctx, sb)
 	case api.StateRestoring:
 		return m.finishRestore(ctx, sb)
+	case api.StateSleeping:
+		return m.recoverSleeping(ctx, sb)
 	case api.StateRunning, api.StateError:
+		if sb.State == api.StateRunning {
+			if done, err := m.recoverMidSleep(ctx, sb); done || err != nil {
+				return err
+			}
+		}
 		st, err := m.rt.State(ctx, sb.ID)
 		if err == nil && st == runtime.StatusPaused {
 			// A crash while a checkpoint had it paused.

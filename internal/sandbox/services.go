@@ -23,7 +23,7 @@ const servicesProtocol = 3
 
 // serviceAgent finds the agent of a running sandbox that has services.
 func (m *Manager) serviceAgent(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, error) {
-	sb, err := m.lookup(ctx, ref)
+	sb, err := m.awake(ctx, ref)
 	if err != nil {
 		return nil, nil, err
 	}

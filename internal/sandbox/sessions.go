@@ -23,7 +23,7 @@ const sessionsProtocol = 3
 
 // sessionAgent finds the agent of a running sandbox that has sessions.
 func (m *Manager) sessionAgent(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, error) {
-	sb, err := m.lookup(ctx, ref)
+	sb, err := m.awake(ctx, ref)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -13,7 +13,7 @@ var transitions = map[api.State][]api.State{
 	api.StateCreating:  {api.StateRunning, api.StateError, api.StateDeleting},
 	api.StateRunning:   {api.StateRunning, api.StateStopped, api.StateSleeping, api.StateRestoring, api.StateError, api.StateDeleting},
 	api.StateStopped:   {api.StateRunning, api.StateRestoring, api.StateError, api.StateDeleting},
-	api.StateSleeping:  {api.StateRunning, api.StateError, api.StateDeleting},
+	api.StateSleeping:  {api.StateRunning, api.StateRestoring, api.StateError, api.StateDeleting},
 	api.StateRestoring: {api.StateRunning, api.StateError},
 	api.StateError:     {api.StateRunning, api.StateRestoring, api.StateError, api.StateDeleting},
 	api.StateDeleting:  {api.StateDeleting},

@@ -52,9 +52,11 @@ func holdsURL(what string) bool { return what == "a restore" || what == "create"
 // restored it waits, up to HoldLimit or ctx's end, so that a request sent
 // during a restore is answered by the restored machine, never refused.
 //
-// Errors: not_found for no such sandbox; unavailable for a sandbox that is
-// sleeping (wake-on-request plugs in here), in any other state but running,
-// or still busy after HoldLimit.
+// A sleeping sandbox is woken first (Use), and every request counts as
+// activity for its idle time.
+//
+// Errors: not_found for no such sandbox; unavailable for a sandbox in any
+// other state but running, or still busy after HoldLimit; a wake's error.
 func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
 	ctx, cancel := context.WithTimeout(ctx, HoldLimit)
 	defer cancel()
@@ -71,7 +73,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
 			return Target{}, err
 		}
 		m.mu.Lock()
-		op, done, epoch := m.ops[sb.ID], m.opDone[sb.ID], m.holds[sb.ID]
+		op, done, epoch := m.ops[sb.ID], m.opDone[sb.ID], m.epochs[sb.ID]
 		m.mu.Unlock()
 		if holdsURL(op) || sb.State == api.StateCreating || sb.State == api.StateRestoring {
 			var poll <-chan time.Time
@@ -89,10 +91,14 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
 		}
 		switch sb.State {
 		case api.StateRunning:
+			m.touch(sb.ID) // a request through the URL is activity
 		case api.StateSleeping:
-			// Wake-on-request plugs in here: wake the sandbox, then go
-			// round the loop again.
-			return Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is sleeping", name)
+			// A request wakes its sandbox and is then answered.
+			if _, err := m.Use(ctx, sb.ID); err != nil {
+				return Target{}, err
+			}
+			held = true
+			continue
 		default:
 			return Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is %s", name, sb.State)
 		}

@@ -114,15 +114,29 @@ func checkResources(r api.Resources) error {
 	return nil
 }
 
-func checkIdle(s string) error {
+// checkIdle checks a sandbox's idle: a duration of at least min, or "0"
+// for never, or "" for the daemon's default.
+func checkIdle(s string, min time.Duration) error {
 	if s == "" {
 		return nil
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < time.Minute && d != 0 {
-		return api.Errorf(api.CodeInvalid, "idle: %q is not a duration of at least 1m (like \"10m\" or \"1h\"), or \"0\" for never", s)
+	if err != nil || d < min && d != 0 {
+		return api.Errorf(api.CodeInvalid, "idle: %q is not a duration of at least %s (like \"10m\" or \"1h\"), or \"0\" for never", s, shortDuration(min))
 	}
 	return nil
+}
+
+// shortDuration writes d as a user would: 1m, not 1m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 func checkPort(p int) error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"loam.dev/loam/api"
 )
@@ -86,8 +87,8 @@ func TestRequestChecks(t *testing.T) {
 		checkEnv(map[string]string{"LOAM_AGENT_TOKEN": "x"}),
 		checkLabels(map[string]string{"": "x"}),
 		checkLabels(map[string]string{"k": strings.Repeat("v", 256)}),
-		checkIdle("10s"),
-		checkIdle("soon"),
+		checkIdle("10s", time.Minute),
+		checkIdle("soon", time.Minute),
 		checkPort(70000),
 	}
 	for i, err := range bad {
@@ -99,7 +100,7 @@ func TestRequestChecks(t *testing.T) {
 		checkResources(api.Resources{CPUs: 0.5, MemoryMiB: 512, DiskMiB: 4096}),
 		checkEnv(map[string]string{"GREETING": "hi"}),
 		checkLabels(map[string]string{"team": "red", "app.kubernetes.io/name": "x"}),
-		checkIdle("10m"), checkIdle(""), checkIdle("0"),
+		checkIdle("10m", time.Minute), checkIdle("", time.Minute), checkIdle("0", time.Minute),
 		checkPort(8080),
 	}
 	for i, err := range good {

@@ -180,6 +180,14 @@ func (f *fakeSandboxes) RestoreCheckpoint(ctx context.Context, sandbox, ref stri
 	return f.Get(ctx, sandbox)
 }
 
+func (f *fakeSandboxes) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
+	return f.Get(ctx, ref)
+}
+
+func (f *fakeSandboxes) Wake(ctx context.Context, ref string) (*api.Sandbox, error) {
+	return f.Get(ctx, ref)
+}
+
 const testToken = "test-token"
 
 func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }

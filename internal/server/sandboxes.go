@@ -27,6 +27,8 @@ type Sandboxes interface {
 	// AccessToken is a sandbox's URL and the token that opens it; only the
 	// owner's API offers it, never the in-sandbox one.
 	AccessToken(ctx context.Context, ref string) (*api.AccessToken, error)
+	Sleep(ctx context.Context, ref string) (*api.Sandbox, error)
+	Wake(ctx context.Context, ref string) (*api.Sandbox, error)
 	Checkpoints
 	Files
 	Sessions
@@ -227,4 +229,24 @@ func (w *handshakeWriter) refusal() error {
 		w.Header().Set("Allow", "GET")
 	}
 	return api.Errorf(api.CodeForStatus(w.status), "exec: %s", msg)
+}
+
+// sleepSandbox puts a sandbox to sleep now (POST …/sleep).
+func (s *Server) sleepSandbox(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxes.Sleep(r.Context(), r.PathValue("sandbox"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+// wakeSandbox wakes a sleeping sandbox (POST …/wake).
+func (s *Server) wakeSandbox(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxes.Wake(r.Context(), r.PathValue("sandbox"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
 }

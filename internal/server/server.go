@@ -56,6 +56,8 @@ func (s *Server) routes() {
 	v1("DELETE /v1/sandboxes/{sandbox}", s.deleteSandbox)
 	v1("GET /v1/sandboxes/{sandbox}/access-token", s.accessToken)
 	v1("GET /v1/sandboxes/{sandbox}/exec", s.exec)
+	v1("POST /v1/sandboxes/{sandbox}/sleep", s.sleepSandbox)
+	v1("POST /v1/sandboxes/{sandbox}/wake", s.wakeSandbox)
 	s.checkpointRoutes(v1)
 	s.fileRoutes(v1)
 	s.sessionRoutes(v1)

@@ -1,0 +1,495 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/store"
+)
+
+// Sleep and wake.
+//
+// A sleeping sandbox has no container: its memory is a memory image in
+// DATA_DIR/sandboxes/ID/sleep/mem (the sleep image, a memory checkpoint
+// that is not listed), its disk is its volume as it was. No disk snapshot
+// is taken for a sleep: with the container gone nothing writes the volume,
+// every call that would (exec, files, sessions, services) wakes the
+// sandbox first, and the calls that replace it (a restore) drop the sleep
+// image with it. A wake restores the image onto the volume in place.
+//
+// The image is made durable (fsync, rename) before the state says
+// sleeping, so a crash part-way leaves the sandbox running (its container
+// still there, or booted again on its disk) or asleep, never lost; see
+// recoverSleeping.
+
+// sleepDir is where a sandbox keeps its sleep image while it sleeps.
+func (m *Manager) sleepDir(id string) string { return filepath.Join(m.dir(id), "sleep") }
+
+// sleepImage is the memory image of a sleeping sandbox.
+func (m *Manager) sleepImage(id string) string { return filepath.Join(m.sleepDir(id), memDir) }
+
+// Sleep puts a running sandbox to sleep now. Sleeping a sleeping sandbox
+// is not an error.
+func (m *Manager) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
+	sb, end, err := m.claim(ctx, ref, opSleep)
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	if sb.State == api.StateSleeping {
+		return m.view(sb), nil
+	}
+	if err := requireState(sb.Name, sb.State, api.StateRunning); err != nil {
+		return nil, err
+	}
+	if err := m.sleep(context.WithoutCancel(ctx), sb); err != nil {
+		return nil, publicError(fmt.Errorf("putting %s to sleep: %w", sb.Name, err))
+	}
+	return m.view(sb), nil
+}
+
+// sleep writes a running sandbox's sleep image and removes its container.
+// The caller holds the sandbox's operation.
+func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
+	start := time.Now()
+	dir := m.sleepDir(sb.ID)
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(dir, ".tmp-")
+	if err != nil {
+		return err
+	}
+	m.closeStreams(sb.ID, "the sandbox is going to sleep")
+	m.dropAgentConns()
+	if err := m.rt.Pause(ctx, sb.ID); err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("pausing: %w", err)
+	}
+	img := filepath.Join(tmp, memDir)
+	err = m.rt.Checkpoint(ctx, sb.ID, img, runtime.CheckpointOptions{})
+	if err == nil {
+		// The image expects the disk as it was: what the sandbox wrote
+		// to it must be on disk before the image counts.
+		err = syncVolume(m.disks.VolumePath(sb.ID))
+	}
+	if err == nil {
+		err = checkpoint.SyncTree(tmp)
+	}
+	if err == nil {
+		err = writeFileSync(filepath.Join(dir, heldFile), []byte(strconv.Itoa(sb.AgentGen)))
+	}
+	if err == nil {
+		err = os.Rename(img, m.sleepImage(sb.ID))
+	}
+	if err == nil {
+		err = checkpoint.SyncTree(dir)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		// Still there, paused, or stopped by a checkpoint that failed
+		// late: resume it, or boot it again on its disk.
+		if rerr := m.rt.Resume(ctx, sb.ID); rerr == nil {
+			return errors.Join(fmt.Errorf("writing the sleep image: %w", err), m.applyLimits(ctx, sb))
+		}
+		_ = m.rt.Delete(ctx, sb.ID)
+		if berr := m.boot(ctx, sb, false); berr != nil {
+			_ = m.setState(ctx, sb, api.StateError, "a sleep failed and it did not boot again: "+berr.Error())
+			return errors.Join(err, berr)
+		}
+		return fmt.Errorf("writing the sleep image (booted again on its disk): %w", err)
+	}
+	os.RemoveAll(tmp)
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		// The image is durable: the sandbox sleeps; recovery or the wake
+		// deletes what is left of the container.
+		m.log.Warn("deleting the container of a sleeping sandbox", "sandbox", sb.ID, "err", err)
+	}
+	if m.inside != nil {
+		m.inside.Close(sb.ID)
+	}
+	if err := m.setState(ctx, sb, api.StateSleeping, ""); err != nil {
+		return err
+	}
+	m.log.Info("asleep", "sandbox", sb.ID, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// Wake wakes a sleeping sandbox; waking a running one is not an error.
+func (m *Manager) Wake(ctx context.Context, ref string) (*api.Sandbox, error) {
+	sb, err := m.awake(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return m.view(sb), nil
+}
+
+// Use wakes a sandbox if it sleeps and marks it active now, so that its
+// idle time starts again. It is for code outside this package that sends
+// the sandbox work the Manager does not see, such as the HTTP requests of
+// its URL: call it before each request (or connection) is sent on. It
+// returns the sandbox, running, or the error that kept it from running.
+func (m *Manager) Use(ctx context.Context, ref string) (*api.Sandbox, error) {
+	return m.Wake(ctx, ref)
+}
+
+// Hold is Use for work that lasts, such as a WebSocket or a long response
+// through the sandbox's URL: the sandbox counts as active until release is
+// called (as an open stream does), and its idle time starts again then.
+// Release must be called once; calling it again does nothing.
+func (m *Manager) Hold(ctx context.Context, ref string) (sb *api.Sandbox, release func(), err error) {
+	sb, err = m.Use(ctx, ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	id := sb.ID
+	m.mu.Lock()
+	m.holds[id]++
+	m.mu.Unlock()
+	var once sync.Once
+	return sb, func() {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if m.holds[id]--; m.holds[id] <= 0 {
+				delete(m.holds, id)
+			}
+			m.used[id] = time.Now()
+		})
+	}, nil
+}
+
+// waking is one wake in progress, that concurrent callers wait for.
+type waking struct {
+	done chan struct{}
+	err  error
+}
+
+// awake is the start of every call that needs a sandbox running: it finds
+// the sandbox, wakes it if it sleeps (one wake, however many callers ask
+// at once), and marks it active. A call that comes while the sandbox goes
+// to sleep waits for the sleep and wakes it; one that comes while another
+// operation holds a sleeping sandbox (a checkpoint of it) waits for that.
+// It returns the sandbox's fresh record; the caller still checks its state
+// (a stopped or broken sandbox is not woken).
+func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error) {
+	for {
+		sb, err := m.lookup(ctx, ref)
+		if err != nil {
+			return nil, err
+		}
+		// Marked before the look at the operations: an idle sleep that
+		// claims the sandbox looks at this mark again, and gives up.
+		m.touch(sb.ID)
+		op := m.opOn(sb.ID)
+		if op == opSleep || sb.State == api.StateSleeping && op != "" && op != opWake {
+			if err := pause(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if sb.State != api.StateSleeping {
+			return sb, nil
+		}
+		m.mu.Lock()
+		w := m.wakes[sb.ID]
+		leader := w == nil
+		if leader {
+			w = &waking{done: make(chan struct{})}
+			m.wakes[sb.ID] = w
+		}
+		m.mu.Unlock()
+		if leader {
+			w.err = m.wakeOne(context.WithoutCancel(ctx), sb.ID)
+			m.mu.Lock()
+			delete(m.wakes, sb.ID)
+			m.mu.Unlock()
+			close(w.done)
+		} else {
+			select {
+			case <-w.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if errors.Is(w.err, errBusy) {
+			if err := pause(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if w.err != nil {
+			return nil, w.err
+		}
+		m.touch(sb.ID)
+	}
+}
+
+// Operation names that awake looks for.
+const (
+	opSleep = "a sleep"
+	opWake  = "a wake"
+)
+
+// errBusy is wakeOne's: another operation holds the sandbox; try again.
+var errBusy = errors.New("busy")
+
+// pause waits a little before awake looks again, or until ctx ends.
+func pause(ctx context.Context) error {
+	select {
+	case <-time.After(50 * time.Millisecond):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// opOn is the operation running on sandbox id, "" for none.
+func (m *Manager) opOn(id string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ops[id]
+}
+
+// wakeOne claims a sleeping sandbox and wakes it.
+func (m *Manager) wakeOne(ctx context.Context, id string) error {
+	sb, end, err := m.claim(ctx, id, opWake)
+	if errors.Is(err, api.ErrConflict) {
+		return errBusy
+	}
+	if err != nil {
+		return err
+	}
+	defer end()
+	if sb.State != api.StateSleeping {
+		return nil
+	}
+	if err := m.wake(ctx, sb); err != nil {
+		m.log.Error("wake failed", "sandbox", sb.ID, "err", err)
+		return publicError(fmt.Errorf("waking %s: %w", sb.Name, err))
+	}
+	return nil
+}
+
+// wake restores a sleeping sandbox from its sleep image, in place, and
+// drops the image. The agent wakes up with the token it slept with; it is
+// given the next generation (as after a restore), since a memory
+// checkpoint taken while it slept holds the same image.
+func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
+	start := time.Now()
+	holds := []string{AgentToken(m.cfg.Secret, sb.ID, m.sleptGen(sb))}
+	if sb.LegacyAgentToken != "" {
+		holds = append(holds, sb.LegacyAgentToken)
+	}
+	_ = m.rt.Delete(ctx, sb.ID) // what a crash may have left
+	ep, err := m.prepare(ctx, sb)
+	if err != nil {
+		return err
+	}
+	sb.AgentGen++
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
+	}
+	if err := m.rt.Restore(ctx, m.spec(sb, ep), m.sleepImage(sb.ID)); err != nil {
+		_ = m.rt.Delete(ctx, sb.ID)
+		return fmt.Errorf("restoring memory: %w", err)
+	}
+	restored := time.Now()
+	if err := m.connect(ctx, sb, ep, holds...); err != nil {
+		_ = m.rt.Delete(ctx, sb.ID)
+		return err
+	}
+	if err := m.setState(ctx, sb, api.StateRunning, ""); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+		m.log.Warn("removing the sleep image", "sandbox", sb.ID, "err", err)
+	}
+	m.log.Info("awake", "sandbox", sb.ID, "runtime_ms", restored.Sub(start).Milliseconds(),
+		"ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// hasSleepImage reports whether sandbox id has a durable sleep image.
+func (m *Manager) hasSleepImage(id string) (bool, error) {
+	_, err := os.Stat(m.sleepImage(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// recoverSleeping takes back a sandbox whose record says sleeping: one
+// whose wake a crash cut short after its container was restored is taken
+// back running; otherwise it stays asleep on its image, or, with the image
+// lost, boots again on its disk.
+func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error {
+	st, err := m.rt.State(ctx, sb.ID)
+	if err == nil && st == runtime.StatusRunning {
+		ep, err := m.Endpoint(sb)
+		if err != nil {
+			return err
+		}
+		holds := append(m.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleptGen(sb)))
+		if err := m.connect(ctx, sb, ep, holds...); err == nil {
+			m.log.Info("finishing interrupted wake", "sandbox", sb.ID)
+			if err := m.applyLimits(ctx, sb); err != nil {
+				return err
+			}
+			if err := m.setState(ctx, sb, api.StateRunning, ""); err != nil {
+				return err
+			}
+			return os.RemoveAll(m.sleepDir(sb.ID))
+		}
+	}
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		return err
+	}
+	ok, err := m.hasSleepImage(sb.ID)
+	if err != nil {
+		return err
+	}
+	if ok {
+		m.log.Info("sandbox asleep", "sandbox", sb.ID, "name", sb.Name)
+		return nil
+	}
+	m.log.Error("the sleep image is gone; booting the sandbox again on its disk", "sandbox", sb.ID)
+	return m.boot(ctx, sb, false)
+}
+
+// recoverMidSleep is for a sandbox whose record says running and that has
+// a sleep dir: a crash came part-way through a sleep. With the image
+// durable, the checkpoint that wrote it stopped the container: the sandbox
+// sleeps. Without, the checkpoint may or may not have ended it (runsc may
+// still call it running): it is taken back if its agent answers soon, and
+// booted again on its disk otherwise. It reports whether it dealt with sb.
+func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool, error) {
+	if _, err := os.Stat(m.sleepDir(sb.ID)); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	ok, err := m.hasSleepImage(sb.ID)
+	if err != nil {
+		return true, err
+	}
+	if ok {
+		m.log.Info("finishing interrupted sleep", "sandbox", sb.ID)
+		if err := m.rt.Delete(ctx, sb.ID); err != nil {
+			return true, err
+		}
+		return true, m.setState(ctx, sb, api.StateSleeping, "")
+	}
+	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+		return true, err
+	}
+	st, err := m.rt.State(ctx, sb.ID)
+	if err == nil && st == runtime.StatusPaused {
+		_ = m.rt.Resume(ctx, sb.ID)
+	}
+	if ep, eerr := m.Endpoint(sb); err == nil && st != runtime.StatusStopped && eerr == nil {
+		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
+		err = m.connect(cctx, sb, ep, m.recoveryTokens(sb)...)
+		cancel()
+		if err == nil {
+			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
+			return true, m.applyLimits(ctx, sb)
+		}
+	}
+	m.log.Warn("a sleep was cut short and stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		return true, err
+	}
+	return true, m.boot(ctx, sb, false)
+}
+
+// midSleepWait bounds how long recovery waits for the agent of a sandbox
+// whose sleep a crash cut short.
+const midSleepWait = 5 * time.Second
+
+// linkTree makes dst a copy of the directory tree src by hard links (a
+// memory image's files are written once and never changed), or by copies
+// where links cannot be made (another filesystem).
+func linkTree(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(to, 0o700)
+		}
+		if err := os.Link(path, to); err == nil {
+			return nil
+		}
+		return copyFile(path, to)
+	})
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// heldFile, in a sleep dir, holds the token generation the sleeping agent
+// holds: memory checkpoints taken while it sleeps move the sandbox's on.
+const heldFile = "held"
+
+// sleptGen is the token generation in sb's sleep image.
+func (m *Manager) sleptGen(sb *store.Sandbox) int {
+	b, err := os.ReadFile(filepath.Join(m.sleepDir(sb.ID), heldFile))
+	if err != nil {
+		return sb.AgentGen
+	}
+	gen, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return sb.AgentGen
+	}
+	return gen
+}
+
+// writeFileSync writes a small file and syncs it.
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,99 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/client"
+)
+
+// BenchmarkWake times a wake as a client sees it: from sleeping to the
+// first exec answered (the exec wakes the sandbox), at 64 MiB and 512 MiB
+// of incompressible memory (LOAM_BENCH_MIB overrides). It also reports the
+// sleep call, a memory checkpoint taken asleep, the sleep image's size, and
+// the host memory of the sleeping sandbox (the PSS of every host process
+// naming it: none is left).
+func BenchmarkWake(b *testing.B) {
+	sizes := os.Getenv("LOAM_BENCH_MIB")
+	if sizes == "" {
+		sizes = "64,512"
+	}
+	for _, s := range strings.Split(sizes, ",") {
+		mib, err := strconv.Atoi(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("mem=%dMiB", mib), func(b *testing.B) { benchWake(b, mib) })
+	}
+}
+
+func benchWake(b *testing.B, mib int) {
+	d := startDaemonB(b, "--checkpoint-limit", "1000")
+	ctx := context.Background()
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nap", Resources: &api.Resources{MemoryMiB: mib + 1024}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d.runB(b, "nap", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
+	awakePSS := sandboxPSS(b, sb.ID)
+	var sleeps, wakes, cps []time.Duration
+	var size int64
+	var asleepKiB, procs int
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if _, err := d.C.Sleep(ctx, "nap"); err != nil {
+			b.Fatal(err)
+		}
+		sleeps = append(sleeps, time.Since(start))
+		size = dirSize(filepath.Join(d.dataDir, "sandboxes", sb.ID, "sleep"))
+		procs = runscProcesses(sb.ID)
+		asleepKiB = sleepingPSS(sb.ID)
+		// A memory checkpoint of the sleeping sandbox reuses its image.
+		start = time.Now()
+		if _, err := d.C.CreateCheckpoint(ctx, "nap", api.CreateCheckpoint{}); err != nil {
+			b.Fatal(err)
+		}
+		cps = append(cps, time.Since(start))
+
+		start = time.Now()
+		if _, err := d.C.Exec(ctx, "nap", client.ExecOptions{Cmd: []string{"true"}}); err != nil {
+			b.Fatal(err)
+		}
+		wakes = append(wakes, time.Since(start))
+	}
+	b.ReportMetric(median(wakes), "wake-to-exec-ms")
+	b.ReportMetric(median(sleeps), "sleep-call-ms")
+	b.ReportMetric(median(cps), "asleep-mem-checkpoint-ms")
+	b.ReportMetric(float64(size)/(1<<20), "image-MiB")
+	b.ReportMetric(float64(awakePSS)/1024, "awake-host-MiB")
+	b.ReportMetric(float64(asleepKiB)/1024, "asleep-host-MiB")
+	b.ReportMetric(float64(procs), "asleep-procs")
+}
+
+// sleepingPSS is sandboxPSS without its failure when no process is left.
+func sleepingPSS(id string) int {
+	if runscProcesses(id) == 0 {
+		return 0
+	}
+	total := 0
+	for _, pid := range pids(id) {
+		raw, err := os.ReadFile("/proc/" + pid + "/smaps_rollup")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
+				kib, _ := strconv.Atoi(f[1])
+				total += kib
+			}
+		}
+	}
+	return total
+}
