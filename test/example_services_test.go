@@ -41,7 +41,8 @@ func Example_services() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if s.Restarts >= 1 && s.State == api.ServiceBackoff {
+		// Two restarts: at least two runs have ended, each logging.
+		if s.Restarts >= 2 && s.State == api.ServiceBackoff {
 			fmt.Println("flaky exited", *s.ExitCode, "and was restarted")
 			break
 		}

@@ -415,10 +415,12 @@ func TestURLWakesASleepingSandbox(t *testing.T) {
 		t.Fatalf("checkpoint ls woke it: %s", got.State)
 	}
 	u := sb.URL + "/index.html" // urlClient takes every URL to the daemon
+	start := time.Now()
 	code, body, _, err := fetch(ctx, urlClient(d), "GET", u, nil, "")
 	if err != nil || code != 200 || strings.TrimSpace(body) != "awake" {
 		t.Fatalf("GET %s on a sleeping sandbox: %d %q %v", u, code, body, err)
 	}
+	t.Logf("sleeping to the first HTTP response through the URL: %v", time.Since(start))
 	if got := strings.TrimSpace(d.run("dozy", "pgrep", "-x", "python3")); got != pid {
 		t.Errorf("the server's pid after the wake is %q, was %q", got, pid)
 	}
