@@ -1,0 +1,169 @@
+package network
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+)
+
+// Egress is what a sandbox may reach outside its subnet when no rule of its
+// policy says otherwise.
+type Egress string
+
+// The egress defaults. Their strings are the API's and never change.
+const (
+	// EgressAll lets the sandbox reach every address the host routes to
+	// (the internet, and the host's other networks), except the host
+	// itself and the daemon's subnet, which are closed whatever the
+	// default.
+	EgressAll Egress = "all"
+	// EgressNone lets the sandbox reach only what its allow list names.
+	EgressNone Egress = "none"
+)
+
+// Policy is one sandbox's egress policy as the firewall enforces it:
+// addresses only (host names are the resolver's business, which turns them
+// into addresses).
+type Policy struct {
+	// Egress is the default for destinations neither list names.
+	Egress Egress
+	// Allow are destinations always let through; allow wins over deny.
+	Allow []netip.Prefix
+	// Deny are destinations never let through unless Allow names them.
+	Deny []netip.Prefix
+}
+
+// Check refuses a policy the firewall cannot enforce.
+func (p Policy) Check() error {
+	if p.Egress != EgressAll && p.Egress != EgressNone {
+		return fmt.Errorf("egress %q is neither %q nor %q", p.Egress, EgressAll, EgressNone)
+	}
+	for _, list := range [][]netip.Prefix{p.Allow, p.Deny} {
+		for _, pf := range list {
+			if !pf.IsValid() || !pf.Addr().Is4() {
+				return fmt.Errorf("%q is not an IPv4 address or prefix", pf)
+			}
+		}
+	}
+	return nil
+}
+
+// policiesMap is the verdict map from a sandbox's address to the jump to
+// its policy chain.
+const policiesMap = "policies"
+
+// policyChain is the name of the chain that holds the policy of the sandbox
+// at addr, e.g. "sb_10_88_0_2".
+func policyChain(addr netip.Addr) string {
+	return "sb_" + strings.ReplaceAll(addr.String(), ".", "_")
+}
+
+// SetPolicy gives the sandbox at addr (its SandboxIP) policy p, replacing
+// the one it had, in one netlink transaction: no packet ever sees half a
+// policy. The rules match every packet the sandbox sends, not only those
+// that open a connection, so a connection the new policy forbids stops
+// carrying data at once. The table must be installed.
+func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	if err := p.Check(); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	if !f.subnet.Contains(addr) {
+		return fmt.Errorf("setting policy of %s: not in subnet %s", addr, f.subnet)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	ch := c.AddChain(&nftables.Chain{Name: policyChain(addr), Table: t})
+	c.FlushChain(ch)
+	rule := func(comment string, exprs ...[]expr.Any) {
+		var all []expr.Any
+		for _, e := range exprs {
+			all = append(all, e...)
+		}
+		c.AddRule(&nftables.Rule{
+			Table: t, Chain: ch, Exprs: all,
+			UserData: userdata.AppendString(nil, userdata.TypeComment, comment),
+		})
+	}
+	rule("no other sandbox", matchPrefix(ipDaddr, f.subnet), verdict(expr.VerdictDrop))
+	for _, pf := range p.Allow {
+		rule("allow "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictAccept))
+	}
+	for _, pf := range p.Deny {
+		rule("deny "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictDrop))
+	}
+	def := expr.VerdictAccept
+	if p.Egress == EgressNone {
+		def = expr.VerdictDrop
+	}
+	rule("egress "+string(p.Egress), verdict(def))
+
+	m := policiesSet(t)
+	key := addr.As4()
+	if err := c.SetAddElements(m, []nftables.SetElement{{
+		Key: key[:], VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name},
+	}}); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	return nil
+}
+
+// RemovePolicy takes the policy of the sandbox at addr away, which leaves it
+// no egress at all. Removing a policy that is not there is no error.
+func (f *Firewall) RemovePolicy(ctx context.Context, addr netip.Addr) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	found := false
+	for _, ch := range chains {
+		if ch.Table.Name == f.table && ch.Name == policyChain(addr) {
+			found = true
+		}
+	}
+	if !found {
+		return nil
+	}
+	key := addr.As4()
+	// The element goes first, in the same batch, since a chain that is
+	// jumped to cannot be deleted.
+	if err := c.SetDeleteElements(policiesSet(t), []nftables.SetElement{{Key: key[:]}}); err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	ch := &nftables.Chain{Name: policyChain(addr), Table: t}
+	c.FlushChain(ch)
+	c.DelChain(ch)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	return nil
+}
+
+// policiesSet is the verdict map of table t.
+func policiesSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{
+		Table: t, Name: policiesMap, IsMap: true,
+		KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict,
+	}
+}
