@@ -41,6 +41,8 @@ type Sandbox struct {
 	Idle      string            `json:"idle,omitempty"`
 	HTTPPort  int               `json:"http_port,omitempty"`
 	URL       string            `json:"url"`
+	// Network is the sandbox's network policy.
+	Network NetworkPolicy `json:"network"`
 	// From is the checkpoint a fork was made from; empty for other sandboxes.
 	From      *ForkSource `json:"from,omitempty"`
 	CreatedAt time.Time   `json:"created_at"`
@@ -66,6 +68,9 @@ type CreateSandbox struct {
 	Idle      string            `json:"idle,omitempty"`
 	HTTPPort  int               `json:"http_port,omitempty"`
 	From      *ForkSource       `json:"from,omitempty"`
+	// Network is the sandbox's network policy; a new sandbox gets
+	// {"egress":"all"} without one, a fork its source's.
+	Network *NetworkPolicy `json:"network,omitempty"`
 	// Services are started once the sandbox is up, before the create
 	// returns (see Service). A fork takes its services from the
 	// checkpoint's disk and may not give any.

@@ -167,3 +167,15 @@ func policiesSet(t *nftables.Table) *nftables.Set {
 		KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict,
 	}
 }
+
+// SetPolicy gives the sandbox at ep policy p in the firewall of m's subnet
+// (see Firewall.SetPolicy).
+func (m *Manager) SetPolicy(ctx context.Context, ep Endpoint, p Policy) error {
+	return m.Firewall().SetPolicy(ctx, ep.SandboxIP, p)
+}
+
+// RemovePolicy takes the policy of the sandbox at ep away (see
+// Firewall.RemovePolicy).
+func (m *Manager) RemovePolicy(ctx context.Context, ep Endpoint) error {
+	return m.Firewall().RemovePolicy(ctx, ep.SandboxIP)
+}

@@ -34,6 +34,10 @@ type Networks interface {
 	Create(ctx context.Context, ep network.Endpoint) error
 	Prepare(ctx context.Context, ep network.Endpoint) error
 	Delete(ctx context.Context, ep network.Endpoint) error
+	// SetPolicy gives the sandbox at ep its egress policy, replacing the
+	// one it had; RemovePolicy takes it away (no egress at all).
+	SetPolicy(ctx context.Context, ep network.Endpoint, p network.Policy) error
+	RemovePolicy(ctx context.Context, ep network.Endpoint) error
 }
 
 // Insiders serves the API to sandboxes themselves (see server.Inside): a
@@ -357,6 +361,13 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			return nil, check
 		}
 	}
+	policy := api.NetworkPolicy{Egress: api.EgressAll, Allow: []string{}, Deny: []string{}}
+	if req.Network != nil {
+		var err error
+		if policy, err = checkNetwork(*req.Network); err != nil {
+			return nil, err
+		}
+	}
 	port := req.HTTPPort
 	if port == 0 {
 		port = 8080
@@ -369,7 +380,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			ID: id, Name: name, State: api.StateCreating,
 			Template: req.Template, Resources: res,
 			Env: orEmpty(req.Env), Labels: orEmpty(req.Labels),
-			Idle: req.Idle, HTTPPort: port, From: req.From,
+			Idle: req.Idle, HTTPPort: port, From: req.From, Network: policy,
 			CreatedAt: store.Now(),
 		},
 	}, nil
@@ -504,6 +515,9 @@ func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpo
 	if err := m.nets.Prepare(ctx, ep); err != nil {
 		return ep, fmt.Errorf("configuring network: %w", err)
 	}
+	if err := m.applyNetwork(ctx, sb); err != nil {
+		return ep, err
+	}
 	return ep, m.writeHandle(sb, ep)
 }
 
@@ -552,6 +566,9 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 		errs = append(errs, fmt.Errorf("deleting container: %w", err))
 	}
 	if ep, err := m.Endpoint(sb); err == nil {
+		if err := m.nets.RemovePolicy(ctx, ep); err != nil {
+			errs = append(errs, fmt.Errorf("removing network policy: %w", err))
+		}
 		if err := m.nets.Delete(ctx, ep); err != nil {
 			errs = append(errs, fmt.Errorf("deleting network: %w", err))
 		}

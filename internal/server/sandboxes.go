@@ -29,6 +29,7 @@ type Sandboxes interface {
 	Sessions
 	Services
 	Ports
+	Network
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {

@@ -60,6 +60,7 @@ func (s *Server) routes() {
 	s.sessionRoutes(v1)
 	s.serviceRoutes(v1)
 	s.portRoutes(v1)
+	s.networkRoutes(v1)
 }
 
 // endpoint is a handler the API registered. Any other handler the mux

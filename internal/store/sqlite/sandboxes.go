@@ -16,7 +16,7 @@ import (
 
 const sandboxColumns = `id, name, state, template, image, resources, env, labels, idle,
 	http_port, url, from_source, created_at, net_index, agent_token,
-	checkpoint_seq, auto_seq, error, agent_gen, restore_target`
+	checkpoint_seq, auto_seq, error, agent_gen, restore_target, network`
 
 // CreateSandbox adds sb; store.ErrExists if its id or name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
@@ -27,7 +27,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES (:id, :name, :state, :template, :image, :resources, :env, :labels, :idle,
 			:http_port, :url, :from_source, :created_at, :net_index, :agent_token,
-			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target)`, args...)
+			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target, :network)`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("creating sandbox %s named %q: %w", sb.ID, sb.Name, store.ErrExists)
 	}
@@ -107,7 +107,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		http_port = :http_port, url = :url, from_source = :from_source,
 		created_at = :created_at, net_index = :net_index, agent_token = :agent_token,
 		checkpoint_seq = :checkpoint_seq, auto_seq = :auto_seq, error = :error,
-		agent_gen = :agent_gen, restore_target = :restore_target
+		agent_gen = :agent_gen, restore_target = :restore_target, network = :network
 		WHERE id = :id`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s to name %q: %w", sb.ID, sb.Name, store.ErrExists)
@@ -181,7 +181,12 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 		}
 		from = string(b)
 	}
+	network, err := json.Marshal(sb.Network)
+	if err != nil {
+		return nil, fmt.Errorf("encoding network: %w", err)
+	}
 	return []any{
+		sql.Named("network", string(network)),
 		sql.Named("id", sb.ID),
 		sql.Named("name", sb.Name),
 		sql.Named("state", string(sb.State)),
@@ -211,11 +216,12 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 		sb                     store.Sandbox
 		state, created         string
 		resources, env, labels string
+		network                string
 		from                   sql.NullString
 	)
 	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &resources, &env, &labels,
 		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &created, &sb.NetIndex, &sb.LegacyAgentToken,
-		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget)
+		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &network)
 	if err != nil {
 		return nil, err
 	}
@@ -231,6 +237,9 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 	}
 	if sb.Labels, err = unmarshalMap(labels); err != nil {
 		return nil, fmt.Errorf("decoding labels of sandbox %s: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(network), &sb.Network); err != nil {
+		return nil, fmt.Errorf("decoding network of sandbox %s: %w", sb.ID, err)
 	}
 	if from.Valid {
 		sb.From = new(api.ForkSource)

@@ -74,6 +74,11 @@ ALTER TABLE sandboxes ADD COLUMN restore_target TEXT NOT NULL DEFAULT '';
 ALTER TABLE checkpoints ADD COLUMN agent_gen INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE checkpoints ADD COLUMN inside INTEGER NOT NULL DEFAULT 0;
 `,
+	// 3: each sandbox's network policy (api.NetworkPolicy as JSON); the
+	// sandboxes of older versions get the default, egress to all.
+	`
+ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"egress":"all","allow":[],"deny":[]}' CHECK (json_valid(network));
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own
