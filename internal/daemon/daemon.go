@@ -170,6 +170,9 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err := nets.Firewall().Install(ctx); err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
+	if err := network.EnableForwarding(); err != nil {
+		return fmt.Errorf("setting up networking: %w", err)
+	}
 	if cfg.TemplateCache == "" {
 		cfg.TemplateCache = filepath.Join(cfg.DataDir, "templates")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"strings"
 
 	"github.com/google/nftables"
@@ -178,4 +179,24 @@ func (m *Manager) SetPolicy(ctx context.Context, ep Endpoint, p Policy) error {
 // Firewall.RemovePolicy).
 func (m *Manager) RemovePolicy(ctx context.Context, ep Endpoint) error {
 	return m.Firewall().RemovePolicy(ctx, ep.SandboxIP)
+}
+
+// EnableForwarding turns IPv4 forwarding on in the calling thread's network
+// namespace (the host's, for the daemon), without which no sandbox has
+// egress. Install the firewall first: its forward chain drops whatever a
+// sandbox sends until the sandbox has a policy. Forwarding of packets that
+// are not the sandboxes' is left to the host's own rules.
+func EnableForwarding() error {
+	const path = "/proc/sys/net/ipv4/ip_forward"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("enabling IPv4 forwarding: %w", err)
+	}
+	if strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("enabling IPv4 forwarding: %w", err)
+	}
+	return nil
 }
