@@ -2,10 +2,12 @@ package network
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net/netip"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -37,6 +39,11 @@ type Policy struct {
 	Allow []netip.Prefix
 	// Deny are destinations never let through unless Allow names them.
 	Deny []netip.Prefix
+	// AllowNames and DenyNames are host names ("pypi.org") and patterns
+	// ("*.example.com": every name below example.com), lower case. The
+	// Resolver enforces them: it refuses names the policy refuses, and
+	// opens the addresses of allowed names for the sandbox that asked.
+	AllowNames, DenyNames []string
 }
 
 // Check refuses a policy the firewall cannot enforce.
@@ -51,12 +58,49 @@ func (p Policy) Check() error {
 			}
 		}
 	}
+	for _, list := range [][]string{p.AllowNames, p.DenyNames} {
+		for _, n := range list {
+			if !ValidNamePattern(n) {
+				return fmt.Errorf("%q is not a host name or *.name pattern", n)
+			}
+		}
+	}
 	return nil
+}
+
+// ValidNamePattern tells whether s is a host name in lower case (labels of
+// letters, digits and '-', not starting or ending with '-', at most 253
+// bytes), optionally prefixed by "*.".
+func ValidNamePattern(s string) bool {
+	s = strings.TrimPrefix(s, "*.")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // policiesMap is the verdict map from a sandbox's address to the jump to
 // its policy chain.
 const policiesMap = "policies"
+
+// namesSet is the name of the set of addresses the Resolver opened for the
+// sandbox at addr, e.g. "names_10_88_0_2"; its elements time out.
+func namesSet(t *nftables.Table, addr netip.Addr) *nftables.Set {
+	return &nftables.Set{
+		Table: t, Name: "names_" + strings.ReplaceAll(addr.String(), ".", "_"),
+		KeyType: nftables.TypeIPAddr, HasTimeout: true,
+	}
+}
 
 // policyChain is the name of the chain that holds the policy of the sandbox
 // at addr, e.g. "sb_10_88_0_2".
@@ -97,6 +141,31 @@ func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy) err
 		})
 	}
 	rule("no other sandbox", matchPrefix(ipDaddr, f.subnet), verdict(expr.VerdictDrop))
+	// Addresses of allowed names: a connection opened to one is marked
+	// with this policy's generation and carries on after the address's
+	// timeout, until the policy changes.
+	names := namesSet(t, addr)
+	if err := c.AddSet(names, nil); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	c.FlushSet(names)
+	gen := make([]byte, 4)
+	if _, err := rand.Read(gen); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	gen[0] |= 1 // never 0, the mark of unmarked connections
+	rule("connections opened to allowed names under this policy",
+		[]expr.Any{
+			&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gen},
+		}, verdict(expr.VerdictAccept))
+	rule("addresses of allowed names",
+		[]expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ipDaddr, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: names.Name, SetID: names.ID},
+			&expr.Immediate{Register: 1, Data: gen},
+			&expr.Ct{Register: 1, Key: expr.CtKeyMARK, SourceRegister: true},
+		}, verdict(expr.VerdictAccept))
 	for _, pf := range p.Allow {
 		rule("allow "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictAccept))
 	}
@@ -155,6 +224,7 @@ func (f *Firewall) RemovePolicy(ctx context.Context, addr netip.Addr) error {
 	ch := &nftables.Chain{Name: policyChain(addr), Table: t}
 	c.FlushChain(ch)
 	c.DelChain(ch)
+	c.DelSet(namesSet(t, addr))
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("removing policy of %s: %w", addr, err)
 	}
@@ -169,15 +239,58 @@ func policiesSet(t *nftables.Table) *nftables.Set {
 	}
 }
 
+// AllowResolved opens ips to the sandbox at addr for ttl: the Resolver
+// calls it with the addresses of a name the sandbox's policy allows, before
+// it answers. An address already open keeps its timeout.
+func (f *Firewall) AllowResolved(ctx context.Context, addr netip.Addr, ips []netip.Addr, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	}
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	var elems []nftables.SetElement
+	for _, ip := range ips {
+		if !ip.Is4() || f.subnet.Contains(ip) {
+			continue // the subnet stays closed whatever a name says
+		}
+		k := ip.As4()
+		elems = append(elems, nftables.SetElement{Key: k[:], Timeout: ttl})
+	}
+	if len(elems) == 0 {
+		return nil
+	}
+	if err := c.SetAddElements(namesSet(t, addr), elems); err != nil {
+		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	}
+	return nil
+}
+
 // SetPolicy gives the sandbox at ep policy p in the firewall of m's subnet
-// (see Firewall.SetPolicy).
+// (see Firewall.SetPolicy) and, with a Resolver, its name policy.
 func (m *Manager) SetPolicy(ctx context.Context, ep Endpoint, p Policy) error {
-	return m.Firewall().SetPolicy(ctx, ep.SandboxIP, p)
+	if err := m.Firewall().SetPolicy(ctx, ep.SandboxIP, p); err != nil {
+		return err
+	}
+	if m.resolver != nil {
+		if err := m.resolver.Set(ep, p); err != nil {
+			return fmt.Errorf("setting policy of %s: %w", ep.SandboxIP, err)
+		}
+	}
+	return nil
 }
 
 // RemovePolicy takes the policy of the sandbox at ep away (see
-// Firewall.RemovePolicy).
+// Firewall.RemovePolicy) and stops its resolver.
 func (m *Manager) RemovePolicy(ctx context.Context, ep Endpoint) error {
+	if m.resolver != nil {
+		m.resolver.Remove(ep)
+	}
 	return m.Firewall().RemovePolicy(ctx, ep.SandboxIP)
 }
 

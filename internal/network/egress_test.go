@@ -137,7 +137,7 @@ func TestEgressPolicy(t *testing.T) {
 			}
 		}
 		expect(false, false)
-		checkRules(t, fw.Table(), map[string]int{"forward": 3, "input": 3, "postrouting": 1})
+		checkRules(t, fw.Table(), map[string]int{"forward": 3, "input": 5, "postrouting": 1, "prerouting": 2})
 	})
 	if err := fw.SetPolicy(ctx, netip.MustParseAddr("10.1.2.3"), Policy{Egress: EgressAll}); err == nil {
 		t.Error("SetPolicy of an address outside the subnet: nil error, want one")

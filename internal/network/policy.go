@@ -47,10 +47,13 @@ func TableName(subnet netip.Prefix) string {
 //     sandbox without a policy has no egress at all.
 //   - chain postrouting, hook postrouting (nat): what leaves the subnet is
 //     masqueraded to the host's address on the way out.
+//   - chain prerouting, hook prerouting (nat): DNS (UDP and TCP port 53)
+//     from the subnet to ResolverAddr is redirected to the sandbox's host
+//     address, where the Resolver listens.
 //   - chain input, hook input: from the subnet, replies to connections the
-//     host opened (the daemon talking to agents) and new TCP connections to
+//     host opened (the daemon talking to agents), new TCP connections to
 //     InsidePort on an address in the subnet (the in-sandbox API on each
-//     HostIP) are accepted; everything else from the subnet is dropped, so
+//     HostIP) and DNS to port 53 there (the Resolver) are accepted; everything else from the subnet is dropped, so
 //     sandboxes reach neither the daemon's main API nor anything else that
 //     listens on the host, whatever their policy: the host's own addresses
 //     are never forwarded, so no allow rule opens them.
@@ -166,6 +169,16 @@ func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table) {
 	rule(fwd, "a sandbox without a policy has no egress",
 		matchPrefix(ipSaddr, f.subnet), verdict(expr.VerdictDrop))
 
+	pre := c.AddChain(&nftables.Chain{
+		Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept,
+	})
+	resolver := netip.PrefixFrom(ResolverAddr, 32)
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		rule(pre, "DNS to the resolver address goes to the sandbox's host address",
+			matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, resolver), matchDport(proto, 53),
+			[]expr.Any{&expr.Redir{}})
+	}
 	rule(nat, "sandboxes reach the outside from the host's address",
 		matchPrefix(ipSaddr, f.subnet), notPrefix(ipDaddr, f.subnet), []expr.Any{&expr.Masq{}})
 
@@ -173,6 +186,10 @@ func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table) {
 		matchPrefix(ipSaddr, f.subnet), matchTracked(true), verdict(expr.VerdictAccept))
 	rule(in, "the in-sandbox API on each sandbox's host address",
 		matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchTCPDport(f.port), verdict(expr.VerdictAccept))
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		rule(in, "the resolver on each sandbox's host address",
+			matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchDport(proto, 53), verdict(expr.VerdictAccept))
+	}
 	rule(in, "nothing else on the host, the daemon's API included",
 		matchPrefix(ipSaddr, f.subnet), verdict(expr.VerdictDrop))
 }
@@ -223,10 +240,13 @@ func matchTracked(tracked bool) []expr.Any {
 }
 
 // matchTCPDport matches TCP packets to port.
-func matchTCPDport(port uint16) []expr.Any {
+func matchTCPDport(port uint16) []expr.Any { return matchDport(unix.IPPROTO_TCP, port) }
+
+// matchDport matches packets of protocol proto (TCP or UDP) to port.
+func matchDport(proto byte, port uint16) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
 	}

@@ -466,11 +466,9 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 }
 
 // personalize writes the files that name a new sandbox in its own root:
-// its hostname, and hosts and resolv.conf to match. A sandbox has no DNS
-// server to ask yet, so resolv.conf names none: lookups of names not in
-// /etc/hosts then fail at once instead of after a 10 s timeout against the
-// template builder's server (python's http.server looks its own address up
-// before it listens).
+// its hostname, and hosts and resolv.conf to match. resolv.conf names the
+// daemon's resolver at network.ResolverAddr, the same address in every
+// sandbox, so that forks and restores, which keep the disk, resolve too.
 //
 // The root is a new copy of a template, but it is written through an
 // os.Root all the same: no path in a sandbox's disk is followed out of it.
@@ -484,7 +482,8 @@ func personalize(rootDir, name string) error {
 		"etc/hostname": name + "\n",
 		"etc/hosts": "127.0.0.1\tlocalhost\n127.0.1.1\t" + name + "\n" +
 			"::1\tlocalhost ip6-localhost ip6-loopback\n",
-		"etc/resolv.conf": "# loam: no DNS server is reachable from this sandbox yet.\n",
+		"etc/resolv.conf": "# loam: the daemon's resolver, which applies this sandbox's network policy.\n" +
+			"nameserver " + network.ResolverAddr.String() + "\noptions timeout:2 attempts:2\n",
 	}
 	for rel, content := range files {
 		// A template's resolv.conf may be a symlink; replace it, never follow it.

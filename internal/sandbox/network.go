@@ -16,8 +16,8 @@ import (
 const maxPolicyEntries = 256
 
 // checkNetwork validates a network policy from a client and returns it in
-// its stored form: egress filled in, entries as canonical prefixes, lists
-// never nil.
+// its stored form: egress filled in, addresses as canonical prefixes, host
+// names in lower case, lists never nil.
 func checkNetwork(p api.NetworkPolicy) (api.NetworkPolicy, error) {
 	out := api.NetworkPolicy{Egress: p.Egress, Allow: []string{}, Deny: []string{}}
 	switch p.Egress {
@@ -36,47 +36,72 @@ func checkNetwork(p api.NetworkPolicy) (api.NetworkPolicy, error) {
 		out  *[]string
 	}{{"allow", p.Allow, &out.Allow}, {"deny", p.Deny, &out.Deny}} {
 		for _, e := range l.in {
-			pf, err := parseEntry(e)
+			pf, name, err := parseEntry(e)
 			if err != nil {
 				return out, api.Errorf(api.CodeInvalid, "network.%s: %s", l.name, err)
 			}
-			*l.out = append(*l.out, pf.String())
+			if name != "" {
+				*l.out = append(*l.out, name)
+			} else {
+				*l.out = append(*l.out, pf.String())
+			}
 		}
 	}
 	return out, nil
 }
 
-// parseEntry reads one allow or deny entry: an IPv4 address or prefix.
-func parseEntry(e string) (netip.Prefix, error) {
+// parseEntry reads one allow or deny entry: an IPv4 address or prefix, or
+// a host name or *.name pattern (returned in lower case, without a final
+// dot).
+func parseEntry(e string) (netip.Prefix, string, error) {
 	if strings.Contains(e, "/") {
 		pf, err := netip.ParsePrefix(e)
 		if err != nil || !pf.Addr().Is4() {
-			return netip.Prefix{}, fmt.Errorf("%q is not an IPv4 prefix (as 192.0.2.0/24)", e)
+			return netip.Prefix{}, "", fmt.Errorf("%q is not an IPv4 prefix (as 192.0.2.0/24)", e)
 		}
-		return pf.Masked(), nil
+		return pf.Masked(), "", nil
 	}
-	a, err := netip.ParseAddr(e)
-	if err != nil || !a.Is4() {
-		return netip.Prefix{}, fmt.Errorf("%q is not an IPv4 address or prefix (host names are not supported yet)", e)
+	if a, err := netip.ParseAddr(e); err == nil {
+		if !a.Is4() {
+			return netip.Prefix{}, "", fmt.Errorf("%q: only IPv4 addresses are supported", e)
+		}
+		return netip.PrefixFrom(a, 32), "", nil
 	}
-	return netip.PrefixFrom(a, 32), nil
+	name := strings.TrimSuffix(strings.ToLower(e), ".")
+	if !network.ValidNamePattern(name) || strings.Count(name, ".") == 0 {
+		return netip.Prefix{}, "", fmt.Errorf("%q is neither an IPv4 address or prefix nor a host name (as pypi.org or *.example.com)", e)
+	}
+	if _, err := netip.ParseAddr(strings.TrimPrefix(name, "*.")); err == nil || isNumeric(name) {
+		return netip.Prefix{}, "", fmt.Errorf("%q is not a valid IPv4 address", e)
+	}
+	return netip.Prefix{}, name, nil
 }
 
-// firewallPolicy is a stored policy as the firewall enforces it. A stored
-// policy was checked on its way in; an entry that no longer parses is left
-// out of allow (and kept out by deny's default), never widened.
+// isNumeric tells whether a name is digits and dots only, a mistyped
+// address rather than a host name.
+func isNumeric(s string) bool {
+	return strings.Trim(s, "0123456789.") == ""
+}
+
+// firewallPolicy is a stored policy as the firewall and the resolver
+// enforce it: addresses and names apart. A stored policy was checked on its
+// way in, so every entry parses.
 func firewallPolicy(p api.NetworkPolicy) network.Policy {
 	out := network.Policy{Egress: network.Egress(p.Egress)}
 	if out.Egress != network.EgressNone {
 		out.Egress = network.EgressAll
 	}
 	for _, e := range p.Allow {
-		if pf, err := parseEntry(e); err == nil {
+		if pf, name, err := parseEntry(e); err == nil && name != "" {
+			out.AllowNames = append(out.AllowNames, name)
+		} else if err == nil {
 			out.Allow = append(out.Allow, pf)
 		}
 	}
 	for _, e := range p.Deny {
-		if pf, err := parseEntry(e); err == nil {
+		if pf, name, err := parseEntry(e); err == nil && name != "" {
+			out.DenyNames = append(out.DenyNames, name)
+		} else if err == nil {
 			out.Deny = append(out.Deny, pf)
 		}
 	}
