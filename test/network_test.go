@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
 
 	"loam.dev/loam/api"
@@ -276,4 +277,88 @@ func TestNetworkEgress(t *testing.T) {
 		t.Errorf("ticks %d, %d, %d: want some before the change and none between the last two counts", before, after1, after2)
 	}
 	expectFetch(t, d, "open", url1, false)
+}
+
+// serveDNS answers, on port 53 (UDP) of the world's first address, for the
+// zone world.test: a.world.test is the first world address, b.world.test
+// the second; any other name is NXDOMAIN.
+func (w *world) serveDNS(t *testing.T) string {
+	t.Helper()
+	zone := map[string]string{"a.world.test.": w.ip, "b.world.test.": w.ip2}
+	handler := dns.HandlerFunc(func(rw dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		ip, ok := zone[strings.ToLower(q.Question[0].Name)]
+		switch {
+		case !ok:
+			m.SetRcode(q, dns.RcodeNameError)
+		case q.Question[0].Qtype == dns.TypeA:
+			rr, _ := dns.NewRR(q.Question[0].Name + " 5 IN A " + ip)
+			m.Answer = append(m.Answer, rr)
+		}
+		_ = rw.WriteMsg(m)
+	})
+	var pc net.PacketConn
+	var err error
+	w.in(t, func() { pc, err = net.ListenPacket("udp", w.ip+":53") })
+	if err != nil {
+		t.Fatalf("listening for DNS in the world: %v", err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: handler}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	return w.ip + ":53"
+}
+
+func TestNetworkNames(t *testing.T) {
+	w := newWorld(t)
+	w.serveHTTP(t)
+	d := startDaemon(t, "--dns-upstream", w.serveDNS(t))
+	ctx := context.Background()
+	create := func(name string, p *api.NetworkPolicy) {
+		t.Helper()
+		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name, Network: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create("open", nil)
+	create("closed", &api.NetworkPolicy{Egress: api.EgressNone})
+	create("named", &api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{"a.world.test"}})
+	create("denied", &api.NetworkPolicy{Deny: []string{"*.world.test"}})
+
+	a, b := "http://a.world.test/", "http://b.world.test/"
+	if got := fetch(t, d, "open", a); got != "hello from a.world.test\n" {
+		t.Errorf("open: fetching %s: %q", a, got)
+	}
+	expectFetch(t, d, "open", b, true)
+	expectFetch(t, d, "closed", a, false)
+	// An allow list lets one name through and not another, and an address
+	// not on it is refused even when hard-coded.
+	expectFetch(t, d, "named", a, true)
+	expectFetch(t, d, "named", b, false)
+	expectFetch(t, d, "named", "http://"+w.ip2+"/", false)
+	// The name's address is open, the one the sandbox was given: a.
+	expectFetch(t, d, "named", "http://"+w.ip+"/", true)
+	expectFetch(t, d, "denied", a, false)
+	if out, _, code := d.runAs("", "denied", "nslookup", "a.world.test"); code == 0 {
+		t.Errorf("denied: nslookup a.world.test succeeded: %s", out)
+	}
+
+	// A policy change reaches the resolver too.
+	if _, err := d.C.SetNetwork(ctx, "named", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{"b.world.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	expectFetch(t, d, "named", b, true)
+	expectFetch(t, d, "named", "http://"+w.ip+"/", false)
+
+	// A fork (another slot, another host address) resolves with the same
+	// resolv.conf, under its source's policy.
+	if _, err := d.C.CreateCheckpoint(ctx, "named", api.CreateCheckpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.Fork(ctx, "named", "v1", "fork"); err != nil {
+		t.Fatal(err)
+	}
+	expectFetch(t, d, "fork", b, true)
+	expectFetch(t, d, "fork", a, false)
 }
