@@ -11,6 +11,7 @@ func (a *app) forkCmd() *cobra.Command {
 		req         api.CreateSandbox
 		env, labels []string
 		asJSON      bool
+		net         networkFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "fork SANDBOX CHECKPOINT [NEWNAME]",
@@ -37,6 +38,7 @@ Without NEWNAME the daemon picks a name.`,
 			if err != nil {
 				return err
 			}
+			req.Network = net.policy(cmd.Flags())
 			sb, err := c.ForkWith(cmd.Context(), args[0], args[1], req)
 			if err != nil {
 				return err
@@ -52,6 +54,7 @@ Without NEWNAME the daemon picks a name.`,
 	f.StringArrayVarP(&labels, "label", "l", nil, "label `KEY=VALUE` (repeatable)")
 	f.StringVar(&req.Idle, "idle", "", "sleep after this long without activity, such as 10m")
 	f.IntVar(&req.HTTPPort, "http-port", 0, "port the sandbox's URL forwards to, such as 8080")
+	net.add(f)
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

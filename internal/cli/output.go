@@ -117,6 +117,9 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	b.line("http_port", formatPort(sb.HTTPPort))
 	b.line("env", formatKV(sb.Env))
 	b.line("labels", formatKV(sb.Labels))
+	if sb.Network.Egress != "" {
+		b.line("network", formatNetwork(sb.Network))
+	}
 	if sb.From != nil {
 		b.line("from", sb.From.Sandbox+"/"+sb.From.Checkpoint)
 	}

@@ -107,6 +107,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.serviceCmd(),
 		a.portsCmd(),
 		a.portForwardCmd(),
+		a.networkCmd(),
 	)
 	root.AddCommand(extra...)
 	return root
