@@ -2,8 +2,8 @@ package network
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"os"
 	"strings"
@@ -89,6 +89,19 @@ func ValidNamePattern(s string) bool {
 	return true
 }
 
+// generation is the conntrack mark of connections the sandbox at addr
+// opened to allowed names under p: a hash of both, so that setting the same
+// policy again (a wake, a restore, a restarted daemon) keeps those
+// connections, and another policy cuts them. Never 0, the mark of
+// unmarked connections.
+func (p Policy) generation(addr netip.Addr) []byte {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s|%s|%v|%v|%v|%v", addr, p.Egress, p.Allow, p.Deny, p.AllowNames, p.DenyNames)
+	sum := h.Sum(nil)
+	sum[0] |= 1
+	return sum
+}
+
 // policiesMap is the verdict map from a sandbox's address to the jump to
 // its policy chain.
 const policiesMap = "policies"
@@ -149,11 +162,7 @@ func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy) err
 		return fmt.Errorf("setting policy of %s: %w", addr, err)
 	}
 	c.FlushSet(names)
-	gen := make([]byte, 4)
-	if _, err := rand.Read(gen); err != nil {
-		return fmt.Errorf("setting policy of %s: %w", addr, err)
-	}
-	gen[0] |= 1 // never 0, the mark of unmarked connections
+	gen := p.generation(addr)
 	rule("connections opened to allowed names under this policy",
 		[]expr.Any{
 			&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
