@@ -362,3 +362,29 @@ func TestNetworkNames(t *testing.T) {
 	expectFetch(t, d, "fork", b, true)
 	expectFetch(t, d, "fork", a, false)
 }
+
+// TestNetworkAfterRestart: a restarted daemon installs its firewall afresh
+// and puts back the policy and the resolver of every sandbox that ran on.
+func TestNetworkAfterRestart(t *testing.T) {
+	w := newWorld(t)
+	w.serveHTTP(t)
+	dnsAddr := w.serveDNS(t)
+	d := startDaemon(t, "--dns-upstream", dnsAddr)
+	ctx := context.Background()
+	for name, p := range map[string]*api.NetworkPolicy{
+		"open":  nil,
+		"named": {Egress: api.EgressNone, Allow: []string{"a.world.test"}},
+	} {
+		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name, Network: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := "http://a.world.test/", "http://b.world.test/"
+	expectFetch(t, d, "named", a, true)
+	d.stop()
+	d.start("--dns-upstream", dnsAddr)
+	expectFetch(t, d, "open", b, true)
+	expectFetch(t, d, "named", a, true)
+	expectFetch(t, d, "named", b, false)
+	expectFetch(t, d, "named", "http://"+w.ip2+"/", false)
+}
