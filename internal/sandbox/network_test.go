@@ -46,7 +46,22 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	check("closed", stored, closedFW)
 
+	withNames := api.NetworkPolicy{Egress: "none", Allow: []string{"PyPI.org.", "*.pythonhosted.org", "10.0.0.1"}, Deny: []string{"*.Example.com"}}
+	if _, err := e.m.Create(e.ctx, api.CreateSandbox{Name: "names", Network: &withNames}); err != nil {
+		t.Fatal(err)
+	}
+	check("names",
+		api.NetworkPolicy{Egress: "none", Allow: []string{"pypi.org", "*.pythonhosted.org", "10.0.0.1/32"}, Deny: []string{"*.example.com"}},
+		network.Policy{
+			Egress: network.EgressNone, Allow: []netip.Prefix{pfx("10.0.0.1/32")},
+			AllowNames: []string{"pypi.org", "*.pythonhosted.org"}, DenyNames: []string{"*.example.com"},
+		})
+
 	for _, bad := range []api.NetworkPolicy{
+		{Allow: []string{"localhost"}},
+		{Allow: []string{"10.0.0.256"}},
+		{Deny: []string{"a_b.example.com"}},
+		{Allow: []string{"*"}},
 		{Egress: "some"},
 		{Allow: []string{"pypi..org"}},
 		{Deny: []string{"10.0.0.0/33"}},
