@@ -33,8 +33,11 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	sub := strings.TrimSuffix(testSubnet(251), "0/24") // "10.X.251."
+	// Named after the run's test range, so that two runs at once (see
+	// testSubnet) have a world each.
+	octet := strings.Split(sub, ".")[1]
 	w := &world{
-		ns: "loamtest-world", veth: "lwworld",
+		ns: "loamtest-world-" + octet, veth: "lwworld" + octet,
 		hostIP: sub + "1", ip: sub + "2", ip2: sub + "3",
 	}
 	run := func(args ...string) {

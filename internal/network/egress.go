@@ -288,7 +288,11 @@ func (m *Manager) SetPolicy(ctx context.Context, ep Endpoint, p Policy) error {
 	}
 	if m.resolver != nil {
 		if err := m.resolver.Set(ep, p); err != nil {
-			return fmt.Errorf("setting policy of %s: %w", ep.SandboxIP, err)
+			// The sandbox runs on without DNS (its addresses rules hold)
+			// rather than not at all: the next SetPolicy tries again. On a
+			// host where something else holds port 53 on every address,
+			// this is where it shows.
+			m.cfg.Log.Error("sandbox resolver not listening", "host_ip", ep.HostIP, "err", err)
 		}
 	}
 	return nil
