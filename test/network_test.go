@@ -391,3 +391,22 @@ func TestNetworkAfterRestart(t *testing.T) {
 	expectFetch(t, d, "named", b, false)
 	expectFetch(t, d, "named", "http://"+w.ip2+"/", false)
 }
+
+// TestNetworkCLI: the policy flags of create, and loam network set/get.
+func TestNetworkCLI(t *testing.T) {
+	d := startDaemon(t)
+	if _, errOut, code := d.cli("", "create", "cli", "--egress", "none", "--allow", "PyPI.org", "--allow", "192.0.2.0/24"); code != 0 {
+		t.Fatalf("create: exit %d: %s", code, errOut)
+	}
+	want := "egress:      none\nallow:       pypi.org,192.0.2.0/24\ndeny:        -\n"
+	if out, errOut, code := d.cli("", "network", "get", "cli"); code != 0 || out != want {
+		t.Errorf("network get: exit %d %q %s, want %q", code, out, errOut, want)
+	}
+	want = "egress:      all\nallow:       -\ndeny:        *.example.com\n"
+	if out, errOut, code := d.cli("", "network", "set", "cli", "--deny", "*.example.com"); code != 0 || out != want {
+		t.Errorf("network set: exit %d %q %s, want %q", code, out, errOut, want)
+	}
+	if _, errOut, code := d.cli("", "network", "set", "cli", "--egress", "some"); code == 0 || !strings.Contains(errOut, "neither") {
+		t.Errorf("network set --egress some: exit %d: %s", code, errOut)
+	}
+}
