@@ -52,6 +52,8 @@ type Sandbox struct {
 	// false (the default) asks for the API token or the sandbox's access
 	// token (GET /v1/sandboxes/{sandbox}/access-token).
 	Public bool `json:"public"`
+	// Network is the sandbox's network policy.
+	Network NetworkPolicy `json:"network"`
 	// From is the checkpoint a fork was made from; empty for other sandboxes.
 	From      *ForkSource `json:"from,omitempty"`
 	CreatedAt time.Time   `json:"created_at"`
@@ -86,6 +88,9 @@ type CreateSandbox struct {
 	// unless it gives either.
 	Secrets     map[string]string `json:"secrets,omitempty"`
 	SecretFiles map[string]string `json:"secret_files,omitempty"`
+	// Network is the sandbox's network policy; a new sandbox gets
+	// {"egress":"all"} without one, a fork its source's.
+	Network *NetworkPolicy `json:"network,omitempty"`
 	// Services are started once the sandbox is up, before the create
 	// returns (see Service). A fork takes its services from the
 	// checkpoint's disk and may not give any.

@@ -157,6 +157,9 @@ func (d *daemon) launch(extra ...string) error {
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
 		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
 		"--template-cache", templateCache(),
+		// No test's DNS ever leaves the machine: a closed port here, unless
+		// the test gives its own server (a later flag wins).
+		"--dns-upstream", "127.0.0.1:1",
 		"--disk-size-gib", "8"}, extra...)
 	d.cmd = exec.Command(loamBin, args...)
 	d.cmd.Env = append(os.Environ(), "LOAM_TOKEN=") // a test's own token file, never the caller's

@@ -12,6 +12,7 @@ func (a *app) forkCmd() *cobra.Command {
 		env, labels    []string
 		secrets, files []string
 		asJSON         bool
+		net            networkFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "fork SANDBOX CHECKPOINT [NEWNAME]",
@@ -45,6 +46,7 @@ Without NEWNAME the daemon picks a name.`,
 			if err != nil {
 				return err
 			}
+			req.Network = net.policy(cmd.Flags())
 			sb, err := c.ForkWith(cmd.Context(), args[0], args[1], req)
 			if err != nil {
 				return err
@@ -62,6 +64,7 @@ Without NEWNAME the daemon picks a name.`,
 	f.StringArrayVar(&files, "secret-file", nil, "give secret NAME as a file, mode 0400, instead of the source's secrets: `PATH=NAME` (repeatable)")
 	f.StringVar(&req.Idle, "idle", "", "sleep after this long without activity, such as 10m")
 	f.IntVar(&req.HTTPPort, "http-port", 0, "port the sandbox's URL forwards to, such as 8080")
+	net.add(f)
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

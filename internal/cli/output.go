@@ -124,6 +124,9 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	if len(sb.SecretFiles) > 0 {
 		b.line("secret_files", formatKV(sb.SecretFiles))
 	}
+	if sb.Network.Egress != "" {
+		b.line("network", formatNetwork(sb.Network))
+	}
 	if sb.From != nil {
 		b.line("from", sb.From.Sandbox+"/"+sb.From.Checkpoint)
 	}

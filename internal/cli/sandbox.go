@@ -18,6 +18,7 @@ func (a *app) createCmd() *cobra.Command {
 		cpus             float64
 		memory, diskSize string
 		asJSON           bool
+		net              networkFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create [NAME]",
@@ -26,7 +27,8 @@ func (a *app) createCmd() *cobra.Command {
 one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 512Mi or 2Gi (512M means 512Mi).`,
 		Example: `  loam create scratch
-  loam create web --template base --memory 1Gi --http-port 8080 --label owner=docs`,
+  loam create web --template base --memory 1Gi --http-port 8080 --label owner=docs
+  loam create build --egress none --allow pypi.org --allow '*.pythonhosted.org'`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
@@ -63,6 +65,7 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 			if err != nil {
 				return err
 			}
+			req.Network = net.policy(cmd.Flags())
 			sb, err := c.CreateSandbox(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -86,6 +89,7 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 	f.StringVar(&req.Idle, "idle", "", "sleep after this long without activity, such as 10m")
 	f.IntVar(&req.HTTPPort, "http-port", 0, "port the sandbox's URL forwards to, such as 8080")
 	f.BoolVar(&req.Public, "public", false, "open the sandbox's URL to anyone who reaches the daemon (by default it needs a token: loam url NAME)")
+	net.add(f)
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

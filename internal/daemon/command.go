@@ -78,6 +78,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.Runsc, "runsc", env("LOAM_RUNSC", ""), "the runsc binary; default runsc in PATH (LOAM_RUNSC)")
 	f.StringVar(&cfg.AgentBinary, "agent-binary", env("LOAM_AGENT_BINARY", ""), "static loam binary to run in sandboxes; default this one (LOAM_AGENT_BINARY)")
 	f.StringVar(&cfg.Subnet, "subnet", env("LOAM_SUBNET", "10.88.0.0/16"), "private range for sandbox addresses, a /30 each (LOAM_SUBNET)")
+	f.StringVar(&cfg.DNSUpstream, "dns-upstream", env("LOAM_DNS_UPSTREAM", ""), "comma-separated DNS servers (host or host:port) the sandboxes' resolver forwards to; default the host's /etc/resolv.conf (LOAM_DNS_UPSTREAM)")
 	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", ""), "where built templates are cached; default DATA_DIR/templates (LOAM_TEMPLATE_CACHE)")
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
 	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")

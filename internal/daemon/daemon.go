@@ -49,6 +49,9 @@ type Config struct {
 	AgentBinary string
 	// Subnet is the private range sandboxes get addresses from, a /30 each.
 	Subnet string
+	// DNSUpstream lists, comma-separated, the DNS servers the sandboxes'
+	// resolver forwards to; empty means the host's /etc/resolv.conf.
+	DNSUpstream string
 	// TemplateCache is where built templates are cached, shared by daemons.
 	TemplateCache string
 	// DefaultTemplate is the template of a create that names none.
@@ -188,13 +191,31 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--subnet %q: %w", cfg.Subnet, err)
 	}
-	nets, err := network.New(network.Config{Subnet: subnet, InsidePort: network.DefaultInsidePort})
+	var upstreams []string
+	for _, u := range strings.Split(cfg.DNSUpstream, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			upstreams = append(upstreams, u)
+		}
+	}
+	if len(upstreams) == 0 {
+		if upstreams, err = network.HostUpstreams(); err != nil {
+			return fmt.Errorf("setting up networking: %w (give --dns-upstream)", err)
+		}
+	}
+	nets, err := network.New(network.Config{
+		Subnet: subnet, InsidePort: network.DefaultInsidePort,
+		DNSUpstreams: upstreams, Log: d.log,
+	})
 	if err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
+	d.closers = append(d.closers, nets.Close)
 	// Before any sandbox is taken back, and never removed: sandboxes keep
 	// running while the daemon is down.
 	if err := nets.Firewall().Install(ctx); err != nil {
+		return fmt.Errorf("setting up networking: %w", err)
+	}
+	if err := network.EnableForwarding(); err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
 	if cfg.TemplateCache == "" {

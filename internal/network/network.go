@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -53,14 +54,22 @@ type Config struct {
 	// TableName(Subnet), so that daemons with different subnets never
 	// touch each other's table.
 	FirewallTable string
+	// DNSUpstreams, when given, are the servers (host:port) the
+	// Manager's Resolver forwards to: with them the Manager serves DNS to
+	// its sandboxes and enforces their name policies (see SetPolicy).
+	DNSUpstreams []string
+	// Log receives the Resolver's complaints; default slog.Default().
+	Log *slog.Logger
 }
 
 // Manager creates and removes sandboxes' network namespaces. It keeps no
-// state of its own: what exists is what the kernel has, so a restarted
-// daemon finds its namespaces again with List. It is safe for concurrent use
-// on different endpoints.
+// state of its own but its DNS listeners: what exists is what the kernel
+// has, so a restarted daemon finds its namespaces again with List. It is
+// safe for concurrent use on different endpoints.
 type Manager struct {
 	cfg Config
+	// resolver serves DNS; nil without DNSUpstreams.
+	resolver *Resolver
 }
 
 // Endpoint is one sandbox's place on the network: a named namespace and the
@@ -113,7 +122,27 @@ func New(cfg Config) (*Manager, error) {
 	if err := checkName(cfg.VethPrefix); err != nil {
 		return nil, fmt.Errorf("configuring network: veth prefix: %w", err)
 	}
-	return &Manager{cfg: cfg}, nil
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	m := &Manager{cfg: cfg}
+	if len(cfg.DNSUpstreams) > 0 {
+		r, err := NewResolver(m.Firewall(), cfg.DNSUpstreams, cfg.Log)
+		if err != nil {
+			return nil, fmt.Errorf("configuring network: %w", err)
+		}
+		m.resolver = r
+	}
+	return m, nil
+}
+
+// Close stops the Manager's DNS listeners. Namespaces and the firewall
+// stay: sandboxes outlive the daemon.
+func (m *Manager) Close() error {
+	if m.resolver != nil {
+		return m.resolver.Close()
+	}
+	return nil
 }
 
 // MaxIndex is the largest slot index Endpoint accepts: slots run from 0 to

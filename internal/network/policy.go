@@ -29,26 +29,36 @@ func TableName(subnet netip.Prefix) string {
 }
 
 // Firewall is the nftables table that keeps the daemon's sandboxes from
-// each other and from the host. Its rules match the subnet, not the
-// sandboxes, so they need no change when sandboxes come and go, and they
-// outlive the daemon: sandboxes keep running while it restarts.
+// each other and from the host, and gives each the egress its policy
+// allows. Its base rules match the subnet; each sandbox adds its own chain
+// with SetPolicy. The table outlives the daemon: sandboxes keep running
+// while it restarts, and Install (which starts from an empty table) must be
+// followed by SetPolicy for each of them.
 //
 // The table (family ip, since sandboxes have only IPv4 addresses) holds:
 //
-//   - chain forward, hook forward: every packet from the subnet is dropped
-//     (sandboxes have no egress yet, so nothing of theirs is ever routed;
-//     this is what keeps one sandbox off another's agent on a host with IP
-//     forwarding on), and every packet to the subnet that is not part of a
-//     connection already tracked (so nothing routed from elsewhere reaches
-//     a sandbox either).
+//   - chain forward, hook forward: every packet to the subnet that is not
+//     part of a connection already tracked is dropped (nothing routed from
+//     elsewhere reaches a sandbox); every packet from the subnet jumps,
+//     through the verdict map "policies" keyed by the sandbox's address, to
+//     that sandbox's chain sb_<address> (see SetPolicy), which drops the
+//     subnet (no sandbox reaches another, nor another sandbox's host
+//     address) and applies the sandbox's allow, deny and egress default; a
+//     sandbox without a policy has no egress at all.
+//   - chain postrouting, hook postrouting (nat): what leaves the subnet is
+//     masqueraded to the host's address on the way out.
+//   - chain prerouting, hook prerouting (nat): DNS (UDP and TCP port 53)
+//     from the subnet to ResolverAddr is redirected to the sandbox's host
+//     address, where the Resolver listens.
 //   - chain input, hook input: from the subnet, replies to connections the
-//     host opened (the daemon talking to agents) and new TCP connections to
+//     host opened (the daemon talking to agents), new TCP connections to
 //     InsidePort on an address in the subnet (the in-sandbox API on each
-//     HostIP) are accepted; everything else from the subnet is dropped, so
+//     HostIP) and DNS to port 53 there (the Resolver) are accepted; everything else from the subnet is dropped, so
 //     sandboxes reach neither the daemon's main API nor anything else that
-//     listens on the host.
+//     listens on the host, whatever their policy: the host's own addresses
+//     are never forwarded, so no allow rule opens them.
 //
-// Both chains accept by policy: the table only ever takes away, and leaves
+// All chains accept by policy: the table only ever takes away, and leaves
 // every packet that is not the subnet's to the host's own rules.
 type Firewall struct {
 	table  string
@@ -138,15 +148,48 @@ func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table) {
 		})
 	}
 
-	rule(fwd, "sandboxes have no egress, and reach no other sandbox",
-		matchPrefix(ipSaddr, f.subnet), verdict(expr.VerdictDrop))
+	nat := c.AddChain(&nftables.Chain{
+		Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept,
+	})
+	policies := policiesSet(t)
+	// AddSet fails only on a set it cannot describe, and this one is fixed.
+	if err := c.AddSet(policies, nil); err != nil {
+		panic(fmt.Sprintf("firewall: verdict map: %v", err))
+	}
 	rule(fwd, "nothing routed reaches a sandbox unless tracked",
 		matchPrefix(ipDaddr, f.subnet), matchTracked(false), verdict(expr.VerdictDrop))
+	rule(fwd, "each sandbox's packets go through its policy chain",
+		matchPrefix(ipSaddr, f.subnet),
+		[]expr.Any{
+			// matchPrefix left the masked address in the register.
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ipSaddr, Len: 4},
+			&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: policies.Name, SetID: policies.ID},
+		})
+	rule(fwd, "a sandbox without a policy has no egress",
+		matchPrefix(ipSaddr, f.subnet), verdict(expr.VerdictDrop))
+
+	pre := c.AddChain(&nftables.Chain{
+		Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept,
+	})
+	resolver := netip.PrefixFrom(ResolverAddr, 32)
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		rule(pre, "DNS to the resolver address goes to the sandbox's host address",
+			matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, resolver), matchDport(proto, 53),
+			[]expr.Any{&expr.Redir{}})
+	}
+	rule(nat, "sandboxes reach the outside from the host's address",
+		matchPrefix(ipSaddr, f.subnet), notPrefix(ipDaddr, f.subnet), []expr.Any{&expr.Masq{}})
 
 	rule(in, "replies to the host's connections into sandboxes",
 		matchPrefix(ipSaddr, f.subnet), matchTracked(true), verdict(expr.VerdictAccept))
 	rule(in, "the in-sandbox API on each sandbox's host address",
 		matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchTCPDport(f.port), verdict(expr.VerdictAccept))
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		rule(in, "the resolver on each sandbox's host address",
+			matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchDport(proto, 53), verdict(expr.VerdictAccept))
+	}
 	rule(in, "nothing else on the host, the daemon's API included",
 		matchPrefix(ipSaddr, f.subnet), verdict(expr.VerdictDrop))
 }
@@ -167,6 +210,13 @@ func matchPrefix(offset uint32, p netip.Prefix) []expr.Any {
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr[:]},
 	}
+}
+
+// notPrefix matches packets whose IPv4 address at offset is not in p.
+func notPrefix(offset uint32, p netip.Prefix) []expr.Any {
+	e := matchPrefix(offset, p)
+	e[len(e)-1].(*expr.Cmp).Op = expr.CmpOpNeq
+	return e
 }
 
 // matchTracked matches packets of a connection conntrack already knows
@@ -190,10 +240,13 @@ func matchTracked(tracked bool) []expr.Any {
 }
 
 // matchTCPDport matches TCP packets to port.
-func matchTCPDport(port uint16) []expr.Any {
+func matchTCPDport(port uint16) []expr.Any { return matchDport(unix.IPPROTO_TCP, port) }
+
+// matchDport matches packets of protocol proto (TCP or UDP) to port.
+func matchDport(proto byte, port uint16) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
 	}

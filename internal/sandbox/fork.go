@@ -49,6 +49,10 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		// checkpoint's.
 		sb.Secrets, sb.SecretFiles = orNil(src.Secrets), orNil(src.SecretFiles)
 	}
+	if req.Network == nil {
+		// A fork of a restricted sandbox is restricted too.
+		sb.Network = src.Network
+	}
 	end, _ := m.begin(sb, "create") // before it is stored: see Create
 	defer end()
 	if err := m.insert(ctx, sb); err != nil {

@@ -35,6 +35,10 @@ type Networks interface {
 	Create(ctx context.Context, ep network.Endpoint) error
 	Prepare(ctx context.Context, ep network.Endpoint) error
 	Delete(ctx context.Context, ep network.Endpoint) error
+	// SetPolicy gives the sandbox at ep its egress policy, replacing the
+	// one it had; RemovePolicy takes it away (no egress at all).
+	SetPolicy(ctx context.Context, ep network.Endpoint, p network.Policy) error
+	RemovePolicy(ctx context.Context, ep network.Endpoint) error
 }
 
 // Insiders serves the API to sandboxes themselves (see server.Inside): a
@@ -394,6 +398,13 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 	if err := m.checkSecretRefs(ctx, req); err != nil {
 		return nil, err
 	}
+	policy := api.NetworkPolicy{Egress: api.EgressAll, Allow: []string{}, Deny: []string{}}
+	if req.Network != nil {
+		var err error
+		if policy, err = checkNetwork(*req.Network); err != nil {
+			return nil, err
+		}
+	}
 	port := req.HTTPPort
 	if port == 0 {
 		port = 8080
@@ -408,6 +419,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			Env: orEmpty(req.Env), Labels: orEmpty(req.Labels),
 			Idle: req.Idle, HTTPPort: port, Public: req.Public, From: req.From,
 			Secrets: orNil(req.Secrets), SecretFiles: orNil(req.SecretFiles),
+			Network:   policy,
 			CreatedAt: store.Now(),
 		},
 	}, nil
@@ -493,11 +505,9 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 }
 
 // personalize writes the files that name a new sandbox in its own root:
-// its hostname, and hosts and resolv.conf to match. A sandbox has no DNS
-// server to ask yet, so resolv.conf names none: lookups of names not in
-// /etc/hosts then fail at once instead of after a 10 s timeout against the
-// template builder's server (python's http.server looks its own address up
-// before it listens).
+// its hostname, and hosts and resolv.conf to match. resolv.conf names the
+// daemon's resolver at network.ResolverAddr, the same address in every
+// sandbox, so that forks and restores, which keep the disk, resolve too.
 //
 // The root is a new copy of a template, but it is written through an
 // os.Root all the same: no path in a sandbox's disk is followed out of it.
@@ -511,7 +521,8 @@ func personalize(rootDir, name string) error {
 		"etc/hostname": name + "\n",
 		"etc/hosts": "127.0.0.1\tlocalhost\n127.0.1.1\t" + name + "\n" +
 			"::1\tlocalhost ip6-localhost ip6-loopback\n",
-		"etc/resolv.conf": "# loam: no DNS server is reachable from this sandbox yet.\n",
+		"etc/resolv.conf": "# loam: the daemon's resolver, which applies this sandbox's network policy.\n" +
+			"nameserver " + network.ResolverAddr.String() + "\noptions timeout:2 attempts:2\n",
 	}
 	for rel, content := range files {
 		// A template's resolv.conf may be a symlink; replace it, never follow it.
@@ -541,6 +552,9 @@ func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpo
 	}
 	if err := m.nets.Prepare(ctx, ep); err != nil {
 		return ep, fmt.Errorf("configuring network: %w", err)
+	}
+	if err := m.applyNetwork(ctx, sb); err != nil {
+		return ep, err
 	}
 	return ep, m.writeHandle(sb, ep)
 }
@@ -591,6 +605,9 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	}
 	m.forget(sb.ID)
 	if ep, err := m.Endpoint(sb); err == nil {
+		if err := m.nets.RemovePolicy(ctx, ep); err != nil {
+			errs = append(errs, fmt.Errorf("removing network policy: %w", err))
+		}
 		if err := m.nets.Delete(ctx, ep); err != nil {
 			errs = append(errs, fmt.Errorf("deleting network: %w", err))
 		}

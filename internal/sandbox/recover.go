@@ -73,6 +73,11 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			if err != nil {
 				return err
 			}
+			// The daemon's start installed the firewall afresh, without
+			// the policies of the sandboxes that ran on.
+			if err := m.applyNetwork(ctx, sb); err != nil {
+				return err
+			}
 			if err := m.connect(ctx, sb, ep, m.recoveryTokens(sb)...); err != nil {
 				return err
 			}

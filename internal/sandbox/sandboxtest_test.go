@@ -50,6 +50,7 @@ type fakeNetworks struct {
 	mu       sync.Mutex
 	live     map[string]network.Endpoint // by name
 	prepared map[string]int              // how many times each was prepared
+	policies map[string]network.Policy   // by name
 }
 
 var _ sandbox.Networks = (*fakeNetworks)(nil)
@@ -93,6 +94,31 @@ func (n *fakeNetworks) Delete(ctx context.Context, ep network.Endpoint) error {
 	defer n.mu.Unlock()
 	delete(n.live, ep.Name)
 	return nil
+}
+
+func (n *fakeNetworks) SetPolicy(ctx context.Context, ep network.Endpoint, p network.Policy) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.policies == nil {
+		n.policies = map[string]network.Policy{}
+	}
+	n.policies[ep.Name] = p
+	return nil
+}
+
+func (n *fakeNetworks) RemovePolicy(ctx context.Context, ep network.Endpoint) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.policies, ep.Name)
+	return nil
+}
+
+// policy is the policy the firewall holds for sandbox id, if any.
+func (n *fakeNetworks) policy(id string) (network.Policy, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p, ok := n.policies["loam-"+id]
+	return p, ok
 }
 
 func (n *fakeNetworks) count() int {

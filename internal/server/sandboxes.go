@@ -35,6 +35,7 @@ type Sandboxes interface {
 	Services
 	Ports
 	Secrets
+	Network
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {

@@ -64,6 +64,7 @@ func (s *Server) routes() {
 	s.serviceRoutes(v1)
 	s.portRoutes(v1)
 	s.secretRoutes(v1)
+	s.networkRoutes(v1)
 }
 
 // endpoint is a handler the API registered. Any other handler the mux

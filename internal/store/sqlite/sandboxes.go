@@ -16,7 +16,7 @@ import (
 
 const sandboxColumns = `id, name, state, template, image, resources, env, labels, idle,
 	http_port, url, from_source, created_at, net_index, agent_token,
-	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public`
+	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network`
 
 // CreateSandbox adds sb; store.ErrExists if its id or name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
@@ -27,7 +27,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES (:id, :name, :state, :template, :image, :resources, :env, :labels, :idle,
 			:http_port, :url, :from_source, :created_at, :net_index, :agent_token,
-			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target, :secrets, :secret_files, :public)`, args...)
+			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target, :secrets, :secret_files, :public, :network)`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("creating sandbox %s named %q: %w", sb.ID, sb.Name, store.ErrExists)
 	}
@@ -108,7 +108,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		created_at = :created_at, net_index = :net_index, agent_token = :agent_token,
 		checkpoint_seq = :checkpoint_seq, auto_seq = :auto_seq, error = :error,
 		agent_gen = :agent_gen, restore_target = :restore_target,
-		secrets = :secrets, secret_files = :secret_files, public = :public
+		secrets = :secrets, secret_files = :secret_files, public = :public, network = :network
 		WHERE id = :id`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s to name %q: %w", sb.ID, sb.Name, store.ErrExists)
@@ -190,7 +190,12 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 		}
 		from = string(b)
 	}
+	network, err := json.Marshal(sb.Network)
+	if err != nil {
+		return nil, fmt.Errorf("encoding network: %w", err)
+	}
 	return []any{
+		sql.Named("network", string(network)),
 		sql.Named("id", sb.ID),
 		sql.Named("name", sb.Name),
 		sql.Named("state", string(sb.State)),
@@ -223,12 +228,13 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 		sb                     store.Sandbox
 		state, created         string
 		resources, env, labels string
+		network                string
 		from                   sql.NullString
 		secrets, secretFiles   string
 	)
 	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &resources, &env, &labels,
 		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &created, &sb.NetIndex, &sb.LegacyAgentToken,
-		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &secrets, &secretFiles, &sb.Public)
+		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &secrets, &secretFiles, &sb.Public, &network)
 	if err != nil {
 		return nil, err
 	}
@@ -251,6 +257,9 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 	}
 	if sb.SecretFiles, err = unmarshalRefs(secretFiles); err != nil {
 		return nil, fmt.Errorf("decoding secret_files of sandbox %s: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(network), &sb.Network); err != nil {
+		return nil, fmt.Errorf("decoding network of sandbox %s: %w", sb.ID, err)
 	}
 	if from.Valid {
 		sb.From = new(api.ForkSource)

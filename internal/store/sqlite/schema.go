@@ -92,6 +92,11 @@ ALTER TABLE sandboxes ADD COLUMN secret_files TEXT NOT NULL DEFAULT '{}' CHECK (
 	`
 ALTER TABLE sandboxes ADD COLUMN public INTEGER NOT NULL DEFAULT 0;
 `,
+	// 5: each sandbox's network policy (api.NetworkPolicy as JSON); the
+	// sandboxes of older versions get the default, egress to all.
+	`
+ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"egress":"all","allow":[],"deny":[]}' CHECK (json_valid(network));
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -1,0 +1,328 @@
+package network
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+)
+
+// Egress is what a sandbox may reach outside its subnet when no rule of its
+// policy says otherwise.
+type Egress string
+
+// The egress defaults. Their strings are the API's and never change.
+const (
+	// EgressAll lets the sandbox reach every address the host routes to
+	// (the internet, and the host's other networks), except the host
+	// itself and the daemon's subnet, which are closed whatever the
+	// default.
+	EgressAll Egress = "all"
+	// EgressNone lets the sandbox reach only what its allow list names.
+	EgressNone Egress = "none"
+)
+
+// Policy is one sandbox's egress policy as the firewall enforces it:
+// addresses only (host names are the resolver's business, which turns them
+// into addresses).
+type Policy struct {
+	// Egress is the default for destinations neither list names.
+	Egress Egress
+	// Allow are destinations always let through; allow wins over deny.
+	Allow []netip.Prefix
+	// Deny are destinations never let through unless Allow names them.
+	Deny []netip.Prefix
+	// AllowNames and DenyNames are host names ("pypi.org") and patterns
+	// ("*.example.com": every name below example.com), lower case. The
+	// Resolver enforces them: it refuses names the policy refuses, and
+	// opens the addresses of allowed names for the sandbox that asked.
+	AllowNames, DenyNames []string
+}
+
+// Check refuses a policy the firewall cannot enforce.
+func (p Policy) Check() error {
+	if p.Egress != EgressAll && p.Egress != EgressNone {
+		return fmt.Errorf("egress %q is neither %q nor %q", p.Egress, EgressAll, EgressNone)
+	}
+	for _, list := range [][]netip.Prefix{p.Allow, p.Deny} {
+		for _, pf := range list {
+			if !pf.IsValid() || !pf.Addr().Is4() {
+				return fmt.Errorf("%q is not an IPv4 address or prefix", pf)
+			}
+		}
+	}
+	for _, list := range [][]string{p.AllowNames, p.DenyNames} {
+		for _, n := range list {
+			if !ValidNamePattern(n) {
+				return fmt.Errorf("%q is not a host name or *.name pattern", n)
+			}
+		}
+	}
+	return nil
+}
+
+// ValidNamePattern tells whether s is a host name in lower case (labels of
+// letters, digits and '-', not starting or ending with '-', at most 253
+// bytes), optionally prefixed by "*.".
+func ValidNamePattern(s string) bool {
+	s = strings.TrimPrefix(s, "*.")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// generation is the conntrack mark of connections the sandbox at addr
+// opened to allowed names under p: a hash of both, so that setting the same
+// policy again (a wake, a restore, a restarted daemon) keeps those
+// connections, and another policy cuts them. Never 0, the mark of
+// unmarked connections.
+func (p Policy) generation(addr netip.Addr) []byte {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s|%s|%v|%v|%v|%v", addr, p.Egress, p.Allow, p.Deny, p.AllowNames, p.DenyNames)
+	sum := h.Sum(nil)
+	sum[0] |= 1
+	return sum
+}
+
+// policiesMap is the verdict map from a sandbox's address to the jump to
+// its policy chain.
+const policiesMap = "policies"
+
+// namesSet is the name of the set of addresses the Resolver opened for the
+// sandbox at addr, e.g. "names_10_88_0_2"; its elements time out.
+func namesSet(t *nftables.Table, addr netip.Addr) *nftables.Set {
+	return &nftables.Set{
+		Table: t, Name: "names_" + strings.ReplaceAll(addr.String(), ".", "_"),
+		KeyType: nftables.TypeIPAddr, HasTimeout: true,
+	}
+}
+
+// policyChain is the name of the chain that holds the policy of the sandbox
+// at addr, e.g. "sb_10_88_0_2".
+func policyChain(addr netip.Addr) string {
+	return "sb_" + strings.ReplaceAll(addr.String(), ".", "_")
+}
+
+// SetPolicy gives the sandbox at addr (its SandboxIP) policy p, replacing
+// the one it had, in one netlink transaction: no packet ever sees half a
+// policy. The rules match every packet the sandbox sends, not only those
+// that open a connection, so a connection the new policy forbids stops
+// carrying data at once. The table must be installed.
+func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	if err := p.Check(); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	if !f.subnet.Contains(addr) {
+		return fmt.Errorf("setting policy of %s: not in subnet %s", addr, f.subnet)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	ch := c.AddChain(&nftables.Chain{Name: policyChain(addr), Table: t})
+	c.FlushChain(ch)
+	rule := func(comment string, exprs ...[]expr.Any) {
+		var all []expr.Any
+		for _, e := range exprs {
+			all = append(all, e...)
+		}
+		c.AddRule(&nftables.Rule{
+			Table: t, Chain: ch, Exprs: all,
+			UserData: userdata.AppendString(nil, userdata.TypeComment, comment),
+		})
+	}
+	rule("no other sandbox", matchPrefix(ipDaddr, f.subnet), verdict(expr.VerdictDrop))
+	// Addresses of allowed names: a connection opened to one is marked
+	// with this policy's generation and carries on after the address's
+	// timeout, until the policy changes.
+	names := namesSet(t, addr)
+	if err := c.AddSet(names, nil); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	c.FlushSet(names)
+	gen := p.generation(addr)
+	rule("connections opened to allowed names under this policy",
+		[]expr.Any{
+			&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gen},
+		}, verdict(expr.VerdictAccept))
+	rule("addresses of allowed names",
+		[]expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ipDaddr, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: names.Name, SetID: names.ID},
+			&expr.Immediate{Register: 1, Data: gen},
+			&expr.Ct{Register: 1, Key: expr.CtKeyMARK, SourceRegister: true},
+		}, verdict(expr.VerdictAccept))
+	for _, pf := range p.Allow {
+		rule("allow "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictAccept))
+	}
+	for _, pf := range p.Deny {
+		rule("deny "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictDrop))
+	}
+	def := expr.VerdictAccept
+	if p.Egress == EgressNone {
+		def = expr.VerdictDrop
+	}
+	rule("egress "+string(p.Egress), verdict(def))
+
+	m := policiesSet(t)
+	key := addr.As4()
+	if err := c.SetAddElements(m, []nftables.SetElement{{
+		Key: key[:], VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name},
+	}}); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	}
+	return nil
+}
+
+// RemovePolicy takes the policy of the sandbox at addr away, which leaves it
+// no egress at all. Removing a policy that is not there is no error.
+func (f *Firewall) RemovePolicy(ctx context.Context, addr netip.Addr) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	found := false
+	for _, ch := range chains {
+		if ch.Table.Name == f.table && ch.Name == policyChain(addr) {
+			found = true
+		}
+	}
+	if !found {
+		return nil
+	}
+	key := addr.As4()
+	// The element goes first, in the same batch, since a chain that is
+	// jumped to cannot be deleted.
+	if err := c.SetDeleteElements(policiesSet(t), []nftables.SetElement{{Key: key[:]}}); err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	ch := &nftables.Chain{Name: policyChain(addr), Table: t}
+	c.FlushChain(ch)
+	c.DelChain(ch)
+	c.DelSet(namesSet(t, addr))
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	}
+	return nil
+}
+
+// policiesSet is the verdict map of table t.
+func policiesSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{
+		Table: t, Name: policiesMap, IsMap: true,
+		KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict,
+	}
+}
+
+// AllowResolved opens ips to the sandbox at addr for ttl: the Resolver
+// calls it with the addresses of a name the sandbox's policy allows, before
+// it answers. An address already open keeps its timeout.
+func (f *Firewall) AllowResolved(ctx context.Context, addr netip.Addr, ips []netip.Addr, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	}
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	var elems []nftables.SetElement
+	for _, ip := range ips {
+		if !ip.Is4() || f.subnet.Contains(ip) {
+			continue // the subnet stays closed whatever a name says
+		}
+		k := ip.As4()
+		elems = append(elems, nftables.SetElement{Key: k[:], Timeout: ttl})
+	}
+	if len(elems) == 0 {
+		return nil
+	}
+	if err := c.SetAddElements(namesSet(t, addr), elems); err != nil {
+		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	}
+	return nil
+}
+
+// SetPolicy gives the sandbox at ep policy p in the firewall of m's subnet
+// (see Firewall.SetPolicy) and, with a Resolver, its name policy.
+func (m *Manager) SetPolicy(ctx context.Context, ep Endpoint, p Policy) error {
+	if err := m.Firewall().SetPolicy(ctx, ep.SandboxIP, p); err != nil {
+		return err
+	}
+	if m.resolver != nil {
+		if err := m.resolver.Set(ep, p); err != nil {
+			// The sandbox runs on without DNS (its addresses rules hold)
+			// rather than not at all: the next SetPolicy tries again. On a
+			// host where something else holds port 53 on every address,
+			// this is where it shows.
+			m.cfg.Log.Error("sandbox resolver not listening", "host_ip", ep.HostIP, "err", err)
+		}
+	}
+	return nil
+}
+
+// RemovePolicy takes the policy of the sandbox at ep away (see
+// Firewall.RemovePolicy) and stops its resolver.
+func (m *Manager) RemovePolicy(ctx context.Context, ep Endpoint) error {
+	if m.resolver != nil {
+		m.resolver.Remove(ep)
+	}
+	return m.Firewall().RemovePolicy(ctx, ep.SandboxIP)
+}
+
+// EnableForwarding turns IPv4 forwarding on in the calling thread's network
+// namespace (the host's, for the daemon), without which no sandbox has
+// egress. Install the firewall first: its forward chain drops whatever a
+// sandbox sends until the sandbox has a policy. Forwarding of packets that
+// are not the sandboxes' is left to the host's own rules.
+func EnableForwarding() error {
+	const path = "/proc/sys/net/ipv4/ip_forward"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("enabling IPv4 forwarding: %w", err)
+	}
+	if strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("enabling IPv4 forwarding: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,35 @@
+package server
+
+import (
+	"context"
+	"net/http"
+
+	"loam.dev/loam/api"
+)
+
+// Network is what the server needs of the sandbox manager for sandboxes'
+// network policies (see api.NetworkPolicy). GET of a sandbox shows its
+// policy.
+type Network interface {
+	// SetNetwork replaces a sandbox's network policy and returns the
+	// sandbox; a running sandbox's connections that the new policy
+	// forbids are cut.
+	SetNetwork(ctx context.Context, ref string, p api.NetworkPolicy) (*api.Sandbox, error)
+}
+
+func (s *Server) networkRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
+	v1("PUT /v1/sandboxes/{sandbox}/network", s.setNetwork)
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
+	var p api.NetworkPolicy
+	if err := decode(w, r, &p); err != nil {
+		return err
+	}
+	sb, err := s.sandboxes.SetNetwork(r.Context(), r.PathValue("sandbox"), p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
