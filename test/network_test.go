@@ -194,16 +194,11 @@ func TestNetworkEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hostLn.Close()
-	go func() {
-		for {
-			c, err := hostLn.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\n\r\nhost\n")
-			c.Close()
-		}
-	}()
+	// A real HTTP server: one that answered before reading the request
+	// raced the host's own client below.
+	go http.Serve(hostLn, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "host\n")
+	}))
 	hostPort := hostLn.Addr().(*net.TCPAddr).Port
 	gw := strings.TrimSuffix(d.sandboxIP(open.ID), "2") + "1" // the sandbox's host address
 	if _, err := d.C.SetNetwork(ctx, "some", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{w.ip, w.hostIP, d.subnet}}); err != nil {

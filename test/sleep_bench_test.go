@@ -37,13 +37,17 @@ func BenchmarkWake(b *testing.B) {
 func benchWake(b *testing.B, mib int) {
 	d := startDaemonB(b, "--checkpoint-limit", "1000")
 	ctx := context.Background()
-	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nap", Resources: &api.Resources{MemoryMiB: mib + 1024}})
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nap", Public: true, Resources: &api.Resources{MemoryMiB: mib + 1024}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	d.runB(b, "nap", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
+	// A web server for the wake through the URL (busybox's httpd runs in
+	// the background by itself).
+	d.runB(b, "nap", "sh", "-c", "mkdir -p /home/loam/www && echo up > /home/loam/www/index.html && httpd -p 8080 -h /home/loam/www")
+	web := urlClient(d)
 	awakePSS := sandboxPSS(b, sb.ID)
-	var sleeps, wakes, cps []time.Duration
+	var sleeps, wakes, urlWakes, cps []time.Duration
 	var size int64
 	var asleepKiB, procs int
 	for i := 0; i < b.N; i++ {
@@ -67,8 +71,20 @@ func benchWake(b *testing.B, mib int) {
 			b.Fatal(err)
 		}
 		wakes = append(wakes, time.Since(start))
+
+		// Asleep again: this time the URL wakes it.
+		if _, err := d.C.Sleep(ctx, "nap"); err != nil {
+			b.Fatal(err)
+		}
+		start = time.Now()
+		code, body, _, err := fetch(ctx, web, "GET", sb.URL+"/index.html", nil, "")
+		if err != nil || code != 200 || body != "up\n" {
+			b.Fatalf("GET through the URL of a sleeping sandbox: %d %q %v", code, body, err)
+		}
+		urlWakes = append(urlWakes, time.Since(start))
 	}
 	b.ReportMetric(median(wakes), "wake-to-exec-ms")
+	b.ReportMetric(median(urlWakes), "wake-to-http-ms")
 	b.ReportMetric(median(sleeps), "sleep-call-ms")
 	b.ReportMetric(median(cps), "asleep-mem-checkpoint-ms")
 	b.ReportMetric(float64(size)/(1<<20), "image-MiB")
