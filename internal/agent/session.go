@@ -7,8 +7,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -391,6 +393,38 @@ type attachFrom struct {
 	// sent: with "exit" if the session has exited by then, else with a
 	// normal close and no "exit".
 	noFollow bool
+}
+
+// parseAttachFrom reads where an attach (or a service's logs) starts from
+// its query: offset and stderr_offset (stderr's defaults to offset), and
+// follow.
+func parseAttachFrom(q url.Values) (attachFrom, error) {
+	var from attachFrom
+	for _, p := range []struct {
+		name string
+		to   **int64
+	}{{"offset", &from.stdout}, {"stderr_offset", &from.stderr}} {
+		v := q.Get(p.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return from, api.Errorf(api.CodeInvalid, "%s must be a byte offset (0 or more)", p.name)
+		}
+		*p.to = &n
+	}
+	if from.stderr == nil {
+		from.stderr = from.stdout
+	}
+	switch q.Get("follow") {
+	case "", "true":
+	case "false":
+		from.noFollow = true
+	default:
+		return from, api.Errorf(api.CodeInvalid, "follow must be true or false")
+	}
+	return from, nil
 }
 
 // attach serves one attach socket of a detachable session (see

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 
 	"github.com/coder/websocket"
 
@@ -116,31 +115,9 @@ func (h *handler) serveSessionAttach(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeConflict, "session %s is not detachable: its output goes only to the socket that started it", ss.id))
 		return
 	}
-	var from attachFrom
-	for _, p := range []struct {
-		name string
-		to   **int64
-	}{{"offset", &from.stdout}, {"stderr_offset", &from.stderr}} {
-		v := r.URL.Query().Get(p.name)
-		if v == "" {
-			continue
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			writeError(w, api.Errorf(api.CodeInvalid, "%s must be a byte offset (0 or more)", p.name))
-			return
-		}
-		*p.to = &n
-	}
-	if from.stderr == nil {
-		from.stderr = from.stdout
-	}
-	switch r.URL.Query().Get("follow") {
-	case "", "true":
-	case "false":
-		from.noFollow = true
-	default:
-		writeError(w, api.Errorf(api.CodeInvalid, "follow must be true or false"))
+	from, err := parseAttachFrom(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
 		return
 	}
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
