@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/coder/websocket"
-
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/sandbox"
 )
@@ -105,37 +103,13 @@ func (s *Server) deleteService(w http.ResponseWriter, r *http.Request) error {
 // and output frames as on an attach socket (api/session.go), from offset
 // and stderr_offset; follow=false ends it once what was buffered is sent.
 func (s *Server) serviceLogs(w http.ResponseWriter, r *http.Request) error {
-	stdout, err := offsetParam(r, "offset")
+	p, err := attachParams(r)
 	if err != nil {
 		return err
-	}
-	stderr, err := offsetParam(r, "stderr_offset")
-	if err != nil {
-		return err
-	}
-	if stderr == nil {
-		stderr = stdout
-	}
-	p := api.AttachParams{Offset: stdout, StderrOffset: stderr}
-	switch f := r.URL.Query().Get("follow"); f {
-	case "", "true":
-	case "false":
-		p.NoFollow = true
-	default:
-		return api.Errorf(api.CodeInvalid, "follow: %q is neither true nor false", f)
 	}
 	st, err := s.sandboxes.ServiceLogs(r.Context(), r.PathValue("sandbox"), r.PathValue("service"), p)
 	if err != nil {
 		return err
 	}
-	hw := &handshakeWriter{ResponseWriter: w}
-	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
-	if err != nil {
-		st.Close()
-		return hw.refusal()
-	}
-	defer c.CloseNow()
-	c.SetReadLimit(32 << 20)
-	ProxyStream(r.Context(), c, st)
-	return nil
+	return acceptStream(w, r, st)
 }

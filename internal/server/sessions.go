@@ -116,13 +116,27 @@ func offsetParam(r *http.Request, name string) (*int64, error) {
 // exec, what can be refused before the upgrade is an HTTP error: the
 // sandbox, the session, then the handshake.
 func (s *Server) attachSession(w http.ResponseWriter, r *http.Request) error {
-	stdout, err := offsetParam(r, "offset")
+	p, err := attachParams(r)
 	if err != nil {
 		return err
 	}
-	stderr, err := offsetParam(r, "stderr_offset")
+	st, err := s.sandboxes.AttachSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), p)
 	if err != nil {
 		return err
+	}
+	return acceptStream(w, r, st)
+}
+
+// attachParams reads where an attach socket (or a service's logs) starts:
+// offset and stderr_offset (stderr's defaults to offset), and follow.
+func attachParams(r *http.Request) (api.AttachParams, error) {
+	stdout, err := offsetParam(r, "offset")
+	if err != nil {
+		return api.AttachParams{}, err
+	}
+	stderr, err := offsetParam(r, "stderr_offset")
+	if err != nil {
+		return api.AttachParams{}, err
 	}
 	if stderr == nil {
 		stderr = stdout
@@ -133,12 +147,14 @@ func (s *Server) attachSession(w http.ResponseWriter, r *http.Request) error {
 	case "false":
 		p.NoFollow = true
 	default:
-		return api.Errorf(api.CodeInvalid, "follow: %q is neither true nor false", f)
+		return p, api.Errorf(api.CodeInvalid, "follow: %q is neither true nor false", f)
 	}
-	st, err := s.sandboxes.AttachSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), p)
-	if err != nil {
-		return err
-	}
+	return p, nil
+}
+
+// acceptStream upgrades the client's request and proxies st to it. A
+// refused handshake is an HTTP error, in the API's shape.
+func acceptStream(w http.ResponseWriter, r *http.Request, st *sandbox.Stream) error {
 	hw := &handshakeWriter{ResponseWriter: w}
 	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
