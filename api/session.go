@@ -1,6 +1,8 @@
 package api
 
 import (
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -21,6 +23,22 @@ type AttachParams struct {
 	// it opened is sent: with "exit" if the session had exited, else with
 	// a normal close and no "exit". It is how logs are read.
 	NoFollow bool
+}
+
+// Query is p as the query of an attach or logs URL: offset,
+// stderr_offset and follow=false, each only when set.
+func (p AttachParams) Query() url.Values {
+	q := url.Values{}
+	if p.Offset != nil {
+		q.Set("offset", strconv.FormatInt(*p.Offset, 10))
+	}
+	if p.StderrOffset != nil {
+		q.Set("stderr_offset", strconv.FormatInt(*p.StderrOffset, 10))
+	}
+	if p.NoFollow {
+		q.Set("follow", "false")
+	}
+	return q
 }
 
 // Session states.

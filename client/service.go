@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"strconv"
 
 	"github.com/coder/websocket"
 
@@ -126,16 +124,7 @@ func (c *Client) serviceLogs(ctx context.Context, sandbox, name string, opts Ser
 	if err != nil {
 		return err
 	}
-	q := url.Values{}
-	if opts.Offset != nil {
-		q.Set("offset", strconv.FormatInt(*opts.Offset, 10))
-	}
-	if opts.StderrOffset != nil {
-		q.Set("stderr_offset", strconv.FormatInt(*opts.StderrOffset, 10))
-	}
-	if !opts.Follow {
-		q.Set("follow", "false")
-	}
+	q := api.AttachParams{Offset: opts.Offset, StderrOffset: opts.StderrOffset, NoFollow: !opts.Follow}.Query()
 	u := wsURL(c.base) + "/v1/sandboxes/" + sseg + "/services/" + nseg + "/logs"
 	if len(q) > 0 {
 		u += "?" + q.Encode()

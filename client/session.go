@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"strconv"
 
 	"github.com/coder/websocket"
 
@@ -134,16 +132,7 @@ func (c *Client) attach(ctx context.Context, sandbox, id string, opts AttachOpti
 	if err != nil {
 		return -1, err
 	}
-	q := url.Values{}
-	if opts.Offset != nil {
-		q.Set("offset", strconv.FormatInt(*opts.Offset, 10))
-	}
-	if opts.StderrOffset != nil {
-		q.Set("stderr_offset", strconv.FormatInt(*opts.StderrOffset, 10))
-	}
-	if opts.NoFollow {
-		q.Set("follow", "false")
-	}
+	q := api.AttachParams{Offset: opts.Offset, StderrOffset: opts.StderrOffset, NoFollow: opts.NoFollow}.Query()
 	u := wsURL(c.base) + "/v1/sandboxes/" + sseg + "/sessions/" + iseg + "/attach"
 	if len(q) > 0 {
 		u += "?" + q.Encode()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -113,18 +114,7 @@ func (c *Client) WaitReady(ctx context.Context) (Health, error) {
 // the first (text) message and then speaks the protocol of api/exec.go.
 // The socket accepts messages of up to 1 MiB; the agent sends at most 32 KiB.
 func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
-	conn, resp, err := websocket.Dial(ctx, c.url("/exec"), &websocket.DialOptions{
-		HTTPClient: c.httpClient(),
-		HTTPHeader: c.header(),
-	})
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			err = responseError(resp)
-		}
-		return nil, fmt.Errorf("opening exec socket at %s: %w", c.BaseURL, err)
-	}
-	conn.SetReadLimit(maxClientMessage)
-	return conn, nil
+	return c.dial(ctx, "/exec", "opening exec socket")
 }
 
 // RotateToken replaces the agent's token with newToken; from then on the
@@ -248,7 +238,17 @@ func (c *Client) DialPort(ctx context.Context, port int) (*websocket.Conn, error
 	return c.dial(ctx, "/ports/"+strconv.Itoa(port)+"/stream", "opening a stream to port "+strconv.Itoa(port))
 }
 
-// dial opens a WebSocket at path; what says what for the error.
+// withQuery is path with q as its query, if q has any.
+func withQuery(path string, q url.Values) string {
+	if len(q) == 0 {
+		return path
+	}
+	return path + "?" + q.Encode()
+}
+
+// dial opens a WebSocket at path (its query included); what says what for
+// the error. An agent's refusal comes back as its *Error. The socket takes
+// messages of up to 1 MiB.
 func (c *Client) dial(ctx context.Context, path, what string) (*websocket.Conn, error) {
 	conn, resp, err := websocket.Dial(ctx, c.url(path), &websocket.DialOptions{
 		HTTPClient: c.httpClient(),

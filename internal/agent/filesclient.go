@@ -110,17 +110,11 @@ func (c *Client) DialWatch(ctx context.Context, q FileQuery, recursive bool) (*w
 	if recursive {
 		v.Set("recursive", "true")
 	}
-	conn, resp, err := websocket.Dial(ctx, c.url("/files/watch?"+v.Encode()), &websocket.DialOptions{
-		HTTPClient: c.httpClient(),
-		HTTPHeader: c.header(),
-	})
+	conn, err := c.dial(ctx, withQuery("/files/watch", v), "opening a watch of "+q.Path)
 	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			err = responseError(resp)
-		}
-		return nil, fmt.Errorf("opening a watch of %s at %s: %w", q.Path, c.BaseURL, err)
+		return nil, err
 	}
-	conn.SetReadLimit(64 << 10)
+	conn.SetReadLimit(64 << 10) // events are small
 	return conn, nil
 }
 

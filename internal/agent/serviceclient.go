@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 
 	"github.com/coder/websocket"
 
@@ -70,30 +69,5 @@ func (c *Client) DeleteService(ctx context.Context, name string) error {
 
 // DialServiceLogs opens a socket of a service's logs (see serveServiceLogs).
 func (c *Client) DialServiceLogs(ctx context.Context, name string, p api.AttachParams) (*websocket.Conn, error) {
-	q := url.Values{}
-	if p.Offset != nil {
-		q.Set("offset", strconv.FormatInt(*p.Offset, 10))
-	}
-	if p.StderrOffset != nil {
-		q.Set("stderr_offset", strconv.FormatInt(*p.StderrOffset, 10))
-	}
-	if p.NoFollow {
-		q.Set("follow", "false")
-	}
-	u := c.url("/services/" + url.PathEscape(name) + "/logs")
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
-		HTTPClient: c.httpClient(),
-		HTTPHeader: c.header(),
-	})
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			err = responseError(resp)
-		}
-		return nil, fmt.Errorf("reading logs of service %s at %s: %w", name, c.BaseURL, err)
-	}
-	conn.SetReadLimit(maxClientMessage)
-	return conn, nil
+	return c.dial(ctx, withQuery("/services/"+url.PathEscape(name)+"/logs", p.Query()), "reading logs of service "+name)
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 
 	"github.com/coder/websocket"
 
@@ -84,32 +83,7 @@ func (c *Client) DeleteSession(ctx context.Context, id string) error {
 // DialAttach opens an attach socket to a detachable session (see
 // api/session.go).
 func (c *Client) DialAttach(ctx context.Context, id string, p api.AttachParams) (*websocket.Conn, error) {
-	q := url.Values{}
-	if p.Offset != nil {
-		q.Set("offset", strconv.FormatInt(*p.Offset, 10))
-	}
-	if p.StderrOffset != nil {
-		q.Set("stderr_offset", strconv.FormatInt(*p.StderrOffset, 10))
-	}
-	if p.NoFollow {
-		q.Set("follow", "false")
-	}
-	u := c.url("/sessions/" + url.PathEscape(id) + "/attach")
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
-		HTTPClient: c.httpClient(),
-		HTTPHeader: c.header(),
-	})
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			err = responseError(resp)
-		}
-		return nil, fmt.Errorf("attaching to session %s at %s: %w", id, c.BaseURL, err)
-	}
-	conn.SetReadLimit(maxClientMessage)
-	return conn, nil
+	return c.dial(ctx, withQuery("/sessions/"+url.PathEscape(id)+"/attach", p.Query()), "attaching to session "+id)
 }
 
 // call sends a request and decodes at most limit bytes of its answer into
