@@ -424,4 +424,25 @@ func TestURLWakesASleepingSandbox(t *testing.T) {
 	if got := strings.TrimSpace(d.run("dozy", "pgrep", "-x", "python3")); got != pid {
 		t.Errorf("the server's pid after the wake is %q, was %q", got, pid)
 	}
+
+	// A WebSocket through the URL is activity for as long as it is open:
+	// quiet for twice the idle time, the sandbox stays awake and the
+	// socket works; closed, the sandbox falls asleep again.
+	ws, resp, err := websocket.Dial(ctx, strings.Replace(sb.URL, "http", "ws", 1)+"/ws", &websocket.DialOptions{HTTPClient: urlClient(d)})
+	if err != nil {
+		t.Fatalf("WebSocket: %v (%v)", err, resp)
+	}
+	defer ws.CloseNow()
+	time.Sleep(4 * time.Second)
+	if got, _ := d.C.GetSandbox(ctx, "dozy"); got.State != api.StateRunning {
+		t.Fatalf("with a WebSocket open through its URL the sandbox is %s", got.State)
+	}
+	if err := ws.Write(ctx, websocket.MessageText, []byte("still")); err != nil {
+		t.Fatal(err)
+	}
+	if typ, got, err := ws.Read(ctx); err != nil || typ != websocket.MessageText || string(got) != "still" {
+		t.Fatalf("WebSocket echo after a quiet spell: %v %q %v", typ, got, err)
+	}
+	ws.Close(websocket.StatusNormalClosure, "")
+	waitState(t, d, "dozy", api.StateSleeping)
 }

@@ -45,6 +45,9 @@ type Targets interface {
 	// DialPort opens a port stream: a connection made inside the sandbox
 	// by its agent, for servers that listen on its loopback only.
 	DialPort(ctx context.Context, ref string, port int) (*sandbox.Stream, error)
+	// Active marks sandbox id active until release is called, so that
+	// a long response or a WebSocket keeps it from falling asleep.
+	Active(id string) (release func())
 }
 
 // Names of what a client presents to open a private sandbox's URL.
@@ -226,6 +229,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
 		h.setCookie(w, t)
 	}
 	h.fresh(t)
+	// The sandbox is in use for as long as the exchange lasts: a WebSocket
+	// or a streamed response keeps it awake, whatever its idle time.
+	release := h.targets.Active(t.ID)
+	defer release()
 	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, t))
 	h.rp.ServeHTTP(w, r)
 	h.log.Debug("url request", "sandbox", t.ID, "method", r.Method, "path", r.URL.Path, "ms", time.Since(start).Milliseconds())

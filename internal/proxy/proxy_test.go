@@ -34,6 +34,8 @@ func (f fakeTargets) DialPort(ctx context.Context, ref string, port int) (*sandb
 	return nil, api.Errorf(api.CodeNotFound, "nothing listens on TCP port %d in sandbox %s", port, ref)
 }
 
+func (f fakeTargets) Active(id string) func() { return func() {} }
+
 func newFront(t *testing.T, targets Targets, domain string) *Handler {
 	t.Helper()
 	return New(targets, Config{Domain: domain, Org: "default", Token: "admin"}, slog.New(slog.DiscardHandler))

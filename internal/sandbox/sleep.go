@@ -157,12 +157,22 @@ func (m *Manager) Hold(ctx context.Context, ref string) (sb *api.Sandbox, releas
 	if err != nil {
 		return nil, nil, err
 	}
-	id := sb.ID
+	return sb, m.Active(sb.ID), nil
+}
+
+// Active marks sandbox id (an id, not a name) active until release is
+// called, without waking it or reading its record: it is Hold for a caller
+// that has just found the sandbox running, such as the URL front door
+// after HTTPTarget, which holds every request it passes on for as long as
+// the request, its response or its WebSocket lasts. Release must be called
+// once; calling it again does nothing.
+func (m *Manager) Active(id string) (release func()) {
 	m.mu.Lock()
 	m.holds[id]++
+	m.used[id] = time.Now()
 	m.mu.Unlock()
 	var once sync.Once
-	return sb, func() {
+	return func() {
 		once.Do(func() {
 			m.mu.Lock()
 			defer m.mu.Unlock()
@@ -171,7 +181,7 @@ func (m *Manager) Hold(ctx context.Context, ref string) (sb *api.Sandbox, releas
 			}
 			m.used[id] = time.Now()
 		})
-	}, nil
+	}
 }
 
 // waking is one wake in progress, that concurrent callers wait for.
