@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -187,8 +188,9 @@ func TestNetworkEgress(t *testing.T) {
 	expectFetch(t, d, "some", url2, false)
 
 	// A sandbox reaches nothing of the host's but its agent channel (not
-	// the daemon's API, nor a port on the host's world address, even when
-	// allowed), nor another sandbox.
+	// the daemon's API, nor a port on the host's world address), nor
+	// another sandbox, unless an allow rule names that address: then it
+	// reaches exactly that.
 	hostLn, err := net.Listen("tcp", "0.0.0.0:0")
 	if err != nil {
 		t.Fatal(err)
@@ -201,16 +203,33 @@ func TestNetworkEgress(t *testing.T) {
 	}))
 	hostPort := hostLn.Addr().(*net.TCPAddr).Port
 	gw := strings.TrimSuffix(d.sandboxIP(open.ID), "2") + "1" // the sandbox's host address
-	if _, err := d.C.SetNetwork(ctx, "some", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{w.ip, w.hostIP, d.subnet}}); err != nil {
+	apiPort := d.URL[strings.LastIndex(d.URL, ":")+1:]
+	// A web server in the closed sandbox, for the others to try.
+	d.run("closed", "sh", "-c", "mkdir -p /tmp/www && echo peer > /tmp/www/index.html && httpd -p 9000 -h /tmp/www")
+	peer := fmt.Sprintf("http://%s:9000/", d.sandboxIP(closed.ID))
+	targets := map[string]string{
+		"gw":   fmt.Sprintf("http://%s:%d/", gw, hostPort),
+		"host": fmt.Sprintf("http://%s:%d/", w.hostIP, hostPort),
+		"api":  fmt.Sprintf("http://%s:%s/healthz", gw, apiPort),
+		"peer": peer,
+	}
+	reaches := func(sb string, open ...string) {
+		t.Helper()
+		for what, u := range targets {
+			expectFetch(t, d, sb, u, slices.Contains(open, what))
+		}
+	}
+	reaches("open")
+	reaches("some")
+	if _, err := d.C.SetNetwork(ctx, "some", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{w.ip, w.hostIP}}); err != nil {
 		t.Fatal(err)
 	}
-	apiPort := d.URL[strings.LastIndex(d.URL, ":")+1:]
-	for _, sb := range []string{"open", "some"} {
-		expectFetch(t, d, sb, fmt.Sprintf("http://%s:%d/", gw, hostPort), false)
-		expectFetch(t, d, sb, fmt.Sprintf("http://%s:%d/", w.hostIP, hostPort), false)
-		expectFetch(t, d, sb, fmt.Sprintf("http://%s:%s/healthz", gw, apiPort), false)
-		expectFetch(t, d, sb, fmt.Sprintf("http://%s:7071/", d.sandboxIP(closed.ID)), false)
+	reaches("some", "host")
+	if _, err := d.C.SetNetwork(ctx, "some", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{w.ip, d.sandboxIP(closed.ID)}}); err != nil {
+		t.Fatal(err)
 	}
+	reaches("some", "peer")
+	reaches("open")
 	expectFetch(t, d, "some", url1, true)
 	// The host itself does reach it (the test is not fooling itself).
 	if resp, err := http.Get(fmt.Sprintf("http://%s:%d/", w.hostIP, hostPort)); err != nil {
@@ -341,8 +360,25 @@ func TestNetworkNames(t *testing.T) {
 	if out, _, code := d.runAs("", "denied", "nslookup", "a.world.test"); code == 0 {
 		t.Errorf("denied: nslookup a.world.test succeeded: %s", out)
 	}
+	// The address of a denied name is closed too, once the resolver knows
+	// it: asked (a *.pattern), or looked up for the policy (an exact
+	// name), even under egress all.
+	expectFetch(t, d, "denied", "http://"+w.ip+"/", false)
+	expectFetch(t, d, "denied", "http://"+w.ip2+"/", true) // b.world.test was never asked
+	create("denied-exact", &api.NetworkPolicy{Deny: []string{"a.world.test"}})
+	expectFetch(t, d, "denied-exact", "http://"+w.ip+"/", false)
+	expectFetch(t, d, "denied-exact", "http://"+w.ip2+"/", true)
+	// An exact allowed name's address is open before any lookup.
+	create("allowed-exact", &api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{"b.world.test"}})
+	expectFetch(t, d, "allowed-exact", "http://"+w.ip2+"/", true)
+	expectFetch(t, d, "allowed-exact", "http://"+w.ip+"/", false)
 
-	// A policy change reaches the resolver too.
+	// A policy change reaches the resolver too; a name it still allows
+	// keeps its address open, one it no longer allows closes.
+	if _, err := d.C.SetNetwork(ctx, "named", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{"*.world.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	expectFetch(t, d, "named", "http://"+w.ip+"/", true) // learned under the old policy, allowed by the new
 	if _, err := d.C.SetNetwork(ctx, "named", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{"b.world.test"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -11,10 +11,10 @@ func TestJudge(t *testing.T) {
 		want nameVerdict
 	}{
 		{p, "a.example.com", nameAllowed}, // allow wins over deny
-		{p, "b.example.com", nameRefused},
-		{p, "x.b.example.com", nameRefused},
+		{p, "b.example.com", nameDenied},
+		{p, "x.b.example.com", nameDenied},
 		{p, "example.com", nameForwarded}, // *.x is below x, not x
-		{p, "evil.test", nameRefused},
+		{p, "evil.test", nameDenied},
 		{p, "sub.evil.test", nameForwarded},
 		{p, "other.org", nameForwarded},
 		{none, "pypi.org", nameAllowed},

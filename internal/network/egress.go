@@ -115,6 +115,35 @@ func namesSet(t *nftables.Table, addr netip.Addr) *nftables.Set {
 	}
 }
 
+// deniedSet is the name of the set of addresses the Resolver learned from
+// names the policy of the sandbox at addr denies, e.g. "denied_10_88_0_2":
+// closed to it even under egress all, so that a process that has the
+// address from elsewhere gets no further than one that asks the name.
+func deniedSet(t *nftables.Table, addr netip.Addr) *nftables.Set {
+	return &nftables.Set{
+		Table: t, Name: "denied_" + strings.ReplaceAll(addr.String(), ".", "_"),
+		KeyType: nftables.TypeIPAddr, HasTimeout: true,
+	}
+}
+
+// hostChain is the name of the chain that holds the addresses of the host
+// that the allow rules of the sandbox at addr open, e.g. "host_10_88_0_2".
+func hostChain(addr netip.Addr) string {
+	return "host_" + strings.ReplaceAll(addr.String(), ".", "_")
+}
+
+// hostMap is the verdict map from a sandbox's address to the jump to its
+// host chain.
+const hostMap = "host_policies"
+
+// Learned are the addresses the Resolver learned from host names for one
+// sandbox, each with how long it stays open (Allow) or closed (Deny). A
+// policy change takes them over in the same transaction, so an address of
+// a name the new policy still allows never closes for a moment.
+type Learned struct {
+	Allow, Deny map[netip.Addr]time.Duration
+}
+
 // policyChain is the name of the chain that holds the policy of the sandbox
 // at addr, e.g. "sb_10_88_0_2".
 func policyChain(addr netip.Addr) string {
@@ -125,8 +154,15 @@ func policyChain(addr netip.Addr) string {
 // the one it had, in one netlink transaction: no packet ever sees half a
 // policy. The rules match every packet the sandbox sends, not only those
 // that open a connection, so a connection the new policy forbids stops
-// carrying data at once. The table must be installed.
-func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy) error {
+// carrying data at once. The addresses in learned (the Resolver's, judged
+// under p) are opened or closed in the same transaction. The table must
+// be installed.
+//
+// An allow rule opens exactly what it names, the host's own addresses and
+// other sandboxes' included: nothing else does (egress all, names), so a
+// sandbox reaches the daemon's API or another sandbox only when its owner
+// wrote that address down.
+func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy, learned Learned) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("setting policy of %s: %w", addr, err)
 	}
@@ -143,7 +179,9 @@ func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy) err
 	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
 	ch := c.AddChain(&nftables.Chain{Name: policyChain(addr), Table: t})
 	c.FlushChain(ch)
-	rule := func(comment string, exprs ...[]expr.Any) {
+	host := c.AddChain(&nftables.Chain{Name: hostChain(addr), Table: t})
+	c.FlushChain(host)
+	rule := func(ch *nftables.Chain, comment string, exprs ...[]expr.Any) {
 		var all []expr.Any
 		for _, e := range exprs {
 			all = append(all, e...)
@@ -153,22 +191,39 @@ func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy) err
 			UserData: userdata.AppendString(nil, userdata.TypeComment, comment),
 		})
 	}
-	rule("no other sandbox", matchPrefix(ipDaddr, f.subnet), verdict(expr.VerdictDrop))
+	// Replies only: the connection was opened by another sandbox whose
+	// allow rule names this one, and passed that sandbox's chain.
+	rule(ch, "replies to connections another sandbox's allow rule opened",
+		matchPrefix(ipDaddr, f.subnet),
+		[]expr.Any{
+			&expr.Ct{Register: 1, Key: expr.CtKeyDIRECTION},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{ctDirReply}},
+		}, verdict(expr.VerdictAccept))
 	// Addresses of allowed names: a connection opened to one is marked
 	// with this policy's generation and carries on after the address's
 	// timeout, until the policy changes.
 	names := namesSet(t, addr)
-	if err := c.AddSet(names, nil); err != nil {
-		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	denied := deniedSet(t, addr)
+	for _, set := range []*nftables.Set{names, denied} {
+		if err := c.AddSet(set, nil); err != nil {
+			return fmt.Errorf("setting policy of %s: %w", addr, err)
+		}
+		c.FlushSet(set)
 	}
-	c.FlushSet(names)
+	for set, elems := range map[*nftables.Set]map[netip.Addr]time.Duration{names: learned.Allow, denied: learned.Deny} {
+		if els := f.elements(elems); len(els) > 0 {
+			if err := c.SetAddElements(set, els); err != nil {
+				return fmt.Errorf("setting policy of %s: %w", addr, err)
+			}
+		}
+	}
 	gen := p.generation(addr)
-	rule("connections opened to allowed names under this policy",
+	rule(ch, "connections opened to allowed names under this policy",
 		[]expr.Any{
 			&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gen},
 		}, verdict(expr.VerdictAccept))
-	rule("addresses of allowed names",
+	rule(ch, "addresses of allowed names",
 		[]expr.Any{
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ipDaddr, Len: 4},
 			&expr.Lookup{SourceRegister: 1, SetName: names.Name, SetID: names.ID},
@@ -176,28 +231,55 @@ func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy) err
 			&expr.Ct{Register: 1, Key: expr.CtKeyMARK, SourceRegister: true},
 		}, verdict(expr.VerdictAccept))
 	for _, pf := range p.Allow {
-		rule("allow "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictAccept))
+		rule(ch, "allow "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictAccept))
+		rule(host, "allow "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictAccept))
 	}
+	rule(ch, "no other sandbox", matchPrefix(ipDaddr, f.subnet), verdict(expr.VerdictDrop))
 	for _, pf := range p.Deny {
-		rule("deny "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictDrop))
+		rule(ch, "deny "+pf.String(), matchPrefix(ipDaddr, pf), verdict(expr.VerdictDrop))
 	}
+	rule(ch, "addresses of denied names",
+		[]expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ipDaddr, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: denied.Name, SetID: denied.ID},
+		}, verdict(expr.VerdictDrop))
 	def := expr.VerdictAccept
 	if p.Egress == EgressNone {
 		def = expr.VerdictDrop
 	}
-	rule("egress "+string(p.Egress), verdict(def))
+	rule(ch, "egress "+string(p.Egress), verdict(def))
 
-	m := policiesSet(t)
 	key := addr.As4()
-	if err := c.SetAddElements(m, []nftables.SetElement{{
-		Key: key[:], VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name},
-	}}); err != nil {
-		return fmt.Errorf("setting policy of %s: %w", addr, err)
+	for m, chain := range map[*nftables.Set]string{policiesSet(t): ch.Name, hostSet(t): host.Name} {
+		if err := c.SetAddElements(m, []nftables.SetElement{{
+			Key: key[:], VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain},
+		}}); err != nil {
+			return fmt.Errorf("setting policy of %s: %w", addr, err)
+		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("setting policy of %s: %w", addr, err)
 	}
 	return nil
+}
+
+// ctDirReply is conntrack's direction of replies (IP_CT_DIR_REPLY).
+const ctDirReply = 1
+
+// elements are the set elements of addresses with their timeouts, leaving
+// out what no name may open or close: the subnet and any address that is
+// not IPv4. A timeout under a second is a second (nftables counts in ms;
+// zero would mean never).
+func (f *Firewall) elements(addrs map[netip.Addr]time.Duration) []nftables.SetElement {
+	var out []nftables.SetElement
+	for ip, ttl := range addrs {
+		if !ip.Is4() || f.subnet.Contains(ip) {
+			continue
+		}
+		k := ip.As4()
+		out = append(out, nftables.SetElement{Key: k[:], Timeout: max(ttl, time.Second)})
+	}
+	return out
 }
 
 // RemovePolicy takes the policy of the sandbox at addr away, which leaves it
@@ -225,19 +307,32 @@ func (f *Firewall) RemovePolicy(ctx context.Context, addr netip.Addr) error {
 		return nil
 	}
 	key := addr.As4()
-	// The element goes first, in the same batch, since a chain that is
+	// The elements go first, in the same batch, since a chain that is
 	// jumped to cannot be deleted.
-	if err := c.SetDeleteElements(policiesSet(t), []nftables.SetElement{{Key: key[:]}}); err != nil {
-		return fmt.Errorf("removing policy of %s: %w", addr, err)
+	for _, m := range []*nftables.Set{policiesSet(t), hostSet(t)} {
+		if err := c.SetDeleteElements(m, []nftables.SetElement{{Key: key[:]}}); err != nil {
+			return fmt.Errorf("removing policy of %s: %w", addr, err)
+		}
 	}
-	ch := &nftables.Chain{Name: policyChain(addr), Table: t}
-	c.FlushChain(ch)
-	c.DelChain(ch)
+	for _, name := range []string{policyChain(addr), hostChain(addr)} {
+		ch := &nftables.Chain{Name: name, Table: t}
+		c.FlushChain(ch)
+		c.DelChain(ch)
+	}
 	c.DelSet(namesSet(t, addr))
+	c.DelSet(deniedSet(t, addr))
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("removing policy of %s: %w", addr, err)
 	}
 	return nil
+}
+
+// hostSet is the verdict map of table t to the sandboxes' host chains.
+func hostSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{
+		Table: t, Name: hostMap, IsMap: true,
+		KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict,
+	}
 }
 
 // policiesSet is the verdict map of table t.
@@ -248,34 +343,44 @@ func policiesSet(t *nftables.Table) *nftables.Set {
 	}
 }
 
-// AllowResolved opens ips to the sandbox at addr for ttl: the Resolver
-// calls it with the addresses of a name the sandbox's policy allows, before
-// it answers. An address already open keeps its timeout.
-func (f *Firewall) AllowResolved(ctx context.Context, addr netip.Addr, ips []netip.Addr, ttl time.Duration) error {
+// Resolved opens (or, with deny, closes) addrs to the sandbox at addr, each
+// for its duration: the Resolver calls it with the addresses of a name the
+// sandbox's policy allows (denies), before it answers. An address already
+// there takes the new duration: it is added, deleted and added again in
+// one transaction, since adding an element that exists leaves its timeout
+// as it was, and deleting one that does not fails the batch.
+func (f *Firewall) Resolved(ctx context.Context, addr netip.Addr, addrs map[netip.Addr]time.Duration, deny bool) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+		return fmt.Errorf("adding resolved addresses for %s: %w", addr, err)
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
-	}
-	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
-	var elems []nftables.SetElement
-	for _, ip := range ips {
-		if !ip.Is4() || f.subnet.Contains(ip) {
-			continue // the subnet stays closed whatever a name says
-		}
-		k := ip.As4()
-		elems = append(elems, nftables.SetElement{Key: k[:], Timeout: ttl})
-	}
+	elems := f.elements(addrs)
 	if len(elems) == 0 {
 		return nil
 	}
-	if err := c.SetAddElements(namesSet(t, addr), elems); err != nil {
-		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("adding resolved addresses for %s: %w", addr, err)
+	}
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	set := namesSet(t, addr)
+	if deny {
+		set = deniedSet(t, addr)
+	}
+	keys := make([]nftables.SetElement, len(elems))
+	for i, e := range elems {
+		keys[i] = nftables.SetElement{Key: e.Key}
+	}
+	for _, step := range []func() error{
+		func() error { return c.SetAddElements(set, keys) },
+		func() error { return c.SetDeleteElements(set, keys) },
+		func() error { return c.SetAddElements(set, elems) },
+	} {
+		if err := step(); err != nil {
+			return fmt.Errorf("adding resolved addresses for %s: %w", addr, err)
+		}
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("opening resolved addresses to %s: %w", addr, err)
+		return fmt.Errorf("adding resolved addresses for %s: %w", addr, err)
 	}
 	return nil
 }
@@ -283,19 +388,20 @@ func (f *Firewall) AllowResolved(ctx context.Context, addr netip.Addr, ips []net
 // SetPolicy gives the sandbox at ep policy p in the firewall of m's subnet
 // (see Firewall.SetPolicy) and, with a Resolver, its name policy.
 func (m *Manager) SetPolicy(ctx context.Context, ep Endpoint, p Policy) error {
-	if err := m.Firewall().SetPolicy(ctx, ep.SandboxIP, p); err != nil {
-		return err
+	fw := func(l Learned) error { return m.Firewall().SetPolicy(ctx, ep.SandboxIP, p, l) }
+	if m.resolver == nil {
+		return fw(Learned{})
 	}
-	if m.resolver != nil {
-		if err := m.resolver.Set(ep, p); err != nil {
-			// The sandbox runs on without DNS (its addresses rules hold)
-			// rather than not at all: the next SetPolicy tries again. On a
-			// host where something else holds port 53 on every address,
-			// this is where it shows.
-			m.cfg.Log.Error("sandbox resolver not listening", "host_ip", ep.HostIP, "err", err)
-		}
+	listenErr, err := m.resolver.setPolicy(ep, p, fw)
+	if listenErr {
+		// The sandbox runs on without DNS (its addresses rules hold)
+		// rather than not at all: the next SetPolicy tries again. On a
+		// host where something else holds port 53 on every address,
+		// this is where it shows.
+		m.cfg.Log.Error("sandbox resolver not listening", "host_ip", ep.HostIP, "err", err)
+		return nil
 	}
-	return nil
+	return err
 }
 
 // RemovePolicy takes the policy of the sandbox at ep away (see

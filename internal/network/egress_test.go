@@ -47,7 +47,7 @@ func TestEgressPolicy(t *testing.T) {
 
 	set := func(p Policy) {
 		t.Helper()
-		if err := fw.SetPolicy(ctx, a.SandboxIP, p); err != nil {
+		if err := fw.SetPolicy(ctx, a.SandboxIP, p, Learned{}); err != nil {
 			t.Fatalf("SetPolicy(%+v): %v", p, err)
 		}
 	}
@@ -93,11 +93,29 @@ func TestEgressPolicy(t *testing.T) {
 		set(Policy{Egress: EgressNone, Allow: []netip.Prefix{pfx(w1.SandboxIP)}, Deny: []netip.Prefix{netip.MustParsePrefix(egWorldSubnet)}})
 		expect(true, false)
 	})
-	step("allowing the subnet or the host opens neither", func() {
-		set(Policy{Egress: EgressNone, Allow: []netip.Prefix{
-			netip.MustParsePrefix(egSubnet), pfx(w1.HostIP), pfx(w1.SandboxIP),
-		}})
-		expect(true, false)
+	step("an allow rule opens exactly the host's address or the sandbox it names", func() {
+		// B has a policy of its own, egress all: it reaches A no more
+		// than before, whatever A's rules say.
+		if err := fw.SetPolicy(ctx, b.SandboxIP, Policy{Egress: EgressAll}, Learned{}); err != nil {
+			t.Fatal(err)
+		}
+		agentA := listenIn(t, a.Netns, netip.AddrPortFrom(a.SandboxIP, fwAgentPort))
+		for _, allow := range []struct {
+			what string
+			pf   netip.Prefix
+			to   netip.AddrPort
+		}{{"another sandbox", pfx(b.SandboxIP), agentB}, {"the host's address", pfx(a.HostIP), other}, {"another host address", pfx(w1.HostIP), otherOut}} {
+			set(Policy{Egress: EgressNone, Allow: []netip.Prefix{allow.pf}})
+			for _, to := range []netip.AddrPort{agentB, other, otherOut} {
+				expectReach(t, a.Netns, to, allowedWait, to == allow.to)
+			}
+			expectEcho(t, a.Netns, world1, false)
+			expectReach(t, b.Netns, agentA, blockedWait, false)
+		}
+		// Egress all and names open none of them (expect checks).
+		if err := fw.RemovePolicy(ctx, b.SandboxIP); err != nil {
+			t.Fatal(err)
+		}
 	})
 	step("a change cuts an open connection", func() {
 		set(Policy{Egress: EgressAll})
@@ -137,12 +155,12 @@ func TestEgressPolicy(t *testing.T) {
 			}
 		}
 		expect(false, false)
-		checkRules(t, fw.Table(), map[string]int{"forward": 3, "input": 5, "postrouting": 1, "prerouting": 2})
+		checkRules(t, fw.Table(), map[string]int{"forward": 3, "input": 6, "postrouting": 1, "prerouting": 2})
 	})
-	if err := fw.SetPolicy(ctx, netip.MustParseAddr("10.1.2.3"), Policy{Egress: EgressAll}); err == nil {
+	if err := fw.SetPolicy(ctx, netip.MustParseAddr("10.1.2.3"), Policy{Egress: EgressAll}, Learned{}); err == nil {
 		t.Error("SetPolicy of an address outside the subnet: nil error, want one")
 	}
-	if err := fw.SetPolicy(ctx, a.SandboxIP, Policy{Egress: "some"}); err == nil {
+	if err := fw.SetPolicy(ctx, a.SandboxIP, Policy{Egress: "some"}, Learned{}); err == nil {
 		t.Error(`SetPolicy with egress "some": nil error, want one`)
 	}
 	logTable(t, fw.Table())

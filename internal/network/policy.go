@@ -37,14 +37,15 @@ func TableName(subnet netip.Prefix) string {
 //
 // The table (family ip, since sandboxes have only IPv4 addresses) holds:
 //
-//   - chain forward, hook forward: every packet to the subnet that is not
-//     part of a connection already tracked is dropped (nothing routed from
-//     elsewhere reaches a sandbox); every packet from the subnet jumps,
-//     through the verdict map "policies" keyed by the sandbox's address, to
-//     that sandbox's chain sb_<address> (see SetPolicy), which drops the
-//     subnet (no sandbox reaches another, nor another sandbox's host
-//     address) and applies the sandbox's allow, deny and egress default; a
-//     sandbox without a policy has no egress at all.
+//   - chain forward, hook forward: every packet to the subnet from
+//     elsewhere that is not part of a connection already tracked is
+//     dropped (nothing routed from elsewhere reaches a sandbox); every
+//     packet from the subnet jumps, through the verdict map "policies"
+//     keyed by the sandbox's address, to that sandbox's chain sb_<address>
+//     (see SetPolicy), which drops the subnet (no sandbox reaches another
+//     unless its allow rules name it) and applies the sandbox's allow,
+//     deny and egress default; a sandbox without a policy has no egress at
+//     all.
 //   - chain postrouting, hook postrouting (nat): what leaves the subnet is
 //     masqueraded to the host's address on the way out.
 //   - chain prerouting, hook prerouting (nat): DNS (UDP and TCP port 53)
@@ -53,10 +54,12 @@ func TableName(subnet netip.Prefix) string {
 //   - chain input, hook input: from the subnet, replies to connections the
 //     host opened (the daemon talking to agents), new TCP connections to
 //     InsidePort on an address in the subnet (the in-sandbox API on each
-//     HostIP) and DNS to port 53 there (the Resolver) are accepted; everything else from the subnet is dropped, so
-//     sandboxes reach neither the daemon's main API nor anything else that
-//     listens on the host, whatever their policy: the host's own addresses
-//     are never forwarded, so no allow rule opens them.
+//     HostIP) and DNS to port 53 there (the Resolver) are accepted, and so
+//     are the host's addresses the sandbox's allow rules name (its chain
+//     host_<address>, through the verdict map "host_policies");
+//     everything else from the subnet is dropped, so sandboxes reach
+//     neither the daemon's main API nor anything else that listens on the
+//     host unless their owner wrote that address into an allow rule.
 //
 // All chains accept by policy: the table only ever takes away, and leaves
 // every packet that is not the subnet's to the host's own rules.
@@ -152,13 +155,16 @@ func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table) {
 		Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept,
 	})
-	policies := policiesSet(t)
-	// AddSet fails only on a set it cannot describe, and this one is fixed.
-	if err := c.AddSet(policies, nil); err != nil {
-		panic(fmt.Sprintf("firewall: verdict map: %v", err))
+	policies, hosts := policiesSet(t), hostSet(t)
+	// AddSet fails only on a set it cannot describe, and these are fixed.
+	for _, m := range []*nftables.Set{policies, hosts} {
+		if err := c.AddSet(m, nil); err != nil {
+			panic(fmt.Sprintf("firewall: verdict map: %v", err))
+		}
 	}
-	rule(fwd, "nothing routed reaches a sandbox unless tracked",
-		matchPrefix(ipDaddr, f.subnet), matchTracked(false), verdict(expr.VerdictDrop))
+	// From another sandbox, the sender's chain decides (its allow rules).
+	rule(fwd, "nothing routed from elsewhere reaches a sandbox unless tracked",
+		matchPrefix(ipDaddr, f.subnet), notPrefix(ipSaddr, f.subnet), matchTracked(false), verdict(expr.VerdictDrop))
 	rule(fwd, "each sandbox's packets go through its policy chain",
 		matchPrefix(ipSaddr, f.subnet),
 		[]expr.Any{
@@ -190,6 +196,12 @@ func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table) {
 		rule(in, "the resolver on each sandbox's host address",
 			matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchDport(proto, 53), verdict(expr.VerdictAccept))
 	}
+	rule(in, "the host's addresses a sandbox's allow rules name",
+		matchPrefix(ipSaddr, f.subnet),
+		[]expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: ipSaddr, Len: 4},
+			&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: hosts.Name, SetID: hosts.ID},
+		})
 	rule(in, "nothing else on the host, the daemon's API included",
 		matchPrefix(ipSaddr, f.subnet), verdict(expr.VerdictDrop))
 }

@@ -129,7 +129,7 @@ func TestFirewall(t *testing.T) {
 	if err := fw2.Remove(ctx); err != nil {
 		t.Fatalf("Remove of %s: %v", fw2.Table(), err)
 	}
-	checkRules(t, fw.Table(), map[string]int{"forward": 3, "input": 5, "postrouting": 1, "prerouting": 2})
+	checkRules(t, fw.Table(), map[string]int{"forward": 3, "input": 6, "postrouting": 1, "prerouting": 2})
 	checkFirewall(t, a, b, x, l)
 
 	for range 2 {
