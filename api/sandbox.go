@@ -124,3 +124,21 @@ type AccessToken struct {
 	URL         string `json:"url"`
 	AccessToken string `json:"access_token"`
 }
+
+// UpdateSandbox is the body of PATCH /v1/sandboxes/{sandbox}: the settings
+// of a sandbox that may change while it lives. A field left out (null)
+// stays as it is; Labels, when given, replaces every label. The rest of a
+// sandbox (template, resources, env, secrets) is fixed at create; its
+// network policy has its own route (PUT …/network).
+type UpdateSandbox struct {
+	// Labels replaces the sandbox's labels; {} removes them all.
+	Labels *map[string]string `json:"labels,omitempty"`
+	// Idle is how long the sandbox may go without activity before it
+	// sleeps ("10m"; "0" never; "" the daemon's default).
+	Idle *string `json:"idle,omitempty"`
+	// HTTPPort is the port its URL forwards to.
+	HTTPPort *int `json:"http_port,omitempty"`
+	// Public opens its URL to anyone who reaches the daemon, or closes it
+	// to all but holders of the API or access token.
+	Public *bool `json:"public,omitempty"`
+}

@@ -63,6 +63,18 @@ func (c *Client) GetSandbox(ctx context.Context, ref string) (*api.Sandbox, erro
 	return &sb, nil
 }
 
+// UpdateSandbox changes the settings of a sandbox that may change while it
+// lives: its labels (replaced as a whole), idle time, http_port and public.
+// Fields left nil stay as they are. It neither wakes nor touches a
+// sandbox; each change takes effect at once.
+func (c *Client) UpdateSandbox(ctx context.Context, ref string, req api.UpdateSandbox) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if err := c.sandboxCall(ctx, "PATCH", ref, "", req, &sb); err != nil {
+		return nil, fmt.Errorf("updating sandbox %s: %w", ref, err)
+	}
+	return &sb, nil
+}
+
 // AccessToken returns a sandbox's URL and the token that opens it when the
 // sandbox is not public: send it as the header X-Loam-Access-Token, or once
 // as ?loam_token= in a browser, which then keeps it in a cookie.

@@ -17,12 +17,14 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/client"
 )
 
 // urlServer is a small server for a sandbox, on python's standard library
 // alone: GET serves /home/loam/site, POST echoes its body, and GET /ws
-// answers a WebSocket handshake and echoes text frames until a close.
-const urlServer = `import base64, hashlib, http.server, os, socketserver, struct, sys
+// answers a WebSocket handshake and echoes text frames until a close; GET
+// /slow answers "slow" after 1.5 s.
+const urlServer = `import base64, hashlib, http.server, os, socketserver, struct, sys, time
 
 class H(http.server.SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -38,6 +40,13 @@ class H(http.server.SimpleHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(out)
     def do_GET(self):
+        if self.path == "/slow":
+            time.sleep(1.5)
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"slow\n")
+            return
         if self.path != "/ws":
             return super().do_GET()
         key = self.headers["Sec-WebSocket-Key"]
@@ -256,10 +265,23 @@ func TestURLDuringRestore(t *testing.T) {
 		t.Fatalf("before the restore: %d %q %v", status, body, err)
 	}
 
+	// A slow request in flight when the restore begins is answered by
+	// the machine it went to: the restore waits for it (up to 2 s).
+	slow := make(chan string, 1)
+	go func() {
+		status, body, _, err := fetch(ctx, c, "GET", sb.URL+"/slow", nil, "")
+		slow <- fmt.Sprintf("%d %q %v", status, body, err)
+	}()
+	time.Sleep(300 * time.Millisecond)
 	restored := make(chan error, 1)
 	go func() {
 		_, err := d.C.RestoreCheckpoint(ctx, "roll", cp.ID)
 		restored <- err
+	}()
+	defer func() {
+		if got := <-slow; got != `200 "slow\n" <nil>` {
+			t.Errorf("a request in flight when the restore began: %s", got)
+		}
 	}()
 	// Give the daemon a moment to take the restore up (it first keeps the
 	// current state as an automatic checkpoint), then send requests every
@@ -445,4 +467,87 @@ func TestURLWakesASleepingSandbox(t *testing.T) {
 	}
 	ws.Close(websocket.StatusNormalClosure, "")
 	waitState(t, d, "dozy", api.StateSleeping)
+}
+
+// TestUpdateSandbox: PATCH of a sandbox changes its URL's access and port,
+// its labels and idle time at once, without waking it; bad updates are
+// invalid and change nothing.
+func TestUpdateSandbox(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "upd", Labels: map[string]string{"owner": "docs"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.run("upd", "sh", "-c", `for p in 8080 9000; do mkdir -p /tmp/www$p && echo port$p > /tmp/www$p/index.html && httpd -p $p -h /tmp/www$p; done`)
+	c := urlClient(d)
+	get := func() (int, string) {
+		t.Helper()
+		code, body, _, err := fetch(ctx, c, "GET", sb.URL+"/", nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return code, strings.TrimSpace(body)
+	}
+	if code, _ := get(); code != http.StatusUnauthorized {
+		t.Fatalf("a private sandbox's URL without a token: %d", code)
+	}
+	if out, errOut, code := d.cli("", "update", "upd", "--public"); code != 0 || !strings.Contains(out, "upd") {
+		t.Fatalf("loam update --public: %d %q %q", code, out, errOut)
+	}
+	if code, body := get(); code != 200 || body != "port8080" {
+		t.Fatalf("public now: %d %q", code, body)
+	}
+	port := 9000
+	got, err := d.C.UpdateSandbox(ctx, "upd", api.UpdateSandbox{HTTPPort: &port, Labels: &map[string]string{"team": "core"}})
+	if err != nil || got.HTTPPort != 9000 || !got.Public || len(got.Labels) != 1 || got.Labels["team"] != "core" {
+		t.Fatalf("update: %v %+v", err, got)
+	}
+	if code, body := get(); code != 200 || body != "port9000" {
+		t.Errorf("after the port change: %d %q", code, body)
+	}
+	if list, err := d.C.ListSandboxes(ctx, client.ListOptions{Labels: map[string]string{"team": "core"}}); err != nil || len(list) != 1 {
+		t.Errorf("listing by the new label: %v %+v", err, list)
+	}
+	if list, _ := d.C.ListSandboxes(ctx, client.ListOptions{Labels: map[string]string{"owner": "docs"}}); len(list) != 0 {
+		t.Errorf("the old label still matches: %+v", list)
+	}
+
+	// Bad updates change nothing.
+	bad, zero := "5x", 0
+	for _, req := range []api.UpdateSandbox{{}, {Idle: &bad}, {HTTPPort: &zero}} {
+		if _, err := d.C.UpdateSandbox(ctx, "upd", req); apiCode(err) != api.CodeInvalid {
+			t.Errorf("update %+v: %v, want invalid", req, err)
+		}
+	}
+	yes := true
+	if _, err := d.C.UpdateSandbox(ctx, "nosuch", api.UpdateSandbox{Public: &yes}); apiCode(err) != api.CodeNotFound {
+		t.Errorf("update of no sandbox: %v, want not_found", err)
+	}
+
+	// A sleeping sandbox stays asleep.
+	if _, err := d.C.Sleep(ctx, "upd"); err != nil {
+		t.Fatal(err)
+	}
+	no, idle := false, "30m"
+	got, err = d.C.UpdateSandbox(ctx, "upd", api.UpdateSandbox{Public: &no, Idle: &idle})
+	if err != nil || got.State != api.StateSleeping || got.Public || got.Idle != "30m" || got.HTTPPort != 9000 {
+		t.Fatalf("update of a sleeping sandbox: %v %+v", err, got)
+	}
+	if code, _ := get(); code != http.StatusUnauthorized {
+		t.Errorf("private again: %d", code)
+	}
+	// A request refused at the door leaves it asleep; one with the token
+	// wakes it.
+	if got, _ := d.C.GetSandbox(ctx, "upd"); got.State != api.StateSleeping {
+		t.Errorf("a refused request woke the sandbox: %s", got.State)
+	}
+	at, err := d.C.AccessToken(ctx, "upd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body, _, err := fetch(ctx, c, "GET", sb.URL+"/", http.Header{"X-Loam-Access-Token": {at.AccessToken}}, "")
+	if err != nil || code != 200 || strings.TrimSpace(body) != "port9000" {
+		t.Errorf("with the access token: %d %q %v", code, body, err)
+	}
 }

@@ -92,6 +92,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.lsCmd(),
 		a.getCmd(),
 		a.rmCmd(),
+		a.updateCmd(),
 		a.runCmd(),
 		a.templatesCmd(),
 		a.checkpointCmd(),

@@ -162,6 +162,76 @@ func (a *app) getCmd() *cobra.Command {
 	return cmd
 }
 
+func (a *app) updateCmd() *cobra.Command {
+	var (
+		labels   []string
+		idle     string
+		httpPort int
+		public   bool
+		asJSON   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "update NAME",
+		Short: "Change a sandbox's labels, idle time, HTTP port or public URL",
+		Long: `Change the settings of a sandbox that may change while it lives; what is
+not given stays as it is. --label replaces every label (give --label= alone
+to remove them all). The change takes effect at once and does not wake a
+sleeping sandbox. Its network policy is changed with loam network set.`,
+		Example: `  loam update web --public
+  loam update web --public=false --http-port 3000
+  loam update scratch --idle 30m --label owner=docs --label team=core`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var req api.UpdateSandbox
+			f := cmd.Flags()
+			if f.Changed("label") {
+				var kv []string
+				for _, l := range labels {
+					if l != "" {
+						kv = append(kv, l)
+					}
+				}
+				m, err := parseKV("label", kv)
+				if err != nil {
+					return err
+				}
+				if m == nil {
+					m = map[string]string{}
+				}
+				req.Labels = &m
+			}
+			if f.Changed("idle") {
+				req.Idle = &idle
+			}
+			if f.Changed("http-port") {
+				req.HTTPPort = &httpPort
+			}
+			if f.Changed("public") {
+				req.Public = &public
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			sb, err := c.UpdateSandbox(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sb)
+			}
+			return writeSandbox(a.stdout, sb)
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&labels, "label", "l", nil, "label `KEY=VALUE` (repeatable; replaces every label)")
+	f.StringVar(&idle, "idle", "", "sleep after this long without activity, such as 10m (0: never)")
+	f.IntVar(&httpPort, "http-port", 0, "port the sandbox's URL forwards to")
+	f.BoolVar(&public, "public", false, "open the sandbox's URL to anyone who reaches the daemon (--public=false: only with a token)")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
 func (a *app) rmCmd() *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{

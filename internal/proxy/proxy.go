@@ -41,7 +41,9 @@ type Targets interface {
 	// HTTPTarget is the sandbox named name, running, waiting while it is
 	// created or restored; not_found when there is none, unavailable
 	// when it cannot serve (sleeping, stopped, …).
-	HTTPTarget(ctx context.Context, name string) (sandbox.Target, error)
+	// admit is asked first, before any wait or wake, and its error is
+	// returned as it is.
+	HTTPTarget(ctx context.Context, name string, admit func(sandbox.Target) error) (sandbox.Target, error)
 	// DialPort opens a port stream: a connection made inside the sandbox
 	// by its agent, for servers that listen on its loopback only.
 	DialPort(ctx context.Context, ref string, port int) (*sandbox.Stream, error)
@@ -194,6 +196,9 @@ func (h *Handler) Mount(api http.Handler) http.Handler {
 
 type ctxKey struct{}
 
+// errDenied is the admit error of a request that may not use the URL.
+var errDenied = errors.New("denied")
+
 // ServeHTTP serves a request for a sandbox's URL; any other Host is a 404.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name, ok := h.Match(r.Host)
@@ -206,17 +211,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
 	start := time.Now()
-	t, err := h.targets.HTTPTarget(r.Context(), name)
-	if err != nil {
-		h.targetError(w, r, name, err)
-		return
-	}
-	switch h.allow(r, t) {
-	case denied:
+	// Access is decided before the sandbox is woken or waited for: a
+	// request that may not use a private sandbox's URL leaves it asleep.
+	var v verdict
+	t, err := h.targets.HTTPTarget(r.Context(), name, func(t sandbox.Target) error {
+		if v = h.allow(r, t); v == denied {
+			return errDenied
+		}
+		return nil
+	})
+	if errors.Is(err, errDenied) {
 		h.page(w, http.StatusUnauthorized, "Private sandbox",
 			fmt.Sprintf("Sandbox %s is private. Open its URL with ?%s=ACCESS_TOKEN once (loam url %s shows it), or send the header %s.",
 				name, TokenParam, name, TokenHeader))
 		return
+	}
+	if err != nil {
+		h.targetError(w, r, name, err)
+		return
+	}
+	switch v {
 	case redirect:
 		h.setCookie(w, t)
 		u := *r.URL
@@ -452,7 +466,7 @@ func (rt *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			time.Sleep(time.Duration(i+1) * 25 * time.Millisecond)
 			continue
 		}
-		next, terr := rt.h.targets.HTTPTarget(req.Context(), t.Name)
+		next, terr := rt.h.targets.HTTPTarget(req.Context(), t.Name, nil)
 		if terr != nil {
 			return nil, terr
 		}

@@ -19,10 +19,15 @@ import (
 // fakeTargets serves sandboxes by name, all at one address.
 type fakeTargets map[string]sandbox.Target
 
-func (f fakeTargets) HTTPTarget(ctx context.Context, name string) (sandbox.Target, error) {
+func (f fakeTargets) HTTPTarget(ctx context.Context, name string, admit func(sandbox.Target) error) (sandbox.Target, error) {
 	t, ok := f[name]
 	if !ok {
 		return sandbox.Target{}, api.Errorf(api.CodeNotFound, "sandbox %q not found", name)
+	}
+	if admit != nil {
+		if err := admit(t); err != nil {
+			return sandbox.Target{}, err
+		}
 	}
 	if t.ID == "" {
 		return sandbox.Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is sleeping", name)
@@ -93,7 +98,9 @@ func TestAccessAndForwarding(t *testing.T) {
 	targets := fakeTargets{
 		"priv":  {ID: "sb-1", Name: "priv", Addr: addr, AccessToken: "acc1"},
 		"pub":   {ID: "sb-2", Name: "pub", Addr: addr, Public: true, AccessToken: "acc2"},
-		"sleep": {Name: "sleep"},
+		"sleep": {Name: "sleep", Public: true},
+		// A private sandbox that cannot serve: access is decided first.
+		"psleep": {Name: "psleep"},
 		"dead":  {ID: "sb-3", Name: "dead", Addr: netip.MustParseAddrPort("127.0.0.1:1"), Public: true},
 	}
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "api") })
@@ -143,6 +150,7 @@ func TestAccessAndForwarding(t *testing.T) {
 		{"public", "GET", "pub--default.localhost:7070", "/", nil, 200},
 		{"unknown", "GET", "nope--default.localhost:7070", "/", nil, 404},
 		{"sleeping", "GET", "sleep--default.localhost:7070", "/", nil, 503},
+		{"private and sleeping, no token", "GET", "psleep--default.localhost:7070", "/", nil, 401},
 		{"not listening", "GET", "dead--default.localhost:7070", "/", nil, 502},
 	} {
 		resp := do(tc.method, tc.host, tc.path, tc.hdr, "")

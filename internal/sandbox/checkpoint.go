@@ -365,6 +365,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
 		return nil, err
 	}
+	m.drain(sb.ID)
 	unlock := m.lockSource(sb.ID)
 	defer unlock()
 

@@ -54,6 +54,7 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
 	if err := requireState(sb.Name, sb.State, api.StateRunning); err != nil {
 		return nil, err
 	}
+	m.drain(sb.ID)
 	if err := m.sleep(context.WithoutCancel(ctx), sb); err != nil {
 		return nil, publicError(fmt.Errorf("putting %s to sleep: %w", sb.Name, err))
 	}

@@ -44,8 +44,31 @@ type Target struct {
 }
 
 // holdsURL tells whether an operation (as begin names it) makes the URL
-// front door wait for its end: one that replaces the machine behind it.
-func holdsURL(what string) bool { return what == "a restore" || what == "create" }
+// front door wait for its end: one that replaces the machine behind it, or
+// puts it to sleep (the request then wakes it).
+func holdsURL(what string) bool { return what == "a restore" || what == "create" || what == opSleep }
+
+// drainLimit bounds how long a restore or a sleep waits for the requests
+// already passed on through the sandbox's URL to be answered before it
+// replaces or stops the machine; a WebSocket or a long stream is cut then.
+const drainLimit = 2 * time.Second
+
+// drain waits, up to drainLimit, until nothing holds sandbox id active
+// (see Active): the requests the URL front door passed on before the
+// caller's operation began get their answers from the machine they went
+// to. New requests wait for the operation (holdsURL) meanwhile.
+func (m *Manager) drain(id string) {
+	deadline := time.Now().Add(drainLimit)
+	for time.Now().Before(deadline) {
+		m.mu.Lock()
+		n := m.holds[id]
+		m.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
 
 // HTTPTarget finds where to send an HTTP request for sandbox name (a name,
 // never an id: URLs carry names). While the sandbox is being created or
@@ -55,9 +78,15 @@ func holdsURL(what string) bool { return what == "a restore" || what == "create"
 // A sleeping sandbox is woken first (Use), and every request counts as
 // activity for its idle time.
 //
+// admit, when not nil, is asked once, before any wait or wake, with the
+// sandbox's ID, Name, Public and AccessToken: its error is returned as it
+// is, so a request that may not use the URL neither waits nor wakes the
+// sandbox.
+//
 // Errors: not_found for no such sandbox; unavailable for a sandbox in any
-// other state but running, or still busy after HoldLimit; a wake's error.
-func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
+// other state but running, or still busy after HoldLimit; a wake's error;
+// admit's.
+func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target) error) (Target, error) {
 	ctx, cancel := context.WithTimeout(ctx, HoldLimit)
 	defer cancel()
 	held := false
@@ -71,6 +100,12 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string) (Target, error) {
 				return Target{}, m.holdExpired(ctx, name)
 			}
 			return Target{}, err
+		}
+		if admit != nil {
+			if err := admit(Target{ID: sb.ID, Name: sb.Name, Public: sb.Public, AccessToken: AccessToken(m.cfg.Secret, sb.ID)}); err != nil {
+				return Target{}, err
+			}
+			admit = nil
 		}
 		m.mu.Lock()
 		op, done, epoch := m.ops[sb.ID], m.opDone[sb.ID], m.epochs[sb.ID]

@@ -86,6 +86,17 @@ func (f *fakeSandboxes) Get(ctx context.Context, ref string) (*api.Sandbox, erro
 	return nil, api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
 }
 
+func (f *fakeSandboxes) Update(ctx context.Context, ref string, req api.UpdateSandbox) (*api.Sandbox, error) {
+	sb, err := f.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if req.Public != nil {
+		sb.Public = *req.Public
+	}
+	return sb, nil
+}
+
 func (f *fakeSandboxes) AccessToken(ctx context.Context, ref string) (*api.AccessToken, error) {
 	sb, err := f.Get(ctx, ref)
 	if err != nil {

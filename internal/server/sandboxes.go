@@ -22,6 +22,8 @@ type Sandboxes interface {
 	List(ctx context.Context, labels map[string]string) ([]api.Sandbox, error)
 	Get(ctx context.Context, ref string) (*api.Sandbox, error)
 	Delete(ctx context.Context, ref string) error
+	// Update changes the settings a sandbox may change while it lives.
+	Update(ctx context.Context, ref string, req api.UpdateSandbox) (*api.Sandbox, error)
 	CheckExec(ctx context.Context, ref string) (*api.Sandbox, error)
 	Exec(ctx context.Context, ref string, req api.ExecRequest) (*sandbox.Stream, error)
 	// AccessToken is a sandbox's URL and the token that opens it; only the
@@ -99,6 +101,19 @@ func labelFilter(filters []string) (map[string]string, error) {
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	sb, err := s.sandboxes.Get(r.Context(), r.PathValue("sandbox"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req api.UpdateSandbox
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	sb, err := s.sandboxes.Update(r.Context(), r.PathValue("sandbox"), req)
 	if err != nil {
 		return err
 	}

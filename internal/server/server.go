@@ -54,6 +54,7 @@ func (s *Server) routes() {
 	v1("GET /v1/sandboxes", s.listSandboxes)
 	v1("GET /v1/sandboxes/{sandbox}", s.getSandbox)
 	v1("DELETE /v1/sandboxes/{sandbox}", s.deleteSandbox)
+	v1("PATCH /v1/sandboxes/{sandbox}", s.updateSandbox)
 	v1("GET /v1/sandboxes/{sandbox}/access-token", s.accessToken)
 	v1("GET /v1/sandboxes/{sandbox}/exec", s.exec)
 	v1("POST /v1/sandboxes/{sandbox}/sleep", s.sleepSandbox)
