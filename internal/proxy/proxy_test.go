@@ -101,7 +101,7 @@ func TestAccessAndForwarding(t *testing.T) {
 		"sleep": {Name: "sleep", Public: true},
 		// A private sandbox that cannot serve: access is decided first.
 		"psleep": {Name: "psleep"},
-		"dead":  {ID: "sb-3", Name: "dead", Addr: netip.MustParseAddrPort("127.0.0.1:1"), Public: true},
+		"dead":   {ID: "sb-3", Name: "dead", Addr: netip.MustParseAddrPort("127.0.0.1:1"), Public: true},
 	}
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "api") })
 	front := httptest.NewServer(newFront(t, targets, "localhost:7070").Mount(api))
