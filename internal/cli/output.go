@@ -88,6 +88,8 @@ func (t *table) flush() error {
 }
 
 // block writes "key:" padded to blockKeyWidth, then the value, one per line.
+// A key as long as the padding (secret_files) still gets one space before
+// its value.
 type block struct {
 	w   io.Writer
 	err error
@@ -97,7 +99,7 @@ func (b *block) line(key, value string) {
 	if b.err != nil {
 		return
 	}
-	_, b.err = fmt.Fprintf(b.w, "%-*s%s\n", blockKeyWidth, key+":", orDash(value))
+	_, b.err = fmt.Fprintf(b.w, "%-*s %s\n", blockKeyWidth-1, key+":", orDash(value))
 }
 
 func writeSandbox(w io.Writer, sb *api.Sandbox) error {

@@ -208,3 +208,24 @@ func TestParseKV(t *testing.T) {
 		}
 	}
 }
+
+// TestSandboxBlockSecrets: secret_files, as long as the keys' column, still
+// has a space before its value.
+func TestSandboxBlockSecrets(t *testing.T) {
+	sb := &api.Sandbox{ID: "sb-2kjiso7vff5b", Name: "app", State: api.StateRunning, Template: "base",
+		Secrets:     map[string]string{"DB_PASSWORD": "db-password"},
+		SecretFiles: map[string]string{"/run/secrets/db": "db-password"},
+		CreatedAt:   t0}
+	var buf bytes.Buffer
+	if err := writeSandbox(&buf, sb); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"\nsecrets:     DB_PASSWORD=db-password\n",
+		"\nsecret_files: /run/secrets/db=db-password\n",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("no line %q in:\n%s", strings.TrimSpace(want), buf.String())
+		}
+	}
+}
