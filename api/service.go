@@ -45,6 +45,9 @@ const ServiceMaxBackoff = 30 * time.Second
 
 // Service states.
 const (
+	// ServiceStarting: its command is being started (for the first time
+	// since it was started, or again after a backoff).
+	ServiceStarting = "starting"
 	// ServiceRunning: its command runs.
 	ServiceRunning = "running"
 	// ServiceBackoff: it exited or failed to start, and waits to start again.
@@ -60,8 +63,8 @@ const (
 // is doing.
 type ServiceStatus struct {
 	Service
-	// State is one of ServiceRunning, ServiceBackoff, ServiceExited and
-	// ServiceStopped.
+	// State is one of ServiceStarting, ServiceRunning, ServiceBackoff,
+	// ServiceExited and ServiceStopped.
 	State string `json:"state"`
 	// PID is the command's pid while it runs, else 0.
 	PID int `json:"pid,omitempty"`

@@ -458,7 +458,10 @@ func (s *service) startLocked(h *handler) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel, s.done = cancel, make(chan struct{})
 	s.mu.Lock()
-	s.restarts, s.errMsg = 0, ""
+	// Starting from now, not stopped: the supervisor starts the command
+	// a moment later, and a caller that looks at once must not read that
+	// the service it just started is stopped.
+	s.restarts, s.errMsg, s.state, s.pid = 0, "", api.ServiceStarting, 0
 	def := s.def
 	s.mu.Unlock()
 	go func(done chan struct{}) {
@@ -551,7 +554,7 @@ func (s *service) supervise(ctx context.Context, h *handler, def api.Service) {
 			t.Stop()
 			return
 		}
-		s.set(func() { s.restarts++ })
+		s.set(func() { s.restarts++; s.state = api.ServiceStarting })
 	}
 }
 

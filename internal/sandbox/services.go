@@ -81,7 +81,7 @@ func (m *Manager) serviceError(sb *store.Sandbox, name string, err error) error 
 // sandbox's word, passed on to clients only when it is well formed.
 func checkServiceAnswer(sb *store.Sandbox, s *api.ServiceStatus) error {
 	switch s.State {
-	case api.ServiceRunning, api.ServiceBackoff, api.ServiceExited, api.ServiceStopped:
+	case api.ServiceStarting, api.ServiceRunning, api.ServiceBackoff, api.ServiceExited, api.ServiceStopped:
 	default:
 		return malformedService(sb)
 	}
