@@ -123,7 +123,7 @@ func (m *Manager) fileError(cctx context.Context, sb *store.Sandbox, what, path 
 	case http.StatusNotFound:
 		code, says = api.CodeNotFound, "not found"
 	case http.StatusConflict:
-		code, says = api.CodeConflict, "not possible now"
+		code, says = api.CodeConflict, "in conflict with what is there"
 	default:
 		return publicError(fmt.Errorf("%s %s in %s: %w", what, path, sb.ID, err))
 	}

@@ -27,7 +27,7 @@ func TestFileError(t *testing.T) {
 		{"400", &agent.Error{Status: 400, Code: "invalid", Message: "/x: not a directory"}, api.CodeInvalid, `reading /x in sandbox box: refused (the sandbox says "/x: not a directory")`},
 		{"403", &agent.Error{Status: 403, Code: "forbidden", Message: "/x: permission denied"}, api.CodeForbidden, "permission denied"},
 		{"404", &agent.Error{Status: 404, Code: "not_found", Message: "/x: no such file"}, api.CodeNotFound, "not found"},
-		{"409", &agent.Error{Status: 409, Code: "conflict", Message: "/x: not empty"}, api.CodeConflict, "not possible now"},
+		{"409", &agent.Error{Status: 409, Code: "conflict", Message: "/x: not empty"}, api.CodeConflict, "in conflict with what is there"},
 		{"401 is not the user's", &agent.Error{Status: 401, Code: "unauthorized"}, api.CodeInternal, "the sandbox's agent failed"},
 		{"500 claiming not_found", &agent.Error{Status: 500, Code: "not_found", Message: "x"}, api.CodeInternal, "the sandbox's agent failed"},
 		{"no answer", errors.New("connection refused"), api.CodeUnavailable, "does not answer"},
