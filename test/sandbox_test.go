@@ -185,14 +185,22 @@ func TestSandboxLifecycle(t *testing.T) {
 // (busybox has no pgrep).
 func pidOf(t *testing.T, d *daemon, sb, cmd string) string {
 	t.Helper()
-	for _, line := range strings.Split(d.run(sb, "ps", "-o", "pid,args"), "\n") {
-		pid, args, _ := strings.Cut(strings.TrimSpace(line), " ")
-		if strings.TrimSpace(args) == cmd {
-			return pid
+	// A process just started in the background may not have exec'd its
+	// command yet (ps shows setsid or sh for a moment): look again.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := d.run(sb, "ps", "-o", "pid,args")
+		for _, line := range strings.Split(out, "\n") {
+			pid, args, _ := strings.Cut(strings.TrimSpace(line), " ")
+			if strings.TrimSpace(args) == cmd {
+				return pid
+			}
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no process %q in %s:\n%s", cmd, sb, out)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("no process %q in %s", cmd, sb)
-	return ""
 }
 
 func waitFor(t *testing.T, cond func() bool) {
