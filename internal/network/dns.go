@@ -192,13 +192,16 @@ func (r *Resolver) Set(ep Endpoint, p Policy) error {
 
 // learned are the addresses the resolver knows for the sandbox at addr,
 // judged under p: those of names p allows, to open, and of names p
-// denies, to close; each for the time left of its longest-lived name.
+// denies, to close; each for the time left of its longest-lived name. Of
+// a sandbox it does not know (a restarted daemon's first SetPolicy, or a
+// new sandbox), the firewall keeps what it has.
 func (r *Resolver) learned(addr netip.Addr, p Policy) Learned {
 	l := Learned{Allow: map[netip.Addr]time.Duration{}, Deny: map[netip.Addr]time.Duration{}}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := r.sandboxes[addr]
 	if n == nil {
+		l.Keep = true
 		return l
 	}
 	now := time.Now()

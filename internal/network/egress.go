@@ -2,6 +2,7 @@ package network
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"net/netip"
@@ -142,6 +143,10 @@ const hostMap = "host_policies"
 // a name the new policy still allows never closes for a moment.
 type Learned struct {
 	Allow, Deny map[netip.Addr]time.Duration
+	// Keep leaves the addresses the sets hold as they are (Allow and Deny
+	// are added): the Resolver has learned nothing of the sandbox, as
+	// after a daemon's restart, so what the firewall kept is all there is.
+	Keep bool
 }
 
 // policyChain is the name of the chain that holds the policy of the sandbox
@@ -208,7 +213,9 @@ func (f *Firewall) SetPolicy(ctx context.Context, addr netip.Addr, p Policy, lea
 		if err := c.AddSet(set, nil); err != nil {
 			return fmt.Errorf("setting policy of %s: %w", addr, err)
 		}
-		c.FlushSet(set)
+		if !learned.Keep {
+			c.FlushSet(set)
+		}
 	}
 	for set, elems := range map[*nftables.Set]map[netip.Addr]time.Duration{names: learned.Allow, denied: learned.Deny} {
 		if els := f.elements(elems); len(els) > 0 {
@@ -431,4 +438,41 @@ func EnableForwarding() error {
 		return fmt.Errorf("enabling IPv4 forwarding: %w", err)
 	}
 	return nil
+}
+
+// PrunePolicies removes the policy chains, maps' elements and sets of every
+// sandbox address in the table that keep does not hold: what a crash left
+// of sandboxes that are gone, since Install keeps what it finds.
+func (f *Firewall) PrunePolicies(ctx context.Context, keep map[netip.Addr]bool) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("pruning firewall policies: %w", err)
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return fmt.Errorf("pruning firewall policies: %w", err)
+	}
+	var errs []error
+	for _, ch := range chains {
+		rest, ok := strings.CutPrefix(ch.Name, "sb_")
+		if ch.Table.Name != f.table || !ok {
+			continue
+		}
+		addr, err := netip.ParseAddr(strings.ReplaceAll(rest, "_", "."))
+		if err != nil || keep[addr] {
+			continue
+		}
+		errs = append(errs, f.RemovePolicy(ctx, addr))
+	}
+	return errors.Join(errs...)
+}
+
+// PrunePolicies removes the firewall policies of every sandbox address but
+// those of keep (see Firewall.PrunePolicies).
+func (m *Manager) PrunePolicies(ctx context.Context, keep []Endpoint) error {
+	addrs := map[netip.Addr]bool{}
+	for _, ep := range keep {
+		addrs[ep.SandboxIP] = true
+	}
+	return m.Firewall().PrunePolicies(ctx, addrs)
 }

@@ -148,6 +148,34 @@ func TestEgressPolicy(t *testing.T) {
 			t.Error("echo after the change to none: answered, want the connection cut")
 		}
 	})
+	step("a second Install keeps the policies and learned addresses; PrunePolicies drops them", func() {
+		set(Policy{Egress: EgressNone})
+		if err := fw.Resolved(ctx, a.SandboxIP, map[netip.Addr]time.Duration{w1.SandboxIP: time.Minute}, false); err != nil {
+			t.Fatal(err)
+		}
+		expect(true, false)
+		// A restarted daemon: no SetPolicy follows at once.
+		if err := fw.Install(ctx); err != nil {
+			t.Fatalf("Install again: %v", err)
+		}
+		expect(true, false)
+		// The restarted daemon's first SetPolicy keeps what the sets hold
+		// (its resolver knows nothing yet).
+		if err := fw.SetPolicy(ctx, a.SandboxIP, Policy{Egress: EgressNone}, Learned{Keep: true}); err != nil {
+			t.Fatal(err)
+		}
+		expect(true, false)
+		if err := fw.PrunePolicies(ctx, map[netip.Addr]bool{a.SandboxIP: true}); err != nil {
+			t.Fatal(err)
+		}
+		expect(true, false)
+		if err := fw.PrunePolicies(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		expect(false, false)
+		set(Policy{Egress: EgressNone})
+		expect(false, false) // a new policy starts with nothing learned
+	})
 	step("removed", func() {
 		for range 2 {
 			if err := fw.RemovePolicy(ctx, a.SandboxIP); err != nil {

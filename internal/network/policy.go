@@ -79,11 +79,16 @@ func (m *Manager) Firewall() *Firewall {
 func (f *Firewall) Table() string { return f.table }
 
 // Install puts the firewall's table in place in the network namespace of
-// the calling thread (the host's, for the daemon), replacing whatever table
-// of that name is there. The old table is deleted and the new one added in
-// one netlink batch, which the kernel applies as one transaction: running
-// Install again (a restarted daemon) neither duplicates rules nor leaves a
-// moment without them.
+// the calling thread (the host's, for the daemon). When the table is there
+// already (a restarted daemon), its base chains are flushed and filled
+// anew and its sandboxes' chains, maps and sets are kept, in one netlink
+// batch, which the kernel applies as one transaction: the sandboxes that
+// ran on while the daemon was down keep their egress, and the addresses
+// their names opened, without a gap. (PrunePolicies then removes those of
+// sandboxes that are gone.) When that fails, as on a table an older
+// version made differently, the table is replaced as a whole: deleted and
+// added in one batch, so running Install again neither duplicates rules
+// nor leaves a moment without them.
 func (f *Firewall) Install(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("installing firewall %s: %w", f.table, err)
@@ -92,8 +97,19 @@ func (f *Firewall) Install(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("installing firewall %s: %w", f.table, err)
 	}
-	t := f.replace(c)
-	f.addRules(c, t)
+	t := &nftables.Table{Name: f.table, Family: nftables.TableFamilyIPv4}
+	if found, err := c.ListTableOfFamily(f.table, nftables.TableFamilyIPv4); err == nil && found != nil {
+		f.addRules(c, t, true)
+		if err := c.Flush(); err == nil {
+			return nil
+		}
+	}
+	// A batch that failed is gone with its connection: start afresh.
+	if c, err = nftables.New(); err != nil {
+		return fmt.Errorf("installing firewall %s: %w", f.table, err)
+	}
+	t = f.replace(c)
+	f.addRules(c, t, false)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("installing firewall %s: %w", f.table, err)
 	}
@@ -128,15 +144,23 @@ func (f *Firewall) replace(c *nftables.Conn) *nftables.Table {
 	return t
 }
 
-// addRules queues the table, its chains and their rules (see Firewall).
-func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table) {
+// addRules queues the table, its chains and their rules (see Firewall);
+// with flush, the base chains may exist and are emptied first.
+func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table, flush bool) {
 	accept := nftables.ChainPolicyAccept
 	c.AddTable(t)
-	fwd := c.AddChain(&nftables.Chain{
+	addChain := func(ch *nftables.Chain) *nftables.Chain {
+		ch = c.AddChain(ch)
+		if flush {
+			c.FlushChain(ch)
+		}
+		return ch
+	}
+	fwd := addChain(&nftables.Chain{
 		Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept,
 	})
-	in := c.AddChain(&nftables.Chain{
+	in := addChain(&nftables.Chain{
 		Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept,
 	})
@@ -151,7 +175,7 @@ func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table) {
 		})
 	}
 
-	nat := c.AddChain(&nftables.Chain{
+	nat := addChain(&nftables.Chain{
 		Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept,
 	})
@@ -175,7 +199,7 @@ func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table) {
 	rule(fwd, "a sandbox without a policy has no egress",
 		matchPrefix(ipSaddr, f.subnet), verdict(expr.VerdictDrop))
 
-	pre := c.AddChain(&nftables.Chain{
+	pre := addChain(&nftables.Chain{
 		Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept,
 	})

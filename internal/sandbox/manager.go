@@ -39,6 +39,9 @@ type Networks interface {
 	// one it had; RemovePolicy takes it away (no egress at all).
 	SetPolicy(ctx context.Context, ep network.Endpoint, p network.Policy) error
 	RemovePolicy(ctx context.Context, ep network.Endpoint) error
+	// PrunePolicies removes the policies of every sandbox but keep's:
+	// the firewall outlives the daemon, and a crash may leave some.
+	PrunePolicies(ctx context.Context, keep []network.Endpoint) error
 }
 
 // Insiders serves the API to sandboxes themselves (see server.Inside): a

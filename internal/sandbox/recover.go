@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
 )
@@ -25,6 +26,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		return fmt.Errorf("listing sandboxes: %w", err)
 	}
 	known := map[string]bool{}
+	var keep []network.Endpoint
 	for _, sb := range sbs {
 		known[sb.ID] = true
 		if err := m.recoverOne(ctx, sb); err != nil {
@@ -33,8 +35,13 @@ func (m *Manager) Recover(ctx context.Context) error {
 				_ = m.setState(ctx, sb, api.StateError, err.Error())
 			}
 		}
+		if ep, err := m.Endpoint(sb); err == nil {
+			keep = append(keep, ep)
+		}
 	}
-	return m.sweep(ctx, known)
+	// The firewall kept every policy through the restart (so sandboxes
+	// that ran on kept their egress): drop those of sandboxes now gone.
+	return errors.Join(m.nets.PrunePolicies(ctx, keep), m.sweep(ctx, known))
 }
 
 func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {

@@ -114,6 +114,10 @@ func (n *fakeNetworks) RemovePolicy(ctx context.Context, ep network.Endpoint) er
 }
 
 // policy is the policy the firewall holds for sandbox id, if any.
+func (n *fakeNetworks) PrunePolicies(ctx context.Context, keep []network.Endpoint) error {
+	return nil
+}
+
 func (n *fakeNetworks) policy(id string) (network.Policy, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
