@@ -537,7 +537,12 @@ func walkCheckpoints(ctx context.Context, w *walker) {
 		conn := w.dial(ctx, s.route, s.path)
 		defer conn.CloseNow()
 		if strings.HasSuffix(s.path, "/exec") {
+			// The command runs, and so the socket is the sandbox's to
+			// end, once "started" comes.
 			writeJSON(ctx, w.t, conn, api.ExecRequest{Cmd: []string{"sleep", "600"}})
+			if _, data, err := conn.Read(ctx); err != nil || w.c.message(w.t, "ExecServerControl", data)["type"] != "started" {
+				w.t.Fatalf("exec of sleep: %v %s", err, data)
+			}
 		}
 		open = append(open, closeStatus(ctx, conn))
 		names = append(names, s.route)
