@@ -7,5 +7,6 @@ import _ "embed"
 // /v1. The daemon serves it at GET /v1/openapi.yaml; docs/reference/rest.md
 // is generated from it.
 //
+//go:generate go run ../tools/docgen -in openapi.yaml -out ../docs/reference/rest.md
 //go:embed openapi.yaml
 var OpenAPI []byte
