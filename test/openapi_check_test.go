@@ -94,6 +94,7 @@ func (c *conformance) answer(t *testing.T, route string, resp *http.Response, bo
 		t.Errorf("%s answered %d, which the document does not give (body %.300q)", route, resp.StatusCode, body)
 		return
 	}
+	c.checkHeaders(t, route, resp, ref.Value)
 	if resp.StatusCode < 400 {
 		// A route counts as walked once it has answered with success:
 		// its errors alone say little of its real answers.
@@ -104,6 +105,24 @@ func (c *conformance) answer(t *testing.T, route string, resp *http.Response, bo
 	c.checkContent(t, route, resp, ref.Value, body)
 }
 
+// checkHeaders checks that an answer carries every header the document
+// gives its response, with a value its schema allows.
+func (c *conformance) checkHeaders(t *testing.T, what string, resp *http.Response, r *openapi3.Response) {
+	t.Helper()
+	for name, h := range r.Headers {
+		v := resp.Header.Get(name)
+		if v == "" {
+			t.Errorf("%s %d: no %s header, which the document gives", what, resp.StatusCode, name)
+			continue
+		}
+		if s := h.Value.Schema; s != nil && s.Value != nil {
+			if err := s.Value.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
+				t.Errorf("%s %d: header %s: %v", what, resp.StatusCode, name, err)
+			}
+		}
+	}
+}
+
 // methodNotAllowed checks a 405 against the document's MethodNotAllowed
 // response, which any path may give.
 func (c *conformance) methodNotAllowed(t *testing.T, resp *http.Response, body []byte) {
@@ -112,6 +131,7 @@ func (c *conformance) methodNotAllowed(t *testing.T, resp *http.Response, body [
 	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") == "" {
 		t.Errorf("status %d, Allow %q; want 405 with Allow", resp.StatusCode, resp.Header.Get("Allow"))
 	}
+	c.checkHeaders(t, "405", resp, ref.Value)
 	c.checkContent(t, "405", resp, ref.Value, body)
 }
 
