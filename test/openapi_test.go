@@ -526,9 +526,13 @@ func walkCheckpoints(ctx context.Context, w *walker) {
 	cp := cps + "/{checkpoint}"
 
 	// A memory checkpoint ends every stream on the sandbox with 1011.
+	var sleeper api.Session
+	w.json(req{route: "POST /v1/sandboxes/{sandbox}/sessions", path: "/v1/sandboxes/scratch/sessions", body: `{"cmd":["sleep","600"],"detachable":true}`}, 201, &sleeper)
 	var open []<-chan websocket.StatusCode
 	var names []string
 	for _, s := range []struct{ route, path string }{
+		{"GET /v1/sandboxes/{sandbox}/sessions/{session}/attach", "/v1/sandboxes/scratch/sessions/" + sleeper.ID + "/attach"},
+		{"GET /v1/sandboxes/{sandbox}/services/{service}/logs", "/v1/sandboxes/scratch/services/web/logs"},
 		{"GET /v1/sandboxes/{sandbox}/files/watch", "/v1/sandboxes/scratch/files/watch?path=/home/loam"},
 		{"GET /v1/sandboxes/{sandbox}/ports/{port}/stream", "/v1/sandboxes/scratch/ports/8080/stream"},
 		{"GET /v1/sandboxes/{sandbox}/ports/watch", "/v1/sandboxes/scratch/ports/watch"},
