@@ -41,6 +41,16 @@ func (m *Manager) DeleteSecret(ctx context.Context, name string, force bool) err
 	if err := secret.CheckName(name); err != nil {
 		return err
 	}
+	// A secret that is gone is not_found even while sandboxes still name
+	// it (a forced delete leaves them naming it): a conflict would send
+	// the caller to delete it again, forever.
+	secs, err := m.cfg.Secrets.List(ctx)
+	if err != nil {
+		return fmt.Errorf("listing secrets: %w", err)
+	}
+	if !slices.ContainsFunc(secs, func(s api.Secret) bool { return s.Name == name }) {
+		return api.Errorf(api.CodeNotFound, "secret %q not found", name)
+	}
 	if !force {
 		sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
 		if err != nil {

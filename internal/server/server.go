@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,6 +30,8 @@ type Server struct {
 	token     string
 	log       *slog.Logger
 	mux       *http.ServeMux
+	// patterns are the patterns registered, in order, for Routes.
+	patterns []string
 	// where says which API this is in messages: "" for the daemon's own,
 	// " inside a sandbox" for a sandbox's (see Inside).
 	where string
@@ -45,6 +48,13 @@ func New(sandboxes Sandboxes, token string, log *slog.Logger) *Server {
 func (s *Server) routes() {
 	s.handle("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+	})
+	// The API's own description, open like /healthz: it holds no secret,
+	// and a client needs it before it has a token to read it with.
+	s.handle("GET /v1/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(api.OpenAPI)
 	})
 	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 		s.handle(pattern, s.auth(h))
@@ -77,6 +87,16 @@ func (e endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) { e(w, r) }
 // handle registers h for pattern ("METHOD /path").
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
 	s.mux.Handle(pattern, endpoint(h))
+	s.patterns = append(s.patterns, pattern)
+}
+
+// Routes lists every route the daemon's API serves, as the patterns it
+// registers them with ("GET /v1/sandboxes/{sandbox}"), in registration
+// order. It is the list api/openapi.yaml must document: the conformance
+// test fails on a route missing from the document.
+func Routes() []string {
+	s := New(nil, "", slog.New(slog.DiscardHandler))
+	return slices.Clone(s.patterns)
 }
 
 // route serves r with its endpoint. When there is none, the mux would answer
