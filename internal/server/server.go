@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,6 +30,8 @@ type Server struct {
 	token     string
 	log       *slog.Logger
 	mux       *http.ServeMux
+	// patterns are the patterns handle registered, in order (see Routes).
+	patterns []string
 	// where says which API this is in messages: "" for the daemon's own,
 	// " inside a sandbox" for a sandbox's (see Inside).
 	where string
@@ -76,6 +79,15 @@ func (e endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) { e(w, r) }
 // handle registers h for pattern ("METHOD /path").
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
 	s.mux.Handle(pattern, endpoint(h))
+	s.patterns = append(s.patterns, pattern)
+}
+
+// Routes lists every endpoint of the daemon's API as its "METHOD /path"
+// pattern (such as "GET /v1/sandboxes/{sandbox}"), sorted, so that tests
+// and documents can check that they cover each one.
+func Routes() []string {
+	s := New(nil, "", slog.New(slog.DiscardHandler))
+	return slices.Sorted(slices.Values(s.patterns))
 }
 
 // route serves r with its endpoint. When there is none, the mux would answer
