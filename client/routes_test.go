@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +28,17 @@ type routeCall struct {
 	// every parameter a value, so that each one is seen to reach the wire.
 	query url.Values
 	call  func(ctx context.Context, c *client.Client) error
+}
+
+// madeBodies are the calls that make the JSON body of their request from
+// their own arguments, by name, each with a zero value of the body's API
+// type: every field of it must be sent, or the client has no way to give
+// it. (The other calls take the API's type itself.)
+var madeBodies = map[string]any{
+	"Mkdir":         new(api.MkdirRequest),
+	"MoveFile":      new(api.MoveRequest),
+	"SignalSession": new(api.SignalSession),
+	"PutSecret":     new(api.PutSecret),
 }
 
 // routeCalls are the client's calls, at least one per route of the API.
@@ -126,7 +138,7 @@ var routeCalls = []routeCall{
 		return err
 	}},
 	{"POST /v1/sandboxes/{sandbox}/files/move", "MoveFile", nil, func(ctx context.Context, c *client.Client) error {
-		_, err := c.MoveFile(ctx, "sb", "/a", "/b", nil)
+		_, err := c.MoveFile(ctx, "sb", "/a", "/b", &client.FileOptions{User: "root"})
 		return err
 	}},
 	{"GET /v1/sandboxes/{sandbox}/files/archive", "ReadArchive", url.Values{"path": {"/d"}, "user": {"root"}}, func(ctx context.Context, c *client.Client) error {
@@ -243,17 +255,19 @@ func TestEveryRouteHasAClientCall(t *testing.T) {
 	routes := server.Routes()
 
 	var (
-		mu   sync.Mutex
-		hits []string // the routes reached by the current call
-		qs   []url.Values
+		mu     sync.Mutex
+		hits   []string // the routes reached by the current call
+		qs     []url.Values
+		bodies [][]byte
 	)
 	mux := http.NewServeMux()
 	for _, route := range routes {
 		mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
+			body, _ := io.ReadAll(r.Body)
 			mu.Lock()
 			hits = append(hits, route)
 			qs = append(qs, r.URL.Query())
+			bodies = append(bodies, body)
 			mu.Unlock()
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusConflict)
@@ -271,7 +285,7 @@ func TestEveryRouteHasAClientCall(t *testing.T) {
 				t.Errorf("routeCalls names %s, which is no method of *client.Client", rc.name)
 			}
 			mu.Lock()
-			hits, qs = nil, nil
+			hits, qs, bodies = nil, nil, nil
 			mu.Unlock()
 			err := rc.call(t.Context(), c)
 			var ae *api.Error
@@ -285,6 +299,17 @@ func TestEveryRouteHasAClientCall(t *testing.T) {
 			}
 			if (len(rc.query) > 0 || len(qs[0]) > 0) && !reflect.DeepEqual(qs[0], rc.query) {
 				t.Fatalf("%s sent the query %v, want %v", rc.name, qs[0], rc.query)
+			}
+			if body, ok := madeBodies[rc.name]; ok {
+				if err := json.Unmarshal(bodies[0], body); err != nil {
+					t.Fatalf("%s sent the body %q: %v", rc.name, bodies[0], err)
+				}
+				v := reflect.ValueOf(body).Elem()
+				for i := range v.NumField() {
+					if v.Field(i).IsZero() {
+						t.Errorf("%s sent no %s in its body %s: the client has no way to give it", rc.name, v.Type().Field(i).Name, bodies[0])
+					}
+				}
 			}
 			covered[rc.route] = true
 		})
