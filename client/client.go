@@ -136,6 +136,15 @@ func FromEnv(opts ...Option) (*Client, error) {
 // URL is the base URL the Client sends its requests to.
 func (c *Client) URL() string { return c.base }
 
+// Health checks that the daemon answers: nil when it does. It needs no
+// token, so it tells a daemon that is down from a token that is wrong.
+func (c *Client) Health(ctx context.Context) error {
+	if err := c.do(ctx, http.MethodGet, "/healthz", nil, nil, nil); err != nil {
+		return fmt.Errorf("checking the health of loam at %s: %w", c.base, err)
+	}
+	return nil
+}
+
 // do sends one request and decodes a 2xx JSON response into out (when out
 // is not nil). A non-2xx response becomes an *api.Error.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {

@@ -187,14 +187,30 @@ func TestDecodesResponses(t *testing.T) {
 	}
 }
 
+// TestEmptyListsAreNotNil checks that every list call gives an empty list,
+// which marshals as [], when the daemon's answer has none.
 func TestEmptyListsAreNotNil(t *testing.T) {
 	c, _ := fakeAPI(t, 200, `{}`)
-	sbs, err := c.ListSandboxes(context.Background(), ListOptions{})
-	if err != nil || sbs == nil {
-		t.Fatalf("ListSandboxes = %v, %v; want an empty slice", sbs, err)
+	ctx := context.Background()
+	lists := map[string]func() (any, error){
+		"ListSandboxes":   func() (any, error) { return c.ListSandboxes(ctx, ListOptions{}) },
+		"Templates":       func() (any, error) { return c.Templates(ctx) },
+		"ListCheckpoints": func() (any, error) { return c.ListCheckpoints(ctx, "scratch") },
+		"ListSessions":    func() (any, error) { return c.ListSessions(ctx, "scratch") },
+		"ListServices":    func() (any, error) { return c.ListServices(ctx, "scratch") },
+		"ListPorts":       func() (any, error) { return c.ListPorts(ctx, "scratch") },
+		"ListSecrets":     func() (any, error) { return c.ListSecrets(ctx) },
 	}
-	if b, _ := json.Marshal(sbs); string(b) != "[]" {
-		t.Errorf("marshals as %s", b)
+	for name, list := range lists {
+		t.Run(name, func(t *testing.T) {
+			got, err := list()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := json.Marshal(got); string(b) != "[]" {
+				t.Errorf("%s = %s, want []", name, b)
+			}
+		})
 	}
 }
 

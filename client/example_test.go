@@ -12,7 +12,15 @@ import (
 )
 
 // These examples need a loam daemon (LOAM_API_URL and LOAM_TOKEN, or the
-// local daemon's files), so they are compiled but not run by go test.
+// local daemon's files), so they are compiled but not run by go test here.
+// The end-to-end tests (package test) run examples of every call of the
+// client against a real daemon, each checked against its output:
+// Example_sandboxes, Example_templates, Example_checkpoints (these lines),
+// Example_checkpointKinds, Example_exec, Example_sessions,
+// Example_sessionsResume, Example_services, Example_serviceActions,
+// Example_files, Example_filesTree, Example_ports, Example_secrets and
+// Example_network. TestEveryRouteHasAClientCall checks that the client has a
+// call for every route of the API.
 
 func Example() {
 	ctx := context.Background()

@@ -127,6 +127,44 @@ func TestExecEcho(t *testing.T) {
 	}
 }
 
+// TestExecSendsEveryField checks that ExecOptions can give every field of
+// api.ExecRequest: a field added to the request and not to the options
+// fails here.
+func TestExecSendsEveryField(t *testing.T) {
+	reqs := make(chan api.ExecRequest, 1)
+	c := fakeExec(t, func(ctx context.Context, conn *websocket.Conn, req api.ExecRequest) {
+		reqs <- req
+		exit(ctx, conn, 0)
+	})
+	_, err := c.Exec(context.Background(), "scratch", ExecOptions{
+		Cmd:        []string{"sh"},
+		Env:        map[string]string{"K": "V"},
+		Dir:        "/tmp",
+		User:       "root",
+		TTY:        true,
+		Rows:       24,
+		Cols:       80,
+		Stdin:      strings.NewReader(""),
+		Detachable: true,
+		BufferSize: 4096,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := <-reqs
+	want := api.ExecRequest{Cmd: []string{"sh"}, Env: map[string]string{"K": "V"}, Dir: "/tmp", User: "root",
+		TTY: true, Rows: 24, Cols: 80, Stdin: true, Detachable: true, BufferSize: 4096}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("request = %+v, want %+v", got, want)
+	}
+	v := reflect.ValueOf(got)
+	for i := range v.NumField() {
+		if v.Field(i).IsZero() {
+			t.Errorf("ExecOptions has no way to give api.ExecRequest.%s", v.Type().Field(i).Name)
+		}
+	}
+}
+
 // TestExecBigOutput checks a frame far above the WebSocket library's default
 // read limit gets through.
 func TestExecBigOutput(t *testing.T) {

@@ -31,6 +31,9 @@ func (c *Client) ListPorts(ctx context.Context, sandbox string) ([]api.Port, err
 	if err := c.do(ctx, http.MethodGet, "/v1/sandboxes/"+seg+"/ports", nil, nil, &pl); err != nil {
 		return nil, fmt.Errorf("listing the ports of %s: %w", sandbox, err)
 	}
+	if pl.Ports == nil {
+		pl.Ports = []api.Port{}
+	}
 	return pl.Ports, nil
 }
 

@@ -23,6 +23,13 @@ func Example_secrets() {
 		log.Fatal(err)
 	}
 	defer c.DeleteSecret(ctx, "example-token", true)
+	secrets, err := c.ListSecrets(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, s := range secrets {
+		fmt.Println("secret", s.Name) // names and times, never values
+	}
 
 	sb, err := c.CreateSandbox(ctx, api.CreateSandbox{
 		Name:        "vault",
@@ -45,6 +52,7 @@ func Example_secrets() {
 	err = c.DeleteSecret(ctx, "example-token", false)
 	fmt.Println(errors.Is(err, api.ErrConflict))
 	// Output:
+	// secret example-token
 	// map[TOKEN:example-token] map[/run/secrets/token:example-token]
 	// t0ps3cret
 	// t0ps3cret
