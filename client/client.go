@@ -145,6 +145,29 @@ func (c *Client) Health(ctx context.Context) error {
 	return nil
 }
 
+// OpenAPI returns the daemon's API document (api/openapi.yaml, OpenAPI
+// 3.1, YAML), as the daemon serves it at GET /v1/openapi.yaml.
+func (c *Client) OpenAPI(ctx context.Context) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/openapi.yaml", nil)
+	if err != nil {
+		return nil, fmt.Errorf("getting the API document: %w", err)
+	}
+	c.authorize(req.Header)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, c.transportError(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("getting the API document: %w", decodeError(resp))
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("getting the API document: %w", err)
+	}
+	return b, nil
+}
+
 // do sends one request and decodes a 2xx JSON response into out (when out
 // is not nil). A non-2xx response becomes an *api.Error.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {

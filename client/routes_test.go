@@ -70,6 +70,15 @@ var routeCalls = []routeCall{
 		_, err := c.GetSandbox(ctx, "sb")
 		return err
 	}},
+	{"PATCH /v1/sandboxes/{sandbox}", "UpdateSandbox", nil, func(ctx context.Context, c *client.Client) error {
+		public := true
+		_, err := c.UpdateSandbox(ctx, "sb", api.UpdateSandbox{Public: &public})
+		return err
+	}},
+	{"GET /v1/openapi.yaml", "OpenAPI", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.OpenAPI(ctx)
+		return err
+	}},
 	{"DELETE /v1/sandboxes/{sandbox}", "DeleteSandbox", nil, func(ctx context.Context, c *client.Client) error {
 		return c.DeleteSandbox(ctx, "sb")
 	}},

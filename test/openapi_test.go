@@ -219,6 +219,11 @@ func walkSandboxes(w *walker) {
 	w.errorCode(req{route: "GET /v1/sandboxes", path: "/v1/sandboxes?label=nokey"}, api.CodeInvalid)
 	w.call(req{route: "GET /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch"}, 200)
 	w.errorCode(req{route: "GET /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/nope"}, api.CodeNotFound)
+	w.call(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch",
+		body: `{"labels":{"owner":"docs","team":"core"},"idle":"0","http_port":8080,"public":false}`}, 200)
+	w.errorCode(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch", body: `{}`}, api.CodeInvalid)
+	w.errorCode(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch", body: `{"idle":"soon"}`}, api.CodeInvalid)
+	w.errorCode(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/nope", body: `{"public":true}`}, api.CodeNotFound)
 	w.call(req{route: "GET /v1/sandboxes/{sandbox}/access-token", path: "/v1/sandboxes/scratch/access-token"}, 200)
 	w.errorCode(req{route: "GET /v1/sandboxes/{sandbox}/access-token", path: "/v1/sandboxes/nope/access-token"}, api.CodeNotFound)
 	w.call(req{route: "PUT /v1/sandboxes/{sandbox}/network", path: "/v1/sandboxes/scratch/network",

@@ -93,7 +93,7 @@ func TestErrorShape(t *testing.T) {
 		// Wrong methods on each route.
 		{name: "PUT templates", req: request{method: "PUT", path: "/v1/templates"}, status: 405, code: api.CodeMethodNotAllowed, msg: "PUT", allow: "GET, HEAD"},
 		{name: "DELETE sandboxes", req: request{method: "DELETE", path: "/v1/sandboxes"}, status: 405, code: api.CodeMethodNotAllowed, msg: "DELETE", allow: "GET, HEAD, POST"},
-		{name: "PATCH sandbox", req: request{method: "PATCH", path: "/v1/sandboxes/box", body: "{}"}, status: 405, code: api.CodeMethodNotAllowed, allow: "DELETE, GET, HEAD"},
+		{name: "PUT sandbox", req: request{method: "PUT", path: "/v1/sandboxes/box", body: "{}"}, status: 405, code: api.CodeMethodNotAllowed, allow: "DELETE, GET, HEAD, PATCH"},
 		{name: "POST exec", req: request{method: "POST", path: "/v1/sandboxes/box/exec"}, status: 405, code: api.CodeMethodNotAllowed, allow: "GET, HEAD"},
 		{name: "PUT checkpoints", req: request{method: "PUT", path: "/v1/sandboxes/box/checkpoints"}, status: 405, code: api.CodeMethodNotAllowed, allow: "GET, HEAD, POST"},
 		{name: "POST checkpoint", req: request{method: "POST", path: "/v1/sandboxes/box/checkpoints/v1"}, status: 405, code: api.CodeMethodNotAllowed, allow: "DELETE, GET, HEAD"},
