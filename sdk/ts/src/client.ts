@@ -28,6 +28,12 @@ export interface LoamOptions {
   url?: string
   /** The API token. */
   token?: string
+  /**
+   * How WebSockets carry the token: 'header' (Authorization, the default
+   * on Node) or 'subprotocol' (loam.token.<token>, the default in
+   * browsers, which cannot set headers on a WebSocket).
+   */
+  webSocketAuth?: 'header' | 'subprotocol'
 }
 
 /** The default URL when neither the options nor LOAM_API_URL give one. */
@@ -112,14 +118,15 @@ export class Loam {
     if (!token && (globalThis as { process?: unknown }).process) {
       // On the daemon's machine, as the Go SDK and the CLI: its token file.
       try {
-        const fs = await import('node:fs/promises')
+        const name = 'node:fs/promises'
+        const fs = (await import(name)) as { readFile(path: string, enc: string): Promise<string> }
         token = (await fs.readFile((e.LOAM_DATA_DIR ?? '/var/lib/loam') + '/token', 'utf8')).trim()
       } catch {
         // fall through to the error below
       }
     }
     if (!token) throw new LoamError('unauthorized', 'no loam token: set LOAM_TOKEN or give new Loam({ token })')
-    return { url, token }
+    return { url, token, webSocketAuth: opts.webSocketAuth }
   }
 
   /** sandbox is a handle on a sandbox by name or id; it makes no call. */
@@ -128,9 +135,9 @@ export class Loam {
   }
 
   /** create makes a sandbox (every field of the body is optional) and returns a handle on it. */
-  async create(req: CreateSandbox = {}, opts?: CallOptions): Promise<Sandbox & { info: SandboxInfo }> {
+  async create(req: CreateSandbox = {}, opts?: CallOptions): Promise<Sandbox> {
     const info = await this.t.json<SandboxInfo>('POST', '/v1/sandboxes', { ...opts, body: req })
-    return Object.assign(new Sandbox(this, info.name), { info })
+    return new Sandbox(this, info.id, info)
   }
 
   /** list lists sandboxes, only those with every label given when labels are. */
@@ -157,7 +164,7 @@ export class Loam {
    * its disk, and its memory for a memory checkpoint. Template, image and
    * resources come from the checkpoint; network and secrets too unless given.
    */
-  async fork(sandbox: string, checkpoint: string, req: ForkOptions = {}, opts?: CallOptions): Promise<Sandbox & { info: SandboxInfo }> {
+  async fork(sandbox: string, checkpoint: string, req: ForkOptions = {}, opts?: CallOptions): Promise<Sandbox> {
     if (!sandbox || !checkpoint) throw new LoamError('invalid', 'a fork needs a sandbox and a checkpoint')
     return this.create({ ...req, from: { sandbox, checkpoint } }, opts)
   }
@@ -190,8 +197,10 @@ export class Loam {
 export class Sandbox {
   constructor(
     private readonly loam: Loam,
-    /** The name or id the handle was made with. */
+    /** The name or id the handle was made with (the id for create and fork). */
     readonly ref: string,
+    /** The sandbox as the create or fork that made the handle answered; undefined for loam.sandbox(ref). */
+    readonly created?: SandboxInfo,
   ) {}
 
   private path(rest = ''): string {
@@ -267,7 +276,7 @@ export class Sandbox {
   }
 
   /** fork makes a new sandbox from a checkpoint of this one (Loam.fork). */
-  fork(checkpoint: string, req: ForkOptions = {}, opts?: CallOptions): Promise<Sandbox & { info: SandboxInfo }> {
+  fork(checkpoint: string, req: ForkOptions = {}, opts?: CallOptions): Promise<Sandbox> {
     return this.loam.fork(this.ref, checkpoint, req, opts)
   }
 

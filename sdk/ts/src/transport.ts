@@ -19,6 +19,8 @@ export interface CallOptions {
 export interface Endpoint {
   url: string
   token: string
+  /** How WebSockets carry the token; by platform when left out. */
+  webSocketAuth?: 'header' | 'subprotocol'
 }
 
 /** A query: values that are undefined are left out; arrays repeat the key. */
@@ -143,8 +145,9 @@ export class Transport {
     const url = ep.url.replace(/^http/, 'ws') + path + queryString(query)
     const native = (globalThis as { WebSocket?: typeof WebSocket }).WebSocket
     const isNode = typeof (globalThis as { process?: { versions?: { node?: string } } }).process?.versions?.node === 'string'
-    if (isNode || !native) return openNode(url, ep, d)
-    return openBrowser(native, url, ep, d, () => this.fetch('GET', path, d, { query }).then(() => undefined))
+    const auth = ep.webSocketAuth ?? (isNode ? 'header' : 'subprotocol')
+    const Ctor = isNode || !native ? await loadNodeWS() : (native as unknown as WSCtor)
+    return open(Ctor, url, ep, auth, d, () => this.fetch('GET', path, d, { query }).then(() => undefined))
   }
 }
 
@@ -169,8 +172,10 @@ let nodeWS: Promise<WSCtor> | undefined
 
 async function loadNodeWS(): Promise<WSCtor> {
   const native = (globalThis as { WebSocket?: unknown }).WebSocket
-  nodeWS ??= import('ws')
-    .then((m) => (m.default ?? m.WebSocket) as unknown as WSCtor)
+  // A variable, so that bundlers for browsers leave ws out.
+  const name = 'ws'
+  nodeWS ??= import(name)
+    .then((m: { default?: unknown; WebSocket?: unknown }) => (m.default ?? m.WebSocket) as WSCtor)
     .catch((e: Error) => {
       if (native) return native as WSCtor
       throw new LoamError('unavailable', `no WebSocket: install the ws package (${e.message})`)
@@ -178,43 +183,40 @@ async function loadNodeWS(): Promise<WSCtor> {
   return nodeWS
 }
 
-async function openNode(url: string, ep: Endpoint, d: Deadline): Promise<Socket> {
-  const Ctor = await loadNodeWS()
-  const ws = new Ctor(url, [WEBSOCKET_PROTOCOL], {
-    headers: { Authorization: `Bearer ${ep.token}` },
-    maxPayload: 256 << 20,
-    perMessageDeflate: false,
-  })
-  return handshake(ws, d, (reject) => {
-    // ws tells the HTTP answer of a refused handshake: the API's error.
-    const on = (ws as unknown as { on?: (ev: string, f: (...a: never[]) => void) => void }).on
-    on?.call(ws, 'unexpected-response', (req: { destroy(): void }, res: AsyncIterable<Uint8Array> & { statusCode: number }) => {
-      void (async () => {
-        const chunks: Uint8Array[] = []
-        try {
-          for await (const c of res) chunks.push(c)
-        } catch {
-          // a partial body still has the status
-        }
-        reject(errorFromBody(res.statusCode, new TextDecoder().decode(concat(chunks))))
-        req.destroy()
-      })()
-    })
-  })
-}
-
-async function openBrowser(
-  Ctor: typeof WebSocket,
+async function open(
+  Ctor: WSCtor,
   url: string,
   ep: Endpoint,
+  auth: 'header' | 'subprotocol',
   d: Deadline,
   probe: () => Promise<void>,
 ): Promise<Socket> {
-  const ws = new Ctor(url, [WEBSOCKET_PROTOCOL, WEBSOCKET_TOKEN_PREFIX + ep.token]) as unknown as WS
+  const protocols = auth === 'header' ? [WEBSOCKET_PROTOCOL] : [WEBSOCKET_PROTOCOL, WEBSOCKET_TOKEN_PREFIX + ep.token]
+  // Options are ws's; a browser's WebSocket takes two arguments only.
+  const ws = new Ctor(url, protocols, {
+    headers: auth === 'header' ? { Authorization: `Bearer ${ep.token}` } : {},
+    maxPayload: 256 << 20,
+    perMessageDeflate: false,
+  })
+  const on = (ws as unknown as { on?: (ev: string, f: (...a: never[]) => void) => void }).on
   try {
-    return await handshake(ws, d, () => undefined)
+    return await handshake(ws, d, (reject) => {
+      // ws tells the HTTP answer of a refused handshake: the API's error.
+      on?.call(ws, 'unexpected-response', (req: { destroy(): void }, res: AsyncIterable<Uint8Array> & { statusCode: number }) => {
+        void (async () => {
+          const chunks: Uint8Array[] = []
+          try {
+            for await (const c of res) chunks.push(c)
+          } catch {
+            // a partial body still has the status
+          }
+          reject(errorFromBody(res.statusCode, new TextDecoder().decode(concat(chunks))))
+          req.destroy()
+        })()
+      })
+    })
   } catch (e) {
-    if (!(e instanceof StreamEndedError)) throw e
+    if (on || !(e instanceof StreamEndedError)) throw e
     // A browser does not say why a handshake failed: ask again over HTTP,
     // where the API answers with its error (426 when all is well but the upgrade).
     await probe().catch((pe: unknown) => {
