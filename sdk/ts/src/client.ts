@@ -323,8 +323,12 @@ export class Sandbox {
     return collect(p)
   }
 
-  /** startSession starts a detachable session without a socket; attach to it for its output. */
-  startSession(cmd: string[], opts: Omit<ExecOptions, 'stdin' | 'detachable'> = {}): Promise<Session> {
+  /**
+   * startSession starts a detachable session without a socket; attach to it
+   * for its output. With stdin: true its stdin stays open for attaches to
+   * write to; without, it is empty.
+   */
+  startSession(cmd: string[], opts: Omit<ExecOptions, 'stdin' | 'detachable'> & { stdin?: boolean } = {}): Promise<Session> {
     const req: ExecRequest = {
       cmd,
       env: opts.env,
@@ -333,6 +337,7 @@ export class Sandbox {
       tty: opts.tty,
       rows: opts.rows,
       cols: opts.cols,
+      stdin: opts.stdin,
       buffer_size: opts.bufferSize,
     }
     return this.t.json<Session>('POST', this.path('/sessions'), { ...opts, body: req })
