@@ -57,7 +57,7 @@ func TestTypeScriptSDK(t *testing.T) {
 		t.Fatalf("no compiled tests in %s (%v)", filepath.Join(dir, "build", "test"), err)
 	}
 	run([]string{"LOAM_API_URL=" + d.URL, "LOAM_TOKEN=" + d.Token, "LOAM_CHECKPOINT_LIMIT=" + tsCheckpointLimit},
-		"node", append([]string{"--test", "--test-timeout=120000"}, tests...)...)
+		"node", append([]string{"--test"}, tests...)...)
 
 	// Every test deletes what it made.
 	sbs, err := d.C.ListSandboxes(ctx, client.ListOptions{})
