@@ -145,9 +145,13 @@ export class Transport {
     const url = ep.url.replace(/^http/, 'ws') + path + queryString(query)
     const native = (globalThis as { WebSocket?: typeof WebSocket }).WebSocket
     const isNode = typeof (globalThis as { process?: { versions?: { node?: string } } }).process?.versions?.node === 'string'
-    const auth = ep.webSocketAuth ?? (isNode ? 'header' : 'subprotocol')
-    const Ctor = isNode || !native ? await loadNodeWS() : (native as unknown as WSCtor)
-    return open(Ctor, url, ep, auth, d, () => this.fetch('GET', path, d, { query }).then(() => undefined))
+    // On Node, ws (which can send headers); the platform's WebSocket, which
+    // cannot, elsewhere and when ws is missing.
+    const Ctor = isNode || !native ? await loadNodeWS() : undefined
+    const headers = Ctor !== undefined && Ctor !== native
+    const auth = ep.webSocketAuth ?? (headers ? 'header' : 'subprotocol')
+    if (auth === 'header' && !headers) throw new LoamError('invalid', "this platform's WebSocket cannot send headers: use webSocketAuth 'subprotocol'")
+    return open(Ctor ?? (native as unknown as WSCtor), url, ep, auth, d, () => this.fetch('GET', path, d, { query }).then(() => undefined))
   }
 }
 
