@@ -99,6 +99,11 @@ test('exec', async (t) => {
     await p.started
     const cp = await box.createCheckpoint({ comment: 'interrupt' })
     await assert.rejects(p.wait(), StreamInterruptedError)
+    // So does a restore.
+    const r = await box.exec(['sleep', '60'])
+    await r.started
+    await box.restoreCheckpoint(cp.id)
+    await assert.rejects(r.wait(), StreamInterruptedError)
     await box.deleteCheckpoint(cp.id)
     // Any other ending is not that error.
     const q = await box.exec(['sleep', '60'])

@@ -1,10 +1,20 @@
 import type { TestContext } from 'node:test'
-import loam, { type CreateSandbox, type Sandbox } from '@loam/sdk'
+import loam, { ConflictError, type CreateSandbox, type Sandbox } from '@loam/sdk'
 
 /** sandbox makes a sandbox for one test and deletes it when the test ends. */
 export async function sandbox(t: TestContext, name: string, req: CreateSandbox = {}): Promise<Sandbox> {
   const sb = await loam.create({ name, ...req })
-  t.after(() => sb.delete())
+  t.after(async () => {
+    // A sandbox busy with a checkpoint refuses a delete (409) for a moment.
+    for (let i = 0; ; i++) {
+      try {
+        return await sb.delete()
+      } catch (e) {
+        if (!(e instanceof ConflictError) || i === 50) throw e
+        await new Promise((r) => setTimeout(r, 200))
+      }
+    }
+  })
   return sb
 }
 

@@ -1,6 +1,6 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { NotFoundError, type PortEvent } from '@loam/sdk'
+import { NotFoundError, StreamInterruptedError, type PortEvent } from '@loam/sdk'
 import { sandbox, text, until } from './helpers.js'
 
 test('ports', async (t) => {
@@ -41,4 +41,29 @@ test('ports', async (t) => {
     { type: 'open', port: 8080 },
     { type: 'close', port: 8080 },
   ])
+  // A memory checkpoint ends port streams and watches with
+  // StreamInterruptedError; the server runs on.
+  await box.startSession(['busybox', 'nc', '-ll', '-p', '8080', '-e', 'cat'])
+  await until('port 8080 listed again', async () => (await box.ports()).some((p) => p.port === 8080))
+  const watch2 = await box.watchPorts()
+  const watching2 = (async () => {
+    for await (const ev of watch2) void ev
+  })()
+  watching2.catch(() => undefined)
+  const open = await box.connect(8080)
+  open.write('before\n')
+  const reading = (async () => {
+    for await (const b of open) void b
+  })()
+  reading.catch(() => undefined) // asserted below, once the checkpoint is taken
+  const cp = await box.createCheckpoint({ comment: 'ends port streams' })
+  await assert.rejects(reading, StreamInterruptedError)
+  await assert.rejects(watching2, StreamInterruptedError)
+  await box.deleteCheckpoint(cp.id)
+  const after = await box.connect(8080)
+  after.write('after\n')
+  for await (const b of after) {
+    assert.equal(text(b), 'after\n')
+    break
+  }
 })
