@@ -1,4 +1,4 @@
-import { LoamError, StreamEndedError } from './errors.js'
+import { LoamError, StreamEndedError, apiError } from './errors.js'
 import { OffsetEvent, OutputChunk, Process, StdinSource } from './process.js'
 import { EventStream, PortStream } from './streams.js'
 import { CallOptions, Deadline, Endpoint, Transport, concat, seg } from './transport.js'
@@ -125,7 +125,7 @@ export class Loam {
         // fall through to the error below
       }
     }
-    if (!token) throw new LoamError('unauthorized', 'no loam token: set LOAM_TOKEN or give new Loam({ token })')
+    if (!token) throw apiError('unauthorized', 'no loam token: set LOAM_TOKEN or give new Loam({ token })')
     return { url, token, webSocketAuth: opts.webSocketAuth }
   }
 

@@ -131,12 +131,11 @@ export class Process implements AsyncIterable<OutputChunk> {
   /** write sends bytes (a string as UTF-8) to the command's stdin. */
   write(data: string | Uint8Array): void {
     const b = bytes(data)
-    for (let i = 0; i < b.length || i === 0; i += STDIN_CHUNK) {
+    for (let i = 0; i < b.length; i += STDIN_CHUNK) {
       const part = b.subarray(i, i + STDIN_CHUNK)
-      const msg = new Uint8Array(part.length + 1)
+      const msg = new Uint8Array(part.length + 1) // msg[0] is 0: stdin
       msg.set(part, 1)
       if (!this.sock.send(msg)) throw new StreamEndedError('writing stdin: the stream is closed', 1000)
-      if (b.length === 0) break
     }
   }
 

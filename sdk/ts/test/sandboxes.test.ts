@@ -108,3 +108,18 @@ test('an AbortSignal and a timeout end a plain call', async (t) => {
   await assert.rejects(loam.get('ts-never'), NotFoundError)
   assert.equal((await box.getSession(s.id)).state, 'running')
 })
+
+test('importing the default client never throws; using it without a token does', async () => {
+  const { execFile } = await import('node:child_process')
+  const script = `import loam from '@loam/sdk'
+console.log('imported')
+await loam.list().catch((e) => console.log(e.name, e.code))`
+  const env = { ...process.env, LOAM_TOKEN: '', LOAM_DATA_DIR: '/nonexistent' }
+  delete env.LOAM_TOKEN
+  const out = await new Promise<string>((resolve, reject) =>
+    execFile(process.execPath, ['--input-type=module', '-e', script], { env }, (err, stdout, stderr) =>
+      err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),
+    ),
+  )
+  assert.equal(out, 'imported\nUnauthorizedError unauthorized\n')
+})
