@@ -114,8 +114,8 @@ test('importing the default client never throws; using it without a token does',
   const script = `import loam from '@loam/sdk'
 console.log('imported')
 await loam.list().catch((e) => console.log(e.name, e.code))`
-  const env = { ...process.env, LOAM_TOKEN: '', LOAM_DATA_DIR: '/nonexistent' }
-  delete env.LOAM_TOKEN
+  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => k !== 'LOAM_TOKEN'))
+  env.LOAM_DATA_DIR = '/nonexistent'
   const out = await new Promise<string>((resolve, reject) =>
     execFile(process.execPath, ['--input-type=module', '-e', script], { env }, (err, stdout, stderr) =>
       err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),
