@@ -101,3 +101,13 @@ const (
 	ExecError   = "error"
 	ExecOffset  = "offset"
 )
+
+// WebSocket subprotocols of the API. A client that cannot set an
+// Authorization header on a WebSocket (a browser) offers two subprotocols:
+// WebSocketProtocol, which the server picks, and WebSocketTokenPrefix
+// followed by the API token, which authenticates the request (as
+// Kubernetes' base64url.bearer.authorization.k8s.io.<token>).
+const (
+	WebSocketProtocol    = "loam.v1"
+	WebSocketTokenPrefix = "loam.token."
+)

@@ -224,7 +224,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	hw := &handshakeWriter{ResponseWriter: w}
-	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	c, err := websocket.Accept(hw, r, acceptOptions)
 	if err != nil {
 		st.Close()
 		switch hw.status {

@@ -99,7 +99,7 @@ func wantUpgrade(w http.ResponseWriter, r *http.Request, what string) error {
 // closed whatever happens.
 func (s *Server) proxyPorts(w http.ResponseWriter, r *http.Request, st *sandbox.Stream, what string) error {
 	hw := &handshakeWriter{ResponseWriter: w}
-	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	c, err := websocket.Accept(hw, r, acceptOptions)
 	if err != nil {
 		st.Close()
 		if hw.status == 0 {

@@ -149,7 +149,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	hw := &handshakeWriter{ResponseWriter: w}
-	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	c, err := websocket.Accept(hw, r, acceptOptions)
 	if err != nil {
 		return hw.refusal()
 	}

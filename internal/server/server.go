@@ -18,6 +18,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"loam.dev/loam/api"
 )
 
@@ -175,11 +177,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// auth checks the bearer token, then runs h and turns its error into a response.
+// auth checks the token, then runs h and turns its error into a response.
 func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) != 1 {
+		if !s.authorized(r) {
 			writeError(w, r, s.log, api.Errorf(api.CodeUnauthorized, "missing or wrong token: send Authorization: Bearer $LOAM_TOKEN"))
 			return
 		}
@@ -187,6 +188,39 @@ func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.Han
 			writeError(w, r, s.log, err)
 		}
 	}
+}
+
+// authorized reports whether r carries the API token: as a bearer token,
+// or, on a WebSocket upgrade, as a subprotocol api.WebSocketTokenPrefix+token
+// (a browser cannot set Authorization on a WebSocket; it can offer
+// subprotocols). The token is never the subprotocol the server picks (see
+// acceptOptions), so it is not echoed back.
+func (s *Server) authorized(r *http.Request) bool {
+	if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return false
+	}
+	ok := false
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for p := range strings.SplitSeq(h, ",") {
+			got, found := strings.CutPrefix(strings.TrimSpace(p), api.WebSocketTokenPrefix)
+			if found && subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1 {
+				ok = true
+			}
+		}
+	}
+	return ok
+}
+
+// acceptOptions are the options of every WebSocket the API accepts. Of the
+// subprotocols a client offers, the server picks api.WebSocketProtocol: a
+// browser that offers the token as a subprotocol must offer it too, since a
+// browser fails a handshake whose answer picks none of those it offered.
+var acceptOptions = &websocket.AcceptOptions{
+	InsecureSkipVerify: true,
+	Subprotocols:       []string{api.WebSocketProtocol},
 }
 
 // writeError sends err as the API's error body. Errors that carry an

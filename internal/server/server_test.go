@@ -298,3 +298,58 @@ func TestExec(t *testing.T) {
 		})
 	}
 }
+
+// TestWebSocketTokenSubprotocol checks that a WebSocket can carry the token
+// as a subprotocol, as a browser must, that the server picks
+// api.WebSocketProtocol and never echoes the token, and that a wrong token,
+// or the subprotocol on a request that is no upgrade, is refused.
+func TestWebSocketTokenSubprotocol(t *testing.T) {
+	base := serve(t, New(newFake(), testToken, discardLog()))
+	ws := "ws" + strings.TrimPrefix(base, "http")
+	tests := []struct {
+		name      string
+		protocols []string
+		path      string
+		ok        bool
+	}{
+		{"exec", []string{api.WebSocketProtocol, api.WebSocketTokenPrefix + testToken}, "/v1/sandboxes/box/exec", true},
+		{"token first", []string{api.WebSocketTokenPrefix + testToken, api.WebSocketProtocol}, "/v1/sandboxes/box/exec", true},
+		{"port watch", []string{api.WebSocketProtocol, api.WebSocketTokenPrefix + testToken}, "/v1/sandboxes/box/ports/watch", true},
+		{"wrong token", []string{api.WebSocketProtocol, api.WebSocketTokenPrefix + "wrong"}, "/v1/sandboxes/box/exec", false},
+		{"token prefix only", []string{api.WebSocketProtocol, api.WebSocketTokenPrefix}, "/v1/sandboxes/box/exec", false},
+		{"longer token", []string{api.WebSocketProtocol, api.WebSocketTokenPrefix + testToken + "x"}, "/v1/sandboxes/box/exec", false},
+		{"no token", []string{api.WebSocketProtocol}, "/v1/sandboxes/box/exec", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, resp, err := websocket.Dial(ctx, ws+tt.path, &websocket.DialOptions{Subprotocols: tt.protocols})
+			if !tt.ok {
+				if err == nil {
+					c.CloseNow()
+					t.Fatal("dialled without the right token")
+				}
+				if resp == nil || resp.StatusCode != http.StatusUnauthorized {
+					t.Fatalf("answer %v, want 401 (%v)", resp, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.CloseNow()
+			if c.Subprotocol() != api.WebSocketProtocol {
+				t.Errorf("subprotocol %q, want %q", c.Subprotocol(), api.WebSocketProtocol)
+			}
+			if got := resp.Header.Values("Sec-WebSocket-Protocol"); len(got) != 1 || got[0] != api.WebSocketProtocol {
+				t.Errorf("Sec-WebSocket-Protocol %q, want only %q", got, api.WebSocketProtocol)
+			}
+		})
+	}
+	// Outside an upgrade the subprotocol header is no credential.
+	checkErrors(t, base, []errorCase{
+		{name: "subprotocol on plain GET", req: request{method: "GET", path: "/v1/sandboxes", token: "-",
+			header: map[string]string{"Sec-WebSocket-Protocol": api.WebSocketTokenPrefix + testToken}}, status: 401, code: api.CodeUnauthorized},
+	})
+}

@@ -156,7 +156,7 @@ func attachParams(r *http.Request) (api.AttachParams, error) {
 // refused handshake is an HTTP error, in the API's shape.
 func acceptStream(w http.ResponseWriter, r *http.Request, st *sandbox.Stream) error {
 	hw := &handshakeWriter{ResponseWriter: w}
-	c, err := websocket.Accept(hw, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	c, err := websocket.Accept(hw, r, acceptOptions)
 	if err != nil {
 		st.Close()
 		return hw.refusal()

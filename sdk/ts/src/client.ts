@@ -1,0 +1,634 @@
+import { LoamError, StreamEndedError, apiError } from './errors.js'
+import { OffsetEvent, OutputChunk, Process, StdinSource } from './process.js'
+import { EventStream, PortStream } from './streams.js'
+import { CallOptions, Deadline, Endpoint, Transport, concat, seg } from './transport.js'
+import type {
+  AccessToken,
+  Checkpoint,
+  CreateCheckpoint,
+  CreateSandbox,
+  ExecRequest,
+  FileInfo,
+  ForkOptions,
+  NetworkPolicy,
+  Port,
+  PortEvent,
+  SandboxInfo,
+  Secret,
+  Service,
+  ServiceStatus,
+  Session,
+  Template,
+  WatchEvent,
+} from './types.js'
+
+/** How to reach the API. Left out, each comes from the environment (LOAM_API_URL, LOAM_TOKEN). */
+export interface LoamOptions {
+  /** The API's URL, as http://127.0.0.1:7070. */
+  url?: string
+  /** The API token. */
+  token?: string
+  /**
+   * How WebSockets carry the token: 'header' (Authorization, the default
+   * on Node) or 'subprotocol' (loam.token.<token>, the default in
+   * browsers, which cannot set headers on a WebSocket).
+   */
+  webSocketAuth?: 'header' | 'subprotocol'
+}
+
+/** The default URL when neither the options nor LOAM_API_URL give one. */
+export const DEFAULT_URL = 'http://127.0.0.1:7070'
+
+type Env = Record<string, string | undefined>
+
+function env(): Env {
+  return (globalThis as { process?: { env?: Env } }).process?.env ?? {}
+}
+
+/** Options of a command: what exec takes, besides the command. */
+export interface ExecOptions extends CallOptions {
+  env?: Record<string, string>
+  /** The working directory; the user's home when empty. */
+  dir?: string
+  /** 'loam' (the default), 'root', or another user. */
+  user?: string
+  /** A terminal, of rows × cols; stdout and stderr are then one stream. */
+  tty?: boolean
+  rows?: number
+  cols?: number
+  /**
+   * Stdin: data sent then closed, or true to write it yourself with
+   * Process.write and closeStdin. Without it the command's stdin is empty.
+   */
+  stdin?: StdinSource | true
+  /** A session that runs on when the socket closes, and can be attached to. */
+  detachable?: boolean
+  /** The size of each output buffer of a detachable session, in bytes. */
+  bufferSize?: number
+}
+
+/** What run() resolves with. */
+export interface RunResult {
+  exitCode: number
+  stdout: string
+  stderr: string
+}
+
+/** Where an attach or a logs read starts, and whether it follows. */
+export interface AttachOptions extends CallOptions {
+  /** Where stdout's replay starts; everything still buffered when left out. */
+  offset?: number
+  /** Where stderr's starts; offset's when left out. */
+  stderrOffset?: number
+  /** false ends the stream once what was buffered is sent; true (the default for attach) follows live output. */
+  follow?: boolean
+  /** Called for each "offset" message. */
+  onOffset?: (ev: OffsetEvent) => void
+  /** Stdin for the session, as for exec. */
+  stdin?: StdinSource | true
+}
+
+/** Options of the files calls. */
+export interface FileOptions extends CallOptions {
+  /** Who acts: 'loam' when left out, or 'root', or another user. */
+  user?: string
+}
+
+/**
+ * Loam is a client of one loam daemon. `new Loam({ url, token })` names it;
+ * `new Loam()` (and the package's default export) reads LOAM_API_URL and
+ * LOAM_TOKEN when it is first used, so making one never throws.
+ */
+export class Loam {
+  /** @internal */
+  readonly t: Transport
+  private ep?: Promise<Endpoint>
+
+  constructor(opts: LoamOptions = {}) {
+    this.t = new Transport(() => (this.ep ??= this.resolve(opts)).catch((e: unknown) => {
+      this.ep = undefined
+      throw e
+    }))
+  }
+
+  private async resolve(opts: LoamOptions): Promise<Endpoint> {
+    const e = env()
+    const url = (opts.url ?? e.LOAM_API_URL ?? DEFAULT_URL).replace(/\/+$/, '')
+    let token = opts.token ?? e.LOAM_TOKEN ?? ''
+    if (!token && (globalThis as { process?: unknown }).process) {
+      // On the daemon's machine, as the Go SDK and the CLI: its token file.
+      try {
+        const name = 'node:fs/promises'
+        const fs = (await import(name)) as { readFile(path: string, enc: string): Promise<string> }
+        token = (await fs.readFile((e.LOAM_DATA_DIR ?? '/var/lib/loam') + '/token', 'utf8')).trim()
+      } catch {
+        // fall through to the error below
+      }
+    }
+    if (!token) throw apiError('unauthorized', 'no loam token: set LOAM_TOKEN or give new Loam({ token })')
+    return { url, token, webSocketAuth: opts.webSocketAuth }
+  }
+
+  /** sandbox is a handle on a sandbox by name or id; it makes no call. */
+  sandbox(ref: string): Sandbox {
+    return new Sandbox(this, ref)
+  }
+
+  /** create makes a sandbox (every field of the body is optional) and returns a handle on it. */
+  async create(req: CreateSandbox = {}, opts?: CallOptions): Promise<Sandbox> {
+    const info = await this.t.json<SandboxInfo>('POST', '/v1/sandboxes', { ...opts, body: req })
+    return new Sandbox(this, info.id, info)
+  }
+
+  /** list lists sandboxes, only those with every label given when labels are. */
+  async list(opts: CallOptions & { labels?: Record<string, string> } = {}): Promise<SandboxInfo[]> {
+    const label = Object.entries(opts.labels ?? {})
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([k, v]) => `${k}=${v}`)
+    const r = await this.t.json<{ sandboxes: SandboxInfo[] | null }>('GET', '/v1/sandboxes', { ...opts, query: { label } })
+    return r.sandboxes ?? []
+  }
+
+  /** get gets a sandbox by name or id. */
+  get(ref: string, opts?: CallOptions): Promise<SandboxInfo> {
+    return this.sandbox(ref).info(opts)
+  }
+
+  /** delete deletes a sandbox and its checkpoints. */
+  delete(ref: string, opts?: CallOptions): Promise<void> {
+    return this.sandbox(ref).delete(opts)
+  }
+
+  /**
+   * fork makes a new, independent sandbox from a checkpoint of sandbox:
+   * its disk, and its memory for a memory checkpoint. Template, image and
+   * resources come from the checkpoint; network and secrets too unless given.
+   */
+  async fork(sandbox: string, checkpoint: string, req: ForkOptions = {}, opts?: CallOptions): Promise<Sandbox> {
+    if (!sandbox || !checkpoint) throw new LoamError('invalid', 'a fork needs a sandbox and a checkpoint')
+    return this.create({ ...req, from: { sandbox, checkpoint } }, opts)
+  }
+
+  /** templates lists the templates sandboxes can be made from. */
+  async templates(opts?: CallOptions): Promise<Template[]> {
+    return (await this.t.json<{ templates: Template[] | null }>('GET', '/v1/templates', opts)).templates ?? []
+  }
+
+  /** setSecret stores a secret (at most 64 KiB); sandboxes that use it get the new value when they next start. */
+  setSecret(name: string, value: string, opts?: CallOptions): Promise<Secret> {
+    return this.t.json<Secret>('PUT', `/v1/secrets/${seg('secret', name)}`, { ...opts, body: { value } })
+  }
+
+  /** secrets lists secrets, never their values. */
+  async secrets(opts?: CallOptions): Promise<Secret[]> {
+    return (await this.t.json<{ secrets: Secret[] | null }>('GET', '/v1/secrets', opts)).secrets ?? []
+  }
+
+  /** deleteSecret deletes a secret; one a sandbox uses only with force. */
+  async deleteSecret(name: string, opts: CallOptions & { force?: boolean } = {}): Promise<void> {
+    await this.t.json('DELETE', `/v1/secrets/${seg('secret', name)}`, { ...opts, query: { force: opts.force ? 'true' : undefined } })
+  }
+}
+
+/**
+ * Sandbox is a handle on one sandbox, by name or id. Every method is one
+ * call of the API on it.
+ */
+export class Sandbox {
+  constructor(
+    private readonly loam: Loam,
+    /** The name or id the handle was made with (the id for create and fork). */
+    readonly ref: string,
+    /** The sandbox as the create or fork that made the handle answered; undefined for loam.sandbox(ref). */
+    readonly created?: SandboxInfo,
+  ) {}
+
+  private path(rest = ''): string {
+    return `/v1/sandboxes/${seg('sandbox', this.ref)}${rest}`
+  }
+
+  private get t(): Transport {
+    return this.loam.t
+  }
+
+  // Sandbox itself.
+
+  /** info gets the sandbox as the API shows it. */
+  info(opts?: CallOptions): Promise<SandboxInfo> {
+    return this.t.json<SandboxInfo>('GET', this.path(), opts)
+  }
+
+  /** delete deletes the sandbox and its checkpoints. */
+  async delete(opts?: CallOptions): Promise<void> {
+    await this.t.json('DELETE', this.path(), opts)
+  }
+
+  /** sleep puts the sandbox to sleep now (memory saved, no processes on the host). */
+  sleep(opts?: CallOptions): Promise<SandboxInfo> {
+    return this.t.json<SandboxInfo>('POST', this.path('/sleep'), opts)
+  }
+
+  /** wake wakes a sleeping sandbox. */
+  wake(opts?: CallOptions): Promise<SandboxInfo> {
+    return this.t.json<SandboxInfo>('POST', this.path('/wake'), opts)
+  }
+
+  /** accessToken is the sandbox's URL and the token that opens it when it is private. */
+  accessToken(opts?: CallOptions): Promise<AccessToken> {
+    return this.t.json<AccessToken>('GET', this.path('/access-token'), opts)
+  }
+
+  /** network is the sandbox's network policy. */
+  async network(opts?: CallOptions): Promise<NetworkPolicy> {
+    return (await this.info(opts)).network
+  }
+
+  /** setNetwork replaces the network policy; connections it forbids are cut. */
+  setNetwork(policy: NetworkPolicy, opts?: CallOptions): Promise<SandboxInfo> {
+    return this.t.json<SandboxInfo>('PUT', this.path('/network'), { ...opts, body: policy })
+  }
+
+  // Checkpoints.
+
+  /** createCheckpoint takes a checkpoint; memory is true unless given as false. */
+  createCheckpoint(req: CreateCheckpoint = {}, opts?: CallOptions): Promise<Checkpoint> {
+    return this.t.json<Checkpoint>('POST', this.path('/checkpoints'), { ...opts, body: req })
+  }
+
+  /** checkpoints lists the sandbox's checkpoints, oldest first. */
+  async checkpoints(opts?: CallOptions): Promise<Checkpoint[]> {
+    return (await this.t.json<{ checkpoints: Checkpoint[] | null }>('GET', this.path('/checkpoints'), opts)).checkpoints ?? []
+  }
+
+  /** getCheckpoint gets a checkpoint by id or name. */
+  getCheckpoint(id: string, opts?: CallOptions): Promise<Checkpoint> {
+    return this.t.json<Checkpoint>('GET', this.path(`/checkpoints/${seg('checkpoint', id)}`), opts)
+  }
+
+  /** deleteCheckpoint deletes a checkpoint. */
+  async deleteCheckpoint(id: string, opts?: CallOptions): Promise<void> {
+    await this.t.json('DELETE', this.path(`/checkpoints/${seg('checkpoint', id)}`), opts)
+  }
+
+  /** restoreCheckpoint puts the sandbox back to a checkpoint, keeping its current state as auto-N first. */
+  restoreCheckpoint(id: string, opts?: CallOptions): Promise<SandboxInfo> {
+    return this.t.json<SandboxInfo>('POST', this.path(`/checkpoints/${seg('checkpoint', id)}/restore`), opts)
+  }
+
+  /** fork makes a new sandbox from a checkpoint of this one (Loam.fork). */
+  fork(checkpoint: string, req: ForkOptions = {}, opts?: CallOptions): Promise<Sandbox> {
+    return this.loam.fork(this.ref, checkpoint, req, opts)
+  }
+
+  // Exec and sessions.
+
+  /**
+   * exec starts a command over a WebSocket and returns it as it runs:
+   * iterate it for output, write() to its stdin, wait() for its exit code.
+   * The call's signal and timeout bound the whole command.
+   */
+  async exec(cmd: string[], opts: ExecOptions = {}): Promise<Process> {
+    if (cmd.length === 0 || !cmd[0]) throw new LoamError('invalid', 'no command given')
+    const d = new Deadline(opts)
+    try {
+      const sock = await this.t.socket(this.path('/exec'), d)
+      const req: ExecRequest = {
+        cmd,
+        env: opts.env,
+        dir: opts.dir,
+        user: opts.user,
+        tty: opts.tty,
+        rows: opts.rows,
+        cols: opts.cols,
+        stdin: opts.stdin !== undefined,
+        detachable: opts.detachable,
+        buffer_size: opts.bufferSize,
+      }
+      sock.send(JSON.stringify(req))
+      const p = new Process(sock, d, { what: `running ${cmd[0]} in ${this.ref}` })
+      if (opts.stdin !== undefined && opts.stdin !== true) p.pipe(opts.stdin).catch(() => undefined)
+      return p
+    } catch (e) {
+      d.done()
+      throw e
+    }
+  }
+
+  /**
+   * run runs a command to its end and resolves with its exit code and
+   * output, decoded as UTF-8. A command that exits non-zero is no error.
+   */
+  async run(cmd: string[], opts: ExecOptions = {}): Promise<RunResult> {
+    const p = await this.exec(cmd, opts)
+    return collect(p)
+  }
+
+  /**
+   * startSession starts a detachable session without a socket; attach to it
+   * for its output. With stdin: true its stdin stays open for attaches to
+   * write to; without, it is empty.
+   */
+  startSession(cmd: string[], opts: Omit<ExecOptions, 'stdin' | 'detachable'> & { stdin?: boolean } = {}): Promise<Session> {
+    const req: ExecRequest = {
+      cmd,
+      env: opts.env,
+      dir: opts.dir,
+      user: opts.user,
+      tty: opts.tty,
+      rows: opts.rows,
+      cols: opts.cols,
+      stdin: opts.stdin,
+      buffer_size: opts.bufferSize,
+    }
+    return this.t.json<Session>('POST', this.path('/sessions'), { ...opts, body: req })
+  }
+
+  /** sessions lists running sessions and the newest exited ones, oldest first. */
+  async sessions(opts?: CallOptions): Promise<Session[]> {
+    return (await this.t.json<{ sessions: Session[] | null }>('GET', this.path('/sessions'), opts)).sessions ?? []
+  }
+
+  /** getSession gets a session by id. */
+  getSession(id: string, opts?: CallOptions): Promise<Session> {
+    return this.t.json<Session>('GET', this.path(`/sessions/${seg('session', id)}`), opts)
+  }
+
+  /** waitSession resolves with the session once it has exited. */
+  waitSession(id: string, opts?: CallOptions): Promise<Session> {
+    return this.t.json<Session>('POST', this.path(`/sessions/${seg('session', id)}/wait`), opts)
+  }
+
+  /** signalSession sends a signal ('TERM', 'SIGINT', '9'…) to the session's process group. */
+  async signalSession(id: string, signal: string, opts?: CallOptions): Promise<void> {
+    await this.t.json('POST', this.path(`/sessions/${seg('session', id)}/signal`), { ...opts, body: { signal } })
+  }
+
+  /** deleteSession kills a running session and forgets it. */
+  async deleteSession(id: string, opts?: CallOptions): Promise<void> {
+    await this.t.json('DELETE', this.path(`/sessions/${seg('session', id)}`), opts)
+  }
+
+  /**
+   * attach attaches to a session: its output from offset (everything still
+   * buffered when left out), then live output unless follow is false.
+   * Closing the Process leaves the session running.
+   */
+  async attach(id: string, opts: AttachOptions = {}): Promise<Process> {
+    const d = new Deadline(opts)
+    try {
+      const sock = await this.t.socket(this.path(`/sessions/${seg('session', id)}/attach`), d, attachQuery(opts, opts.follow ?? true))
+      const p = new Process(sock, d, { what: `attaching to ${id} of ${this.ref}`, onOffset: opts.onOffset, noFollow: opts.follow === false })
+      if (opts.stdin !== undefined && opts.stdin !== true) p.pipe(opts.stdin).catch(() => undefined)
+      return p
+    } catch (e) {
+      d.done()
+      throw e
+    }
+  }
+
+  // Services.
+
+  /** putService defines (or redefines) a service and starts it. */
+  putService(def: Service, opts?: CallOptions): Promise<ServiceStatus> {
+    return this.t.json<ServiceStatus>('PUT', this.path(`/services/${seg('service', def.name)}`), { ...opts, body: def })
+  }
+
+  /** services lists the sandbox's services, by name. */
+  async services(opts?: CallOptions): Promise<ServiceStatus[]> {
+    return (await this.t.json<{ services: ServiceStatus[] | null }>('GET', this.path('/services'), opts)).services ?? []
+  }
+
+  /** getService gets a service. */
+  getService(name: string, opts?: CallOptions): Promise<ServiceStatus> {
+    return this.t.json<ServiceStatus>('GET', this.path(`/services/${seg('service', name)}`), opts)
+  }
+
+  /** deleteService stops a service and removes its definition. */
+  async deleteService(name: string, opts?: CallOptions): Promise<void> {
+    await this.t.json('DELETE', this.path(`/services/${seg('service', name)}`), opts)
+  }
+
+  /** startService starts a stopped service. */
+  startService(name: string, opts?: CallOptions): Promise<ServiceStatus> {
+    return this.serviceAction(name, 'start', opts)
+  }
+
+  /** stopService stops a service until it is started. */
+  stopService(name: string, opts?: CallOptions): Promise<ServiceStatus> {
+    return this.serviceAction(name, 'stop', opts)
+  }
+
+  /** restartService stops and starts a service. */
+  restartService(name: string, opts?: CallOptions): Promise<ServiceStatus> {
+    return this.serviceAction(name, 'restart', opts)
+  }
+
+  private serviceAction(name: string, action: string, opts?: CallOptions): Promise<ServiceStatus> {
+    return this.t.json<ServiceStatus>('POST', this.path(`/services/${seg('service', name)}/${action}`), opts)
+  }
+
+  /**
+   * serviceLogs streams a service's output from offset: what is buffered,
+   * then, with follow, live output until the call is aborted or the
+   * iteration stopped.
+   */
+  async *serviceLogs(name: string, opts: Omit<AttachOptions, 'stdin'> = {}): AsyncGenerator<OutputChunk> {
+    const d = new Deadline(opts)
+    let p: Process | undefined
+    try {
+      const sock = await this.t.socket(this.path(`/services/${seg('service', name)}/logs`), d, attachQuery(opts, opts.follow ?? false))
+      p = new Process(sock, d, { what: `reading logs of ${name} of ${this.ref}`, onOffset: opts.onOffset, noFollow: true })
+      yield* p
+    } finally {
+      p?.close()
+      d.done()
+    }
+  }
+
+  // Files.
+
+  private files(rest = ''): string {
+    return this.path('/files' + rest)
+  }
+
+  /** stat describes path (lstat: a symlink is itself). */
+  stat(path: string, opts: FileOptions = {}): Promise<FileInfo> {
+    return this.t.json<FileInfo>('GET', this.files(), { ...opts, query: { path, user: opts.user, depth: 0 } })
+  }
+
+  /** listFiles describes path with a directory's entries, depth levels deep (1 by default). */
+  listFiles(path: string, opts: FileOptions & { depth?: number } = {}): Promise<FileInfo> {
+    return this.t.json<FileInfo>('GET', this.files(), { ...opts, query: { path, user: opts.user, depth: opts.depth } })
+  }
+
+  /**
+   * readStream streams a file's bytes. The stream errors with
+   * StreamEndedError when the transfer ends short (a checkpoint cut it).
+   */
+  async readStream(path: string, opts: FileOptions = {}): Promise<ReadableStream<Uint8Array>> {
+    return this.download('/content', path, opts)
+  }
+
+  /** readFile reads a whole file. */
+  async readFile(path: string, opts: FileOptions = {}): Promise<Uint8Array> {
+    return readAll(await this.readStream(path, opts))
+  }
+
+  /** readText reads a whole file as UTF-8 text. */
+  async readText(path: string, opts: FileOptions = {}): Promise<string> {
+    return new TextDecoder().decode(await this.readFile(path, opts))
+  }
+
+  /** writeFile writes data to path atomically, making its parents; mode is octal ('0644'). */
+  async writeFile(
+    path: string,
+    data: string | Uint8Array | Blob | ReadableStream<Uint8Array>,
+    opts: FileOptions & { mode?: string } = {},
+  ): Promise<FileInfo> {
+    const d = new Deadline(opts)
+    try {
+      const body = typeof data === 'string' ? new TextEncoder().encode(data) : data
+      const resp = await this.t.fetch('PUT', this.files('/content'), d, { query: { path, user: opts.user, mode: opts.mode }, body })
+      return (await resp.json()) as FileInfo
+    } finally {
+      d.done()
+    }
+  }
+
+  /** mkdir makes a directory and its parents (as mkdir -p); mode is octal, '0755' by default. */
+  mkdir(path: string, opts: FileOptions & { mode?: string } = {}): Promise<FileInfo> {
+    return this.t.json<FileInfo>('POST', this.files('/mkdir'), { ...opts, body: { path, mode: opts.mode, user: opts.user } })
+  }
+
+  /** move renames from to to, replacing a file at to. */
+  move(from: string, to: string, opts: FileOptions = {}): Promise<FileInfo> {
+    return this.t.json<FileInfo>('POST', this.files('/move'), { ...opts, body: { from, to, user: opts.user } })
+  }
+
+  /** remove removes path; a non-empty directory only with recursive. */
+  async remove(path: string, opts: FileOptions & { recursive?: boolean } = {}): Promise<void> {
+    await this.t.json('DELETE', this.files(), { ...opts, query: { path, user: opts.user, recursive: opts.recursive ? 'true' : undefined } })
+  }
+
+  /** downloadArchive streams a tar of directory dir. */
+  downloadArchive(dir: string, opts: FileOptions = {}): Promise<ReadableStream<Uint8Array>> {
+    return this.download('/archive', dir, opts)
+  }
+
+  /** uploadArchive extracts a tar into directory dir; entries that would land outside it are refused. */
+  async uploadArchive(dir: string, tar: Uint8Array | Blob | ReadableStream<Uint8Array>, opts: FileOptions = {}): Promise<void> {
+    const d = new Deadline(opts)
+    try {
+      const resp = await this.t.fetch('PUT', this.files('/archive'), d, { query: { path: dir, user: opts.user }, body: tar, contentType: 'application/x-tar' })
+      await resp.arrayBuffer()
+    } finally {
+      d.done()
+    }
+  }
+
+  /** watch watches path (a directory's entries, or with recursive its tree) for changes. */
+  async watch(path: string, opts: FileOptions & { recursive?: boolean } = {}): Promise<EventStream<WatchEvent>> {
+    const d = new Deadline(opts)
+    try {
+      const sock = await this.t.socket(this.files('/watch'), d, { path, user: opts.user, recursive: opts.recursive ? 'true' : undefined })
+      return new EventStream<WatchEvent>(sock, d, `watching ${path}`)
+    } catch (e) {
+      d.done()
+      throw e
+    }
+  }
+
+  private async download(rest: string, path: string, opts: FileOptions): Promise<ReadableStream<Uint8Array>> {
+    const d = new Deadline(opts)
+    let resp: Response
+    try {
+      resp = await this.t.fetch('GET', this.files(rest), d, { query: { path, user: opts.user } })
+    } catch (e) {
+      d.done()
+      throw e
+    }
+    const body = resp.body
+    if (!body) {
+      d.done()
+      return new ReadableStream({ start: (c) => c.close() })
+    }
+    const want = Number(resp.headers.get('Content-Length') ?? -1)
+    let got = 0
+    const reader = body.getReader()
+    return new ReadableStream<Uint8Array>({
+      async pull(c) {
+        try {
+          const { done, value } = await reader.read()
+          if (done) {
+            d.done()
+            if (want >= 0 && got < want) c.error(new StreamEndedError(`reading ${path}: the transfer ended early (${want - got} bytes missing)`, 1006))
+            else c.close()
+            return
+          }
+          got += value.length
+          c.enqueue(value)
+        } catch (e) {
+          d.done()
+          c.error(d.signal.aborted ? d.signal.reason : new StreamEndedError(`reading ${path}: the transfer ended early: ${(e as Error).message}`, 1006))
+        }
+      },
+      cancel(reason) {
+        d.done()
+        return reader.cancel(reason)
+      },
+    })
+  }
+
+  // Ports.
+
+  /** ports lists the TCP ports programs in the sandbox listen on. */
+  async ports(opts?: CallOptions): Promise<Port[]> {
+    return (await this.t.json<{ ports: Port[] | null }>('GET', this.path('/ports'), opts)).ports ?? []
+  }
+
+  /** watchPorts streams an event for every port that starts or stops listening, open events for those listening first. */
+  async watchPorts(opts: CallOptions = {}): Promise<EventStream<PortEvent>> {
+    const d = new Deadline(opts)
+    try {
+      return new EventStream<PortEvent>(await this.t.socket(this.path('/ports/watch'), d), d, `watching the ports of ${this.ref}`)
+    } catch (e) {
+      d.done()
+      throw e
+    }
+  }
+
+  /** connect opens one TCP connection to port inside the sandbox. */
+  async connect(port: number, opts: CallOptions = {}): Promise<PortStream> {
+    const d = new Deadline(opts)
+    try {
+      return new PortStream(await this.t.socket(this.path(`/ports/${seg('port', String(port))}/stream`), d), d)
+    } catch (e) {
+      d.done()
+      throw e
+    }
+  }
+}
+
+function attachQuery(o: AttachOptions, follow: boolean): Record<string, string | number | undefined> {
+  return { offset: o.offset, stderr_offset: o.stderrOffset, follow: follow ? undefined : 'false' }
+}
+
+/** collect reads a process to its end into a RunResult. */
+async function collect(p: Process): Promise<RunResult> {
+  const out: Uint8Array[] = []
+  const err: Uint8Array[] = []
+  for await (const c of p) (c.stream === 'stderr' ? err : out).push(c.data)
+  const exitCode = await p.wait()
+  const dec = new TextDecoder()
+  return { exitCode: exitCode ?? -1, stdout: dec.decode(concat(out)), stderr: dec.decode(concat(err)) }
+}
+
+async function readAll(s: ReadableStream<Uint8Array>): Promise<Uint8Array> {
+  const parts: Uint8Array[] = []
+  const r = s.getReader()
+  for (;;) {
+    const { done, value } = await r.read()
+    if (done) return concat(parts)
+    parts.push(value)
+  }
+}
