@@ -7,6 +7,7 @@ import type {
   Checkpoint,
   CreateCheckpoint,
   CreateSandbox,
+  UpdateSandbox,
   ExecRequest,
   FileInfo,
   ForkOptions,
@@ -169,6 +170,17 @@ export class Loam {
     return this.create({ ...req, from: { sandbox, checkpoint } }, opts)
   }
 
+  /** openapi is the daemon's API document (OpenAPI 3.1, YAML). */
+  async openapi(opts?: CallOptions): Promise<string> {
+    const d = new Deadline(opts)
+    try {
+      const resp = await this.t.fetch('GET', '/v1/openapi.yaml', d)
+      return await resp.text()
+    } finally {
+      d.done()
+    }
+  }
+
   /** templates lists the templates sandboxes can be made from. */
   async templates(opts?: CallOptions): Promise<Template[]> {
     return (await this.t.json<{ templates: Template[] | null }>('GET', '/v1/templates', opts)).templates ?? []
@@ -221,6 +233,14 @@ export class Sandbox {
   /** delete deletes the sandbox and its checkpoints. */
   async delete(opts?: CallOptions): Promise<void> {
     await this.t.json('DELETE', this.path(), opts)
+  }
+
+  /**
+   * update changes the sandbox's labels (replaced as a whole), idle time,
+   * http_port or public URL, at once and without waking it.
+   */
+  update(changes: UpdateSandbox, opts?: CallOptions): Promise<SandboxInfo> {
+    return this.t.json<SandboxInfo>('PATCH', this.path(), { ...opts, body: changes })
   }
 
   /** sleep puts the sandbox to sleep now (memory saved, no processes on the host). */

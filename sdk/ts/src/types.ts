@@ -11,6 +11,18 @@ export interface Resources {
   disk_mib?: number
 }
 
+/**
+ * The settings of a sandbox that may change while it lives (PATCH
+ * /v1/sandboxes/{sandbox}); what is left out stays. labels replaces every
+ * label.
+ */
+export interface UpdateSandbox {
+  labels?: Record<string, string>
+  idle?: string
+  http_port?: number
+  public?: boolean
+}
+
 /** What a sandbox may reach on the network; enforced on the host. */
 export interface NetworkPolicy {
   /** 'all' (the default) or 'none'. */

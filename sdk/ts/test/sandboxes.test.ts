@@ -58,8 +58,23 @@ test('create with every field, list, get, sleep, wake, access token, network', a
 
   assert.equal((await box.sleep()).state, 'sleeping')
   assert.equal((await box.info()).state, 'sleeping')
+  // An update changes what it gives, leaves the rest, and does not wake it.
+  const updated = await box.update({ public: true, http_port: 3000, labels: { suite: 'ts', run: String(process.pid), extra: 'yes' } })
+  assert.equal(updated.state, 'sleeping')
+  assert.equal(updated.public, true)
+  assert.equal(updated.http_port, 3000)
+  assert.equal(updated.labels?.extra, 'yes')
+  assert.equal(updated.network.egress, 'all')
+  await assert.rejects(box.update({}), InvalidError)
+  await assert.rejects(box.update({ idle: 'soon' }), InvalidError)
   assert.equal((await box.wake()).state, 'running')
   assert.equal((await box.run(['echo', 'awake'])).stdout, 'awake\n')
+})
+
+test('openapi', async () => {
+  const doc = await loam.openapi()
+  assert.match(doc, /^openapi: 3\.1/m)
+  assert.match(doc, /\/v1\/sandboxes\/\{sandbox\}:/)
 })
 
 test('templates', async () => {
