@@ -170,11 +170,37 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", id)
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	start := time.Now()
+	if s.cors(rec, r) {
+		return
+	}
 	s.route(rec, r)
 	if r.URL.Path != "/healthz" {
 		s.log.Info("request", "request_id", id, "method", r.Method, "path", r.URL.Path,
 			"status", rec.status, "ms", time.Since(start).Milliseconds())
 	}
+}
+
+// cors lets web pages of any origin use the daemon's API (the TypeScript
+// SDK in a browser): an answer to a request with an Origin may be read by
+// the page, and a preflight is answered here (it reports whether it did).
+// Any origin is safe because the API has no ambient credentials: no
+// cookie opens it, only the token a page must already hold and send. The
+// in-sandbox API does not take part.
+func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
+	if s.where != "" || r.Header.Get("Origin") == "" || !strings.HasPrefix(r.URL.Path, "/v1/") {
+		return false
+	}
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Expose-Headers", "X-Request-Id, Allow, Content-Length, Content-Disposition")
+	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
+		return false
+	}
+	h.Set("Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, PATCH, DELETE")
+	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, Accept")
+	h.Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+	return true
 }
 
 // auth checks the token, then runs h and turns its error into a response.

@@ -353,3 +353,30 @@ func TestWebSocketTokenSubprotocol(t *testing.T) {
 			header: map[string]string{"Sec-WebSocket-Protocol": api.WebSocketTokenPrefix + testToken}}, status: 401, code: api.CodeUnauthorized},
 	})
 }
+
+// TestCORS: a web page of any origin may call the API with its token (a
+// preflight is answered without one), and read the answer; a call without
+// the token is still refused; the in-sandbox API takes no part.
+func TestCORS(t *testing.T) {
+	base := serve(t, New(newFake(), testToken, discardLog()))
+	origin := map[string]string{"Origin": "https://app.example.com"}
+	resp, _ := do(t, base, testToken, request{method: "OPTIONS", path: "/v1/sandboxes/box", token: "-",
+		header: map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "PATCH", "Access-Control-Request-Headers": "authorization, content-type"}})
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get("Access-Control-Allow-Origin") != "*" ||
+		!strings.Contains(resp.Header.Get("Access-Control-Allow-Methods"), "PATCH") ||
+		!strings.Contains(resp.Header.Get("Access-Control-Allow-Headers"), "Authorization") {
+		t.Errorf("preflight: %d %v", resp.StatusCode, resp.Header)
+	}
+	resp, body := do(t, base, testToken, request{method: "GET", path: "/v1/sandboxes/box", header: origin})
+	if resp.StatusCode != 200 || resp.Header.Get("Access-Control-Allow-Origin") != "*" {
+		t.Errorf("GET with an Origin: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	resp, _ = do(t, base, testToken, request{method: "GET", path: "/v1/sandboxes/box", token: "-", header: origin})
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET with an Origin and no token: %d", resp.StatusCode)
+	}
+	resp, _ = do(t, base, testToken, request{method: "GET", path: "/v1/sandboxes/box"})
+	if resp.Header.Get("Access-Control-Allow-Origin") != "" {
+		t.Errorf("an answer without an Origin carries CORS headers: %v", resp.Header)
+	}
+}
