@@ -69,3 +69,8 @@ type Registry struct {
 	Registry string `json:"registry"`
 	Username string `json:"username"`
 }
+
+// RegistryList is the body of GET /v1/registries.
+type RegistryList struct {
+	Registries []Registry `json:"registries"`
+}
