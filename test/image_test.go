@@ -128,3 +128,36 @@ func checkImageSandbox(t *testing.T, d *daemon, name, own string) {
 		t.Errorf("%s: /lib or /usr exists (%q); the image should have neither", name, out)
 	}
 }
+
+// TestImageCLI: loam image login, pull (quiet without a terminal: the id
+// alone), ls, rm and logout against a real daemon and registry.
+func TestImageCLI(t *testing.T) {
+	d := startDaemon(t)
+	reg := imagetest.Registry(t, "bob", "pw")
+	ref := reg + "/cli:v1"
+	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t)), "bob", "pw")
+
+	if _, stderr, code := d.cli("", "image", "pull", ref); code == 0 || !strings.Contains(stderr, "401") {
+		t.Errorf("pull before login: code %d, stderr %q; want a failure saying 401", code, stderr)
+	}
+	if _, stderr, code := d.cli("pw\n", "image", "login", reg, "-u", "bob", "--password-stdin"); code != 0 {
+		t.Fatalf("login: %d %s", code, stderr)
+	}
+	out, stderr, code := d.cli("", "image", "pull", ref)
+	if code != 0 || out != image.ID(ref)+"\n" || stderr != "" {
+		t.Fatalf("pull: code %d, stdout %q, stderr %q; want the id alone", code, out, stderr)
+	}
+	out, _, _ = d.cli("", "image", "ls")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.Contains(lines[1], ref) || !strings.Contains(lines[1], "ready") {
+		t.Errorf("ls:\n%s", out)
+	}
+	if _, stderr, code := d.cli("", "image", "rm", image.ID(ref)); code == 0 || !strings.Contains(stderr, "-y") {
+		t.Errorf("rm without a terminal or -y: %d %q", code, stderr)
+	}
+	if _, stderr, code := d.cli("", "image", "rm", "-y", image.ID(ref)); code != 0 {
+		t.Errorf("rm -y: %d %q", code, stderr)
+	}
+	if _, stderr, code := d.cli("", "image", "logout", reg); code != 0 {
+		t.Errorf("logout: %d %q", code, stderr)
+	}
+}
