@@ -2,6 +2,7 @@ package test
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -159,5 +160,36 @@ func TestImageCLI(t *testing.T) {
 	}
 	if _, stderr, code := d.cli("", "image", "logout", reg); code != 0 {
 		t.Errorf("logout: %d %q", code, stderr)
+	}
+}
+
+// BenchmarkCreateFromImage: time from the create call to a running
+// sandbox (its agent answering, its entrypoint service started) for an
+// image pulled already.
+func BenchmarkCreateFromImage(b *testing.B) {
+	d := startDaemonB(b)
+	ctx := b.Context()
+	reg := imagetest.Registry(b, "", "")
+	ref := reg + "/bench:v1"
+	imagetest.Push(b, ref, imagetest.Image(b, busyboxConfig, imagetest.Busybox(b)), "", "")
+	im, err := d.C.PullImage(ctx, ref)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := d.C.WaitImage(ctx, im.ID, 0, nil); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		name := "bench-img-" + strconv.Itoa(i)
+		sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name, Image: ref})
+		if err != nil || sb.State != api.StateRunning {
+			b.Fatal(sb, err)
+		}
+		b.StopTimer()
+		if err := d.C.DeleteSandbox(ctx, name); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
 	}
 }
