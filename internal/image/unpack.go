@@ -116,6 +116,14 @@ func (u *Unpacker) entry(tr *tar.Reader, hdr *tar.Header, name string, made map[
 	if dir == "" {
 		dir = "."
 	}
+	// The directory may be reached through symlinks a layer made, absolute
+	// ones too (Debian's /var/run -> /run), which os.Root would refuse as
+	// escapes: they are followed here as the sandbox will, inside the root.
+	dir, err := u.resolve(dir)
+	if err != nil {
+		return err
+	}
+	name = path.Join(dir, base)
 	if base == opaqueMarker {
 		return u.opaque(dir, made)
 	}
@@ -156,6 +164,12 @@ func (u *Unpacker) entry(tr *tar.Reader, hdr *tar.Header, name string, made map[
 		if !ok {
 			return fmt.Errorf("%w: hard link to the root", ErrBadLayer)
 		}
+		tdir, tbase := path.Split(target)
+		tdir, err := u.resolve(strings.TrimSuffix(tdir, "/"))
+		if err != nil {
+			return err
+		}
+		target = path.Join(tdir, tbase)
 		if err := u.replace(name); err != nil {
 			return err
 		}
@@ -172,6 +186,62 @@ func (u *Unpacker) entry(tr *tar.Reader, hdr *tar.Header, name string, made map[
 	default:
 		return fmt.Errorf("%w: entry type %q is not supported", ErrBadLayer, hdr.Typeflag)
 	}
+}
+
+// maxLinks bounds the symlinks resolve follows, as the kernel's ELOOP does.
+const maxLinks = 255
+
+// resolve turns a directory path into one with no symlink in it, following
+// each symlink as it would be inside the sandbox: an absolute target from
+// the root, ".." never above the root. A component that does not exist
+// ends the walk: the rest is made as plain directories. "." is the root.
+func (u *Unpacker) resolve(dir string) (string, error) {
+	if dir == "." || dir == "" {
+		return ".", nil
+	}
+	todo := strings.Split(dir, "/")
+	var done []string
+	links := 0
+	for len(todo) > 0 {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			if len(done) > 0 {
+				done = done[:len(done)-1]
+			}
+			continue
+		}
+		cur := path.Join(append(done, c)...)
+		st, err := u.root.Lstat(cur)
+		if errors.Is(err, fs.ErrNotExist) {
+			return path.Join(append(append(done, c), todo...)...), nil
+		}
+		if err != nil {
+			return "", err
+		}
+		if st.Mode()&fs.ModeSymlink == 0 {
+			done = append(done, c)
+			continue
+		}
+		if links++; links > maxLinks {
+			return "", fmt.Errorf("%w: too many levels of symbolic links in %s", ErrBadLayer, dir)
+		}
+		target, err := u.root.Readlink(cur)
+		if err != nil {
+			return "", err
+		}
+		if strings.HasPrefix(target, "/") {
+			done = nil
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	if len(done) == 0 {
+		return ".", nil
+	}
+	return path.Join(done...), nil
 }
 
 // parents makes the missing directories above an entry. Layers usually

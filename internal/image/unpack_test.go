@@ -243,3 +243,47 @@ func TestBadLayer(t *testing.T) {
 		t.Errorf("truncated gzip: got %v, want ErrBadLayer", err)
 	}
 }
+
+// TestSymlinkedParents: a layer writing under a directory that a lower
+// layer made a symlink (absolute, as Debian's /var/run -> /run, or
+// relative) writes where the link leads inside the root, as the sandbox
+// will see it; a link climbing above the root stops at it.
+func TestSymlinkedParents(t *testing.T) {
+	dir, err := unpackLayers(t,
+		layerTar(t,
+			entry{name: "run/", typ: tar.TypeDir},
+			entry{name: "var/", typ: tar.TypeDir},
+			entry{name: "var/run", typ: tar.TypeSymlink, link: "/run"},
+			entry{name: "usr/lib/", typ: tar.TypeDir},
+			entry{name: "lib", typ: tar.TypeSymlink, link: "usr/lib"},
+			entry{name: "up", typ: tar.TypeSymlink, link: "../../../.."},
+		),
+		layerTar(t,
+			entry{name: "var/run/app.pid", body: "42"},
+			entry{name: "lib/libz.so", body: "z"},
+			entry{name: "up/etc/top", body: "top"},
+			entry{name: "lib/hard", typ: tar.TypeLink, link: "var/run/app.pid"},
+		),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFile(t, dir, "run/app.pid", "42")
+	wantFile(t, dir, "usr/lib/libz.so", "z")
+	wantFile(t, dir, "etc/top", "top")
+	wantFile(t, dir, "usr/lib/hard", "42")
+	if fi, err := os.Lstat(filepath.Join(dir, "var/run")); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		t.Errorf("var/run is no longer a symlink: %v, %v", fi, err)
+	}
+}
+
+func TestSymlinkLoop(t *testing.T) {
+	_, err := unpackLayers(t, layerTar(t,
+		entry{name: "a", typ: tar.TypeSymlink, link: "b"},
+		entry{name: "b", typ: tar.TypeSymlink, link: "/a"},
+		entry{name: "a/file", body: "x"},
+	))
+	if !errors.Is(err, ErrBadLayer) {
+		t.Errorf("writing through a loop of links: %v, want ErrBadLayer", err)
+	}
+}
