@@ -237,10 +237,17 @@ func (s *Service) List(ctx context.Context) ([]api.Image, error) {
 	return out, nil
 }
 
-// Remove forgets an image, by id, and its unpacked tree unless another
-// image has the same digest. Whether a sandbox uses it is the caller's to
-// check (the sandbox manager's); one being pulled is a conflict. The
-// template stays in the pool, since forks of checkpoints may need it.
+// templateDeleter is a pool that can delete a template (disk.Btrfs and
+// disk.Copy can).
+type templateDeleter interface {
+	DeleteTemplate(ctx context.Context, name string) error
+}
+
+// Remove forgets an image, by id, and, unless another image has the same
+// digest, its unpacked tree and its template in the pool. Whether a sandbox
+// uses it is the caller's to check (the sandbox manager's): volumes and
+// checkpoints made from it keep their data either way. One being pulled is
+// a conflict.
 func (s *Service) Remove(ctx context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -269,8 +276,14 @@ func (s *Service) Remove(ctx context.Context, id string) error {
 			return nil
 		}
 	}
-	if err := os.RemoveAll(filepath.Join(s.cfg.CacheDir, template(im.Digest, nil).Key())); err != nil {
+	t := template(im.Digest, nil)
+	if err := os.RemoveAll(filepath.Join(s.cfg.CacheDir, t.Key())); err != nil {
 		return fmt.Errorf("removing the unpacked tree of %s: %w", id, err)
+	}
+	if d, ok := s.cfg.Pool.(templateDeleter); ok {
+		if err := d.DeleteTemplate(ctx, t.Name); err != nil {
+			return fmt.Errorf("removing the template of %s: %w", id, err)
+		}
 	}
 	return nil
 }

@@ -155,11 +155,25 @@ func TestPullFromRegistry(t *testing.T) {
 	if err != nil || res2.Template != res.Template {
 		t.Errorf("the same image under another name: %+v, %v; want template %s", res2, err, res.Template)
 	}
+	// Removing one of the two keeps the template the other has; removing
+	// both takes it out of the pool, and the volume made from it stays.
 	if err := f.svc.Remove(t.Context(), im.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.svc.Get(t.Context(), im.ID); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("Get after Remove: %v, want not_found", err)
+	}
+	if ok, _ := f.pool.HasTemplate(t.Context(), res.Template); !ok {
+		t.Errorf("template %s gone while another image has it", res.Template)
+	}
+	if err := f.svc.Remove(t.Context(), image.ID(reg+"/other:v1")); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.pool.HasTemplate(t.Context(), res.Template); ok || err != nil {
+		t.Errorf("template %s still in the pool (%v) once no image has it", res.Template, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(root, "srv/app")); err != nil || string(got) != "app" {
+		t.Errorf("the volume after its image's removal: %q, %v", got, err)
 	}
 }
 
