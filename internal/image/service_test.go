@@ -5,15 +5,21 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
+	"log"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -245,5 +251,71 @@ func TestPullFromHost(t *testing.T) {
 		if fi, err := os.Lstat(filepath.Join(root, "bin/sh")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
 			t.Errorf("%s: bin/sh is %v, %v; want busybox's link", ref, fi, err)
 		}
+	}
+}
+
+// slowBlobs serves h, writing the bodies of blob downloads 32 KiB at a
+// time with a pause between, so that a pull can be seen part-way.
+type slowBlobs struct{ h http.Handler }
+
+func (s slowBlobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+		w = &slowWriter{ResponseWriter: w}
+	}
+	s.h.ServeHTTP(w, r)
+}
+
+type slowWriter struct{ http.ResponseWriter }
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		chunk := p[:min(len(p), 32<<10)]
+		m, err := w.ResponseWriter.Write(chunk)
+		n += m
+		if err != nil {
+			return n, err
+		}
+		w.ResponseWriter.(http.Flusher).Flush()
+		time.Sleep(20 * time.Millisecond)
+		p = p[len(chunk):]
+	}
+	return n, nil
+}
+
+// TestPullProgress: while an image is pulled, Get shows the bytes read so
+// far, between none and all of its size, and they only grow.
+func TestPullProgress(t *testing.T) {
+	f := newService(t)
+	srv := httptest.NewServer(slowBlobs{registry.New(registry.Logger(log.New(io.Discard, "", 0)))})
+	t.Cleanup(srv.Close)
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/slow:v1"
+	data := make([]byte, 1<<20)
+	rand.Read(data) // incompressible: the layer stays 1 MiB
+	imagetest.Push(t, ref, imagetest.Image(t, v1.Config{}, imagetest.Layer(t, imagetest.Entry{Name: "blob", Body: data})), "", "")
+
+	im, err := f.svc.Pull(t.Context(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []int64
+	for {
+		got, err := f.svc.Get(t.Context(), im.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != api.ImagePulling {
+			if got.State != api.ImageReady || got.Pulled != got.Size {
+				t.Fatalf("after the pull: %+v", got)
+			}
+			break
+		}
+		if got.Size > 0 && got.Pulled > 0 && got.Pulled < got.Size {
+			seen = append(seen, got.Pulled)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(seen) < 2 || !slices.IsSorted(seen) {
+		t.Errorf("progress seen during the pull: %v; want it part-way, growing", seen)
 	}
 }
