@@ -151,10 +151,21 @@ func (s *Service) start(ctx context.Context, ref string) (*store.Image, *pull, e
 	p := s.pulling[id]
 	s.mu.Unlock()
 	im, err := s.cfg.Records.GetImage(ctx, id)
+	if err == nil && im.State == api.ImageReady && p == nil {
+		// A pool made afresh (a new data dir beside a kept template
+		// cache) lacks the template: the pull makes it again.
+		has, herr := s.cfg.Pool.HasTemplate(ctx, im.Template)
+		if herr != nil {
+			return nil, nil, fmt.Errorf("pulling %s: %w", ref, herr)
+		}
+		if !has {
+			im.State = api.ImageError
+		}
+	}
 	switch {
 	case err == nil && (im.State == api.ImageReady || p != nil):
 		return im, p, nil
-	case err == nil: // failed, or left pulling by a crash: again
+	case err == nil: // failed, lost its template, or left pulling by a crash: again
 		im.State, im.Error = api.ImagePulling, ""
 	case errors.Is(err, store.ErrNotFound):
 		im = &store.Image{Image: api.Image{ID: id, Ref: ref, State: api.ImagePulling, CreatedAt: store.Now()}}

@@ -155,6 +155,16 @@ func TestPullFromRegistry(t *testing.T) {
 			t.Errorf("%s: %v, want it gone", name, err)
 		}
 	}
+	// A pool that lost the template gets it again from the next Ensure.
+	if err := f.pool.(*disk.Copy).DeleteTemplate(t.Context(), res.Template); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.Ensure(t.Context(), ref); err != nil {
+		t.Fatalf("Ensure once the pool lost the template: %v", err)
+	}
+	if ok, err := f.pool.HasTemplate(t.Context(), res.Template); !ok || err != nil {
+		t.Errorf("the template is not back: %v, %v", ok, err)
+	}
 	// A second reference to the same content shares the template.
 	imagetest.Push(t, reg+"/other:v1", img, "", "")
 	res2, err := f.svc.Ensure(t.Context(), reg+"/other:v1")
