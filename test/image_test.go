@@ -34,7 +34,15 @@ func TestImageSandbox(t *testing.T) {
 	ctx := ctxT(t)
 	reg := imagetest.Registry(t, "alice", "s3cret")
 	ref := reg + "/bb:v1"
-	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t)), "alice", "s3cret")
+	// Three layers: busybox, a file in app's home, then a whiteout of an
+	// applet and an opaque home with a new file.
+	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t),
+		imagetest.Layer(t, imagetest.Entry{Name: "home/app/old", Body: []byte("old"), UID: 1500, GID: 1500}),
+		imagetest.Layer(t,
+			imagetest.Entry{Name: "bin/.wh.vi"},
+			imagetest.Entry{Name: "home/app/.wh..wh..opq"},
+			imagetest.Entry{Name: "home/app/note", Body: []byte("new"), UID: 1500, GID: 1500},
+		)), "alice", "s3cret")
 
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "anon", Image: ref}); !errors.Is(err, api.ErrInvalid) {
 		t.Fatalf("create from a private image before login: %v, want invalid", err)
@@ -123,6 +131,10 @@ func checkImageSandbox(t *testing.T, d *daemon, name, own string) {
 			t.Fatalf("%s: the entrypoint wrote nothing: %v", name, err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// The layers' whiteouts and opaque directory, seen from inside.
+	if got := d.run(name, "sh", "-c", `ls -A /home/app; test -e /bin/vi || echo no-vi; stat -c %U /home/app/note`); got != "note\nno-vi\napp\n" {
+		t.Errorf("%s: the layers give %q, want home/app with note alone (app's), and no vi", name, got)
 	}
 	// Not Debian, no libc: the agent is what runs.
 	if out, _, code, _ := d.C.Output(ctxT(t), name, "ls", "/lib", "/usr"); code == 0 {
