@@ -71,8 +71,9 @@ func (m *Manager) DeleteImage(ctx context.Context, id string) error {
 	if m.cfg.Images == nil {
 		return errNoImages
 	}
-	// Creates hold the read side from their pull to their record, so no
-	// sandbox of the image appears between the check and the removal.
+	// Creates hold the read side from the end of their pull to the end of
+	// their boot, so no sandbox of the image appears between the check and
+	// the removal.
 	m.imageMu.Lock()
 	defer m.imageMu.Unlock()
 	im, err := m.cfg.Images.Get(ctx, id)
@@ -126,9 +127,15 @@ func (m *Manager) prepareImage(ctx context.Context, sb *store.Sandbox, req *api.
 	if m.cfg.Images == nil {
 		return nil, api.Errorf(api.CodeInvalid, "image: this daemon makes sandboxes from templates only (GET /v1/templates)")
 	}
-	m.imageMu.RLock()
 	res, err := m.cfg.Images.Ensure(ctx, req.Image)
 	if err != nil {
+		return nil, err
+	}
+	// The lock is taken after the pull, which may take minutes, so that a
+	// delete waiting for it holds up no other create; the image is looked
+	// up again under it, since a delete may have come in between.
+	m.imageMu.RLock()
+	if res, err = m.cfg.Images.Lookup(ctx, res.Ref); err != nil {
 		m.imageMu.RUnlock()
 		return nil, err
 	}

@@ -140,7 +140,7 @@ type Manager struct {
 	used  map[string]time.Time
 	holds map[string]int
 	// imageMu keeps an image from being deleted while a create of it is
-	// between its pull and its record (images.go).
+	// between its pull and the end of its boot (images.go).
 	imageMu sync.RWMutex
 }
 
