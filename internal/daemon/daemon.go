@@ -241,19 +241,12 @@ func (d *Daemon) start(ctx context.Context) error {
 		Records: st, Pool: pool, CacheDir: filepath.Join(cfg.TemplateCache, "images"),
 		Keychain: authn.NewMultiKeychain(registries, authn.DefaultKeychain), Log: d.log,
 	})
-	imagesCtx, stopImages := context.WithCancelCause(context.WithoutCancel(ctx))
-	imagesDone := make(chan struct{})
 	go func() {
-		defer close(imagesDone)
-		if err := images.Run(imagesCtx); err != nil {
+		if err := images.Run(context.WithoutCancel(ctx)); err != nil {
 			d.log.Error("pulling images", "err", err)
 		}
 	}()
-	d.closers = append(d.closers, func() error {
-		stopImages(errors.New("the daemon is stopping"))
-		<-imagesDone
-		return nil
-	})
+	d.closers = append(d.closers, images.Close)
 
 	// With a certificate, URLs are https. Without one, a domain with a
 	// port, or localhost, is this listener's own, plain http; any other is

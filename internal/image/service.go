@@ -59,6 +59,11 @@ type Service struct {
 
 	mu      sync.Mutex
 	pulling map[string]*pull // image id -> pull queued or running
+
+	// stop ends Run (Close); running counts Runs under way.
+	stop    chan struct{}
+	once    sync.Once
+	running sync.WaitGroup
 }
 
 // pull is one pull in progress.
@@ -85,12 +90,24 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Service{cfg: cfg, queue: make(chan string, 1024), pulling: map[string]*pull{}}
+	return &Service{cfg: cfg, queue: make(chan string, 1024), pulling: map[string]*pull{}, stop: make(chan struct{})}
 }
 
-// Run pulls what is asked until ctx ends, starting with the pulls a
-// previous daemon left unfinished.
+// Run pulls what is asked until ctx ends or Close is called, starting with
+// the pulls a previous daemon left unfinished. A pull cut short stays
+// "pulling" in the store, for the next Run to take up.
 func (s *Service) Run(ctx context.Context) error {
+	s.running.Add(1)
+	defer s.running.Done()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-s.stop:
+			cancel(errors.New("the image service is closing"))
+		case <-ctx.Done():
+		}
+	}()
 	list, err := s.cfg.Records.ListImages(ctx)
 	if err != nil {
 		return fmt.Errorf("resuming image pulls: %w", err)
@@ -114,6 +131,13 @@ func (s *Service) Run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
+	return nil
+}
+
+// Close stops Run, cutting the pulls under way short, and waits for it.
+func (s *Service) Close() error {
+	s.once.Do(func() { close(s.stop) })
+	s.running.Wait()
 	return nil
 }
 

@@ -61,10 +61,8 @@ func newService(t *testing.T) *fixture {
 	creds := image.NewCredentials(sealed)
 	svc := image.New(image.Config{Records: st, Pool: pool, CacheDir: filepath.Join(dir, "cache"),
 		Keychain: authn.NewMultiKeychain(creds, authn.DefaultKeychain), Log: slog.New(slog.DiscardHandler)})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { svc.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	go svc.Run(context.Background())
+	t.Cleanup(func() { svc.Close() })
 	return &fixture{svc: svc, pool: pool, creds: creds}
 }
 
