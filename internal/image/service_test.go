@@ -30,6 +30,7 @@ import (
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/image/imagetest"
 	"loam.dev/loam/internal/secret"
+	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/store/sqlite"
 )
 
@@ -325,5 +326,34 @@ func TestPullProgress(t *testing.T) {
 	}
 	if len(seen) < 2 || !slices.IsSorted(seen) {
 		t.Errorf("progress seen during the pull: %v; want it part-way, growing", seen)
+	}
+}
+
+// TestRunResumes: a pull a previous daemon left "pulling" in the store is
+// taken up by the next Run.
+func TestRunResumes(t *testing.T) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(t.Context(), filepath.Join(dir, "loam.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	pool, err := disk.NewCopy(filepath.Join(dir, "pool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := imagetest.Registry(t, "", "")
+	ref := reg + "/left:v1"
+	imagetest.Push(t, ref, imagetest.Image(t, appConfig, layers(t)...), "", "")
+	if err := st.PutImage(t.Context(), &store.Image{Image: api.Image{
+		ID: image.ID(ref), Ref: ref, State: api.ImagePulling, CreatedAt: store.Now(),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	svc := image.New(image.Config{Records: st, Pool: pool, CacheDir: filepath.Join(dir, "cache"), Log: slog.New(slog.DiscardHandler)})
+	go svc.Run(context.Background())
+	defer svc.Close()
+	if im := wait(t, svc, image.ID(ref)); im.State != api.ImageReady {
+		t.Errorf("the pull left unfinished: %+v, want it ready", im)
 	}
 }
