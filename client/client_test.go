@@ -200,6 +200,8 @@ func TestEmptyListsAreNotNil(t *testing.T) {
 		"ListServices":    func() (any, error) { return c.ListServices(ctx, "scratch") },
 		"ListPorts":       func() (any, error) { return c.ListPorts(ctx, "scratch") },
 		"ListSecrets":     func() (any, error) { return c.ListSecrets(ctx) },
+		"ListImages":      func() (any, error) { return c.ListImages(ctx) },
+		"ListRegistries":  func() (any, error) { return c.ListRegistries(ctx) },
 	}
 	for name, list := range lists {
 		t.Run(name, func(t *testing.T) {

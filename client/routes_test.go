@@ -39,6 +39,8 @@ var madeBodies = map[string]any{
 	"MoveFile":      new(api.MoveRequest),
 	"SignalSession": new(api.SignalSession),
 	"PutSecret":     new(api.PutSecret),
+	"PullImage":     new(api.PullImage),
+	"LoginRegistry": new(api.RegistryLogin),
 }
 
 // routeCalls are the client's calls, at least one per route of the API.
@@ -240,6 +242,36 @@ var routeCalls = []routeCall{
 	{"PUT /v1/secrets/{name}", "PutSecret", nil, func(ctx context.Context, c *client.Client) error {
 		_, err := c.PutSecret(ctx, "tok", "value")
 		return err
+	}},
+	{"POST /v1/images", "PullImage", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.PullImage(ctx, "alpine:3")
+		return err
+	}},
+	{"GET /v1/images", "ListImages", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ListImages(ctx)
+		return err
+	}},
+	{"GET /v1/images/{image}", "GetImage", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.GetImage(ctx, "im-1")
+		return err
+	}},
+	{"GET /v1/images/{image}", "WaitImage", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.WaitImage(ctx, "im-1", 0, nil)
+		return err
+	}},
+	{"DELETE /v1/images/{image}", "DeleteImage", nil, func(ctx context.Context, c *client.Client) error {
+		return c.DeleteImage(ctx, "im-1")
+	}},
+	{"PUT /v1/registries/{registry}", "LoginRegistry", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.LoginRegistry(ctx, "localhost:5000", "alice", "s3cret")
+		return err
+	}},
+	{"GET /v1/registries", "ListRegistries", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ListRegistries(ctx)
+		return err
+	}},
+	{"DELETE /v1/registries/{registry}", "LogoutRegistry", nil, func(ctx context.Context, c *client.Client) error {
+		return c.LogoutRegistry(ctx, "localhost:5000")
 	}},
 	{"GET /v1/secrets", "ListSecrets", nil, func(ctx context.Context, c *client.Client) error {
 		_, err := c.ListSecrets(ctx)

@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/image/imagetest"
 	"loam.dev/loam/internal/server"
 )
 
@@ -165,6 +166,7 @@ func TestOpenAPIConformance(t *testing.T) {
 	t.Run("files", func(t *testing.T) { w.t = t; walkFiles(ctx, w) })
 	t.Run("ports", func(t *testing.T) { w.t = t; walkPorts(ctx, w) })
 	t.Run("checkpoints", func(t *testing.T) { w.t = t; walkCheckpoints(ctx, w) })
+	t.Run("images", func(t *testing.T) { w.t = t; walkImages(w) })
 	t.Run("cleanup", func(t *testing.T) { w.t = t; walkCleanup(w) })
 	t.Run("unauthorized", func(t *testing.T) { w.t = t; walkUnauthorized(w) })
 	w.c.finish(t)
@@ -615,6 +617,58 @@ func walkCheckpoints(ctx context.Context, w *walker) {
 	w.errorCode(req{route: "DELETE " + cp, path: base + "/auto-1"}, api.CodeNotFound)
 }
 
+// walkImages logs in to a private registry served by the test, pulls an
+// image from it and one it lacks, makes a sandbox of the first, and
+// deletes them.
+func walkImages(w *walker) {
+	reg := imagetest.Registry(w.t, "alice", "s3cret")
+	ref := reg + "/bb:v1"
+	imagetest.Push(w.t, ref, imagetest.Image(w.t, busyboxConfig, imagetest.Busybox(w.t)), "alice", "s3cret")
+	regRoute, regPath := "/v1/registries/{registry}", "/v1/registries/"+reg
+	w.call(req{route: "PUT " + regRoute, path: regPath, body: `{"username":"alice","password":"s3cret"}`}, 200)
+	w.errorCode(req{route: "PUT " + regRoute, path: regPath, body: `{"username":"alice"`}, api.CodeInvalid)
+	w.call(req{route: "GET /v1/registries", path: "/v1/registries"}, 200)
+
+	var im api.Image
+	w.json(req{route: "POST /v1/images", path: "/v1/images", body: `{"ref":"` + ref + `"}`}, 202, &im)
+	w.errorCode(req{route: "POST /v1/images", path: "/v1/images", body: `{"ref":"Not A Ref"}`}, api.CodeInvalid)
+	var missing api.Image
+	w.json(req{route: "POST /v1/images", path: "/v1/images", body: `{"ref":"` + reg + `/missing:v1"}`}, 202, &missing)
+	for _, want := range []struct {
+		id    string
+		state api.ImageState
+	}{{im.ID, api.ImageReady}, {missing.ID, api.ImageError}} {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			var got api.Image
+			w.json(req{route: "GET /v1/images/{image}", path: "/v1/images/" + want.id}, 200, &got)
+			if got.State != api.ImagePulling {
+				if got.State != want.state {
+					w.t.Errorf("image %s: %+v, want %s", got.Ref, got, want.state)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				w.t.Fatalf("image %s still pulling", got.Ref)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	w.call(req{route: "GET /v1/images", path: "/v1/images"}, 200)
+	w.errorCode(req{route: "GET /v1/images/{image}", path: "/v1/images/im-nope"}, api.CodeNotFound)
+
+	w.call(req{route: "POST /v1/sandboxes", path: "/v1/sandboxes", body: `{"name":"from-image","image":"` + ref + `"}`}, 201)
+	w.call(req{route: "GET /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/from-image"}, 200)
+	w.errorCode(req{route: "DELETE /v1/images/{image}", path: "/v1/images/" + im.ID}, api.CodeConflict)
+	w.call(req{route: "DELETE /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/from-image"}, 204)
+	w.call(req{route: "DELETE /v1/images/{image}", path: "/v1/images/" + im.ID}, 204)
+	w.call(req{route: "DELETE /v1/images/{image}", path: "/v1/images/" + missing.ID}, 204)
+	w.errorCode(req{route: "DELETE /v1/images/{image}", path: "/v1/images/" + im.ID}, api.CodeNotFound)
+	w.call(req{route: "DELETE " + regRoute, path: regPath}, 204)
+	w.errorCode(req{route: "DELETE " + regRoute, path: regPath}, api.CodeNotFound)
+	w.errorCode(req{route: "DELETE " + regRoute, path: "/v1/registries/bad%2Fname"}, api.CodeInvalid)
+}
+
 func walkCleanup(w *walker) {
 	var sb api.Sandbox
 	w.json(req{route: "POST /v1/sandboxes/{sandbox}/sleep", path: "/v1/sandboxes/scratch-disk/sleep"}, 200, &sb)
@@ -641,7 +695,7 @@ func walkCleanup(w *walker) {
 // paramValue fills each path parameter of a route for a request that must
 // be refused before anything reads it.
 var paramValue = strings.NewReplacer("{sandbox}", "scratch", "{checkpoint}", "v1", "{session}", "s-abc",
-	"{service}", "web", "{port}", "8080", "{name}", "api-key")
+	"{service}", "web", "{port}", "8080", "{name}", "api-key", "{image}", "im-0123456789ab", "{registry}", "localhost:5000")
 
 // walkUnauthorized sends every route of the server without a token, and
 // with a wrong one: each /v1 route but the document refuses it with 401.

@@ -71,6 +71,10 @@ import (
 const (
 	EnvListen = "LOAM_AGENT_LISTEN"
 	EnvToken  = "LOAM_AGENT_TOKEN"
+	// EnvUser and EnvDir are the sandbox's default user and directory
+	// (an image's USER and WORKDIR); "loam" and the user's home unless set.
+	EnvUser   = "LOAM_AGENT_USER"
+	EnvDir    = "LOAM_AGENT_DIR"
 	envPrefix = "LOAM_AGENT_"
 )
 
@@ -98,6 +102,10 @@ type Config struct {
 	// ConfigFromEnv sets DefaultServicesDir. Empty keeps them in memory
 	// only, for tests of other parts.
 	ServicesDir string
+	// User runs the commands whose request names no user; defaultUser
+	// when empty. Dir is where they run when they name no directory; the
+	// user's home when empty.
+	User, Dir string
 }
 
 // ConfigFromEnv reads the agent's configuration from its environment
@@ -108,6 +116,8 @@ func ConfigFromEnv() Config {
 		Listen:      os.Getenv(EnvListen),
 		Token:       os.Getenv(EnvToken),
 		ServicesDir: DefaultServicesDir,
+		User:        os.Getenv(EnvUser),
+		Dir:         os.Getenv(EnvDir),
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultListen
@@ -182,9 +192,14 @@ func Run(ctx context.Context, cfg Config) error {
 func NewHandler(cfg Config) http.Handler { return newHandler(cfg) }
 
 func newHandler(cfg Config) *handler {
+	if cfg.User == "" {
+		cfg.User = defaultUser
+	}
 	h := &handler{
 		log:         cfg.logger(),
 		env:         cfg.Env,
+		user:        cfg.User,
+		dir:         cfg.Dir,
 		passwdPath:  passwdFile,
 		groupPath:   groupFile,
 		identityDir: IdentityDir,
@@ -221,9 +236,12 @@ func newHandler(cfg Config) *handler {
 
 // handler serves the agent's endpoints.
 type handler struct {
-	log    *slog.Logger
-	env    []string
-	reaper *reaper
+	log *slog.Logger
+	env []string
+	// user and dir are the defaults of a request that names neither
+	// (Config.User, Config.Dir).
+	user, dir string
+	reaper    *reaper
 	// sessions is the registry of exec sessions.
 	sessions *sessions
 	// services is the registry of services.

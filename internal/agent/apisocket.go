@@ -143,6 +143,6 @@ func (h *handler) sandboxUser(uid uint32) bool {
 	if uid == 0 {
 		return true
 	}
-	acct, err := lookupAccount(h.passwdPath, h.groupPath, defaultUser)
+	acct, err := lookupAccount(h.passwdPath, h.groupPath, h.user)
 	return err == nil && acct.UID == uid
 }

@@ -171,7 +171,7 @@ type command struct {
 func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 	name := req.User
 	if name == "" {
-		name = defaultUser
+		name = h.user
 	}
 	acct, err := lookupAccount(h.passwdPath, h.groupPath, name)
 	if errors.Is(err, errNoAccount) {
@@ -180,7 +180,11 @@ func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := workDir(req.Dir, acct.Home)
+	reqDir := req.Dir
+	if reqDir == "" {
+		reqDir = h.dir
+	}
+	dir, err := workDir(reqDir, acct.Home)
 	if err != nil {
 		return nil, err
 	}

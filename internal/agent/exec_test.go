@@ -442,3 +442,42 @@ func TestExecEnvFromSandbox(t *testing.T) {
 		}
 	}
 }
+
+// TestExecImageDefaults: an agent told a default user and directory (an
+// image's USER and WORKDIR) runs requests that name neither as that user
+// there; a request's own user and dir still win.
+func TestExecImageDefaults(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("running as another user needs root")
+	}
+	dir := t.TempDir()
+	// Not under t.TempDir, whose parent only root may enter.
+	work, err := os.MkdirTemp("", "loam-workdir-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(work) })
+	if err := os.Chmod(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHandler(Config{Token: testToken, Logger: testLogger(), User: "app", Dir: work}).(*handler)
+	h.passwdPath = writeFile(t, dir, "passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:4242:4242::/no/such/home:/bin/sh\n")
+	h.groupPath = writeFile(t, dir, "group", "app:x:4242:\n")
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c := &Client{BaseURL: srv.URL, Token: testToken}
+
+	for _, tc := range []struct {
+		req  api.ExecRequest
+		want string
+	}{
+		{api.ExecRequest{Cmd: sh(`id -u; pwd`)}, "4242\n" + work + "\n"},
+		{api.ExecRequest{User: "root", Cmd: sh(`id -u; pwd`)}, "0\n" + work + "\n"},
+		{api.ExecRequest{Dir: "/", Cmd: sh(`id -u; pwd`)}, "4242\n/\n"},
+	} {
+		s := execute(t, c, tc.req, "")
+		if got := s.stdout.String(); s.code() != 0 || got != tc.want {
+			t.Errorf("%+v: code %d, stdout %q, want %q", tc.req, s.code(), got, tc.want)
+		}
+	}
+}

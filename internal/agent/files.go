@@ -42,7 +42,7 @@ func (h *handler) fileUser(name string) (account, error) {
 		return account{}, err
 	}
 	if name == "" {
-		name = defaultUser
+		name = h.user
 	}
 	a, err := lookupAccount(h.passwdPath, h.groupPath, name)
 	if errors.Is(err, errNoAccount) {

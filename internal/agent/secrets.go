@@ -52,7 +52,7 @@ func (h *handler) writeSecretFiles(files map[string]string) error {
 		}
 	}
 	uid, gid := 0, 0
-	if a, err := lookupAccount(h.passwdPath, h.groupPath, defaultUser); err == nil {
+	if a, err := lookupAccount(h.passwdPath, h.groupPath, h.user); err == nil {
 		uid, gid = int(a.UID), int(a.GID)
 	}
 	paths := slices.Sorted(maps.Keys(files))

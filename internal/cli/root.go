@@ -111,6 +111,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.portsCmd(),
 		a.portForwardCmd(),
 		a.secretCmd(),
+		a.imageCmd(),
 		a.urlCmd(),
 		a.networkCmd(),
 	)

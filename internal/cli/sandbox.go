@@ -78,7 +78,7 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.Template, "template", "", "template to make the sandbox from (the default template when neither this nor --image is given)")
-	f.StringVar(&req.Image, "image", "", "OCI image to make the sandbox from")
+	f.StringVar(&req.Image, "image", "", "OCI image to make the sandbox from: a registry reference or a path on the daemon's host, pulled first when it is not (see loam image)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable `KEY=VALUE` (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label `KEY=VALUE` (repeatable)")
 	f.StringArrayVar(&secrets, "secret", nil, "give secret NAME as environment variable ENV: `ENV=NAME` (repeatable; see loam secret)")

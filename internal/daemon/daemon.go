@@ -21,8 +21,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/proxy"
 	"loam.dev/loam/internal/runtime/gvisor"
@@ -227,6 +230,24 @@ func (d *Daemon) start(ctx context.Context) error {
 	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, d.log)
 	tpl.warm(context.WithoutCancel(ctx))
 
+	// Images are unpacked beside the built-in templates, and pulled with
+	// the credentials of `loam image login`, then the Docker config's.
+	regSecrets, err := openSecrets(cfg.DataDir, st.RegistryCredentials(), d.log)
+	if err != nil {
+		return err
+	}
+	registries := image.NewCredentials(regSecrets)
+	images := image.New(image.Config{
+		Records: st, Pool: pool, CacheDir: filepath.Join(cfg.TemplateCache, "images"),
+		Keychain: authn.NewMultiKeychain(registries, authn.DefaultKeychain), Log: d.log,
+	})
+	go func() {
+		if err := images.Run(context.WithoutCancel(ctx)); err != nil {
+			d.log.Error("pulling images", "err", err)
+		}
+	}()
+	d.closers = append(d.closers, images.Close)
+
 	// With a certificate, URLs are https. Without one, a domain with a
 	// port, or localhost, is this listener's own, plain http; any other is
 	// taken to be behind a proxy that serves TLS.
@@ -245,6 +266,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		CheckpointLimit: cfg.CheckpointLimit,
 		Secret:          secret,
 		Secrets:         secrets,
+		Images:          images,
+		Registries:      registries,
 		InsidePort:      network.DefaultInsidePort,
 		Idle:            cfg.Idle,
 		IdleMin:         cfg.IdleMin,

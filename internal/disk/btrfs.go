@@ -541,3 +541,17 @@ func resolveDir(path string) (string, error) {
 	}
 	return real, nil
 }
+
+// DeleteTemplate deletes template name (an image's, once no sandbox is
+// made from it); deleting one that is gone is no error. Volumes and
+// snapshots made from it keep their data: btrfs shares extents, not
+// subvolumes.
+func (b *Btrfs) DeleteTemplate(ctx context.Context, name string) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	if err := b.delete(ctx, "t/"+name, b.l.templatePath(name)); err != nil {
+		return fmt.Errorf("deleting template %s: %w", name, err)
+	}
+	return nil
+}

@@ -246,3 +246,15 @@ func (c *Copy) delete(ctx context.Context, key, path string) error {
 	}
 	return removeTree(tmp)
 }
+
+// DeleteTemplate deletes template name; deleting one that is gone is no
+// error. Volumes are copies, so they do not need it.
+func (c *Copy) DeleteTemplate(ctx context.Context, name string) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	if err := c.delete(ctx, "t/"+name, c.l.templatePath(name)); err != nil {
+		return fmt.Errorf("deleting template %s: %w", name, err)
+	}
+	return nil
+}

@@ -43,6 +43,17 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		return nil, err
 	}
 	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
+	if sb.Image != "" {
+		// The image's env is part of every sandbox of it, a fork's too.
+		if m.cfg.Images == nil {
+			return nil, errNoImages
+		}
+		res, err := m.cfg.Images.Lookup(ctx, sb.Image)
+		if err != nil {
+			return nil, fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err)
+		}
+		sb.Env = imageEnv(res.Config, req.Env)
+	}
 	if len(req.Secrets) == 0 && len(req.SecretFiles) == 0 {
 		// The seed: secrets come from the source unless the fork gives
 		// its own. The references are the source's now, not the

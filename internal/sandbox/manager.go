@@ -95,6 +95,11 @@ type Config struct {
 	// Secrets keeps the secrets sandboxes are given (see secrets.go); nil
 	// for a manager that has none, which refuses creates that name any.
 	Secrets secret.Store
+	// Images pulls the images sandboxes are made from, and Registries
+	// keeps the credentials it pulls with (images.go); nil for a manager
+	// without images, which refuses creates that name one.
+	Images     Images
+	Registries Registries
 }
 
 // Manager creates, runs and deletes sandboxes. It is safe for concurrent
@@ -134,6 +139,9 @@ type Manager struct {
 	// are open on it (idle.go).
 	used  map[string]time.Time
 	holds map[string]int
+	// imageMu keeps an image from being deleted while a create of it is
+	// between its pull and the end of its boot (images.go).
+	imageMu sync.RWMutex
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -318,9 +326,6 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	if req.From != nil {
 		return m.fork(ctx, req)
 	}
-	if req.Image != "" {
-		return nil, api.Errorf(api.CodeInvalid, "image: images are not supported yet; use a template (GET /v1/templates)")
-	}
 	if err := checkServices(req.Services); err != nil {
 		return nil, err
 	}
@@ -328,15 +333,14 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	if err != nil {
 		return nil, err
 	}
-	if req.Template == "" {
-		sb.Template = m.cfg.DefaultTemplate
-	}
-	found := false
-	for _, t := range m.tpl.List(ctx) {
-		found = found || t.Name == sb.Template
-	}
-	if !found {
-		return nil, api.Errorf(api.CodeInvalid, "template: %q does not exist (GET /v1/templates lists them)", sb.Template)
+	if req.Image != "" {
+		done, err := m.prepareImage(ctx, sb, &req)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+	} else if err := m.checkTemplate(ctx, sb); err != nil {
+		return nil, err
 	}
 	// Claimed before it is stored, so that no other operation (a delete)
 	// can run on it while it boots. The id is new: the claim cannot fail.
@@ -367,6 +371,20 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	}
 	m.log.Info("sandbox created", "sandbox", sb.ID, "name", sb.Name, "ms", time.Since(start).Milliseconds())
 	return m.view(sb), nil
+}
+
+// checkTemplate gives a record the default template when it names none,
+// and refuses a template that does not exist.
+func (m *Manager) checkTemplate(ctx context.Context, sb *store.Sandbox) error {
+	if sb.Template == "" {
+		sb.Template = m.cfg.DefaultTemplate
+	}
+	for _, t := range m.tpl.List(ctx) {
+		if t.Name == sb.Template {
+			return nil
+		}
+	}
+	return api.Errorf(api.CodeInvalid, "template: %q does not exist (GET /v1/templates lists them)", sb.Template)
 }
 
 // newRecord validates a create request and makes the record it asks for.
@@ -460,8 +478,9 @@ func (m *Manager) maxNameLen() int { return MaxNameLen(m.cfg.Org) }
 // dir is the sandbox's own directory on the host.
 func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.DataDir, "sandboxes", id) }
 
-// spec is the runtime spec of a sandbox.
-func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint) runtime.Spec {
+// spec is the runtime spec of a sandbox; env is more of the agent's
+// environment (its image's defaults, for a fresh boot).
+func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint, env ...string) runtime.Spec {
 	return runtime.Spec{
 		ID:          sb.ID,
 		BundleDir:   filepath.Join(m.dir(sb.ID), "bundle"),
@@ -469,11 +488,11 @@ func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint) runtime.Spec {
 		Netns:       ep.Netns,
 		Hostname:    sb.Name,
 		AgentBinary: m.cfg.AgentBinary,
-		Env: []string{
+		Env: append([]string{
 			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 			"LOAM_AGENT_TOKEN=" + m.agentToken(sb),
 			"LOAM_AGENT_LISTEN=:" + strconv.Itoa(m.cfg.AgentPort),
-		},
+		}, env...),
 		CPUs:      sb.Resources.CPUs,
 		MemoryMiB: sb.Resources.MemoryMiB,
 	}
@@ -482,11 +501,20 @@ func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint) runtime.Spec {
 // boot starts a sandbox fresh on its disk (making the disk from the
 // template when fresh is true) and waits for its agent.
 func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
+	agentEnv, err := m.imageAgentEnv(ctx, sb)
+	if err != nil {
+		return err
+	}
 	if fresh {
-		if err := m.tpl.Ensure(ctx, sb.Template); err != nil {
+		tpl := sb.Template
+		if sb.Image != "" {
+			if tpl, err = m.imageTemplate(ctx, sb); err != nil {
+				return err
+			}
+		} else if err := m.tpl.Ensure(ctx, sb.Template); err != nil {
 			return fmt.Errorf("preparing template %s: %w", sb.Template, err)
 		}
-		root, err := m.disks.CreateVolume(ctx, sb.ID, sb.Template)
+		root, err := m.disks.CreateVolume(ctx, sb.ID, tpl)
 		if err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
@@ -498,7 +526,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 	if err != nil {
 		return err
 	}
-	if err := m.rt.Start(ctx, m.spec(sb, ep)); err != nil {
+	if err := m.rt.Start(ctx, m.spec(sb, ep, agentEnv...)); err != nil {
 		return fmt.Errorf("starting: %w", err)
 	}
 	if err := m.connect(ctx, sb, ep, m.agentToken(sb)); err != nil {

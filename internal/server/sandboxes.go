@@ -38,6 +38,7 @@ type Sandboxes interface {
 	Ports
 	Secrets
 	Network
+	Images
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {

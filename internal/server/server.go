@@ -78,6 +78,7 @@ func (s *Server) routes() {
 	s.portRoutes(v1)
 	s.secretRoutes(v1)
 	s.networkRoutes(v1)
+	s.imageRoutes(v1)
 }
 
 // endpoint is a handler the API registered. Any other handler the mux

@@ -128,3 +128,16 @@ type Store interface {
 
 // Now is the store's clock, in UTC with the precision the API shows.
 func Now() time.Time { return time.Now().UTC() }
+
+// Image is the stored record of an image (internal/image). Stores that keep
+// images (store/sqlite) have PutImage, GetImage, ListImages and DeleteImage;
+// they are not part of Store, since only internal/image uses them.
+type Image struct {
+	api.Image
+	// Template is the disk template the image is unpacked into (named by
+	// its digest, so images with one digest share it); "" until ready.
+	Template string
+	// UserMissing is true when the image names a user its /etc/passwd
+	// lacks: sandboxes cannot be made from it.
+	UserMissing bool
+}

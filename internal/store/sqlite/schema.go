@@ -97,6 +97,29 @@ ALTER TABLE sandboxes ADD COLUMN public INTEGER NOT NULL DEFAULT 0;
 	`
 ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{"egress":"all","allow":[],"deny":[]}' CHECK (json_valid(network));
 `,
+	// 6: OCI images (internal/image), one per reference, and registry
+	// credentials sealed by internal/secret, kept apart from the secrets
+	// sandboxes are given.
+	`
+CREATE TABLE images (
+	id           TEXT    NOT NULL PRIMARY KEY,
+	ref          TEXT    NOT NULL UNIQUE,
+	digest       TEXT    NOT NULL,
+	state        TEXT    NOT NULL,
+	error        TEXT    NOT NULL,
+	size         INTEGER NOT NULL,
+	config       TEXT    NOT NULL CHECK (json_valid(config)),
+	template     TEXT    NOT NULL,
+	user_missing INTEGER NOT NULL,
+	created_at   TEXT    NOT NULL
+) STRICT;
+CREATE TABLE registry_credentials (
+	name       TEXT NOT NULL PRIMARY KEY,
+	sealed     BLOB NOT NULL,
+	created_at TEXT NOT NULL,
+	updated_at TEXT NOT NULL
+) STRICT;
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -13,6 +13,28 @@ import (
 // name (which keeps its creation time). It stores only what it is given:
 // sealing is the caller's (internal/secret).
 func (s *Store) PutSecret(ctx context.Context, sec *store.Secret) error {
+	return s.putSealed(ctx, "secrets", sec)
+}
+
+// GetSecret finds a secret by name; store.ErrNotFound if none.
+func (s *Store) GetSecret(ctx context.Context, name string) (*store.Secret, error) {
+	return s.getSealed(ctx, "secrets", name)
+}
+
+// ListSecrets lists every secret, by name.
+func (s *Store) ListSecrets(ctx context.Context) ([]*store.Secret, error) {
+	return s.listSealed(ctx, "secrets")
+}
+
+// DeleteSecret removes a secret; store.ErrNotFound if none.
+func (s *Store) DeleteSecret(ctx context.Context, name string) error {
+	return s.deleteSealed(ctx, "secrets", name)
+}
+
+// putSealed, getSealed, listSealed and deleteSealed work on a table of
+// sealed values: secrets, or registry_credentials. table is one of those
+// constants, never input.
+func (s *Store) putSealed(ctx context.Context, table string, sec *store.Secret) error {
 	created, err := formatTime(sec.CreatedAt)
 	if err != nil {
 		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
@@ -21,7 +43,7 @@ func (s *Store) PutSecret(ctx context.Context, sec *store.Secret) error {
 	if err != nil {
 		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO secrets (name, sealed, created_at, updated_at)
+	_, err = s.w.ExecContext(ctx, `INSERT INTO `+table+` (name, sealed, created_at, updated_at)
 		VALUES (?, ?, ?, ?)
 		ON CONFLICT (name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at`,
 		sec.Name, sec.Sealed, created, updated)
@@ -31,9 +53,8 @@ func (s *Store) PutSecret(ctx context.Context, sec *store.Secret) error {
 	return nil
 }
 
-// GetSecret finds a secret by name; store.ErrNotFound if none.
-func (s *Store) GetSecret(ctx context.Context, name string) (*store.Secret, error) {
-	row := s.r.QueryRowContext(ctx, `SELECT name, sealed, created_at, updated_at FROM secrets WHERE name = ?`, name)
+func (s *Store) getSealed(ctx context.Context, table, name string) (*store.Secret, error) {
+	row := s.r.QueryRowContext(ctx, `SELECT name, sealed, created_at, updated_at FROM `+table+` WHERE name = ?`, name)
 	sec, err := scanSecret(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting secret %s: %w", name, store.ErrNotFound)
@@ -44,9 +65,8 @@ func (s *Store) GetSecret(ctx context.Context, name string) (*store.Secret, erro
 	return sec, nil
 }
 
-// ListSecrets lists every secret, by name.
-func (s *Store) ListSecrets(ctx context.Context) ([]*store.Secret, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT name, sealed, created_at, updated_at FROM secrets ORDER BY name`)
+func (s *Store) listSealed(ctx context.Context, table string) ([]*store.Secret, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT name, sealed, created_at, updated_at FROM `+table+` ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("listing secrets: %w", err)
 	}
@@ -65,9 +85,8 @@ func (s *Store) ListSecrets(ctx context.Context) ([]*store.Secret, error) {
 	return list, nil
 }
 
-// DeleteSecret removes a secret; store.ErrNotFound if none.
-func (s *Store) DeleteSecret(ctx context.Context, name string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM secrets WHERE name = ?`, name)
+func (s *Store) deleteSealed(ctx context.Context, table, name string) error {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM `+table+` WHERE name = ?`, name)
 	if err != nil {
 		return fmt.Errorf("deleting secret %s: %w", name, err)
 	}

@@ -339,3 +339,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 		t.Errorf("migrated checkpoint = %+v", cp)
 	}
 }
+
+func TestImages(t *testing.T) {
+	storetest.RunImages(t, func(t *testing.T) store.Store { return openTemp(t) })
+}

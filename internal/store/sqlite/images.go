@@ -1,0 +1,133 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+// PutImage stores an image record, replacing the one with its id. Another
+// record with its ref is store.ErrExists.
+func (s *Store) PutImage(ctx context.Context, im *store.Image) error {
+	created, err := formatTime(im.CreatedAt)
+	if err != nil {
+		return fmt.Errorf("storing image %s: %w", im.ID, err)
+	}
+	config, err := json.Marshal(im.Config)
+	if err != nil {
+		return fmt.Errorf("storing image %s: %w", im.ID, err)
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO images (id, ref, digest, state, error, size, config, template, user_missing, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET ref = excluded.ref, digest = excluded.digest, state = excluded.state,
+			error = excluded.error, size = excluded.size, config = excluded.config, template = excluded.template,
+			user_missing = excluded.user_missing`,
+		im.ID, im.Ref, im.Digest, string(im.State), im.Error, im.Size, string(config), im.Template, im.UserMissing, created)
+	if isUniqueViolation(err) {
+		return fmt.Errorf("storing image %s: ref %s: %w", im.ID, im.Ref, store.ErrExists)
+	}
+	if err != nil {
+		return fmt.Errorf("storing image %s: %w", im.ID, err)
+	}
+	return nil
+}
+
+const imageColumns = `id, ref, digest, state, error, size, config, template, user_missing, created_at`
+
+// GetImage finds an image by id; store.ErrNotFound if none.
+func (s *Store) GetImage(ctx context.Context, id string) (*store.Image, error) {
+	im, err := scanImage(s.r.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM images WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("getting image %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting image %s: %w", id, err)
+	}
+	return im, nil
+}
+
+// ListImages lists every image, oldest first.
+func (s *Store) ListImages(ctx context.Context) ([]*store.Image, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+imageColumns+` FROM images ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("listing images: %w", err)
+	}
+	defer rows.Close()
+	list := []*store.Image{}
+	for rows.Next() {
+		im, err := scanImage(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing images: %w", err)
+		}
+		list = append(list, im)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing images: %w", err)
+	}
+	return list, nil
+}
+
+// DeleteImage removes an image record; store.ErrNotFound if none.
+func (s *Store) DeleteImage(ctx context.Context, id string) error {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM images WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("deleting image %s: %w", id, err)
+	}
+	if err := oneRow(res); err != nil {
+		return fmt.Errorf("deleting image %s: %w", id, err)
+	}
+	return nil
+}
+
+func scanImage(row scanner) (*store.Image, error) {
+	var (
+		im            store.Image
+		state, config string
+		created       string
+	)
+	if err := row.Scan(&im.ID, &im.Ref, &im.Digest, &state, &im.Error, &im.Size, &config, &im.Template, &im.UserMissing, &created); err != nil {
+		return nil, err
+	}
+	im.State = api.ImageState(state)
+	if err := json.Unmarshal([]byte(config), &im.Config); err != nil {
+		return nil, fmt.Errorf("decoding config of image %s: %w", im.ID, err)
+	}
+	var err error
+	if im.CreatedAt, err = parseTime(created); err != nil {
+		return nil, fmt.Errorf("decoding created_at of image %s: %w", im.ID, err)
+	}
+	return &im, nil
+}
+
+// RegistryCredentials is the table of sealed registry credentials, as
+// secret.Records, so that internal/secret seals them as it does secrets
+// while they stay out of the secrets' listing.
+func (s *Store) RegistryCredentials() *Credentials { return &Credentials{s: s} }
+
+// Credentials is the registry credentials' table; see RegistryCredentials.
+type Credentials struct{ s *Store }
+
+// PutSecret stores a sealed credential under its name.
+func (c *Credentials) PutSecret(ctx context.Context, sec *store.Secret) error {
+	return c.s.putSealed(ctx, "registry_credentials", sec)
+}
+
+// GetSecret finds a sealed credential by name; store.ErrNotFound if none.
+func (c *Credentials) GetSecret(ctx context.Context, name string) (*store.Secret, error) {
+	return c.s.getSealed(ctx, "registry_credentials", name)
+}
+
+// ListSecrets lists the sealed credentials, by name.
+func (c *Credentials) ListSecrets(ctx context.Context) ([]*store.Secret, error) {
+	return c.s.listSealed(ctx, "registry_credentials")
+}
+
+// DeleteSecret removes a credential; store.ErrNotFound if none.
+func (c *Credentials) DeleteSecret(ctx context.Context, name string) error {
+	return c.s.deleteSealed(ctx, "registry_credentials", name)
+}
