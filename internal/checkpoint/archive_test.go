@@ -99,7 +99,9 @@ type entry struct {
 	body string
 }
 
-func dir(name string) entry { return entry{h: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755}} }
+func dir(name string) entry {
+	return entry{h: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755}}
+}
 func file(name, body string) entry {
 	return entry{h: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(body))}, body: body}
 }
