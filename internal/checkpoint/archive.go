@@ -54,6 +54,8 @@ type Manifest struct {
 	From string `json:"from,omitempty"`
 	// CreatedAt is when the template was made.
 	CreatedAt time.Time `json:"created_at"`
+	// SizeBytes is what its disk's files and memory image hold.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
 	// Snapshot is the disk pool's snapshot holding the template's disk on
 	// this host; never written into an archive.
 	Snapshot string `json:"snapshot,omitempty"`

@@ -134,6 +134,10 @@ type Manager struct {
 	// are open on it (idle.go).
 	used  map[string]time.Time
 	holds map[string]int
+	// keptMu orders changes to the checkpoint templates (templates.go):
+	// held for writing to publish or delete one, for reading while a
+	// sandbox is made from one or one is exported.
+	keptMu sync.RWMutex
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -175,9 +179,6 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		holds:         map[string]int{},
 	}
 }
-
-// Templates lists the templates sandboxes can be made from.
-func (m *Manager) Templates(ctx context.Context) []api.Template { return m.tpl.List(ctx) }
 
 // URL is a sandbox's public address.
 func (m *Manager) URL(name string) string {
@@ -317,6 +318,15 @@ func (m *Manager) allocIndex(ctx context.Context) (int, error) {
 func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
 	if req.From != nil {
 		return m.fork(ctx, req)
+	}
+	if req.Template != "" && req.Image == "" {
+		man, err := m.readKept(req.Template)
+		if err != nil {
+			return nil, err
+		}
+		if man != nil {
+			return m.createFromTemplate(ctx, req, man)
+		}
 	}
 	if req.Image != "" {
 		return nil, api.Errorf(api.CodeInvalid, "image: images are not supported yet; use a template (GET /v1/templates)")

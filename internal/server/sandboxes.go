@@ -40,11 +40,6 @@ type Sandboxes interface {
 	Network
 }
 
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.TemplateList{Templates: s.sandboxes.Templates(r.Context())})
-	return nil
-}
-
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateSandbox
 	if err := decode(w, r, &req); err != nil {
