@@ -97,7 +97,6 @@ type CreateSandbox struct {
 	Services []Service `json:"services,omitempty"`
 }
 
-
 // SandboxList is the body of GET /v1/sandboxes.
 type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
