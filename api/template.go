@@ -21,9 +21,6 @@ const (
 	TemplatePending = "pending"
 	// TemplateBuilding: a built-in being built now.
 	TemplateBuilding = "building"
-	// TemplateFailed: its last build failed (Template.Error says why); the
-	// next sandbox of it tries again.
-	TemplateFailed = "failed"
 )
 
 // Template is a root filesystem sandboxes can be made from: a built-in one,
@@ -37,10 +34,8 @@ type Template struct {
 	Ready bool `json:"ready"`
 	// Kind is TemplateBuiltin or TemplateCheckpoint.
 	Kind string `json:"kind"`
-	// State is TemplateReady, TemplatePending, TemplateBuilding or
-	// TemplateFailed; Error says why for a failed one.
+	// State is TemplateReady, TemplatePending or TemplateBuilding.
 	State string `json:"state"`
-	Error string `json:"error,omitempty"`
 	// Memory is true for a template with a memory image: a sandbox made
 	// from it starts with its processes running, like a fork.
 	Memory bool `json:"memory"`

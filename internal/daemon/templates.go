@@ -19,13 +19,12 @@ type templates struct {
 	log      *slog.Logger
 
 	mu       sync.Mutex
-	building map[string]int    // name -> builds in progress
-	failed   map[string]string // name -> why its last build failed
+	building map[string]int // name -> builds in progress
 }
 
 func newTemplates(pool disk.Pool, cacheDir, def string, log *slog.Logger) *templates {
 	return &templates{pool: pool, cacheDir: cacheDir, def: def, log: log,
-		building: map[string]int{}, failed: map[string]string{}}
+		building: map[string]int{}}
 }
 
 // List lists the templates; Ready says which are imported already.
@@ -41,8 +40,6 @@ func (t *templates) List(ctx context.Context) []api.Template {
 			v.State = api.TemplateReady
 		case t.building[tp.Name] > 0:
 			v.State = api.TemplateBuilding
-		case t.failed[tp.Name] != "":
-			v.State, v.Error = api.TemplateFailed, t.failed[tp.Name]
 		}
 		t.mu.Unlock()
 		out = append(out, v)
@@ -64,11 +61,6 @@ func (t *templates) Ensure(ctx context.Context, name string) error {
 	defer t.mu.Unlock()
 	if t.building[name]--; t.building[name] == 0 {
 		delete(t.building, name)
-	}
-	if err != nil {
-		t.failed[name] = err.Error()
-	} else {
-		delete(t.failed, name)
 	}
 	return err
 }
