@@ -39,10 +39,16 @@ func findTemplate(t *testing.T, d *daemon, name string) *api.Template {
 func TestTemplateFromCheckpoint(t *testing.T) {
 	d := startDaemon(t)
 	ctx := ctxT(t)
-	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
+	if _, err := d.C.PutSecret(ctx, "key", "s3cret"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src", SecretFiles: map[string]string{"/home/loam/.key": "key"}}); err != nil {
 		t.Fatal(err)
 	}
 	d.run("src", "sh", "-c", "echo one > /home/loam/f")
+	if got := d.run("src", "cat", "/home/loam/.key"); got != "s3cret" {
+		t.Fatalf("src's secret file holds %q", got)
+	}
 	counter(t, d, "src")
 	cp, err := d.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Name: "tick"})
 	if err != nil {
@@ -106,6 +112,10 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 	}
 	if got := strings.TrimSpace(d.run("c1", "cat", "/home/loam/f")); got != "one" {
 		t.Errorf("c1's /home/loam/f = %q, want one", got)
+	}
+	// The source's secret files are not the template's.
+	if out, _, code, err := d.C.Output(ctx, "c1", "cat", "/home/loam/.key"); err != nil || code == 0 || strings.Contains(string(out), "s3cret") {
+		t.Errorf("c1 has the source's secret file: %q %d %v", out, code, err)
 	}
 	if got := strings.TrimSpace(d.run("c1", "hostname")); got != "c1" {
 		t.Errorf("hostname of c1 = %q", got)

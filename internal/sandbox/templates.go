@@ -176,10 +176,16 @@ func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*
 		// A writable clone of the checkpoint's disk, frozen again as the
 		// template's own snapshot: on btrfs both are instant.
 		vol := "tplcopy-" + randomHex(6)
-		if _, err := m.disks.CloneSnapshot(ctx, snapName(src.ID, cp.ID), vol); err != nil {
+		root, err := m.disks.CloneSnapshot(ctx, snapName(src.ID, cp.ID), vol)
+		if err != nil {
 			return fmt.Errorf("copying the disk: %w", err)
 		}
-		err := m.disks.Snapshot(ctx, vol, snap)
+		// The source's secrets given as files are its own, not the
+		// template's: a sandbox of the template gets those it is given.
+		err = removeSecretFiles(root, src.SecretFiles)
+		if err == nil {
+			err = m.disks.Snapshot(ctx, vol, snap)
+		}
 		if derr := m.disks.DeleteVolume(ctx, vol); err == nil {
 			err = derr
 		}
@@ -477,6 +483,26 @@ func (m *Manager) sweepTemplates() (map[string]bool, error) {
 		}
 	}
 	return held, errors.Join(errs...)
+}
+
+// removeSecretFiles removes the files a sandbox's secrets were written to
+// (paths in the sandbox) from its disk at rootDir, never following a link
+// out of it.
+func removeSecretFiles(rootDir string, files map[string]string) error {
+	if len(files) == 0 {
+		return nil
+	}
+	root, err := os.OpenRoot(rootDir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for p := range files {
+		if err := root.Remove(strings.TrimPrefix(p, "/")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing secret file %s: %w", p, err)
+		}
+	}
+	return nil
 }
 
 // treeBytes is the size of the files under dir (0 when it is missing).
