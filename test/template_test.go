@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -141,6 +143,9 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 	if err := d.C.DeleteSandbox(ctx, "w1"); err != nil {
 		t.Fatal(err)
 	}
+	if snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "tpl.warm.*")); len(snaps) != 1 {
+		t.Errorf("the template's disk snapshots: %v, want one", snaps)
+	}
 	if err := d.C.DeleteTemplate(ctx, "warm"); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +158,7 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "w3", Template: "warm"}); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("create from a deleted template: %v, want invalid", err)
 	}
-	if snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "snapshots", "tpl.warm.*")); len(snaps) != 0 {
+	if snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "tpl.warm.*")); len(snaps) != 0 {
 		t.Errorf("the deleted template's disk is left: %v", snaps)
 	}
 
@@ -271,7 +276,7 @@ func TestTemplateExportImport(t *testing.T) {
 	if left, _ := os.ReadDir(filepath.Join(d2.dataDir, "checkpoint-templates")); len(left) != 0 {
 		t.Errorf("refused imports left %v", left)
 	}
-	if snaps, _ := filepath.Glob(filepath.Join(d2.dataDir, "disk", "snapshots", "tpl.*")); len(snaps) != 0 {
+	if snaps, _ := filepath.Glob(filepath.Join(d2.dataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 0 {
 		t.Errorf("refused imports left snapshots %v", snaps)
 	}
 	if _, err := os.Stat(filepath.Join(d2.dataDir, "escaped")); err == nil {
@@ -281,6 +286,9 @@ func TestTemplateExportImport(t *testing.T) {
 	tpl, err := d2.C.ImportTemplate(ctx, "moved", bytes.NewReader(archive))
 	if err != nil || !tpl.Memory || tpl.Name != "moved" {
 		t.Fatalf("import: %v %+v", err, tpl)
+	}
+	if snaps, _ := filepath.Glob(filepath.Join(d2.dataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 1 {
+		t.Errorf("template snapshots after the import: %v, want one", snaps)
 	}
 	if _, err := d2.C.ImportTemplate(ctx, "moved", bytes.NewReader(archive)); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("importing over a template: %v, want conflict", err)
@@ -328,4 +336,73 @@ func craftArchive(t *testing.T, evil string) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// TestTemplateCrash: a daemon killed while it imports a template shows no
+// template after its restart, and its start removes what the import left,
+// and what a crash between a template's disk and its publication leaves.
+func TestTemplateCrash(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
+		t.Fatal(err)
+	}
+	f := false
+	cp, err := d.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Memory: &f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateTemplate(ctx, "kept", "src", cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := d.C.ExportTemplate(ctx, "kept", &buf); err != nil {
+		t.Fatal(err)
+	}
+
+	kept := filepath.Join(d.dataDir, "checkpoint-templates")
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.C.ImportTemplate(ctx, "half", pr)
+		done <- err
+	}()
+	go pw.Write(buf.Bytes()[:buf.Len()/2]) // and then nothing: the import waits for more
+	waitFor(t, func() bool {
+		entries, _ := os.ReadDir(kept)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".tmp-import-half-") {
+				return true
+			}
+		}
+		return false
+	})
+	d.kill()
+	pw.CloseWithError(errors.New("the daemon was killed"))
+	if err := <-done; err == nil {
+		t.Fatal("an import cut by a kill succeeded")
+	}
+	// What a crash after a template's disk was made, before it was
+	// published, leaves: a snapshot and a work directory.
+	planted := filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "tpl.planted.0123456789ab")
+	if out, err := exec.Command("btrfs", "subvolume", "create", planted).CombinedOutput(); err != nil {
+		t.Fatalf("planting a snapshot: %v %s", err, out)
+	}
+	if err := os.Mkdir(filepath.Join(kept, ".tmp-planted-1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	d.start()
+	if findTemplate(t, d, "half") != nil || findTemplate(t, d, "planted") != nil {
+		t.Error("a half-made template is listed after a restart")
+	}
+	if entries, _ := os.ReadDir(kept); len(entries) != 1 || entries[0].Name() != "kept" {
+		t.Errorf("after a restart the templates directory holds %v, want kept alone", entries)
+	}
+	if snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 1 || !strings.HasPrefix(filepath.Base(snaps[0]), "tpl.kept.") {
+		t.Errorf("after a restart the template snapshots are %v, want kept's alone", snaps)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "after", Template: "kept"}); err != nil {
+		t.Errorf("create from a template after a crash: %v", err)
+	}
 }

@@ -138,6 +138,8 @@ type Manager struct {
 	// held for writing to publish or delete one, for reading while a
 	// sandbox is made from one or one is exported.
 	keptMu sync.RWMutex
+	// exporting counts the exports in progress of each template (under mu).
+	exporting map[string]int
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -177,6 +179,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		wakes:         map[string]*waking{},
 		used:          map[string]time.Time{},
 		holds:         map[string]int{},
+		exporting:     map[string]int{},
 	}
 }
 

@@ -291,6 +291,12 @@ func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
 	if len(users) > 0 {
 		return api.Errorf(api.CodeConflict, "template %s is used by %d sandbox(es) (%s); delete them first", name, len(users), strings.Join(users, ", "))
 	}
+	m.mu.Lock()
+	exports := m.exporting[name]
+	m.mu.Unlock()
+	if exports > 0 {
+		return api.Errorf(api.CodeConflict, "template %s is being exported; try again when the export ends", name)
+	}
 	// Gone at once by a rename; the data goes after (or at the next start).
 	gone := filepath.Join(m.keptDir(), ".del-"+name+"-"+randomHex(6))
 	if err := os.Rename(filepath.Join(m.keptDir(), name), gone); err != nil {
@@ -379,8 +385,22 @@ func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *chec
 // checkpoint.WriteArchive). The template cannot be deleted meanwhile.
 func (m *Manager) ExportTemplate(ctx context.Context, name string, w io.Writer) error {
 	m.keptMu.RLock()
-	defer m.keptMu.RUnlock()
 	man, err := m.readKept(name)
+	if err == nil && man != nil {
+		// Marked as being read, so that a delete meanwhile is refused,
+		// without holding keptMu for as long as the stream lasts.
+		m.mu.Lock()
+		m.exporting[name]++
+		m.mu.Unlock()
+		defer func() {
+			m.mu.Lock()
+			if m.exporting[name]--; m.exporting[name] == 0 {
+				delete(m.exporting, name)
+			}
+			m.mu.Unlock()
+		}()
+	}
+	m.keptMu.RUnlock()
 	if err != nil {
 		return err
 	}
