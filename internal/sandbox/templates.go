@@ -289,7 +289,10 @@ func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
 		}
 	}
 	if len(users) > 0 {
-		return api.Errorf(api.CodeConflict, "template %s is used by %d sandbox(es) (%s); delete them first", name, len(users), strings.Join(users, ", "))
+		if len(users) == 1 {
+			return api.Errorf(api.CodeConflict, "template %s is used by sandbox %s; delete it first", name, users[0])
+		}
+		return api.Errorf(api.CodeConflict, "template %s is used by sandboxes %s; delete them first", name, strings.Join(users, ", "))
 	}
 	m.mu.Lock()
 	exports := m.exporting[name]
