@@ -237,15 +237,16 @@ func (aw *archiveWriter) file(p string, h *tar.Header) error {
 // disk/ or mem/, no "..", no absolute path, no entry twice, every parent a
 // directory of the archive, so nothing is ever written through a symlink),
 // relative symlinks stay inside disk/, hard links name an earlier file, and
-// every checksum matches. On an error dest may hold part of it: the caller
-// unpacks into a temporary directory and removes it.
-func ReadArchive(ctx context.Context, r io.Reader, dest string) (*Manifest, error) {
+// every checksum matches, and its files hold at most maxBytes (no limit
+// when 0), so that it cannot fill the disk. On an error dest may hold part
+// of it: the caller unpacks into a temporary directory and removes it.
+func ReadArchive(ctx context.Context, r io.Reader, dest string, maxBytes int64) (*Manifest, error) {
 	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("reading archive: %w", err)
 	}
 	defer zr.Close()
-	ar := &archiveReader{tr: tar.NewReader(zr), dest: dest, kinds: map[string]byte{".": tar.TypeDir}}
+	ar := &archiveReader{tr: tar.NewReader(zr), dest: dest, kinds: map[string]byte{".": tar.TypeDir}, left: maxBytes}
 	m, err := ar.read(ctx)
 	if err != nil {
 		return nil, err
@@ -259,6 +260,7 @@ type archiveReader struct {
 	kinds map[string]byte // name -> type of every entry unpacked so far
 	sums  bytes.Buffer
 	dirs  []*tar.Header // directories, to set their times once filled
+	left  int64         // bytes its files may still hold; no limit if 0 at the start
 }
 
 // damaged turns a read error of the stream into an archive error.
@@ -410,6 +412,11 @@ func (ar *archiveReader) entry(h *tar.Header, memory bool) error {
 		}
 		ar.dirs = append(ar.dirs, h)
 	case tar.TypeReg:
+		if ar.left != 0 {
+			if ar.left -= h.Size; ar.left <= 0 {
+				return archiveErr("its files are larger than the space there is for them")
+			}
+		}
 		if sum, err = ar.file(p, h); err != nil {
 			return err
 		}

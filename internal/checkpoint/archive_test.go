@@ -56,7 +56,7 @@ func TestArchiveRoundTrip(t *testing.T) {
 	must(t, WriteArchive(t.Context(), &buf, in, disk, mem))
 
 	dest := t.TempDir()
-	m, err := ReadArchive(t.Context(), bytes.NewReader(buf.Bytes()), dest)
+	m, err := ReadArchive(t.Context(), bytes.NewReader(buf.Bytes()), dest, 0)
 	must(t, err)
 	if m.Snapshot != "" || !m.Memory || m.Name != "warm" || m.AgentToken != "tok" || m.Resources != in.Resources || !m.CreatedAt.Equal(in.CreatedAt) {
 		t.Errorf("manifest = %+v, want %+v with memory and no snapshot", m, in)
@@ -159,36 +159,39 @@ func TestArchiveRefusesDamage(t *testing.T) {
 		name string
 		data []byte
 		want string
+		max  int64
 	}{
-		{"crafted archive is good", craft(t, false, base, ""), ""},
-		{"truncated", good.Bytes()[:good.Len()/2], "cut short"},
-		{"truncated at the end", good.Bytes()[:good.Len()-10], "cut short"},
-		{"flipped byte", flipped, "refused"},
-		{"not zstd", []byte("hello, this is not an archive"), "refused"},
-		{"empty", nil, "refused"},
-		{"wrong checksum", craft(t, false, base, "0 0 0 0 0 0 0 - \"x\" \"\"\n"), "checksums do not match"},
-		{"content changed", craft(t, false, with(file("disk/a", "one")), strings.Replace(sumsOf(t, with(file("disk/a", "two"))), "two", "one", 1)), "checksums do not match"},
-		{"dot dot", craft(t, false, with(file("disk/../x", "evil")), ""), "not clean"},
-		{"dot dot inside", craft(t, false, with(file("disk/etc/../../x", "evil")), ""), "not clean"},
-		{"absolute", craft(t, false, with(file("/tmp/x", "evil")), ""), "absolute"},
-		{"outside disk", craft(t, false, with(file("x", "evil")), ""), "unexpected entry"},
-		{"mem without memory", craft(t, false, with(dir("mem"), file("mem/x", "m")), ""), "unexpected entry"},
-		{"symlink escaping", craft(t, false, with(symlink("disk/etc/esc", "../../../x")), ""), "points out of the disk"},
-		{"write through symlink", craft(t, false, with(symlink("disk/l", "/tmp"), file("disk/l/x", "evil")), ""), "not in a directory"},
-		{"write through relative symlink", craft(t, false, with(symlink("disk/l", "etc"), file("disk/l/y", "evil")), ""), "not in a directory"},
-		{"hard link outside", craft(t, false, with(hardlink("disk/h", "/etc/passwd")), ""), "not an earlier file"},
-		{"hard link to dir", craft(t, false, with(hardlink("disk/h", "disk/etc")), ""), "not an earlier file"},
-		{"twice", craft(t, false, with(file("disk/etc/hostname", "again")), ""), "appears twice"},
-		{"no parent", craft(t, false, with(file("disk/nodir/x", "x")), ""), "not in a directory"},
-		{"symlink in mem", craft(t, true, with(dir("mem"), symlink("mem/x", "/etc/passwd")), ""), "not a file"},
-		{"no disk", craft(t, false, nil, ""), "no disk"},
+		{"crafted archive is good", craft(t, false, base, ""), "", 0},
+		{"truncated", good.Bytes()[:good.Len()/2], "cut short", 0},
+		{"truncated at the end", good.Bytes()[:good.Len()-10], "cut short", 0},
+		{"flipped byte", flipped, "refused", 0},
+		{"not zstd", []byte("hello, this is not an archive"), "refused", 0},
+		{"empty", nil, "refused", 0},
+		{"wrong checksum", craft(t, false, base, "0 0 0 0 0 0 0 - \"x\" \"\"\n"), "checksums do not match", 0},
+		{"content changed", craft(t, false, with(file("disk/a", "one")), strings.Replace(sumsOf(t, with(file("disk/a", "two"))), "two", "one", 1)), "checksums do not match", 0},
+		{"dot dot", craft(t, false, with(file("disk/../x", "evil")), ""), "not clean", 0},
+		{"dot dot inside", craft(t, false, with(file("disk/etc/../../x", "evil")), ""), "not clean", 0},
+		{"absolute", craft(t, false, with(file("/tmp/x", "evil")), ""), "absolute", 0},
+		{"outside disk", craft(t, false, with(file("x", "evil")), ""), "unexpected entry", 0},
+		{"mem without memory", craft(t, false, with(dir("mem"), file("mem/x", "m")), ""), "unexpected entry", 0},
+		{"symlink escaping", craft(t, false, with(symlink("disk/etc/esc", "../../../x")), ""), "points out of the disk", 0},
+		{"write through symlink", craft(t, false, with(symlink("disk/l", "/tmp"), file("disk/l/x", "evil")), ""), "not in a directory", 0},
+		{"write through relative symlink", craft(t, false, with(symlink("disk/l", "etc"), file("disk/l/y", "evil")), ""), "not in a directory", 0},
+		{"hard link outside", craft(t, false, with(hardlink("disk/h", "/etc/passwd")), ""), "not an earlier file", 0},
+		{"hard link to dir", craft(t, false, with(hardlink("disk/h", "disk/etc")), ""), "not an earlier file", 0},
+		{"twice", craft(t, false, with(file("disk/etc/hostname", "again")), ""), "appears twice", 0},
+		{"no parent", craft(t, false, with(file("disk/nodir/x", "x")), ""), "not in a directory", 0},
+		{"symlink in mem", craft(t, true, with(dir("mem"), symlink("mem/x", "/etc/passwd")), ""), "not a file", 0},
+		{"no disk", craft(t, false, nil, ""), "no disk", 0},
+		{"too large", craft(t, false, with(file("disk/big", strings.Repeat("x", 1000))), ""), "larger than the space", 500},
+		{"fits", craft(t, false, with(file("disk/big", strings.Repeat("x", 1000))), ""), "", 2000},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			parent := t.TempDir()
 			dest := filepath.Join(parent, "dest")
 			must(t, os.Mkdir(dest, 0o700))
-			_, err := ReadArchive(t.Context(), bytes.NewReader(tt.data), dest)
+			_, err := ReadArchive(t.Context(), bytes.NewReader(tt.data), dest, tt.max)
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("ReadArchive: %v", err)

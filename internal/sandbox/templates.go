@@ -447,7 +447,17 @@ func (m *Manager) ImportTemplate(ctx context.Context, name string, r io.Reader) 
 		return nil, err
 	}
 	defer os.RemoveAll(work)
-	man, err := checkpoint.ReadArchive(ctx, r, work)
+	// The unpacked archive, and then its copy in the disk pool, must leave
+	// room on the data dir's filesystem for everything else.
+	var st unix.Statfs_t
+	if err := unix.Statfs(work, &st); err != nil {
+		return nil, fmt.Errorf("importing template %s: %w", name, err)
+	}
+	room := int64(st.Bavail)*st.Bsize/2 - importReserve
+	if room <= 0 {
+		return nil, api.Errorf(api.CodeLimit, "importing template %s: the data dir's disk is full", name)
+	}
+	man, err := checkpoint.ReadArchive(ctx, r, work, room)
 	if err != nil {
 		return nil, fmt.Errorf("importing template %s: %w", name, err)
 	}
@@ -477,6 +487,9 @@ func (m *Manager) ImportTemplate(ctx context.Context, name string, r io.Reader) 
 	v := m.keptView(man, 0)
 	return &v, nil
 }
+
+// importReserve is the space an import leaves free on the data dir's disk.
+const importReserve = 1 << 30
 
 // sweepTemplates removes what a crash left of templates being made or
 // deleted, and returns the snapshots the published ones hold.
