@@ -97,16 +97,6 @@ type CreateSandbox struct {
 	Services []Service `json:"services,omitempty"`
 }
 
-// Template is a root filesystem sandboxes can be made from.
-type Template struct {
-	Name        string `json:"name"`
-	Description string `json:"description"`
-	Default     bool   `json:"default"`
-	// Ready is true once the template is built and cached; the first sandbox
-	// of a template that is not ready waits for the build.
-	Ready bool `json:"ready"`
-}
-
 // SandboxList is the body of GET /v1/sandboxes.
 type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`

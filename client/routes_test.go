@@ -35,12 +35,13 @@ type routeCall struct {
 // type: every field of it must be sent, or the client has no way to give
 // it. (The other calls take the API's type itself.)
 var madeBodies = map[string]any{
-	"Mkdir":         new(api.MkdirRequest),
-	"MoveFile":      new(api.MoveRequest),
-	"SignalSession": new(api.SignalSession),
-	"PutSecret":     new(api.PutSecret),
-	"PullImage":     new(api.PullImage),
-	"LoginRegistry": new(api.RegistryLogin),
+	"Mkdir":          new(api.MkdirRequest),
+	"MoveFile":       new(api.MoveRequest),
+	"SignalSession":  new(api.SignalSession),
+	"PutSecret":      new(api.PutSecret),
+	"PullImage":      new(api.PullImage),
+	"LoginRegistry":  new(api.RegistryLogin),
+	"CreateTemplate": new(api.CreateTemplate),
 }
 
 // routeCalls are the client's calls, at least one per route of the API.
@@ -50,6 +51,21 @@ var routeCalls = []routeCall{
 	}},
 	{"GET /v1/templates", "Templates", nil, func(ctx context.Context, c *client.Client) error {
 		_, err := c.Templates(ctx)
+		return err
+	}},
+	{"POST /v1/templates", "CreateTemplate", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.CreateTemplate(ctx, "warm", "sb", "v1")
+		return err
+	}},
+	{"DELETE /v1/templates/{template}", "DeleteTemplate", nil, func(ctx context.Context, c *client.Client) error {
+		return c.DeleteTemplate(ctx, "warm")
+	}},
+	{"GET /v1/templates/{template}/export", "ExportTemplate", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ExportTemplate(ctx, "warm", io.Discard)
+		return err
+	}},
+	{"PUT /v1/templates/{template}/import", "ImportTemplate", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ImportTemplate(ctx, "warm", strings.NewReader("archive"))
 		return err
 	}},
 	{"POST /v1/sandboxes", "CreateSandbox", nil, func(ctx context.Context, c *client.Client) error {

@@ -167,6 +167,7 @@ func TestOpenAPIConformance(t *testing.T) {
 	t.Run("ports", func(t *testing.T) { w.t = t; walkPorts(ctx, w) })
 	t.Run("checkpoints", func(t *testing.T) { w.t = t; walkCheckpoints(ctx, w) })
 	t.Run("images", func(t *testing.T) { w.t = t; walkImages(w) })
+	t.Run("templates", func(t *testing.T) { w.t = t; walkTemplates(w) })
 	t.Run("cleanup", func(t *testing.T) { w.t = t; walkCleanup(w) })
 	t.Run("unauthorized", func(t *testing.T) { w.t = t; walkUnauthorized(w) })
 	w.c.finish(t)
@@ -669,6 +670,45 @@ func walkImages(w *walker) {
 	w.errorCode(req{route: "DELETE " + regRoute, path: "/v1/registries/bad%2Fname"}, api.CodeInvalid)
 }
 
+// walkTemplates keeps a disk-only checkpoint of scratch as a template,
+// makes a sandbox of it, exports it and imports it again.
+func walkTemplates(w *walker) {
+	var cp api.Checkpoint
+	w.json(req{route: "POST /v1/sandboxes/{sandbox}/checkpoints", path: "/v1/sandboxes/scratch/checkpoints", body: `{"memory":false}`}, 201, &cp)
+	create := `{"name":"scratch-tpl","from":{"sandbox":"scratch","checkpoint":"` + cp.ID + `"}}`
+	var tpl api.Template
+	w.json(req{route: "POST /v1/templates", path: "/v1/templates", body: create}, 201, &tpl)
+	if tpl.Kind != api.TemplateCheckpoint || tpl.Memory || tpl.From != "scratch/"+cp.ID {
+		w.t.Errorf("template %+v", tpl)
+	}
+	w.errorCode(req{route: "POST /v1/templates", path: "/v1/templates", body: create}, api.CodeConflict)
+	w.errorCode(req{route: "POST /v1/templates", path: "/v1/templates", body: `{"name":"Bad Name","from":{"sandbox":"scratch","checkpoint":"v1"}}`}, api.CodeInvalid)
+	w.errorCode(req{route: "POST /v1/templates", path: "/v1/templates", body: `{"name":"x"}`}, api.CodeInvalid)
+	w.errorCode(req{route: "POST /v1/templates", path: "/v1/templates", body: `{"name":"x","from":{"sandbox":"nope","checkpoint":"v1"}}`}, api.CodeNotFound)
+	w.call(req{route: "POST /v1/sandboxes", path: "/v1/sandboxes", body: `{"name":"from-tpl","template":"scratch-tpl"}`}, 201)
+	w.call(req{route: "GET /v1/templates", path: "/v1/templates"}, 200)
+
+	const one = "/v1/templates/{template}"
+	w.errorCode(req{route: "DELETE " + one, path: "/v1/templates/scratch-tpl"}, api.CodeConflict)
+	w.errorCode(req{route: "DELETE " + one, path: "/v1/templates/base"}, api.CodeForbidden)
+	w.errorCode(req{route: "DELETE " + one, path: "/v1/templates/nope"}, api.CodeNotFound)
+
+	archive := w.call(req{route: "GET " + one + "/export", path: "/v1/templates/scratch-tpl/export"}, 200)
+	w.errorCode(req{route: "GET " + one + "/export", path: "/v1/templates/base/export"}, api.CodeInvalid)
+	w.errorCode(req{route: "GET " + one + "/export", path: "/v1/templates/nope/export"}, api.CodeNotFound)
+	imp := req{route: "PUT " + one + "/import", path: "/v1/templates/scratch-copy/import", body: string(archive), ctype: "application/zstd"}
+	w.json(imp, 201, &tpl)
+	if tpl.Name != "scratch-copy" || tpl.SizeBytes == 0 {
+		w.t.Errorf("imported %+v", tpl)
+	}
+	w.errorCode(imp, api.CodeConflict)
+	w.errorCode(req{route: "PUT " + one + "/import", path: "/v1/templates/broken/import", body: string(archive[:len(archive)/2]), ctype: "application/zstd"}, api.CodeInvalid)
+
+	w.call(req{route: "DELETE /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/from-tpl"}, 204)
+	w.call(req{route: "DELETE " + one, path: "/v1/templates/scratch-tpl"}, 204)
+	w.call(req{route: "DELETE " + one, path: "/v1/templates/scratch-copy"}, 204)
+}
+
 func walkCleanup(w *walker) {
 	var sb api.Sandbox
 	w.json(req{route: "POST /v1/sandboxes/{sandbox}/sleep", path: "/v1/sandboxes/scratch-disk/sleep"}, 200, &sb)
@@ -695,7 +735,8 @@ func walkCleanup(w *walker) {
 // paramValue fills each path parameter of a route for a request that must
 // be refused before anything reads it.
 var paramValue = strings.NewReplacer("{sandbox}", "scratch", "{checkpoint}", "v1", "{session}", "s-abc",
-	"{service}", "web", "{port}", "8080", "{name}", "api-key", "{image}", "im-0123456789ab", "{registry}", "localhost:5000")
+	"{service}", "web", "{port}", "8080", "{name}", "api-key", "{image}", "im-0123456789ab", "{registry}", "localhost:5000",
+	"{template}", "scratch-tpl")
 
 // walkUnauthorized sends every route of the server without a token, and
 // with a wrong one: each /v1 route but the document refuses it with 401.

@@ -59,8 +59,10 @@ func newFakeAPI(t *testing.T) (*fakeAPI, *httptest.Server) {
 	mux.HandleFunc("POST /v1/sandboxes/{sandbox}/wake", f.setState(api.StateRunning))
 	mux.HandleFunc("GET /v1/templates", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, 200, api.TemplateList{Templates: []api.Template{
-			{Name: "base", Description: "Debian with Python and Node", Default: true, Ready: true},
-			{Name: "go", Description: "", Ready: false},
+			{Name: "base", Description: "Debian with Python and Node", Default: true, Ready: true, Kind: api.TemplateBuiltin, State: api.TemplateReady, Uses: 2},
+			{Name: "go", Description: "", Ready: false, Kind: api.TemplateBuiltin, State: api.TemplatePending},
+			{Name: "warm", Description: "memory and disk of checkpoint scratch/v1", Ready: true, Kind: api.TemplateCheckpoint,
+				State: api.TemplateReady, Memory: true, SizeBytes: 281018368, Uses: 1},
 		}})
 	})
 	mux.HandleFunc("POST /v1/sandboxes/{sandbox}/checkpoints", f.createCheckpoint)

@@ -95,6 +95,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.updateCmd(),
 		a.runCmd(),
 		a.templatesCmd(),
+		a.templateCmd(),
 		a.checkpointCmd(),
 		a.forkCmd(),
 		a.sleepCmd(),

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"log/slog"
+	"sync"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/disk"
@@ -16,10 +17,14 @@ type templates struct {
 	def      string
 	cache    disk.Cache
 	log      *slog.Logger
+
+	mu       sync.Mutex
+	building map[string]int // name -> builds in progress
 }
 
 func newTemplates(pool disk.Pool, cacheDir, def string, log *slog.Logger) *templates {
-	return &templates{pool: pool, cacheDir: cacheDir, def: def, log: log}
+	return &templates{pool: pool, cacheDir: cacheDir, def: def, log: log,
+		building: map[string]int{}}
 }
 
 // List lists the templates; Ready says which are imported already.
@@ -27,7 +32,17 @@ func (t *templates) List(ctx context.Context) []api.Template {
 	var out []api.Template
 	for _, tp := range disk.Templates() {
 		ready, _ := t.pool.HasTemplate(ctx, tp.Name)
-		out = append(out, api.Template{Name: tp.Name, Description: tp.Description, Default: tp.Name == t.def, Ready: ready})
+		v := api.Template{Name: tp.Name, Description: tp.Description, Default: tp.Name == t.def, Ready: ready,
+			Kind: api.TemplateBuiltin, State: api.TemplatePending}
+		t.mu.Lock()
+		switch {
+		case ready:
+			v.State = api.TemplateReady
+		case t.building[tp.Name] > 0:
+			v.State = api.TemplateBuilding
+		}
+		t.mu.Unlock()
+		out = append(out, v)
 	}
 	return out
 }
@@ -38,7 +53,16 @@ func (t *templates) Ensure(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	return t.cache.EnsureTemplate(ctx, t.pool, t.cacheDir, tp)
+	t.mu.Lock()
+	t.building[name]++
+	t.mu.Unlock()
+	err = t.cache.EnsureTemplate(ctx, t.pool, t.cacheDir, tp)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.building[name]--; t.building[name] == 0 {
+		delete(t.building, name)
+	}
+	return err
 }
 
 // warm prepares the default template in the background, so that the first

@@ -263,6 +263,46 @@ func (b *Btrfs) ImportTemplate(ctx context.Context, name, src string) error {
 	return nil
 }
 
+// ImportSnapshot copies src into a new subvolume and publishes it as
+// read-only snapshot snap, so it appears whole or not at all.
+func (b *Btrfs) ImportSnapshot(ctx context.Context, snap, src string) error {
+	if err := validName(snap); err != nil {
+		return err
+	}
+	unlock, err := b.locks.lock(ctx, "s/"+snap)
+	if err != nil {
+		return fmt.Errorf("importing snapshot %s: %w", snap, err)
+	}
+	defer unlock()
+	dst := b.l.snapshotPath(snap)
+	if err := mustNotExist(dst); err != nil {
+		return fmt.Errorf("importing snapshot %s: %w", snap, err)
+	}
+	src, err = resolveDir(src)
+	if err != nil {
+		return fmt.Errorf("importing snapshot %s: %w", snap, err)
+	}
+	tmp := b.l.tempPath("snapshot", snap)
+	if _, err := run(ctx, "btrfs", "subvolume", "create", tmp); err != nil {
+		return fmt.Errorf("importing snapshot %s: %w", snap, err)
+	}
+	defer func() {
+		if err := deleteSubvolume(context.WithoutCancel(ctx), tmp); err != nil {
+			slog.WarnContext(ctx, "deleting temporary subvolume", "path", tmp, "err", err)
+		}
+	}()
+	if err := copyTree(ctx, src, tmp); err != nil {
+		return fmt.Errorf("importing snapshot %s: %w", snap, err)
+	}
+	if err := snapshotSubvolume(ctx, tmp, dst, true); err != nil {
+		return fmt.Errorf("importing snapshot %s: %w", snap, err)
+	}
+	return nil
+}
+
+// SnapshotPath is where snapshot snap's root is.
+func (b *Btrfs) SnapshotPath(snap string) string { return b.l.snapshotPath(snap) }
+
 // CreateVolume makes volume id as a writable snapshot of template.
 func (b *Btrfs) CreateVolume(ctx context.Context, id, template string) (string, error) {
 	if err := validNames(id, template); err != nil {

@@ -137,6 +137,24 @@ func (c *Copy) CloneSnapshot(ctx context.Context, snap, id string) (string, erro
 	return c.l.volumePath(id), nil
 }
 
+// ImportSnapshot copies src to snapshot snap.
+func (c *Copy) ImportSnapshot(ctx context.Context, snap, src string) error {
+	if err := validName(snap); err != nil {
+		return err
+	}
+	src, err := resolveDir(src)
+	if err != nil {
+		return fmt.Errorf("importing snapshot %s: %w", snap, err)
+	}
+	if err := c.copy(ctx, src, "s/"+snap, c.l.snapshotPath(snap)); err != nil {
+		return fmt.Errorf("importing snapshot %s: %w", snap, err)
+	}
+	return nil
+}
+
+// SnapshotPath is where snapshot snap's root is.
+func (c *Copy) SnapshotPath(snap string) string { return c.l.snapshotPath(snap) }
+
 // DeleteSnapshot deletes snapshot snap.
 func (c *Copy) DeleteSnapshot(ctx context.Context, snap string) error {
 	if err := validName(snap); err != nil {

@@ -44,6 +44,13 @@ type Pool interface {
 	// CloneSnapshot makes volume id as a writable copy of snapshot snap and
 	// returns its root.
 	CloneSnapshot(ctx context.Context, snap, id string) (string, error)
+	// ImportSnapshot makes read-only snapshot snap from the directory tree
+	// at src, copying it (owners, modes, links, devices kept). The snapshot
+	// appears whole or not at all.
+	ImportSnapshot(ctx context.Context, snap, src string) error
+	// SnapshotPath is the path of a snapshot's root (whether or not it
+	// exists), for reading it.
+	SnapshotPath(snap string) string
 	// DeleteSnapshot removes a snapshot; removing one that is gone is no error.
 	DeleteSnapshot(ctx context.Context, snap string) error
 	// Snapshots lists every snapshot, for clean-up after a crash.

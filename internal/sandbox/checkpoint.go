@@ -436,19 +436,26 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 // already in place, and waits for its agent. The agent wakes up holding the
 // token it had when the checkpoint was taken; it is given the sandbox's own.
 func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+	return m.resumeImage(ctx, sb, filepath.Join(m.checkpointDir(cp.Sandbox, cp.ID), memDir), m.heldToken(cp), cp.ID)
+}
+
+// resumeImage starts a sandbox from the memory image in imageDir, whose
+// agent holds token held, on the disk already in place; what names the
+// image in logs.
+func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, held, what string) error {
 	ep, err := m.prepare(ctx, sb)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	if err := m.rt.Restore(ctx, m.spec(sb, ep), filepath.Join(m.checkpointDir(cp.Sandbox, cp.ID), memDir)); err != nil {
+	if err := m.rt.Restore(ctx, m.spec(sb, ep), imageDir); err != nil {
 		return fmt.Errorf("restoring memory: %w", err)
 	}
 	restored := time.Now()
-	if err := m.connect(ctx, sb, ep, m.heldToken(cp)); err != nil {
+	if err := m.connect(ctx, sb, ep, held); err != nil {
 		return err
 	}
-	m.log.Info("memory restored", "sandbox", sb.ID, "checkpoint", cp.ID,
+	m.log.Info("memory restored", "sandbox", sb.ID, "image", what,
 		"runtime_ms", restored.Sub(start).Milliseconds(), "agent_ms", time.Since(restored).Milliseconds())
 	return m.setState(ctx, sb, api.StateRunning, "")
 }

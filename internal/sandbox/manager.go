@@ -142,6 +142,12 @@ type Manager struct {
 	// imageMu keeps an image from being deleted while a create of it is
 	// between its pull and the end of its boot (images.go).
 	imageMu sync.RWMutex
+	// keptMu orders changes to the checkpoint templates (templates.go):
+	// held for writing to publish or delete one, for reading while a
+	// sandbox is made from one or one is exported.
+	keptMu sync.RWMutex
+	// exporting counts the exports in progress of each template (under mu).
+	exporting map[string]int
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -181,11 +187,9 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		wakes:         map[string]*waking{},
 		used:          map[string]time.Time{},
 		holds:         map[string]int{},
+		exporting:     map[string]int{},
 	}
 }
-
-// Templates lists the templates sandboxes can be made from.
-func (m *Manager) Templates(ctx context.Context) []api.Template { return m.tpl.List(ctx) }
 
 // URL is a sandbox's public address.
 func (m *Manager) URL(name string) string {
@@ -325,6 +329,15 @@ func (m *Manager) allocIndex(ctx context.Context) (int, error) {
 func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
 	if req.From != nil {
 		return m.fork(ctx, req)
+	}
+	if req.Template != "" && req.Image == "" {
+		man, err := m.readKept(req.Template)
+		if err != nil {
+			return nil, err
+		}
+		if man != nil {
+			return m.createFromTemplate(ctx, req, man)
+		}
 	}
 	if err := checkServices(req.Services); err != nil {
 		return nil, err

@@ -189,11 +189,22 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 			_ = os.Remove(filepath.Join(root, sd.Name()))
 		}
 	}
+	held, err := m.sweepTemplates()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
 	snaps, err := m.disks.Snapshots(ctx)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	for _, snap := range snaps {
+		if strings.HasPrefix(snap, templateSnapPrefix) {
+			if !held[snap] {
+				m.log.Info("removing unfinished template snapshot", "snapshot", snap)
+				errs = append(errs, m.disks.DeleteSnapshot(ctx, snap))
+			}
+			continue
+		}
 		sbID, cpID, ok := strings.Cut(snap, ".")
 		if ok {
 			if _, err := m.store.GetCheckpoint(ctx, sbID, cpID); !errors.Is(err, store.ErrNotFound) {

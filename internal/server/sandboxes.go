@@ -41,11 +41,6 @@ type Sandboxes interface {
 	Images
 }
 
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.TemplateList{Templates: s.sandboxes.Templates(r.Context())})
-	return nil
-}
-
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateSandbox
 	if err := decode(w, r, &req); err != nil {

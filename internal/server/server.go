@@ -61,7 +61,7 @@ func (s *Server) routes() {
 	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 		s.handle(pattern, s.auth(h))
 	}
-	v1("GET /v1/templates", s.listTemplates)
+	s.templateRoutes(v1)
 	v1("POST /v1/sandboxes", s.createSandbox)
 	v1("GET /v1/sandboxes", s.listSandboxes)
 	v1("GET /v1/sandboxes/{sandbox}", s.getSandbox)

@@ -91,7 +91,7 @@ func TestErrorShape(t *testing.T) {
 	}
 	cases := []errorCase{
 		// Wrong methods on each route.
-		{name: "PUT templates", req: request{method: "PUT", path: "/v1/templates"}, status: 405, code: api.CodeMethodNotAllowed, msg: "PUT", allow: "GET, HEAD"},
+		{name: "PUT templates", req: request{method: "PUT", path: "/v1/templates"}, status: 405, code: api.CodeMethodNotAllowed, msg: "PUT", allow: "GET, HEAD, POST"},
 		{name: "DELETE sandboxes", req: request{method: "DELETE", path: "/v1/sandboxes"}, status: 405, code: api.CodeMethodNotAllowed, msg: "DELETE", allow: "GET, HEAD, POST"},
 		{name: "PUT sandbox", req: request{method: "PUT", path: "/v1/sandboxes/box", body: "{}"}, status: 405, code: api.CodeMethodNotAllowed, allow: "DELETE, GET, HEAD, PATCH"},
 		{name: "POST exec", req: request{method: "POST", path: "/v1/sandboxes/box/exec"}, status: 405, code: api.CodeMethodNotAllowed, allow: "GET, HEAD"},

@@ -33,6 +33,7 @@ func Run(t *testing.T, newPool func(t *testing.T) disk.Pool) {
 		{"SnapshotIsFrozen", testSnapshotIsFrozen},
 		{"CloneIsIndependent", testCloneIsIndependent},
 		{"SnapshotOutlivesVolume", testSnapshotOutlivesVolume},
+		{"ImportSnapshot", testImportSnapshot},
 		{"DeleteIsIdempotent", testDeleteIsIdempotent},
 		{"List", testList},
 		{"Usage", testUsage},
@@ -292,6 +293,27 @@ func testSnapshotOutlivesVolume(t *testing.T, p disk.Pool) {
 	if got := readFile(t, filepath.Join(v2, "state")); got != "kept\n" {
 		t.Errorf("after deleting the snapshot, state = %q, want %q", got, "kept\n")
 	}
+}
+
+// testImportSnapshot: a tree imported as a snapshot reads as it was at
+// SnapshotPath, clones of it are writable and whole, and a second import
+// under the same name is refused.
+func testImportSnapshot(t *testing.T, p disk.Pool) {
+	ctx := t.Context()
+	must(t, p.ImportSnapshot(ctx, "tpl.s", makeTree(t)))
+	checkTree(t, p.SnapshotPath("tpl.s"))
+	v, err := p.CloneSnapshot(ctx, "tpl.s", "v")
+	must(t, err)
+	checkTree(t, v)
+	writeFile(t, filepath.Join(v, tmplFile), "changed\n", 0o644)
+	if got := readFile(t, filepath.Join(p.SnapshotPath("tpl.s"), tmplFile)); got != tmplContent {
+		t.Errorf("a write to a clone changed the snapshot: %q", got)
+	}
+	if err := p.ImportSnapshot(ctx, "tpl.s", makeTree(t)); err == nil {
+		t.Error("a second ImportSnapshot under the same name succeeded")
+	}
+	must(t, p.DeleteSnapshot(ctx, "tpl.s"))
+	checkMissing(t, p.SnapshotPath("tpl.s"))
 }
 
 func testDeleteIsIdempotent(t *testing.T, p disk.Pool) {

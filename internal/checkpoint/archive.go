@@ -1,0 +1,508 @@
+package checkpoint
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/api"
+)
+
+// ManifestFormat is the version of Manifest and of the archive format that
+// WriteArchive writes and ReadArchive reads.
+const ManifestFormat = 1
+
+// Manifest describes a kept checkpoint: a template made from a checkpoint.
+// The same document is the template's record on the host (manifest.json in
+// its directory) and the first entry of its archive, so an exported
+// template imports as exactly what it was.
+type Manifest struct {
+	// Format is ManifestFormat.
+	Format int `json:"format"`
+	// Name is the template's name on the host that wrote it; an import
+	// gives its own.
+	Name string `json:"name"`
+	// Memory is true when the template holds a memory image (mem/) beside
+	// its disk: sandboxes made from it resume its processes.
+	Memory bool `json:"memory"`
+	// Template, Image and Resources are those of the sandbox the checkpoint
+	// was taken of; a sandbox made from a memory template takes them.
+	Template  string        `json:"template,omitempty"`
+	Image     string        `json:"image,omitempty"`
+	Resources api.Resources `json:"resources"`
+	// AgentToken is the token the agent in the memory image holds, which a
+	// sandbox made from the template presents once to give it its own. It
+	// opens nothing else, and anyone holding the image can read it there.
+	AgentToken string `json:"agent_token,omitempty"`
+	// From says where it came from ("sandbox/checkpoint"), for people.
+	From string `json:"from,omitempty"`
+	// CreatedAt is when the template was made.
+	CreatedAt time.Time `json:"created_at"`
+	// SizeBytes is what its disk's files and memory image hold.
+	SizeBytes int64 `json:"size_bytes,omitempty"`
+	// Snapshot is the disk pool's snapshot holding the template's disk on
+	// this host; never written into an archive.
+	Snapshot string `json:"snapshot,omitempty"`
+}
+
+// Names of an archive's entries. An archive is a zstd-compressed tar whose
+// first entry is ManifestEntry, then the disk's tree under DiskEntry and,
+// for a memory template, the memory image under MemEntry, and last
+// SumsEntry: one line per entry before it (type, mode, owner, size, the
+// SHA-256 of its content, name and link target), so that any change to the
+// archive's content or metadata, or a cut, is caught.
+const (
+	ManifestEntry = "manifest.json"
+	DiskEntry     = "disk"
+	MemEntry      = "mem"
+	SumsEntry     = "SHA256SUMS"
+)
+
+// Limits on what an archive may hold, so that hostile input cannot make
+// the reader hold much in memory.
+const (
+	maxManifest = 1 << 20
+	maxSums     = 256 << 20
+	maxName     = 4096
+)
+
+// ErrArchive matches (errors.Is) the error of an archive that is damaged
+// or not one of ours: an *api.Error of code invalid, the user's to read.
+var ErrArchive = api.Errorf(api.CodeInvalid, "invalid template archive")
+
+func archiveErr(format string, args ...any) error {
+	return api.Errorf(api.CodeInvalid, "template archive refused: %s", fmt.Sprintf(format, args...))
+}
+
+// WriteArchive writes a template as one archive to w: m (without its
+// Snapshot), the tree at diskDir, and when memDir is not "" the files of
+// the memory image there. It does not follow symlinks; hard links within
+// the disk stay hard links.
+func WriteArchive(ctx context.Context, w io.Writer, m Manifest, diskDir, memDir string) error {
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderCRC(true))
+	if err != nil {
+		return fmt.Errorf("writing archive: %w", err)
+	}
+	aw := &archiveWriter{tw: tar.NewWriter(zw), links: map[[2]uint64]string{}}
+	m.Format, m.Snapshot = ManifestFormat, ""
+	m.Memory = memDir != ""
+	body, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("writing archive: %w", err)
+	}
+	err = aw.bytes(ManifestEntry, body)
+	if err == nil {
+		err = aw.tree(ctx, diskDir, DiskEntry)
+	}
+	if err == nil && memDir != "" {
+		err = aw.tree(ctx, memDir, MemEntry)
+	}
+	if err == nil {
+		err = aw.bytes(SumsEntry, aw.sums.Bytes())
+	}
+	if err == nil {
+		err = aw.tw.Close()
+	}
+	if cerr := zw.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("writing archive: %w", err)
+	}
+	return nil
+}
+
+type archiveWriter struct {
+	tw    *tar.Writer
+	sums  bytes.Buffer
+	links map[[2]uint64]string // (dev, inode) of files with several links -> first name
+}
+
+// sumLine is an entry's line in SumsEntry.
+func sumLine(h *tar.Header, sum string) string {
+	if sum == "" {
+		sum = "-"
+	}
+	return fmt.Sprintf("%c %o %d %d %d %d %d %s %s %s\n", h.Typeflag, h.Mode, h.Uid, h.Gid, h.Size,
+		h.Devmajor, h.Devminor, sum, strconv.Quote(h.Name), strconv.Quote(h.Linkname))
+}
+
+func (aw *archiveWriter) bytes(name string, body []byte) error {
+	h := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o600, Size: int64(len(body)), ModTime: time.Now(), Format: tar.FormatPAX}
+	if name != SumsEntry {
+		sum := sha256.Sum256(body)
+		aw.sums.WriteString(sumLine(h, hex.EncodeToString(sum[:])))
+	}
+	if err := aw.tw.WriteHeader(h); err != nil {
+		return err
+	}
+	_, err := aw.tw.Write(body)
+	return err
+}
+
+func (aw *archiveWriter) tree(ctx context.Context, root, prefix string) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		name := path.Join(prefix, filepath.ToSlash(rel))
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return fmt.Errorf("reading %s: %w", p, err)
+		}
+		h := &tar.Header{
+			Name: name, Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
+			ModTime: time.Unix(st.Mtim.Unix()).UTC(), Format: tar.FormatPAX,
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			h.Typeflag = tar.TypeDir
+		case unix.S_IFLNK:
+			h.Typeflag = tar.TypeSymlink
+			if h.Linkname, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case unix.S_IFCHR, unix.S_IFBLK:
+			h.Typeflag = tar.TypeChar
+			if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+				h.Typeflag = tar.TypeBlock
+			}
+			h.Devmajor, h.Devminor = int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+		case unix.S_IFIFO:
+			h.Typeflag = tar.TypeFifo
+		case unix.S_IFREG:
+			key := [2]uint64{st.Dev, st.Ino}
+			if first, ok := aw.links[key]; ok && st.Nlink > 1 {
+				h.Typeflag, h.Linkname = tar.TypeLink, first
+				break
+			}
+			if st.Nlink > 1 {
+				aw.links[key] = name
+			}
+			h.Typeflag, h.Size = tar.TypeReg, st.Size
+			return aw.file(p, h)
+		default:
+			return nil // sockets: nothing to keep
+		}
+		aw.sums.WriteString(sumLine(h, ""))
+		return aw.tw.WriteHeader(h)
+	})
+}
+
+// file writes a regular file, hashing it on the way.
+func (aw *archiveWriter) file(p string, h *tar.Header) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := aw.tw.WriteHeader(h); err != nil {
+		return err
+	}
+	sum := sha256.New()
+	if _, err := io.CopyN(io.MultiWriter(aw.tw, sum), f, h.Size); err != nil {
+		return fmt.Errorf("reading %s: %w", p, err)
+	}
+	aw.sums.WriteString(sumLine(h, hex.EncodeToString(sum.Sum(nil))))
+	return nil
+}
+
+// ReadArchive unpacks an archive written by WriteArchive into dest, an
+// empty directory, as dest/disk and (for a memory template) dest/mem, and
+// returns its manifest. The archive is hostile input: it is refused with an
+// error wrapping ErrArchive unless every entry is where it may be (under
+// disk/ or mem/, no "..", no absolute path, no entry twice, every parent a
+// directory of the archive, so nothing is ever written through a symlink),
+// relative symlinks stay inside disk/, hard links name an earlier file, and
+// every checksum matches, and its files hold at most maxBytes (no limit
+// when 0), so that it cannot fill the disk. On an error dest may hold part
+// of it: the caller unpacks into a temporary directory and removes it.
+func ReadArchive(ctx context.Context, r io.Reader, dest string, maxBytes int64) (*Manifest, error) {
+	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading archive: %w", err)
+	}
+	defer zr.Close()
+	ar := &archiveReader{tr: tar.NewReader(zr), dest: dest, kinds: map[string]byte{".": tar.TypeDir}, left: maxBytes}
+	m, err := ar.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+type archiveReader struct {
+	tr    *tar.Reader
+	dest  string
+	kinds map[string]byte // name -> type of every entry unpacked so far
+	sums  bytes.Buffer
+	dirs  []*tar.Header // directories, to set their times once filled
+	left  int64         // bytes its files may still hold; no limit if 0 at the start
+}
+
+// damaged turns a read error of the stream into an archive error.
+func damaged(err error) error {
+	var ae *api.Error
+	if errors.As(err, &ae) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return err // our own disk, not the archive
+	}
+	return archiveErr("damaged or cut short: %v", err)
+}
+
+func (ar *archiveReader) read(ctx context.Context) (*Manifest, error) {
+	h, err := ar.tr.Next()
+	if err != nil {
+		return nil, damaged(err)
+	}
+	if h.Name != ManifestEntry || h.Typeflag != tar.TypeReg || h.Size > maxManifest {
+		return nil, archiveErr("the first entry is %q, not the manifest", h.Name)
+	}
+	body, sum, err := ar.readSmall(h)
+	if err != nil {
+		return nil, err
+	}
+	ar.sums.WriteString(sumLine(h, sum))
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, archiveErr("manifest: %v", err)
+	}
+	if m.Format != ManifestFormat {
+		return nil, archiveErr("manifest format %d; this loam reads %d", m.Format, ManifestFormat)
+	}
+	m.Snapshot = ""
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		h, err := ar.tr.Next()
+		if err != nil {
+			return nil, damaged(err)
+		}
+		if h.Name == SumsEntry {
+			return &m, ar.finish(h)
+		}
+		if err := ar.entry(h, m.Memory); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// readSmall reads a small entry whole, with its checksum.
+func (ar *archiveReader) readSmall(h *tar.Header) ([]byte, string, error) {
+	body, err := io.ReadAll(ar.tr)
+	if err != nil {
+		return nil, "", damaged(err)
+	}
+	sum := sha256.Sum256(body)
+	return body, hex.EncodeToString(sum[:]), nil
+}
+
+// finish checks the checksums entry and that nothing follows it.
+func (ar *archiveReader) finish(h *tar.Header) error {
+	if h.Typeflag != tar.TypeReg || h.Size > maxSums {
+		return archiveErr("bad %s entry", SumsEntry)
+	}
+	body, _, err := ar.readSmall(h)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(body, ar.sums.Bytes()) {
+		return archiveErr("checksums do not match the content")
+	}
+	if _, ok := ar.kinds[DiskEntry]; !ok {
+		return archiveErr("no disk")
+	}
+	if _, err := ar.tr.Next(); err != io.EOF {
+		if err == nil {
+			return archiveErr("entries after %s", SumsEntry)
+		}
+		return damaged(err)
+	}
+	for i := len(ar.dirs) - 1; i >= 0; i-- {
+		d := ar.dirs[i]
+		t := d.ModTime
+		_ = os.Chtimes(filepath.Join(ar.dest, d.Name), t, t)
+	}
+	return nil
+}
+
+// checkName refuses a name that is not a clean relative path under disk/
+// or (for a memory template) mem/, or that was seen before.
+func (ar *archiveReader) checkName(h *tar.Header, memory bool) (string, error) {
+	name := strings.TrimSuffix(h.Name, "/")
+	switch {
+	case name == "" || len(name) > maxName || strings.ContainsRune(name, 0):
+		return "", archiveErr("bad entry name %q", h.Name)
+	case strings.HasPrefix(name, "/"):
+		return "", archiveErr("absolute path %q", h.Name)
+	case path.Clean(name) != name || slicesContains(strings.Split(name, "/"), ".."):
+		return "", archiveErr("path %q is not clean (.. or .)", h.Name)
+	}
+	top, _, _ := strings.Cut(name, "/")
+	if top != DiskEntry && (top != MemEntry || !memory) {
+		return "", archiveErr("unexpected entry %q", h.Name)
+	}
+	if _, ok := ar.kinds[name]; ok {
+		return "", archiveErr("entry %q appears twice", h.Name)
+	}
+	if ar.kinds[path.Dir(name)] != tar.TypeDir {
+		return "", archiveErr("entry %q is not in a directory of the archive", h.Name)
+	}
+	return name, nil
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, e := range s {
+		if e == v {
+			return true
+		}
+	}
+	return false
+}
+
+// entry checks one entry and unpacks it.
+func (ar *archiveReader) entry(h *tar.Header, memory bool) error {
+	name, err := ar.checkName(h, memory)
+	if err != nil {
+		return err
+	}
+	top, _, _ := strings.Cut(name, "/")
+	if top == MemEntry && h.Typeflag != tar.TypeDir && h.Typeflag != tar.TypeReg {
+		return archiveErr("memory image entry %q is not a file", h.Name)
+	}
+	if h.Mode&^0o7777 != 0 || h.Uid < 0 || h.Gid < 0 || h.Size < 0 {
+		return archiveErr("entry %q: bad mode, owner or size", h.Name)
+	}
+	p := filepath.Join(ar.dest, filepath.FromSlash(name))
+	mode := uint32(h.Mode)
+	sum := ""
+	switch h.Typeflag {
+	case tar.TypeDir:
+		if err := unix.Mkdir(p, 0o700); err != nil {
+			return fmt.Errorf("unpacking %s: %w", name, err)
+		}
+		ar.dirs = append(ar.dirs, h)
+	case tar.TypeReg:
+		if ar.left != 0 {
+			if ar.left -= h.Size; ar.left <= 0 {
+				return archiveErr("its files are larger than the space there is for them")
+			}
+		}
+		if sum, err = ar.file(p, h); err != nil {
+			return err
+		}
+	case tar.TypeSymlink:
+		if err := checkSymlink(name, h.Linkname); err != nil {
+			return err
+		}
+		if err := os.Symlink(h.Linkname, p); err != nil {
+			return fmt.Errorf("unpacking %s: %w", name, err)
+		}
+	case tar.TypeLink:
+		if h.Linkname == name || ar.kinds[h.Linkname] != tar.TypeReg {
+			return archiveErr("hard link %q to %q, which is not an earlier file", h.Name, h.Linkname)
+		}
+		if err := os.Link(filepath.Join(ar.dest, filepath.FromSlash(h.Linkname)), p); err != nil {
+			return fmt.Errorf("unpacking %s: %w", name, err)
+		}
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		kind := uint32(unix.S_IFIFO)
+		if h.Typeflag == tar.TypeChar {
+			kind = unix.S_IFCHR
+		} else if h.Typeflag == tar.TypeBlock {
+			kind = unix.S_IFBLK
+		}
+		if err := unix.Mknod(p, kind|0o600, int(unix.Mkdev(uint32(h.Devmajor), uint32(h.Devminor)))); err != nil {
+			return fmt.Errorf("unpacking %s: %w", name, err)
+		}
+	default:
+		return archiveErr("entry %q has an unsupported type %q", h.Name, h.Typeflag)
+	}
+	kind := h.Typeflag
+	if kind == tar.TypeLink {
+		kind = tar.TypeReg // a link is a file too: a later link may name it
+	}
+	ar.kinds[name] = kind
+	ar.sums.WriteString(sumLine(h, sum))
+	if h.Typeflag == tar.TypeLink {
+		return nil // shares the first name's owner and mode
+	}
+	if err := unix.Lchown(p, h.Uid, h.Gid); err != nil {
+		return fmt.Errorf("unpacking %s: %w", name, err)
+	}
+	if h.Typeflag != tar.TypeSymlink {
+		// After chown, which clears set-id bits.
+		if err := unix.Chmod(p, mode); err != nil {
+			return fmt.Errorf("unpacking %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// file writes a regular file's content, never through an existing name.
+func (ar *archiveReader) file(p string, h *tar.Header) (string, error) {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("unpacking %s: %w", h.Name, err)
+	}
+	sum := sha256.New()
+	_, err = io.Copy(io.MultiWriter(f, sum), ar.tr)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", damaged(err)
+	}
+	t := h.ModTime
+	if err := os.Chtimes(p, t, t); err != nil {
+		return "", fmt.Errorf("unpacking %s: %w", h.Name, err)
+	}
+	return hex.EncodeToString(sum.Sum(nil)), nil
+}
+
+// checkSymlink refuses a symlink whose relative target climbs out of the
+// disk. An absolute target is resolved inside the sandbox's own root, as
+// in any root filesystem (/etc/localtime), so it stays in.
+func checkSymlink(name, target string) error {
+	if target == "" || len(target) > maxName || strings.ContainsRune(target, 0) {
+		return archiveErr("symlink %q has a bad target", name)
+	}
+	if strings.HasPrefix(target, "/") {
+		return nil
+	}
+	// name is disk/…: the disk's root is the archive's "disk".
+	resolved := path.Join(path.Dir(name), target)
+	if resolved != DiskEntry && !strings.HasPrefix(resolved, DiskEntry+"/") {
+		return archiveErr("symlink %q points out of the disk (%q)", name, target)
+	}
+	return nil
+}

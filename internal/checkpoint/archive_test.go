@@ -1,0 +1,234 @@
+package checkpoint
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/api"
+)
+
+// makeDisk makes a small tree with the kinds of entries a root filesystem has.
+func makeDisk(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{"etc", "bin", "home/loam"} {
+		must(t, os.MkdirAll(filepath.Join(dir, d), 0o755))
+	}
+	must(t, os.WriteFile(filepath.Join(dir, "etc/hostname"), []byte("loam\n"), 0o644))
+	must(t, os.WriteFile(filepath.Join(dir, "bin/tool"), bytes.Repeat([]byte("x"), 100000), 0o755))
+	must(t, unix.Chmod(filepath.Join(dir, "bin/tool"), 0o4755))
+	must(t, os.Link(filepath.Join(dir, "bin/tool"), filepath.Join(dir, "bin/tool2")))
+	must(t, os.Symlink("/usr/share/zoneinfo/UTC", filepath.Join(dir, "etc/localtime")))
+	must(t, os.Symlink("../etc/hostname", filepath.Join(dir, "bin/name")))
+	must(t, unix.Mkfifo(filepath.Join(dir, "home/fifo"), 0o600))
+	if os.Geteuid() == 0 {
+		must(t, os.Chown(filepath.Join(dir, "home/loam"), 1000, 1000))
+	}
+	return dir
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestArchiveRoundTrip(t *testing.T) {
+	disk := makeDisk(t)
+	mem := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(mem, "pages.img"), bytes.Repeat([]byte{1, 2, 3}, 50000), 0o600))
+	in := Manifest{Name: "warm", Template: "busybox", Resources: api.Resources{CPUs: 1, MemoryMiB: 256},
+		AgentToken: "tok", From: "sb/v1", CreatedAt: time.Now().UTC().Truncate(time.Second), Snapshot: "local-only"}
+	var buf bytes.Buffer
+	must(t, WriteArchive(t.Context(), &buf, in, disk, mem))
+
+	dest := t.TempDir()
+	m, err := ReadArchive(t.Context(), bytes.NewReader(buf.Bytes()), dest, 0)
+	must(t, err)
+	if m.Snapshot != "" || !m.Memory || m.Name != "warm" || m.AgentToken != "tok" || m.Resources != in.Resources || !m.CreatedAt.Equal(in.CreatedAt) {
+		t.Errorf("manifest = %+v, want %+v with memory and no snapshot", m, in)
+	}
+	got := filepath.Join(dest, DiskEntry)
+	if b, _ := os.ReadFile(filepath.Join(got, "etc/hostname")); string(b) != "loam\n" {
+		t.Errorf("etc/hostname = %q", b)
+	}
+	if st, err := os.Lstat(filepath.Join(got, "bin/tool")); err != nil || st.Mode()&os.ModeSetuid == 0 || st.Mode().Perm() != 0o755 || st.Size() != 100000 {
+		t.Errorf("bin/tool: %v, %v; want setuid 0755, 100000 bytes", st, err)
+	}
+	var a, b unix.Stat_t
+	must(t, unix.Lstat(filepath.Join(got, "bin/tool"), &a))
+	must(t, unix.Lstat(filepath.Join(got, "bin/tool2"), &b))
+	if a.Ino != b.Ino {
+		t.Error("bin/tool2 is not a hard link of bin/tool any more")
+	}
+	for link, want := range map[string]string{"etc/localtime": "/usr/share/zoneinfo/UTC", "bin/name": "../etc/hostname"} {
+		if target, err := os.Readlink(filepath.Join(got, link)); err != nil || target != want {
+			t.Errorf("%s -> %q, %v; want %q", link, target, err, want)
+		}
+	}
+	if st, err := os.Lstat(filepath.Join(got, "home/fifo")); err != nil || st.Mode()&os.ModeNamedPipe == 0 {
+		t.Errorf("home/fifo: %v, %v; want a fifo", st, err)
+	}
+	if os.Geteuid() == 0 {
+		must(t, unix.Lstat(filepath.Join(got, "home/loam"), &a))
+		if a.Uid != 1000 {
+			t.Errorf("home/loam is owned by %d, want 1000", a.Uid)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(dest, MemEntry, "pages.img")); len(b) != 150000 {
+		t.Errorf("mem/pages.img has %d bytes, want 150000", len(b))
+	}
+}
+
+// entry is one entry of a hand-made archive.
+type entry struct {
+	h    tar.Header
+	body string
+}
+
+func dir(name string) entry {
+	return entry{h: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755}}
+}
+func file(name, body string) entry {
+	return entry{h: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(body))}, body: body}
+}
+func symlink(name, target string) entry {
+	return entry{h: tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777}}
+}
+func hardlink(name, target string) entry {
+	return entry{h: tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target}}
+}
+
+// craft makes an archive of the manifest, entries and the right checksums
+// (or sums when it is not ""), so that a refusal is for what the entries are.
+func craft(t *testing.T, memory bool, entries []entry, sums string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw, err := zstd.NewWriter(&buf)
+	must(t, err)
+	tw := tar.NewWriter(zw)
+	body, _ := json.Marshal(Manifest{Format: ManifestFormat, Memory: memory})
+	all := append([]entry{file(ManifestEntry, string(body))}, entries...)
+	var lines strings.Builder
+	for _, e := range all {
+		h := e.h
+		must(t, tw.WriteHeader(&h))
+		_, err := tw.Write([]byte(e.body))
+		must(t, err)
+		sum := ""
+		if h.Typeflag == tar.TypeReg {
+			s := sha256.Sum256([]byte(e.body))
+			sum = hex.EncodeToString(s[:])
+		}
+		lines.WriteString(sumLine(&h, sum))
+	}
+	if sums == "" {
+		sums = lines.String()
+	}
+	e := file(SumsEntry, sums)
+	must(t, tw.WriteHeader(&e.h))
+	_, err = tw.Write([]byte(sums))
+	must(t, err)
+	must(t, tw.Close())
+	must(t, zw.Close())
+	return buf.Bytes()
+}
+
+func TestArchiveRefusesDamage(t *testing.T) {
+	var good bytes.Buffer
+	must(t, WriteArchive(t.Context(), &good, Manifest{Name: "x"}, makeDisk(t), ""))
+	flipped := bytes.Clone(good.Bytes())
+	flipped[len(flipped)/2] ^= 0x40
+	base := []entry{dir("disk"), dir("disk/etc"), file("disk/etc/hostname", "loam\n")}
+	with := func(es ...entry) []entry { return append(append([]entry{}, base...), es...) }
+
+	tests := []struct {
+		name string
+		data []byte
+		want string
+		max  int64
+	}{
+		{"crafted archive is good", craft(t, false, base, ""), "", 0},
+		{"truncated", good.Bytes()[:good.Len()/2], "cut short", 0},
+		{"truncated at the end", good.Bytes()[:good.Len()-10], "cut short", 0},
+		{"flipped byte", flipped, "refused", 0},
+		{"not zstd", []byte("hello, this is not an archive"), "refused", 0},
+		{"empty", nil, "refused", 0},
+		{"wrong checksum", craft(t, false, base, "0 0 0 0 0 0 0 - \"x\" \"\"\n"), "checksums do not match", 0},
+		{"content changed", craft(t, false, with(file("disk/a", "one")), strings.Replace(sumsOf(t, with(file("disk/a", "two"))), "two", "one", 1)), "checksums do not match", 0},
+		{"dot dot", craft(t, false, with(file("disk/../x", "evil")), ""), "not clean", 0},
+		{"dot dot inside", craft(t, false, with(file("disk/etc/../../x", "evil")), ""), "not clean", 0},
+		{"absolute", craft(t, false, with(file("/tmp/x", "evil")), ""), "absolute", 0},
+		{"outside disk", craft(t, false, with(file("x", "evil")), ""), "unexpected entry", 0},
+		{"mem without memory", craft(t, false, with(dir("mem"), file("mem/x", "m")), ""), "unexpected entry", 0},
+		{"symlink escaping", craft(t, false, with(symlink("disk/etc/esc", "../../../x")), ""), "points out of the disk", 0},
+		{"write through symlink", craft(t, false, with(symlink("disk/l", "/tmp"), file("disk/l/x", "evil")), ""), "not in a directory", 0},
+		{"write through relative symlink", craft(t, false, with(symlink("disk/l", "etc"), file("disk/l/y", "evil")), ""), "not in a directory", 0},
+		{"hard link outside", craft(t, false, with(hardlink("disk/h", "/etc/passwd")), ""), "not an earlier file", 0},
+		{"hard link to dir", craft(t, false, with(hardlink("disk/h", "disk/etc")), ""), "not an earlier file", 0},
+		{"twice", craft(t, false, with(file("disk/etc/hostname", "again")), ""), "appears twice", 0},
+		{"no parent", craft(t, false, with(file("disk/nodir/x", "x")), ""), "not in a directory", 0},
+		{"symlink in mem", craft(t, true, with(dir("mem"), symlink("mem/x", "/etc/passwd")), ""), "not a file", 0},
+		{"no disk", craft(t, false, nil, ""), "no disk", 0},
+		{"too large", craft(t, false, with(file("disk/big", strings.Repeat("x", 1000))), ""), "larger than the space", 500},
+		{"fits", craft(t, false, with(file("disk/big", strings.Repeat("x", 1000))), ""), "", 2000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			parent := t.TempDir()
+			dest := filepath.Join(parent, "dest")
+			must(t, os.Mkdir(dest, 0o700))
+			_, err := ReadArchive(t.Context(), bytes.NewReader(tt.data), dest, tt.max)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("ReadArchive: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("ReadArchive accepted it, want an error with %q", tt.want)
+			}
+			if !errors.Is(err, ErrArchive) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("ReadArchive: %v; want an invalid error with %q", err, tt.want)
+			}
+			for _, p := range []string{filepath.Join(parent, "x"), "/tmp/x", "/tmp/y"} {
+				if b, err := os.ReadFile(p); err == nil && string(b) == "evil" {
+					t.Errorf("%s was written outside dest", p)
+				}
+			}
+		})
+	}
+}
+
+// sumsOf is the checksums entry craft would write for entries.
+func sumsOf(t *testing.T, entries []entry) string {
+	t.Helper()
+	data := craft(t, false, entries, "")
+	zr, err := zstd.NewReader(bytes.NewReader(data))
+	must(t, err)
+	defer zr.Close()
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		must(t, err)
+		if h.Name == SumsEntry {
+			var b bytes.Buffer
+			_, err := b.ReadFrom(tr)
+			must(t, err)
+			return b.String()
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package server
+
+import (
+	"context"
+	"io"
+	"net/http"
+
+	"loam.dev/loam/api"
+)
+
+// Templates is what the server needs to keep checkpoints as templates and
+// move them between hosts. It is an optional ability of Sandboxes, found by
+// a type check: a manager without it answers these routes with unavailable.
+type Templates interface {
+	CreateTemplate(ctx context.Context, req api.CreateTemplate) (*api.Template, error)
+	DeleteTemplate(ctx context.Context, name string) error
+	// ExportTemplate writes the template as one archive to w.
+	ExportTemplate(ctx context.Context, name string, w io.Writer) error
+	// ImportTemplate makes the template from an archive ExportTemplate wrote.
+	ImportTemplate(ctx context.Context, name string, r io.Reader) (*api.Template, error)
+}
+
+// ArchiveType is the media type of a template archive (a zstd-compressed tar).
+const ArchiveType = "application/zstd"
+
+func (s *Server) templateRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
+	v1("GET /v1/templates", s.listTemplates)
+	v1("POST /v1/templates", s.createTemplate)
+	v1("DELETE /v1/templates/{template}", s.deleteTemplate)
+	v1("GET /v1/templates/{template}/export", s.exportTemplate)
+	v1("PUT /v1/templates/{template}/import", s.importTemplate)
+}
+
+func (s *Server) templates() (Templates, error) {
+	t, ok := s.sandboxes.(Templates)
+	if !ok {
+		return nil, api.Errorf(api.CodeUnavailable, "this server keeps no templates of its own")
+	}
+	return t, nil
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, api.TemplateList{Templates: s.sandboxes.Templates(r.Context())})
+	return nil
+}
+
+func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.templates()
+	if err != nil {
+		return err
+	}
+	var req api.CreateTemplate
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	tpl, err := t.CreateTemplate(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, tpl)
+	return nil
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.templates()
+	if err != nil {
+		return err
+	}
+	if err := t.DeleteTemplate(r.Context(), r.PathValue("template")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// exportTemplate streams the archive. An error found before the first byte
+// is sent is an ordinary error response; one after it can only cut the
+// stream short, which the archive's checksums make sure an import notices.
+func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.templates()
+	if err != nil {
+		return err
+	}
+	lw := &lazyWriter{w: w}
+	err = t.ExportTemplate(r.Context(), r.PathValue("template"), lw)
+	if err != nil && !lw.started {
+		return err
+	}
+	if err != nil {
+		s.log.Error("template export cut short", "request_id", RequestID(r.Context()), "err", err)
+		panic(http.ErrAbortHandler) // the client must see a broken stream, not an end
+	}
+	if !lw.started {
+		lw.start()
+	}
+	return nil
+}
+
+// lazyWriter sends the response's headers with its first byte.
+type lazyWriter struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (l *lazyWriter) start() {
+	l.started = true
+	l.w.Header().Set("Content-Type", ArchiveType)
+	l.w.WriteHeader(http.StatusOK)
+}
+
+func (l *lazyWriter) Write(p []byte) (int, error) {
+	if !l.started {
+		l.start()
+	}
+	return l.w.Write(p)
+}
+
+func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.templates()
+	if err != nil {
+		return err
+	}
+	tpl, err := t.ImportTemplate(r.Context(), r.PathValue("template"), r.Body)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, tpl)
+	return nil
+}
