@@ -113,6 +113,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.secretCmd(),
 		a.urlCmd(),
 		a.networkCmd(),
+		a.benchCmd(),
 	)
 	root.AddCommand(extra...)
 	return root
