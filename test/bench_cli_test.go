@@ -41,7 +41,7 @@ func TestBenchCLI(t *testing.T) {
 	for _, r := range res.Rows {
 		rows[r.Op] = r
 	}
-	for _, op := range []string{"create/busybox", "exec", "checkpoint", "checkpoint-pause", "checkpoint-image", "fork", "fork-pss", "fork-rss"} {
+	for _, op := range []string{"create/busybox", "exec", "checkpoint", "checkpoint-pause", "checkpoint-image", "fork", "fork-pss", "fork-rss", "fork-disk"} {
 		r, ok := rows[op]
 		if !ok {
 			t.Errorf("no row %s in %s", op, out)

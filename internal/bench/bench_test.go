@@ -291,3 +291,13 @@ func TestRunRecords(t *testing.T) {
 		t.Error("ValidOps took teleport")
 	}
 }
+
+func TestParseBtrfsDu(t *testing.T) {
+	out := "     Total   Exclusive  Set shared  Filename\n 211812352     1576960   210235392  /x/volumes/sb-1\n"
+	if n, err := parseBtrfsDu(out); err != nil || n != 1576960 {
+		t.Errorf("parseBtrfsDu = %d, %v", n, err)
+	}
+	if _, err := parseBtrfsDu("ERROR: not btrfs"); err == nil {
+		t.Error("no error for a failure message")
+	}
+}

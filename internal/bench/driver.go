@@ -230,3 +230,55 @@ func hostMemory(id string) (pss, rss int, err error) {
 	}
 	return pss, rss, nil
 }
+
+// diskMeasurer is a Driver that can tell the host disk a sandbox holds of
+// its own: what is not shared with its template or checkpoint.
+type diskMeasurer interface {
+	OwnDisk(ctx context.Context, box string) (int64, error)
+}
+
+// OwnDisk implements diskMeasurer: the bytes only box's btrfs volume holds
+// (a fork's volume is a snapshot: it owns what it changed) plus its
+// sandbox directory (bundle, logs).
+func (d *LoamDriver) OwnDisk(ctx context.Context, box string) (int64, error) {
+	if d.dataDir == "" {
+		return 0, fmt.Errorf("measuring the disk of %s: %w", box, ErrUnsupported)
+	}
+	vol := ""
+	for _, root := range []string{filepath.Join(d.dataDir, "disk", "mnt"), filepath.Join(d.dataDir, "disk")} {
+		if _, err := os.Stat(filepath.Join(root, "volumes", box)); err == nil {
+			vol = filepath.Join(root, "volumes", box)
+			break
+		}
+	}
+	if vol == "" {
+		return 0, fmt.Errorf("measuring the disk of %s: no volume in %s", box, d.dataDir)
+	}
+	out, err := exec.CommandContext(ctx, "btrfs", "filesystem", "du", "-s", "--raw", vol).Output()
+	if err != nil {
+		return 0, fmt.Errorf("measuring the disk of %s: btrfs filesystem du: %w", box, err)
+	}
+	excl, err := parseBtrfsDu(string(out))
+	if err != nil {
+		return 0, fmt.Errorf("measuring the disk of %s: %w", box, err)
+	}
+	return excl + dirSize(filepath.Join(d.dataDir, "sandboxes", box)), nil
+}
+
+// parseBtrfsDu returns the Exclusive column of `btrfs filesystem du -s
+// --raw`: a header line, then "TOTAL EXCLUSIVE SET-SHARED PATH".
+func parseBtrfsDu(out string) (int64, error) {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) < 2 {
+		return 0, fmt.Errorf("btrfs filesystem du said %q", out)
+	}
+	f := strings.Fields(lines[len(lines)-1])
+	if len(f) < 3 {
+		return 0, fmt.Errorf("btrfs filesystem du said %q", out)
+	}
+	n, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("btrfs filesystem du said %q: %w", out, err)
+	}
+	return n, nil
+}

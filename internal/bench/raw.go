@@ -385,3 +385,10 @@ func (d *RawDriver) dropAll() {
 		os.RemoveAll(img)
 	}
 }
+
+// OwnDisk implements diskMeasurer: a raw container's own files are its
+// bundle and logs; its root is the shared template, its memory image the
+// shared checkpoint.
+func (d *RawDriver) OwnDisk(_ context.Context, box string) (int64, error) {
+	return dirSize(d.bundle(box)), nil
+}

@@ -18,7 +18,7 @@ var Ops = []string{"create", "exec", "checkpoint", "disk-checkpoint", "restore",
 // rowOrder is the order of rows in results: each op, then what it
 // measured besides time.
 var rowOrder = []string{"create", "exec", "checkpoint", "checkpoint-pause", "checkpoint-image",
-	"disk-checkpoint", "restore", "fork", "fork-pss", "fork-rss", "fork4", "fork4-pss", "fork16", "fork16-pss", "wake"}
+	"disk-checkpoint", "restore", "fork", "fork-pss", "fork-rss", "fork-disk", "fork4", "fork4-pss", "fork16", "fork16-pss", "wake"}
 
 // Config says what a run measures.
 type Config struct {
@@ -101,6 +101,11 @@ func Run(ctx context.Context, cfg Config, drivers []Driver) (*Result, error) {
 			slices.Reverse(order)
 		}
 		if r.want("create") {
+			if rep == 0 {
+				if err := r.warm(ctx, order); err != nil {
+					return nil, err
+				}
+			}
 			for _, tpl := range cfg.Templates {
 				for _, d := range order {
 					if err := r.create(ctx, d, tpl); err != nil {
@@ -139,6 +144,24 @@ func (r *runner) create(ctx context.Context, d Driver, tpl string) error {
 		return fmt.Errorf("%s: create %s: %w", d.Name(), tpl, err)
 	}
 	r.record("create/"+tpl, 0, d, UnitMS, ms(took))
+	return nil
+}
+
+// warm creates and deletes a sandbox of every template with every driver,
+// untimed: loam's first sandbox of a template imports the template into
+// its disk pool, which later creates do not pay.
+func (r *runner) warm(ctx context.Context, drivers []Driver) error {
+	for _, tpl := range r.cfg.Templates {
+		for _, d := range drivers {
+			box, err := d.Create(ctx, tpl, -1)
+			if box != "" {
+				err = errors.Join(err, d.Delete(ctx, box))
+			}
+			if err != nil {
+				return fmt.Errorf("%s: warming up %s: %w", d.Name(), tpl, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -262,6 +285,13 @@ func (r *runner) sequence(ctx context.Context, d Driver, mib int) (err error) {
 		}
 		r.record("fork-pss", mib, d, UnitMiB, float64(pss)/1024)
 		r.record("fork-rss", mib, d, UnitMiB, float64(rss)/1024)
+		if dm, ok := d.(diskMeasurer); ok {
+			n, err := dm.OwnDisk(ctx, forks[0])
+			if err != nil {
+				return err
+			}
+			r.record("fork-disk", mib, d, UnitMiB, float64(n)/(1<<20))
+		}
 		if err := r.drop(ctx, d, forks, &made); err != nil {
 			return err
 		}
