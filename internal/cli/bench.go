@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -37,6 +38,8 @@ type benchOptions struct {
 	plot          string
 	daemonLog     string
 	noRaw         bool
+	markdown      bool
+	from          string
 }
 
 // benchCmd is `loam bench`: loam against raw runsc, in one run.
@@ -84,6 +87,8 @@ under a --root of its own, all deleted afterwards. Needs root.`,
 	f.StringVar(&o.plot, "plot", "", "also draw time against memory size into this SVG file")
 	f.StringVar(&o.daemonLog, "daemon-log", "", "write the --private daemon's log to this file")
 	f.BoolVar(&o.noRaw, "no-raw", false, "measure loam alone")
+	f.BoolVar(&o.markdown, "markdown", false, "print a Markdown table")
+	f.StringVar(&o.from, "from", "", "measure nothing: show the result saved by an earlier --json in this file")
 	cmd.AddCommand(benchWorkloadCmd(), benchCheckCmd(), benchGapCmd())
 	return cmd
 }
@@ -96,6 +101,17 @@ func orDefault(s, def string) string {
 }
 
 func (a *app) bench(ctx context.Context, o benchOptions) (err error) {
+	if o.from != "" {
+		b, err := os.ReadFile(o.from)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		var res bench.Result
+		if err := json.Unmarshal(b, &res); err != nil {
+			return fmt.Errorf("bench: reading %s: %w", o.from, err)
+		}
+		return a.benchOutput(&res, o)
+	}
 	if err := bench.ValidOps(o.ops); err != nil {
 		return err
 	}
@@ -173,15 +189,25 @@ func (a *app) bench(ctx context.Context, o benchOptions) (err error) {
 	}
 	res.Command = "loam " + strings.Join(os.Args[1:], " ")
 	res.Host = hostDescription(runsc)
+	return a.benchOutput(res, o)
+}
+
+// benchOutput shows res as the flags ask: a plot file, and JSON, Markdown
+// or a table on stdout.
+func (a *app) benchOutput(res *bench.Result, o benchOptions) error {
 	if o.plot != "" {
 		if err := writePlot(o.plot, res); err != nil {
 			return err
 		}
 	}
-	if o.jsonOut {
+	switch {
+	case o.jsonOut:
 		return bench.WriteJSON(a.stdout, res)
+	case o.markdown:
+		return bench.WriteMarkdown(a.stdout, res)
+	default:
+		return bench.WriteTable(a.stdout, res)
 	}
-	return bench.WriteTable(a.stdout, res)
 }
 
 func writePlot(path string, res *bench.Result) error {
