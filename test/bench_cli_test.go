@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"loam.dev/loam/api"
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/bench"
 )
@@ -76,5 +78,36 @@ func TestBenchCLI(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(tmp); len(left) != 0 {
 		t.Errorf("raw runsc's directory left: %v", left)
+	}
+}
+
+// TestBenchChecker runs the bench's workload and memory check in a real
+// sandbox: the check passes on the memory the workload wrote and fails,
+// saying so, once one byte of it changed. A fast wrong answer fails a run.
+func TestBenchChecker(t *testing.T) {
+	d := startDaemon(t)
+	ctx := t.Context()
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "chk"}); err != nil {
+		t.Fatal(err)
+	}
+	loam := "/.loam/loam"
+	if _, err := d.C.CreateSession(ctx, "chk", api.ExecRequest{Cmd: []string{loam, "bench", "workload", "--mib", "4"}, Detachable: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, _, code, err := d.C.Output(ctx, "chk", "test", "-e", "/dev/shm/ready"); err == nil && code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the workload did not get ready")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	d.run("chk", loam, "bench", "check")
+	d.run("chk", "sh", "-c", "printf x | dd of=/dev/shm/blob bs=1 seek=1000 conv=notrunc 2>/dev/null")
+	_, errOut, code, err := d.C.Output(ctx, "chk", loam, "bench", "check")
+	if err != nil || code == 0 || !strings.Contains(string(errOut), "checksum mismatch") {
+		t.Fatalf("check of changed memory: code %d, err %v, stderr %q", code, err, errOut)
 	}
 }
