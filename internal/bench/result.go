@@ -193,7 +193,10 @@ func formatValue(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	case v >= 10:
 		return fmt.Sprintf("%.1f", v)
-	default:
+	case v >= 1 || v == 0:
 		return fmt.Sprintf("%.2f", v)
+	default:
+		// Three significant digits: a fork's own disk is a few KiB.
+		return fmt.Sprintf("%.3g", v)
 	}
 }
