@@ -70,6 +70,9 @@ func StartPrivate(ctx context.Context, cfg PrivateConfig) (*Private, error) {
 	if cfg.Log != nil {
 		p.cmd.Stdout, p.cmd.Stderr = cfg.Log, cfg.Log
 	}
+	// Its own process group: a Ctrl-C at the terminal stops the bench,
+	// which then deletes the sandboxes through the daemon before stopping it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting a private daemon: %w", err)
