@@ -115,6 +115,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.imageCmd(),
 		a.urlCmd(),
 		a.networkCmd(),
+		a.benchCmd(),
 	)
 	root.AddCommand(extra...)
 	return root
