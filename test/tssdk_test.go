@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/image/imagetest"
 )
 
 // tsCheckpointLimit is the daemon's checkpoint limit for the TypeScript
@@ -56,7 +57,13 @@ func TestTypeScriptSDK(t *testing.T) {
 	if err != nil || len(tests) == 0 {
 		t.Fatalf("no compiled tests in %s (%v)", filepath.Join(dir, "build", "test"), err)
 	}
-	run([]string{"LOAM_API_URL=" + d.URL, "LOAM_TOKEN=" + d.Token, "LOAM_CHECKPOINT_LIMIT=" + tsCheckpointLimit},
+	// A private registry on loopback with the image tests' busybox image,
+	// for the images test.
+	reg := imagetest.Registry(t, "ts-user", "ts-pass")
+	ref := reg + "/ts-bb:v1"
+	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t)), "ts-user", "ts-pass")
+	run([]string{"LOAM_API_URL=" + d.URL, "LOAM_TOKEN=" + d.Token, "LOAM_CHECKPOINT_LIMIT=" + tsCheckpointLimit,
+		"LOAM_TEST_REGISTRY=" + reg, "LOAM_TEST_IMAGE=" + ref, "LOAM_TEST_REGISTRY_USER=ts-user", "LOAM_TEST_REGISTRY_PASSWORD=ts-pass"},
 		"node", append([]string{"--test"}, tests...)...)
 
 	// Every test deletes what it made.
@@ -73,5 +80,12 @@ func TestTypeScriptSDK(t *testing.T) {
 	}
 	for _, s := range secrets {
 		t.Errorf("secret %s left behind by the TypeScript tests", s.Name)
+	}
+	images, err := d.C.ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, im := range images {
+		t.Errorf("image %s left behind by the TypeScript tests", im.Ref)
 	}
 }

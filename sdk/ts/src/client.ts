@@ -4,6 +4,8 @@ import { EventStream, PortStream } from './streams.js'
 import { CallOptions, Deadline, Endpoint, Transport, concat, seg } from './transport.js'
 import type {
   AccessToken,
+  Image,
+  Registry,
   Checkpoint,
   CreateCheckpoint,
   CreateSandbox,
@@ -199,6 +201,102 @@ export class Loam {
   /** deleteSecret deletes a secret; one a sandbox uses only with force. */
   async deleteSecret(name: string, opts: CallOptions & { force?: boolean } = {}): Promise<void> {
     await this.t.json('DELETE', `/v1/secrets/${seg('secret', name)}`, { ...opts, query: { force: opts.force ? 'true' : undefined } })
+  }
+
+  // Templates made from checkpoints.
+
+  /**
+   * createTemplate keeps a checkpoint as template name, memory included when
+   * it has some; it outlives the sandbox and the checkpoint.
+   */
+  createTemplate(name: string, from: { sandbox: string; checkpoint: string }, opts?: CallOptions): Promise<Template> {
+    return this.t.json<Template>('POST', '/v1/templates', { ...opts, body: { name, from } })
+  }
+
+  /** deleteTemplate deletes a checkpoint or image template no sandbox uses. */
+  async deleteTemplate(name: string, opts?: CallOptions): Promise<void> {
+    await this.t.json('DELETE', `/v1/templates/${seg('template', name)}`, opts)
+  }
+
+  /** exportTemplate streams template name as one archive (zstd tar with a manifest and checksums). */
+  async exportTemplate(name: string, opts?: CallOptions): Promise<ReadableStream<Uint8Array>> {
+    const d = new Deadline(opts)
+    let resp: Response
+    try {
+      resp = await this.t.fetch('GET', `/v1/templates/${seg('template', name)}/export`, d)
+    } catch (e) {
+      d.done()
+      throw e
+    }
+    const reader = resp.body?.getReader()
+    return new ReadableStream<Uint8Array>({
+      async pull(c) {
+        try {
+          const r = reader ? await reader.read() : { done: true as const, value: undefined }
+          if (r.done) {
+            d.done()
+            c.close()
+            return
+          }
+          c.enqueue(r.value)
+        } catch (e) {
+          d.done()
+          c.error(d.signal.aborted ? d.signal.reason : new StreamEndedError(`exporting ${name}: the transfer ended early: ${(e as Error).message}`, 1006))
+        }
+      },
+      cancel(reason) {
+        d.done()
+        return reader?.cancel(reason)
+      },
+    })
+  }
+
+  /** importTemplate loads an exported archive as template name; a damaged one is refused (InvalidError). */
+  async importTemplate(name: string, archive: Uint8Array | Blob | ReadableStream<Uint8Array>, opts?: CallOptions): Promise<Template> {
+    const d = new Deadline(opts)
+    try {
+      const resp = await this.t.fetch('PUT', `/v1/templates/${seg('template', name)}/import`, d, { body: archive, contentType: 'application/zstd' })
+      return (await resp.json()) as Template
+    } finally {
+      d.done()
+    }
+  }
+
+  // Images.
+
+  /** pullImage starts pulling an OCI image (a registry ref, OCI layout dir or docker save tarball); it answers at once. */
+  pullImage(ref: string, opts?: CallOptions): Promise<Image> {
+    return this.t.json<Image>('POST', '/v1/images', { ...opts, body: { ref } })
+  }
+
+  /** images lists the images. */
+  async images(opts?: CallOptions): Promise<Image[]> {
+    return (await this.t.json<{ images: Image[] | null }>('GET', '/v1/images', opts)).images ?? []
+  }
+
+  /** image gets one image, with its pull's progress in bytes. */
+  image(id: string, opts?: CallOptions): Promise<Image> {
+    return this.t.json<Image>('GET', `/v1/images/${seg('image', id)}`, opts)
+  }
+
+  /** deleteImage deletes an image no sandbox uses (ConflictError otherwise). */
+  async deleteImage(id: string, opts?: CallOptions): Promise<void> {
+    await this.t.json('DELETE', `/v1/images/${seg('image', id)}`, opts)
+  }
+
+  /** loginRegistry stores credentials for a registry (sealed like secrets). */
+  loginRegistry(registry: string, username: string, password: string, opts?: CallOptions): Promise<Registry> {
+    return this.t.json<Registry>('PUT', `/v1/registries/${seg('registry', registry)}`, { ...opts, body: { username, password } })
+  }
+
+  /** registries lists the registries with stored credentials (never their passwords). */
+  async registries(opts?: CallOptions): Promise<Registry[]> {
+    return (await this.t.json<{ registries: Registry[] | null }>('GET', '/v1/registries', opts)).registries ?? []
+  }
+
+  /** logoutRegistry forgets a registry's credentials. */
+  async logoutRegistry(registry: string, opts?: CallOptions): Promise<void> {
+    await this.t.json('DELETE', `/v1/registries/${seg('registry', registry)}`, opts)
   }
 }
 

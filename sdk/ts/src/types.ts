@@ -100,6 +100,39 @@ export interface Template {
   description: string
   default: boolean
   ready: boolean
+  /** builtin, image or checkpoint. */
+  kind: string
+  /** pending, building or ready. */
+  state: string
+  /** A checkpoint template with memory starts its sandboxes running, like a fork. */
+  memory: boolean
+  size_bytes: number
+  /** How many sandboxes use it. */
+  uses: number
+  /** The sandbox/checkpoint a checkpoint template was made from. */
+  from?: string
+  created_at?: string
+}
+
+/** An OCI image the daemon pulled (or is pulling). */
+export interface Image {
+  id: string
+  ref: string
+  digest?: string
+  /** pulling, ready or error. */
+  state: string
+  error?: string
+  /** Bytes to pull, and pulled so far. */
+  size: number
+  pulled: number
+  config: { env?: string[]; working_dir?: string; user?: string; entrypoint?: string[]; cmd?: string[] }
+  created_at: string
+}
+
+/** A registry the daemon holds credentials for (never the password). */
+export interface Registry {
+  registry: string
+  username: string
 }
 
 /** The token that opens a private sandbox's URL, and the URL. */

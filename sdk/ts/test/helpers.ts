@@ -1,7 +1,7 @@
 import type { TestContext } from 'node:test'
-import loam, { ConflictError, type CreateSandbox, type Sandbox } from '@loam/sdk'
+import loam, { ConflictError, NotFoundError, type CreateSandbox, type Sandbox } from '@loam/sdk'
 
-/** sandbox makes a sandbox for one test and deletes it when the test ends. */
+/** sandbox makes a sandbox for one test and deletes it when the test ends (unless the test did). */
 export async function sandbox(t: TestContext, name: string, req: CreateSandbox = {}): Promise<Sandbox> {
   const sb = await loam.create({ name, ...req })
   t.after(async () => {
@@ -10,6 +10,7 @@ export async function sandbox(t: TestContext, name: string, req: CreateSandbox =
       try {
         return await sb.delete()
       } catch (e) {
+        if (e instanceof NotFoundError) return // the test deleted it itself
         if (!(e instanceof ConflictError) || i === 50) throw e
         await new Promise((r) => setTimeout(r, 200))
       }
