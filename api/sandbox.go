@@ -127,6 +127,11 @@ type Template struct {
 	// Ready is true once the template is built and cached; the first sandbox
 	// of a template that is not ready waits for the build.
 	Ready bool `json:"ready"`
+	// Progress is how far the template's preparation (its build, then its
+	// import into the daemon's disk pool) has got, in percent: 100 once it
+	// is ready, 0 before it starts or while another daemon on the host
+	// builds it.
+	Progress int `json:"progress"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
