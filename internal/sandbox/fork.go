@@ -46,10 +46,10 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	disk := sb.Resources.DiskMiB // the request's, checked by newRecord, or the default
+	diskMiB := sb.Resources.DiskMiB // the request's, checked by newRecord, or the default
 	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
 	if req.Resources != nil && req.Resources.DiskMiB != 0 {
-		sb.Resources.DiskMiB = disk
+		sb.Resources.DiskMiB = diskMiB
 	}
 	if len(req.Secrets) == 0 && len(req.SecretFiles) == 0 {
 		// The seed: secrets come from the source unless the fork gives
