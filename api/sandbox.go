@@ -24,7 +24,8 @@ type Resources struct {
 	CPUs float64 `json:"cpus,omitempty"`
 	// MemoryMiB is the memory limit in MiB.
 	MemoryMiB int `json:"memory_mib,omitempty"`
-	// DiskMiB is the size the sandbox's disk may grow to, in MiB.
+	// DiskMiB is how much the sandbox may write to its disk, in MiB (see
+	// DiskUse).
 	DiskMiB int `json:"disk_mib,omitempty"`
 }
 
@@ -55,8 +56,29 @@ type Sandbox struct {
 	// Network is the sandbox's network policy.
 	Network NetworkPolicy `json:"network"`
 	// From is the checkpoint a fork was made from; empty for other sandboxes.
-	From      *ForkSource `json:"from,omitempty"`
-	CreatedAt time.Time   `json:"created_at"`
+	From *ForkSource `json:"from,omitempty"`
+	// Disk is how much of its disk the sandbox uses, read without waking
+	// it; in GET and the list of sandboxes only.
+	Disk      *DiskUse  `json:"disk,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// DiskUse is a sandbox's use of its disk against resources.disk_mib.
+type DiskUse struct {
+	// UsedBytes is what the sandbox has written since its disk was made
+	// (created, restored or forked), data that it deleted but one of its
+	// checkpoints still holds included; what it shares with its template
+	// or the checkpoint it came from is not counted. The counter lags
+	// writes by up to 30 s (the filesystem's commit interval). Absent where
+	// the daemon's disk pool keeps no counters.
+	UsedBytes *int64 `json:"used_bytes,omitempty"`
+	// LimitMiB is the limit, resources.disk_mib.
+	LimitMiB int `json:"limit_mib"`
+	// Enforced is true when a write beyond the limit fails inside the
+	// sandbox (EDQUOT, "Disk quota exceeded"); false where the disk pool
+	// cannot limit a sandbox (the plain-copy fallback, btrfs without
+	// quotas).
+	Enforced bool `json:"enforced"`
 }
 
 // ForkSource names the checkpoint a fork is made from: the source sandbox

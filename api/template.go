@@ -36,6 +36,11 @@ type Template struct {
 	Kind string `json:"kind"`
 	// State is TemplateReady, TemplatePending or TemplateBuilding.
 	State string `json:"state"`
+	// Progress is how far the template's preparation (its build, then its
+	// import into the daemon's disk pool) has got, in percent: 100 once it
+	// is ready, 0 before it starts or while another daemon on the host
+	// builds it.
+	Progress int `json:"progress"`
 	// Memory is true for a template with a memory image: a sandbox made
 	// from it starts with its processes running, like a fork.
 	Memory bool `json:"memory"`

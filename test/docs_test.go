@@ -28,7 +28,9 @@ package test
 // the page stands for any number of lines (zero included). Normalizing:
 //   - the terminal: its "\r\n" is "\n", and colour escapes (jq colours
 //     its output on a terminal) are dropped, as a terminal shows colours,
-//     not codes; trailing spaces are dropped;
+//     not codes; a line's carriage returns write what follows over it, as
+//     a terminal does (a progress bar drawn and cleared leaves spaces);
+//     trailing spaces are dropped;
 //   - times: 2026-10-12 05:17:36 and 2026-10-12T09:17:36.094927Z (any
 //     fraction, Z or an offset) are <time>;
 //   - ids made at random: sandbox ids sb-xxxxxxxxxxxx, session ids
@@ -332,7 +334,36 @@ func splitOutput(s string) []string {
 	if s == "" {
 		return nil
 	}
-	return strings.Split(s, "\n")
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = overwrite(l)
+	}
+	return lines
+}
+
+// overwrite is what a terminal shows of a line with carriage returns in
+// it: each one takes the cursor back to the start of the line, and what
+// follows is written over what was there. A progress bar, drawn, redrawn
+// and cleared that way, leaves spaces, which the comparison drops.
+func overwrite(line string) string {
+	if !strings.Contains(line, "\r") {
+		return line
+	}
+	var screen []rune
+	col := 0
+	for _, r := range line {
+		if r == '\r' {
+			col = 0
+			continue
+		}
+		if col < len(screen) {
+			screen[col] = r
+		} else {
+			screen = append(screen, r)
+		}
+		col++
+	}
+	return string(screen)
 }
 
 // The normalizing rules described at the top of this file.
@@ -472,6 +503,19 @@ func TestDocsNormalize(t *testing.T) {
 				t.Errorf("compareOutput(%q, %q) = %q; want equal: %v", tc.want, tc.got, diff, tc.equal)
 			}
 		})
+	}
+}
+
+// TestDocsOverwrite: a progress bar cleared on the terminal leaves nothing
+// of itself in what a command printed.
+func TestDocsOverwrite(t *testing.T) {
+	got := splitOutput("\rcreating scratch  |/| [1s]\r                              \r\rname:        scratch\r\nid: x\r\n")
+	want := []string{"name:        scratch", "id: x"}
+	if diff := compareOutput(want, got); diff != "" {
+		t.Errorf("splitOutput = %q; want %q: %s", got, want, diff)
+	}
+	if got := overwrite("abc\rX"); got != "Xbc" {
+		t.Errorf("overwrite(abc CR X) = %q, want Xbc", got)
 	}
 }
 

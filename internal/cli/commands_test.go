@@ -192,10 +192,10 @@ func TestTemplates(t *testing.T) {
 	_, srv := newFakeAPI(t)
 	r := runCLI(t, srv, "", false, nil, "templates")
 	want := "" +
-		"NAME  DEFAULT  READY  KIND               STATE    SIZE     USES  DESCRIPTION\n" +
-		"base  yes      yes    builtin            ready    -        2     Debian with Python and Node\n" +
-		"go    no       no     builtin            pending  -        0\n" +
-		"warm  no       yes    checkpoint+memory  ready    268 MiB  1     memory and disk of checkpoint scratch/v1\n"
+		"NAME  DEFAULT  READY  KIND               STATE    SIZE   USES  DESCRIPTION\n" +
+		"base  yes      yes    builtin            ready    -      2     Debian with Python and Node\n" +
+		"go    no       no     builtin            pending  -      0\n" +
+		"warm  no       yes    checkpoint+memory  ready    268Mi  1     memory and disk of checkpoint scratch/v1\n"
 	if r.code != 0 || r.stdout != want {
 		t.Errorf("exit %d, stdout:\n%q\nwant:\n%q", r.code, r.stdout, want)
 	}

@@ -99,7 +99,9 @@ func (a *app) copyIn(ctx context.Context, c *client.Client, src string, dst remo
 		if target != nil && target.Type == api.FileTypeDir {
 			return fmt.Errorf("%s:%s is a directory: name the file to write stdin to", dst.sandbox, dst.path)
 		}
-		_, err := c.WriteFile(ctx, dst.sandbox, dst.path, a.stdin, opts)
+		p := a.startProgress(copyDesc(dst), -1, true)
+		defer p.end()
+		_, err := c.WriteFile(ctx, dst.sandbox, dst.path, io.TeeReader(a.stdin, p), opts)
 		return err
 	}
 	fi, err := os.Stat(src)
@@ -117,14 +119,66 @@ func (a *app) copyIn(ctx context.Context, c *client.Client, src string, dst remo
 			return err
 		}
 		defer f.Close()
-		_, err = c.WriteFile(ctx, dst.sandbox, p, f, opts)
+		bar := a.startProgress(copyDesc(dst), fi.Size(), true)
+		defer bar.end()
+		_, err = c.WriteFile(ctx, dst.sandbox, p, statReader{io.TeeReader(f, bar), f}, opts)
 		return err
 	}
+	// The tar's size, known beforehand only on a terminal that shows it.
+	size := int64(-1)
+	if a.progressOut() != nil {
+		size = tarSize(src)
+	}
+	bar := a.startProgress(copyDesc(dst), size, true)
+	defer bar.end()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeLocalTar(pw, src)) }()
-	err = c.WriteArchive(ctx, dst.sandbox, p, pr, opts)
+	err = c.WriteArchive(ctx, dst.sandbox, p, io.TeeReader(pr, bar), opts)
 	pr.CloseWithError(errors.New("the upload ended"))
 	return err
+}
+
+// statReader reads through a progress's counter and has its file's Stat,
+// by which the client sends the file's length.
+type statReader struct {
+	io.Reader
+	f *os.File
+}
+
+func (s statReader) Stat() (fs.FileInfo, error) { return s.f.Stat() }
+
+// copyDesc is what a progress bar of a copy to or from r says.
+func copyDesc(r remote) string {
+	if r.sandbox == "" {
+		return "copying to " + r.path
+	}
+	return "copying to " + r.sandbox + ":" + r.path
+}
+
+// tarSize is about the size of writeLocalTar's tar of dir: a 512-byte
+// header per entry, each file's data rounded up to 512 bytes, and the two
+// blocks that end it (long names add a header more, uncounted). It is -1
+// when dir cannot be walked; the copy then says what went wrong.
+func tarSize(dir string) int64 {
+	size := int64(1024)
+	err := filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		size += 512
+		if de.Type().IsRegular() {
+			fi, err := de.Info()
+			if err != nil {
+				return err
+			}
+			size += (fi.Size() + 511) / 512 * 512
+		}
+		return nil
+	})
+	if err != nil {
+		return -1
+	}
+	return size
 }
 
 // writeLocalTar writes a tar of the local directory dir, symlinks as
@@ -197,6 +251,7 @@ func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst str
 			return err
 		}
 		defer r.Close()
+		// stdout holds the data, so it is no terminal and no bar is drawn.
 		_, err = io.Copy(a.stdout, r)
 		return err
 	}
@@ -209,14 +264,18 @@ func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst str
 			return err
 		}
 		defer r.Close()
-		return writeLocalFile(dst, r)
+		bar := a.startProgress(copyDesc(remote{path: dst}), info.Size, true)
+		defer bar.end()
+		return writeLocalFile(dst, io.TeeReader(r, bar))
 	}
 	r, err := c.ReadArchive(ctx, src.sandbox, src.path, opts)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	return extractLocal(r, dst)
+	bar := a.startProgress(copyDesc(remote{path: dst}), -1, true)
+	defer bar.end()
+	return extractLocal(io.TeeReader(r, bar), dst)
 }
 
 // writeLocalFile writes r to a temp file beside dst and renames it over

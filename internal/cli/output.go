@@ -115,7 +115,7 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	}
 	b.line("cpus", formatCPUs(sb.Resources.CPUs))
 	b.line("memory", formatMiB(sb.Resources.MemoryMiB))
-	b.line("disk", formatMiB(sb.Resources.DiskMiB))
+	b.line("disk", formatDisk(sb.Resources.DiskMiB, sb.Disk))
 	b.line("idle", sb.Idle)
 	b.line("http_port", formatPort(sb.HTTPPort))
 	b.line("env", formatKV(sb.Env))

@@ -229,3 +229,24 @@ func TestSandboxBlockSecrets(t *testing.T) {
 		}
 	}
 }
+
+func TestFormatDisk(t *testing.T) {
+	n := func(v int64) *int64 { return &v }
+	for _, tc := range []struct {
+		limit int
+		d     *api.DiskUse
+		want  string
+	}{
+		{4096, nil, "4Gi"},
+		{4096, &api.DiskUse{LimitMiB: 4096}, "4Gi (not enforced)"},
+		{4096, &api.DiskUse{LimitMiB: 4096, UsedBytes: n(12 << 20), Enforced: true}, "12Mi used of 4Gi"},
+		{512, &api.DiskUse{LimitMiB: 512, UsedBytes: n(16384), Enforced: true}, "16Ki used of 512Mi"},
+		{512, &api.DiskUse{LimitMiB: 512, UsedBytes: n(3 << 29), Enforced: true}, "1.5Gi used of 512Mi"},
+		{512, &api.DiskUse{LimitMiB: 512, UsedBytes: n(100)}, "100B used of 512Mi (not enforced)"},
+		{0, &api.DiskUse{}, ""},
+	} {
+		if got := formatDisk(tc.limit, tc.d); got != tc.want {
+			t.Errorf("formatDisk(%d, %+v) = %q, want %q", tc.limit, tc.d, got, tc.want)
+		}
+	}
+}

@@ -66,7 +66,9 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 				return err
 			}
 			req.Network = net.policy(cmd.Flags())
+			end := a.watchCreate(cmd.Context(), c, req.Name, req.Template)
 			sb, err := c.CreateSandbox(cmd.Context(), req)
+			end()
 			if err != nil {
 				return err
 			}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"loam.dev/loam/api"
 )
 
 // sizeUnits are the suffixes parseSize accepts, in MiB. Decimal-looking
@@ -47,4 +49,37 @@ func formatMiB(mib int) string {
 	default:
 		return fmt.Sprintf("%dMi", mib)
 	}
+}
+
+// formatBytes shows a byte count in binary units, to one decimal under 10:
+// 512B, 3.4Ki, 12Mi, 1.5Gi.
+func formatBytes(n int64) string {
+	units := []string{"B", "Ki", "Mi", "Gi", "Ti"}
+	f, i := float64(n), 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	if i == 0 || f >= 10 {
+		return fmt.Sprintf("%.0f%s", f, units[i])
+	}
+	return fmt.Sprintf("%.1f%s", f, units[i])
+}
+
+// formatDisk shows a sandbox's disk limit and, where the daemon measures
+// it, its use: "12Mi used of 4Gi", or "4Gi (not enforced)" on a disk pool
+// that cannot limit sandboxes.
+func formatDisk(limitMiB int, d *api.DiskUse) string {
+	limit := formatMiB(limitMiB)
+	switch {
+	case d == nil || limit == "":
+		return limit
+	case d.UsedBytes == nil && !d.Enforced:
+		return limit + " (not enforced)"
+	case d.UsedBytes == nil:
+		return limit
+	case !d.Enforced:
+		return formatBytes(*d.UsedBytes) + " used of " + limit + " (not enforced)"
+	}
+	return formatBytes(*d.UsedBytes) + " used of " + limit
 }

@@ -58,24 +58,6 @@ func (a *app) templateLsCmd() *cobra.Command {
 	return cmd
 }
 
-// formatBytes writes a size as people read it: 1.5 GiB, 212 MiB, 3 KiB.
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	v := float64(n) / float64(div)
-	if v < 10 {
-		return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[exp])
-	}
-	return fmt.Sprintf("%.0f %ciB", v, "KMGTPE"[exp])
-}
-
 func (a *app) templateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "template",

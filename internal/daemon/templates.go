@@ -27,13 +27,14 @@ func newTemplates(pool disk.Pool, cacheDir, def string, log *slog.Logger) *templ
 		building: map[string]int{}}
 }
 
-// List lists the templates; Ready says which are imported already.
+// List lists the templates; Ready says which are imported already, and
+// Progress how far the others have got.
 func (t *templates) List(ctx context.Context) []api.Template {
 	var out []api.Template
 	for _, tp := range disk.Templates() {
 		ready, _ := t.pool.HasTemplate(ctx, tp.Name)
 		v := api.Template{Name: tp.Name, Description: tp.Description, Default: tp.Name == t.def, Ready: ready,
-			Kind: api.TemplateBuiltin, State: api.TemplatePending}
+			Kind: api.TemplateBuiltin, State: api.TemplatePending, Progress: t.progress(tp.Name, ready)}
 		t.mu.Lock()
 		switch {
 		case ready:
@@ -45,6 +46,17 @@ func (t *templates) List(ctx context.Context) []api.Template {
 		out = append(out, v)
 	}
 	return out
+}
+
+// progress is a template's Progress in percent.
+func (t *templates) progress(name string, ready bool) int {
+	if ready {
+		return 100
+	}
+	f, _ := t.cache.Progress(name)
+	// Never 100 before it is ready: the import may have just ended, but
+	// HasTemplate said no.
+	return min(int(f*100), 99)
 }
 
 // Ensure builds (once per host) and imports (once per pool) a template.

@@ -107,3 +107,70 @@ func BenchmarkPool(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkQuotas times what a sandbox's life does to its disk with 300
+// other volumes of one template on the filesystem, each with 1 MiB of its
+// own: create (snapshot of the template, plus setting the limit where
+// quotas are on), snapshot for a checkpoint, and delete; under btrfs simple
+// quotas (what the pool uses), classic qgroups, and no quotas.
+func BenchmarkQuotas(b *testing.B) {
+	requireBtrfs(b)
+	const volumes = 300
+	tpl, err := disk.FindTemplate("busybox")
+	must(b, err)
+	var cache disk.Cache
+	src, err := cache.EnsureBuilt(b.Context(), b.TempDir(), tpl)
+	must(b, err)
+	for _, mode := range []struct{ name, quota string }{
+		{"none", disk.QuotaNone}, {"squota", disk.QuotaSimple}, {"qgroup", disk.QuotaClassic},
+	} {
+		b.Run(mode.name, func(b *testing.B) {
+			ctx := b.Context()
+			p := newBtrfsQuotas(b, 8<<30, mode.quota)
+			if p.Quotas() != mode.quota {
+				b.Fatalf("quota mode %q, want %q", p.Quotas(), mode.quota)
+			}
+			must(b, p.ImportTemplate(ctx, "t", src))
+			// newVolume is a sandbox's create: the volume, then its limit.
+			newVolume := func(id string) string {
+				v, err := p.CreateVolume(ctx, id, "t")
+				must(b, err)
+				if mode.quota != "" {
+					must(b, p.SetLimit(ctx, id, 256*mib))
+				}
+				return v
+			}
+			for i := range volumes {
+				must(b, fill(filepath.Join(newVolume(fmt.Sprint("n", i)), "data"), 1))
+			}
+			b.Run("CreateVolume", func(b *testing.B) {
+				for i := 0; b.Loop(); i++ {
+					newVolume(fmt.Sprint("c", i))
+					b.StopTimer()
+					must(b, p.DeleteVolume(ctx, fmt.Sprint("c", i)))
+					b.StartTimer()
+				}
+			})
+			b.Run("Snapshot", func(b *testing.B) {
+				for i := 0; b.Loop(); i++ {
+					b.StopTimer()
+					v := p.VolumePath(fmt.Sprint("n", i%volumes))
+					must(b, os.WriteFile(filepath.Join(v, "counter"), []byte(fmt.Sprint(i)), 0o644))
+					b.StartTimer()
+					must(b, p.Snapshot(ctx, fmt.Sprint("n", i%volumes), fmt.Sprint("s", i)))
+					b.StopTimer()
+					must(b, p.DeleteSnapshot(ctx, fmt.Sprint("s", i)))
+					b.StartTimer()
+				}
+			})
+			b.Run("DeleteVolume", func(b *testing.B) {
+				for i := 0; b.Loop(); i++ {
+					b.StopTimer()
+					must(b, fill(filepath.Join(newVolume(fmt.Sprint("d", i)), "data"), 1))
+					b.StartTimer()
+					must(b, p.DeleteVolume(ctx, fmt.Sprint("d", i)))
+				}
+			})
+		})
+	}
+}

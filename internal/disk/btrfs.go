@@ -37,9 +37,18 @@ type Btrfs struct {
 	// existing directory as destination, `btrfs subvolume snapshot` puts
 	// the snapshot inside it instead of failing.
 	locks keyedLock
+
+	// sys is the filesystem's directory in /sys/fs/btrfs, where quota
+	// counters are read; quota is its quota mode, "" when quotas are off
+	// (see initQuotas).
+	sys   string
+	quota string
 }
 
-var _ Pool = (*Btrfs)(nil)
+var (
+	_ Pool    = (*Btrfs)(nil)
+	_ Limiter = (*Btrfs)(nil)
+)
 
 // imageName and mountName are the loop image and its mount point in a
 // pool directory that is not on btrfs.
@@ -53,7 +62,18 @@ const (
 // sizeBytes <= 0) and formats it once, and mounts it at dir/mnt unless it
 // is already mounted there (after a daemon restart). On error nothing stays
 // mounted that was not mounted before.
-func NewBtrfs(ctx context.Context, dir string, sizeBytes int64) (_ *Btrfs, err error) {
+//
+// On its own image the pool turns on btrfs simple quotas, so that volumes
+// can be limited (see Limiter); a filesystem it shares with others keeps
+// the quota mode it has (see initQuotas).
+func NewBtrfs(ctx context.Context, dir string, sizeBytes int64) (*Btrfs, error) {
+	return newBtrfs(ctx, dir, sizeBytes, quotaSimple)
+}
+
+// newBtrfs is NewBtrfs turning on quotas of mode (quotaSimple,
+// quotaClassic, or "" for none) on the pool's own image. Benchmarks compare
+// the modes.
+func newBtrfs(ctx context.Context, dir string, sizeBytes int64, mode string) (_ *Btrfs, err error) {
 	for _, tool := range []string{"btrfs", "mkfs.btrfs", "losetup", "mount", "umount"} {
 		if _, err := exec.LookPath(lookTool(tool)); err != nil {
 			return nil, fmt.Errorf("opening btrfs pool in %s: %w", dir, err)
@@ -103,6 +123,9 @@ func NewBtrfs(ctx context.Context, dir string, sizeBytes int64) (_ *Btrfs, err e
 		return nil, fmt.Errorf("opening btrfs pool in %s: %w", dir, err)
 	}
 	if err := b.clearTemp(ctx); err != nil {
+		return nil, fmt.Errorf("opening btrfs pool in %s: %w", dir, err)
+	}
+	if err := b.initQuotas(ctx, mode); err != nil {
 		return nil, fmt.Errorf("opening btrfs pool in %s: %w", dir, err)
 	}
 	if err := writeKind(dir, KindBtrfs); err != nil {

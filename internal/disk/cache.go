@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +29,70 @@ import (
 // The zero Cache is ready to use and safe for concurrent use.
 type Cache struct {
 	imports keyedLock // one import per pool and template at a time
+
+	mu       sync.Mutex
+	progress map[string]*preparation // by template name, those under way in this process
+}
+
+// preparation is how far the preparation of a template has got, and how
+// many callers are at it (EnsureTemplate calls EnsureBuilt: both count).
+type preparation struct {
+	done  float64
+	users int
+}
+
+// Shares of a template's preparation (see Cache.Progress) after its build,
+// which reports up to buildShare, and before its import into a pool.
+const (
+	buildShare  = 0.95
+	importShare = 0.97
+)
+
+// Progress reports how far the preparation of template name (its build
+// and its import into a pool, by EnsureBuilt or EnsureTemplate) has got in
+// this process, from 0 to 1, and false when none is under way here. A
+// build another process runs, which this one waits for, stays at 0.
+func (c *Cache) Progress(name string) (float64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.progress[name]; ok {
+		return p.done, true
+	}
+	return 0, false
+}
+
+// start records that the preparation of template name is under way and
+// returns the function that reports its progress and the one that ends it.
+// Several preparations of one name at once share the figure.
+func (c *Cache) start(ctx context.Context, name string) (report func(float64), end func()) {
+	c.mu.Lock()
+	if c.progress == nil {
+		c.progress = map[string]*preparation{}
+	}
+	p, ok := c.progress[name]
+	if !ok {
+		p = &preparation{}
+		c.progress[name] = p
+	}
+	p.users++
+	c.mu.Unlock()
+	report = func(f float64) {
+		c.mu.Lock()
+		prev := p.done
+		p.done = max(p.done, f)
+		c.mu.Unlock()
+		// A line every tenth, for whoever watches the daemon's log.
+		if int(f*10) > int(prev*10) {
+			slog.InfoContext(ctx, "building template", "template", name, "progress", fmt.Sprintf("%.0f%%", f*100))
+		}
+	}
+	return report, func() {
+		c.mu.Lock()
+		if p.users--; p.users == 0 {
+			delete(c.progress, name)
+		}
+		c.mu.Unlock()
+	}
 }
 
 // lockPoll is how often a build waits for another process's build lock;
@@ -88,12 +153,15 @@ func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (s
 	}
 	slog.InfoContext(ctx, "building template", "template", t.Name, "dir", dir)
 	start := time.Now()
-	if err := t.Build(ctx, tmp); err != nil {
+	report, end := c.start(ctx, t.Name)
+	defer end()
+	if err := t.Build(WithProgress(ctx, func(f float64) { report(f * buildShare) }), tmp); err != nil {
 		if rerr := removeTree(tmp); rerr != nil {
 			slog.WarnContext(ctx, "removing failed template build", "dir", tmp, "err", rerr)
 		}
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
+	report(buildShare)
 	if err := syncFS(tmp); err != nil {
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
@@ -123,10 +191,13 @@ func (c *Cache) EnsureTemplate(ctx context.Context, pool Pool, cacheDir string, 
 	if ok {
 		return nil
 	}
+	report, end := c.start(ctx, t.Name)
+	defer end()
 	dir, err := c.EnsureBuilt(ctx, cacheDir, t)
 	if err != nil {
 		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
 	}
+	report(importShare)
 	if err := pool.ImportTemplate(ctx, t.Name, dir); err != nil {
 		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
 	}

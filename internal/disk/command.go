@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -23,7 +24,16 @@ const maxStderr = 2048
 // children too (debootstrap runs dpkg in a chroot; killing only debootstrap
 // would leave dpkg writing into a tree we are about to remove).
 func run(ctx context.Context, name string, args ...string) (string, error) {
+	return runFd3(ctx, nil, name, args...)
+}
+
+// runFd3 is run with the command's file descriptor 3 writing to fd3 (nil:
+// none open), where debootstrap --debian-installer reports its progress.
+func runFd3(ctx context.Context, fd3 *os.File, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, lookTool(name), args...)
+	if fd3 != nil {
+		cmd.ExtraFiles = []*os.File{fd3}
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr

@@ -52,8 +52,15 @@ func newBtrfs(t testing.TB) *disk.Btrfs {
 // newBtrfsSized is newBtrfs with an image of size bytes (sparse).
 func newBtrfsSized(t testing.TB, size int64) *disk.Btrfs {
 	t.Helper()
+	return newBtrfsQuotas(t, size, disk.QuotaSimple)
+}
+
+// newBtrfsQuotas is newBtrfsSized with quotas of mode turned on (see
+// disk.NewBtrfsWithQuotas).
+func newBtrfsQuotas(t testing.TB, size int64, mode string) *disk.Btrfs {
+	t.Helper()
 	requireBtrfs(t)
-	p, err := disk.NewBtrfs(context.Background(), t.TempDir(), size)
+	p, err := disk.NewBtrfsWithQuotas(context.Background(), t.TempDir(), size, mode)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,11 +69,14 @@ func baseTemplate() Template {
 	}
 }
 
+// debootstrapShare is the part of the base template's build that
+// debootstrap takes, for its progress; copying the tree into a pool takes
+// most of the rest.
+const debootstrapShare = 0.9
+
 func buildBase(ctx context.Context, dir string) error {
-	args := append(append([]string{}, debootstrapArgs...), debianSuite, dir, debianMirror)
-	if _, err := run(ctx, "debootstrap", args...); err != nil {
-		// debootstrap's stderr often just says to see its log.
-		return fmt.Errorf("building base template: %w%s", err, logTail(filepath.Join(dir, "debootstrap", "debootstrap.log")))
+	if err := debootstrap(ctx, dir); err != nil {
+		return fmt.Errorf("building base template: %w", err)
 	}
 	if err := addUser(dir, "/bin/bash"); err != nil {
 		return fmt.Errorf("building base template: %w", err)
@@ -96,6 +99,33 @@ func buildBase(ctx context.Context, dir string) error {
 				return fmt.Errorf("building base template: removing apt caches: %w", err)
 			}
 		}
+	}
+	return nil
+}
+
+// debootstrap runs debootstrap into dir, reporting its progress (see
+// debootstrapProgress) as the first debootstrapShare of the build's.
+// --debian-installer changes only how debootstrap reports (progress lines
+// on fd 3, the full log on stdout and stderr), not what it installs, so
+// it is not part of the recipe.
+func debootstrap(ctx context.Context, dir string) error {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("running debootstrap: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		debootstrapProgress(pr, func(f float64) { ReportProgress(ctx, f*debootstrapShare) })
+	}()
+	args := append(append([]string{"--debian-installer"}, debootstrapArgs...), debianSuite, dir, debianMirror)
+	_, err = runFd3(ctx, pw, "debootstrap", args...)
+	pw.Close() // the child has its own copy; the reader ends when it exits
+	<-done
+	pr.Close()
+	if err != nil {
+		// debootstrap's own output often just says to see its log.
+		return fmt.Errorf("%w%s", err, logTail(filepath.Join(dir, "debootstrap", "debootstrap.log")))
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package disk_test
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -225,5 +226,39 @@ func checkPerm(t *testing.T, path string, want os.FileMode) {
 	}
 	if got := fi.Mode() & (os.ModeType | os.ModePerm | os.ModeSticky); got != want {
 		t.Errorf("%s: mode %v, want %v", path, got, want)
+	}
+}
+
+// TestCacheProgress: a build's own reports are the first 95% of its
+// template's preparation, seen by Progress while it runs; none is under way
+// before or after.
+func TestCacheProgress(t *testing.T) {
+	var cache disk.Cache
+	reported, finish := make(chan struct{}), make(chan struct{})
+	tpl := disk.Template{
+		Name:   "slow",
+		Recipe: "slow/1",
+		Build: func(ctx context.Context, dir string) error {
+			disk.ReportProgress(ctx, 0.5)
+			disk.ReportProgress(ctx, 0.25) // never goes down
+			close(reported)
+			<-finish
+			return os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644)
+		},
+	}
+	if _, ok := cache.Progress("slow"); ok {
+		t.Fatal("progress of a template not being prepared")
+	}
+	pool := newCopy(t)
+	errc := make(chan error, 1)
+	go func() { errc <- cache.EnsureTemplate(t.Context(), pool, t.TempDir(), tpl) }()
+	<-reported
+	if got, ok := cache.Progress("slow"); !ok || math.Abs(got-0.5*0.95) > 1e-9 {
+		t.Errorf("Progress during the build = %v, %v; want %v, true", got, ok, 0.5*0.95)
+	}
+	close(finish)
+	must(t, <-errc)
+	if got, ok := cache.Progress("slow"); ok {
+		t.Errorf("Progress after the build = %v, want none under way", got)
 	}
 }

@@ -426,6 +426,9 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	if _, err := m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), sb.ID); err != nil {
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
+	if err := m.limitDisk(ctx, sb); err != nil {
+		return fmt.Errorf("putting the disk back: %w", err)
+	}
 	if !cp.Memory {
 		return m.boot(ctx, sb, false)
 	}

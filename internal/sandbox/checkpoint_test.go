@@ -639,3 +639,40 @@ func TestFailedCheckpointSetsLimitsAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestForkDiskLimit: a fork takes its source's disk limit unless it gives
+// its own, and only that of the resources; the copy pool says the limit is
+// not enforced.
+func TestForkDiskLimit(t *testing.T) {
+	e := newEnv(t)
+	src := e.create(api.CreateSandbox{Name: "src", Resources: &api.Resources{CPUs: 2, MemoryMiB: 1024, DiskMiB: 2048}})
+	e.checkpoint("src", false)
+	from := &api.ForkSource{Sandbox: "src", Checkpoint: "v1"}
+	for _, tc := range []struct {
+		name string
+		res  *api.Resources
+		want int
+	}{
+		{"source's", nil, 2048},
+		{"own", &api.Resources{DiskMiB: 512}, 512},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fork, err := e.m.Create(e.ctx, api.CreateSandbox{From: from, Resources: tc.res})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := src.Resources
+			want.DiskMiB = tc.want
+			if fork.Resources != want {
+				t.Errorf("fork's resources %+v, want %+v", fork.Resources, want)
+			}
+			got, err := e.m.Get(e.ctx, fork.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Disk == nil || got.Disk.LimitMiB != tc.want || got.Disk.Enforced || got.Disk.UsedBytes != nil {
+				t.Errorf("fork's disk %+v, want limit %d, not enforced nor measured on the copy pool", got.Disk, tc.want)
+			}
+		})
+	}
+}

@@ -11,14 +11,18 @@ import (
 )
 
 // errForkSettings is the seed's message for a fork that names what it must
-// take from the checkpoint.
+// take from the checkpoint. Only resources.disk_mib may be given: a fork's
+// disk limit is its own.
 var errForkSettings = api.Errorf(api.CodeInvalid, "a fork takes its template or image and its resources from the checkpoint; don't give them")
 
 // fork makes a new, independent sandbox from a checkpoint: a copy of its
 // disk and, for a memory checkpoint, its memory, so the source's processes
 // run on in the fork. Many forks of one checkpoint may be made at once.
 func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
-	if req.Template != "" || req.Image != "" || req.Resources != nil {
+	// Memory must match the checkpoint's (a restore into less fails), but
+	// the disk limit is the fork's own.
+	if req.Template != "" || req.Image != "" ||
+		(req.Resources != nil && (req.Resources.CPUs != 0 || req.Resources.MemoryMiB != 0 || req.Resources.DiskMiB == 0)) {
 		return nil, errForkSettings
 	}
 	if len(req.Services) > 0 {
@@ -42,6 +46,7 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 	if err != nil {
 		return nil, err
 	}
+	diskMiB := sb.Resources.DiskMiB // the request's, checked by newRecord, or the default
 	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
 	if sb.Image != "" {
 		// The image's env is part of every sandbox of it, a fork's too.
@@ -53,6 +58,9 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 			return nil, fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err)
 		}
 		sb.Env = imageEnv(res.Config, req.Env)
+	}
+	if req.Resources != nil && req.Resources.DiskMiB != 0 {
+		sb.Resources.DiskMiB = diskMiB
 	}
 	if len(req.Secrets) == 0 && len(req.SecretFiles) == 0 {
 		// The seed: secrets come from the source unless the fork gives
@@ -86,6 +94,9 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 // the checkpoint's memory, or fresh on the disk for a disk-only checkpoint.
 func (m *Manager) bootFork(ctx context.Context, sb *store.Sandbox, src *store.Sandbox, cp *store.Checkpoint) error {
 	if _, err := m.disks.CloneSnapshot(ctx, snapName(src.ID, cp.ID), sb.ID); err != nil {
+		return fmt.Errorf("copying the disk: %w", err)
+	}
+	if err := m.limitDisk(ctx, sb); err != nil {
 		return fmt.Errorf("copying the disk: %w", err)
 	}
 	if !cp.Memory {

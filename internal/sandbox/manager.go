@@ -229,7 +229,9 @@ func (m *Manager) Get(ctx context.Context, ref string) (*api.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return m.view(sb), nil
+	v := m.view(sb)
+	v.Disk = m.diskUse(ctx, sb)
+	return v, nil
 }
 
 // List lists sandboxes, oldest first, filtered by labels.
@@ -240,7 +242,9 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.San
 	}
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, sb := range sbs {
-		out = append(out, *m.view(sb))
+		v := m.view(sb)
+		v.Disk = m.diskUse(ctx, sb)
+		out = append(out, *v)
 	}
 	return out, nil
 }
@@ -532,6 +536,9 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 			return fmt.Errorf("making disk: %w", err)
 		}
 		if err := personalize(root, sb.Name); err != nil {
+			return fmt.Errorf("making disk: %w", err)
+		}
+		if err := m.limitDisk(ctx, sb); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
 	}

@@ -132,7 +132,7 @@ func (m *Manager) keptView(man *checkpoint.Manifest, uses int) api.Template {
 	created := man.CreatedAt
 	return api.Template{
 		Name: man.Name, Description: desc, Ready: true,
-		Kind: api.TemplateCheckpoint, State: api.TemplateReady, Memory: man.Memory,
+		Kind: api.TemplateCheckpoint, State: api.TemplateReady, Progress: 100, Memory: man.Memory,
 		SizeBytes: man.SizeBytes, Uses: uses, From: man.From, CreatedAt: &created,
 	}
 }

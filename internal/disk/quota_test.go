@@ -1,0 +1,178 @@
+package disk_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/internal/disk"
+)
+
+const mib = 1 << 20
+
+// fill writes n MiB to a new file at path and syncs it, returning the first
+// error.
+func fill(path string, n int) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, mib)
+	for i := 0; i < n && err == nil; i++ {
+		_, err = f.Write(buf)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// commit makes btrfs commit its transaction, which is when it updates the
+// quota counters.
+func commit(t testing.TB, path string) {
+	t.Helper()
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	must(t, err)
+	defer unix.Close(fd)
+	must(t, unix.Syncfs(fd))
+}
+
+// use is volume id's use and limit, failing the test on error.
+func use(t testing.TB, p disk.Limiter, id string) (used, limit int64) {
+	t.Helper()
+	used, limit, err := p.DiskUse(t.Context(), id)
+	must(t, err)
+	return used, limit
+}
+
+// TestBtrfsQuota is the disk side of resources.disk_mib: a volume that
+// fills its limit gets EDQUOT, a neighbour does not, the template's data is
+// not counted, a full volume can still be snapshotted, and a clone of the
+// snapshot starts with nothing used and no limit of its own.
+func TestBtrfsQuota(t *testing.T) {
+	p := newBtrfs(t)
+	ctx := t.Context()
+	if p.Quotas() != "squota" {
+		t.Fatalf("Quotas() = %q on the pool's own image, want squota", p.Quotas())
+	}
+	src := t.TempDir()
+	must(t, fill(filepath.Join(src, "big"), 24)) // more than the limit below
+	must(t, p.ImportTemplate(ctx, "t", src))
+	full, err := p.CreateVolume(ctx, "full", "t")
+	must(t, err)
+	next, err := p.CreateVolume(ctx, "next", "t")
+	must(t, err)
+	const limit = 16 * mib
+	must(t, p.SetLimit(ctx, "full", limit))
+
+	commit(t, full)
+	if used, l := use(t, p, "full"); used > mib || l != limit {
+		t.Errorf("new volume: used %d, limit %d; want under 1 MiB (the template's 24 MiB not counted) and %d", used, l, limit)
+	}
+
+	err = fill(filepath.Join(full, "f"), 32)
+	if !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("writing 32 MiB into a volume limited to 16 MiB: %v, want EDQUOT", err)
+	}
+	commit(t, full)
+	if used, _ := use(t, p, "full"); used < limit-mib || used > limit {
+		t.Errorf("full volume uses %d bytes, want about its limit %d", used, limit)
+	}
+
+	// The neighbour, with no limit, writes more than the full one could.
+	must(t, fill(filepath.Join(next, "f"), 24))
+	commit(t, next)
+	if used, l := use(t, p, "next"); used < 24*mib || used > 25*mib || l != 0 {
+		t.Errorf("neighbour: used %d, limit %d; want 24 MiB and a bit, and no limit", used, l)
+	}
+
+	// A checkpoint of the full volume, and a restore or fork from it.
+	must(t, p.Snapshot(ctx, "full", "s"))
+	clone, err := p.CloneSnapshot(ctx, "s", "clone")
+	must(t, err)
+	commit(t, clone)
+	if used, l := use(t, p, "clone"); used > mib || l != 0 {
+		t.Errorf("clone: used %d, limit %d; want under 1 MiB and none until set", used, l)
+	}
+	must(t, p.SetLimit(ctx, "clone", limit))
+	if err := fill(filepath.Join(clone, "g"), 32); !errors.Is(err, syscall.EDQUOT) {
+		t.Errorf("writing 32 MiB into a clone limited to 16 MiB: %v, want EDQUOT", err)
+	}
+
+	// Lifting the limit lets the full volume write again.
+	must(t, p.SetLimit(ctx, "full", 0))
+	must(t, fill(filepath.Join(full, "more"), 4))
+	if _, l := use(t, p, "full"); l != 0 {
+		t.Errorf("limit after lifting it = %d, want 0", l)
+	}
+
+	if err := p.SetLimit(ctx, "missing", limit); !errors.Is(err, disk.ErrNotFound) {
+		t.Errorf("SetLimit of a missing volume: %v, want ErrNotFound", err)
+	}
+	if _, _, err := p.DiskUse(ctx, "missing"); !errors.Is(err, disk.ErrNotFound) {
+		t.Errorf("DiskUse of a missing volume: %v, want ErrNotFound", err)
+	}
+}
+
+// TestBtrfsNoQuotas: a pool whose filesystem keeps no quotas says so
+// rather than pretending to limit.
+func TestBtrfsNoQuotas(t *testing.T) {
+	p := newBtrfsQuotas(t, 1<<30, disk.QuotaNone)
+	ctx := t.Context()
+	if p.Quotas() != "" {
+		t.Fatalf("Quotas() = %q with none turned on", p.Quotas())
+	}
+	must(t, p.ImportTemplate(ctx, "t", t.TempDir()))
+	_, err := p.CreateVolume(ctx, "v", "t")
+	must(t, err)
+	if err := p.SetLimit(ctx, "v", mib); !errors.Is(err, disk.ErrNoQuotas) {
+		t.Errorf("SetLimit without quotas: %v, want ErrNoQuotas", err)
+	}
+	if _, _, err := p.DiskUse(ctx, "v"); !errors.Is(err, disk.ErrNoQuotas) {
+		t.Errorf("DiskUse without quotas: %v, want ErrNoQuotas", err)
+	}
+}
+
+// TestBtrfsQuotaReopen: a pool opened again (a daemon restart) finds its
+// quotas on and its limits kept.
+func TestBtrfsQuotaReopen(t *testing.T) {
+	requireBtrfs(t)
+	ctx := t.Context()
+	dir := t.TempDir()
+	p, err := disk.NewBtrfs(ctx, dir, 1<<30)
+	must(t, err)
+	t.Cleanup(func() {
+		if err := p.Destroy(context.Background()); err != nil {
+			t.Errorf("destroying pool: %v", err)
+		}
+	})
+	must(t, p.ImportTemplate(ctx, "t", t.TempDir()))
+	_, err = p.CreateVolume(ctx, "v", "t")
+	must(t, err)
+	must(t, p.SetLimit(ctx, "v", 8*mib))
+	must(t, p.Unmount(ctx))
+	p, err = disk.NewBtrfs(ctx, dir, 1<<30)
+	must(t, err)
+	if p.Quotas() != "squota" {
+		t.Errorf("Quotas() after reopening = %q, want squota", p.Quotas())
+	}
+	if _, l := use(t, p, "v"); l != 8*mib {
+		t.Errorf("limit after reopening = %d, want %d", l, 8*mib)
+	}
+}
+
+// TestCopyNoLimiter: the copy pool cannot limit a volume, and says so by
+// not being a Limiter, so sandboxes on it report their limit not enforced.
+func TestCopyNoLimiter(t *testing.T) {
+	if _, ok := disk.Pool(newCopy(t)).(disk.Limiter); ok {
+		t.Error("the copy pool is a Limiter")
+	}
+}
