@@ -10,6 +10,9 @@ const (
 	// when it has memory, its memory image, so sandboxes made from it start
 	// with its processes running.
 	TemplateCheckpoint = "checkpoint"
+	// TemplateImage is an OCI image pulled by the daemon (see Image); its
+	// name is the image's ref, as a create's "image" gives it.
+	TemplateImage = "image"
 )
 
 // States of a template (Template.State).
@@ -19,8 +22,13 @@ const (
 	// TemplatePending: a built-in not built yet; the first sandbox of it
 	// waits for its build.
 	TemplatePending = "pending"
-	// TemplateBuilding: a built-in being built now.
+	// TemplateBuilding: a built-in being built now, or an image being
+	// pulled.
 	TemplateBuilding = "building"
+	// TemplateFailed: its last build or pull failed (Error says why); the
+	// next sandbox of a built-in tries again, an image is pulled again
+	// after it is deleted.
+	TemplateFailed = "failed"
 )
 
 // Template is a root filesystem sandboxes can be made from: a built-in one,
@@ -32,10 +40,13 @@ type Template struct {
 	// Ready is true once the template is built and cached; the first sandbox
 	// of a template that is not ready waits for the build.
 	Ready bool `json:"ready"`
-	// Kind is TemplateBuiltin or TemplateCheckpoint.
+	// Kind is TemplateBuiltin, TemplateCheckpoint or TemplateImage.
 	Kind string `json:"kind"`
-	// State is TemplateReady, TemplatePending or TemplateBuilding.
+	// State is TemplateReady, TemplatePending, TemplateBuilding or
+	// TemplateFailed.
 	State string `json:"state"`
+	// Error is why a failed template failed.
+	Error string `json:"error,omitempty"`
 	// Progress is how far the template's preparation (its build, then its
 	// import into the daemon's disk pool) has got, in percent: 100 once it
 	// is ready, 0 before it starts or while another daemon on the host

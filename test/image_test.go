@@ -105,6 +105,30 @@ func TestImageSandbox(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Image: ref, Template: "busybox"}); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("template and image: %v, want invalid", err)
 	}
+
+	// loam template build from an image (pulled again, since it was
+	// deleted): the template keeps what --run made, and is listed beside
+	// the image, which is listed as a template too.
+	if out, errOut, code := d.cli("", "template", "build", "imgtpl", "--image", ref, "--run", "echo built > /home/app/built"); code != 0 {
+		t.Fatalf("template build --image: %d %q %q", code, out, errOut)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "from-imgtpl", Template: "imgtpl"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.run("from-imgtpl", "cat", "/home/app/built"); got != "built\n" {
+		t.Errorf("a sandbox of the built template: /home/app/built = %q", got)
+	}
+	tpls, err := d.C.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]string{}
+	for _, tpl := range tpls {
+		kinds[tpl.Name] = tpl.Kind + "/" + tpl.State
+	}
+	if kinds["imgtpl"] != api.TemplateCheckpoint+"/"+api.TemplateReady || kinds[ref] != api.TemplateImage+"/"+api.TemplateReady {
+		t.Errorf("templates: %v", kinds)
+	}
 }
 
 // checkImageSandbox checks that a sandbox of busyboxConfig runs as its

@@ -657,6 +657,18 @@ func walkImages(w *walker) {
 	}
 	w.call(req{route: "GET /v1/images", path: "/v1/images"}, 200)
 	w.errorCode(req{route: "GET /v1/images/{image}", path: "/v1/images/im-nope"}, api.CodeNotFound)
+	// Images are templates too: one ready, one failed with its reason.
+	var tl api.TemplateList
+	w.json(req{route: "GET /v1/templates", path: "/v1/templates"}, 200, &tl)
+	states := map[string]string{}
+	for _, tpl := range tl.Templates {
+		if tpl.Kind == api.TemplateImage {
+			states[tpl.Name] = tpl.State
+		}
+	}
+	if states[ref] != api.TemplateReady || states[reg+"/missing:v1"] != api.TemplateFailed {
+		w.t.Errorf("image templates: %v", states)
+	}
 
 	w.call(req{route: "POST /v1/sandboxes", path: "/v1/sandboxes", body: `{"name":"from-image","image":"` + ref + `"}`}, 201)
 	w.call(req{route: "GET /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/from-image"}, 200)

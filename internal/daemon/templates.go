@@ -19,12 +19,13 @@ type templates struct {
 	log      *slog.Logger
 
 	mu       sync.Mutex
-	building map[string]int // name -> builds in progress
+	building map[string]int    // name -> builds in progress
+	failed   map[string]string // name -> why its last build failed
 }
 
 func newTemplates(pool disk.Pool, cacheDir, def string, log *slog.Logger) *templates {
 	return &templates{pool: pool, cacheDir: cacheDir, def: def, log: log,
-		building: map[string]int{}}
+		building: map[string]int{}, failed: map[string]string{}}
 }
 
 // List lists the templates; Ready says which are imported already, and
@@ -41,6 +42,9 @@ func (t *templates) List(ctx context.Context) []api.Template {
 			v.State = api.TemplateReady
 		case t.building[tp.Name] > 0:
 			v.State = api.TemplateBuilding
+		case t.failed[tp.Name] != "":
+			// Until the next try, which the next sandbox of it makes.
+			v.State, v.Error = api.TemplateFailed, t.failed[tp.Name]
 		}
 		t.mu.Unlock()
 		out = append(out, v)
@@ -73,6 +77,12 @@ func (t *templates) Ensure(ctx context.Context, name string) error {
 	defer t.mu.Unlock()
 	if t.building[name]--; t.building[name] == 0 {
 		delete(t.building, name)
+	}
+	switch {
+	case err == nil:
+		delete(t.failed, name)
+	case ctx.Err() == nil:
+		t.failed[name] = err.Error()
 	}
 	return err
 }

@@ -121,6 +121,50 @@ func (m *Manager) Templates(ctx context.Context) []api.Template {
 	for _, man := range kept {
 		out = append(out, m.keptView(man, uses[man.Name]))
 	}
+	return append(out, m.imageTemplates(ctx)...)
+}
+
+// imageTemplates are the images the daemon pulled, or is pulling, as
+// templates: named by their ref, as a create gives it in "image".
+func (m *Manager) imageTemplates(ctx context.Context) []api.Template {
+	if m.cfg.Images == nil {
+		return nil
+	}
+	images, err := m.cfg.Images.List(ctx)
+	if err != nil {
+		m.log.Warn("listing images", "err", err)
+		return nil
+	}
+	uses := map[string]int{}
+	if sbs, err := m.store.ListSandboxes(ctx, store.Filter{}); err == nil {
+		for _, sb := range sbs {
+			if sb.Image != "" {
+				uses[sb.Image]++
+			}
+		}
+	}
+	var out []api.Template
+	for _, im := range images {
+		t := api.Template{
+			Name: im.Ref, Description: "OCI image " + im.Ref, Kind: api.TemplateImage,
+			SizeBytes: im.Size, Uses: uses[im.Ref], CreatedAt: &im.CreatedAt,
+		}
+		if im.Digest != "" {
+			t.Description += " (" + im.Digest + ")"
+		}
+		switch im.State {
+		case api.ImageReady:
+			t.Ready, t.State, t.Progress = true, api.TemplateReady, 100
+		case api.ImageError:
+			t.State, t.Error = api.TemplateFailed, im.Error
+		default:
+			t.State = api.TemplateBuilding
+			if im.Size > 0 {
+				t.Progress = min(int(im.Pulled*100/im.Size), 99)
+			}
+		}
+		out = append(out, t)
+	}
 	return out
 }
 

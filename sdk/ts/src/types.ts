@@ -100,10 +100,14 @@ export interface Template {
   description: string
   default: boolean
   ready: boolean
-  /** builtin, image or checkpoint. */
+  /** builtin, checkpoint or image (named by its ref; used with `image` on create). */
   kind: string
-  /** pending, building or ready. */
+  /** pending, building, ready or failed. */
   state: string
+  /** Why a failed template failed. */
+  error?: string
+  /** How far a build or pull has got, in percent (100 once ready). */
+  progress: number
   /** A checkpoint template with memory starts its sandboxes running, like a fork. */
   memory: boolean
   size_bytes: number
