@@ -152,9 +152,10 @@ func (p *progress) end() {
 const templatePoll = 500 * time.Millisecond
 
 // watchCreate shows the progress of a create of a sandbox from template
-// (the daemon's default when ""): "creating NAME" while it takes long, and
-// the template's build while the create waits for one (GET /v1/templates,
-// api.Template.Progress). It returns the function that ends it.
+// (the daemon's default when "", or an image's ref): "creating NAME" while
+// it takes long, and the template's build or the image's pull while the
+// create waits for one (GET /v1/templates, api.Template.Progress). It
+// returns the function that ends it.
 func (a *app) watchCreate(ctx context.Context, c *client.Client, name, template string) (end func()) {
 	desc := "creating " + name
 	if name == "" {
@@ -175,7 +176,11 @@ func (a *app) watchCreate(ctx context.Context, c *client.Client, name, template 
 		}
 		for {
 			if tpl, ok := findTemplate(ctx, c, template); ok && !tpl.Ready {
-				p.describe("building template " + tpl.Name)
+				if tpl.Kind == api.TemplateImage {
+					p.describe("pulling " + tpl.Name)
+				} else {
+					p.describe("building template " + tpl.Name)
+				}
 				p.setMax(100)
 				p.set(int64(tpl.Progress))
 			}

@@ -47,7 +47,10 @@ func slowAPI(t *testing.T) (srv *httptest.Server, received func() int64) {
 		reply(w, 200, api.FileInfo{Path: r.URL.Query().Get("path"), Type: api.FileTypeFile, Size: got})
 	})
 	mux.HandleFunc("GET /v1/templates", func(w http.ResponseWriter, r *http.Request) {
-		reply(w, 200, api.TemplateList{Templates: []api.Template{{Name: "base", Default: true, Progress: 40}}})
+		reply(w, 200, api.TemplateList{Templates: []api.Template{
+			{Name: "base", Default: true, Progress: 40},
+			{Name: "localhost:5000/app:v1", Kind: api.TemplateImage, State: api.TemplateBuilding, Progress: 65},
+		}})
 	})
 	mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(2 * time.Second)
@@ -186,6 +189,16 @@ func TestProgressCreateOnTerminal(t *testing.T) {
 	}
 	if !strings.Contains(screen, "name:        web") {
 		t.Errorf("terminal %q: no sandbox block", screen)
+	}
+}
+
+// TestProgressCreateFromImageOnTerminal: a create that waits for its
+// image's pull shows the pull (the image is listed as a template).
+func TestProgressCreateFromImageOnTerminal(t *testing.T) {
+	srv, _ := slowAPI(t)
+	screen := onTerminal(t, srv, "create", "web", "--image", "localhost:5000/app:v1")
+	if !strings.Contains(screen, "pulling localhost:5000/app:v1") || !strings.Contains(screen, "65%") {
+		t.Errorf("terminal %q: no progress of the image's pull", screen)
 	}
 }
 

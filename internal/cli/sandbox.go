@@ -66,7 +66,13 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 				return err
 			}
 			req.Network = net.policy(cmd.Flags())
-			end := a.watchCreate(cmd.Context(), c, req.Name, req.Template)
+			// A create from an image waits for its pull: the image is
+			// listed as a template named by its ref.
+			from := req.Template
+			if req.Image != "" {
+				from = req.Image
+			}
+			end := a.watchCreate(cmd.Context(), c, req.Name, from)
 			sb, err := c.CreateSandbox(cmd.Context(), req)
 			end()
 			if err != nil {
