@@ -10,7 +10,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
+
+	"loam.dev/loam/internal/image/imagetest"
 )
 
 // entry is one tar entry of a test layer.
@@ -21,39 +22,15 @@ type entry struct {
 	uid, gid         int
 }
 
+// layerTar is the tar of a test layer (imagetest.Layer, with this file's
+// shorter entries).
 func layerTar(t testing.TB, entries ...entry) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		typ, mode := e.typ, e.mode
-		if typ == 0 {
-			typ = tar.TypeReg
-		}
-		if mode == 0 {
-			mode = 0o644
-			if typ == tar.TypeDir {
-				mode = 0o755
-			}
-		}
-		h := &tar.Header{Name: e.name, Typeflag: typ, Mode: mode, Uid: e.uid, Gid: e.gid, Linkname: e.link,
-			ModTime: time.Unix(1700000000, 0)}
-		if typ == tar.TypeReg {
-			h.Size = int64(len(e.body))
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if typ == tar.TypeReg {
-			if _, err := tw.Write([]byte(e.body)); err != nil {
-				t.Fatal(err)
-			}
-		}
+	out := make([]imagetest.Entry, len(entries))
+	for i, e := range entries {
+		out[i] = imagetest.Entry{Name: e.name, Type: e.typ, Body: []byte(e.body), Link: e.link, Mode: e.mode, UID: e.uid, GID: e.gid}
 	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return imagetest.Layer(t, out...)
 }
 
 func unpackLayers(t *testing.T, layers ...[]byte) (string, error) {

@@ -28,19 +28,11 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 	if len(req.Services) > 0 {
 		return nil, api.Errorf(api.CodeInvalid, "services: a fork takes its services from the checkpoint's disk; don't give any (PUT …/services/{name} once it is up)")
 	}
-	if req.From.Sandbox == "" || req.From.Checkpoint == "" {
-		return nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
-	}
-	src, err := m.lookup(ctx, req.From.Sandbox)
+	src, cp, unlock, err := m.sourceCheckpoint(ctx, req.From)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.rlockSource(src.ID)
 	defer unlock()
-	cp, err := m.findCheckpoint(ctx, src, req.From.Checkpoint)
-	if err != nil {
-		return nil, err
-	}
 	req.From = &api.ForkSource{Sandbox: src.Name, Checkpoint: cp.ID}
 	sb, err := m.newRecord(ctx, req)
 	if err != nil {
@@ -128,4 +120,22 @@ func (m *Manager) sourceLock(id string) *sync.RWMutex {
 		m.sources[id] = l
 	}
 	return l
+}
+
+// sourceCheckpoint finds the checkpoint from names (a fork's or a
+// template's source) and holds its sandbox as a source, so that neither is
+// deleted while the caller reads it; the caller calls unlock when done.
+func (m *Manager) sourceCheckpoint(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), err error) {
+	if from == nil || from.Sandbox == "" || from.Checkpoint == "" {
+		return nil, nil, nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
+	}
+	if src, err = m.lookup(ctx, from.Sandbox); err != nil {
+		return nil, nil, nil, err
+	}
+	unlock = m.rlockSource(src.ID)
+	if cp, err = m.findCheckpoint(ctx, src, from.Checkpoint); err != nil {
+		unlock()
+		return nil, nil, nil, err
+	}
+	return src, cp, unlock, nil
 }

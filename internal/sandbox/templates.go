@@ -194,19 +194,11 @@ func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*
 	if err := checkTemplateName(req.Name); err != nil {
 		return nil, err
 	}
-	if req.From == nil || req.From.Sandbox == "" || req.From.Checkpoint == "" {
-		return nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
-	}
-	src, err := m.lookup(ctx, req.From.Sandbox)
+	src, cp, unlock, err := m.sourceCheckpoint(ctx, req.From)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.rlockSource(src.ID)
 	defer unlock()
-	cp, err := m.findCheckpoint(ctx, src, req.From.Checkpoint)
-	if err != nil {
-		return nil, err
-	}
 	ctx = context.WithoutCancel(ctx)
 	man := checkpoint.Manifest{
 		Format: checkpoint.ManifestFormat, Name: req.Name, Memory: cp.Memory,

@@ -228,27 +228,7 @@ export class Loam {
       d.done()
       throw e
     }
-    const reader = resp.body?.getReader()
-    return new ReadableStream<Uint8Array>({
-      async pull(c) {
-        try {
-          const r = reader ? await reader.read() : { done: true as const, value: undefined }
-          if (r.done) {
-            d.done()
-            c.close()
-            return
-          }
-          c.enqueue(r.value)
-        } catch (e) {
-          d.done()
-          c.error(d.signal.aborted ? d.signal.reason : new StreamEndedError(`exporting ${name}: the transfer ended early: ${(e as Error).message}`, 1006))
-        }
-      },
-      cancel(reason) {
-        d.done()
-        return reader?.cancel(reason)
-      },
-    })
+    return bodyStream(resp, d, `exporting ${name}`)
   }
 
   /** importTemplate loads an exported archive as template name; a damaged one is refused (InvalidError). */
@@ -665,36 +645,7 @@ export class Sandbox {
       d.done()
       throw e
     }
-    const body = resp.body
-    if (!body) {
-      d.done()
-      return new ReadableStream({ start: (c) => c.close() })
-    }
-    const want = Number(resp.headers.get('Content-Length') ?? -1)
-    let got = 0
-    const reader = body.getReader()
-    return new ReadableStream<Uint8Array>({
-      async pull(c) {
-        try {
-          const { done, value } = await reader.read()
-          if (done) {
-            d.done()
-            if (want >= 0 && got < want) c.error(new StreamEndedError(`reading ${path}: the transfer ended early (${want - got} bytes missing)`, 1006))
-            else c.close()
-            return
-          }
-          got += value.length
-          c.enqueue(value)
-        } catch (e) {
-          d.done()
-          c.error(d.signal.aborted ? d.signal.reason : new StreamEndedError(`reading ${path}: the transfer ended early: ${(e as Error).message}`, 1006))
-        }
-      },
-      cancel(reason) {
-        d.done()
-        return reader.cancel(reason)
-      },
-    })
+    return bodyStream(resp, d, `reading ${path}`)
   }
 
   // Ports.
@@ -749,4 +700,42 @@ async function readAll(s: ReadableStream<Uint8Array>): Promise<Uint8Array> {
     if (done) return concat(parts)
     parts.push(value)
   }
+}
+
+/**
+ * bodyStream is the body of resp as a stream that ends d when it ends, and
+ * errs with StreamEndedError (what names the transfer) when the transfer
+ * ends early: short of its Content-Length, or cut.
+ */
+function bodyStream(resp: Response, d: Deadline, what: string): ReadableStream<Uint8Array> {
+  const body = resp.body
+  if (!body) {
+    d.done()
+    return new ReadableStream({ start: (c) => c.close() })
+  }
+  const want = Number(resp.headers.get('Content-Length') ?? -1)
+  let got = 0
+  const reader = body.getReader()
+  return new ReadableStream<Uint8Array>({
+    async pull(c) {
+      try {
+        const { done, value } = await reader.read()
+        if (done) {
+          d.done()
+          if (want >= 0 && got < want) c.error(new StreamEndedError(`${what}: the transfer ended early (${want - got} bytes missing)`, 1006))
+          else c.close()
+          return
+        }
+        got += value.length
+        c.enqueue(value)
+      } catch (e) {
+        d.done()
+        c.error(d.signal.aborted ? d.signal.reason : new StreamEndedError(`${what}: the transfer ended early: ${(e as Error).message}`, 1006))
+      }
+    },
+    cancel(reason) {
+      d.done()
+      return reader.cancel(reason)
+    },
+  })
 }
