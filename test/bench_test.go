@@ -92,17 +92,7 @@ func benchCreate(b *testing.B, d *daemon, tpl string) {
 // memory: the pause of a memory checkpoint, its size on disk, a restore in
 // place, the time until a fork answers an exec, and host memory of 4 forks.
 func BenchmarkCheckpoint(b *testing.B) {
-	sizes := os.Getenv("LOAM_BENCH_MIB")
-	if sizes == "" {
-		sizes = "64,512,2048"
-	}
-	for _, s := range strings.Split(sizes, ",") {
-		mib, err := strconv.Atoi(s)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Run(fmt.Sprintf("mem=%dMiB", mib), func(b *testing.B) { benchCheckpoint(b, mib) })
-	}
+	forBenchSizes(b, "64,512,2048", benchCheckpoint)
 }
 
 var pausedRE = regexp.MustCompile(`msg="memory checkpoint" sandbox=(sb-\w+) checkpoint=(\S+) paused_ms=(\d+)`)
@@ -245,4 +235,21 @@ func sandboxPSS(b *testing.B, id string) int {
 		}
 	}
 	return total
+}
+
+// forBenchSizes runs bench as a sub-benchmark "mem=NMiB" for each size of
+// touched memory in LOAM_BENCH_MIB (comma-separated MiB), or in def when it
+// is unset.
+func forBenchSizes(b *testing.B, def string, bench func(b *testing.B, mib int)) {
+	sizes := os.Getenv("LOAM_BENCH_MIB")
+	if sizes == "" {
+		sizes = def
+	}
+	for _, s := range strings.Split(sizes, ",") {
+		mib, err := strconv.Atoi(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("mem=%dMiB", mib), func(b *testing.B) { bench(b, mib) })
+	}
 }

@@ -21,17 +21,7 @@ import (
 // the host memory of the sleeping sandbox (the PSS of every host process
 // naming it: none is left).
 func BenchmarkWake(b *testing.B) {
-	sizes := os.Getenv("LOAM_BENCH_MIB")
-	if sizes == "" {
-		sizes = "64,512"
-	}
-	for _, s := range strings.Split(sizes, ",") {
-		mib, err := strconv.Atoi(s)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Run(fmt.Sprintf("mem=%dMiB", mib), func(b *testing.B) { benchWake(b, mib) })
-	}
+	forBenchSizes(b, "64,512", benchWake)
 }
 
 func benchWake(b *testing.B, mib int) {

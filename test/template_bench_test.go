@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,17 +21,7 @@ import (
 //
 //	go test ./test -run '^$' -bench Template -benchtime 5x
 func BenchmarkTemplate(b *testing.B) {
-	sizes := os.Getenv("LOAM_BENCH_MIB")
-	if sizes == "" {
-		sizes = "64,512"
-	}
-	for _, s := range strings.Split(sizes, ",") {
-		mib, err := strconv.Atoi(s)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Run(fmt.Sprintf("mem=%dMiB", mib), func(b *testing.B) { benchTemplate(b, mib) })
-	}
+	forBenchSizes(b, "64,512", benchTemplate)
 }
 
 func benchTemplate(b *testing.B, mib int) {
