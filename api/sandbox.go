@@ -75,7 +75,7 @@ type DiskUse struct {
 	// LimitMiB is the limit, resources.disk_mib.
 	LimitMiB int `json:"limit_mib"`
 	// Enforced is true when a write beyond the limit fails inside the
-	// sandbox (EDQUOT, "Disk quota exceeded"); false where the disk pool
+	// sandbox (ENOSPC, "No space left on device"); false where the disk pool
 	// cannot limit a sandbox (the plain-copy fallback, btrfs without
 	// quotas).
 	Enforced bool `json:"enforced"`

@@ -9,7 +9,7 @@ import (
 )
 
 // TestDiskQuota is resources.disk_mib on real sandboxes: one that writes
-// beyond its limit gets "Disk quota exceeded" inside, a neighbour writes on,
+// beyond its limit gets "No space left on device" (ENOSPC) inside, a neighbour writes on,
 // the daemon reports the use, and checkpoints (memory and disk-only), a
 // restore and forks of the full sandbox work, each disk limited again.
 func TestDiskQuota(t *testing.T) {
@@ -35,8 +35,8 @@ func TestDiskQuota(t *testing.T) {
 		}
 		return string(errb), code
 	}
-	if errb, code := fill("full", "big", limit+44); code == 0 || !strings.Contains(errb, "Disk quota exceeded") {
-		t.Fatalf("dd of %d MiB into a %d MiB disk: code %d, stderr %q; want Disk quota exceeded", limit+44, limit, code, errb)
+	if errb, code := fill("full", "big", limit+44); code == 0 || !strings.Contains(errb, "No space left on device") {
+		t.Fatalf("dd of %d MiB into a %d MiB disk: code %d, stderr %q; want No space left on device", limit+44, limit, code, errb)
 	}
 	if errb, code := fill("next", "big", limit+44); code != 0 {
 		t.Fatalf("the neighbour's dd of %d MiB: code %d, %q", limit+44, code, errb)
@@ -70,8 +70,8 @@ func TestDiskQuota(t *testing.T) {
 	if got := d.run("full", "sh", "-c", "wc -c < /home/loam/big"); strings.TrimSpace(got) == "0" {
 		t.Errorf("restored file is empty")
 	}
-	if errb, code := fill("full", "again", limit+44); code == 0 || !strings.Contains(errb, "Disk quota exceeded") {
-		t.Errorf("dd into the restored disk: code %d, %q; want Disk quota exceeded", code, errb)
+	if errb, code := fill("full", "again", limit+44); code == 0 || !strings.Contains(errb, "No space left on device") {
+		t.Errorf("dd into the restored disk: code %d, %q; want No space left on device", code, errb)
 	}
 
 	// Forks of the disk-only checkpoint: the source's limit, or their own.
@@ -92,7 +92,7 @@ func TestDiskQuota(t *testing.T) {
 			t.Errorf("fork %s: resources %+v, disk %+v; want a limit of %d MiB, enforced", tc.name, f.Resources, derefDisk(f.Disk), tc.want)
 		}
 		errb, code := fill(tc.name, "more", limit+44)
-		if over := tc.want < limit+44; over != (code != 0) || (over && !strings.Contains(errb, "Disk quota exceeded")) {
+		if over := tc.want < limit+44; over != (code != 0) || (over && !strings.Contains(errb, "No space left on device")) {
 			t.Errorf("dd of %d MiB into fork %s limited to %d: code %d, %q", limit+44, tc.name, tc.want, code, errb)
 		}
 	}
