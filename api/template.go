@@ -73,4 +73,7 @@ type Template struct {
 type CreateTemplate struct {
 	Name string      `json:"name"`
 	From *ForkSource `json:"from"`
+	// Pool, when not 0, keeps a warm pool of that many sandboxes of the
+	// template (see Pool), as PUT /v1/templates/{template}/pool does.
+	Pool int `json:"pool,omitempty"`
 }

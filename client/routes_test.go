@@ -54,7 +54,7 @@ var routeCalls = []routeCall{
 		return err
 	}},
 	{"POST /v1/templates", "CreateTemplate", nil, func(ctx context.Context, c *client.Client) error {
-		_, err := c.CreateTemplate(ctx, "warm", "sb", "v1")
+		_, err := c.CreateTemplate(ctx, "warm", "sb", "v1", client.WithPool(2))
 		return err
 	}},
 	{"DELETE /v1/templates/{template}", "DeleteTemplate", nil, func(ctx context.Context, c *client.Client) error {
@@ -138,6 +138,22 @@ var routeCalls = []routeCall{
 	}},
 	{"POST /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/restore", "RestoreCheckpoint", nil, func(ctx context.Context, c *client.Client) error {
 		_, err := c.RestoreCheckpoint(ctx, "sb", "v1")
+		return err
+	}},
+	{"GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", "CheckpointPool", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.CheckpointPool(ctx, "sb", "v1")
+		return err
+	}},
+	{"PUT /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", "SetCheckpointPool", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.SetCheckpointPool(ctx, "sb", "v1", 4)
+		return err
+	}},
+	{"GET /v1/templates/{template}/pool", "TemplatePool", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.TemplatePool(ctx, "base")
+		return err
+	}},
+	{"PUT /v1/templates/{template}/pool", "SetTemplatePool", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.SetTemplatePool(ctx, "base", 4)
 		return err
 	}},
 

@@ -10,12 +10,24 @@ import (
 	"loam.dev/loam/api"
 )
 
+// TemplateOption sets more of a CreateTemplate request.
+type TemplateOption func(*api.CreateTemplate)
+
+// WithPool keeps a warm pool of size sandboxes of the new template (see
+// SetTemplatePool).
+func WithPool(size int) TemplateOption {
+	return func(r *api.CreateTemplate) { r.Pool = size }
+}
+
 // CreateTemplate keeps checkpoint cp of sandbox sb as template name, memory
 // included when the checkpoint has it. The template outlives the sandbox
 // and the checkpoint; sandboxes are made from it with Template: name.
-func (c *Client) CreateTemplate(ctx context.Context, name, sb, cp string) (*api.Template, error) {
+func (c *Client) CreateTemplate(ctx context.Context, name, sb, cp string, opts ...TemplateOption) (*api.Template, error) {
 	var tpl api.Template
 	req := api.CreateTemplate{Name: name, From: &api.ForkSource{Sandbox: sb, Checkpoint: cp}}
+	for _, o := range opts {
+		o(&req)
+	}
 	if err := c.do(ctx, http.MethodPost, "/v1/templates", nil, req, &tpl); err != nil {
 		return nil, fmt.Errorf("making template %s from %s/%s: %w", name, sb, cp, err)
 	}

@@ -151,6 +151,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Listen = DefaultListen
 	}
 	log := cfg.logger()
+	keepSysAdminToSelf(log)
 	h := newHandler(cfg)
 	// This is the agent's start, a fresh boot: a restore from memory goes
 	// on where the checkpoint was and never comes here again.

@@ -3,11 +3,15 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -138,7 +142,13 @@ func (h *handler) setHostname(name string) error {
 		return nil
 	}
 	if cur, err := os.Hostname(); err != nil || cur != name {
-		if err := unix.Sethostname([]byte(name)); err != nil {
+		err := unix.Sethostname([]byte(name))
+		if errors.Is(err, unix.EPERM) {
+			// An agent booted by a loam before CAP_SYS_ADMIN was init's
+			// (it lives on in old checkpoints): the files name the
+			// sandbox, the kernel keeps the old name.
+			h.log.Warn("cannot rename the kernel's hostname (an agent of an older loam)", "name", name)
+		} else if err != nil {
 			return fmt.Errorf("setting the hostname: %w", err)
 		}
 	}
@@ -182,4 +192,40 @@ func replaceFile(path string, data []byte, mode os.FileMode) error {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return nil
+}
+
+// keepSysAdminToSelf drops CAP_SYS_ADMIN from the bounding set of every
+// thread of the agent when it runs as a sandbox's init, so that no process
+// it starts, root's included, can ever hold it, while the agent keeps it
+// in its own effective set: it needs it for one thing, sethostname, when a
+// sandbox from a warm pool takes its name (see setHostname). The bounding
+// set is per thread, hence AllThreadsSyscall (a loam built without cgo);
+// threads made later copy it. Without the drop, the agent gives the
+// capability up altogether, and a rename keeps the kernel's old name.
+func keepSysAdminToSelf(log *slog.Logger) {
+	if os.Getpid() != 1 {
+		return
+	}
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0); e != 0 {
+		log.Warn("cannot drop CAP_SYS_ADMIN from the bounding set; giving it up", "err", e)
+		dropSysAdmin(log)
+	}
+}
+
+// dropSysAdmin takes CAP_SYS_ADMIN out of every thread's effective and
+// permitted sets, for good.
+func dropSysAdmin(log *slog.Logger) {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		log.Error("reading capabilities", "err", err)
+		return
+	}
+	bit := uint32(1) << (unix.CAP_SYS_ADMIN % 32)
+	data[unix.CAP_SYS_ADMIN/32].Effective &^= bit
+	data[unix.CAP_SYS_ADMIN/32].Permitted &^= bit
+	data[unix.CAP_SYS_ADMIN/32].Inheritable &^= bit
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		log.Error("giving up CAP_SYS_ADMIN", "err", e)
+	}
 }

@@ -277,6 +277,12 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err := d.Manager.Recover(ctx); err != nil {
 		d.log.Error("recovery left some things behind", "err", err)
 	}
+	// Warm pools fill in the background, after recovery deleted the
+	// members the last daemon left.
+	if err := d.Manager.StartPools(ctx); err != nil {
+		return err
+	}
+	d.closers = append(d.closers, d.Manager.ClosePools)
 
 	// Sandboxes write their init logs on the host: cap and rotate them.
 	logs := &gvisor.LogKeeper{

@@ -64,6 +64,9 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		// A fork of a restricted sandbox is restricted too.
 		sb.Network = src.Network
 	}
+	if v, ok, err := m.claimMember(ctx, checkpointPoolKey(src.ID, cp.ID), sb); ok {
+		return v, err
+	}
 	end, _ := m.begin(sb, "create") // before it is stored: see Create
 	defer end()
 	if err := m.insert(ctx, sb); err != nil {

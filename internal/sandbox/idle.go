@@ -72,8 +72,8 @@ func (m *Manager) SleepIdle(ctx context.Context, now time.Time) error {
 	}
 	var errs []error
 	for _, sb := range sbs {
-		if sb.State != api.StateRunning {
-			continue
+		if sb.State != api.StateRunning || sb.Pool != "" {
+			continue // a warm pool's member waits awake
 		}
 		idle := m.idleOf(sb)
 		if idle == 0 || m.idleFor(sb.ID, now) < idle {

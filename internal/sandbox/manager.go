@@ -100,6 +100,12 @@ type Config struct {
 	// without images, which refuses creates that name one.
 	Images     Images
 	Registries Registries
+	// PoolReserveMiB is the host memory warm pools leave to sandboxes
+	// (1024 MiB unless set): a pool fills only while more is available,
+	// and gives members up when less is. MemAvailable reads the host's
+	// available memory; nil reads /proc/meminfo.
+	PoolReserveMiB int
+	MemAvailable   func() (int64, error)
 }
 
 // Manager creates, runs and deletes sandboxes. It is safe for concurrent
@@ -148,6 +154,8 @@ type Manager struct {
 	keptMu sync.RWMutex
 	// exporting counts the exports in progress of each template (under mu).
 	exporting map[string]int
+	// pools are the warm pools (pool.go).
+	pools pools
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -166,6 +174,9 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	}
 	if cfg.Scheme == "" {
 		cfg.Scheme = "http"
+	}
+	if cfg.PoolReserveMiB == 0 {
+		cfg.PoolReserveMiB = 1024
 	}
 	return &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
@@ -188,6 +199,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		used:          map[string]time.Time{},
 		holds:         map[string]int{},
 		exporting:     map[string]int{},
+		pools:         pools{all: map[string]*pool{}},
 	}
 }
 
@@ -214,7 +226,8 @@ func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 // lookup finds a sandbox by name or id, as a user's not_found when missing.
 func (m *Manager) lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
 	sb, err := m.store.GetSandbox(ctx, ref)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && sb.Pool != "" {
+		// A warm pool's member is not a sandbox of the API's.
 		return nil, api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
 	}
 	if err != nil {
@@ -242,6 +255,9 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.San
 	}
 	out := make([]api.Sandbox, 0, len(sbs))
 	for _, sb := range sbs {
+		if sb.Pool != "" {
+			continue
+		}
 		v := m.view(sb)
 		v.Disk = m.diskUse(ctx, sb)
 		out = append(out, *v)
@@ -358,6 +374,18 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 		defer done()
 	} else if err := m.checkTemplate(ctx, sb); err != nil {
 		return nil, err
+	} else if req.Resources == nil || req.Resources.CPUs == 0 && req.Resources.MemoryMiB == 0 {
+		// A built-in template's pool has members with the default
+		// resources: a create that asks for no others may take one.
+		if v, ok, err := m.claimMember(ctx, templatePoolKey(sb.Template), sb); ok {
+			if err == nil {
+				err = m.startClaimedServices(ctx, sb, req.Services)
+			}
+			if err != nil {
+				return nil, err
+			}
+			return v, nil
+		}
 	}
 	// Claimed before it is stored, so that no other operation (a delete)
 	// can run on it while it boots. The id is new: the claim cannot fail.
@@ -646,6 +674,9 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 // destroy removes everything a sandbox has, then its record. Each step is
 // idempotent, so a destroy cut short by a crash is finished at the next start.
 func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
+	if sb.Pool == "" {
+		m.dropPools(ctx, func(c poolConfig) bool { return c.Sandbox == sb.ID })
+	}
 	var errs []error
 	m.closeStreams(sb.ID, "the sandbox was deleted")
 	if m.inside != nil {

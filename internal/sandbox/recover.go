@@ -45,6 +45,12 @@ func (m *Manager) Recover(ctx context.Context) error {
 }
 
 func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
+	if sb.Pool != "" {
+		// A warm pool's member: made again by StartPools, with a
+		// connection of its own, rather than taken back.
+		m.log.Info("deleting a warm pool's member left by the last daemon", "sandbox", sb.ID, "pool", sb.Pool)
+		return m.destroy(ctx, sb)
+	}
 	switch sb.State {
 	case api.StateCreating, api.StateDeleting:
 		// The client of a create cut short got no sandbox; a delete was asked for.

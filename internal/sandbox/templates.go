@@ -106,7 +106,9 @@ func (m *Manager) Templates(ctx context.Context) []api.Template {
 	uses := map[string]int{}
 	if sbs, err := m.store.ListSandboxes(ctx, store.Filter{}); err == nil {
 		for _, sb := range sbs {
-			uses[sb.Template]++
+			if sb.Pool == "" {
+				uses[sb.Template]++
+			}
 		}
 	} else {
 		m.log.Warn("counting the sandboxes of templates", "err", err)
@@ -194,6 +196,9 @@ func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*
 	if err := checkTemplateName(req.Name); err != nil {
 		return nil, err
 	}
+	if err := checkPoolSize(req.Pool); err != nil {
+		return nil, err
+	}
 	src, cp, unlock, err := m.sourceCheckpoint(ctx, req.From)
 	if err != nil {
 		return nil, err
@@ -239,6 +244,11 @@ func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*
 		return nil, err
 	}
 	m.log.Info("template made", "template", man.Name, "from", man.From, "memory", man.Memory)
+	if req.Pool > 0 {
+		if _, err := m.setPool(ctx, poolConfig{Template: man.Name, Size: req.Pool}); err != nil {
+			m.log.Error("keeping the new template's pool", "template", man.Name, "err", err)
+		}
+	}
 	v := m.keptView(&man, 0)
 	return &v, nil
 }
@@ -320,7 +330,7 @@ func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
 	}
 	var users []string
 	for _, sb := range sbs {
-		if sb.Template == name {
+		if sb.Template == name && sb.Pool == "" {
 			users = append(users, sb.Name)
 		}
 	}
@@ -336,6 +346,7 @@ func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
 	if exports > 0 {
 		return api.Errorf(api.CodeConflict, "template %s is being exported; try again when the export ends", name)
 	}
+	m.dropPools(ctx, func(c poolConfig) bool { return c.Template == name })
 	// Gone at once by a rename; the data goes after (or at the next start).
 	gone := filepath.Join(m.keptDir(), ".del-"+name+"-"+randomHex(6))
 	if err := os.Rename(filepath.Join(m.keptDir(), name), gone); err != nil {
@@ -378,6 +389,19 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	defer m.keptMu.RUnlock()
 	if again, err := m.readKept(man.Name); err != nil || again == nil {
 		return nil, api.Errorf(api.CodeNotFound, "template %q not found", man.Name)
+	}
+	// A pool's members have the template's resources (a memory
+	// template's) or the daemon's defaults.
+	if req.Resources == nil || req.Resources.CPUs == 0 && req.Resources.MemoryMiB == 0 {
+		if v, ok, err := m.claimMember(ctx, templatePoolKey(man.Name), sb); ok {
+			if err == nil && !man.Memory {
+				err = m.startClaimedServices(ctx, sb, req.Services)
+			}
+			if err != nil {
+				return nil, err
+			}
+			return v, nil
+		}
 	}
 	end, _ := m.begin(sb, "create") // before it is stored: see Create
 	defer end()

@@ -92,7 +92,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target
 	held := false
 	for {
 		sb, err := m.store.GetSandbox(ctx, name)
-		if errors.Is(err, store.ErrNotFound) || err == nil && sb.Name != name {
+		if errors.Is(err, store.ErrNotFound) || err == nil && (sb.Name != name || sb.Pool != "") {
 			return Target{}, api.Errorf(api.CodeNotFound, "sandbox %q not found", name)
 		}
 		if err != nil {

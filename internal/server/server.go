@@ -79,6 +79,7 @@ func (s *Server) routes() {
 	s.secretRoutes(v1)
 	s.networkRoutes(v1)
 	s.imageRoutes(v1)
+	s.poolRoutes(v1)
 }
 
 // endpoint is a handler the API registered. Any other handler the mux

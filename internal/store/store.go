@@ -45,6 +45,11 @@ type Sandbox struct {
 	AutoSeq int
 	// Error says why the sandbox is in state "error".
 	Error string
+	// Pool is, for a member of a warm pool, the pool it waits in (see
+	// sandbox.Manager's pools); "" for every sandbox a user has. Members
+	// are stored so that every step of making and deleting them is the
+	// same as a sandbox's, but the API never shows them.
+	Pool string
 }
 
 // Checkpoint is the stored record of a checkpoint. Its data parts (memory

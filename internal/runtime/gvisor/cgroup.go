@@ -226,3 +226,19 @@ func removeCgroups(id string) {
 		_ = unix.Rmdir(d)
 	}
 }
+
+// MemoryBytes is the host memory container id's cgroup holds now (its
+// usage, page cache included: what the host would have to find to keep
+// it).
+func (r *Runtime) MemoryBytes(id string) (int64, error) {
+	files, _ := cgroupFiles(id, "memory", "memory.usage_in_bytes", "memory.current")
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: %w", files[0], err)
+	}
+	return n, nil
+}

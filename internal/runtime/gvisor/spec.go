@@ -120,7 +120,10 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 	if !hasPath {
 		env = append([]string{defaultPath}, env...)
 	}
-	caps := append([]string(nil), capabilities...)
+	// CAP_SYS_ADMIN is init's alone: the agent keeps it to rename the
+	// sandbox (a warm pool's member taking a request's name) and drops it
+	// from the bounding set of everything it starts (agent.Run).
+	initCaps := append(append([]string(nil), capabilities...), "CAP_SYS_ADMIN")
 	s := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -130,9 +133,9 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 			Env:      env,
 			Cwd:      "/",
 			Capabilities: &specs.LinuxCapabilities{
-				Bounding:  caps,
-				Effective: caps,
-				Permitted: caps,
+				Bounding:  initCaps,
+				Effective: initCaps,
+				Permitted: initCaps,
 			},
 			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: maxFiles, Soft: maxFiles}},
 		},

@@ -120,6 +120,11 @@ CREATE TABLE registry_credentials (
 	updated_at TEXT NOT NULL
 ) STRICT;
 `,
+	// 7: members of warm pools are sandboxes the API does not show; pool
+	// names the pool a member waits in, "" for a user's sandbox.
+	`
+ALTER TABLE sandboxes ADD COLUMN pool TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -166,6 +166,7 @@ func testSandboxUpdate(ctx context.Context, t *testing.T, st store.Store) {
 	up.CheckpointSeq, up.AutoSeq = 5, 3
 	up.Error = "something"
 	up.Public = true
+	up.Pool = "checkpoint:x/v9"
 	if err := st.UpdateSandbox(ctx, up); err != nil {
 		t.Fatalf("UpdateSandbox: %v", err)
 	}

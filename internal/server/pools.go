@@ -1,0 +1,76 @@
+package server
+
+import (
+	"context"
+	"net/http"
+
+	"loam.dev/loam/api"
+)
+
+// Pools is what the server needs to keep warm pools of checkpoints and
+// templates. It is an optional ability of Sandboxes, found by a type check:
+// a manager without it (the in-sandbox API's) answers these routes with
+// unavailable.
+type Pools interface {
+	SetCheckpointPool(ctx context.Context, sandbox, checkpoint string, size int) (*api.Pool, error)
+	CheckpointPool(ctx context.Context, sandbox, checkpoint string) (*api.Pool, error)
+	SetTemplatePool(ctx context.Context, template string, size int) (*api.Pool, error)
+	TemplatePool(ctx context.Context, template string) (*api.Pool, error)
+}
+
+func (s *Server) poolRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
+	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", s.getPool)
+	v1("PUT /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", s.setPool)
+	v1("GET /v1/templates/{template}/pool", s.getPool)
+	v1("PUT /v1/templates/{template}/pool", s.setPool)
+}
+
+func (s *Server) pools() (Pools, error) {
+	p, ok := s.sandboxes.(Pools)
+	if !ok {
+		return nil, api.Errorf(api.CodeUnavailable, "this server keeps no warm pools")
+	}
+	return p, nil
+}
+
+// getPool answers both routes: a template's pool when the path names a
+// template, else a checkpoint's.
+func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.pools()
+	if err != nil {
+		return err
+	}
+	var pool *api.Pool
+	if t := r.PathValue("template"); t != "" {
+		pool, err = p.TemplatePool(r.Context(), t)
+	} else {
+		pool, err = p.CheckpointPool(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"))
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, pool)
+	return nil
+}
+
+func (s *Server) setPool(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.pools()
+	if err != nil {
+		return err
+	}
+	var req api.SetPool
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	var pool *api.Pool
+	if t := r.PathValue("template"); t != "" {
+		pool, err = p.SetTemplatePool(r.Context(), t, req.Size)
+	} else {
+		pool, err = p.SetCheckpointPool(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"), req.Size)
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, pool)
+	return nil
+}
