@@ -52,6 +52,14 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 			return fmt.Errorf("forgetting the stored agent token of %s: %w", sb.ID, err)
 		}
 	}
+	return m.identify(ctx, sb, ep, ac)
+}
+
+// identify tells the agent at ep, reached through ac, who it is: the
+// sandbox's id and name, its env and secrets, and where its in-sandbox API
+// is (served from here on). A warm pool's member that is claimed needs
+// only this: its agent is up and holds its token.
+func (m *Manager) identify(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, ac *agent.Client) error {
 	if m.inside == nil {
 		return nil
 	}
