@@ -42,6 +42,9 @@ func TestWarmPool(t *testing.T) {
 		t.Errorf("the pool set: %+v", p)
 	}
 	waitPool(t, func() (*api.Pool, error) { return d.C.CheckpointPool(ctx, "src", cp.ID) }, 2)
+	if out, errOut, code := d.cli("", "checkpoint", "pool", "src", cp.ID); code != 0 || !strings.HasPrefix(out, "2 of 2 ready, 0 starting, ") {
+		t.Errorf("loam checkpoint pool: %d %q %q", code, out, errOut)
+	}
 	if p, _ := d.C.CheckpointPool(ctx, "src", cp.ID); p.MemoryBytes <= 0 {
 		t.Errorf("a pool of 2 ready members holds %d bytes of memory", p.MemoryBytes)
 	}
@@ -115,8 +118,8 @@ func TestWarmPoolTemplate(t *testing.T) {
 	if _, err := d.C.SetTemplatePool(ctx, "nope", 1); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("a pool of a template that does not exist: %v, want not found", err)
 	}
-	if _, err := d.C.SetTemplatePool(ctx, "busybox", 1); err != nil {
-		t.Fatal(err)
+	if out, errOut, code := d.cli("", "template", "pool", "busybox", "1"); code != 0 || !strings.Contains(out, " of 1 ready") {
+		t.Fatalf("loam template pool busybox 1: %d %q %q", code, out, errOut)
 	}
 	waitPool(t, tpl, 1)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "t1", Env: map[string]string{"X": "y"},
@@ -210,5 +213,3 @@ func names(list []api.Sandbox) string {
 	}
 	return strings.Join(n, ",")
 }
-
-

@@ -61,6 +61,7 @@ disk-only one holds the disk, and comes back as a fresh boot on it.`,
 		a.checkpointGetCmd(),
 		a.checkpointRmCmd(),
 		a.checkpointRestoreCmd(),
+		a.checkpointPoolCmd(),
 	)
 	return cmd
 }

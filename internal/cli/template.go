@@ -68,7 +68,7 @@ a checkpoint kept under a name. A sandbox made from a memory template
 like a fork; from a disk-only one it boots fresh on a copy of its disk.`,
 	}
 	cmd.AddCommand(a.templateLsCmd(), a.templateCreateCmd(), a.templateBuildCmd(), a.templateRmCmd(),
-		a.templateExportCmd(), a.templateImportCmd())
+		a.templateExportCmd(), a.templateImportCmd(), a.templatePoolCmd())
 	return cmd
 }
 
@@ -82,7 +82,10 @@ func splitSource(from string) (string, string, error) {
 }
 
 func (a *app) templateCreateCmd() *cobra.Command {
-	var from string
+	var (
+		from string
+		pool int
+	)
 	cmd := &cobra.Command{
 		Use:     "create NAME --from SANDBOX/CHECKPOINT",
 		Short:   "Keep a checkpoint as a template",
@@ -98,7 +101,7 @@ func (a *app) templateCreateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tpl, err := c.CreateTemplate(cmd.Context(), args[0], sb, cp)
+			tpl, err := c.CreateTemplate(cmd.Context(), args[0], sb, cp, client.WithPool(pool))
 			if err != nil {
 				return err
 			}
@@ -107,6 +110,7 @@ func (a *app) templateCreateCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "the checkpoint to keep, as `SANDBOX/CHECKPOINT`")
+	cmd.Flags().IntVar(&pool, "pool", 0, "keep a warm pool of `N` sandboxes of the template (see loam template pool)")
 	_ = cmd.MarkFlagRequired("from")
 	return cmd
 }

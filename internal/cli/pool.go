@@ -1,0 +1,120 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"loam.dev/loam/api"
+)
+
+// poolFlags are the flags of the two pool commands.
+type poolFlags struct {
+	asJSON bool
+}
+
+// poolCmd makes `loam checkpoint pool` and `loam template pool`: nargs
+// arguments name the source, one more (optional) is the size to set.
+func (a *app) poolCmd(use, short, long, example string, nargs int,
+	get func(cmd *cobra.Command, args []string) (*api.Pool, error),
+	set func(cmd *cobra.Command, args []string, size int) (*api.Pool, error)) *cobra.Command {
+	var f poolFlags
+	cmd := &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Long:    long,
+		Example: example,
+		Args:    cobra.RangeArgs(nargs, nargs+1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var (
+				p   *api.Pool
+				err error
+			)
+			if len(args) > nargs {
+				size, perr := strconv.Atoi(args[nargs])
+				if perr != nil || size < 0 {
+					return fmt.Errorf("SIZE: want a number of sandboxes, 0 to %d, not %q", api.MaxPoolSize, args[nargs])
+				}
+				p, err = set(cmd, args[:nargs], size)
+			} else {
+				p, err = get(cmd, args)
+			}
+			if err != nil {
+				return err
+			}
+			if f.asJSON {
+				return printJSON(a.stdout, p)
+			}
+			return printPool(a.stdout, p)
+		},
+	}
+	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print the pool as JSON")
+	return cmd
+}
+
+// printPool shows a pool in one line, and why it is held if it is.
+func printPool(w io.Writer, p *api.Pool) error {
+	if p.Size == 0 {
+		_, err := fmt.Fprintln(w, "no pool")
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%d of %d ready, %d starting, %s of memory, %d claimed\n",
+		p.Ready, p.Size, p.Starting, formatBytes(p.MemoryBytes), p.Claimed)
+	if err == nil && p.Held != "" {
+		_, err = fmt.Fprintf(w, "held: %s\n", p.Held)
+	}
+	return err
+}
+
+func (a *app) checkpointPoolCmd() *cobra.Command {
+	return a.poolCmd("pool SANDBOX CHECKPOINT [SIZE]",
+		"Keep a warm pool of forks of a checkpoint, or show it",
+		`Keep SIZE forks of the checkpoint restored ahead of time, so that a fork of it
+(loam fork) takes one and answers at once instead of waiting for a restore;
+the pool refills in the background. Without SIZE, show the pool. 0 drains it.
+Members are not listed as sandboxes; they fill only while the host has memory
+to spare. Deleting the checkpoint drains its pool.`,
+		"  loam checkpoint pool scratch v1 4\n  loam fork scratch v1 worker-1\n  loam checkpoint pool scratch v1",
+		2,
+		func(cmd *cobra.Command, args []string) (*api.Pool, error) {
+			c, err := a.connect()
+			if err != nil {
+				return nil, err
+			}
+			return c.CheckpointPool(cmd.Context(), args[0], args[1])
+		},
+		func(cmd *cobra.Command, args []string, size int) (*api.Pool, error) {
+			c, err := a.connect()
+			if err != nil {
+				return nil, err
+			}
+			return c.SetCheckpointPool(cmd.Context(), args[0], args[1], size)
+		})
+}
+
+func (a *app) templatePoolCmd() *cobra.Command {
+	return a.poolCmd("pool TEMPLATE [SIZE]",
+		"Keep a warm pool of sandboxes of a template, or show it",
+		`Keep SIZE sandboxes of the template made ahead of time (a built-in template's
+with the daemon's default resources), so that a create of it that asks for no
+other CPUs or memory takes one and answers at once; the pool refills in the
+background. Without SIZE, show the pool. 0 drains it.`,
+		"  loam template pool base 8\n  loam create web-1\n  loam template pool base",
+		1,
+		func(cmd *cobra.Command, args []string) (*api.Pool, error) {
+			c, err := a.connect()
+			if err != nil {
+				return nil, err
+			}
+			return c.TemplatePool(cmd.Context(), args[0])
+		},
+		func(cmd *cobra.Command, args []string, size int) (*api.Pool, error) {
+			c, err := a.connect()
+			if err != nil {
+				return nil, err
+			}
+			return c.SetTemplatePool(cmd.Context(), args[0], size)
+		})
+}
