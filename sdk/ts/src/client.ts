@@ -21,6 +21,7 @@ import type {
   Service,
   ServiceStatus,
   Session,
+  Pool,
   Template,
   WatchEvent,
 } from './types.js'
@@ -209,8 +210,22 @@ export class Loam {
    * createTemplate keeps a checkpoint as template name, memory included when
    * it has some; it outlives the sandbox and the checkpoint.
    */
-  createTemplate(name: string, from: { sandbox: string; checkpoint: string }, opts?: CallOptions): Promise<Template> {
-    return this.t.json<Template>('POST', '/v1/templates', { ...opts, body: { name, from } })
+  createTemplate(name: string, from: { sandbox: string; checkpoint: string }, opts?: CallOptions & { pool?: number }): Promise<Template> {
+    return this.t.json<Template>('POST', '/v1/templates', { ...opts, body: { name, from, pool: opts?.pool || undefined } })
+  }
+
+  /**
+   * setTemplatePool keeps a warm pool of size sandboxes of a template (built
+   * in, or made from a checkpoint): a create of it that asks for no other
+   * CPUs or memory takes one and answers at once. 0 drains the pool.
+   */
+  setTemplatePool(name: string, size: number, opts?: CallOptions): Promise<Pool> {
+    return this.t.json<Pool>('PUT', `/v1/templates/${seg('template', name)}/pool`, { ...opts, body: { size } })
+  }
+
+  /** templatePool reports a template's warm pool (size 0 when it has none). */
+  templatePool(name: string, opts?: CallOptions): Promise<Pool> {
+    return this.t.json<Pool>('GET', `/v1/templates/${seg('template', name)}/pool`, opts)
   }
 
   /** deleteTemplate deletes a checkpoint or image template no sandbox uses. */
@@ -371,6 +386,20 @@ export class Sandbox {
   /** restoreCheckpoint puts the sandbox back to a checkpoint, keeping its current state as auto-N first. */
   restoreCheckpoint(id: string, opts?: CallOptions): Promise<SandboxInfo> {
     return this.t.json<SandboxInfo>('POST', this.path(`/checkpoints/${seg('checkpoint', id)}/restore`), opts)
+  }
+
+  /**
+   * setPool keeps a warm pool of size forks of a checkpoint of this sandbox,
+   * restored ahead of time: a fork of it takes one and answers at once. 0
+   * drains the pool; deleting the checkpoint does too.
+   */
+  setPool(checkpoint: string, size: number, opts?: CallOptions): Promise<Pool> {
+    return this.t.json<Pool>('PUT', this.path(`/checkpoints/${seg('checkpoint', checkpoint)}/pool`), { ...opts, body: { size } })
+  }
+
+  /** pool reports the warm pool of a checkpoint of this sandbox (size 0 when it has none). */
+  pool(checkpoint: string, opts?: CallOptions): Promise<Pool> {
+    return this.t.json<Pool>('GET', this.path(`/checkpoints/${seg('checkpoint', checkpoint)}/pool`), opts)
   }
 
   /** fork makes a new sandbox from a checkpoint of this one (Loam.fork). */

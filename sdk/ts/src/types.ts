@@ -262,3 +262,24 @@ export const MAX_PORT_MESSAGE = 256 << 10
 export const WEBSOCKET_PROTOCOL = 'loam.v1'
 /** The prefix of the subprotocol that carries the token (api.WebSocketTokenPrefix). */
 export const WEBSOCKET_TOKEN_PREFIX = 'loam.token.'
+
+/**
+ * Pool is a warm pool: sandboxes kept made ahead of time from a checkpoint
+ * (from) or a template, for forks and creates to claim.
+ */
+export interface Pool {
+  from?: { sandbox: string; checkpoint: string }
+  template?: string
+  /** How many members the pool keeps; 0 is no pool. */
+  size: number
+  /** Members waiting to be claimed. */
+  ready: number
+  /** Members being made. */
+  starting: number
+  /** Host memory the ready members hold. */
+  memory_bytes: number
+  /** Forks and creates that took a member since the daemon started. */
+  claimed: number
+  /** Why the pool is below its size and not filling. */
+  held?: string
+}

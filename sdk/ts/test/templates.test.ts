@@ -57,3 +57,23 @@ test('templates from checkpoints: create, use, export, import', async (t) => {
   await loam.deleteTemplate('ts-tpl-copy')
   assert.ok(!(await loam.templates()).some((x) => x.name.startsWith('ts-tpl')))
 })
+
+test('warm pools: a fork of a pooled checkpoint takes a member', async (t) => {
+  const src = await sandbox(t, 'ts-pool-src')
+  await src.run(['sh', '-c', 'echo warm > /dev/shm/w'])
+  const cp = await src.createCheckpoint()
+  let p = await src.setPool(cp.id, 1)
+  assert.equal(p.size, 1)
+  assert.equal(p.from?.checkpoint, cp.id)
+  for (let i = 0; i < 600 && p.ready < 1; i++) {
+    await new Promise((r) => setTimeout(r, 100))
+    p = await src.pool(cp.id)
+  }
+  assert.equal(p.ready, 1)
+  const f = await src.fork(cp.id, { name: 'ts-pool-f' })
+  t.after(() => f.delete())
+  assert.equal((await f.run(['sh', '-c', 'echo $(hostname) $(cat /dev/shm/w)'])).stdout, 'ts-pool-f warm\n')
+  assert.equal((await src.pool(cp.id)).claimed, 1)
+  assert.equal((await src.setPool(cp.id, 0)).size, 0)
+  assert.equal((await loam.templatePool('busybox')).size, 0)
+})
