@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
@@ -165,6 +166,45 @@ func (d *LoamDriver) Fork(ctx context.Context, box, cp string) (string, error) {
 		return "", fmt.Errorf("forking %s of %s: %w", cp, box, err)
 	}
 	return sb.ID, nil
+}
+
+// SetPool implements pooler: the warm pool of cp of box, waited for until
+// ready members are.
+func (d *LoamDriver) SetPool(ctx context.Context, box, cp string, size, ready int) error {
+	if _, err := d.c.SetCheckpointPool(ctx, box, cp, size); err != nil {
+		return err
+	}
+	return waitPool(ctx, ready, func() (*api.Pool, error) { return d.c.CheckpointPool(ctx, box, cp) })
+}
+
+// SetTemplatePool implements pooler.
+func (d *LoamDriver) SetTemplatePool(ctx context.Context, template string, size, ready int) error {
+	if _, err := d.c.SetTemplatePool(ctx, template, size); err != nil {
+		return err
+	}
+	return waitPool(ctx, ready, func() (*api.Pool, error) { return d.c.TemplatePool(ctx, template) })
+}
+
+// waitPool polls a pool until it has ready members ready; a pool that
+// holds back (short of memory, failing) ends the wait with its reason.
+func waitPool(ctx context.Context, ready int, get func() (*api.Pool, error)) error {
+	for {
+		p, err := get()
+		if err != nil {
+			return err
+		}
+		if p.Ready >= ready {
+			return nil
+		}
+		if p.Held != "" && p.Starting == 0 {
+			return fmt.Errorf("the warm pool has %d of %d ready and is not filling: %s", p.Ready, ready, p.Held)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the warm pool: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Sleep implements Driver.

@@ -13,12 +13,13 @@ import (
 )
 
 // Ops are the operations a run can do, in the order they run.
-var Ops = []string{"create", "exec", "checkpoint", "disk-checkpoint", "restore", "fork", "fork4", "fork16", "wake"}
+var Ops = []string{"create", "create-pool", "exec", "checkpoint", "disk-checkpoint", "restore", "fork", "fork4", "fork16",
+	"fork-pool", "fork16-pool", "wake"}
 
 // rowOrder is the order of rows in results: each op, then what it
 // measured besides time.
-var rowOrder = []string{"create", "exec", "checkpoint", "checkpoint-pause", "checkpoint-image",
-	"disk-checkpoint", "restore", "fork", "fork-pss", "fork-rss", "fork-disk", "fork4", "fork4-pss", "fork16", "fork16-pss", "wake"}
+var rowOrder = []string{"create", "create-pool", "exec", "checkpoint", "checkpoint-pause", "checkpoint-image",
+	"disk-checkpoint", "restore", "fork", "fork-pss", "fork-rss", "fork-disk", "fork4", "fork4-pss", "fork16", "fork16-pss", "fork-pool", "fork16-pool", "wake"}
 
 // Config says what a run measures.
 type Config struct {
@@ -114,6 +115,15 @@ func Run(ctx context.Context, cfg Config, drivers []Driver) (*Result, error) {
 				}
 			}
 		}
+		if r.want("create-pool") {
+			for _, tpl := range cfg.Templates {
+				for _, d := range order {
+					if err := r.createPooled(ctx, d, tpl); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
 		for _, mib := range cfg.Sizes {
 			for _, d := range order {
 				if err := r.sequence(ctx, d, mib); err != nil {
@@ -145,6 +155,49 @@ func (r *runner) create(ctx context.Context, d Driver, tpl string) error {
 	}
 	r.record("create/"+tpl, 0, d, UnitMS, ms(took))
 	return nil
+}
+
+// pooler is a driver that keeps warm pools: loam's. Raw runsc has none.
+type pooler interface {
+	// SetPool keeps size forks of cp of box ready; SetTemplatePool size
+	// sandboxes of template. Both return once ready are ready.
+	SetPool(ctx context.Context, box, cp string, size, ready int) error
+	SetTemplatePool(ctx context.Context, template string, size, ready int) error
+}
+
+// createPooled times a create of tpl from a warm pool of one, from the call
+// until the sandbox answers an exec; the pool is filled first, untimed.
+func (r *runner) createPooled(ctx context.Context, d Driver, tpl string) error {
+	p, ok := d.(pooler)
+	if !ok {
+		r.noteOnce("create-pool: raw runsc has no warm pools")
+		return nil
+	}
+	if err := p.SetTemplatePool(ctx, tpl, 1, 1); err != nil {
+		return err
+	}
+	start := time.Now()
+	box, err := d.Create(ctx, tpl, -1)
+	if err == nil {
+		_, err = d.Exec(ctx, box, "true")
+	}
+	took := time.Since(start)
+	err = errors.Join(err, p.SetTemplatePool(ctx, tpl, 0, 0))
+	if box != "" {
+		err = errors.Join(err, d.Delete(ctx, box))
+	}
+	if err != nil {
+		return fmt.Errorf("%s: create %s from a pool: %w", d.Name(), tpl, err)
+	}
+	r.record("create-pool/"+tpl, 0, d, UnitMS, ms(took))
+	return nil
+}
+
+// noteOnce notes msg unless it is noted already.
+func (r *runner) noteOnce(msg string) {
+	if !slices.Contains(r.notes, msg) {
+		r.note("%s", msg)
+	}
 }
 
 // warm creates and deletes a sandbox of every template with every driver,
@@ -223,7 +276,8 @@ func (r *runner) sequence(ctx context.Context, d Driver, mib int) (err error) {
 			r.record("exec", mib, d, UnitMS, ms(time.Since(start)))
 		}
 	}
-	needCP := r.want("checkpoint") || r.want("restore") || r.want("fork") || r.want("fork4") || r.want("fork16")
+	needCP := r.want("checkpoint") || r.want("restore") || r.want("fork") || r.want("fork4") || r.want("fork16") ||
+		r.want("fork-pool") || r.want("fork16-pool")
 	var cp string
 	if needCP {
 		since := time.Now()
@@ -319,6 +373,39 @@ func (r *runner) sequence(ctx context.Context, d Driver, mib int) (err error) {
 			total += pss
 		}
 		r.record(op+"-pss", mib, d, UnitMiB, float64(total)/1024/float64(n))
+		if err := r.drop(ctx, d, forks, &made); err != nil {
+			return err
+		}
+	}
+	for _, n := range []int{1, 16} {
+		op := "fork-pool"
+		if n > 1 {
+			op = fmt.Sprintf("fork%d-pool", n)
+		}
+		if !r.want(op) {
+			continue
+		}
+		p, ok := d.(pooler)
+		if !ok {
+			r.noteOnce(op + ": raw runsc has no warm pools")
+			continue
+		}
+		// The pool's members, then the forks that took them and the
+		// members made again meanwhile.
+		if need := 2 * n * (mib + 256); r.cfg.MemAvailableMiB > 0 && need > r.cfg.MemAvailableMiB {
+			r.note("%s at %d MiB skipped: it needs about %d MiB of host memory, %d available", op, mib, need, r.cfg.MemAvailableMiB)
+			continue
+		}
+		if err := p.SetPool(ctx, box, cp, n, n); err != nil {
+			return err
+		}
+		forks, err := r.forks(ctx, d, box, cp, mib, n, op, &made)
+		if err == nil {
+			err = p.SetPool(ctx, box, cp, 0, 0)
+		}
+		if err != nil {
+			return err
+		}
 		if err := r.drop(ctx, d, forks, &made); err != nil {
 			return err
 		}

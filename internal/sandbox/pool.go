@@ -45,6 +45,9 @@ const poolFile = "pools.json"
 const (
 	poolRetry = 10 * time.Second
 	poolTick  = 2 * time.Second
+	// poolQuiet is how long after a claim a pool waits before it makes a
+	// member again: a burst of forks is answered first, then refilled.
+	poolQuiet = 300 * time.Millisecond
 )
 
 // poolConfig is what is kept of a pool: what its members are made from
@@ -78,6 +81,8 @@ type pool struct {
 	// memberBytes is the most memory a member was seen to hold, the
 	// estimate of what the next one needs.
 	memberBytes int64
+	// claimedAt is when a member was last claimed.
+	claimedAt time.Time
 }
 
 // pools is the Manager's pool state.
@@ -205,6 +210,14 @@ func (m *Manager) fill(key string) {
 			p.held, p.filling = short, false
 			m.pools.mu.Unlock()
 			return
+		}
+		if wait := poolQuiet - time.Since(p.claimedAt); wait > 0 {
+			m.pools.mu.Unlock()
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			continue
 		}
 		p.starting++
 		cfg := p.cfg
@@ -340,6 +353,7 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	}
 	mem := p.ready[0]
 	p.ready = p.ready[1:]
+	p.claimedAt = time.Now()
 	m.pools.mu.Unlock()
 	// The next member is made once this one is handed over: a restore
 	// beside the claim would take the CPU it needs.

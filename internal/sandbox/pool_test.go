@@ -1,0 +1,155 @@
+package sandbox_test
+
+import (
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/sandbox"
+)
+
+// poolEnv is an env whose host memory the test sets, with its pools
+// running.
+func poolEnv(t *testing.T) (*env, *atomic.Int64) {
+	t.Helper()
+	var avail atomic.Int64
+	avail.Store(64 << 30)
+	e := newEnv(t, func(c *sandbox.Config) {
+		c.PoolReserveMiB = 1024
+		c.MemAvailable = func() (int64, error) { return avail.Load(), nil }
+	})
+	if err := e.m.StartPools(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.m.ClosePools() })
+	return e, &avail
+}
+
+// waitReady waits until the checkpoint's pool has want members ready (or,
+// for want 0, none), and returns it.
+func waitReady(t *testing.T, e *env, sb, cp string, want int) *api.Pool {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		p, err := e.m.CheckpointPool(e.ctx, sb, cp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Ready == want && p.Starting == 0 {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool of %s/%s: %+v, want %d ready", sb, cp, p, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPoolMemory: a pool fills only while the host has memory to spare
+// above the reserve, and gives members up when the host runs short.
+func TestPoolMemory(t *testing.T) {
+	e, avail := poolEnv(t)
+	e.create(api.CreateSandbox{Name: "src"})
+	cp := e.checkpoint("src", true)
+
+	avail.Store(512 << 20) // below the reserve
+	if _, err := e.m.SetCheckpointPool(e.ctx, "src", cp.ID, 2); err != nil {
+		t.Fatal(err)
+	}
+	p := waitReady(t, e, "src", cp.ID, 0)
+	if !strings.Contains(p.Held, "host memory is short") {
+		t.Errorf("a pool on a host short of memory: %+v, want it held", p)
+	}
+	avail.Store(64 << 30)
+	p = waitReady(t, e, "src", cp.ID, 2)
+	if p.Held != "" {
+		t.Errorf("a full pool says it is held: %q", p.Held)
+	}
+	if n := len(e.rt.ids()); n != 3 {
+		t.Errorf("%d containers, want the source and 2 members", n)
+	}
+	avail.Store(256 << 20)
+	waitReady(t, e, "src", cp.ID, 0)
+	if n := len(e.rt.ids()); n != 1 {
+		t.Errorf("%d containers after the host ran short, want the source alone", n)
+	}
+}
+
+// TestPoolClaim: a fork takes a member, which becomes the fork (its id is
+// the member's); members are not sandboxes of the API; a name in use gives
+// the member back; deleting the source drains the pool; a restart deletes
+// the members the last Manager left.
+func TestPoolClaim(t *testing.T) {
+	e, _ := poolEnv(t)
+	e.create(api.CreateSandbox{Name: "src"})
+	cp := e.checkpoint("src", true)
+	if _, err := e.m.SetCheckpointPool(e.ctx, "src", cp.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, e, "src", cp.ID, 1)
+	members := e.rt.ids()
+	if list, err := e.m.List(e.ctx, nil); err != nil || len(list) != 1 {
+		t.Errorf("List with a member: %d sandboxes, %v; want src alone", len(list), err)
+	}
+	for _, id := range members {
+		if id != e.record("src").ID {
+			if _, err := e.m.Get(e.ctx, id); !errors.Is(err, api.ErrNotFound) {
+				t.Errorf("Get of a member: %v, want not found", err)
+			}
+		}
+	}
+	from := &api.ForkSource{Sandbox: "src", Checkpoint: cp.ID}
+	if _, err := e.m.Create(e.ctx, api.CreateSandbox{Name: "src", From: from}); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("a fork named src: %v, want conflict", err)
+	}
+	waitReady(t, e, "src", cp.ID, 1)
+	f, err := e.m.Create(e.ctx, api.CreateSandbox{Name: "f", Labels: map[string]string{"k": "v"}, From: from})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := false
+	for _, id := range members {
+		took = took || id == f.ID
+	}
+	if !took || f.Name != "f" || f.Labels["k"] != "v" || f.State != api.StateRunning {
+		t.Errorf("the fork %+v; want a member (%v) named f", f, members)
+	}
+	if r := e.record(f.ID); r.Pool != "" || r.Name != "f" {
+		t.Errorf("the fork's record: pool %q, name %q", r.Pool, r.Name)
+	}
+	waitReady(t, e, "src", cp.ID, 1)
+
+	// A restart: the members are deleted (by ClosePools, or by Recover
+	// after a crash: the stored member below), the pool made again.
+	e.m.ClosePools()
+	crashed := *e.record(f.ID)
+	crashed.ID, crashed.Name, crashed.NetIndex, crashed.Pool = "sb-crashedmember", "sb-crashedmember", 150, "checkpoint:x/v1"
+	if err := e.st.CreateSandbox(e.ctx, &crashed); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.restart(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.GetSandbox(e.ctx, crashed.ID); err == nil {
+		t.Errorf("a member the last daemon left is still stored after Recover")
+	}
+	if err := e.m.StartPools(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.m.ClosePools() })
+	waitReady(t, e, "src", cp.ID, 1)
+	if n := len(e.rt.ids()); n != 3 {
+		t.Errorf("%d containers after a restart, want src, f and one member", n)
+	}
+
+	// Deleting the source drains its pool.
+	if err := e.m.Delete(e.ctx, "src"); err != nil {
+		t.Fatal(err)
+	}
+	if ids := e.rt.ids(); len(ids) != 1 || ids[0] != f.ID {
+		t.Errorf("containers after the source was deleted: %v, want the fork alone", ids)
+	}
+}
