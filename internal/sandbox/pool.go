@@ -239,6 +239,13 @@ func (m *Manager) fill(key string) {
 				p.held, p.failedAt, p.filling = "making a member failed: "+err.Error(), time.Now(), false
 			}
 			m.pools.mu.Unlock()
+			if errors.Is(err, api.ErrNotFound) {
+				// Its checkpoint, sandbox or template is gone (a pool kept
+				// across a restart that missed the delete): no pool.
+				m.log.Warn("warm pool: its source is gone; dropping it", "pool", key, "err", err)
+				m.dropPools(context.WithoutCancel(ctx), func(c poolConfig) bool { return c.key() == key })
+				return
+			}
 			if err != nil {
 				m.log.Error("warm pool: making a member failed", "pool", key, "err", err)
 				return
