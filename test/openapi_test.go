@@ -154,7 +154,8 @@ func output(fs []frame, stream byte) string {
 // the server has and the document lacks, on a route no walk reached, and on
 // a documented field no answer held.
 func TestOpenAPIConformance(t *testing.T) {
-	d := startDaemon(t)
+	// A reserve no host has: warm pools say why they hold back (held).
+	d := startDaemon(t, "--pool-reserve-mib", "100000000")
 	ctx := ctxT(t)
 	w := &walker{t: t, d: d, c: newConformance(t)}
 
@@ -602,6 +603,14 @@ func walkCheckpoints(ctx context.Context, w *walker) {
 		w.t.Errorf("checkpoints after a restore: %+v, want v1 v2 auto-1", list.Checkpoints)
 	}
 
+	// A warm pool of v1: the reserve keeps it from filling.
+	pool := "/pool"
+	w.call(req{route: "PUT " + cp + pool, path: base + "/v1" + pool, body: `{"size":1}`}, 200)
+	w.errorCode(req{route: "PUT " + cp + pool, path: base + "/v1" + pool, body: `{"size":65}`}, api.CodeInvalid)
+	w.errorCode(req{route: "GET " + cp + pool, path: base + "/v9" + pool}, api.CodeNotFound)
+	waitHeld(w, req{route: "GET " + cp + pool, path: base + "/v1" + pool})
+	w.call(req{route: "PUT " + cp + pool, path: base + "/v1" + pool, body: `{"size":0}`}, 200)
+
 	// A fork of v2, and the seed's refusal of a fork that gives a template.
 	fork := `{"name":"scratch-disk","from":{"sandbox":"scratch","checkpoint":"v2"}}`
 	if got := w.call(req{route: "POST /v1/sandboxes", path: "/v1/sandboxes", body: `{"template":"base","from":{"sandbox":"scratch","checkpoint":"v2"}}`}, 400); string(got) != seedForkRefusal {
@@ -701,6 +710,10 @@ func walkTemplates(w *walker) {
 	w.call(req{route: "GET /v1/templates", path: "/v1/templates"}, 200)
 
 	const one = "/v1/templates/{template}"
+	w.call(req{route: "PUT " + one + "/pool", path: "/v1/templates/scratch-tpl/pool", body: `{"size":2}`}, 200)
+	w.errorCode(req{route: "PUT " + one + "/pool", path: "/v1/templates/nope/pool", body: `{"size":1}`}, api.CodeNotFound)
+	waitHeld(w, req{route: "GET " + one + "/pool", path: "/v1/templates/scratch-tpl/pool"})
+	w.call(req{route: "PUT " + one + "/pool", path: "/v1/templates/scratch-tpl/pool", body: `{"size":0}`}, 200)
 	w.errorCode(req{route: "DELETE " + one, path: "/v1/templates/scratch-tpl"}, api.CodeConflict)
 	w.errorCode(req{route: "DELETE " + one, path: "/v1/templates/base"}, api.CodeForbidden)
 	w.errorCode(req{route: "DELETE " + one, path: "/v1/templates/nope"}, api.CodeNotFound)
@@ -719,6 +732,22 @@ func walkTemplates(w *walker) {
 	w.call(req{route: "DELETE /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/from-tpl"}, 204)
 	w.call(req{route: "DELETE " + one, path: "/v1/templates/scratch-tpl"}, 204)
 	w.call(req{route: "DELETE " + one, path: "/v1/templates/scratch-copy"}, 204)
+}
+
+// waitHeld reads a pool until it says why it holds back.
+func waitHeld(w *walker, r req) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var p api.Pool
+		w.json(r, 200, &p)
+		if p.Held != "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("the pool at %s: %+v, want it held (host memory short)", r.path, p)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func walkCleanup(w *walker) {

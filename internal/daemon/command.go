@@ -81,6 +81,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.DNSUpstream, "dns-upstream", env("LOAM_DNS_UPSTREAM", ""), "comma-separated DNS servers (host or host:port) the sandboxes' resolver forwards to; default the host's /etc/resolv.conf (LOAM_DNS_UPSTREAM)")
 	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", ""), "where built templates are cached; default DATA_DIR/templates (LOAM_TEMPLATE_CACHE)")
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
+	f.IntVar(&cfg.PoolReserveMiB, "pool-reserve-mib", envInt("LOAM_POOL_RESERVE_MIB", 1024), "host memory warm pools leave to sandboxes: a pool fills only while more is available (LOAM_POOL_RESERVE_MIB)")
 	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")
 	f.IntVar(&diskGiB, "disk-size-gib", envInt("LOAM_DISK_SIZE_GIB", 64), "size of the sparse file the btrfs pool lives on when the data dir is not btrfs, in GiB (LOAM_DISK_SIZE_GIB)")
 	f.DurationVar(&cfg.Idle, "idle", envDuration("LOAM_IDLE", 0), "a sandbox created without an idle of its own sleeps after this long without activity, such as 10m; 0 is never (LOAM_IDLE)")

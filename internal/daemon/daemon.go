@@ -61,6 +61,8 @@ type Config struct {
 	DefaultTemplate string
 	// CheckpointLimit is how many checkpoints a user may take per sandbox.
 	CheckpointLimit int
+	// PoolReserveMiB is the host memory warm pools leave to sandboxes.
+	PoolReserveMiB int
 	// DiskSize is the size of the loop file the btrfs pool lives on, when
 	// the data dir is not on btrfs.
 	DiskSize int64
@@ -264,6 +266,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		DefaultTemplate: cfg.DefaultTemplate,
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit: cfg.CheckpointLimit,
+		PoolReserveMiB:  cfg.PoolReserveMiB,
 		Secret:          secret,
 		Secrets:         secrets,
 		Images:          images,

@@ -447,6 +447,7 @@ func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Check
 // agent holds token held, on the disk already in place; what names the
 // image in logs.
 func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, held, what string) error {
+	prep := time.Now()
 	ep, err := m.prepare(ctx, sb)
 	if err != nil {
 		return err
@@ -459,7 +460,7 @@ func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, 
 	if err := m.connect(ctx, sb, ep, held); err != nil {
 		return err
 	}
-	m.log.Info("memory restored", "sandbox", sb.ID, "image", what,
+	m.log.Info("memory restored", "sandbox", sb.ID, "image", what, "prepare_ms", start.Sub(prep).Milliseconds(),
 		"runtime_ms", restored.Sub(start).Milliseconds(), "agent_ms", time.Since(restored).Milliseconds())
 	return m.setState(ctx, sb, api.StateRunning, "")
 }

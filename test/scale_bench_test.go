@@ -1,0 +1,82 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+)
+
+// BenchmarkScale is how many idle sandboxes one host holds. It runs only
+// when LOAM_SCALE_RUNNING is set (it takes minutes and most of the host):
+// it creates that many sandboxes of LOAM_SCALE_TEMPLATE (base by default)
+// one after another, logging the create time of every 25th, and reports
+// the create time of the last one and the host memory (PSS of every host
+// process naming a sandbox) per sandbox; then it puts every one to sleep
+// and reports the sleep images' disk per sandbox and the host memory left.
+func BenchmarkScale(b *testing.B) {
+	n, _ := strconv.Atoi(os.Getenv("LOAM_SCALE_RUNNING"))
+	if n <= 0 {
+		b.Skip("set LOAM_SCALE_RUNNING to the number of sandboxes to run")
+	}
+	tpl := os.Getenv("LOAM_SCALE_TEMPLATE")
+	if tpl == "" {
+		tpl = "base"
+	}
+	for i := 0; i < b.N; i++ {
+		d := startDaemonB(b, "--default-template", tpl, "--disk-size-gib", "64")
+		ctx := context.Background()
+		ids := make([]string, 0, n)
+		var last time.Duration
+		for j := range n {
+			start := time.Now()
+			sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: fmt.Sprintf("s%04d", j)})
+			if err != nil {
+				b.Fatalf("sandbox %d of %d: %v", j+1, n, err)
+			}
+			if _, _, code, err := d.C.Output(ctx, sb.ID, "true"); err != nil || code != 0 {
+				b.Fatalf("sandbox %d of %d does not answer: %d %v", j+1, n, code, err)
+			}
+			last = time.Since(start)
+			ids = append(ids, sb.ID)
+			if (j+1)%25 == 0 {
+				b.Logf("%d running; the last create answered in %v", j+1, last)
+			}
+		}
+		time.Sleep(5 * time.Second) // let the boots settle
+		var pss int
+		for _, id := range ids {
+			pss += sandboxPSS(b, id)
+		}
+		b.ReportMetric(float64(n), "running")
+		b.ReportMetric(float64(last.Microseconds())/1000, "last-create-ms")
+		b.ReportMetric(float64(pss)/1024/float64(n), "pss-MiB/sandbox")
+		b.ReportMetric(float64(pss)/1024/1024, "pss-GiB-total")
+
+		start := time.Now()
+		for _, id := range ids {
+			if _, err := d.C.Sleep(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(time.Since(start).Milliseconds())/float64(n), "sleep-ms/sandbox")
+		var disk int64
+		left := 0
+		for _, id := range ids {
+			disk += dirSize(filepath.Join(d.dataDir, "sandboxes", id, "sleep"))
+			left += sleepingPSS(id)
+		}
+		b.ReportMetric(float64(disk)/(1<<20)/float64(n), "sleep-image-MiB/sandbox")
+		b.ReportMetric(float64(left)/1024, "asleep-pss-MiB-total")
+		for _, id := range ids {
+			if err := d.C.DeleteSandbox(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
