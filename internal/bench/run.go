@@ -390,9 +390,9 @@ func (r *runner) sequence(ctx context.Context, d Driver, mib int) (err error) {
 			r.noteOnce(op + ": raw runsc has no warm pools")
 			continue
 		}
-		// The pool's members, then the forks that took them and the
-		// members made again meanwhile.
-		if need := 2 * n * (mib + 256); r.cfg.MemAvailableMiB > 0 && need > r.cfg.MemAvailableMiB {
+		// The pool's members, which become the forks, and a couple made
+		// again before the pool is drained.
+		if need := (n + 2) * (mib + 256); r.cfg.MemAvailableMiB > 0 && need > r.cfg.MemAvailableMiB {
 			r.note("%s at %d MiB skipped: it needs about %d MiB of host memory, %d available", op, mib, need, r.cfg.MemAvailableMiB)
 			continue
 		}
