@@ -60,6 +60,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"loam.dev/loam/api"
@@ -219,6 +220,7 @@ func newHandler(cfg Config) *handler {
 	h.mux.HandleFunc("GET /exec", h.serveExec)
 	h.mux.HandleFunc("POST /token", h.serveToken)
 	h.mux.HandleFunc("POST /identity", h.serveIdentity)
+	h.mux.HandleFunc("POST /sync", h.serveSync)
 	h.fileRoutes(h.mux)
 	h.mux.HandleFunc("POST /sessions", h.serveSessionCreate)
 	h.mux.HandleFunc("GET /sessions", h.serveSessionList)
@@ -321,8 +323,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // and file watches (files.go, watch.go), ports (GET /ports,
 // /ports/watch and /ports/{port}/stream), and services (the /services
 // endpoints, service.go); 4 adds secrets to the identity (SecretEnv,
-// SecretFiles), which older agents ignore.
-const ProtocolVersion = 4
+// SecretFiles), which older agents ignore; 5 adds POST /sync.
+const ProtocolVersion = 5
 
 // Health is the body of GET /healthz.
 type Health struct {
@@ -361,6 +363,17 @@ func (h *handler) serveToken(w http.ResponseWriter, r *http.Request) {
 	}
 	h.setToken(req.Token)
 	h.log.Info("agent token rotated")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// serveSync writes what the sandbox's kernel holds for its files back to
+// them (sync(2)), so that a snapshot of the disk taken next, with the
+// sandbox running, holds every write made before it. gVisor writes a
+// regular file's data to the host file at once, except pages it caches in
+// its own memory: writable shared mappings and writes to cached ranges of
+// a file it holds no read-write host descriptor for.
+func (h *handler) serveSync(w http.ResponseWriter, r *http.Request) {
+	syscall.Sync()
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -284,8 +284,13 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
-	} else if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
-		return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
+	} else {
+		if err := m.syncFiles(ctx, sb); err != nil {
+			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
+		}
+		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
+			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
+		}
 	}
 	if err := syncVolume(m.disks.VolumePath(sb.ID)); err != nil {
 		return nil, err
@@ -382,6 +387,28 @@ func (m *Manager) afterFailedStop(ctx context.Context, sb *store.Sandbox, err er
 		return err
 	}
 	return errors.Join(err, m.applyLimits(ctx, sb))
+}
+
+// syncFiles has a running sandbox write back what gVisor holds of its
+// files in its own memory, so that a snapshot of its disk taken next, with
+// no pause, holds every write made before it (see agent's serveSync).
+// Other writes reach the host file at once, and the snapshot is atomic.
+// An agent too old to sync (restored from an old checkpoint) is not asked:
+// its snapshot is as consistent as before.
+func (m *Manager) syncFiles(ctx context.Context, sb *store.Sandbox) error {
+	if sb.State != api.StateRunning || m.requireAgent(sb, 5, "a sync") != nil {
+		return nil
+	}
+	ep, err := m.Endpoint(sb)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	if err := m.agentClient(ep, m.agentToken(sb)).Sync(ctx); err != nil {
+		return fmt.Errorf("syncing its files: %w", err)
+	}
+	return nil
 }
 
 // applyLimits sets a running sandbox's resource limits again, as its
