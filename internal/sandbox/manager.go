@@ -148,6 +148,12 @@ type Manager struct {
 	keptMu sync.RWMutex
 	// exporting counts the exports in progress of each template (under mu).
 	exporting map[string]int
+	// spares are the exec sockets opened ahead, one per sandbox at most,
+	// sparesOpening the sandboxes one is being opened to, and spareEpoch
+	// counts the drops that turn away those (spare.go).
+	spares        map[string]*spareExec
+	sparesOpening map[string]bool
+	spareEpoch    uint64
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -188,6 +194,8 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		used:          map[string]time.Time{},
 		holds:         map[string]int{},
 		exporting:     map[string]int{},
+		spares:        map[string]*spareExec{},
+		sparesOpening: map[string]bool{},
 	}
 }
 
@@ -619,12 +627,14 @@ func (m *Manager) agentClient(ep network.Endpoint, token string) *agent.Client {
 	}
 }
 
-// dropAgentConns closes the idle connections to agents, so that none is
+// dropAgentConns closes the idle connections and spare exec sockets to
+// agents, so that none is
 // open into a sandbox whose memory is about to be written or replaced (its
 // agent would wake up holding a dead one). Every sandbox's go, since the
 // pool is shared: the next calls dial afresh, which costs little.
 func (m *Manager) dropAgentConns() {
 	m.agentHTTP.CloseIdleConnections()
+	m.dropSpares()
 }
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
