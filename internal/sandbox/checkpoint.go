@@ -465,7 +465,11 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	staging := stagingVolume(sb.ID)
 	staged := make(chan error, 1)
 	go func() {
-		_, err := m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), staging)
+		// One a failed clean-up left is of no use.
+		err := m.disks.DeleteVolume(ctx, staging)
+		if err == nil {
+			_, err = m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), staging)
+		}
 		staged <- err
 	}()
 	stagedErr := func() error {
