@@ -243,7 +243,7 @@ func TestExecSpareSockets(t *testing.T) {
 	echo("four")
 	waitSpare()
 
-	e.m.BreakSpare(sb.ID)
+	e.m.BreakSpares(sb.ID)
 	echo("five")
 	waitSpare()
 

@@ -14,15 +14,15 @@ func (m *Manager) SourceLocks() int {
 func (m *Manager) HasSpare(id string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.spares[id] != nil
+	return len(m.spares[id]) > 0
 }
 
-// BreakSpare closes sandbox id's spare exec socket on the daemon's side and
-// leaves it in place, as a socket the agent stopped waiting on.
-func (m *Manager) BreakSpare(id string) {
+// BreakSpares closes sandbox id's spare exec sockets on the daemon's side
+// and leaves them in place, as sockets the agent stopped waiting on.
+func (m *Manager) BreakSpares(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s := m.spares[id]; s != nil {
+	for _, s := range m.spares[id] {
 		s.conn.CloseNow()
 	}
 }

@@ -148,11 +148,11 @@ type Manager struct {
 	keptMu sync.RWMutex
 	// exporting counts the exports in progress of each template (under mu).
 	exporting map[string]int
-	// spares are the exec sockets opened ahead, one per sandbox at most,
-	// sparesOpening the sandboxes one is being opened to, and spareEpoch
-	// counts the drops that turn away those (spare.go).
-	spares        map[string]*spareExec
-	sparesOpening map[string]bool
+	// spares are the exec sockets opened ahead to each sandbox,
+	// sparesOpening how many are being opened, and spareEpoch counts the
+	// drops that turn those away (spare.go).
+	spares        map[string][]*spareExec
+	sparesOpening map[string]int
 	spareEpoch    uint64
 }
 
@@ -194,8 +194,8 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		used:          map[string]time.Time{},
 		holds:         map[string]int{},
 		exporting:     map[string]int{},
-		spares:        map[string]*spareExec{},
-		sparesOpening: map[string]bool{},
+		spares:        map[string][]*spareExec{},
+		sparesOpening: map[string]int{},
 	}
 }
 
