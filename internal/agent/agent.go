@@ -60,8 +60,9 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
 )
@@ -366,15 +367,30 @@ func (h *handler) serveToken(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// serveSync writes what the sandbox's kernel holds for its files back to
-// them (sync(2)), so that a snapshot of the disk taken next, with the
-// sandbox running, holds every write made before it. gVisor writes a
-// regular file's data to the host file at once, except pages it caches in
-// its own memory: writable shared mappings and writes to cached ranges of
-// a file it holds no read-write host descriptor for.
+// serveSync writes what the sandbox's kernel holds for the files of its
+// root filesystem (the disk loam snapshots) back to them (syncfs(2)), so
+// that a snapshot of the disk taken next, with the sandbox running, holds
+// every write made before it. gVisor writes a regular file's data to the
+// host file at once, except pages it caches in its own memory: writable
+// shared mappings and writes to cached ranges of a file it holds no
+// read-write host descriptor for.
 func (h *handler) serveSync(w http.ResponseWriter, r *http.Request) {
-	syscall.Sync()
+	if err := syncRoot(); err != nil {
+		h.log.Warn("syncing the root filesystem", "err", err)
+		writeError(w, err)
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// syncRoot is syncfs(2) of the filesystem mounted at /.
+func syncRoot() error {
+	fd, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
