@@ -203,7 +203,11 @@ type take struct {
 // takeCheckpoint writes a checkpoint's data, makes it durable, and only
 // then stores its record. A memory checkpoint pauses the sandbox while its
 // memory image and disk snapshot are taken, and ends its streams first;
-// then the sandbox's agent gets a new token, since the image holds the old.
+// then the sandbox's agent gets a new token, since the image holds the old
+// (with t.stop the sandbox stays stopped instead, and the next token is
+// for whatever runs as it next). A disk-only checkpoint of a running
+// sandbox does not pause it: its agent syncs its files, then the disk is
+// snapshotted as it runs.
 func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take) (*store.Checkpoint, error) {
 	id := t.id
 	parent := m.checkpointsDir(sb.ID)
