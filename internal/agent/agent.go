@@ -62,6 +62,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"loam.dev/loam/api"
 )
 
@@ -220,6 +222,7 @@ func newHandler(cfg Config) *handler {
 	h.mux.HandleFunc("GET /exec", h.serveExec)
 	h.mux.HandleFunc("POST /token", h.serveToken)
 	h.mux.HandleFunc("POST /identity", h.serveIdentity)
+	h.mux.HandleFunc("POST /sync", h.serveSync)
 	h.fileRoutes(h.mux)
 	h.mux.HandleFunc("POST /sessions", h.serveSessionCreate)
 	h.mux.HandleFunc("GET /sessions", h.serveSessionList)
@@ -322,8 +325,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // and file watches (files.go, watch.go), ports (GET /ports,
 // /ports/watch and /ports/{port}/stream), and services (the /services
 // endpoints, service.go); 4 adds secrets to the identity (SecretEnv,
-// SecretFiles), which older agents ignore.
-const ProtocolVersion = 4
+// SecretFiles), which older agents ignore; 5 adds POST /sync.
+const ProtocolVersion = 5
 
 // Health is the body of GET /healthz.
 type Health struct {
@@ -363,6 +366,32 @@ func (h *handler) serveToken(w http.ResponseWriter, r *http.Request) {
 	h.setToken(req.Token)
 	h.log.Info("agent token rotated")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// serveSync writes what the sandbox's kernel holds for the files of its
+// root filesystem (the disk loam snapshots) back to them (syncfs(2)), so
+// that a snapshot of the disk taken next, with the sandbox running, holds
+// every write made before it. gVisor writes a regular file's data to the
+// host file at once, except pages it caches in its own memory: writable
+// shared mappings and writes to cached ranges of a file it holds no
+// read-write host descriptor for.
+func (h *handler) serveSync(w http.ResponseWriter, r *http.Request) {
+	if err := syncRoot(); err != nil {
+		h.log.Warn("syncing the root filesystem", "err", err)
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// syncRoot is syncfs(2) of the filesystem mounted at /.
+func syncRoot() error {
+	fd, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

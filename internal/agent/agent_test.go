@@ -31,6 +31,8 @@ func TestAuth(t *testing.T) {
 		{"health with an empty bearer", "GET", "/healthz", "Bearer ", 401},
 		{"exec without token", "GET", "/exec", "", 401},
 		{"token rotation without token", "POST", "/token", "", 401},
+		{"sync without token", "POST", "/sync", "", 401},
+		{"sync with the token", "POST", "/sync", "Bearer " + testToken, 204},
 		{"unknown path without token", "GET", "/nope", "", 401},
 		{"health with the token", "GET", "/healthz", "Bearer " + testToken, 200},
 		{"unknown path with the token", "GET", "/nope", "Bearer " + testToken, 404},
@@ -86,6 +88,22 @@ func TestHealth(t *testing.T) {
 	}
 	if !h.OK || h.PID != os.Getpid() || h.UptimeMS < 0 {
 		t.Errorf("health %+v, want ok with pid %d", h, os.Getpid())
+	}
+}
+
+// TestSync: the agent answers a sync, and says it can (protocol 5).
+func TestSync(t *testing.T) {
+	ctx := context.Background()
+	c := newTestAgent(t)
+	if err := c.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Health(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Version < 5 {
+		t.Errorf("protocol version %d, want 5 or newer (POST /sync)", h.Version)
 	}
 }
 

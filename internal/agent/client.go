@@ -133,6 +133,17 @@ func (c *Client) RotateToken(ctx context.Context, newToken string) error {
 	return nil
 }
 
+// Sync has the sandbox write what its kernel caches of its files back to
+// them (see serveSync). Agents before protocol version 5 answer not_found.
+func (c *Client) Sync(ctx context.Context) error {
+	resp, err := c.do(ctx, http.MethodPost, "/sync", nil)
+	if err != nil {
+		return fmt.Errorf("syncing the sandbox's files at %s: %w", c.BaseURL, err)
+	}
+	resp.Body.Close()
+	return nil
+}
+
 // do sends a request and turns a response that is not 2xx into an error.
 func (c *Client) do(ctx context.Context, method, path string, body []byte) (*http.Response, error) {
 	var r io.Reader

@@ -19,7 +19,8 @@ var Ops = []string{"create", "create-pool", "exec", "checkpoint", "disk-checkpoi
 // rowOrder is the order of rows in results: each op, then what it
 // measured besides time.
 var rowOrder = []string{"create", "create-pool", "exec", "checkpoint", "checkpoint-pause", "checkpoint-image",
-	"disk-checkpoint", "restore", "fork", "fork-pss", "fork-rss", "fork-disk", "fork4", "fork4-pss", "fork16", "fork16-pss", "fork-pool", "fork16-pool", "wake"}
+	"disk-checkpoint", "disk-checkpoint-pause", "restore", "fork", "fork-pss", "fork-rss", "fork-disk", "fork4", "fork4-pss",
+	"fork16", "fork16-pss", "fork-pool", "fork16-pool", "wake"}
 
 // Config says what a run measures.
 type Config struct {
@@ -292,13 +293,9 @@ func (r *runner) sequence(ctx context.Context, d Driver, mib int) (err error) {
 			if size > 0 {
 				r.record("checkpoint-image", mib, d, UnitMiB, float64(size)/(1<<20))
 			}
-			out, err := d.Exec(ctx, box, d.Binary(), "bench", "gap", "--dir", WorkloadDir, "--since", strconv.FormatInt(since.UnixNano(), 10))
+			pause, err := pauseSince(ctx, d, box, since)
 			if err != nil {
-				return fmt.Errorf("reading the pause: %w", err)
-			}
-			pause, err := strconv.ParseFloat(strings.TrimSpace(out), 64)
-			if err != nil {
-				return fmt.Errorf("reading the pause: %q: %w", out, err)
+				return err
 			}
 			r.record("checkpoint-pause", mib, d, UnitMS, pause)
 		}
@@ -313,6 +310,11 @@ func (r *runner) sequence(ctx context.Context, d Driver, mib int) (err error) {
 			return err
 		default:
 			r.record("disk-checkpoint", mib, d, UnitMS, ms(time.Since(start)))
+			pause, err := pauseSince(ctx, d, box, start)
+			if err != nil {
+				return err
+			}
+			r.record("disk-checkpoint-pause", mib, d, UnitMS, pause)
 		}
 	}
 	if r.want("restore") {
@@ -480,4 +482,18 @@ func (r *runner) drop(ctx context.Context, d Driver, forks []string, made *[]str
 		*made = slices.DeleteFunc(*made, func(b string) bool { return b == f })
 	}
 	return errors.Join(errs...)
+}
+
+// pauseSince is the longest gap the workload in box saw since since, in
+// milliseconds: how long a checkpoint begun then stopped it.
+func pauseSince(ctx context.Context, d Driver, box string, since time.Time) (float64, error) {
+	out, err := d.Exec(ctx, box, d.Binary(), "bench", "gap", "--dir", WorkloadDir, "--since", strconv.FormatInt(since.UnixNano(), 10))
+	if err != nil {
+		return 0, fmt.Errorf("reading the pause: %w", err)
+	}
+	pause, err := strconv.ParseFloat(strings.TrimSpace(out), 64)
+	if err != nil {
+		return 0, fmt.Errorf("reading the pause: %q: %w", out, err)
+	}
+	return pause, nil
 }

@@ -351,6 +351,12 @@ func (b *Btrfs) DeleteVolume(ctx context.Context, id string) error {
 	return nil
 }
 
+// RenameVolume renames volume from to to: a subvolume is renamed as a
+// directory is, and keeps its quota group.
+func (b *Btrfs) RenameVolume(ctx context.Context, from, to string) error {
+	return b.l.renameVolume(ctx, &b.locks, from, to)
+}
+
 // Snapshot makes snapshot snap as a read-only snapshot of volume id. It is
 // atomic: writers see no pause and the snapshot holds their writes up to
 // one instant.

@@ -110,6 +110,11 @@ func (c *Copy) DeleteVolume(ctx context.Context, id string) error {
 	return nil
 }
 
+// RenameVolume renames volume from to to.
+func (c *Copy) RenameVolume(ctx context.Context, from, to string) error {
+	return c.l.renameVolume(ctx, &c.locks, from, to)
+}
+
 // Snapshot copies volume id to snapshot snap. Unlike a btrfs snapshot the
 // copy is not from one instant: a file written during the copy may be seen
 // half-written, as after a crash, and one deleted during it may be missing.

@@ -38,6 +38,11 @@ type Pool interface {
 	VolumePath(id string) string
 	// DeleteVolume removes a volume; removing one that is gone is no error.
 	DeleteVolume(ctx context.Context, id string) error
+	// RenameVolume gives volume from the id to, which must not exist
+	// (ErrExists), at once: no copy. A volume prepared under a temporary
+	// id takes the place of one just deleted. The rename is not synced:
+	// after a crash either name may hold it.
+	RenameVolume(ctx context.Context, from, to string) error
 	// Snapshot makes read-only snapshot snap of volume id, without pausing
 	// its writers.
 	Snapshot(ctx context.Context, id, snap string) error

@@ -224,6 +224,44 @@ func (k *keyedLock) lock(ctx context.Context, key string) (unlock func(), err er
 	}
 }
 
+// lockPair takes the locks for two keys, always in the same order, so that
+// two callers taking the same pair cannot deadlock.
+func (k *keyedLock) lockPair(ctx context.Context, a, b string) (unlock func(), err error) {
+	if b < a {
+		a, b = b, a
+	}
+	ua, err := k.lock(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	ub, err := k.lock(ctx, b)
+	if err != nil {
+		ua()
+		return nil, err
+	}
+	return func() { ub(); ua() }, nil
+}
+
+// renameVolume moves volume from to to under both their locks, failing
+// with ErrNotFound when from is missing and ErrExists when to is there.
+func (l layout) renameVolume(ctx context.Context, locks *keyedLock, from, to string) error {
+	if err := validNames(from, to); err != nil {
+		return err
+	}
+	unlock, err := locks.lockPair(ctx, "v/"+from, "v/"+to)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := mustExist(l.volumePath(from)); err != nil {
+		return fmt.Errorf("renaming volume %s to %s: %w", from, to, err)
+	}
+	if err := renameNoReplace(l.volumePath(from), l.volumePath(to)); err != nil {
+		return fmt.Errorf("renaming volume %s to %s: %w", from, to, err)
+	}
+	return nil
+}
+
 func (k *keyedLock) release(key string, l *keyLock) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -195,12 +195,20 @@ type take struct {
 	memory            bool // memory and disk, or the disk alone
 	auto              bool // kept by a restore, not asked for
 	inside            bool // asked for by the sandbox itself (see store.Checkpoint.Inside)
+	// stop leaves a running sandbox stopped by its memory checkpoint (a
+	// restore's automatic one, whose sandbox is replaced next): one
+	// runsc checkpoint, no resume, and no token to hand over.
+	stop bool
 }
 
 // takeCheckpoint writes a checkpoint's data, makes it durable, and only
 // then stores its record. A memory checkpoint pauses the sandbox while its
 // memory image and disk snapshot are taken, and ends its streams first;
-// then the sandbox's agent gets a new token, since the image holds the old.
+// then the sandbox's agent gets a new token, since the image holds the old
+// (with t.stop the sandbox stays stopped instead, and the next token is
+// for whatever runs as it next). A disk-only checkpoint of a running
+// sandbox does not pause it: its agent syncs its files, then the disk is
+// snapshotted as it runs.
 func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take) (*store.Checkpoint, error) {
 	id := t.id
 	parent := m.checkpointsDir(sb.ID)
@@ -224,11 +232,14 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("checkpointing %s: snapshot %s exists already", sb.ID, snap)
 	}
-	ok := false
+	ok, stopped := false, false
 	defer func() {
 		if !ok {
 			os.RemoveAll(tmp)
 			_ = m.disks.DeleteSnapshot(ctx, snap)
+		}
+		if !ok && stopped && sb.State == api.StateRunning {
+			_ = m.setState(ctx, sb, api.StateError, "stopped for a restore whose automatic checkpoint failed: restore it again")
 		}
 	}()
 	held := sb.AgentGen // the generation in the memory image
@@ -251,6 +262,19 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 				return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 			}
 		}
+	} else if t.memory && t.stop {
+		if err := m.stopInto(ctx, sb, filepath.Join(tmp, memDir), snap); err != nil {
+			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
+		}
+		stopped = true
+		// The image holds the agent's token, and the agent is stopped:
+		// what runs as this sandbox next (the checkpoint restored, or a
+		// fresh boot after a crash) is handed the next generation. Stored
+		// before the checkpoint is visible, as rotateToken does.
+		sb.AgentGen++
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
+		}
 	} else if t.memory {
 		why := "the sandbox is being checkpointed"
 		if t.auto {
@@ -265,8 +289,13 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
-	} else if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
-		return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
+	} else {
+		if err := m.syncFiles(ctx, sb); err != nil {
+			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
+		}
+		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
+			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
+		}
 	}
 	if err := syncVolume(m.disks.VolumePath(sb.ID)); err != nil {
 		return nil, err
@@ -321,6 +350,72 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 	return paused, err
 }
 
+// stopInto takes a running sandbox's memory image and then its disk
+// snapshot with one runsc checkpoint that leaves it stopped, for a restore
+// that replaces it next: no pause and resume around it. A checkpoint that
+// fails leaves the sandbox as it was when it can (running, its limits set
+// again), and says so in its state when it cannot.
+func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, snap string) error {
+	m.closeStreams(sb.ID, "the sandbox is being restored")
+	m.dropAgentConns()
+	start := time.Now()
+	if err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{}); err != nil {
+		return m.afterFailedStop(ctx, sb, err)
+	}
+	written := time.Now()
+	// Stopped: its disk changes no more, and its dirty pages are in the
+	// image, as a paused sandbox's are.
+	if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
+		err = fmt.Errorf("snapshotting the disk: %w", err)
+		_ = m.setState(ctx, sb, api.StateError, "stopped for a restore that failed: "+err.Error())
+		return err
+	}
+	m.log.Info("memory checkpoint before a restore", "sandbox", sb.ID,
+		"runtime_ms", written.Sub(start).Milliseconds(), "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// afterFailedStop puts a sandbox whose stopping checkpoint failed (err)
+// back to running if it still is (paused: resumed; limits set again), and
+// into state error if it stopped.
+func (m *Manager) afterFailedStop(ctx context.Context, sb *store.Sandbox, err error) error {
+	st, serr := m.rt.State(ctx, sb.ID)
+	if serr == nil && st == runtime.StatusPaused {
+		if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
+			serr = rerr
+		} else {
+			st = runtime.StatusRunning
+		}
+	}
+	if serr != nil || st != runtime.StatusRunning {
+		_ = m.setState(ctx, sb, api.StateError, "stopped by a checkpoint that failed: "+err.Error())
+		return err
+	}
+	return errors.Join(err, m.applyLimits(ctx, sb))
+}
+
+// syncFiles has a running sandbox write back what gVisor holds of its
+// files in its own memory, so that a snapshot of its disk taken next, with
+// no pause, holds every write made before it (see agent's serveSync).
+// Other writes reach the host file at once, and the snapshot is atomic.
+// An agent too old to sync (restored from an old checkpoint) is not asked:
+// its snapshot is as consistent as before.
+func (m *Manager) syncFiles(ctx context.Context, sb *store.Sandbox) error {
+	if sb.State != api.StateRunning || m.requireAgent(sb, 5, "a sync") != nil {
+		return nil
+	}
+	ep, err := m.Endpoint(sb)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	if err := m.agentClient(ep, m.agentToken(sb)).Sync(ctx); err != nil {
+		return fmt.Errorf("syncing its files: %w", err)
+	}
+	return nil
+}
+
 // applyLimits sets a running sandbox's resource limits again, as its
 // record says. Checkpoints and restores lift the CPU quota for speed; every
 // path that may have been cut short while it was lifted calls this.
@@ -370,11 +465,45 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	unlock := m.lockSource(sb.ID)
 	defer unlock()
 
+	// The checkpoint's disk is cloned under a staging id while the current
+	// state is kept, and takes the disk's place once that is stored.
+	staging := stagingVolume(sb.ID)
+	staged := make(chan error, 1)
+	go func() {
+		// One a failed clean-up left is of no use.
+		err := m.disks.DeleteVolume(ctx, staging)
+		if err == nil {
+			_, err = m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), staging)
+		}
+		staged <- err
+	}()
+	stagedErr := func() error {
+		if staged == nil {
+			return nil
+		}
+		err := <-staged
+		staged = nil
+		return err
+	}
+	defer func() {
+		// Whatever was not used: never left for the sweep.
+		if err := stagedErr(); err == nil {
+			_ = m.disks.DeleteVolume(ctx, stagingVolume(sb.ID))
+		}
+	}()
+
 	// Keep the current state: memory and disk when running, the disk
 	// otherwise. A sandbox left without a disk by a failed restore has no
 	// state to keep, and must still be restorable.
 	if _, err := os.Stat(m.disks.VolumePath(sb.ID)); err == nil || sb.State != api.StateError {
+		stop := sb.State == api.StateRunning
 		sb.AutoSeq++
+		if stop {
+			// A running sandbox is stopped by its automatic checkpoint:
+			// the target, stored while it still runs, tells a restarted
+			// daemon that it may have been (see recoverOne).
+			sb.RestoreTarget = cp.ID
+		}
 		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 			return nil, fmt.Errorf("numbering automatic checkpoint of %s: %w", sb.ID, err)
 		}
@@ -386,8 +515,14 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		_, err = m.takeCheckpoint(ctx, sb, take{
 			id: checkpoint.AutoID(sb.AutoSeq), name: name, comment: "before restoring " + cp.ID,
 			memory: sb.State == api.StateRunning || sb.State == api.StateSleeping, auto: true, inside: caller == checkpoint.Inside,
+			stop: stop,
 		})
 		if err != nil {
+			if sb.State == api.StateRunning {
+				// Refused, and running on as it was.
+				sb.RestoreTarget = ""
+				_ = m.store.UpdateSandbox(ctx, sb)
+			}
 			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
 			return nil, publicError(fmt.Errorf("keeping the state before the restore: %w", err))
 		}
@@ -398,7 +533,12 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		return nil, err
 	}
 	start := time.Now()
-	if err := m.rollBack(ctx, sb, cp); err != nil {
+	if err := stagedErr(); err != nil {
+		m.log.Warn("cloning the checkpoint's disk ahead", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
+		_ = m.disks.DeleteVolume(ctx, staging)
+		staging = ""
+	}
+	if err := m.rollBack(ctx, sb, cp, staging); err != nil {
 		m.log.Error("restore failed", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
 		_ = m.setState(ctx, sb, api.StateError, fmt.Sprintf("restoring %s failed: %v", cp.ID, err))
 		return nil, publicError(fmt.Errorf("restoring %s to %s: %w", sb.Name, cp.ID, err))
@@ -408,9 +548,16 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	return m.view(sb), nil
 }
 
+// stagingVolume is the id under which a restore of sandbox id clones the
+// checkpoint's disk before it drops the current one. Not a sandbox's id:
+// the sweep removes one a crash left.
+func stagingVolume(id string) string { return id + "-restoring" }
+
 // rollBack stops the sandbox, puts its disk back to the checkpoint's, and
 // restores the checkpoint's memory (or boots fresh for a disk-only one).
-func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+// The disk is the volume staged, a clone of the checkpoint's already made,
+// or (staged "") one cloned now.
+func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string) error {
 	m.closeStreams(sb.ID, "the sandbox is being restored")
 	m.dropAgentConns()
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
@@ -424,7 +571,11 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
 		return fmt.Errorf("dropping the sleep image: %w", err)
 	}
-	if _, err := m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), sb.ID); err != nil {
+	if staged != "" {
+		if err := m.disks.RenameVolume(ctx, staged, sb.ID); err != nil {
+			return fmt.Errorf("putting the disk back: %w", err)
+		}
+	} else if _, err := m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), sb.ID); err != nil {
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
 	if err := m.limitDisk(ctx, sb); err != nil {

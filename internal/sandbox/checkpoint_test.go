@@ -283,8 +283,9 @@ func TestRestore(t *testing.T) {
 	if got.State != api.StateRunning || got.ID != sb.ID {
 		t.Errorf("restored sandbox %+v", got)
 	}
-	// Keep the state (memory, since it runs), then stop, and restore memory.
-	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"pause", "checkpoint", "resume", "delete", "restore"}; !slices.Equal(calls, want) {
+	// Keep the state (memory, since it runs) with the checkpoint that stops
+	// the sandbox (no pause, no resume), then restore memory.
+	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"checkpoint", "delete", "restore"}; !slices.Equal(calls, want) {
 		t.Errorf("runtime calls %v, want %v", calls, want)
 	}
 	if c, _ := e.rt.get(sb.ID); c.from != sb.ID {
@@ -307,7 +308,7 @@ func TestRestore(t *testing.T) {
 	if _, err := e.m.RestoreCheckpoint(e.ctx, "back", "v2"); err != nil {
 		t.Fatal(err)
 	}
-	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"pause", "checkpoint", "resume", "delete", "start"}; !slices.Equal(calls, want) {
+	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"checkpoint", "delete", "start"}; !slices.Equal(calls, want) {
 		t.Errorf("runtime calls %v, want %v", calls, want)
 	}
 	if c, _ := e.rt.get(sb.ID); c.from != "" {
@@ -675,4 +676,37 @@ func TestForkDiskLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRestoreRefusedWhenKeepingStateFails: when the checkpoint that keeps
+// a running sandbox's state (and stops it) fails, the restore is refused
+// and the sandbox runs on as it was: its disk, its token, its limits, no
+// automatic checkpoint, and no disk staged for the restore left behind.
+func TestRestoreRefusedWhenKeepingStateFails(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "stay"})
+	e.writeVolume(sb.ID, "state.txt", "one")
+	e.checkpoint("stay", true)
+	e.writeVolume(sb.ID, "state.txt", "two")
+	start := len(e.rt.callsOf(sb.ID))
+	e.rt.failNext("checkpoint", errors.New("no space for the image"))
+	if _, err := e.m.RestoreCheckpoint(e.ctx, "stay", "v1"); err == nil {
+		t.Fatal("the restore succeeded without its automatic checkpoint")
+	}
+	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"checkpoint", "setlimits"}; !slices.Equal(calls, want) {
+		t.Errorf("runtime calls %v, want %v", calls, want)
+	}
+	if rec := e.record(sb.ID); rec.State != api.StateRunning || rec.RestoreTarget != "" {
+		t.Errorf("state %s, restore target %q; want running, none", rec.State, rec.RestoreTarget)
+	}
+	if s := e.readVolume(sb.ID, "state.txt"); s != "two" {
+		t.Errorf("disk %q, want two", s)
+	}
+	if ids := e.checkpointIDs("stay"); !slices.Equal(ids, []string{"v1"}) {
+		t.Errorf("checkpoints %v", ids)
+	}
+	if got := e.volumes(); !slices.Equal(got, []string{sb.ID}) {
+		t.Errorf("volumes %v, want only %s", got, sb.ID)
+	}
+	e.agentAnswers(sb.ID)
 }

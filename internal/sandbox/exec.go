@@ -32,9 +32,10 @@ func (m *Manager) removeStream(id string, s *Stream) {
 	}
 }
 
-// closeStreams ends every stream of a sandbox with status 1011, and cuts
-// its files calls in flight.
+// closeStreams ends every stream of a sandbox with status 1011, cuts its
+// files calls in flight, and closes its spare exec socket.
 func (m *Manager) closeStreams(id, reason string) {
+	m.dropSpare(id)
 	m.endCalls(id, reason)
 	m.mu.Lock()
 	ss := make([]*Stream, 0, len(m.streams[id]))
@@ -89,20 +90,37 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest) (*S
 		return nil, err
 	}
 
-	ag, err := m.agentClient(ep, m.agentToken(sb)).DialExec(ctx)
+	token := m.agentToken(sb)
+	// The next exec finds its socket open (spare.go).
+	defer m.openSpare(sb.ID, ep, token)
+	if ag := m.takeSpare(sb.ID, token); ag != nil {
+		s := newStream(ag, agentControl)
+		m.addStream(sb.ID, s)
+		if err := sendRequest(ctx, ag, first); err == nil {
+			return s, nil
+		}
+		// The agent closed it (it is not waiting any more): open another.
+		s.Close()
+	}
+	ag, err := m.agentClient(ep, token).DialExec(ctx)
 	if err != nil {
 		m.log.Warn("dialing agent", "sandbox", sb.ID, "err", err)
 		return nil, api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")
 	}
-	ag.SetReadLimit(32 << 20)
 	s := newStream(ag, agentControl)
 	m.addStream(sb.ID, s)
-	if err := ag.Write(ctx, websocket.MessageText, first); err != nil {
+	if err := sendRequest(ctx, ag, first); err != nil {
 		s.Close()
 		m.log.Warn("sending exec request to agent", "sandbox", sb.ID, "err", err)
 		return nil, api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")
 	}
 	return s, nil
+}
+
+// sendRequest sends an exec request (first) on a socket to an agent.
+func sendRequest(ctx context.Context, ag *websocket.Conn, first []byte) error {
+	ag.SetReadLimit(32 << 20)
+	return ag.Write(ctx, websocket.MessageText, first)
 }
 
 // agentErrorCodes are the error classes an agent may give a command it could

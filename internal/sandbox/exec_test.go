@@ -197,6 +197,62 @@ func TestExecStreamsAndCheckpoints(t *testing.T) {
 	}
 }
 
+// TestExecSpareSockets: after an exec the daemon opens the next one's
+// socket to the agent ahead; execs that use it run as any other, and
+// nothing that changes the sandbox's memory or its agent's token (a memory
+// checkpoint, a restore, a delete) leaves one behind. A spare the agent no
+// longer waits on is not an error: the exec opens another.
+func TestExecSpareSockets(t *testing.T) {
+	e := newEnv(t)
+	sb := e.create(api.CreateSandbox{Name: "spare"})
+	echo := func(word string) {
+		t.Helper()
+		c := startExec(t, e, "spare", api.ExecRequest{Cmd: []string{"echo", word}, User: execUser(t)})
+		if st := c.wait(); st != websocket.StatusNormalClosure || c.stdout.String() != word+"\n" {
+			t.Fatalf("exec of echo %s: %d, %q", word, st, c.stdout.String())
+		}
+	}
+	waitSpare := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !e.m.HasSpare(sb.ID) {
+			if time.Now().After(deadline) {
+				t.Fatal("no spare exec socket after an exec")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	echo("one")
+	waitSpare()
+	echo("two") // on the spare
+	waitSpare()
+
+	e.checkpoint("spare", true)
+	if e.m.HasSpare(sb.ID) {
+		t.Error("a spare exec socket outlived a memory checkpoint")
+	}
+	echo("three") // the agent holds a new token now
+	waitSpare()
+
+	if _, err := e.m.RestoreCheckpoint(e.ctx, "spare", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if e.m.HasSpare(sb.ID) {
+		t.Error("a spare exec socket outlived a restore")
+	}
+	echo("four")
+	waitSpare()
+
+	e.m.BreakSpares(sb.ID)
+	echo("five")
+	waitSpare()
+
+	must(t, e.m.Delete(e.ctx, "spare"))
+	if e.m.HasSpare(sb.ID) {
+		t.Error("a spare exec socket outlived its sandbox")
+	}
+}
+
 // TestAgentControl: an agent may refuse a command as invalid or not found,
 // but any other class it names (unauthorized, say, which would tell the
 // client its token is wrong) becomes the agent's own failure.

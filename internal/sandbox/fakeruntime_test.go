@@ -74,7 +74,8 @@ type fakeRuntime struct {
 	calls      []string         // "op id" for every call but State, in order
 	failures   map[string]error // op -> error for its next call
 	hook       func(op, id string)
-	noAgent    bool // containers start no agent: it never answers
+	after      func(op, id string) // runs when a checkpoint has done its work
+	noAgent    bool                // containers start no agent: it never answers
 	// tokens lists the tokens the daemon may have handed container id's
 	// agent since it started (it derives them; see sandbox.AgentToken), for
 	// finding out which one the agent holds when its memory is "written".
@@ -468,7 +469,20 @@ func (r *fakeRuntime) Checkpoint(ctx context.Context, id, imageDir string, opts 
 		c.status = runtime.StatusStopped
 		r.mu.Unlock()
 	}
+	r.mu.Lock()
+	after := r.after
+	r.mu.Unlock()
+	if after != nil {
+		after("checkpoint", id)
+	}
 	return nil
+}
+
+// setAfter makes fn run at the end of every checkpoint that succeeded.
+func (r *fakeRuntime) setAfter(fn func(op, id string)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.after = fn
 }
 
 func (r *fakeRuntime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {

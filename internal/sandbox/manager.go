@@ -156,6 +156,12 @@ type Manager struct {
 	exporting map[string]int
 	// pools are the warm pools (pool.go).
 	pools pools
+	// spares are the exec sockets opened ahead to each sandbox,
+	// sparesOpening how many are being opened, and spareEpoch counts the
+	// drops that turn those away (spare.go).
+	spares        map[string][]*spareExec
+	sparesOpening map[string]int
+	spareEpoch    uint64
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -200,6 +206,8 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		holds:         map[string]int{},
 		exporting:     map[string]int{},
 		pools:         pools{all: map[string]*pool{}},
+		spares:        map[string][]*spareExec{},
+		sparesOpening: map[string]int{},
 	}
 }
 
@@ -647,12 +655,14 @@ func (m *Manager) agentClient(ep network.Endpoint, token string) *agent.Client {
 	}
 }
 
-// dropAgentConns closes the idle connections to agents, so that none is
+// dropAgentConns closes the idle connections and spare exec sockets to
+// agents, so that none is
 // open into a sandbox whose memory is about to be written or replaced (its
 // agent would wake up holding a dead one). Every sandbox's go, since the
 // pool is shared: the next calls dial afresh, which costs little.
 func (m *Manager) dropAgentConns() {
 	m.agentHTTP.CloseIdleConnections()
+	m.dropSpares()
 }
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.

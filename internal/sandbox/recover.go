@@ -61,6 +61,9 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	case api.StateSleeping:
 		return m.recoverSleeping(ctx, sb)
 	case api.StateRunning, api.StateError:
+		if sb.State == api.StateRunning && sb.RestoreTarget != "" {
+			return m.rebootCutRestore(ctx, sb)
+		}
 		if sb.State == api.StateRunning {
 			if done, err := m.recoverMidSleep(ctx, sb); done || err != nil {
 				return err
@@ -112,6 +115,26 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
+// rebootCutRestore boots again, on its disk, a running sandbox whose
+// restore was cut short while its state was being kept: the checkpoint that
+// keeps it stops the container, which runsc goes on reporting as running
+// for a while, so whether it still runs cannot be told. Its automatic
+// checkpoint was not stored, so its disk was not touched; the restore is
+// not finished (the state it would have kept is not stored), and can be
+// asked for again.
+func (m *Manager) rebootCutRestore(ctx context.Context, sb *store.Sandbox) error {
+	m.log.Info("a restore was cut short while keeping the state; booting the sandbox again on its disk",
+		"sandbox", sb.ID, "checkpoint", sb.RestoreTarget)
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		return err
+	}
+	sb.RestoreTarget = ""
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return fmt.Errorf("forgetting the restore of %s: %w", sb.ID, err)
+	}
+	return m.boot(ctx, sb, false)
+}
+
 // finishRestore finishes a restore that a crash cut short: the user asked
 // for it, and the sandbox may be half rolled back. When the checkpoint is
 // gone too, the sandbox is left in state error, saying why, for the user to
@@ -124,7 +147,7 @@ func (m *Manager) finishRestore(ctx context.Context, sb *store.Sandbox) error {
 		return m.setState(ctx, sb, api.StateError, fmt.Sprintf("a restore to %s was cut short, and the checkpoint is gone: restore another", target))
 	}
 	m.log.Info("finishing interrupted restore", "sandbox", sb.ID, "checkpoint", target)
-	if err := m.rollBack(ctx, sb, cp); err != nil {
+	if err := m.rollBack(ctx, sb, cp, ""); err != nil {
 		return fmt.Errorf("finishing the restore to %s: %w", target, err)
 	}
 	return nil

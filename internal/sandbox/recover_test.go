@@ -213,6 +213,10 @@ func TestRecoverSweeps(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(cps, ".tmp-v2-123456", "mem", imageFile), []byte("{}"), 0o600))
 	must(t, os.MkdirAll(filepath.Join(cps, "v7", "mem"), 0o700))
 	must(t, os.MkdirAll(filepath.Join(e.checkpointsDir("sb-gone00000000"), "v1", "mem"), 0o700))
+	// A restore's staged disk, cloned while the state was being kept.
+	if _, err := e.pool.CloneSnapshot(e.ctx, keep.ID+".v1", keep.ID+"-restoring"); err != nil {
+		t.Fatal(err)
+	}
 	must(t, e.pool.Snapshot(e.ctx, keep.ID, keep.ID+".v7"))
 	must(t, e.pool.Snapshot(e.ctx, keep.ID, "junk"))
 
@@ -330,6 +334,97 @@ func TestRecoverFinishesInterruptedRestore(t *testing.T) {
 			if ids := e.checkpointIDs("undo"); !slices.Equal(ids, []string{"v1", "auto-1"}) {
 				t.Errorf("checkpoints %v", ids)
 			}
+		})
+	}
+}
+
+// TestRecoverRestoreCutWhileKeepingState: a restore of a running sandbox
+// keeps its state with the checkpoint that stops it. A crash before that
+// checkpoint leaves it running; one after it, before the automatic
+// checkpoint is stored, leaves it stopped on its disk, untouched. Either
+// way a restart boots it again on that disk, answering to its own
+// token only, with no automatic checkpoint visible, nothing left of the
+// one cut short (image, snapshot, staged disk), and the restore not done.
+func TestRecoverRestoreCutWhileKeepingState(t *testing.T) {
+	for _, at := range []string{"before the checkpoint", "after the checkpoint"} {
+		t.Run(at, func(t *testing.T) {
+			e := newEnv(t)
+			sb := e.create(api.CreateSandbox{Name: "keep"})
+			e.writeVolume(sb.ID, "state.txt", "one")
+			e.checkpoint("keep", true)
+			e.writeVolume(sb.ID, "state.txt", "two")
+			heldBefore := e.token(sb.ID)
+
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				stop := func(o, id string) {
+					if o == "checkpoint" && id == sb.ID {
+						goruntime.Goexit()
+					}
+				}
+				if at == "before the checkpoint" {
+					e.rt.setHook(stop)
+				} else {
+					e.rt.setAfter(stop)
+				}
+				_, _ = e.m.RestoreCheckpoint(e.ctx, "keep", "v1")
+				t.Errorf("no crash")
+			}()
+			<-done
+			e.rt.setHook(nil)
+			e.rt.setAfter(nil)
+			want := runtime.StatusRunning
+			if at == "after the checkpoint" {
+				want = runtime.StatusStopped
+			}
+			if c, _ := e.rt.get(sb.ID); c.status != want {
+				t.Fatalf("after the crash the container is %s, want %s", c.status, want)
+			}
+			if rec := e.record(sb.ID); rec.State != api.StateRunning || rec.RestoreTarget != "v1" {
+				t.Fatalf("after the crash: state %s, target %q; want running, v1", rec.State, rec.RestoreTarget)
+			}
+
+			must(t, e.restart())
+			if rec := e.record(sb.ID); rec.State != api.StateRunning || rec.Error != "" || rec.RestoreTarget != "" {
+				t.Errorf("after recovery: %+v", rec)
+			}
+			// Booted again: whether the container still ran cannot be told.
+			if got := e.rt.callsOf(sb.ID); !slices.Equal(got[len(got)-2:], []string{"delete", "start"}) {
+				t.Errorf("runtime calls %v, want a delete and a start last", got)
+			}
+			if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusRunning || c.from != "" {
+				t.Errorf("container after recovery: %s, from %q", c.status, c.from)
+			}
+			if s := e.readVolume(sb.ID, "state.txt"); s != "two" {
+				t.Errorf("disk after recovery %q, want two (untouched)", s)
+			}
+			if ids := e.checkpointIDs("keep"); !slices.Equal(ids, []string{"v1"}) {
+				t.Errorf("checkpoints %v, want [v1]", ids)
+			}
+			if got := e.snapshots(); !slices.Equal(got, []string{sb.ID + ".v1"}) {
+				t.Errorf("snapshots %v", got)
+			}
+			if got := e.volumes(); !slices.Equal(got, []string{sb.ID}) {
+				t.Errorf("volumes %v, want only %s", got, sb.ID)
+			}
+			if got := dirNames(t, e.checkpointsDir(sb.ID)); !slices.Equal(got, []string{"v1"}) {
+				t.Errorf("checkpoint data %v, want [v1]", got)
+			}
+			if at == "after the checkpoint" {
+				// The lost image held this token: no longer the sandbox's.
+				e.agentAnswers(sb.ID, heldBefore)
+			} else {
+				e.agentAnswers(sb.ID)
+			}
+			// The restore can be asked for again, and undone.
+			if _, err := e.m.RestoreCheckpoint(e.ctx, "keep", "v1"); err != nil {
+				t.Fatal(err)
+			}
+			if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
+				t.Errorf("disk after the restore %q, want one", s)
+			}
+			e.agentAnswers(sb.ID)
 		})
 	}
 }

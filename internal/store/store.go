@@ -36,7 +36,9 @@ type Sandbox struct {
 	LegacyAgentToken string
 	// RestoreTarget is the checkpoint a restore in progress (state
 	// restoring) is putting the sandbox back to, so that a restarted daemon
-	// can finish it.
+	// can finish it. A running sandbox has one while the restore keeps its
+	// state with the checkpoint that stops it, so that a restarted daemon
+	// knows it may have stopped.
 	RestoreTarget string
 	// CheckpointSeq is the number of the last v-checkpoint taken (v1, v2, …);
 	// it only grows, so ids are never reused.

@@ -33,6 +33,7 @@ func Run(t *testing.T, newPool func(t *testing.T) disk.Pool) {
 		{"SnapshotIsFrozen", testSnapshotIsFrozen},
 		{"CloneIsIndependent", testCloneIsIndependent},
 		{"SnapshotOutlivesVolume", testSnapshotOutlivesVolume},
+		{"RenameVolume", testRenameVolume},
 		{"ImportSnapshot", testImportSnapshot},
 		{"DeleteIsIdempotent", testDeleteIsIdempotent},
 		{"List", testList},
@@ -292,6 +293,46 @@ func testSnapshotOutlivesVolume(t *testing.T, p disk.Pool) {
 	must(t, p.DeleteSnapshot(ctx, "s"))
 	if got := readFile(t, filepath.Join(v2, "state")); got != "kept\n" {
 		t.Errorf("after deleting the snapshot, state = %q, want %q", got, "kept\n")
+	}
+}
+
+// testRenameVolume: a clone prepared under another id takes the place of
+// a deleted volume, as a restore in place does, and a rename never
+// replaces a volume nor finds one that is not there.
+func testRenameVolume(t *testing.T, p disk.Pool) {
+	ctx := t.Context()
+	withTemplate(t, p)
+	v := newVolume(t, p, "v")
+	writeFile(t, filepath.Join(v, "state"), "old\n", 0o644)
+	must(t, p.Snapshot(ctx, "v", "s"))
+	writeFile(t, filepath.Join(v, "state"), "new\n", 0o644)
+	staged, err := p.CloneSnapshot(ctx, "s", "v-staged")
+	must(t, err)
+	if err := p.RenameVolume(ctx, "v-staged", "v"); !errors.Is(err, disk.ErrExists) {
+		t.Errorf("RenameVolume over an existing volume: %v, want ErrExists", err)
+	}
+	if got := readFile(t, filepath.Join(v, "state")); got != "new\n" {
+		t.Errorf("a refused rename changed the volume: state = %q", got)
+	}
+	must(t, p.DeleteVolume(ctx, "v"))
+	must(t, p.RenameVolume(ctx, "v-staged", "v"))
+	if got := readFile(t, filepath.Join(p.VolumePath("v"), "state")); got != "old\n" {
+		t.Errorf("after the rename, state = %q, want %q", got, "old\n")
+	}
+	checkMissing(t, staged)
+	vols, err := p.Volumes(ctx)
+	must(t, err)
+	if !slices.Equal(vols, []string{"v"}) {
+		t.Errorf("volumes after the rename: %v, want [v]", vols)
+	}
+	// The volume is writable and independent of the snapshot, as a clone.
+	writeFile(t, filepath.Join(p.VolumePath("v"), "state"), "again\n", 0o644)
+	must(t, p.DeleteVolume(ctx, "v"))
+	if err := p.RenameVolume(ctx, "missing", "w"); !errors.Is(err, disk.ErrNotFound) {
+		t.Errorf("RenameVolume of a missing volume: %v, want ErrNotFound", err)
+	}
+	if err := p.RenameVolume(ctx, "v", "../x"); err == nil {
+		t.Errorf("RenameVolume to an invalid name succeeded")
 	}
 }
 
