@@ -39,17 +39,8 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		return nil, err
 	}
 	diskMiB := sb.Resources.DiskMiB // the request's, checked by newRecord, or the default
-	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
-	if sb.Image != "" {
-		// The image's env is part of every sandbox of it, a fork's too.
-		if m.cfg.Images == nil {
-			return nil, errNoImages
-		}
-		res, err := m.cfg.Images.Lookup(ctx, sb.Image)
-		if err != nil {
-			return nil, fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err)
-		}
-		sb.Env = imageEnv(res.Config, req.Env)
+	if err := m.takeFromCheckpoint(ctx, sb, cp, req.Env); err != nil {
+		return nil, fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err)
 	}
 	if req.Resources != nil && req.Resources.DiskMiB != 0 {
 		sb.Resources.DiskMiB = diskMiB
@@ -64,7 +55,7 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		// A fork of a restricted sandbox is restricted too.
 		sb.Network = src.Network
 	}
-	if v, ok, err := m.claimMember(ctx, checkpointPoolKey(src.ID, cp.ID), sb); ok {
+	if v, ok, err := m.claimMember(ctx, checkpointPoolKey(src.ID, cp.ID), sb, nil); ok {
 		return v, err
 	}
 	end, _ := m.begin(sb, "create") // before it is stored: see Create
@@ -141,4 +132,24 @@ func (m *Manager) sourceCheckpoint(ctx context.Context, from *api.ForkSource) (s
 		return nil, nil, nil, err
 	}
 	return src, cp, unlock, nil
+}
+
+// takeFromCheckpoint gives a fork's record what it takes from its
+// checkpoint: template, image and resources, and, for a sandbox of an
+// image, the image's env under env (the request's).
+func (m *Manager) takeFromCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, env map[string]string) error {
+	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
+	if sb.Image == "" {
+		return nil
+	}
+	// The image's env is part of every sandbox of it, a fork's too.
+	if m.cfg.Images == nil {
+		return errNoImages
+	}
+	res, err := m.cfg.Images.Lookup(ctx, sb.Image)
+	if err != nil {
+		return err
+	}
+	sb.Env = imageEnv(res.Config, env)
+	return nil
 }

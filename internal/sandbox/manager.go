@@ -382,17 +382,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 		defer done()
 	} else if err := m.checkTemplate(ctx, sb); err != nil {
 		return nil, err
-	} else if req.Resources == nil || req.Resources.CPUs == 0 && req.Resources.MemoryMiB == 0 {
-		// A built-in template's pool has members with the default
-		// resources: a create that asks for no others may take one.
-		if v, ok, err := m.claimMember(ctx, templatePoolKey(sb.Template), sb); ok {
-			if err == nil {
-				err = m.startClaimedServices(ctx, sb, req.Services)
-			}
-			if err != nil {
-				return nil, err
-			}
-			return v, nil
+	} else if defaultResources(req) {
+		if v, ok, err := m.claimMember(ctx, templatePoolKey(sb.Template), sb, req.Services); ok {
+			return v, err
 		}
 	}
 	// Claimed before it is stored, so that no other operation (a delete)
@@ -413,13 +405,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 		}
 		return nil, publicError(fmt.Errorf("creating sandbox %s: %w", sb.Name, err))
 	}
-	if err := m.startServices(ctx, sb, req.Services); err != nil {
-		// A service the sandbox cannot run (no such user, program) is the
-		// client's mistake, told as it is; the sandbox is not kept.
-		m.log.Info("create failed: starting services", "sandbox", sb.ID, "err", err)
-		if derr := m.destroy(ctx, sb); derr != nil {
-			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
-		}
+	if err := m.startServicesOrDelete(ctx, sb, req.Services); err != nil {
 		return nil, err
 	}
 	m.log.Info("sandbox created", "sandbox", sb.ID, "name", sb.Name, "ms", time.Since(start).Milliseconds())

@@ -278,19 +278,11 @@ func (m *Manager) makeMember(ctx context.Context, key string, cfg poolConfig) (*
 	}
 	// A fork's settings (see fork), but no secrets: a member gets those of
 	// the request that claims it.
-	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
+	if err := m.takeFromCheckpoint(ctx, sb, cp, nil); err != nil {
+		return nil, err
+	}
 	sb.From = &api.ForkSource{Sandbox: src.Name, Checkpoint: cp.ID}
 	sb.Network = src.Network
-	if sb.Image != "" {
-		if m.cfg.Images == nil {
-			return nil, errNoImages
-		}
-		res, err := m.cfg.Images.Lookup(ctx, sb.Image)
-		if err != nil {
-			return nil, err
-		}
-		sb.Env = imageEnv(res.Config, nil)
-	}
 	return m.bootMember(ctx, sb, key, func(ctx context.Context) error { return m.bootFork(ctx, sb, src, cp) })
 }
 
@@ -351,7 +343,7 @@ func (m *Manager) deleteMember(ctx context.Context, sb *store.Sandbox) {
 // when there was no member to take, or the one taken was no good: the
 // caller then makes the sandbox the slow way. A name in use is the
 // caller's conflict, and the member goes back.
-func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandbox) (v *api.Sandbox, ok bool, err error) {
+func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandbox, services []api.Service) (v *api.Sandbox, ok bool, err error) {
 	m.pools.mu.Lock()
 	p := m.pools.all[key]
 	if p == nil || len(p.ready) == 0 {
@@ -420,6 +412,7 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 		return fail(err)
 	}
 	m.touch(claimed.ID)
+	*want = claimed
 	m.pools.mu.Lock()
 	if p := m.pools.all[key]; p != nil {
 		p.claimed++
@@ -428,7 +421,9 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	m.log.Info("sandbox made from a warm pool", "sandbox", claimed.ID, "name", claimed.Name, "pool", key,
 		"ms", time.Since(start).Milliseconds(), "store_ms", stored.Sub(start).Milliseconds(),
 		"network_ms", networked.Sub(stored).Milliseconds(), "agent_ms", time.Since(networked).Milliseconds())
-	*want = claimed
+	if err := m.startServicesOrDelete(ctx, &claimed, services); err != nil {
+		return nil, true, err
+	}
 	return m.view(&claimed), true, nil
 }
 
@@ -750,16 +745,9 @@ func (m *Manager) poolMembers(key string) []string {
 	return ids
 }
 
-// startClaimedServices starts a create's services on the sandbox it took
-// from a pool. As in Create, a service the sandbox cannot run fails the
-// create, and the sandbox is not kept.
-func (m *Manager) startClaimedServices(ctx context.Context, sb *store.Sandbox, defs []api.Service) error {
-	if err := m.startServices(ctx, sb, defs); err != nil {
-		m.log.Info("create failed: starting services", "sandbox", sb.ID, "err", err)
-		if derr := m.destroy(context.WithoutCancel(ctx), sb); derr != nil {
-			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
-		}
-		return err
-	}
-	return nil
+// defaultResources reports whether a create asks for no CPUs or memory of
+// its own: only such a create may take a template pool's member, made with
+// the daemon's defaults (or a memory template's).
+func defaultResources(req api.CreateSandbox) bool {
+	return req.Resources == nil || req.Resources.CPUs == 0 && req.Resources.MemoryMiB == 0
 }

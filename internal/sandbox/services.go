@@ -262,3 +262,18 @@ func (m *Manager) startServices(ctx context.Context, sb *store.Sandbox, defs []a
 	}
 	return nil
 }
+
+// startServicesOrDelete starts a new sandbox's services (a create's). A
+// service the sandbox cannot run (no such user, program) is the client's
+// mistake, told as it is; the sandbox is not kept.
+func (m *Manager) startServicesOrDelete(ctx context.Context, sb *store.Sandbox, defs []api.Service) error {
+	err := m.startServices(ctx, sb, defs)
+	if err == nil {
+		return nil
+	}
+	m.log.Info("create failed: starting services", "sandbox", sb.ID, "err", err)
+	if derr := m.destroy(context.WithoutCancel(ctx), sb); derr != nil {
+		m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
+	}
+	return err
+}

@@ -103,11 +103,17 @@ func (m *Manager) listKept() ([]*checkpoint.Manifest, error) {
 // ones, then the checkpoint templates, each with how many sandboxes use it.
 func (m *Manager) Templates(ctx context.Context) []api.Template {
 	out := m.tpl.List(ctx)
-	uses := map[string]int{}
+	// One listing counts the uses of both: a sandbox of an image is
+	// counted under its image. A warm pool's members are no uses.
+	uses, imageUses := map[string]int{}, map[string]int{}
 	if sbs, err := m.store.ListSandboxes(ctx, store.Filter{}); err == nil {
 		for _, sb := range sbs {
-			if sb.Pool == "" {
-				uses[sb.Template]++
+			if sb.Pool != "" {
+				continue
+			}
+			uses[sb.Template]++
+			if sb.Image != "" {
+				imageUses[sb.Image]++
 			}
 		}
 	} else {
@@ -123,12 +129,13 @@ func (m *Manager) Templates(ctx context.Context) []api.Template {
 	for _, man := range kept {
 		out = append(out, m.keptView(man, uses[man.Name]))
 	}
-	return append(out, m.imageTemplates(ctx)...)
+	return append(out, m.imageTemplates(ctx, imageUses)...)
 }
 
 // imageTemplates are the images the daemon pulled, or is pulling, as
-// templates: named by their ref, as a create gives it in "image".
-func (m *Manager) imageTemplates(ctx context.Context) []api.Template {
+// templates: named by their ref, as a create gives it in "image"; uses
+// counts the sandboxes of each.
+func (m *Manager) imageTemplates(ctx context.Context, uses map[string]int) []api.Template {
 	if m.cfg.Images == nil {
 		return nil
 	}
@@ -136,14 +143,6 @@ func (m *Manager) imageTemplates(ctx context.Context) []api.Template {
 	if err != nil {
 		m.log.Warn("listing images", "err", err)
 		return nil
-	}
-	uses := map[string]int{}
-	if sbs, err := m.store.ListSandboxes(ctx, store.Filter{}); err == nil {
-		for _, sb := range sbs {
-			if sb.Image != "" {
-				uses[sb.Image]++
-			}
-		}
 	}
 	var out []api.Template
 	for _, im := range images {
@@ -390,17 +389,10 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	if again, err := m.readKept(man.Name); err != nil || again == nil {
 		return nil, api.Errorf(api.CodeNotFound, "template %q not found", man.Name)
 	}
-	// A pool's members have the template's resources (a memory
-	// template's) or the daemon's defaults.
-	if req.Resources == nil || req.Resources.CPUs == 0 && req.Resources.MemoryMiB == 0 {
-		if v, ok, err := m.claimMember(ctx, templatePoolKey(man.Name), sb); ok {
-			if err == nil && !man.Memory {
-				err = m.startClaimedServices(ctx, sb, req.Services)
-			}
-			if err != nil {
-				return nil, err
-			}
-			return v, nil
+	if defaultResources(req) {
+		// A memory template gives no services (refused above).
+		if v, ok, err := m.claimMember(ctx, templatePoolKey(man.Name), sb, req.Services); ok {
+			return v, err
 		}
 	}
 	end, _ := m.begin(sb, "create") // before it is stored: see Create
