@@ -110,7 +110,7 @@ func Run(ctx context.Context, cfg Config, drivers []Driver) (*Result, error) {
 			}
 			for _, tpl := range cfg.Templates {
 				for _, d := range order {
-					if err := r.create(ctx, d, tpl); err != nil {
+					if err := r.create(ctx, d, tpl, "create"); err != nil {
 						return nil, err
 					}
 				}
@@ -138,8 +138,9 @@ func Run(ctx context.Context, cfg Config, drivers []Driver) (*Result, error) {
 	return res, nil
 }
 
-// create times a sandbox of tpl from the call until it answers an exec.
-func (r *runner) create(ctx context.Context, d Driver, tpl string) error {
+// create times a sandbox of tpl from the call until it answers an exec,
+// as row op/tpl.
+func (r *runner) create(ctx context.Context, d Driver, tpl, op string) error {
 	start := time.Now()
 	box, err := d.Create(ctx, tpl, -1)
 	if err == nil {
@@ -152,9 +153,9 @@ func (r *runner) create(ctx context.Context, d Driver, tpl string) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("%s: create %s: %w", d.Name(), tpl, err)
+		return fmt.Errorf("%s: %s %s: %w", d.Name(), op, tpl, err)
 	}
-	r.record("create/"+tpl, 0, d, UnitMS, ms(took))
+	r.record(op+"/"+tpl, 0, d, UnitMS, ms(took))
 	return nil
 }
 
@@ -177,21 +178,8 @@ func (r *runner) createPooled(ctx context.Context, d Driver, tpl string) error {
 	if err := p.SetTemplatePool(ctx, tpl, 1, 1); err != nil {
 		return err
 	}
-	start := time.Now()
-	box, err := d.Create(ctx, tpl, -1)
-	if err == nil {
-		_, err = d.Exec(ctx, box, "true")
-	}
-	took := time.Since(start)
-	err = errors.Join(err, p.SetTemplatePool(ctx, tpl, 0, 0))
-	if box != "" {
-		err = errors.Join(err, d.Delete(ctx, box))
-	}
-	if err != nil {
-		return fmt.Errorf("%s: create %s from a pool: %w", d.Name(), tpl, err)
-	}
-	r.record("create-pool/"+tpl, 0, d, UnitMS, ms(took))
-	return nil
+	err := r.create(ctx, d, tpl, "create-pool")
+	return errors.Join(err, p.SetTemplatePool(ctx, tpl, 0, 0))
 }
 
 // noteOnce notes msg unless it is noted already.

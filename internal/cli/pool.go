@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/client"
 )
 
 // poolFlags are the flags of the two pool commands.
@@ -18,8 +20,8 @@ type poolFlags struct {
 // poolCmd makes `loam checkpoint pool` and `loam template pool`: nargs
 // arguments name the source, one more (optional) is the size to set.
 func (a *app) poolCmd(use, short, long, example string, nargs int,
-	get func(cmd *cobra.Command, args []string) (*api.Pool, error),
-	set func(cmd *cobra.Command, args []string, size int) (*api.Pool, error)) *cobra.Command {
+	get func(ctx context.Context, c *client.Client, args []string) (*api.Pool, error),
+	set func(ctx context.Context, c *client.Client, args []string, size int) (*api.Pool, error)) *cobra.Command {
 	var f poolFlags
 	cmd := &cobra.Command{
 		Use:     use,
@@ -28,18 +30,23 @@ func (a *app) poolCmd(use, short, long, example string, nargs int,
 		Example: example,
 		Args:    cobra.RangeArgs(nargs, nargs+1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var (
-				p   *api.Pool
-				err error
-			)
+			size := -1
 			if len(args) > nargs {
-				size, perr := strconv.Atoi(args[nargs])
-				if perr != nil || size < 0 {
+				n, err := strconv.Atoi(args[nargs])
+				if err != nil || n < 0 {
 					return fmt.Errorf("SIZE: want a number of sandboxes, 0 to %d, not %q", api.MaxPoolSize, args[nargs])
 				}
-				p, err = set(cmd, args[:nargs], size)
+				size = n
+			}
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			var p *api.Pool
+			if size >= 0 {
+				p, err = set(cmd.Context(), c, args[:nargs], size)
 			} else {
-				p, err = get(cmd, args)
+				p, err = get(cmd.Context(), c, args)
 			}
 			if err != nil {
 				return err
@@ -78,19 +85,11 @@ Members are not listed as sandboxes; they fill only while the host has memory
 to spare. Deleting the checkpoint drains its pool.`,
 		"  loam checkpoint pool scratch v1 4\n  loam fork scratch v1 worker-1\n  loam checkpoint pool scratch v1",
 		2,
-		func(cmd *cobra.Command, args []string) (*api.Pool, error) {
-			c, err := a.connect()
-			if err != nil {
-				return nil, err
-			}
-			return c.CheckpointPool(cmd.Context(), args[0], args[1])
+		func(ctx context.Context, c *client.Client, args []string) (*api.Pool, error) {
+			return c.CheckpointPool(ctx, args[0], args[1])
 		},
-		func(cmd *cobra.Command, args []string, size int) (*api.Pool, error) {
-			c, err := a.connect()
-			if err != nil {
-				return nil, err
-			}
-			return c.SetCheckpointPool(cmd.Context(), args[0], args[1], size)
+		func(ctx context.Context, c *client.Client, args []string, size int) (*api.Pool, error) {
+			return c.SetCheckpointPool(ctx, args[0], args[1], size)
 		})
 }
 
@@ -103,18 +102,10 @@ other CPUs or memory takes one and answers at once; the pool refills in the
 background. Without SIZE, show the pool. 0 drains it.`,
 		"  loam template pool base 8\n  loam create web-1\n  loam template pool base",
 		1,
-		func(cmd *cobra.Command, args []string) (*api.Pool, error) {
-			c, err := a.connect()
-			if err != nil {
-				return nil, err
-			}
-			return c.TemplatePool(cmd.Context(), args[0])
+		func(ctx context.Context, c *client.Client, args []string) (*api.Pool, error) {
+			return c.TemplatePool(ctx, args[0])
 		},
-		func(cmd *cobra.Command, args []string, size int) (*api.Pool, error) {
-			c, err := a.connect()
-			if err != nil {
-				return nil, err
-			}
-			return c.SetTemplatePool(cmd.Context(), args[0], size)
+		func(ctx context.Context, c *client.Client, args []string, size int) (*api.Pool, error) {
+			return c.SetTemplatePool(ctx, args[0], size)
 		})
 }
