@@ -90,6 +90,7 @@ func Command() *cobra.Command {
 	f.DurationVar(&cfg.IdleMin, "test-idle-min", envDuration("LOAM_TEST_IDLE_MIN", 0), "tests only: the shortest idle a sandbox may have (LOAM_TEST_IDLE_MIN)")
 	_ = f.MarkHidden("test-idle-every")
 	_ = f.MarkHidden("test-idle-min")
+	f.StringVar(&cfg.DebugListen, "debug-listen", env("LOAM_DEBUG_LISTEN", ""), "loopback address serving Go's profiles (net/http/pprof, no token): goroutines, heap, CPU; off by default (LOAM_DEBUG_LISTEN)")
 	f.BoolVar(&debug, "debug", os.Getenv("LOAM_DEBUG") != "", "debug logs (LOAM_DEBUG)")
 	cfg.Token = os.Getenv("LOAM_TOKEN")
 	return cmd

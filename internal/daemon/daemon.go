@@ -63,6 +63,10 @@ type Config struct {
 	CheckpointLimit int
 	// PoolReserveMiB is the host memory warm pools leave to sandboxes.
 	PoolReserveMiB int
+	// DebugListen, when set, is a loopback address where the daemon
+	// serves Go's profiles (net/http/pprof): goroutines, heap, CPU. They
+	// need no token, so only loopback addresses are taken.
+	DebugListen string
 	// DiskSize is the size of the loop file the btrfs pool lives on, when
 	// the data dir is not on btrfs.
 	DiskSize int64
@@ -149,6 +153,9 @@ func (d *Daemon) start(ctx context.Context) error {
 		}
 		return nil
 	})
+	if err := d.serveDebug(); err != nil {
+		return err
+	}
 	if err := d.loadToken(); err != nil {
 		return err
 	}

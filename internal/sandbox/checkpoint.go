@@ -280,12 +280,16 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		if t.auto {
 			why = "the sandbox is being restored" // the state before a restore
 		}
+		release := m.holdCalls(sb.ID)
 		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap, why)
 		if err != nil {
+			release()
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		m.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "paused_ms", paused.Milliseconds())
-		if err := m.rotateToken(ctx, sb); err != nil {
+		err = m.rotateToken(ctx, sb)
+		release()
+		if err != nil {
 			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}

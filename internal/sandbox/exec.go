@@ -71,6 +71,20 @@ func (m *Manager) CheckExec(ctx context.Context, ref string) (*api.Sandbox, erro
 // client (the exec protocol of api/exec.go). It fails, before anything was
 // sent to the client, when the command cannot be sent.
 func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest) (*Stream, error) {
+	for try := 1; ; try++ {
+		seq := m.holdCount()
+		s, err := m.exec(ctx, ref, req)
+		if err == nil || try == 3 || ctx.Err() != nil || m.holdCount() == seq {
+			return s, err
+		}
+		// A memory checkpoint began between the look at the sandbox and
+		// the command reaching its agent: it dropped the socket, or the
+		// agent took a new token. The command did not start; send it
+		// again once the checkpoint is taken (awake waits for it).
+	}
+}
+
+func (m *Manager) exec(ctx context.Context, ref string, req api.ExecRequest) (*Stream, error) {
 	sb, err := m.awake(ctx, ref)
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)

@@ -59,6 +59,19 @@ func (m *Manager) endCalls(id, reason string) {
 // registers one. It returns the sandbox, a client of its agent, the call's
 // context (cut by endCalls) and the func that ends the call.
 func (m *Manager) startCall(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, context.Context, func(), error) {
+	for {
+		sb, ac, cctx, end, err := m.tryCall(ctx, ref)
+		if !errors.Is(err, errHeld) {
+			return sb, ac, cctx, end, err
+		}
+	}
+}
+
+// errHeld is tryCall's: calls were held (a memory checkpoint began) after
+// the sandbox was read; read it again once they go on.
+var errHeld = errors.New("calls held")
+
+func (m *Manager) tryCall(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, context.Context, func(), error) {
 	sb, err := m.awake(ctx, ref)
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)
@@ -76,6 +89,14 @@ func (m *Manager) startCall(ctx context.Context, ref string) (*store.Sandbox, *a
 	cctx, cancel := context.WithCancelCause(ctx)
 	c := &fileCall{cancel: cancel}
 	m.mu.Lock()
+	// A call registered before a checkpoint holds calls is cut by it; one
+	// that comes after must wait (in awake), or it would carry the token
+	// read above past the checkpoint's new one.
+	if m.held[sb.ID] != nil {
+		m.mu.Unlock()
+		cancel(nil)
+		return nil, nil, nil, nil, errHeld
+	}
 	if m.calls == nil {
 		m.calls = map[string]map[*fileCall]bool{}
 	}

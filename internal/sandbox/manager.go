@@ -127,9 +127,16 @@ type Manager struct {
 	// call (see agentClient), so there is nothing per sandbox to forget.
 	agentHTTP *http.Client
 
-	mu       sync.Mutex
-	ops      map[string]string           // sandbox id -> the operation running on it
-	opDone   map[string]chan struct{}    // sandbox id -> closed when its operation ends
+	mu     sync.Mutex
+	ops    map[string]string        // sandbox id -> the operation running on it
+	opDone map[string]chan struct{} // sandbox id -> closed when its operation ends
+	// held marks sandboxes whose calls wait: from before a memory
+	// checkpoint cuts the calls in flight until its agent holds its new
+	// token (see holdCalls). Closed when released.
+	held map[string]chan struct{}
+	// holdSeq counts the holds ever made, so that a call can tell one
+	// came while it started.
+	holdSeq  uint64
 	epochs   map[string]uint64           // sandbox id -> operations begun that hold its URL (see HTTPTarget)
 	reserved map[int]bool                // net indexes handed out but not yet stored
 	streams  map[string]map[*Stream]bool // sandbox id -> open streams
@@ -194,6 +201,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 			IdleConnTimeout:     30 * time.Second,
 		}},
 		ops:      map[string]string{},
+		held:     map[string]chan struct{}{},
 		opDone:   map[string]chan struct{}{},
 		epochs:   map[string]uint64{},
 		reserved: map[int]bool{},

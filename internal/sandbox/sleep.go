@@ -207,6 +207,16 @@ func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error)
 		// Marked before the look at the operations: an idle sleep that
 		// claims the sandbox looks at this mark again, and gives up.
 		m.touch(sb.ID)
+		if held := m.heldOn(sb.ID); held != nil {
+			// A memory checkpoint is being taken: the call goes in once
+			// it is, with the agent's new token (read again above).
+			select {
+			case <-held:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		op := m.opOn(sb.ID)
 		if op == opSleep || sb.State == api.StateSleeping && op != "" && op != opWake {
 			if err := pause(ctx); err != nil {
@@ -268,6 +278,42 @@ func pause(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// holdCalls makes the calls that come to sandbox id wait (in awake) until
+// release is called. A memory checkpoint holds them from before it cuts
+// the calls in flight until its agent takes its new token: a call let in
+// meanwhile would be cut, or would reach the agent with the token it no
+// longer answers to. The spec cuts only calls in flight, so new ones wait.
+func (m *Manager) holdCalls(id string) (release func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch := make(chan struct{})
+	m.held[id] = ch
+	m.holdSeq++
+	return func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.held[id] == ch {
+			delete(m.held, id)
+		}
+		close(ch)
+	}
+}
+
+// holdCount is how many holds were ever made; see Exec.
+func (m *Manager) holdCount() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.holdSeq
+}
+
+// heldOn is the channel that closes when the calls held for sandbox id go
+// on, nil when they are not held.
+func (m *Manager) heldOn(id string) chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.held[id]
 }
 
 // opOn is the operation running on sandbox id, "" for none.
