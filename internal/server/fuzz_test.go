@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"loam.dev/loam/api"
 )
 
@@ -310,5 +312,34 @@ func FuzzHeaders(f *testing.F) {
 		}
 		set("Content-Type", "application/json")
 		checkAnswer(t, daemon, fuzzRequest{method: method, path: path, header: h, body: []byte(`{"name":"hdr"}`)})
+	})
+}
+
+// FuzzExecRequest feeds the daemon the first message of an exec socket:
+// it is a request with a command, or refused as invalid.
+func FuzzExecRequest(f *testing.F) {
+	f.Add(true, []byte(`{"cmd":["sh","-c","echo hi"],"env":{"A":"1"},"dir":"/tmp","user":"root","tty":true,"rows":24,"cols":80}`))
+	f.Add(true, []byte(`{"cmd":[]}`))
+	f.Add(true, []byte(`{"cmd":"sh"}`))
+	f.Add(true, []byte(`{"cmd":["a"],"env":{"A":1},"rows":"x"}`))
+	f.Add(true, []byte(`{"cmd":["a"],"bogus":1}`))
+	f.Add(true, []byte(`{"cmd":["a"]} trailing`))
+	f.Add(false, []byte(`{"cmd":["a"]}`))
+	f.Add(true, []byte(`{"env":{"a":{"b":[1]}}}`))
+	f.Fuzz(func(t *testing.T, text bool, first []byte) {
+		typ := websocket.MessageBinary
+		if text {
+			typ = websocket.MessageText
+		}
+		req, err := execRequest(typ, first)
+		var ae *api.Error
+		switch {
+		case err == nil:
+			if len(req.Cmd) == 0 || req.Cmd[0] == "" {
+				t.Fatalf("%q accepted with no command", first)
+			}
+		case !errors.As(err, &ae) || ae.Code != api.CodeInvalid || ae.Message == "":
+			t.Fatalf("%q: %v, want invalid", first, err)
+		}
 	})
 }
