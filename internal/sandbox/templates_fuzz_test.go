@@ -28,6 +28,13 @@ func exportOf(tb testing.TB, m checkpoint.Manifest, disk, mem string) []byte {
 	return buf.Bytes()
 }
 
+// zstdOf is b compressed as an archive is.
+func zstdOf(b []byte) []byte {
+	zw, _ := zstd.NewWriter(nil)
+	defer zw.Close()
+	return zw.EncodeAll(b, nil)
+}
+
 // rezip is the archive with its tar rewritten by edit: for seeds that are
 // well-formed zstd tars with wrong content.
 func rezip(tb testing.TB, archive []byte, edit func(h *tar.Header, body []byte) (*tar.Header, []byte)) []byte {
@@ -69,6 +76,10 @@ func rezip(tb testing.TB, archive []byte, edit func(h *tar.Header, body []byte) 
 // Manager (the real archive reader, the real copy pool and store): each is
 // taken whole, or refused as invalid leaving nothing behind, no template,
 // no snapshot, no temporary directory.
+//
+// A seed goes in twice: as the archive, and as its tar with tar set, which
+// the target compresses itself, so that the fuzzer's changes reach the tar
+// and the manifest beneath the compression.
 func FuzzImportTemplate(f *testing.F) {
 	e := newEnv(f)
 	disk := makeTinyTree(f)
@@ -76,19 +87,29 @@ func FuzzImportTemplate(f *testing.F) {
 	must(f, os.WriteFile(filepath.Join(mem, "pages.img"), bytes.Repeat([]byte{7}, 3000), 0o600))
 	man := checkpoint.Manifest{Name: "warm", Template: "tiny", Resources: api.Resources{CPUs: 1, MemoryMiB: 256},
 		AgentToken: "tok", From: "box/v1", CreatedAt: time.Unix(1700000000, 0).UTC()}
+	add := func(archive []byte) {
+		f.Add(archive, false)
+		if zr, err := zstd.NewReader(bytes.NewReader(archive)); err == nil {
+			var tarBytes bytes.Buffer
+			if _, err := tarBytes.ReadFrom(zr); err == nil {
+				f.Add(tarBytes.Bytes(), true)
+			}
+			zr.Close()
+		}
+	}
 	good := exportOf(f, man, disk, "")
-	f.Add(good)
-	f.Add(exportOf(f, man, disk, mem))
+	add(good)
+	add(exportOf(f, man, disk, mem))
 	noToken := man
 	noToken.AgentToken = ""
-	f.Add(exportOf(f, noToken, disk, mem))
+	add(exportOf(f, noToken, disk, mem))
 	badRes := man
 	badRes.Resources.CPUs = 1000
-	f.Add(exportOf(f, badRes, disk, ""))
-	f.Add(good[:len(good)/2])
+	add(exportOf(f, badRes, disk, ""))
+	add(good[:len(good)/2])
 	flipped := bytes.Clone(good)
 	flipped[len(flipped)/2] ^= 0xff
-	f.Add(flipped)
+	add(flipped)
 	rename := func(from, to string) []byte {
 		return rezip(f, good, func(h *tar.Header, b []byte) (*tar.Header, []byte) {
 			if h.Name == from {
@@ -97,29 +118,29 @@ func FuzzImportTemplate(f *testing.F) {
 			return h, b
 		})
 	}
-	f.Add(rename("disk/hello.txt", "disk/../hello.txt"))
-	f.Add(rename("disk/hello.txt", "/disk/hello.txt"))
-	f.Add(rename("disk/hello.txt", "mem/hello.txt"))
-	f.Add(rezip(f, good, func(h *tar.Header, b []byte) (*tar.Header, []byte) {
+	add(rename("disk/hello.txt", "disk/../hello.txt"))
+	add(rename("disk/hello.txt", "/disk/hello.txt"))
+	add(rename("disk/hello.txt", "mem/hello.txt"))
+	add(rezip(f, good, func(h *tar.Header, b []byte) (*tar.Header, []byte) {
 		if h.Name == "disk/etc/resolv.conf" {
 			h.Linkname = "../../../etc/shadow"
 		}
 		return h, b
 	}))
-	f.Add(rezip(f, good, func(h *tar.Header, b []byte) (*tar.Header, []byte) {
+	add(rezip(f, good, func(h *tar.Header, b []byte) (*tar.Header, []byte) {
 		if h.Name == "disk/hello.txt" {
 			return &tar.Header{Name: "disk/hello.txt", Typeflag: tar.TypeLink, Linkname: "../outside", Mode: 0o644}, nil
 		}
 		return h, b
 	}))
-	f.Add(rezip(f, good, func(h *tar.Header, b []byte) (*tar.Header, []byte) {
+	add(rezip(f, good, func(h *tar.Header, b []byte) (*tar.Header, []byte) {
 		if h.Name == checkpoint.ManifestEntry {
 			return h, []byte(`{"format":1,"name":"x","memory":false,"resources":{},"created_at":"2024-01-01T00:00:00Z","bogus":1}`)
 		}
 		return h, b
 	}))
-	f.Add([]byte{0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0})
-	f.Add([]byte("not an archive"))
+	add([]byte{0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0})
+	add([]byte("not an archive"))
 
 	// The well-formed seed imports: the refusals below are not blanket.
 	if _, err := e.m.ImportTemplate(f.Context(), "seed-good", bytes.NewReader(good)); err != nil {
@@ -129,7 +150,10 @@ func FuzzImportTemplate(f *testing.F) {
 
 	kept := filepath.Join(e.cfg.DataDir, "checkpoint-templates")
 	var n atomic.Int64
-	f.Fuzz(func(t *testing.T, archive []byte) {
+	f.Fuzz(func(t *testing.T, archive []byte, tar bool) {
+		if tar {
+			archive = zstdOf(archive)
+		}
 		name := fmt.Sprintf("imp-%d-%d", os.Getpid(), n.Add(1))
 		snapshots := func() []string {
 			s, err := e.pool.Snapshots(t.Context())
