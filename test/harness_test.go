@@ -45,12 +45,19 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	loamBin = filepath.Join(dir, "loam")
-	build := exec.Command("go", "build", "-o", loamBin, "loam.dev/loam/cmd/loam")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
+	if err := buildLoam(loamBin, raceEnabled); err != nil {
 		fmt.Fprintln(os.Stderr, "building loam:", err)
 		return 1
+	}
+	if raceEnabled {
+		// The daemon and the CLI are built with -race, which needs cgo;
+		// the agent in each sandbox stays the static build it must be.
+		agentBin := filepath.Join(dir, "loam-agent")
+		if err := buildLoam(agentBin, false); err != nil {
+			fmt.Fprintln(os.Stderr, "building loam's agent:", err)
+			return 1
+		}
+		os.Setenv("LOAM_AGENT_BINARY", agentBin)
 	}
 	// The SDK examples talk to a daemon of their own, found as a user's
 	// program finds one: through LOAM_API_URL and LOAM_TOKEN.
@@ -59,10 +66,49 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "starting the examples' daemon:", err)
 		return 1
 	}
-	defer ex.destroy()
 	os.Setenv("LOAM_API_URL", ex.URL)
 	os.Setenv("LOAM_TOKEN", ex.Token)
-	return m.Run()
+	code := m.Run()
+	ex.destroy()
+	if race := ex.races(); race != "" {
+		fmt.Fprintf(os.Stderr, "the examples' daemon had a data race:\n%s\n", race)
+		code = 1
+	}
+	return code
+}
+
+// buildLoam builds the loam binary at out: static (CGO_ENABLED=0), as it
+// must be to run in a sandbox, or with the race detector, which needs cgo.
+func buildLoam(out string, race bool) error {
+	args, cgo := []string{"build", "-o", out}, "CGO_ENABLED=0"
+	if race {
+		args, cgo = append(args, "-race"), "CGO_ENABLED=1"
+	}
+	build := exec.Command("go", append(args, "loam.dev/loam/cmd/loam")...)
+	build.Env = append(os.Environ(), cgo)
+	build.Stderr = os.Stderr
+	return build.Run()
+}
+
+// raceReport marks a report of the race detector in a daemon's log.
+const raceReport = "WARNING: DATA RACE"
+
+// races is the first data race report in the daemon's log, if any (the
+// daemon is built with -race when the tests are).
+func (d *daemon) races() string {
+	if d.log == nil {
+		return ""
+	}
+	s := d.log.String()
+	i := strings.Index(s, raceReport)
+	if i < 0 {
+		return ""
+	}
+	end := strings.Index(s[i:], "==================")
+	if end < 0 {
+		end = min(len(s)-i, 8000)
+	}
+	return s[i : i+end]
 }
 
 func exampleDaemon() (*daemon, error) {
@@ -239,6 +285,10 @@ func (d *daemon) destroy() {
 		}
 		cancel()
 		d.stop()
+	}
+	if race := d.races(); race != "" && d.t != nil {
+		d.t.Errorf("the daemon had a data race:\n%s", race)
+		failed = true
 	}
 	if failed || os.Getenv("LOAM_TEST_LOG") != "" {
 		logf("daemon log:\n%s", d.log.String())

@@ -143,30 +143,36 @@ func (h *handler) serveExtract(w http.ResponseWriter, r *http.Request) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		root, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY, 0)
-		if err != nil {
-			return err
-		}
-		defer root.Close()
-		tr := tar.NewReader(r.Body)
-		for {
-			hdr, err := tr.Next()
-			if err == io.EOF {
-				return nil
-			}
-			if err != nil {
-				return api.Errorf(api.CodeInvalid, "reading the tar: %s", err)
-			}
-			if err := extract(int(root.Fd()), dir, hdr, tr); err != nil {
-				return err
-			}
-		}
+		return extractTar(dir, r.Body)
 	})
 	if err != nil {
 		h.fileError(w, r, dir, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// extractTar extracts the tar read from body into dir, an existing
+// directory (see serveExtract).
+func extractTar(dir string, body io.Reader) error {
+	root, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	tr := tar.NewReader(body)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return api.Errorf(api.CodeInvalid, "reading the tar: %s", err)
+		}
+		if err := extract(int(root.Fd()), dir, hdr, tr); err != nil {
+			return err
+		}
+	}
 }
 
 // extract makes one tar entry beneath the directory open at root (named

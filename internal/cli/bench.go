@@ -173,7 +173,14 @@ func (a *app) bench(ctx context.Context, o benchOptions) (err error) {
 				return fmt.Errorf("bench: %w", err)
 			}
 		}
-		raw, err := bench.NewRawDriver(runsc, "", self, trees)
+		// What runs inside the raw sandboxes must be static: the agent
+		// binary a daemon would run, when one is given (a loam built with
+		// -race is not), else this one.
+		agent := self
+		if p := os.Getenv("LOAM_AGENT_BINARY"); p != "" {
+			agent = p
+		}
+		raw, err := bench.NewRawDriver(runsc, "", agent, trees)
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}

@@ -142,8 +142,11 @@ func (p *progress) end() {
 		p.timer.Stop()
 	}
 	if p.bar != nil {
-		_ = p.bar.Clear()
-		_ = p.bar.Close()
+		// Finish, not Clear: a spinner redraws itself from a goroutine
+		// of progressbar's, under the bar's lock, which Clear does not
+		// take (a data race). Finish takes it, and with
+		// OptionClearOnFinish the bar's last draw clears it.
+		_ = p.bar.Finish()
 	}
 }
 

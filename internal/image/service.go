@@ -60,9 +60,10 @@ type Service struct {
 	mu      sync.Mutex
 	pulling map[string]*pull // image id -> pull queued or running
 
-	// stop ends Run (Close); running counts Runs under way.
+	// stop ends Run (Close); running counts Runs under way; closed (under
+	// mu) is set by Close.
 	stop    chan struct{}
-	once    sync.Once
+	closed  bool
 	running sync.WaitGroup
 }
 
@@ -97,7 +98,15 @@ func New(cfg Config) *Service {
 // the pulls a previous daemon left unfinished. A pull cut short stays
 // "pulling" in the store, for the next Run to take up.
 func (s *Service) Run(ctx context.Context) error {
+	// Under mu, so that a Close that has begun is never missed, and Close's
+	// wait never begins before this Add (a race on the WaitGroup).
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
 	s.running.Add(1)
+	s.mu.Unlock()
 	defer s.running.Done()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -136,7 +145,12 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Close stops Run, cutting the pulls under way short, and waits for it.
 func (s *Service) Close() error {
-	s.once.Do(func() { close(s.stop) })
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.stop)
+	}
+	s.mu.Unlock()
 	s.running.Wait()
 	return nil
 }

@@ -49,7 +49,7 @@ func unpackLayers(t *testing.T, layers ...[]byte) (string, error) {
 	return dir, nil
 }
 
-func gz(t *testing.T, b []byte) []byte {
+func gz(t testing.TB, b []byte) []byte {
 	var buf bytes.Buffer
 	w := gzip.NewWriter(&buf)
 	w.Write(b)

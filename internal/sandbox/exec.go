@@ -148,14 +148,19 @@ const maxAgentMessage = 1024
 
 // agentControl passes an agent's control message on to the client, unless
 // it is an "error" the agent has no business choosing the class of: that
-// becomes an internal error that quotes what the agent said.
+// becomes an internal error that quotes what the agent said. What goes on
+// is the message as loam reads it, written anew, never the agent's bytes:
+// a client that reads JSON another way (case-sensitive keys, the first of
+// two equal keys, fields of the wrong type skipped) must see what was
+// checked here. A text message that is no control message is dropped.
 func agentControl(data []byte) []byte {
 	var c api.ExecControl
-	if json.Unmarshal(data, &c) != nil || c.Type != api.ExecError {
-		return data
+	if json.Unmarshal(data, &c) != nil {
+		return nil
 	}
-	if c.Error != nil && agentErrorCodes[c.Error.Code] && len(c.Error.Message) <= maxAgentMessage {
-		return data
+	if c.Type != api.ExecError || c.Error != nil && agentErrorCodes[c.Error.Code] && len(c.Error.Message) <= maxAgentMessage {
+		out, _ := json.Marshal(c)
+		return out
 	}
 	said := ""
 	if c.Error != nil {

@@ -107,7 +107,7 @@ const imageFile = "image.json"
 
 var _ runtime.Runtime = (*fakeRuntime)(nil)
 
-func newFakeRuntime(t *testing.T) *fakeRuntime {
+func newFakeRuntime(t testing.TB) *fakeRuntime {
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

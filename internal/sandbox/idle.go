@@ -103,10 +103,14 @@ func (m *Manager) sleepIdle(ctx context.Context, id string, idle time.Duration, 
 // Idle puts sandboxes to sleep when their idle time has passed. The daemon
 // runs one: Run until Close.
 type Idle struct {
-	m       *Manager
-	every   time.Duration
-	quit    chan struct{}
-	once    sync.Once
+	m     *Manager
+	every time.Duration
+	quit  chan struct{}
+
+	// mu orders Run's start before Close's wait: a Run that starts after
+	// Close returns at once, and one that started is waited for.
+	mu      sync.Mutex
+	closed  bool
 	running sync.WaitGroup
 }
 
@@ -122,7 +126,13 @@ func NewIdle(m *Manager, every time.Duration) *Idle {
 // Run checks the sandboxes until ctx ends or Close is called. A sleep in
 // progress is finished first.
 func (i *Idle) Run(ctx context.Context) error {
+	i.mu.Lock()
+	if i.closed {
+		i.mu.Unlock()
+		return nil
+	}
 	i.running.Add(1)
+	i.mu.Unlock()
 	defer i.running.Done()
 	t := time.NewTicker(i.every)
 	defer t.Stop()
@@ -142,7 +152,12 @@ func (i *Idle) Run(ctx context.Context) error {
 
 // Close stops Run, and waits for it to return.
 func (i *Idle) Close() error {
-	i.once.Do(func() { close(i.quit) })
+	i.mu.Lock()
+	if !i.closed {
+		i.closed = true
+		close(i.quit)
+	}
+	i.mu.Unlock()
 	i.running.Wait()
 	return nil
 }

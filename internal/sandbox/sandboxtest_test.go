@@ -182,7 +182,7 @@ func (f *fakeTemplates) Ensure(ctx context.Context, name string) error {
 
 // makeTinyTree writes the tree of the tiny template: an etc like a real
 // root's (resolv.conf a symlink, as in Debian's), and one file.
-func makeTinyTree(t *testing.T) string {
+func makeTinyTree(t testing.TB) string {
 	dir := t.TempDir()
 	must(t, os.MkdirAll(filepath.Join(dir, "etc"), 0o755))
 	must(t, os.WriteFile(filepath.Join(dir, "etc", "hostname"), []byte("builder\n"), 0o644))
@@ -220,7 +220,7 @@ func (s *hookStore) setAfterGet(fn func(ref string)) {
 
 // env is a Manager over the fakes, the real copy pool and the real store.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	ctx  context.Context
 	cfg  sandbox.Config
 	st   *hookStore
@@ -232,7 +232,7 @@ type env struct {
 }
 
 // newEnv makes an env; edit changes the Manager's configuration.
-func newEnv(t *testing.T, edit ...func(*sandbox.Config)) *env {
+func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 	t.Helper()
 	ctx := t.Context()
 	poolDir, dataDir := t.TempDir(), t.TempDir()
@@ -469,7 +469,7 @@ func (e *env) requireGone(id string) {
 	}
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

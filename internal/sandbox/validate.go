@@ -104,7 +104,9 @@ const (
 
 func checkResources(r api.Resources) error {
 	switch {
-	case r.CPUs < 0 || r.CPUs > maxCPUs || (r.CPUs > 0 && r.CPUs < 0.1):
+	// Written so that NaN, which no comparison holds for, is refused:
+	// JSON cannot carry one, but a Resources need not come from JSON.
+	case !(r.CPUs == 0 || r.CPUs >= 0.1 && r.CPUs <= maxCPUs):
 		return api.Errorf(api.CodeInvalid, "resources.cpus: %g is out of range (0.1 to %d)", r.CPUs, maxCPUs)
 	case r.MemoryMiB != 0 && (r.MemoryMiB < minMemoryMiB || r.MemoryMiB > maxMemoryMiB):
 		return api.Errorf(api.CodeInvalid, "resources.memory_mib: %d is out of range (%d to %d)", r.MemoryMiB, minMemoryMiB, maxMemoryMiB)

@@ -158,16 +158,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return nil
 	}
-	var req api.ExecRequest
-	dec := json.NewDecoder(bytes.NewReader(first))
-	dec.DisallowUnknownFields()
-	if typ != websocket.MessageText {
-		err = api.Errorf(api.CodeInvalid, "exec: the first message must be a JSON text message")
-	} else if derr := dec.Decode(&req); derr != nil {
-		err = decodeError(derr, &req)
-	} else if len(req.Cmd) == 0 || req.Cmd[0] == "" {
-		err = api.Errorf(api.CodeInvalid, "cmd: give the command to run")
-	}
+	req, err := execRequest(typ, first)
 	if err != nil {
 		sendExecError(ctx, c, err)
 		return nil
@@ -183,6 +174,24 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	}
 	ProxyStream(ctx, c, st)
 	return nil
+}
+
+// execRequest reads the first message of an exec socket: the request, or
+// an invalid error that says what is wrong with it.
+func execRequest(typ websocket.MessageType, first []byte) (api.ExecRequest, error) {
+	var req api.ExecRequest
+	dec := json.NewDecoder(bytes.NewReader(first))
+	dec.DisallowUnknownFields()
+	if typ != websocket.MessageText {
+		return req, api.Errorf(api.CodeInvalid, "exec: the first message must be a JSON text message")
+	}
+	if err := dec.Decode(&req); err != nil {
+		return req, decodeError(err, &req)
+	}
+	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
+		return req, api.Errorf(api.CodeInvalid, "cmd: give the command to run")
+	}
+	return req, nil
 }
 
 // sendExecError tells an exec client why its command cannot run, in an
