@@ -216,6 +216,30 @@ func (r *Runtime) State(ctx context.Context, id string) (runtime.Status, error) 
 	}
 }
 
+// SandboxPid is the host pid of container id's sandbox process: the gVisor
+// kernel (the "sentry") that runs every process of the container, whose
+// end is the container's end. runsc reports it in its state.
+func (r *Runtime) SandboxPid(ctx context.Context, id string) (int, error) {
+	if err := checkID(id); err != nil {
+		return 0, fmt.Errorf("getting sandbox pid of %s: %w", id, err)
+	}
+	if !r.exists(id) {
+		return 0, fmt.Errorf("getting sandbox pid of %s: %w", id, runtime.ErrNotExist)
+	}
+	out, err := r.run(ctx, id, "state", id)
+	if err != nil {
+		return 0, fmt.Errorf("getting sandbox pid of %s: %w", id, r.classify(id, err))
+	}
+	var st specs.State
+	if err := json.Unmarshal(out, &st); err != nil {
+		return 0, fmt.Errorf("getting sandbox pid of %s: decoding runsc state: %w", id, err)
+	}
+	if st.Pid <= 0 {
+		return 0, fmt.Errorf("getting sandbox pid of %s: runsc reports none (status %s)", id, st.Status)
+	}
+	return st.Pid, nil
+}
+
 // Delete kills the container's processes and removes it, with its cgroup.
 // A container that does not exist is no error.
 func (r *Runtime) Delete(ctx context.Context, id string) error {
