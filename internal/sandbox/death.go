@@ -203,20 +203,35 @@ func (m *Manager) judgeDeath(id string, w *deathWatch, how string) {
 			w.file.Close()
 		}
 	}()
-	end, err := m.beginWhenFree(ctx, id, opDeath)
-	if err != nil {
-		return // gone
+	for {
+		// Judged without taking the sandbox first: most ends are the
+		// daemon's own, and claiming the sandbox for them would turn
+		// a user's next call away as busy.
+		m.waitFree(id)
+		m.mu.Lock()
+		current := m.deaths[id] == w
+		m.mu.Unlock()
+		if !current {
+			return // started again (a restore, a wake), or deleted
+		}
+		sb, err := m.store.GetSandbox(ctx, id)
+		if err != nil || sb.State != api.StateRunning {
+			// Put to sleep, deleted, or broken for a reason of its own.
+			return
+		}
+		end, err := m.begin(sb, opDeath)
+		if err != nil {
+			continue // an operation began meanwhile: judge after it
+		}
+		defer end()
+		break
 	}
-	defer end()
+	// Again under the operation: another may have run in between.
 	m.mu.Lock()
 	current := m.deaths[id] == w
 	m.mu.Unlock()
-	if !current {
-		return // started again (a restore, a wake), or deleted
-	}
 	sb, err := m.store.GetSandbox(ctx, id)
-	if err != nil || sb.State != api.StateRunning {
-		// Put to sleep, deleted, or broken for a reason of its own.
+	if !current || err != nil || sb.State != api.StateRunning {
 		return
 	}
 	if or, ok := m.rt.(oomRuntime); ok {
@@ -282,23 +297,15 @@ func (m *Manager) brokeDown(ctx context.Context, sb *store.Sandbox, pid int, how
 // opDeath is the operation that judges a sandbox process's end.
 const opDeath = "a check of its sandbox process"
 
-// beginWhenFree begins operation what on sandbox id once no other runs on
-// it: it waits for each one to end. It fails when the sandbox is gone.
-func (m *Manager) beginWhenFree(ctx context.Context, id, what string) (func(), error) {
+// waitFree waits until no operation runs on sandbox id.
+func (m *Manager) waitFree(id string) {
 	for {
-		sb, err := m.store.GetSandbox(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		end, err := m.begin(sb, what)
-		if err == nil {
-			return end, nil
-		}
 		m.mu.Lock()
 		done := m.opDone[id]
 		m.mu.Unlock()
-		if done != nil {
-			<-done
+		if done == nil {
+			return
 		}
+		<-done
 	}
 }
