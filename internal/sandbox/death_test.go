@@ -101,3 +101,51 @@ func TestSandboxProcessDies(t *testing.T) {
 		t.Errorf("file after booting again: %q", got)
 	}
 }
+
+// TestPoolMemberDies: a warm pool's member whose process dies is deleted
+// and made again, never handed out.
+func TestPoolMemberDies(t *testing.T) {
+	e := newEnv(t)
+	e.m = sandbox.New(e.cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.tpl, testLogger())
+	if err := e.m.Recover(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.StartPools(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.m.ClosePools() })
+	e.create(api.CreateSandbox{Name: "src"})
+	cp := e.checkpoint("src", true)
+	if _, err := e.m.SetCheckpointPool(e.ctx, "src", cp.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, e, "src", cp.ID, 1)
+	var member string
+	for _, id := range e.rt.ids() {
+		if got := e.record(id); got.Pool != "" {
+			member = id
+		}
+	}
+	c, ok := e.rt.get(member)
+	if member == "" || !ok {
+		t.Fatalf("no member among %v", e.rt.ids())
+	}
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		p, err := e.m.CheckpointPool(e.ctx, "src", cp.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.st.GetSandbox(e.ctx, member)
+		if p.Ready == 1 && err != nil {
+			break // the dead one gone, another made
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool: %+v; the dead member's record: %v", p, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
