@@ -53,6 +53,31 @@ func TestSandboxProcessKilled(t *testing.T) {
 	attachDone := f.attach(ctx, d.C, "victim", ss.ID)
 	f.waitLines(t, 5)
 	waitFor(t, func() bool { return strings.Count(execOut.String(), "\n") >= 5 })
+	// A file watch and a ports watch too.
+	fw, err := d.C.Watch(ctx, "victim", "/home/loam", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchDone := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := fw.Next(ctx); err != nil {
+				watchDone <- err
+				return
+			}
+		}
+	}()
+	portsDone := make(chan error, 1)
+	go func() {
+		for _, err := range d.C.WatchPorts(ctx, "victim") {
+			if err != nil {
+				portsDone <- err
+				return
+			}
+		}
+		portsDone <- errors.New("the ports watch stopped without an error")
+	}()
+	d.run("victim", "touch", "/home/loam/seen") // the watch is in place
 
 	took := killSentry(t, d, victim.ID)
 	t.Logf("killed by SIGKILL: state error after %v", took)
@@ -63,10 +88,11 @@ func TestSandboxProcessKilled(t *testing.T) {
 	if !strings.Contains(got.Reason, "sandbox process") || !strings.Contains(got.Reason, "signal 9") {
 		t.Errorf("error says %q, want the sandbox process killed by signal 9", got.Reason)
 	}
-	for name, done := range map[string]<-chan error{"exec": execDone, "attach": attachDone} {
+	for name, done := range map[string]<-chan error{"exec": execDone, "attach": attachDone, "file watch": watchDone, "ports watch": portsDone} {
 		select {
 		case err := <-done:
-			if !errors.Is(err, client.ErrInterrupted) || !strings.Contains(err.Error(), "signal 9") {
+			interrupted := errors.Is(err, client.ErrInterrupted) || !strings.Contains("exec attach", name)
+			if !interrupted || !strings.Contains(err.Error(), "signal 9") {
 				t.Errorf("%s ended with %v, want interrupted with the reason", name, err)
 			}
 		case <-time.After(30 * time.Second):
