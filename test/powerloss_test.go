@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,7 +21,8 @@ import (
 // TestPowerLoss cuts the power under a daemon right after the API
 // acknowledged a memory checkpoint, and checks that the checkpoint is
 // there after the reboot: its record listed, its files whole, and a
-// restore to it works.
+// restore to it works; so are a checkpoint template and a pool size
+// acknowledged before it.
 //
 // The daemon's data dir is a btrfs filesystem on a loop device the test
 // makes, with the kernel's periodic writeback off for the test (the
@@ -47,9 +49,23 @@ func TestPowerLoss(t *testing.T) {
 
 	d := &daemon{t: t, dataDir: filepath.Join(mnt, "data"), subnet: nextSubnet()}
 	t.Cleanup(d.destroy) // also on failure: the API, containers, netns, firewall
-	d.start("--disk-size-gib", "2")
+	// No pool ever makes a member: it would write and sync after the ack.
+	flags := []string{"--disk-size-gib", "2", "--pool-reserve-mib", "100000000"}
+	d.start(flags...)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "durable"})
 	if err != nil {
+		t.Fatal(err)
+	}
+	// A checkpoint template and a pool, acknowledged before the last
+	// checkpoint, are there after the cut too.
+	first, err := d.C.CreateCheckpoint(ctx, "durable", api.CreateCheckpoint{Memory: new(bool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateTemplate(ctx, "kept", "durable", first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.SetCheckpointPool(ctx, "durable", first.ID, 1); err != nil {
 		t.Fatal(err)
 	}
 	d.run("durable", "sh", "-c", "echo acked > /home/loam/f")
@@ -89,13 +105,13 @@ func TestPowerLoss(t *testing.T) {
 	}
 	d2 := &daemon{t: t, dataDir: filepath.Join(mnt, "data"), subnet: d.subnet}
 	t.Cleanup(d2.destroy)
-	d2.start("--disk-size-gib", "2")
+	d2.start(flags...)
 
 	cps, err := d2.C.ListCheckpoints(ctx, "durable")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cps) != 1 || cps[0].ID != cp.ID {
+	if len(cps) != 2 || cps[1].ID != cp.ID {
 		t.Fatalf("after the power loss the checkpoints are %+v, want %s, which the API acknowledged", cps, cp.ID)
 	}
 	got := treeSums(t, filepath.Join(d2.dataDir, cpDir))
@@ -103,6 +119,16 @@ func TestPowerLoss(t *testing.T) {
 		if got[name] != sum {
 			t.Errorf("checkpoint file %s: sha256 %q after the power loss, %q before", name, got[name], sum)
 		}
+	}
+	tpls, err := d2.C.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(tpls, func(tp api.Template) bool { return tp.Name == "kept" && tp.Ready }) {
+		t.Errorf("after the power loss the templates are %+v, want kept", tpls)
+	}
+	if p, err := d2.C.CheckpointPool(ctx, "durable", first.ID); err != nil || p.Size != 1 {
+		t.Errorf("after the power loss the pool is %+v (%v), want size 1", p, err)
 	}
 	if _, err := d2.C.RestoreCheckpoint(ctx, "durable", cp.ID); err != nil {
 		t.Fatal(err)
