@@ -21,8 +21,8 @@ import (
 // TestPowerLoss cuts the power under a daemon right after the API
 // acknowledged a memory checkpoint, and checks that the checkpoint is
 // there after the reboot: its record listed, its files whole, and a
-// restore to it works; so are a checkpoint template and a pool size
-// acknowledged before it.
+// restore to it works; so are a sandbox, a checkpoint template and a pool
+// size acknowledged before it.
 //
 // The daemon's data dir is a btrfs filesystem on a loop device the test
 // makes, with the kernel's periodic writeback off for the test (the
@@ -66,6 +66,9 @@ func TestPowerLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := d.C.SetCheckpointPool(ctx, "durable", first.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "late"}); err != nil {
 		t.Fatal(err)
 	}
 	d.run("durable", "sh", "-c", "echo acked > /home/loam/f")
@@ -119,6 +122,9 @@ func TestPowerLoss(t *testing.T) {
 		if got[name] != sum {
 			t.Errorf("checkpoint file %s: sha256 %q after the power loss, %q before", name, got[name], sum)
 		}
+	}
+	if late, err := d2.C.GetSandbox(ctx, "late"); err != nil || late.State != api.StateRunning {
+		t.Errorf("after the power loss the sandbox created before is %+v (%v), want it running again", late, err)
 	}
 	tpls, err := d2.C.Templates(ctx)
 	if err != nil {
