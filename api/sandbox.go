@@ -11,7 +11,7 @@ const (
 	StateRunning  State = "running"  // booted; its agent answers
 	StateSleeping State = "sleeping" // memory saved to disk, no processes on the host
 	StateStopped  State = "stopped"  // not running; its disk is kept
-	StateError    State = "error"    // something failed; see the daemon's log
+	StateError    State = "error"    // broken; Sandbox.Reason says why
 	StateDeleting State = "deleting" // being freed
 	// StateRestoring: being put back to a checkpoint; its processes and
 	// disk are being replaced.
@@ -31,9 +31,13 @@ type Resources struct {
 
 // Sandbox is a sandbox as the API shows it.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	Name      string            `json:"name"`
-	State     State             `json:"state"`
+	ID    string `json:"id"`
+	Name  string `json:"name"`
+	State State  `json:"state"`
+	// Reason says why a sandbox is in state error (its sandbox process
+	// died, a restore failed, …) and what brings it back; empty in
+	// other states.
+	Reason    string            `json:"reason,omitempty"`
 	Template  string            `json:"template,omitempty"`
 	Image     string            `json:"image,omitempty"`
 	Resources Resources         `json:"resources"`

@@ -127,7 +127,9 @@ func (c *Client) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
 }
 
 // Wake wakes sandbox ref where it was, with its processes, and returns it
-// running. Every call that needs a sandbox running wakes it too.
+// running. Every call that needs a sandbox running wakes it too. A sandbox
+// in state error (its Reason says why) is booted again on its disk: its
+// files are kept, its processes start afresh; only Wake does that.
 func (c *Client) Wake(ctx context.Context, ref string) (*api.Sandbox, error) {
 	var sb api.Sandbox
 	if err := c.sandboxCall(ctx, "POST", ref, "/wake", nil, &sb); err != nil {

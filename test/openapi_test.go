@@ -760,6 +760,17 @@ func walkCleanup(w *walker) {
 	if sb.State != api.StateRunning {
 		w.t.Errorf("woken: %s", sb.State)
 	}
+	// A sandbox whose sandbox process died shows why (reason), and a wake
+	// boots it again on its disk.
+	killSentry(w.t, w.d, sb.ID)
+	w.json(req{route: "GET /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch-disk"}, 200, &sb)
+	if sb.State != api.StateError || sb.Reason == "" {
+		w.t.Errorf("killed: %s %q", sb.State, sb.Reason)
+	}
+	w.json(req{route: "POST /v1/sandboxes/{sandbox}/wake", path: "/v1/sandboxes/scratch-disk/wake"}, 200, &sb)
+	if sb.State != api.StateRunning {
+		w.t.Errorf("booted again: %s", sb.State)
+	}
 	w.errorCode(req{route: "POST /v1/sandboxes/{sandbox}/wake", path: "/v1/sandboxes/nope/wake"}, api.CodeNotFound)
 	w.errorCode(req{route: "POST /v1/sandboxes/{sandbox}/sleep", path: "/v1/sandboxes/nope/sleep"}, api.CodeNotFound)
 

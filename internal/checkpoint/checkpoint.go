@@ -113,6 +113,37 @@ func SyncTree(dir string) error {
 	return syncPath(filepath.Dir(dir))
 }
 
+// Publish renames tmp, whose content SyncTree has made durable, to final,
+// and makes the rename durable before it returns: the rename lives in
+// final's directory, which is fsynced, and so is every directory above it
+// up to root (the data dir), since MkdirAll may have made them for this
+// very publication. Only then may a record that points at final be
+// stored: a rename not yet on disk is lost with the power, and a record
+// that outlived it would point at nothing.
+func Publish(tmp, final, root string) error {
+	if err := os.Rename(tmp, final); err != nil {
+		return err
+	}
+	return SyncDirs(filepath.Dir(final), root)
+}
+
+// SyncDirs fsyncs directory dir and each directory above it up to and
+// including root, so that the entries made in them (files and directories
+// created, renames into them) are durable. root must be dir or above it.
+func SyncDirs(dir, root string) error {
+	dir, root = filepath.Clean(dir), filepath.Clean(root)
+	for {
+		if err := syncPath(dir); err != nil {
+			return fmt.Errorf("syncing %s: %w", dir, err)
+		}
+		up := filepath.Dir(dir)
+		if dir == root || up == dir {
+			return nil
+		}
+		dir = up
+	}
+}
+
 func syncPath(path string) error {
 	f, err := os.Open(path)
 	if err != nil {

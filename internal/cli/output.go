@@ -107,6 +107,9 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	b.line("name", sb.Name)
 	b.line("id", sb.ID)
 	b.line("state", string(sb.State))
+	if sb.Reason != "" {
+		b.line("reason", sb.Reason)
+	}
 	b.line("url", sb.URL)
 	b.line("access", access(sb.Public))
 	b.line("template", sb.Template)

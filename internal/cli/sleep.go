@@ -20,10 +20,12 @@ CPU or memory until woken (loam wake, or any call that needs them running).`,
 
 // wakeCmd is `loam wake NAME...`: wake sleeping sandboxes.
 func (a *app) wakeCmd() *cobra.Command {
-	return a.sleepWakeCmd("wake", "Wake sleeping sandboxes",
+	return a.sleepWakeCmd("wake", "Wake sleeping sandboxes, or boot broken ones again",
 		`Wake sleeping sandboxes where they were: same processes, same sessions.
 Any call that needs a sandbox running (run, exec, files, ports, its URL)
-wakes it too.`,
+wakes it too. A sandbox in state error (say its sandbox process died; loam
+get shows the reason) is booted again on its disk: its files are kept, its
+processes start afresh. Only loam wake does that.`,
 		(*client.Client).Wake)
 }
 

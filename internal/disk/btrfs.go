@@ -283,7 +283,9 @@ func (b *Btrfs) ImportTemplate(ctx context.Context, name, src string) error {
 	if err := snapshotSubvolume(ctx, tmp, dst, true); err != nil {
 		return fmt.Errorf("importing template %s: %w", name, err)
 	}
-	return nil
+	// Durable before the caller records it (an image's template, a
+	// built one): one syncfs commits the copy and the snapshot.
+	return syncFS(dst)
 }
 
 // ImportSnapshot copies src into a new subvolume and publishes it as
@@ -320,7 +322,7 @@ func (b *Btrfs) ImportSnapshot(ctx context.Context, snap, src string) error {
 	if err := snapshotSubvolume(ctx, tmp, dst, true); err != nil {
 		return fmt.Errorf("importing snapshot %s: %w", snap, err)
 	}
-	return nil
+	return syncFS(dst)
 }
 
 // SnapshotPath is where snapshot snap's root is.

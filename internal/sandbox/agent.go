@@ -52,7 +52,12 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 			return fmt.Errorf("forgetting the stored agent token of %s: %w", sb.ID, err)
 		}
 	}
-	return m.identify(ctx, sb, ep, ac)
+	if err := m.identify(ctx, sb, ep, ac); err != nil {
+		return err
+	}
+	// Started, restored or taken back: a sandbox process to watch.
+	m.watchDeath(ctx, sb.ID)
+	return nil
 }
 
 // identify tells the agent at ep, reached through ac, who it is: the

@@ -307,7 +307,8 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 	if err := checkpoint.SyncTree(tmp); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, final); err != nil {
+	// The record is stored next: the rename must be on disk first.
+	if err := checkpoint.Publish(tmp, final, m.cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("keeping checkpoint %s: %w", id, err)
 	}
 	cp := &store.Checkpoint{

@@ -20,6 +20,7 @@ func (m *Manager) addStream(id string, s *Stream) {
 	}
 	m.streams[id][s] = true
 	s.release = func() { m.removeStream(id, s) }
+	s.died = func() bool { return m.sandboxDied(id) }
 }
 
 func (m *Manager) removeStream(id string, s *Stream) {

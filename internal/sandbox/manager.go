@@ -169,6 +169,8 @@ type Manager struct {
 	spares        map[string][]*spareExec
 	sparesOpening map[string]int
 	spareEpoch    uint64
+	// deaths watch each running sandbox's sandbox process (death.go).
+	deaths map[string]*deathWatch
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -216,6 +218,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		pools:         pools{all: map[string]*pool{}},
 		spares:        map[string][]*spareExec{},
 		sparesOpening: map[string]int{},
+		deaths:        map[string]*deathWatch{},
 	}
 }
 
@@ -227,6 +230,9 @@ func (m *Manager) URL(name string) string {
 func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 	v := sb.Sandbox
 	v.URL = m.URL(v.Name)
+	if v.State == api.StateError {
+		v.Reason = sb.Error
+	}
 	v.Env = maps.Clone(v.Env)
 	v.Labels = maps.Clone(v.Labels)
 	v.Secrets, v.SecretFiles = orNil(v.Secrets), orNil(v.SecretFiles)
@@ -682,6 +688,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 		m.dropPools(ctx, func(c poolConfig) bool { return c.Sandbox == sb.ID })
 	}
 	var errs []error
+	m.unwatchDeath(sb.ID)
 	m.closeStreams(sb.ID, "the sandbox was deleted")
 	if m.inside != nil {
 		m.inside.Close(sb.ID)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/store"
 )
 
@@ -598,7 +599,7 @@ func (m *Manager) savePoolsLocked() error {
 	if err := writeFileSync(path+".tmp", b); err != nil {
 		return fmt.Errorf("storing pools: %w", err)
 	}
-	if err := os.Rename(path+".tmp", path); err != nil {
+	if err := checkpoint.Publish(path+".tmp", path, m.cfg.DataDir); err != nil {
 		return fmt.Errorf("storing pools: %w", err)
 	}
 	return nil

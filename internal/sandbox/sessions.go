@@ -196,6 +196,9 @@ func (m *Manager) WaitSession(ctx context.Context, ref, id string) (*api.Session
 	stop := context.AfterFunc(st.ctx, cancel)
 	defer stop()
 	s, err := ac.WaitSession(ctx, id)
+	if err != nil {
+		st.Broke()
+	}
 	if r := st.Reason(); r != "" && err != nil {
 		return nil, api.Errorf(api.CodeUnavailable, "waiting for session %s of %s: %s; wait again", id, sb.Name, r)
 	}

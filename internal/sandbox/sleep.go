@@ -131,12 +131,44 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// Wake wakes a sleeping sandbox; waking a running one is not an error.
+// Wake wakes a sleeping sandbox, and boots a broken one (state error, say
+// one whose sandbox process died) again on its disk; waking a running one
+// is not an error.
 func (m *Manager) Wake(ctx context.Context, ref string) (*api.Sandbox, error) {
 	sb, err := m.awake(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
+	if sb.State == api.StateError {
+		return m.bootAgain(ctx, sb.ID)
+	}
+	return m.view(sb), nil
+}
+
+// bootAgain boots a broken sandbox again on its disk as it is: its
+// processes start afresh (the agent starts its services), its files are
+// kept. A sandbox left without a disk (a restore that failed part-way) can
+// only be restored.
+func (m *Manager) bootAgain(ctx context.Context, id string) (*api.Sandbox, error) {
+	sb, end, err := m.claim(ctx, id, "a boot")
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	if sb.State != api.StateError {
+		return m.view(sb), nil // mended meanwhile
+	}
+	if _, err := os.Stat(m.disks.VolumePath(sb.ID)); err != nil {
+		return nil, api.Errorf(api.CodeConflict, "sandbox %s has no disk to boot on (%s): restore a checkpoint", sb.Name, sb.Error)
+	}
+	ctx = context.WithoutCancel(ctx)
+	_ = m.rt.Delete(ctx, sb.ID) // what is left of the container
+	if err := m.boot(ctx, sb, false); err != nil {
+		_ = m.rt.Delete(ctx, sb.ID)
+		_ = m.setState(ctx, sb, api.StateError, "booting it again on its disk failed: "+err.Error())
+		return nil, publicError(fmt.Errorf("booting %s again on its disk: %w", sb.Name, err))
+	}
+	m.log.Info("booted again on its disk", "sandbox", sb.ID, "name", sb.Name)
 	return m.view(sb), nil
 }
 
@@ -146,7 +178,12 @@ func (m *Manager) Wake(ctx context.Context, ref string) (*api.Sandbox, error) {
 // its URL: call it before each request (or connection) is sent on. It
 // returns the sandbox, running, or the error that kept it from running.
 func (m *Manager) Use(ctx context.Context, ref string) (*api.Sandbox, error) {
-	return m.Wake(ctx, ref)
+	// Not Wake: a request to a broken sandbox's URL does not boot it.
+	sb, err := m.awake(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return m.view(sb), nil
 }
 
 // Hold is Use for work that lasts, such as a WebSocket or a long response

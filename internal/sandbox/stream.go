@@ -28,8 +28,11 @@ type Stream struct {
 	// they are.
 	fromAgent func([]byte) []byte
 	release   func() // unregisters the stream from its sandbox
-	once      sync.Once
-	closed    chan struct{}
+	// died reports whether the sandbox's process has died (death.go);
+	// nil for a stream of no sandbox.
+	died   func() bool
+	once   sync.Once
+	closed chan struct{}
 }
 
 // streamCloseWait bounds how long ending a stream waits for its caller to
@@ -68,6 +71,21 @@ func (s *Stream) Reason() string {
 		return ""
 	}
 	return context.Cause(s.ctx).Error()
+}
+
+// Broke is for the caller whose socket to the agent failed before the
+// Manager ended the stream: when that is because the sandbox's process
+// died (its sockets go with it, a moment before the daemon learns why),
+// it waits, a while, for the Manager to end the stream, so that Reason
+// says what happened. Otherwise it returns at once.
+func (s *Stream) Broke() {
+	if s.died == nil || s.ctx.Err() != nil || !s.died() {
+		return
+	}
+	select {
+	case <-s.ctx.Done():
+	case <-time.After(streamCloseWait):
+	}
 }
 
 // end is the Manager's side: it closes the agent's socket and tells the

@@ -306,7 +306,7 @@ func (m *Manager) publishTemplate(ctx context.Context, man *checkpoint.Manifest,
 		}
 		return fmt.Errorf("making template %s: %w", man.Name, err)
 	}
-	return syncDirPath(m.keptDir())
+	return checkpoint.SyncDirs(m.keptDir(), m.cfg.DataDir)
 }
 
 // DeleteTemplate deletes checkpoint template name, unless a sandbox uses it.
@@ -611,14 +611,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// syncDirPath makes a directory's entries durable (after a rename into it).
-func syncDirPath(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

@@ -26,6 +26,9 @@ func ProxyStream(ctx context.Context, client *websocket.Conn, st *sandbox.Stream
 	var err error
 	select {
 	case err = <-errc:
+		if websocket.CloseStatus(err) != websocket.StatusNormalClosure && ctx.Err() == nil {
+			st.Broke() // the sandbox may have died: learn why
+		}
 	case <-st.Ended():
 	}
 	switch {

@@ -242,3 +242,21 @@ func (r *Runtime) MemoryBytes(id string) (int64, error) {
 	}
 	return n, nil
 }
+
+// OOMKills is how many times the kernel's OOM killer has killed a process
+// of container id's cgroup (memory.oom_control's oom_kill on cgroup v1,
+// memory.events' on v2): it tells a sandbox that ran out of memory from
+// one killed from outside, both of which end with SIGKILL.
+func (r *Runtime) OOMKills(id string) (int64, error) {
+	files, _ := cgroupFiles(id, "memory", "memory.oom_control", "memory.events")
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "oom_kill "); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, nil
+}

@@ -216,6 +216,42 @@ func (r *Runtime) State(ctx context.Context, id string) (runtime.Status, error) 
 	}
 }
 
+// SandboxPid is the host pid of container id's sandbox process: the gVisor
+// kernel (the "sentry") that runs every process of the container, whose
+// end is the container's end. It is read from runsc's state file (the
+// daemon asks at every start and restore, and a runsc command would add
+// tens of ms to each), or from runsc state when the file says nothing.
+func (r *Runtime) SandboxPid(ctx context.Context, id string) (int, error) {
+	if err := checkID(id); err != nil {
+		return 0, fmt.Errorf("getting sandbox pid of %s: %w", id, err)
+	}
+	if b, err := os.ReadFile(r.stateFile(id)); err == nil {
+		var st struct {
+			Sandbox struct {
+				Pid int `json:"pid"`
+			} `json:"sandbox"`
+		}
+		if json.Unmarshal(b, &st) == nil && st.Sandbox.Pid > 0 {
+			return st.Sandbox.Pid, nil
+		}
+	}
+	if !r.exists(id) {
+		return 0, fmt.Errorf("getting sandbox pid of %s: %w", id, runtime.ErrNotExist)
+	}
+	out, err := r.run(ctx, id, "state", id)
+	if err != nil {
+		return 0, fmt.Errorf("getting sandbox pid of %s: %w", id, r.classify(id, err))
+	}
+	var st specs.State
+	if err := json.Unmarshal(out, &st); err != nil {
+		return 0, fmt.Errorf("getting sandbox pid of %s: decoding runsc state: %w", id, err)
+	}
+	if st.Pid <= 0 {
+		return 0, fmt.Errorf("getting sandbox pid of %s: runsc reports none (status %s)", id, st.Status)
+	}
+	return st.Pid, nil
+}
+
 // Delete kills the container's processes and removes it, with its cgroup.
 // A container that does not exist is no error.
 func (r *Runtime) Delete(ctx context.Context, id string) error {
@@ -419,6 +455,13 @@ func (r *Runtime) command(ctx context.Context, flags []string, args ...string) *
 func (r *Runtime) exists(id string) bool {
 	m, _ := filepath.Glob(filepath.Join(r.root, id+"_sandbox:*.state"))
 	return len(m) > 0
+}
+
+// stateFile is runsc's state file of container id, which is the root
+// container of a sandbox of the same id (runsc names it
+// CONTAINER_sandbox:SANDBOX.state).
+func (r *Runtime) stateFile(id string) string {
+	return filepath.Join(r.root, id+"_sandbox:"+id+".state")
 }
 
 // classify turns a runsc error about a missing container into

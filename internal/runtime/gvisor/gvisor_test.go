@@ -133,6 +133,24 @@ func TestLifecycle(t *testing.T) {
 	}
 	sb.waitLog(t, "counter: served 1")
 
+	// The sandbox process's pid, from the state file, is runsc's and its
+	// process is runsc's sandbox, whose command line names the container.
+	pid, err := e.rt.SandboxPid(ctx, sb.spec.ID)
+	if err != nil {
+		t.Fatalf("SandboxPid: %v", err)
+	}
+	out, err := e.rt.run(ctx, sb.spec.ID, "state", sb.spec.ID)
+	var st struct{ Pid int }
+	if err != nil || json.Unmarshal(out, &st) != nil || st.Pid != pid {
+		t.Errorf("SandboxPid %d, runsc state says %s (%v)", pid, out, err)
+	}
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || !strings.Contains(string(cmdline), sb.spec.ID) {
+		t.Errorf("process %d: %q %v", pid, cmdline, err)
+	}
+	if n, err := e.rt.OOMKills(sb.spec.ID); err != nil || n != 0 {
+		t.Errorf("OOMKills = %d, %v; want 0", n, err)
+	}
+
 	if err := e.rt.Start(ctx, sb.spec); !errors.Is(err, runtime.ErrExist) {
 		t.Errorf("Start of a running id: %v, want ErrExist", err)
 	}

@@ -341,7 +341,10 @@ export class Sandbox {
     return this.t.json<SandboxInfo>('POST', this.path('/sleep'), opts)
   }
 
-  /** wake wakes a sleeping sandbox. */
+  /**
+   * wake wakes a sleeping sandbox; one in state error (its `reason` says
+   * why) is booted again on its disk, files kept, processes started afresh.
+   */
   wake(opts?: CallOptions): Promise<SandboxInfo> {
     return this.t.json<SandboxInfo>('POST', this.path('/wake'), opts)
   }

@@ -43,6 +43,8 @@ export interface SandboxInfo {
   id: string
   name: string
   state: State
+  /** Why it is in state error, and what brings it back; absent otherwise. */
+  reason?: string
   template?: string
   image?: string
   resources: Resources

@@ -1,0 +1,338 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+// Deaths: a sandbox whose container ends without the daemon ending it.
+//
+// A container lives as long as its sandbox process (gVisor's kernel, the
+// "sentry"): when that is killed from outside, runs out of memory or
+// crashes, every process of the sandbox is gone. The daemon holds a pidfd
+// of each running sandbox's sandbox process, polled by Go's netpoller (no
+// thread, no runsc call per sandbox while it runs), and learns of the end
+// at once. The agent's connection is no sign: it drops and comes back
+// around every checkpoint.
+//
+// The daemon's own stops (a checkpoint that stops the container, a sleep,
+// a restore, a delete, a failed create) all run as an operation on the
+// sandbox (begin). So a death is judged only once no operation runs on the
+// sandbox: if the sandbox was started again meanwhile (a restore, a wake)
+// its watch is another one; if it was put to sleep, deleted or marked
+// broken, its record says so. Only a sandbox that is still running on the
+// process that died is broken, and moved to state error with what
+// happened.
+
+// pidRuntime is a runtime that tells the host pid of a container's sandbox
+// process, whose end is the container's end.
+type pidRuntime interface {
+	SandboxPid(ctx context.Context, id string) (int, error)
+}
+
+// oomRuntime is a runtime that counts the OOM kills in a container's
+// cgroup, to tell a sandbox that ran out of memory from one killed from
+// outside (both end with SIGKILL).
+type oomRuntime interface {
+	OOMKills(id string) (int64, error)
+}
+
+// deathWatch is the watch on one sandbox process.
+type deathWatch struct {
+	pid  int
+	file *os.File // the pidfd
+	// ooms is the cgroup's OOM kill count when the watch began.
+	ooms int64
+}
+
+// watchDeath starts watching the sandbox process of sandbox id, which has
+// just been started, restored or taken back, replacing the watch on the
+// process it ran before. A runtime that cannot tell the pid is not
+// watched.
+func (m *Manager) watchDeath(ctx context.Context, id string) {
+	pr, ok := m.rt.(pidRuntime)
+	if !ok {
+		return
+	}
+	pid, err := pr.SandboxPid(ctx, id)
+	if err != nil {
+		m.log.Warn("not watching the sandbox process", "sandbox", id, "err", err)
+		return
+	}
+	w := &deathWatch{pid: pid}
+	if or, ok := m.rt.(oomRuntime); ok {
+		w.ooms, _ = or.OOMKills(id)
+	}
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil && !errors.Is(err, unix.ESRCH) {
+		m.log.Warn("not watching the sandbox process", "sandbox", id, "pid", pid, "err", err)
+		return
+	}
+	if err == nil {
+		w.file = os.NewFile(uintptr(fd), "pidfd")
+	}
+	m.mu.Lock()
+	old := m.deaths[id]
+	m.deaths[id] = w
+	m.mu.Unlock()
+	if old != nil && old.file != nil {
+		old.file.Close()
+	}
+	go m.awaitDeath(id, w)
+}
+
+// unwatchDeath ends the watch on sandbox id, which is going away.
+func (m *Manager) unwatchDeath(id string) {
+	m.mu.Lock()
+	w := m.deaths[id]
+	delete(m.deaths, id)
+	m.mu.Unlock()
+	if w != nil && w.file != nil {
+		w.file.Close()
+	}
+}
+
+// awaitDeath waits for w's process to end, then judges the end.
+func (m *Manager) awaitDeath(id string, w *deathWatch) {
+	how := "ended"
+	if w.file != nil {
+		rc, err := w.file.SyscallConn()
+		if err != nil {
+			return
+		}
+		// A pidfd is readable once its process has exited. A Read that
+		// fails is a watch closed (replaced or unwatched): nothing to judge.
+		if err := rc.Read(func(fd uintptr) bool { return exited(int(fd)) }); err != nil {
+			return
+		}
+		_ = rc.Control(func(fd uintptr) { how = exitHow(int(fd), w.pid) })
+	}
+	m.judgeDeath(id, w, how)
+}
+
+// exited reports whether the process of pidfd fd has exited.
+func exited(fd int) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(p, 0)
+	return err == nil && n > 0
+}
+
+// exitHow says how process pid, the process of pidfd fd, ended, as its
+// parent would see it: from the pidfd (Linux 6.15 and later keep it for
+// holders of one once the parent has reaped it) or, while it is a zombie
+// its parent has not reaped yet, from /proc (the pidfd is asked again
+// after, so the pid was still its). "ended" when neither tells.
+func exitHow(fd, pid int) string {
+	for range 15 {
+		info := unix.PidfdInfo{Mask: unix.PIDFD_INFO_EXIT}
+		err := unix.IoctlPidfdInfo(fd, &info)
+		if err == nil && info.Mask&unix.PIDFD_INFO_EXIT != 0 {
+			return describeExit(syscall.WaitStatus(info.Exit_code))
+		}
+		if err == nil {
+			ws, ok := zombieStatus(pid)
+			if ok && unix.IoctlPidfdInfo(fd, &unix.PidfdInfo{}) == nil {
+				return describeExit(ws)
+			}
+		} else if !errors.Is(err, unix.ESRCH) {
+			return "ended" // a kernel without PIDFD_GET_INFO
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "ended"
+}
+
+// zombieStatus reads the wait status of process pid from /proc while it is
+// a zombie (proc(5): exit_code, field 52 of stat).
+func zombieStatus(pid int) (syscall.WaitStatus, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:])) // from field 3, the state
+	if len(f) < 50 || f[0] != "Z" {
+		return 0, false
+	}
+	code, err := strconv.Atoi(f[49])
+	if err != nil {
+		return 0, false
+	}
+	return syscall.WaitStatus(code), true
+}
+
+// describeExit says how a process with wait status ws ended.
+func describeExit(ws syscall.WaitStatus) string {
+	switch {
+	case ws.Signaled():
+		return fmt.Sprintf("was killed by signal %d (%s)", int(ws.Signal()), unix.SignalName(ws.Signal()))
+	case ws.Exited():
+		return fmt.Sprintf("exited with status %d", ws.ExitStatus())
+	}
+	return "ended"
+}
+
+// judgeDeath runs once w's process has ended: when no operation of the
+// daemon's is left that could have ended it on purpose and the sandbox
+// still runs on it, the sandbox is broken. The watch stays in place until
+// the judgement is done, for sandboxDied.
+func (m *Manager) judgeDeath(id string, w *deathWatch, how string) {
+	ctx := context.Background()
+	defer func() {
+		m.mu.Lock()
+		if m.deaths[id] == w {
+			delete(m.deaths, id)
+		}
+		m.mu.Unlock()
+		if w.file != nil {
+			w.file.Close()
+		}
+	}()
+	for {
+		// Judged without taking the sandbox first: most ends are the
+		// daemon's own, and claiming the sandbox for them would turn
+		// a user's next call away as busy.
+		m.waitFree(id)
+		m.mu.Lock()
+		current := m.deaths[id] == w
+		m.mu.Unlock()
+		if !current {
+			return // started again (a restore, a wake), or deleted
+		}
+		sb, err := m.store.GetSandbox(ctx, id)
+		if err != nil || sb.State != api.StateRunning {
+			// Put to sleep, deleted, or broken for a reason of its own.
+			return
+		}
+		end, err := m.begin(sb, opDeath)
+		if err != nil {
+			continue // an operation began meanwhile: judge after it
+		}
+		defer end()
+		break
+	}
+	// Again under the operation: another may have run in between.
+	m.mu.Lock()
+	current := m.deaths[id] == w
+	m.mu.Unlock()
+	sb, err := m.store.GetSandbox(ctx, id)
+	if !current || err != nil || sb.State != api.StateRunning {
+		return
+	}
+	if sb.Pool != "" {
+		m.log.Warn("warm pool: a member's sandbox process died; deleting it", "sandbox", id, "pool", sb.Pool, "how", how)
+		m.dropDeadMember(ctx, sb)
+		return
+	}
+	if or, ok := m.rt.(oomRuntime); ok {
+		if n, err := or.OOMKills(id); err == nil && n > w.ooms {
+			how += " when it ran out of memory"
+		}
+	}
+	m.brokeDown(ctx, sb, w.pid, how)
+}
+
+// dropDeadMember takes a warm pool's member whose sandbox process died out
+// of its pool, deletes it, and has the pool make another. The caller holds
+// the member's operation, so no claim takes it meanwhile.
+func (m *Manager) dropDeadMember(ctx context.Context, sb *store.Sandbox) {
+	m.pools.mu.Lock()
+	var key string
+	for k, p := range m.pools.all {
+		if i := slices.IndexFunc(p.ready, func(r *store.Sandbox) bool { return r.ID == sb.ID }); i >= 0 {
+			p.ready = slices.Delete(p.ready, i, i+1)
+			key = k
+		}
+	}
+	m.pools.mu.Unlock()
+	m.deleteMember(ctx, sb)
+	if key != "" {
+		m.pools.mu.Lock()
+		m.fillLocked(key)
+		m.pools.mu.Unlock()
+	}
+}
+
+// sandboxDied reports whether the sandbox process of sandbox id has ended
+// and the daemon has not yet judged it. A process that ended a moment ago
+// may not show yet: it waits a little for it.
+func (m *Manager) sandboxDied(id string) bool {
+	m.mu.Lock()
+	w := m.deaths[id]
+	m.mu.Unlock()
+	if w == nil || w.file == nil {
+		return false
+	}
+	rc, err := w.file.SyscallConn()
+	if err != nil {
+		return false
+	}
+	dead := false
+	// Control keeps the pidfd open while it is polled.
+	_ = rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(p, int(diedWait.Milliseconds()))
+		dead = err == nil && n > 0
+	})
+	return dead
+}
+
+// diedWait bounds how long sandboxDied waits for a process to show as
+// ended: its sockets close a moment before it does.
+const diedWait = 300 * time.Millisecond
+
+// brokeDown marks a running sandbox whose sandbox process (pid) ended
+// (how) without the daemon ending it as broken (state error, saying why),
+// ends its streams with that reason, and removes what is left of its
+// container. Its disk, network and checkpoints stay, for a restore or a
+// boot on its disk (Wake). The caller holds the sandbox's operation. The
+// state changes last, so that a user who sees it finds the sandbox free
+// for a restore or a wake.
+func (m *Manager) brokeDown(ctx context.Context, sb *store.Sandbox, pid int, how string) {
+	reason := fmt.Sprintf("its sandbox process (pid %d) %s outside loam's control; restore a checkpoint, or wake it to boot it again on its disk", pid, how)
+	m.log.Error("sandbox died", "sandbox", sb.ID, "name", sb.Name, "reason", reason)
+	// Its agent's sockets lead nowhere now: without this they would hang.
+	// A WebSocket close reason holds 123 bytes: the short form.
+	m.closeStreams(sb.ID, "the sandbox died: its sandbox process "+how)
+	if m.inside != nil {
+		m.inside.Close(sb.ID)
+	}
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		m.log.Warn("removing the container of a dead sandbox", "sandbox", sb.ID, "err", err)
+	}
+	if err := m.setState(ctx, sb, api.StateError, reason); err != nil {
+		m.log.Error("marking a dead sandbox broken", "sandbox", sb.ID, "err", err)
+	}
+}
+
+// opDeath is the operation that judges a sandbox process's end.
+const opDeath = "a check of its sandbox process"
+
+// waitFree waits until no operation runs on sandbox id.
+func (m *Manager) waitFree(id string) {
+	for {
+		m.mu.Lock()
+		done := m.opDone[id]
+		m.mu.Unlock()
+		if done == nil {
+			return
+		}
+		<-done
+	}
+}
