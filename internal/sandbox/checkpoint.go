@@ -141,6 +141,9 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	} else if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
 		return nil, err
 	}
+	if err := m.requireCheckpointSpace(sb, memory); err != nil {
+		return nil, err
+	}
 	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
 	if err != nil {
 		return nil, fmt.Errorf("listing checkpoints of %s: %w", sb.ID, err)
@@ -163,7 +166,11 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 		memory: memory, inside: checkpoint.CallerOf(ctx) == checkpoint.Inside,
 	})
 	if err != nil {
-		return nil, publicError(err)
+		what := "a disk-only checkpoint"
+		if memory {
+			what = "a memory checkpoint"
+		}
+		return nil, publicError(m.spaceError(err, sb, m.cfg.DataDir, what))
 	}
 	v := cpView(cp)
 	return &v, nil
@@ -496,6 +503,10 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	// otherwise. A sandbox left without a disk by a failed restore has no
 	// state to keep, and must still be restorable.
 	if _, err := os.Stat(m.disks.VolumePath(sb.ID)); err == nil || sb.State != api.StateError {
+		memory := sb.State == api.StateRunning || sb.State == api.StateSleeping
+		if err := m.requireCheckpointSpace(sb, memory); err != nil {
+			return nil, fmt.Errorf("keeping the state before the restore: %w", err)
+		}
 		stop := sb.State == api.StateRunning
 		sb.AutoSeq++
 		if stop {
@@ -514,7 +525,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		name, _ := pickName(cps, "")
 		_, err = m.takeCheckpoint(ctx, sb, take{
 			id: checkpoint.AutoID(sb.AutoSeq), name: name, comment: "before restoring " + cp.ID,
-			memory: sb.State == api.StateRunning || sb.State == api.StateSleeping, auto: true, inside: caller == checkpoint.Inside,
+			memory: memory, auto: true, inside: caller == checkpoint.Inside,
 			stop: stop,
 		})
 		if err != nil {
@@ -524,7 +535,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 				_ = m.store.UpdateSandbox(ctx, sb)
 			}
 			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
-			return nil, publicError(fmt.Errorf("keeping the state before the restore: %w", err))
+			return nil, publicError(m.spaceError(fmt.Errorf("keeping the state before the restore: %w", err), sb, m.cfg.DataDir, "the checkpoint a restore keeps first"))
 		}
 	}
 
