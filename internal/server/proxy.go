@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -144,7 +145,11 @@ type idleReader struct {
 	r       io.Reader
 	rc      *http.ResponseController
 	timeout time.Duration
-	err     error // the first failed read but EOF: the client's fault
+	// err is the first failed read but EOF: the client's fault. Guarded:
+	// an HTTP client may still read a request body after its call
+	// returned.
+	mu  sync.Mutex
+	err error
 }
 
 func newIdleReader(w http.ResponseWriter, r *http.Request, timeout time.Duration) *idleReader {
@@ -154,8 +159,12 @@ func newIdleReader(w http.ResponseWriter, r *http.Request, timeout time.Duration
 func (r *idleReader) Read(p []byte) (int, error) {
 	_ = r.rc.SetReadDeadline(time.Now().Add(r.timeout))
 	n, err := r.r.Read(p)
-	if err != nil && err != io.EOF && r.err == nil {
-		r.err = err
+	if err != nil && err != io.EOF {
+		r.mu.Lock()
+		if r.err == nil {
+			r.err = err
+		}
+		r.mu.Unlock()
 	}
 	return n, err
 }
@@ -165,13 +174,16 @@ func (r *idleReader) Read(p []byte) (int, error) {
 // the daemon's, whatever the sandbox answered to the body cut short. Any
 // other failure is err as it is.
 func (r *idleReader) clientError(err error) error {
-	if err == nil || r.err == nil {
+	r.mu.Lock()
+	rerr := r.err
+	r.mu.Unlock()
+	if err == nil || rerr == nil {
 		return err
 	}
-	if errors.Is(r.err, os.ErrDeadlineExceeded) {
+	if errors.Is(rerr, os.ErrDeadlineExceeded) {
 		return api.Errorf(api.CodeInvalid, "the upload was abandoned: the client sent nothing for %v; nothing of it was kept", r.timeout)
 	}
-	return api.Errorf(api.CodeInvalid, "the upload was cut short: %s; nothing of it was kept", r.err)
+	return api.Errorf(api.CodeInvalid, "the upload was cut short: %s; nothing of it was kept", rerr)
 }
 
 // done lifts the deadline, as idleWriter.done does.
