@@ -211,6 +211,10 @@ func TestDataDirFull(t *testing.T) {
 	t.Logf("refused in %v", time.Since(start).Round(time.Millisecond))
 	runs("after the refused checkpoint")
 	clean("after the refused checkpoint", 0)
+	// A sleep writes the same image: refused too, before any pause.
+	_, err = d.C.Sleep(ctx, "full")
+	wantStorage(t, "sleep, refused", err, "not enough space in the data dir for a sleep image of")
+	runs("after the refused sleep")
 
 	// One the estimate lets through, but that runs out of space while
 	// runsc writes the image: the filler takes the space as soon as the
@@ -242,6 +246,14 @@ func TestDataDirFull(t *testing.T) {
 		t.Fatalf("memory checkpoint with space freed: %v", err)
 	}
 	clean("after the checkpoint", 1)
+	// A restore keeps the current state as a memory checkpoint first:
+	// refused when that cannot fit, the sandbox left as it was.
+	fill.leave(80 << 20)
+	_, err = d.C.RestoreCheckpoint(ctx, "full", cp.ID)
+	wantStorage(t, "restore, refused", err, "not enough space in the data dir for a memory checkpoint of")
+	runs("after the refused restore")
+	clean("after the refused restore", 1)
+	fill.free()
 
 	// A fork with the data dir at its reserve is refused before any
 	// record; with space, it works.
