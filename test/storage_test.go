@@ -1,8 +1,10 @@
 package test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -209,6 +211,23 @@ func TestDataDirFull(t *testing.T) {
 	_, err = d.C.CreateCheckpoint(ctx, "full", api.CreateCheckpoint{})
 	wantStorage(t, "memory checkpoint, refused", err, "not enough space in the data dir for a memory checkpoint of")
 	t.Logf("refused in %v", time.Since(start).Round(time.Millisecond))
+	// On the wire: HTTP 507 and the API's error body.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.URL+"/v1/sandboxes/full/checkpoints", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+d.Token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body api.ErrorBody
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusInsufficientStorage || body.Error == nil || body.Error.Code != api.CodeInsufficientStorage {
+		t.Errorf("POST checkpoints with the data dir full: %d %+v; want 507 insufficient_storage", resp.StatusCode, body.Error)
+	}
 	runs("after the refused checkpoint")
 	clean("after the refused checkpoint", 0)
 	// A sleep writes the same image: refused too, before any pause.
@@ -246,6 +265,9 @@ func TestDataDirFull(t *testing.T) {
 		t.Fatalf("memory checkpoint with space freed: %v", err)
 	}
 	clean("after the checkpoint", 1)
+	if out, err := exec.Command("du", "-sm", filepath.Join(cpDir, cp.ID, "mem")).Output(); err == nil {
+		t.Logf("the memory image takes %s MiB on disk", strings.Fields(string(out))[0])
+	}
 	// A restore keeps the current state as a memory checkpoint first:
 	// refused when that cannot fit, the sandbox left as it was.
 	fill.leave(80 << 20)
