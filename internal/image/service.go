@@ -448,6 +448,8 @@ func (s *Service) requireSpace(what string, need int64) error {
 	if err := disk.RequireSpace(s.cfg.CacheDir, what, need); err != nil {
 		return err
 	}
+	// The pool's volumes directory: the filesystem the template goes on
+	// (the loop image's, when the data dir is not btrfs).
 	return disk.RequireSpace(filepath.Dir(s.cfg.Pool.VolumePath("probe")), what, need)
 }
 

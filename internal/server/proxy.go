@@ -105,7 +105,7 @@ func write(ctx context.Context, c *websocket.Conn, typ websocket.MessageType, da
 	if timeout <= 0 {
 		return c.Write(ctx, typ, data)
 	}
-	wctx, cancel := context.WithTimeoutCause(ctx, timeout, context.DeadlineExceeded)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	err := c.Write(wctx, typ, data)
 	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
