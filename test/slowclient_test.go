@@ -239,6 +239,25 @@ func TestSlowClients(t *testing.T) {
 	}
 	d.run("slow", "true") // the sandbox serves on
 
+	// A memory checkpoint ends every stream of its sandbox first: stalled
+	// clients do not hold it up.
+	release2 := make(chan struct{})
+	execDone := make(chan error, 1)
+	go func() {
+		_, err := d.C.Exec(ctx, "slow", client.ExecOptions{Cmd: []string{"yes", strings.Repeat("exec", 100)}, Stdout: &stallWriter{release: release2}})
+		execDone <- err
+	}()
+	time.Sleep(2 * time.Second)
+	t0 := time.Now()
+	if _, err := d.C.CreateCheckpoint(ctx, "slow", api.CreateCheckpoint{}); err != nil {
+		t.Errorf("memory checkpoint with a stalled exec stream: %v", err)
+	}
+	t.Logf("memory checkpoint with a stalled exec stream took %v", time.Since(t0).Round(time.Millisecond))
+	close(release2)
+	if err := <-execDone; err == nil {
+		t.Error("the stalled exec ended without error across a memory checkpoint")
+	}
+
 	// Uploads whose client vanishes part-way, or goes silent, leave
 	// nothing: neither the file nor a temp file beside it.
 	u, err := url.Parse(d.URL)
