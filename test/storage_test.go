@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -142,6 +143,14 @@ func (f *filler) free() {
 		_ = unix.Syncfs(int(d.Fd()))
 		d.Close()
 	}
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // wantStorage checks that err is insufficient_storage saying what (a
@@ -320,6 +329,15 @@ func TestDataDirFull(t *testing.T) {
 	wantStorage(t, "small upload, the host at its reserve", err, "kept in reserve")
 	if out := d.run("full", "ls", "-a", "/home/loam"); strings.Contains(out, "big") || strings.Contains(out, "small") || strings.Contains(out, "loam-") {
 		t.Errorf("/root after the refused uploads:\n%s", out)
+	}
+	// One of unknown size that the reserve lets in, but that fills the
+	// host part-way: the sandbox sees "no space" as it would for its own
+	// disk; the daemon, finding the host out of room, says so.
+	fill.leave(100 << 20)
+	_, err = d.C.WriteFile(ctx, "full", "/home/loam/midway", io.LimitReader(zeros{}, 256<<20), nil)
+	wantStorage(t, "upload filling the host midway", err, "ran out of space during an upload to /home/loam/midway")
+	if out := d.run("full", "ls", "-a", "/home/loam"); strings.Contains(out, "big") || strings.Contains(out, "small") || strings.Contains(out, "midway") || strings.Contains(out, "loam-") {
+		t.Errorf("/home/loam after the refused uploads:\n%s", out)
 	}
 	runs("after the refused uploads")
 	fill.free()

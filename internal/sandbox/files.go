@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"syscall"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
@@ -143,9 +144,10 @@ func (m *Manager) uploadError(cctx context.Context, sb *store.Sandbox, what, pat
 	if !errors.Is(ferr, api.ErrConflict) {
 		return ferr
 	}
-	if serr := disk.RequireSpace(m.disks.VolumePath(sb.ID), "an upload", 0); serr != nil {
+	vol := m.disks.VolumePath(sb.ID)
+	if free, serr := disk.FreeBytes(vol); serr == nil && free < disk.ReserveBytes {
 		m.log.Warn("upload failed with the host out of space", "sandbox", sb.ID, "err", err)
-		return serr
+		return disk.SpaceError(fmt.Errorf("%s %s: %w", what, path, syscall.ENOSPC), vol, "an upload to "+path)
 	}
 	return ferr
 }
