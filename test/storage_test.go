@@ -133,6 +133,21 @@ func (f *filler) leave(free int64) {
 	}
 }
 
+// leaveWhen waits for a file matching pattern to appear (work under way),
+// then leaves free bytes free, and says on done whether it did.
+func (f *filler) leaveWhen(pattern string, free int64, done chan<- error) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if m, _ := filepath.Glob(pattern); len(m) > 0 {
+			f.leave(free)
+			done <- nil
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	done <- fmt.Errorf("nothing matched %s", pattern)
+}
+
 // free removes the filler.
 func (f *filler) free() {
 	f.t.Helper()
@@ -249,18 +264,7 @@ func TestDataDirFull(t *testing.T) {
 	// checkpoint's temp directory appears.
 	fill.free()
 	took := make(chan error, 1)
-	go func() {
-		deadline := time.Now().Add(time.Minute)
-		for time.Now().Before(deadline) {
-			if m, _ := filepath.Glob(filepath.Join(cpDir, ".tmp-*")); len(m) > 0 {
-				fill.leave(1 << 20)
-				took <- nil
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
-		took <- errors.New("no checkpoint temp dir appeared")
-	}()
+	go fill.leaveWhen(filepath.Join(cpDir, ".tmp-*"), 1<<20, took)
 	_, err = d.C.CreateCheckpoint(ctx, "full", api.CreateCheckpoint{})
 	if ferr := <-took; ferr != nil {
 		t.Fatal(ferr)
@@ -284,6 +288,19 @@ func TestDataDirFull(t *testing.T) {
 	wantStorage(t, "restore, refused", err, "not enough space in the data dir for a memory checkpoint of")
 	runs("after the refused restore")
 	clean("after the refused restore", 1)
+	// One that runs out of space while it keeps the current state: the
+	// sandbox runs on as it was, the restore not made. (With room for
+	// less than twice the estimate the automatic checkpoint pauses and
+	// resumes rather than stops the sandbox, which survives this.)
+	fill.leave(115 << 20)
+	go fill.leaveWhen(filepath.Join(cpDir, ".tmp-*"), 1<<20, took)
+	_, err = d.C.RestoreCheckpoint(ctx, "full", cp.ID)
+	if ferr := <-took; ferr != nil {
+		t.Fatal(ferr)
+	}
+	wantStorage(t, "restore, midway", err, "ran out of space")
+	runs("after the restore cut short")
+	clean("after the restore cut short", 1)
 	fill.free()
 
 	// A fork with the data dir at its reserve is refused before any

@@ -507,7 +507,13 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		if err := m.requireCheckpointSpace(sb, memory); err != nil {
 			return nil, fmt.Errorf("keeping the state before the restore: %w", err)
 		}
-		stop := sb.State == api.StateRunning
+		// A checkpoint that stops the sandbox saves a pause and a resume,
+		// but one that fails part-way leaves nothing running: gVisor
+		// ends a sandbox whose stopping save failed. With the data dir
+		// short of room for twice the estimate, the automatic checkpoint
+		// pauses and resumes instead, so that running out of space
+		// part-way leaves the sandbox running as it was.
+		stop := sb.State == api.StateRunning && m.roomFor(2*m.checkpointNeed(sb, true))
 		sb.AutoSeq++
 		if stop {
 			// A running sandbox is stopped by its automatic checkpoint:

@@ -36,6 +36,12 @@ func (m *Manager) requireCheckpointSpace(sb *store.Sandbox, memory bool) error {
 	return disk.RequireSpace(m.cfg.DataDir, what, m.checkpointNeed(sb, memory))
 }
 
+// roomFor reports whether the data dir has need bytes free beside the
+// reserve (true when that cannot be read: the work then fails on its own).
+func (m *Manager) roomFor(need int64) bool {
+	return disk.RequireSpace(m.cfg.DataDir, "", need) == nil
+}
+
 // spaceError is disk.SpaceError for host-side work (what) of sandbox sb
 // that failed with err, with the cause logged. An error the sandbox's
 // agent answered with is never the host's: a sandbox whose own disk is
