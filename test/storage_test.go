@@ -302,6 +302,31 @@ func TestDataDirFull(t *testing.T) {
 	runs("after the restore cut short")
 	clean("after the restore cut short", 1)
 	fill.free()
+	// With room enough, the automatic checkpoint stops the sandbox (no
+	// pause, no resume); a disk filled by someone else part-way then ends
+	// it (gVisor's save), and its state must say so. A restore brings it
+	// back.
+	go fill.leaveWhen(filepath.Join(cpDir, ".tmp-*"), 1<<20, took)
+	_, err = d.C.RestoreCheckpoint(ctx, "full", cp.ID)
+	if ferr := <-took; ferr != nil {
+		t.Fatal(ferr)
+	}
+	wantStorage(t, "restore stopping the sandbox, midway", err, "ran out of space")
+	fill.free()
+	if got, err := d.C.GetSandbox(ctx, "full"); err != nil {
+		t.Fatal(err)
+	} else if got.State == api.StateRunning {
+		runs("after the stopping restore cut short")
+	} else {
+		t.Logf("after the stopping restore cut short the sandbox is %s", got.State)
+		if got.State != api.StateError {
+			t.Errorf("after the stopping restore cut short the sandbox is %s; want running or error", got.State)
+		}
+		if _, err := d.C.RestoreCheckpoint(ctx, "full", cp.ID); err != nil {
+			t.Fatalf("restoring with space freed: %v", err)
+		}
+		runs("restored with space freed")
+	}
 
 	// A fork with the data dir at its reserve is refused before any
 	// record; with space, it works.

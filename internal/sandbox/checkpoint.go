@@ -387,6 +387,13 @@ func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, sna
 // into state error if it stopped.
 func (m *Manager) afterFailedStop(ctx context.Context, sb *store.Sandbox, err error) error {
 	st, serr := m.rt.State(ctx, sb.ID)
+	// gVisor ends a sandbox whose stopping save failed inside it (a full
+	// disk part-way): it may still look running for a moment. Never call
+	// one running that is on its way out.
+	for i := 0; i < 20 && serr == nil && st == runtime.StatusRunning; i++ {
+		time.Sleep(100 * time.Millisecond)
+		st, serr = m.rt.State(ctx, sb.ID)
+	}
 	if serr == nil && st == runtime.StatusPaused {
 		if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
 			serr = rerr
