@@ -13,7 +13,6 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
-
 	"loam.dev/loam/internal/sandbox"
 )
 
