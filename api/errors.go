@@ -20,7 +20,11 @@ const (
 	CodeLimit            Code = "limit"              // 409, or 429 for rate limits
 	CodeUpgradeRequired  Code = "upgrade_required"   // 426: a WebSocket endpoint called without the upgrade
 	CodeUnavailable      Code = "unavailable"        // 503
-	CodeInternal         Code = "internal"           // 500
+	// CodeInsufficientStorage: the host's data dir has no room for the
+	// work (a memory checkpoint, a fork, an upload, an image pull); free
+	// space and call again. A sandbox's own disk being full is not this.
+	CodeInsufficientStorage Code = "insufficient_storage" // 507
+	CodeInternal            Code = "internal"             // 500
 )
 
 // Error is an API error: the body {"error":{"code":…,"message":…}}. It works
@@ -47,7 +51,9 @@ var (
 	ErrLimit            = &Error{Code: CodeLimit}
 	ErrUpgradeRequired  = &Error{Code: CodeUpgradeRequired}
 	ErrUnavailable      = &Error{Code: CodeUnavailable}
-	ErrInternal         = &Error{Code: CodeInternal}
+	// ErrInsufficientStorage matches every insufficient_storage error.
+	ErrInsufficientStorage = &Error{Code: CodeInsufficientStorage}
+	ErrInternal            = &Error{Code: CodeInternal}
 )
 
 func (e *Error) Error() string {
@@ -91,6 +97,8 @@ func (c Code) HTTPStatus() int {
 		return http.StatusUpgradeRequired
 	case CodeUnavailable:
 		return http.StatusServiceUnavailable
+	case CodeInsufficientStorage:
+		return http.StatusInsufficientStorage
 	default:
 		return http.StatusInternalServerError
 	}
@@ -117,6 +125,8 @@ func CodeForStatus(status int) Code {
 		return CodeLimit
 	case http.StatusServiceUnavailable:
 		return CodeUnavailable
+	case http.StatusInsufficientStorage:
+		return CodeInsufficientStorage
 	default:
 		return CodeInternal
 	}

@@ -23,6 +23,7 @@ func TestCodes(t *testing.T) {
 		{CodeLimit, "limit", http.StatusConflict},
 		{CodeUpgradeRequired, "upgrade_required", http.StatusUpgradeRequired},
 		{CodeUnavailable, "unavailable", http.StatusServiceUnavailable},
+		{CodeInsufficientStorage, "insufficient_storage", http.StatusInsufficientStorage},
 		{CodeInternal, "internal", http.StatusInternalServerError},
 	}
 	for _, tt := range tests {
@@ -53,7 +54,7 @@ func TestCodes(t *testing.T) {
 }
 
 func TestSentinels(t *testing.T) {
-	for _, s := range []*Error{ErrForbidden, ErrMethodNotAllowed, ErrUpgradeRequired} {
+	for _, s := range []*Error{ErrForbidden, ErrMethodNotAllowed, ErrUpgradeRequired, ErrInsufficientStorage} {
 		if !errors.Is(Errorf(s.Code, "x"), s) || errors.Is(Errorf(CodeInvalid, "x"), s) {
 			t.Errorf("sentinel %q matches wrongly", s.Code)
 		}

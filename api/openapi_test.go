@@ -35,7 +35,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		documented = append(documented, v.(string))
 	}
 	codes := []Code{CodeInvalid, CodeUnauthorized, CodeForbidden, CodeNotFound, CodeMethodNotAllowed,
-		CodeConflict, CodeLimit, CodeUpgradeRequired, CodeUnavailable, CodeInternal}
+		CodeConflict, CodeLimit, CodeUpgradeRequired, CodeUnavailable, CodeInsufficientStorage, CodeInternal}
 	if len(documented) != len(codes) {
 		t.Errorf("ErrorCode lists %v, want %v", documented, codes)
 	}

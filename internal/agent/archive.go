@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -207,24 +208,7 @@ func extract(root int, dir string, hdr *tar.Header, body io.Reader) error {
 		defer unix.Close(fd)
 		return fsError(full, unix.Fchmod(fd, mode))
 	case tar.TypeReg:
-		if err := unlinkOld(parent, base); err != nil {
-			return fsError(full, err)
-		}
-		fd, err := unix.Openat(parent, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return fsError(full, err)
-		}
-		f := os.NewFile(uintptr(fd), full)
-		defer f.Close()
-		if _, err := io.Copy(f, body); err != nil {
-			return fsError(full, bodyError(err))
-		}
-		if err := unix.Fchmod(fd, mode); err != nil {
-			return fsError(full, err)
-		}
-		ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
-		_ = unix.UtimesNanoAt(parent, base, ts, unix.AT_SYMLINK_NOFOLLOW)
-		return nil
+		return extractFile(parent, base, full, mode, hdr, body)
 	case tar.TypeSymlink:
 		if err := unlinkOld(parent, base); err != nil {
 			return fsError(full, err)
@@ -235,6 +219,43 @@ func extract(root int, dir string, hdr *tar.Header, body io.Reader) error {
 	default:
 		return api.Errorf(api.CodeInvalid, "tar entry %q: entries of type %q (hard links, devices, fifos) are not extracted", hdr.Name, hdr.Typeflag)
 	}
+}
+
+// extractFile writes a regular file's entry to a temp file beside it and
+// renames it into place only once whole: a tar cut short (a client gone
+// mid-upload, a full disk) leaves no partial file, and the file it would
+// replace stays as it was. A directory at base is left, and the rename
+// fails, as tar's write does.
+func extractFile(parent int, base, full string, mode uint32, hdr *tar.Header, body io.Reader) error {
+	tmp := fmt.Sprintf(".%s.loam-%d-%d", base, os.Getpid(), time.Now().UnixNano())
+	if len(tmp) > 255 {
+		tmp = fmt.Sprintf(".loam-%d-%d", os.Getpid(), time.Now().UnixNano())
+	}
+	fd, err := unix.Openat(parent, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fsError(full, err)
+	}
+	f := os.NewFile(uintptr(fd), full)
+	defer f.Close()
+	done := false
+	defer func() {
+		if !done {
+			_ = unix.Unlinkat(parent, tmp, 0)
+		}
+	}()
+	if _, err := io.Copy(f, body); err != nil {
+		return fsError(full, bodyError(err))
+	}
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return fsError(full, err)
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
+	_ = unix.UtimesNanoAt(parent, tmp, ts, unix.AT_SYMLINK_NOFOLLOW)
+	if err := unix.Renameat(parent, tmp, parent, base); err != nil {
+		return fsError(full, err)
+	}
+	done = true
+	return nil
 }
 
 // unlinkOld removes a file or symlink at base in parent, as tar does before

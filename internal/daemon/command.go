@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"loam.dev/loam/internal/server"
 )
 
 // env returns the environment variable's value, or def.
@@ -84,6 +86,7 @@ func Command() *cobra.Command {
 	f.IntVar(&cfg.PoolReserveMiB, "pool-reserve-mib", envInt("LOAM_POOL_RESERVE_MIB", 1024), "host memory warm pools leave to sandboxes: a pool fills only while more is available (LOAM_POOL_RESERVE_MIB)")
 	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")
 	f.IntVar(&diskGiB, "disk-size-gib", envInt("LOAM_DISK_SIZE_GIB", 64), "size of the sparse file the btrfs pool lives on when the data dir is not btrfs, in GiB (LOAM_DISK_SIZE_GIB)")
+	f.DurationVar(&cfg.WriteTimeout, "write-timeout", envDuration("LOAM_WRITE_TIMEOUT", server.DefaultWriteTimeout), "a client that takes nothing of a stream (exec, attach, logs, watch, port, download) or sends nothing of an upload for this long is cut off (LOAM_WRITE_TIMEOUT)")
 	f.DurationVar(&cfg.Idle, "idle", envDuration("LOAM_IDLE", 0), "a sandbox created without an idle of its own sleeps after this long without activity, such as 10m; 0 is never (LOAM_IDLE)")
 	// For tests only: idle times shorter than a minute.
 	f.DurationVar(&cfg.IdleEvery, "test-idle-every", envDuration("LOAM_TEST_IDLE_EVERY", 0), "tests only: how often idle sandboxes are looked for (LOAM_TEST_IDLE_EVERY)")

@@ -67,6 +67,9 @@ type Config struct {
 	// serves Go's profiles (net/http/pprof): goroutines, heap, CPU. They
 	// need no token, so only loopback addresses are taken.
 	DebugListen string
+	// WriteTimeout is how long a client may take nothing of a stream, or
+	// send nothing of an upload, before it is cut off.
+	WriteTimeout time.Duration
 	// DiskSize is the size of the loop file the btrfs pool lives on, when
 	// the data dir is not on btrfs.
 	DiskSize int64
@@ -327,7 +330,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: tlsConfig != nil,
 	}, d.log)
 	d.srv = &http.Server{
-		Handler:           front.Mount(server.New(d.Manager, d.Token, d.log)),
+		Handler:           front.Mount(server.New(d.Manager, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout))),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 		TLSConfig:         tlsConfig,

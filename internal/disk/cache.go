@@ -162,10 +162,16 @@ func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (s
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
 	report(buildShare)
-	if err := syncFS(tmp); err != nil {
-		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+	err = syncFS(tmp)
+	if err == nil {
+		err = os.Rename(tmp, dir)
 	}
-	if err := os.Rename(tmp, dir); err != nil {
+	if err != nil {
+		// A tree that may not be on disk whole (a full disk fails the
+		// sync) is of no use to the next build: never leave it.
+		if rerr := removeTree(tmp); rerr != nil {
+			slog.WarnContext(ctx, "removing failed template build", "dir", tmp, "err", rerr)
+		}
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
 	if err := syncDir(cacheDir); err != nil {

@@ -71,6 +71,7 @@ type Service struct {
 type pull struct {
 	read atomic.Int64  // compressed bytes of layers read
 	done chan struct{} // closed when it ends, with the record stored
+	err  error         // why it failed, set before done is closed
 }
 
 // Resolved is an image ready for sandboxes: its template and its config.
@@ -210,6 +211,9 @@ func (s *Service) start(ctx context.Context, ref string) (*store.Image, *pull, e
 	default:
 		return nil, nil, fmt.Errorf("pulling %s: %w", ref, err)
 	}
+	if err := s.requireSpace("an image pull", 0); err != nil {
+		return nil, nil, err
+	}
 	if err := s.cfg.Records.PutImage(ctx, im); err != nil {
 		return nil, nil, fmt.Errorf("pulling %s: %w", ref, err)
 	}
@@ -228,6 +232,10 @@ func (s *Service) Ensure(ctx context.Context, ref string) (*Resolved, error) {
 		case <-p.done:
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
+		}
+		if errors.Is(p.err, api.ErrInsufficientStorage) {
+			// The host's lack of room, not the image's fault: not invalid.
+			return nil, p.err
 		}
 		if im, err = s.cfg.Records.GetImage(ctx, im.ID); err != nil {
 			return nil, fmt.Errorf("pulling %s: %w", im.Ref, err)
@@ -374,6 +382,11 @@ func (s *Service) pull(ctx context.Context, id string) {
 		if ctx.Err() != nil {
 			return // the daemon is stopping: the next one takes it up
 		}
+		if disk.IsNoSpace(err) {
+			s.cfg.Log.Warn("pulling image: out of space", "image", id, "err", err)
+			err = disk.SpaceError(err, s.cfg.CacheDir, "the pull of "+im.Ref)
+		}
+		p.err = err
 		s.cfg.Log.Error("pulling image", "image", id, "ref", im.Ref, "err", err)
 		im.State, im.Error = api.ImageError, err.Error()
 	} else {
@@ -420,6 +433,11 @@ func (s *Service) fetch(ctx context.Context, im *store.Image, p *pull) error {
 	if err := s.cfg.Records.PutImage(ctx, im); err != nil {
 		return err
 	}
+	// Unpacked, the layers take about twice what they weigh compressed, in
+	// the cache and again in the pool when the copy cannot share blocks.
+	if err := s.requireSpace("the image "+im.Ref, 2*size); err != nil {
+		return err
+	}
 	t := template(im.Digest, func(ctx context.Context, dir string) error {
 		return unpackImage(ctx, layers, dir, &p.read)
 	})
@@ -436,6 +454,17 @@ func (s *Service) fetch(ctx context.Context, im *store.Image, p *pull) error {
 	}
 	im.Template = t.Name
 	return nil
+}
+
+// requireSpace refuses work (what) needing need bytes when the template
+// cache or the pool cannot hold it (disk.RequireSpace).
+func (s *Service) requireSpace(what string, need int64) error {
+	if err := disk.RequireSpace(s.cfg.CacheDir, what, need); err != nil {
+		return err
+	}
+	// The pool's volumes directory: the filesystem the template goes on
+	// (the loop image's, when the data dir is not btrfs).
+	return disk.RequireSpace(filepath.Dir(s.cfg.Pool.VolumePath("probe")), what, need)
 }
 
 // template is the disk template of the image with digest: named by it, so

@@ -141,6 +141,9 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	} else if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
 		return nil, err
 	}
+	if err := m.requireCheckpointSpace(sb, memory); err != nil {
+		return nil, err
+	}
 	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
 	if err != nil {
 		return nil, fmt.Errorf("listing checkpoints of %s: %w", sb.ID, err)
@@ -163,7 +166,11 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 		memory: memory, inside: checkpoint.CallerOf(ctx) == checkpoint.Inside,
 	})
 	if err != nil {
-		return nil, publicError(err)
+		what := "a disk-only checkpoint"
+		if memory {
+			what = "a memory checkpoint"
+		}
+		return nil, publicError(m.spaceError(err, sb, m.cfg.DataDir, what))
 	}
 	v := cpView(cp)
 	return &v, nil
@@ -385,6 +392,13 @@ func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, sna
 // into state error if it stopped.
 func (m *Manager) afterFailedStop(ctx context.Context, sb *store.Sandbox, err error) error {
 	st, serr := m.rt.State(ctx, sb.ID)
+	// gVisor ends a sandbox whose stopping save failed inside it (a full
+	// disk part-way): it may still look running for a moment. Never call
+	// one running that is on its way out.
+	for i := 0; i < 20 && serr == nil && st == runtime.StatusRunning; i++ {
+		time.Sleep(100 * time.Millisecond)
+		st, serr = m.rt.State(ctx, sb.ID)
+	}
 	if serr == nil && st == runtime.StatusPaused {
 		if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
 			serr = rerr
@@ -501,7 +515,17 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	// otherwise. A sandbox left without a disk by a failed restore has no
 	// state to keep, and must still be restorable.
 	if _, err := os.Stat(m.disks.VolumePath(sb.ID)); err == nil || sb.State != api.StateError {
-		stop := sb.State == api.StateRunning
+		memory := sb.State == api.StateRunning || sb.State == api.StateSleeping
+		if err := m.requireCheckpointSpace(sb, memory); err != nil {
+			return nil, fmt.Errorf("keeping the state before the restore: %w", err)
+		}
+		// A checkpoint that stops the sandbox saves a pause and a resume,
+		// but one that fails part-way leaves nothing running: gVisor
+		// ends a sandbox whose stopping save failed. With the data dir
+		// short of room for twice the estimate, the automatic checkpoint
+		// pauses and resumes instead, so that running out of space
+		// part-way leaves the sandbox running as it was.
+		stop := sb.State == api.StateRunning && m.roomFor(2*m.checkpointNeed(sb, true))
 		sb.AutoSeq++
 		if stop {
 			// A running sandbox is stopped by its automatic checkpoint:
@@ -519,7 +543,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		name, _ := pickName(cps, "")
 		_, err = m.takeCheckpoint(ctx, sb, take{
 			id: checkpoint.AutoID(sb.AutoSeq), name: name, comment: "before restoring " + cp.ID,
-			memory: sb.State == api.StateRunning || sb.State == api.StateSleeping, auto: true, inside: caller == checkpoint.Inside,
+			memory: memory, auto: true, inside: caller == checkpoint.Inside,
 			stop: stop,
 		})
 		if err != nil {
@@ -529,7 +553,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 				_ = m.store.UpdateSandbox(ctx, sb)
 			}
 			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
-			return nil, publicError(fmt.Errorf("keeping the state before the restore: %w", err))
+			return nil, publicError(m.spaceError(fmt.Errorf("keeping the state before the restore: %w", err), sb, m.cfg.DataDir, "the checkpoint a restore keeps first"))
 		}
 	}
 

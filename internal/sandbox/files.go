@@ -8,9 +8,11 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"syscall"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/store"
 )
 
@@ -151,6 +153,26 @@ func (m *Manager) fileError(cctx context.Context, sb *store.Sandbox, what, path 
 	return api.Errorf(code, "%s %s in sandbox %s: %s (the sandbox says %q)", what, path, sb.Name, says, ae.Message)
 }
 
+// uploadError is fileError for an upload into sb. The sandbox cannot tell
+// its own disk limit reached from the host's filesystem full: both are
+// "no space" to it, and its answer (a conflict) is not trusted to say
+// which. The host looks for itself: when the filesystem its disk lives on
+// is down to the reserve, the upload failed for the host's lack of room,
+// insufficient_storage; otherwise the sandbox's disk is full, its own
+// business, and the answer stays the conflict it was.
+func (m *Manager) uploadError(cctx context.Context, sb *store.Sandbox, what, path string, err error) error {
+	ferr := m.fileError(cctx, sb, what, path, err)
+	if !errors.Is(ferr, api.ErrConflict) {
+		return ferr
+	}
+	vol := m.disks.VolumePath(sb.ID)
+	if free, serr := disk.FreeBytes(vol); serr == nil && free < disk.ReserveBytes {
+		m.log.Warn("upload failed with the host out of space", "sandbox", sb.ID, "err", err)
+		return disk.SpaceError(fmt.Errorf("%s %s: %w", what, path, syscall.ENOSPC), vol, "an upload to "+path)
+	}
+	return ferr
+}
+
 // StatFile describes a file of a sandbox and, for a directory, its entries
 // depth levels deep.
 func (m *Manager) StatFile(ctx context.Context, ref string, q FileQuery, depth int) (*api.FileInfo, error) {
@@ -230,9 +252,12 @@ func (m *Manager) WriteFile(ctx context.Context, ref string, q FileQuery, mode s
 		return nil, err
 	}
 	defer end()
+	if err := disk.RequireSpace(m.disks.VolumePath(sb.ID), "an upload", max(size, 0)); err != nil {
+		return nil, err
+	}
 	info, err := ac.WriteFile(cctx, q.agent(), mode, body, size)
 	if err != nil {
-		return nil, m.fileError(cctx, sb, "writing", q.Path, err)
+		return nil, m.uploadError(cctx, sb, "writing", q.Path, err)
 	}
 	return &info, nil
 }
@@ -336,8 +361,11 @@ func (m *Manager) WriteArchive(ctx context.Context, ref string, q FileQuery, tar
 		return err
 	}
 	defer end()
+	if err := disk.RequireSpace(m.disks.VolumePath(sb.ID), "an upload", 0); err != nil {
+		return err
+	}
 	if err := ac.WriteArchive(cctx, q.agent(), tar); err != nil {
-		return m.fileError(cctx, sb, "extracting into", q.Path, err)
+		return m.uploadError(cctx, sb, "extracting into", q.Path, err)
 	}
 	return nil
 }

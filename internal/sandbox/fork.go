@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/store"
 )
 
@@ -33,6 +34,15 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		return nil, err
 	}
 	defer unlock()
+	// A fork writes little at first (its bundle, runsc's state; its disk
+	// is copy-on-write), but with the data dir at its reserve it would
+	// fail part-way, or starve the store: refuse it before any record.
+	if err := disk.RequireSpace(m.cfg.DataDir, "a fork", 0); err != nil {
+		return nil, err
+	}
+	if err := disk.RequireSpace(m.disks.VolumePath(src.ID), "a fork's disk", 0); err != nil {
+		return nil, err
+	}
 	req.From = &api.ForkSource{Sandbox: src.Name, Checkpoint: cp.ID}
 	sb, err := m.newRecord(ctx, req)
 	if err != nil {
@@ -70,7 +80,7 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed fork", "sandbox", sb.ID, "err", derr)
 		}
-		return nil, publicError(fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err))
+		return nil, publicError(m.spaceError(fmt.Errorf("forking %s at %s: %w", src.Name, cp.ID, err), sb, m.cfg.DataDir, "a fork"))
 	}
 	m.log.Info("sandbox forked", "sandbox", sb.ID, "name", sb.Name, "from", src.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
 	return m.view(sb), nil

@@ -15,6 +15,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
 )
@@ -56,7 +57,7 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
 	}
 	m.drain(sb.ID)
 	if err := m.sleep(context.WithoutCancel(ctx), sb); err != nil {
-		return nil, publicError(fmt.Errorf("putting %s to sleep: %w", sb.Name, err))
+		return nil, publicError(m.spaceError(fmt.Errorf("putting %s to sleep: %w", sb.Name, err), sb, m.cfg.DataDir, "a sleep"))
 	}
 	return m.view(sb), nil
 }
@@ -64,6 +65,11 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
 // sleep writes a running sandbox's sleep image and removes its container.
 // The caller holds the sandbox's operation.
 func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
+	// Its image is a memory checkpoint's: refused before the pause when
+	// the data dir cannot hold it, the sandbox running on.
+	if err := disk.RequireSpace(m.cfg.DataDir, "a sleep image", m.checkpointNeed(sb, true)); err != nil {
+		return err
+	}
 	start := time.Now()
 	dir := m.sleepDir(sb.ID)
 	if err := os.RemoveAll(dir); err != nil {

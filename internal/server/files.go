@@ -124,7 +124,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	if _, err := io.Copy(w, body); err != nil {
+	iw := newIdleWriter(w, s.writeTimeout)
+	defer iw.done()
+	if _, err := io.Copy(iw, body); err != nil {
 		s.log.Warn("file download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
 	}
 	return nil
@@ -135,9 +137,11 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, err := s.sandboxes.WriteFile(r.Context(), r.PathValue("sandbox"), q, r.URL.Query().Get("mode"), r.Body, r.ContentLength)
+	body := newIdleReader(w, r, s.writeTimeout)
+	defer body.done()
+	info, err := s.sandboxes.WriteFile(r.Context(), r.PathValue("sandbox"), q, r.URL.Query().Get("mode"), body, r.ContentLength)
 	if err != nil {
-		return err
+		return body.clientError(err)
 	}
 	writeJSON(w, http.StatusOK, info)
 	return nil
@@ -187,7 +191,9 @@ func (s *Server) readArchive(w http.ResponseWriter, r *http.Request) error {
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	if _, err := io.Copy(w, body); err != nil {
+	iw := newIdleWriter(w, s.writeTimeout)
+	defer iw.done()
+	if _, err := io.Copy(iw, body); err != nil {
 		s.log.Warn("archive download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
 		panic(http.ErrAbortHandler)
 	}
@@ -199,8 +205,10 @@ func (s *Server) writeArchive(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.sandboxes.WriteArchive(r.Context(), r.PathValue("sandbox"), q, r.Body); err != nil {
-		return err
+	body := newIdleReader(w, r, s.writeTimeout)
+	defer body.done()
+	if err := s.sandboxes.WriteArchive(r.Context(), r.PathValue("sandbox"), q, body); err != nil {
+		return body.clientError(err)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -236,6 +244,6 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) error {
 		return api.Errorf(api.CodeForStatus(hw.status), "files/watch: %s", strings.TrimSpace(hw.msg.String()))
 	}
 	defer c.CloseNow()
-	ProxyStream(ctx, c, st)
+	proxyStream(ctx, c, st, s.writeTimeout)
 	return nil
 }

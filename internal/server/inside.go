@@ -163,7 +163,7 @@ func (in *Inside) CloseAll() {
 // handler serves one sandbox: its record and its checkpoints, with its
 // token; "{sandbox}" in a path must be that sandbox, by id or name.
 func (in *Inside) handler(id string) http.Handler {
-	s := &Server{sandboxes: in.sandboxes, log: in.log, mux: http.NewServeMux(), where: " inside a sandbox"}
+	s := &Server{sandboxes: in.sandboxes, log: in.log, mux: http.NewServeMux(), where: " inside a sandbox", writeTimeout: DefaultWriteTimeout}
 	token := in.Token(id)
 	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 		s.handle(pattern, func(w http.ResponseWriter, r *http.Request) {

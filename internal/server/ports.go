@@ -109,6 +109,6 @@ func (s *Server) proxyPorts(w http.ResponseWriter, r *http.Request, st *sandbox.
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(portMessageLimit)
-	ProxyStream(r.Context(), c, st)
+	proxyStream(r.Context(), c, st, s.writeTimeout)
 	return nil
 }

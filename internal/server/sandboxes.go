@@ -172,7 +172,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		sendExecError(ctx, c, err)
 		return nil
 	}
-	ProxyStream(ctx, c, st)
+	proxyStream(ctx, c, st, s.writeTimeout)
 	return nil
 }
 

@@ -37,12 +37,32 @@ type Server struct {
 	// where says which API this is in messages: "" for the daemon's own,
 	// " inside a sandbox" for a sandbox's (see Inside).
 	where string
+	// writeTimeout cuts off a client that takes no write of a stream, or
+	// sends no byte of an upload, for this long (DefaultWriteTimeout).
+	writeTimeout time.Duration
+}
+
+// Option sets something of a Server New makes.
+type Option func(*Server)
+
+// WithWriteTimeout sets how long a client may take no write of a stream,
+// or send no byte of an upload, before it is cut off (DefaultWriteTimeout
+// when d <= 0).
+func WithWriteTimeout(d time.Duration) Option {
+	return func(s *Server) {
+		if d > 0 {
+			s.writeTimeout = d
+		}
+	}
 }
 
 // New makes a server over the sandbox manager. Every /v1 call must carry
 // token as a bearer token.
-func New(sandboxes Sandboxes, token string, log *slog.Logger) *Server {
-	s := &Server{sandboxes: sandboxes, token: token, log: log, mux: http.NewServeMux()}
+func New(sandboxes Sandboxes, token string, log *slog.Logger, opts ...Option) *Server {
+	s := &Server{sandboxes: sandboxes, token: token, log: log, mux: http.NewServeMux(), writeTimeout: DefaultWriteTimeout}
+	for _, o := range opts {
+		o(s)
+	}
 	s.routes()
 	return s
 }

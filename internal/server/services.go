@@ -111,5 +111,5 @@ func (s *Server) serviceLogs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return acceptStream(w, r, st)
+	return s.acceptStream(w, r, st)
 }

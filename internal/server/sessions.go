@@ -124,7 +124,7 @@ func (s *Server) attachSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return acceptStream(w, r, st)
+	return s.acceptStream(w, r, st)
 }
 
 // attachParams reads where an attach socket (or a service's logs) starts:
@@ -154,7 +154,7 @@ func attachParams(r *http.Request) (api.AttachParams, error) {
 
 // acceptStream upgrades the client's request and proxies st to it. A
 // refused handshake is an HTTP error, in the API's shape.
-func acceptStream(w http.ResponseWriter, r *http.Request, st *sandbox.Stream) error {
+func (s *Server) acceptStream(w http.ResponseWriter, r *http.Request, st *sandbox.Stream) error {
 	hw := &handshakeWriter{ResponseWriter: w}
 	c, err := websocket.Accept(hw, r, acceptOptions)
 	if err != nil {
@@ -163,6 +163,6 @@ func acceptStream(w http.ResponseWriter, r *http.Request, st *sandbox.Stream) er
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(32 << 20)
-	ProxyStream(r.Context(), c, st)
+	proxyStream(r.Context(), c, st, s.writeTimeout)
 	return nil
 }

@@ -81,7 +81,8 @@ func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	lw := &lazyWriter{w: w}
+	lw := &lazyWriter{w: w, idle: newIdleWriter(w, s.writeTimeout)}
+	defer lw.idle.done()
 	err = t.ExportTemplate(r.Context(), r.PathValue("template"), lw)
 	if err != nil && !lw.started {
 		return err
@@ -97,8 +98,10 @@ func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) error {
 }
 
 // lazyWriter sends the response's headers with its first byte.
+// Each write has the server's write timeout (idleWriter).
 type lazyWriter struct {
 	w       http.ResponseWriter
+	idle    *idleWriter
 	started bool
 }
 
@@ -112,7 +115,7 @@ func (l *lazyWriter) Write(p []byte) (int, error) {
 	if !l.started {
 		l.start()
 	}
-	return l.w.Write(p)
+	return l.idle.Write(p)
 }
 
 func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
@@ -120,9 +123,11 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	tpl, err := t.ImportTemplate(r.Context(), r.PathValue("template"), r.Body)
+	body := newIdleReader(w, r, s.writeTimeout)
+	defer body.done()
+	tpl, err := t.ImportTemplate(r.Context(), r.PathValue("template"), body)
 	if err != nil {
-		return err
+		return body.clientError(err)
 	}
 	writeJSON(w, http.StatusCreated, tpl)
 	return nil

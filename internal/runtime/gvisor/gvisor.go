@@ -471,6 +471,12 @@ func (r *Runtime) classify(id string, err error) error {
 	if errors.As(err, &ce) && strings.Contains(ce.stderr, "does not exist") && !r.exists(id) {
 		return fmt.Errorf("%w: %w", runtime.ErrNotExist, err)
 	}
+	// runsc says so only in words: a full host filesystem (the image
+	// being written, its state) is ENOSPC to the caller, who can then
+	// tell the user the host is out of room rather than that runsc failed.
+	if errors.As(err, &ce) && (strings.Contains(ce.stderr, "no space left on device") || strings.Contains(ce.stderr, "disk quota exceeded")) {
+		return fmt.Errorf("%w: %w", syscall.ENOSPC, err)
+	}
 	return err
 }
 

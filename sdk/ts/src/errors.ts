@@ -11,6 +11,7 @@ export type ErrorCode =
   | 'limit'
   | 'upgrade_required'
   | 'unavailable'
+  | 'insufficient_storage'
   | 'internal'
 
 /**
@@ -46,6 +47,12 @@ export class UnauthorizedError extends LoamError {}
 export class ForbiddenError extends LoamError {}
 /** 503 unavailable: the daemon or the sandbox cannot answer now. */
 export class UnavailableError extends LoamError {}
+/**
+ * 507 insufficient_storage: the daemon's data dir has no room for the work
+ * (a memory checkpoint, a fork, an upload, an image pull); free space on
+ * the host and call again. A sandbox's own full disk is a ConflictError.
+ */
+export class InsufficientStorageError extends LoamError {}
 
 /**
  * StreamEndedError: a WebSocket stream (exec, attach, logs, watch, port)
@@ -84,6 +91,7 @@ const classes: Partial<Record<string, new (code: ErrorCode, message: string, sta
   unauthorized: UnauthorizedError,
   forbidden: ForbiddenError,
   unavailable: UnavailableError,
+  insufficient_storage: InsufficientStorageError,
 }
 
 /** apiError makes the LoamError (of the right subclass) for an API error. */
@@ -114,6 +122,8 @@ export function codeForStatus(status: number): ErrorCode {
       return 'limit'
     case 503:
       return 'unavailable'
+    case 507:
+      return 'insufficient_storage'
     default:
       return 'internal'
   }
