@@ -23,6 +23,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/store"
 )
@@ -199,6 +200,7 @@ func (s *Service) start(ctx context.Context, ref string) (*store.Image, *pull, e
 	if err := s.cfg.Records.PutImage(ctx, im); err != nil {
 		return nil, nil, fmt.Errorf("pulling %s: %w", ref, err)
 	}
+	crash.Point("image.recorded")
 	return im, s.enqueue(id), nil
 }
 
@@ -406,6 +408,7 @@ func (s *Service) fetch(ctx context.Context, im *store.Image, p *pull) error {
 	if err := s.cfg.Records.PutImage(ctx, im); err != nil {
 		return err
 	}
+	crash.Point("image.described")
 	t := template(im.Digest, func(ctx context.Context, dir string) error {
 		return unpackImage(ctx, layers, dir, &p.read)
 	})

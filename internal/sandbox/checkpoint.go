@@ -13,6 +13,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
 )
@@ -104,6 +105,7 @@ func (m *Manager) removeCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 	if err := m.store.DeleteCheckpoint(ctx, sb.ID, cp.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("deleting checkpoint %s of %s: %w", cp.ID, sb.ID, err)
 	}
+	crash.Point("checkpoint-delete.record")
 	err := errors.Join(
 		m.disks.DeleteSnapshot(ctx, snapName(sb.ID, cp.ID)),
 		os.RemoveAll(m.checkpointDir(sb.ID, cp.ID)))
@@ -158,6 +160,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, fmt.Errorf("numbering checkpoint of %s: %w", sb.ID, err)
 	}
+	crash.Point("checkpoint.numbered")
 	cp, err := m.takeCheckpoint(ctx, sb, take{
 		id: checkpoint.UserID(sb.CheckpointSeq), name: name, comment: req.Comment,
 		memory: memory, inside: checkpoint.CallerOf(ctx) == checkpoint.Inside,
@@ -267,6 +270,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		stopped = true
+		crash.Point("restore.auto-image")
 		// The image holds the agent's token, and the agent is stopped:
 		// what runs as this sandbox next (the checkpoint restored, or a
 		// fresh boot after a crash) is handed the next generation. Stored
@@ -275,6 +279,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 			return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 		}
+		crash.Point("restore.auto-gen")
 	} else if t.memory {
 		why := "the sandbox is being checkpointed"
 		if t.auto {
@@ -285,6 +290,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		m.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "paused_ms", paused.Milliseconds())
+		crash.Point("checkpoint.frozen")
 		if err := m.rotateToken(ctx, sb); err != nil {
 			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
@@ -296,6 +302,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
 			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
 		}
+		crash.Point("checkpoint.disk-snapshot")
 	}
 	if err := syncVolume(m.disks.VolumePath(sb.ID)); err != nil {
 		return nil, err
@@ -303,9 +310,11 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 	if err := checkpoint.SyncTree(tmp); err != nil {
 		return nil, err
 	}
+	crash.Point("checkpoint.synced")
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, fmt.Errorf("keeping checkpoint %s: %w", id, err)
 	}
+	crash.Point("checkpoint.renamed")
 	cp := &store.Checkpoint{
 		Checkpoint: api.Checkpoint{
 			ID: id, Sandbox: sb.ID, Name: t.name, Comment: t.comment,
@@ -333,7 +342,11 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 	}
 	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{LeaveRunning: true})
 	if err == nil {
+		crash.Point("checkpoint.image")
 		err = m.disks.Snapshot(ctx, sb.ID, snap)
+	}
+	if err == nil {
+		crash.Point("checkpoint.snapshot")
 	}
 	if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("resuming: %w", rerr))
@@ -507,6 +520,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 			return nil, fmt.Errorf("numbering automatic checkpoint of %s: %w", sb.ID, err)
 		}
+		crash.Point("restore.numbered")
 		cps, err := m.store.ListCheckpoints(ctx, sb.ID)
 		if err != nil {
 			return nil, err
@@ -526,12 +540,14 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
 			return nil, publicError(fmt.Errorf("keeping the state before the restore: %w", err))
 		}
+		crash.Point("restore.auto-kept")
 	}
 
 	sb.RestoreTarget = cp.ID
 	if err := m.setState(ctx, sb, api.StateRestoring, ""); err != nil {
 		return nil, err
 	}
+	crash.Point("restore.restoring")
 	start := time.Now()
 	if err := stagedErr(); err != nil {
 		m.log.Warn("cloning the checkpoint's disk ahead", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
@@ -563,9 +579,11 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return fmt.Errorf("stopping: %w", err)
 	}
+	crash.Point("rollback.stopped")
 	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
 		return fmt.Errorf("dropping the disk: %w", err)
 	}
+	crash.Point("rollback.disk-dropped")
 	// A sleep image is of the disk just dropped (a restore of a sleeping
 	// sandbox kept it as its automatic checkpoint): never wake on it.
 	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
@@ -581,6 +599,7 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	if err := m.limitDisk(ctx, sb); err != nil {
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
+	crash.Point("rollback.disk-back")
 	if !cp.Memory {
 		return m.boot(ctx, sb, false)
 	}
@@ -607,10 +626,12 @@ func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, 
 	if err := m.rt.Restore(ctx, m.spec(sb, ep), imageDir); err != nil {
 		return fmt.Errorf("restoring memory: %w", err)
 	}
+	crash.Point("resume.restored")
 	restored := time.Now()
 	if err := m.connect(ctx, sb, ep, held); err != nil {
 		return err
 	}
+	crash.Point("resume.connected")
 	m.log.Info("memory restored", "sandbox", sb.ID, "image", what, "prepare_ms", start.Sub(prep).Milliseconds(),
 		"runtime_ms", restored.Sub(start).Milliseconds(), "agent_ms", time.Since(restored).Milliseconds())
 	return m.setState(ctx, sb, api.StateRunning, "")

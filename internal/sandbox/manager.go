@@ -21,6 +21,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
@@ -394,6 +395,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
 	}
+	crash.Point("create.stored")
 	// The work goes on even if the client goes away: stopping half-way would
 	// only leave more to clean up.
 	ctx = context.WithoutCancel(ctx)
@@ -563,6 +565,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 		if err := m.limitDisk(ctx, sb); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
+		crash.Point("boot.disk")
 	}
 	ep, err := m.prepare(ctx, sb)
 	if err != nil {
@@ -571,9 +574,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 	if err := m.rt.Start(ctx, m.spec(sb, ep, agentEnv...)); err != nil {
 		return fmt.Errorf("starting: %w", err)
 	}
+	crash.Point("boot.started")
 	if err := m.connect(ctx, sb, ep, m.agentToken(sb)); err != nil {
 		return err
 	}
+	crash.Point("boot.connected")
 	return m.setState(ctx, sb, api.StateRunning, "")
 }
 
@@ -626,9 +631,11 @@ func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpo
 	if err := m.nets.Prepare(ctx, ep); err != nil {
 		return ep, fmt.Errorf("configuring network: %w", err)
 	}
+	crash.Point("prepare.netns")
 	if err := m.applyNetwork(ctx, sb); err != nil {
 		return ep, err
 	}
+	crash.Point("prepare.policy")
 	return ep, m.writeHandle(sb, ep)
 }
 
@@ -664,6 +671,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 	if err := m.setState(ctx, sb, api.StateDeleting, ""); err != nil {
 		return err
 	}
+	crash.Point("delete.marked")
 	return m.destroy(ctx, sb)
 }
 
@@ -681,6 +689,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container: %w", err))
 	}
+	crash.Point("destroy.container")
 	m.forget(sb.ID)
 	if ep, err := m.Endpoint(sb); err == nil {
 		if err := m.nets.RemovePolicy(ctx, ep); err != nil {
@@ -690,17 +699,21 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 			errs = append(errs, fmt.Errorf("deleting network: %w", err))
 		}
 	}
+	crash.Point("destroy.network")
 	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("deleting disk: %w", err))
 	}
+	crash.Point("destroy.disk")
 	if err := m.deleteCheckpointData(ctx, sb.ID); err != nil {
 		errs = append(errs, err)
 	}
+	crash.Point("destroy.checkpoints")
 	for _, dir := range []string{m.dir(sb.ID), m.checkpointsDir(sb.ID)} {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	crash.Point("destroy.dirs")
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("deleting sandbox %s: %w", sb.ID, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/store"
 )
 
@@ -365,7 +366,10 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	start := time.Now()
 	claimed := *want
 	claimed.ID, claimed.NetIndex, claimed.AgentGen = mem.ID, mem.NetIndex, mem.AgentGen
-	claimed.State, claimed.Pool = api.StateRunning, ""
+	// Creating until the agent is told who it is: a crash before that
+	// leaves a sandbox recovery deletes (no sandbox, as before the
+	// create), never one that runs as the member it was.
+	claimed.State, claimed.Pool = api.StateCreating, ""
 	claimed.CreatedAt = store.Now()
 	end, err := m.begin(&claimed, "create")
 	if err != nil {
@@ -383,6 +387,7 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 		m.deleteMember(ctx, mem)
 		return nil, false, nil
 	}
+	crash.Point("pool.claimed")
 	// From here on it is the user's sandbox: a failure is the request's,
 	// as a failed boot or restore is.
 	fail := func(err error) (*api.Sandbox, bool, error) {
@@ -409,6 +414,9 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	}
 	networked := time.Now()
 	if err := m.identify(ctx, &claimed, ep, m.agentClient(ep, m.agentToken(&claimed))); err != nil {
+		return fail(err)
+	}
+	if err := m.setState(ctx, &claimed, api.StateRunning, ""); err != nil {
 		return fail(err)
 	}
 	m.touch(claimed.ID)

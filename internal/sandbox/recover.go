@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
@@ -62,7 +63,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		return m.recoverSleeping(ctx, sb)
 	case api.StateRunning, api.StateError:
 		if sb.State == api.StateRunning && sb.RestoreTarget != "" {
-			return m.rebootCutRestore(ctx, sb)
+			return m.recoverCutRestore(ctx, sb)
 		}
 		if sb.State == api.StateRunning {
 			if done, err := m.recoverMidSleep(ctx, sb); done || err != nil {
@@ -115,22 +116,62 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// rebootCutRestore boots again, on its disk, a running sandbox whose
-// restore was cut short while its state was being kept: the checkpoint that
-// keeps it stops the container, which runsc goes on reporting as running
-// for a while, so whether it still runs cannot be told. Its automatic
-// checkpoint was not stored, so its disk was not touched; the restore is
-// not finished (the state it would have kept is not stored), and can be
-// asked for again.
-func (m *Manager) rebootCutRestore(ctx context.Context, sb *store.Sandbox) error {
-	m.log.Info("a restore was cut short while keeping the state; booting the sandbox again on its disk",
-		"sandbox", sb.ID, "checkpoint", sb.RestoreTarget)
-	if err := m.rt.Delete(ctx, sb.ID); err != nil {
-		return err
+// recoverCutRestore takes back a running sandbox whose restore a crash cut
+// short while its state was being kept (its record still says running, and
+// names the restore's target). Three cases:
+//
+//   - The automatic checkpoint was stored: the state is kept, so the
+//     restore the user asked for is finished (as after it).
+//   - The checkpoint that keeps the state had not stopped the container:
+//     its agent answers, and the sandbox runs on (as before it).
+//   - The container was stopped (or cannot be told from one that was:
+//     runsc goes on reporting a stopped container as running for a
+//     while) but the automatic checkpoint was not stored: the memory is
+//     lost, the disk was not touched, and the sandbox boots again on it.
+//     The restore can be asked for again.
+func (m *Manager) recoverCutRestore(ctx context.Context, sb *store.Sandbox) error {
+	target := sb.RestoreTarget
+	auto, err := m.store.GetCheckpoint(ctx, sb.ID, checkpoint.AutoID(sb.AutoSeq))
+	switch {
+	case err == nil && auto.Auto:
+		if _, err := m.store.GetCheckpoint(ctx, sb.ID, target); err == nil {
+			m.log.Info("a restore was cut short after keeping the state; finishing it",
+				"sandbox", sb.ID, "checkpoint", target, "kept", auto.ID)
+			if err := m.setState(ctx, sb, api.StateRestoring, ""); err != nil {
+				return err
+			}
+			sb.RestoreTarget = target
+			if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+				return fmt.Errorf("recording the restore of %s: %w", sb.ID, err)
+			}
+			return m.finishRestore(ctx, sb)
+		}
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("looking up the automatic checkpoint of %s: %w", sb.ID, err)
 	}
 	sb.RestoreTarget = ""
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return fmt.Errorf("forgetting the restore of %s: %w", sb.ID, err)
+	}
+	st, err := m.rt.State(ctx, sb.ID)
+	if err == nil && st == runtime.StatusPaused {
+		_ = m.rt.Resume(ctx, sb.ID)
+		st = runtime.StatusRunning
+	}
+	if ep, eerr := m.Endpoint(sb); err == nil && st == runtime.StatusRunning && eerr == nil {
+		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
+		err := m.connect(cctx, sb, ep, m.recoveryTokens(sb)...)
+		cancel()
+		if err == nil {
+			m.log.Info("a restore was cut short before it stopped the sandbox; the sandbox runs on",
+				"sandbox", sb.ID, "checkpoint", target)
+			return errors.Join(m.applyLimits(ctx, sb), m.applyNetwork(ctx, sb))
+		}
+	}
+	m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk",
+		"sandbox", sb.ID, "checkpoint", target)
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		return err
 	}
 	return m.boot(ctx, sb, false)
 }
