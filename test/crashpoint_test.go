@@ -82,13 +82,21 @@ func TestCrashPoints(t *testing.T) {
 		})
 	}
 
-	// Create: no sandbox, or one running.
-	for _, p := range []string{"create.stored", "boot.disk", "prepare.netns", "prepare.policy", "boot.started", "boot.connected"} {
+	// Create, with a service: no sandbox, or one running its service.
+	for _, p := range []string{"create.stored", "boot.disk", "prepare.netns", "prepare.policy", "boot.started",
+		"boot.connected", "create.services"} {
 		run(p, func(t *testing.T) {
 			c.crash(t, p, func(ctx context.Context) error {
-				_, err := c.d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "new"})
+				_, err := c.d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "new",
+					Services: []api.Service{{Name: "svc", Cmd: []string{"sleep", "100000"}}}})
 				return err
 			})
+			if _, err := c.d.C.GetSandbox(c.ctx, "new"); err == nil {
+				svcs, err := c.d.C.ListServices(c.ctx, "new")
+				if err != nil || len(svcs) != 1 || svcs[0].Name != "svc" {
+					t.Errorf("the sandbox made has services %+v, %v; want svc", svcs, err)
+				}
+			}
 			c.beforeOrAfterCreate(t, "new", "", "")
 		})
 	}

@@ -22,6 +22,7 @@ var Points = []string{
 	"prepare.policy",
 	"boot.started",
 	"boot.connected",
+	"create.services",
 
 	// Memory and disk-only checkpoints.
 	"checkpoint.numbered",

@@ -400,15 +400,16 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	// only leave more to clean up.
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
-	if err := m.boot(ctx, sb, true); err != nil {
+	if err := m.bootWith(ctx, sb, true, req.Services); err != nil {
 		m.log.Error("create failed", "sandbox", sb.ID, "err", err)
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
 		}
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			return nil, err // a service the sandbox cannot run: the client's
+		}
 		return nil, publicError(fmt.Errorf("creating sandbox %s: %w", sb.Name, err))
-	}
-	if err := m.startServicesOrDelete(ctx, sb, req.Services); err != nil {
-		return nil, err
 	}
 	m.log.Info("sandbox created", "sandbox", sb.ID, "name", sb.Name, "ms", time.Since(start).Milliseconds())
 	return m.view(sb), nil
@@ -542,6 +543,15 @@ func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint, env ...string) ru
 // boot starts a sandbox fresh on its disk (making the disk from the
 // template when fresh is true) and waits for its agent.
 func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
+	return m.bootWith(ctx, sb, fresh, nil)
+}
+
+// bootWith is boot for a create that gives services: they are defined and
+// started before the state says running, so that a crash before they are
+// leaves a sandbox still creating, which recovery deletes (as before the
+// create), never one running without them. A service the sandbox cannot
+// run is the client's mistake (see startServicesOrDelete), told as it is.
+func (m *Manager) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, services []api.Service) error {
 	agentEnv, err := m.imageAgentEnv(ctx, sb)
 	if err != nil {
 		return err
@@ -579,6 +589,12 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 		return err
 	}
 	crash.Point("boot.connected")
+	if err := m.startServices(ctx, sb, services); err != nil {
+		return err
+	}
+	if len(services) > 0 {
+		crash.Point("create.services")
+	}
 	return m.setState(ctx, sb, api.StateRunning, "")
 }
 

@@ -311,7 +311,7 @@ func (m *Manager) makeTemplateMember(ctx context.Context, key, name string) (*st
 	if man.Memory {
 		sb.Resources = man.Resources
 	}
-	return m.bootMember(ctx, sb, key, func(ctx context.Context) error { return m.bootTemplate(ctx, sb, man) })
+	return m.bootMember(ctx, sb, key, func(ctx context.Context) error { return m.bootTemplate(ctx, sb, man, nil) })
 }
 
 // bootMember stores sb as a member of pool key and boots it; a member that
@@ -366,9 +366,9 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	start := time.Now()
 	claimed := *want
 	claimed.ID, claimed.NetIndex, claimed.AgentGen = mem.ID, mem.NetIndex, mem.AgentGen
-	// Creating until the agent is told who it is: a crash before that
-	// leaves a sandbox recovery deletes (no sandbox, as before the
-	// create), never one that runs as the member it was.
+	// Creating until the agent is told who it is and its services run: a
+	// crash before that leaves a sandbox recovery deletes (no sandbox, as
+	// before the create), never one running without its services.
 	claimed.State, claimed.Pool = api.StateCreating, ""
 	claimed.CreatedAt = store.Now()
 	end, err := m.begin(&claimed, "create")
@@ -416,6 +416,9 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	if err := m.identify(ctx, &claimed, ep, m.agentClient(ep, m.agentToken(&claimed))); err != nil {
 		return fail(err)
 	}
+	if err := m.startServicesOrDelete(ctx, &claimed, services); err != nil {
+		return nil, true, err
+	}
 	if err := m.setState(ctx, &claimed, api.StateRunning, ""); err != nil {
 		return fail(err)
 	}
@@ -429,9 +432,6 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	m.log.Info("sandbox made from a warm pool", "sandbox", claimed.ID, "name", claimed.Name, "pool", key,
 		"ms", time.Since(start).Milliseconds(), "store_ms", stored.Sub(start).Milliseconds(),
 		"network_ms", networked.Sub(stored).Milliseconds(), "agent_ms", time.Since(networked).Milliseconds())
-	if err := m.startServicesOrDelete(ctx, &claimed, services); err != nil {
-		return nil, true, err
-	}
 	return m.view(&claimed), true, nil
 }
 

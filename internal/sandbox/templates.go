@@ -408,11 +408,7 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	crash.Point("template-sandbox.stored")
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
-	err = m.bootTemplate(ctx, sb, man)
-	if err == nil && !man.Memory {
-		err = m.startServices(ctx, sb, req.Services)
-	}
-	if err != nil {
+	if err = m.bootTemplate(ctx, sb, man, req.Services); err != nil {
 		m.log.Error("create from template failed", "sandbox", sb.ID, "template", man.Name, "err", err)
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
@@ -427,7 +423,9 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	return m.view(sb), nil
 }
 
-func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *checkpoint.Manifest) error {
+// bootTemplate makes a sandbox from checkpoint template man, with services
+// (a disk-only template's: a memory template's are on its disk).
+func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *checkpoint.Manifest, services []api.Service) error {
 	root, err := m.disks.CloneSnapshot(ctx, man.Snapshot, sb.ID)
 	if err != nil {
 		return fmt.Errorf("copying the template's disk: %w", err)
@@ -438,7 +436,7 @@ func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *chec
 		if err := personalize(root, sb.Name); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
-		return m.boot(ctx, sb, false)
+		return m.bootWith(ctx, sb, false, services)
 	}
 	return m.resumeImage(ctx, sb, filepath.Join(m.keptDir(), man.Name, memDir), man.AgentToken, "template "+man.Name)
 }
