@@ -227,6 +227,7 @@ func (b *Btrfs) clearTemp(ctx context.Context) error {
 		return err
 	}
 	for _, p := range paths {
+		slog.InfoContext(ctx, "removing unfinished disk work", "path", p)
 		if err := deleteSubvolume(ctx, p); err != nil {
 			return fmt.Errorf("clearing leftovers: %w", err)
 		}

@@ -45,6 +45,7 @@ func NewCopy(dir string) (*Copy, error) {
 		return nil, fmt.Errorf("opening copy pool in %s: %w", dir, err)
 	}
 	for _, p := range paths {
+		slog.Info("removing unfinished disk work", "path", p)
 		if err := removeTree(p); err != nil {
 			return nil, fmt.Errorf("opening copy pool in %s: clearing leftovers: %w", dir, err)
 		}
