@@ -74,6 +74,12 @@ func TestCrashPoints(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			began := time.Now()
 			f(t)
+			// The start-up that recovered says what it removed.
+			for _, line := range recoveryLogs[point] {
+				if !strings.Contains(c.d.log.String(), line) {
+					t.Errorf("the recovery after %s did not log %q", point, line)
+				}
+			}
 			c.checkAll(t)
 			t.Logf("%s: %v", point, time.Since(began).Round(time.Millisecond))
 			if t.Failed() {
@@ -376,6 +382,30 @@ func TestCrashPoints(t *testing.T) {
 		}
 	}
 	t.Logf("%d crash points in %v", len(crash.Points), time.Since(start).Round(time.Millisecond))
+}
+
+// recoveryLogs are lines the start-up after a crash at a point logs: one
+// for each kind of leftover that point leaves, as it removes it.
+var recoveryLogs = map[string][]string{
+	"create.stored":            {"finishing interrupted operation"},
+	"boot.disk":                {"finishing interrupted operation"},
+	"boot.started":             {"finishing interrupted operation"},
+	"checkpoint.image":         {"resuming sandbox left paused", "removing unfinished checkpoint data"},
+	"checkpoint.snapshot":      {"resuming sandbox left paused", "removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
+	"checkpoint.synced":        {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
+	"checkpoint.renamed":       {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
+	"checkpoint.disk-snapshot": {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
+	"checkpoint-delete.record": {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
+	"restore.auto-gen":         {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
+	"restore.auto-kept":        {"finishing it"},
+	"rollback.disk-dropped":    {"finishing interrupted restore", "removing orphaned disk"},
+	"fork.disk":                {"finishing interrupted operation"},
+	"sleep.durable":            {"finishing interrupted sleep"},
+	"wake.restored":            {"finishing interrupted wake"},
+	"template.volume":          {"removing unfinished template data", "removing orphaned disk"},
+	"template.filled":          {"removing unfinished template data", "removing unfinished template snapshot"},
+	"template-delete.renamed":  {"removing unfinished template data", "removing unfinished template snapshot"},
+	"destroy.container":        {"finishing interrupted operation"},
 }
 
 // checkReleaseBinary checks that the release build (loamBin, built without
