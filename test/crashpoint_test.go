@@ -124,6 +124,25 @@ func TestCrashPoints(t *testing.T) {
 		})
 	}
 
+	// A memory checkpoint of a sleeping sandbox (its sleep image, linked):
+	// asleep as before, and woken it has its memory.
+	run("checkpoint.asleep", func(t *testing.T) {
+		if _, err := c.d.C.Sleep(c.ctx, "main"); err != nil {
+			t.Fatal(err)
+		}
+		before := c.listCPs(t, "main")
+		c.crash(t, "checkpoint.asleep", func(ctx context.Context) error {
+			_, err := c.d.C.CreateCheckpoint(ctx, "main", api.CreateCheckpoint{})
+			return err
+		})
+		if st := c.state(t, "main"); st != api.StateSleeping {
+			t.Errorf("state %s after a checkpoint of a sleeping sandbox was cut short, want sleeping", st)
+		}
+		c.newCheckpoints(t, "main", before, "d1|m1")
+		c.expectFacts(t, "main", "d1|m1")
+		c.nextIDIsNew(t, "main")
+	})
+
 	// A checkpoint's delete: listed and whole, or gone with its data.
 	run("checkpoint-delete.record", func(t *testing.T) {
 		id := c.checkpoint(t, "main", false)
@@ -395,6 +414,7 @@ var recoveryLogs = map[string][]string{
 	"checkpoint.synced":        {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
 	"checkpoint.renamed":       {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
 	"checkpoint.disk-snapshot": {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
+	"checkpoint.asleep":        {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
 	"checkpoint-delete.record": {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
 	"restore.auto-gen":         {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
 	"restore.auto-kept":        {"finishing it"},

@@ -33,6 +33,7 @@ var Points = []string{
 	"checkpoint.synced",
 	"checkpoint.renamed",
 	"checkpoint.disk-snapshot",
+	"checkpoint.asleep",
 	"checkpoint-delete.record",
 
 	// Restore in place: the automatic checkpoint, then the roll back.

@@ -265,6 +265,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 				return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 			}
 		}
+		crash.Point("checkpoint.asleep")
 	} else if t.memory && t.stop {
 		if err := m.stopInto(ctx, sb, filepath.Join(tmp, memDir), snap); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
