@@ -60,7 +60,10 @@ func TestCrashPoints(t *testing.T) {
 	// The sandbox most points act on: its disk says d1 and its memory (a
 	// tmpfs, which only a memory checkpoint keeps) says m1; checkpoint
 	// mem holds d0/m0 with its memory, disk d0 without.
-	c.create(t, "main")
+	if _, err := c.d.C.CreateSandbox(c.ctx, api.CreateSandbox{Name: "main",
+		Services: []api.Service{{Name: "counter", Cmd: []string{"sh", "-c", counterScript}}}}); err != nil {
+		t.Fatal(err)
+	}
 	c.mark(t, "main", "d0", "m0")
 	memCP := c.checkpoint(t, "main", true)
 	diskCP := c.checkpoint(t, "main", false)
@@ -394,14 +397,32 @@ func TestCrashPoints(t *testing.T) {
 			t.Errorf("crash point %s is crossed by no case of this test", p)
 		}
 	}
-	// Every checkpoint of the sandbox the points took turns on restores.
+	// Every checkpoint of the sandbox the points took turns on restores,
+	// with its data.
 	for _, cp := range c.listCPs(t, "main") {
 		if _, err := c.d.C.RestoreCheckpoint(c.ctx, "main", cp.ID); err != nil {
 			t.Errorf("restoring %s: %v", cp.ID, err)
+			continue
+		}
+		want := map[string]string{memCP: "d0|m0", diskCP: "d0|none"}[cp.ID]
+		if got := c.facts(t, "main"); want != "" && got != want {
+			t.Errorf("restored to %s: disk|memory %q, want %q", cp.ID, got, want)
 		}
 	}
+	c.checkAll(t)
 	t.Logf("%d crash points in %v", len(crash.Points), time.Since(start).Round(time.Millisecond))
 }
+
+// counterScript counts in memory and on disk: a sandbox whose memory and
+// disk come from two moments (a memory image restored onto a disk written
+// after it) finds the disk ahead of its memory, and says so in
+// /home/loam/inconsistent. A fresh boot starts from the disk.
+const counterScript = `f=/home/loam/counter; n=$(cat $f 2>/dev/null || echo 0)
+while :; do
+  d=$(cat $f 2>/dev/null || echo 0)
+  if [ "$d" -gt "$n" ]; then echo "memory $n, disk $d" >> /home/loam/inconsistent; n=$d; fi
+  n=$((n+1)); echo $n > $f.tmp && mv $f.tmp $f; sleep 0.02
+done`
 
 // recoveryLogs are lines the start-up after a crash at a point logs: one
 // for each kind of leftover that point leaves, as it removes it.
@@ -830,6 +851,9 @@ func (c *crasher) checkAll(t *testing.T) {
 		switch sb.State {
 		case api.StateRunning:
 			running[sb.ID] = true
+			if out := c.out(t, sb.Name, "sh", "-c", "cat /home/loam/inconsistent 2>/dev/null; true"); out != "" {
+				t.Errorf("%s runs with a memory older than its disk: %s", sb.Name, out)
+			}
 		case api.StateSleeping:
 		default:
 			t.Errorf("sandbox %s is %s after recovery", sb.Name, sb.State)
