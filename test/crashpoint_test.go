@@ -72,8 +72,11 @@ func TestCrashPoints(t *testing.T) {
 	t.Logf("prepared in %v", time.Since(start).Round(time.Millisecond))
 
 	covered := map[string]bool{}
+	// run runs the case of a point; a point with more than one case names
+	// the others POINT@WHAT.
 	run := func(point string, f func(t *testing.T)) {
-		covered[point] = true
+		base, _, _ := strings.Cut(point, "@")
+		covered[base] = true
 		t.Run(point, func(t *testing.T) {
 			began := time.Now()
 			f(t)
@@ -192,8 +195,35 @@ func TestCrashPoints(t *testing.T) {
 		})
 	}
 
-	// A restore to the disk-only checkpoint passes the boot's points,
-	// crossed above by a create; one of them here, for the roll back.
+	// The same of a sleeping sandbox, whose state is its sleep image: it
+	// stays asleep as before, or is restored.
+	for _, p := range []string{"restore.numbered", "restore.auto-kept"} {
+		run(p+"@asleep", func(t *testing.T) {
+			if _, err := c.d.C.Sleep(c.ctx, "main"); err != nil {
+				t.Fatal(err)
+			}
+			before := c.listCPs(t, "main")
+			c.crash(t, p, func(ctx context.Context) error {
+				_, err := c.d.C.RestoreCheckpoint(ctx, "main", memCP)
+				return err
+			})
+			st := c.state(t, "main")
+			after := c.listCPs(t, "main")
+			got := c.facts(t, "main")
+			switch {
+			case st == api.StateSleeping && got == "d1|m1" && len(after) == len(before):
+				t.Logf("asleep, before the restore")
+			case st == api.StateRunning && got == "d0|m0" && len(after) == len(before)+1:
+				t.Logf("restored")
+				c.newCheckpoints(t, "main", before, "d1|m1")
+				c.mark(t, "main", "d1", "m1")
+			default:
+				t.Errorf("after the crash: %s, disk|memory %q with %d checkpoints (%d before): neither before nor after the restore", st, got, len(after), len(before))
+			}
+			c.pruneAutos(t, "main")
+		})
+	}
+
 	run("fork.stored", func(t *testing.T) {
 		c.crash(t, "fork.stored", func(ctx context.Context) error {
 			_, err := c.d.C.Fork(ctx, "main", memCP, "forked")

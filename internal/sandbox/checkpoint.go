@@ -512,12 +512,11 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	if _, err := os.Stat(m.disks.VolumePath(sb.ID)); err == nil || sb.State != api.StateError {
 		stop := sb.State == api.StateRunning
 		sb.AutoSeq++
-		if stop {
-			// A running sandbox is stopped by its automatic checkpoint:
-			// the target, stored while it still runs, tells a restarted
-			// daemon that it may have been (see recoverOne).
-			sb.RestoreTarget = cp.ID
-		}
+		// The target, stored with the automatic checkpoint's number, tells
+		// a restarted daemon that the restore began: it finishes it if
+		// that checkpoint was stored, and knows that a running sandbox
+		// may have been stopped by it if not (see recoverOne).
+		sb.RestoreTarget = cp.ID
 		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 			return nil, fmt.Errorf("numbering automatic checkpoint of %s: %w", sb.ID, err)
 		}
@@ -533,11 +532,9 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 			stop: stop,
 		})
 		if err != nil {
-			if sb.State == api.StateRunning {
-				// Refused, and running on as it was.
-				sb.RestoreTarget = ""
-				_ = m.store.UpdateSandbox(ctx, sb)
-			}
+			// Refused, and left as it was (or in state error, saying why).
+			sb.RestoreTarget = ""
+			_ = m.store.UpdateSandbox(ctx, sb)
 			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
 			return nil, publicError(fmt.Errorf("keeping the state before the restore: %w", err))
 		}
