@@ -422,6 +422,26 @@ func TestCrashPoints(t *testing.T) {
 		})
 	}
 
+	// An image's delete: gone, and its template with it.
+	run("image-delete.record", func(t *testing.T) {
+		ref := reg + "/crash/delete:v1"
+		imagetest.Push(t, ref, imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}}, imagetest.Busybox(t),
+			imagetest.Layer(t, imagetest.Entry{Name: "etc/crash-point", Body: []byte(randHex())})), "", "")
+		if _, err := c.d.C.PullImage(c.ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+		im, err := c.d.C.WaitImage(c.ctx, image.ID(ref), 50*time.Millisecond, nil)
+		if err != nil || im.State != api.ImageReady {
+			t.Fatalf("pulling %s: %+v, %v", ref, im, err)
+		}
+		c.crash(t, "image-delete.record", func(ctx context.Context) error {
+			return c.d.C.DeleteImage(ctx, im.ID)
+		})
+		if got, err := c.d.C.GetImage(c.ctx, im.ID); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("after its delete was cut short, image %s is %+v, %v; want not found", ref, got, err)
+		}
+	})
+
 	for _, p := range crash.Points {
 		if !covered[p] {
 			t.Errorf("crash point %s is crossed by no case of this test", p)
@@ -477,6 +497,7 @@ var recoveryLogs = map[string][]string{
 	"template.filled":          {"removing unfinished template data", "removing unfinished template snapshot"},
 	"template-delete.renamed":  {"removing unfinished template data", "removing unfinished template snapshot"},
 	"destroy.container":        {"finishing interrupted operation"},
+	"image-delete.record":      {"removing the template of an image that is gone"},
 }
 
 // checkReleaseBinary checks that the release build (loamBin, built without
@@ -931,6 +952,22 @@ func (c *crasher) checkAll(t *testing.T) {
 	same("disk volumes", dirNamesOf(filepath.Join(data, "disk", "mnt", "volumes")), keys(ids))
 	same("disk snapshots", dirNamesOf(filepath.Join(data, "disk", "mnt", "snapshots")), snaps)
 	same("disk work in progress", dirNamesOf(filepath.Join(data, "disk", "mnt", "tmp")), nil)
+	images, err := c.d.C.ListImages(c.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var imageTpls, wantTpls []string
+	for _, im := range images {
+		if hex := strings.TrimPrefix(im.Digest, "sha256:"); len(hex) >= 16 {
+			wantTpls = append(wantTpls, "image-"+hex[:16])
+		}
+	}
+	for _, name := range dirNamesOf(filepath.Join(data, "disk", "mnt", "templates")) {
+		if strings.HasPrefix(name, "image-") {
+			imageTpls = append(imageTpls, name)
+		}
+	}
+	same("image templates in the disk pool", imageTpls, wantTpls)
 	var withCPs []string
 	for id, cps := range cpDirs {
 		withCPs = append(withCPs, id)

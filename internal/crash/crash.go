@@ -74,6 +74,7 @@ var Points = []string{
 	"image.described",
 	"cache.built",
 	"cache.imported",
+	"image-delete.record",
 
 	// Checkpoint templates: made, deleted, and sandboxes made from one.
 	"template.volume",

@@ -403,6 +403,11 @@ func (b *Btrfs) Volumes(ctx context.Context) ([]string, error) {
 	return b.l.list(volumesDir)
 }
 
+// Templates lists the pool's templates by name.
+func (b *Btrfs) Templates(ctx context.Context) ([]string, error) {
+	return b.l.list(templatesDir)
+}
+
 // Usage is the size of the data extents only volume id refers to, as
 // `btrfs filesystem du` counts them (see exclusiveBytes). Metadata is not
 // counted, and data written but not yet flushed (up to the 30 s commit

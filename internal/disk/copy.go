@@ -182,6 +182,11 @@ func (c *Copy) Volumes(ctx context.Context) ([]string, error) {
 	return c.l.list(volumesDir)
 }
 
+// Templates lists the pool's templates by name.
+func (c *Copy) Templates(ctx context.Context) ([]string, error) {
+	return c.l.list(templatesDir)
+}
+
 // Usage is the space volume id's files take (allocated blocks, each hard
 // link counted once). A copy shares nothing, except blocks a reflinking
 // filesystem shares, which this overcounts.

@@ -280,6 +280,51 @@ type templateDeleter interface {
 	DeleteTemplate(ctx context.Context, name string) error
 }
 
+// templateLister is a pool that can list its templates (disk.Btrfs and
+// disk.Copy can).
+type templateLister interface {
+	Templates(ctx context.Context) ([]string, error)
+}
+
+// Sweep deletes from the pool the templates of images no record names:
+// what a crash in Remove, between the record and the template, leaves.
+// Call it at start-up, before Run and before any pull. Images' unpacked
+// trees are in a cache daemons on this host share, and stay (as trees of
+// old recipes do).
+func (s *Service) Sweep(ctx context.Context) error {
+	list, err := s.cfg.Records.ListImages(ctx)
+	if err != nil {
+		return fmt.Errorf("sweeping image templates: %w", err)
+	}
+	lister, ok1 := s.cfg.Pool.(templateLister)
+	deleter, ok2 := s.cfg.Pool.(templateDeleter)
+	if !ok1 || !ok2 {
+		return nil
+	}
+	names, err := lister.Templates(ctx)
+	if err != nil {
+		return err
+	}
+	held := map[string]bool{}
+	for _, im := range list {
+		if im.Digest != "" {
+			held[template(im.Digest, nil).Name] = true
+		}
+		if im.Template != "" {
+			held[im.Template] = true
+		}
+	}
+	var errs []error
+	for _, name := range names {
+		if !strings.HasPrefix(name, imageTemplatePrefix) || held[name] {
+			continue
+		}
+		s.cfg.Log.Info("removing the template of an image that is gone", "template", name)
+		errs = append(errs, deleter.DeleteTemplate(ctx, name))
+	}
+	return errors.Join(errs...)
+}
+
 // Remove forgets an image, by id, and, unless another image has the same
 // digest, its unpacked tree and its template in the pool. Whether a sandbox
 // uses it is the caller's to check (the sandbox manager's): volumes and
@@ -301,6 +346,7 @@ func (s *Service) Remove(ctx context.Context, id string) error {
 	if err := s.cfg.Records.DeleteImage(ctx, id); err != nil {
 		return fmt.Errorf("removing image %s: %w", id, err)
 	}
+	crash.Point("image-delete.record")
 	if im.Digest == "" {
 		return nil
 	}
@@ -427,12 +473,16 @@ func (s *Service) fetch(ctx context.Context, im *store.Image, p *pull) error {
 	return nil
 }
 
+// imageTemplatePrefix starts the name of every image's template; no
+// built-in template's name starts with it.
+const imageTemplatePrefix = "image-"
+
 // template is the disk template of the image with digest: named by it, so
 // that every image of one digest shares one.
 func template(digest string, build func(ctx context.Context, dir string) error) disk.Template {
 	hex := strings.TrimPrefix(digest, "sha256:")
 	return disk.Template{
-		Name:        "image-" + hex[:min(len(hex), 16)],
+		Name:        imageTemplatePrefix + hex[:min(len(hex), 16)],
 		Description: "the OCI image " + digest,
 		Build:       build,
 		Recipe:      "image/1\n" + digest + "\n",
