@@ -15,9 +15,6 @@ import (
 // and disarm it before the next start).
 const armVar = "LOAM_CRASH_AT"
 
-// Enabled reports whether this binary has crash points.
-const Enabled = true
-
 // Point kills the process with SIGKILL, after one line on stderr, when
 // LOAM_CRASH_AT names point name: no deferred function runs and no buffer
 // is flushed, as in a real crash.
