@@ -913,6 +913,9 @@ func (c *crasher) checkAll(t *testing.T) {
 		if (err == nil) != (sb.State == api.StateSleeping) {
 			t.Errorf("sandbox %s is %s, and its sleep dir: %v", sb.Name, sb.State, err)
 		}
+		if _, err := os.Stat(filepath.Join(data, "sandboxes", sb.ID, ".sleep-dropped")); err == nil {
+			t.Errorf("sandbox %s keeps a dropped sleep image", sb.Name)
+		}
 		for _, cp := range c.listCPs(t, sb.Name) {
 			c.seen[sb.ID] = mapOr(c.seen[sb.ID])
 			c.seen[sb.ID][cp.ID] = true

@@ -584,7 +584,7 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	crash.Point("rollback.disk-dropped")
 	// A sleep image is of the disk just dropped (a restore of a sleeping
 	// sandbox kept it as its automatic checkpoint): never wake on it.
-	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+	if err := m.dropSleepImage(sb.ID); err != nil {
 		return fmt.Errorf("dropping the sleep image: %w", err)
 	}
 	if staged != "" {

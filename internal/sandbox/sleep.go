@@ -41,6 +41,24 @@ func (m *Manager) sleepDir(id string) string { return filepath.Join(m.dir(id), "
 // sleepImage is the memory image of a sleeping sandbox.
 func (m *Manager) sleepImage(id string) string { return filepath.Join(m.sleepDir(id), memDir) }
 
+// droppedSleep is where a sleep image goes to be removed: it leaves the
+// sleep dir by one rename, so that a crash never leaves half an image
+// where a restart would take it for one.
+func (m *Manager) droppedSleep(id string) string { return filepath.Join(m.dir(id), ".sleep-dropped") }
+
+// dropSleepImage removes sandbox id's sleep dir, if it has one: gone at
+// once by a rename, then removed.
+func (m *Manager) dropSleepImage(id string) error {
+	gone := m.droppedSleep(id)
+	if err := os.RemoveAll(gone); err != nil {
+		return err
+	}
+	if err := os.Rename(m.sleepDir(id), gone); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return os.RemoveAll(gone)
+}
+
 // Sleep puts a running sandbox to sleep now. Sleeping a sleeping sandbox
 // is not an error.
 func (m *Manager) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
@@ -338,7 +356,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	// this one has run, and written its disk, since the image was taken.
 	// A crash between the two leaves it sleeping with its container
 	// running, which recoverSleeping takes back.
-	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+	if err := m.dropSleepImage(sb.ID); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return fmt.Errorf("removing the sleep image: %w", err)
 	}
@@ -380,7 +398,7 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 			if err := m.setState(ctx, sb, api.StateRunning, ""); err != nil {
 				return err
 			}
-			return os.RemoveAll(m.sleepDir(sb.ID))
+			return m.dropSleepImage(sb.ID)
 		}
 	}
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
