@@ -153,6 +153,10 @@ type daemon struct {
 	URL     string
 	Token   string
 	C       *client.Client
+	// bin is the binary it runs (loamBin when empty), env more of its
+	// environment.
+	bin string
+	env []string
 }
 
 // subnets hands each daemon of this package its own address range, so that
@@ -207,8 +211,12 @@ func (d *daemon) launch(extra ...string) error {
 		// the test gives its own server (a later flag wins).
 		"--dns-upstream", "127.0.0.1:1",
 		"--disk-size-gib", "8"}, extra...)
-	d.cmd = exec.Command(loamBin, args...)
-	d.cmd.Env = append(os.Environ(), "LOAM_TOKEN=") // a test's own token file, never the caller's
+	bin := loamBin
+	if d.bin != "" {
+		bin = d.bin
+	}
+	d.cmd = exec.Command(bin, args...)
+	d.cmd.Env = append(append(os.Environ(), "LOAM_TOKEN="), d.env...) // a test's own token file, never the caller's
 	d.log = &syncBuffer{}
 	d.cmd.Stdout = d.log
 	d.cmd.Stderr = d.log

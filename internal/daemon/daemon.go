@@ -253,6 +253,9 @@ func (d *Daemon) start(ctx context.Context) error {
 		Records: st, Pool: pool, CacheDir: filepath.Join(cfg.TemplateCache, "images"),
 		Keychain: authn.NewMultiKeychain(registries, authn.DefaultKeychain), Log: d.log,
 	})
+	if err := images.Sweep(ctx); err != nil {
+		d.log.Error("removing the templates of images that are gone", "err", err)
+	}
 	go func() {
 		if err := images.Run(context.WithoutCancel(ctx)); err != nil {
 			d.log.Error("pulling images", "err", err)

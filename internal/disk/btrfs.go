@@ -227,6 +227,7 @@ func (b *Btrfs) clearTemp(ctx context.Context) error {
 		return err
 	}
 	for _, p := range paths {
+		slog.InfoContext(ctx, "removing unfinished disk work", "path", p)
 		if err := deleteSubvolume(ctx, p); err != nil {
 			return fmt.Errorf("clearing leftovers: %w", err)
 		}
@@ -402,6 +403,11 @@ func (b *Btrfs) Snapshots(ctx context.Context) ([]string, error) {
 // Volumes lists the volumes, sorted.
 func (b *Btrfs) Volumes(ctx context.Context) ([]string, error) {
 	return b.l.list(volumesDir)
+}
+
+// Templates lists the pool's templates by name.
+func (b *Btrfs) Templates(ctx context.Context) ([]string, error) {
+	return b.l.list(templatesDir)
 }
 
 // Usage is the size of the data extents only volume id refers to, as

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/internal/crash"
 )
 
 // Cache builds templates once per recipe and imports them into pools.
@@ -174,6 +176,7 @@ func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (s
 		}
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
+	crash.Point("cache.built")
 	if err := syncDir(cacheDir); err != nil {
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
@@ -207,6 +210,7 @@ func (c *Cache) EnsureTemplate(ctx context.Context, pool Pool, cacheDir string, 
 	if err := pool.ImportTemplate(ctx, t.Name, dir); err != nil {
 		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
 	}
+	crash.Point("cache.imported")
 	return nil
 }
 

@@ -45,6 +45,7 @@ func NewCopy(dir string) (*Copy, error) {
 		return nil, fmt.Errorf("opening copy pool in %s: %w", dir, err)
 	}
 	for _, p := range paths {
+		slog.Info("removing unfinished disk work", "path", p)
 		if err := removeTree(p); err != nil {
 			return nil, fmt.Errorf("opening copy pool in %s: clearing leftovers: %w", dir, err)
 		}
@@ -179,6 +180,11 @@ func (c *Copy) Snapshots(ctx context.Context) ([]string, error) {
 // Volumes lists the volumes, sorted.
 func (c *Copy) Volumes(ctx context.Context) ([]string, error) {
 	return c.l.list(volumesDir)
+}
+
+// Templates lists the pool's templates by name.
+func (c *Copy) Templates(ctx context.Context) ([]string, error) {
+	return c.l.list(templatesDir)
 }
 
 // Usage is the space volume id's files take (allocated blocks, each hard

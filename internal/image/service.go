@@ -23,6 +23,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/store"
 )
@@ -217,6 +218,7 @@ func (s *Service) start(ctx context.Context, ref string) (*store.Image, *pull, e
 	if err := s.cfg.Records.PutImage(ctx, im); err != nil {
 		return nil, nil, fmt.Errorf("pulling %s: %w", ref, err)
 	}
+	crash.Point("image.recorded")
 	return im, s.enqueue(id), nil
 }
 
@@ -300,6 +302,51 @@ type templateDeleter interface {
 	DeleteTemplate(ctx context.Context, name string) error
 }
 
+// templateLister is a pool that can list its templates (disk.Btrfs and
+// disk.Copy can).
+type templateLister interface {
+	Templates(ctx context.Context) ([]string, error)
+}
+
+// Sweep deletes from the pool the templates of images no record names:
+// what a crash in Remove, between the record and the template, leaves.
+// Call it at start-up, before Run and before any pull. Images' unpacked
+// trees are in a cache daemons on this host share, and stay (as trees of
+// old recipes do).
+func (s *Service) Sweep(ctx context.Context) error {
+	list, err := s.cfg.Records.ListImages(ctx)
+	if err != nil {
+		return fmt.Errorf("sweeping image templates: %w", err)
+	}
+	lister, ok1 := s.cfg.Pool.(templateLister)
+	deleter, ok2 := s.cfg.Pool.(templateDeleter)
+	if !ok1 || !ok2 {
+		return nil
+	}
+	names, err := lister.Templates(ctx)
+	if err != nil {
+		return err
+	}
+	held := map[string]bool{}
+	for _, im := range list {
+		if im.Digest != "" {
+			held[template(im.Digest, nil).Name] = true
+		}
+		if im.Template != "" {
+			held[im.Template] = true
+		}
+	}
+	var errs []error
+	for _, name := range names {
+		if !strings.HasPrefix(name, imageTemplatePrefix) || held[name] {
+			continue
+		}
+		s.cfg.Log.Info("removing the template of an image that is gone", "template", name)
+		errs = append(errs, deleter.DeleteTemplate(ctx, name))
+	}
+	return errors.Join(errs...)
+}
+
 // Remove forgets an image, by id, and, unless another image has the same
 // digest, its unpacked tree and its template in the pool. Whether a sandbox
 // uses it is the caller's to check (the sandbox manager's): volumes and
@@ -321,6 +368,7 @@ func (s *Service) Remove(ctx context.Context, id string) error {
 	if err := s.cfg.Records.DeleteImage(ctx, id); err != nil {
 		return fmt.Errorf("removing image %s: %w", id, err)
 	}
+	crash.Point("image-delete.record")
 	if im.Digest == "" {
 		return nil
 	}
@@ -438,6 +486,7 @@ func (s *Service) fetch(ctx context.Context, im *store.Image, p *pull) error {
 	if err := s.requireSpace("the image "+im.Ref, 2*size); err != nil {
 		return err
 	}
+	crash.Point("image.described")
 	t := template(im.Digest, func(ctx context.Context, dir string) error {
 		return unpackImage(ctx, layers, dir, &p.read)
 	})
@@ -467,12 +516,16 @@ func (s *Service) requireSpace(what string, need int64) error {
 	return disk.RequireSpace(filepath.Dir(s.cfg.Pool.VolumePath("probe")), what, need)
 }
 
+// imageTemplatePrefix starts the name of every image's template; no
+// built-in template's name starts with it.
+const imageTemplatePrefix = "image-"
+
 // template is the disk template of the image with digest: named by it, so
 // that every image of one digest shares one.
 func template(digest string, build func(ctx context.Context, dir string) error) disk.Template {
 	hex := strings.TrimPrefix(digest, "sha256:")
 	return disk.Template{
-		Name:        "image-" + hex[:min(len(hex), 16)],
+		Name:        imageTemplatePrefix + hex[:min(len(hex), 16)],
 		Description: "the OCI image " + digest,
 		Build:       build,
 		Recipe:      "image/1\n" + digest + "\n",

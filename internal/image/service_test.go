@@ -357,3 +357,44 @@ func TestRunResumes(t *testing.T) {
 		t.Errorf("the pull left unfinished: %+v, want it ready", im)
 	}
 }
+
+// TestSweep: Sweep deletes the pool templates of images no record names
+// (a delete cut short between the record and the template), and keeps the
+// templates of images there are and those of no image.
+func TestSweep(t *testing.T) {
+	f := newService(t)
+	reg := imagetest.Registry(t, "", "")
+	ref := reg + "/kept:v1"
+	imagetest.Push(t, ref, imagetest.Image(t, appConfig, layers(t)...), "", "")
+	if _, err := f.svc.Pull(t.Context(), ref); err != nil {
+		t.Fatal(err)
+	}
+	if im := wait(t, f.svc, image.ID(ref)); im.State != api.ImageReady {
+		t.Fatalf("pull: %+v", im)
+	}
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"image-0123456789abcdef", "busybox"} {
+		if err := f.pool.ImportTemplate(t.Context(), name, src); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.svc.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lister := f.pool.(interface {
+		Templates(context.Context) ([]string, error)
+	})
+	names, err := lister.Templates(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(names, "image-0123456789abcdef") || !slices.Contains(names, "busybox") || len(names) != 2 {
+		t.Errorf("templates after the sweep: %v; want busybox and the pulled image's", names)
+	}
+	if _, err := f.svc.Ensure(t.Context(), ref); err != nil {
+		t.Errorf("the pulled image after the sweep: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
@@ -462,6 +463,7 @@ func (f *Firewall) PrunePolicies(ctx context.Context, keep map[netip.Addr]bool) 
 		if err != nil || keep[addr] {
 			continue
 		}
+		slog.InfoContext(ctx, "removing the firewall policy of a sandbox that is gone", "table", f.table, "address", addr)
 		errs = append(errs, f.RemovePolicy(ctx, addr))
 	}
 	return errors.Join(errs...)

@@ -8,6 +8,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/store"
 )
@@ -120,6 +121,7 @@ func (m *Manager) rotateToken(ctx context.Context, sb *store.Sandbox) error {
 		sb.AgentGen--
 		return fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 	}
+	crash.Point("token.stored")
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	if err := m.agentClient(ep, old).RotateToken(ctx, m.agentToken(sb)); err != nil {

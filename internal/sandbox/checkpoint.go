@@ -13,6 +13,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
 )
@@ -104,6 +105,7 @@ func (m *Manager) removeCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 	if err := m.store.DeleteCheckpoint(ctx, sb.ID, cp.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("deleting checkpoint %s of %s: %w", cp.ID, sb.ID, err)
 	}
+	crash.Point("checkpoint-delete.record")
 	err := errors.Join(
 		m.disks.DeleteSnapshot(ctx, snapName(sb.ID, cp.ID)),
 		os.RemoveAll(m.checkpointDir(sb.ID, cp.ID)))
@@ -161,6 +163,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, fmt.Errorf("numbering checkpoint of %s: %w", sb.ID, err)
 	}
+	crash.Point("checkpoint.numbered")
 	cp, err := m.takeCheckpoint(ctx, sb, take{
 		id: checkpoint.UserID(sb.CheckpointSeq), name: name, comment: req.Comment,
 		memory: memory, inside: checkpoint.CallerOf(ctx) == checkpoint.Inside,
@@ -269,11 +272,13 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 				return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 			}
 		}
+		crash.Point("checkpoint.asleep")
 	} else if t.memory && t.stop {
 		if err := m.stopInto(ctx, sb, filepath.Join(tmp, memDir), snap); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		stopped = true
+		crash.Point("restore.auto-image")
 		// The image holds the agent's token, and the agent is stopped:
 		// what runs as this sandbox next (the checkpoint restored, or a
 		// fresh boot after a crash) is handed the next generation. Stored
@@ -282,6 +287,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 			return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 		}
+		crash.Point("restore.auto-gen")
 	} else if t.memory {
 		why := "the sandbox is being checkpointed"
 		if t.auto {
@@ -294,6 +300,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		m.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "paused_ms", paused.Milliseconds())
+		crash.Point("checkpoint.frozen")
 		err = m.rotateToken(ctx, sb)
 		release()
 		if err != nil {
@@ -307,6 +314,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
 			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
 		}
+		crash.Point("checkpoint.disk-snapshot")
 	}
 	if err := syncVolume(m.disks.VolumePath(sb.ID)); err != nil {
 		return nil, err
@@ -314,10 +322,12 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 	if err := checkpoint.SyncTree(tmp); err != nil {
 		return nil, err
 	}
+	crash.Point("checkpoint.synced")
 	// The record is stored next: the rename must be on disk first.
 	if err := checkpoint.Publish(tmp, final, m.cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("keeping checkpoint %s: %w", id, err)
 	}
+	crash.Point("checkpoint.renamed")
 	cp := &store.Checkpoint{
 		Checkpoint: api.Checkpoint{
 			ID: id, Sandbox: sb.ID, Name: t.name, Comment: t.comment,
@@ -345,7 +355,11 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 	}
 	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{LeaveRunning: true})
 	if err == nil {
+		crash.Point("checkpoint.image")
 		err = m.disks.Snapshot(ctx, sb.ID, snap)
+	}
+	if err == nil {
+		crash.Point("checkpoint.snapshot")
 	}
 	if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("resuming: %w", rerr))
@@ -527,15 +541,15 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		// part-way leaves the sandbox running as it was.
 		stop := sb.State == api.StateRunning && m.roomFor(2*m.checkpointNeed(sb, true))
 		sb.AutoSeq++
-		if stop {
-			// A running sandbox is stopped by its automatic checkpoint:
-			// the target, stored while it still runs, tells a restarted
-			// daemon that it may have been (see recoverOne).
-			sb.RestoreTarget = cp.ID
-		}
+		// The target, stored with the automatic checkpoint's number, tells
+		// a restarted daemon that the restore began: it finishes it if
+		// that checkpoint was stored, and knows that a running sandbox
+		// may have been stopped by it if not (see recoverOne).
+		sb.RestoreTarget = cp.ID
 		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 			return nil, fmt.Errorf("numbering automatic checkpoint of %s: %w", sb.ID, err)
 		}
+		crash.Point("restore.numbered")
 		cps, err := m.store.ListCheckpoints(ctx, sb.ID)
 		if err != nil {
 			return nil, err
@@ -547,20 +561,20 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 			stop: stop,
 		})
 		if err != nil {
-			if sb.State == api.StateRunning {
-				// Refused, and running on as it was.
-				sb.RestoreTarget = ""
-				_ = m.store.UpdateSandbox(ctx, sb)
-			}
+			// Refused, and left as it was (or in state error, saying why).
+			sb.RestoreTarget = ""
+			_ = m.store.UpdateSandbox(ctx, sb)
 			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
 			return nil, publicError(m.spaceError(fmt.Errorf("keeping the state before the restore: %w", err), sb, m.cfg.DataDir, "the checkpoint a restore keeps first"))
 		}
+		crash.Point("restore.auto-kept")
 	}
 
 	sb.RestoreTarget = cp.ID
 	if err := m.setState(ctx, sb, api.StateRestoring, ""); err != nil {
 		return nil, err
 	}
+	crash.Point("restore.restoring")
 	start := time.Now()
 	if err := stagedErr(); err != nil {
 		m.log.Warn("cloning the checkpoint's disk ahead", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
@@ -592,12 +606,14 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return fmt.Errorf("stopping: %w", err)
 	}
+	crash.Point("rollback.stopped")
 	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
 		return fmt.Errorf("dropping the disk: %w", err)
 	}
+	crash.Point("rollback.disk-dropped")
 	// A sleep image is of the disk just dropped (a restore of a sleeping
 	// sandbox kept it as its automatic checkpoint): never wake on it.
-	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+	if err := m.dropSleepImage(sb.ID); err != nil {
 		return fmt.Errorf("dropping the sleep image: %w", err)
 	}
 	if staged != "" {
@@ -610,6 +626,7 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	if err := m.limitDisk(ctx, sb); err != nil {
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
+	crash.Point("rollback.disk-back")
 	if !cp.Memory {
 		return m.boot(ctx, sb, false)
 	}
@@ -636,10 +653,12 @@ func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, 
 	if err := m.rt.Restore(ctx, m.spec(sb, ep), imageDir); err != nil {
 		return fmt.Errorf("restoring memory: %w", err)
 	}
+	crash.Point("resume.restored")
 	restored := time.Now()
 	if err := m.connect(ctx, sb, ep, held); err != nil {
 		return err
 	}
+	crash.Point("resume.connected")
 	m.log.Info("memory restored", "sandbox", sb.ID, "image", what, "prepare_ms", start.Sub(prep).Milliseconds(),
 		"runtime_ms", restored.Sub(start).Milliseconds(), "agent_ms", time.Since(restored).Milliseconds())
 	return m.setState(ctx, sb, api.StateRunning, "")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/store"
 )
@@ -73,6 +74,7 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
 	}
+	crash.Point("fork.stored")
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
 	if err := m.bootFork(ctx, sb, src, cp); err != nil {
@@ -95,6 +97,7 @@ func (m *Manager) bootFork(ctx context.Context, sb *store.Sandbox, src *store.Sa
 	if err := m.limitDisk(ctx, sb); err != nil {
 		return fmt.Errorf("copying the disk: %w", err)
 	}
+	crash.Point("fork.disk")
 	if !cp.Memory {
 		return m.boot(ctx, sb, false)
 	}

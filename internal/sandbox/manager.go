@@ -21,6 +21,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
@@ -408,19 +409,21 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
 	}
+	crash.Point("create.stored")
 	// The work goes on even if the client goes away: stopping half-way would
 	// only leave more to clean up.
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
-	if err := m.boot(ctx, sb, true); err != nil {
+	if err := m.bootWith(ctx, sb, true, req.Services); err != nil {
 		m.log.Error("create failed", "sandbox", sb.ID, "err", err)
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
 		}
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			return nil, err // a service the sandbox cannot run: the client's
+		}
 		return nil, publicError(fmt.Errorf("creating sandbox %s: %w", sb.Name, err))
-	}
-	if err := m.startServicesOrDelete(ctx, sb, req.Services); err != nil {
-		return nil, err
 	}
 	m.log.Info("sandbox created", "sandbox", sb.ID, "name", sb.Name, "ms", time.Since(start).Milliseconds())
 	return m.view(sb), nil
@@ -554,6 +557,15 @@ func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint, env ...string) ru
 // boot starts a sandbox fresh on its disk (making the disk from the
 // template when fresh is true) and waits for its agent.
 func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
+	return m.bootWith(ctx, sb, fresh, nil)
+}
+
+// bootWith is boot for a create that gives services: they are defined and
+// started before the state says running, so that a crash before they are
+// leaves a sandbox still creating, which recovery deletes (as before the
+// create), never one running without them. A service the sandbox cannot
+// run is the client's mistake (see startServicesOrDelete), told as it is.
+func (m *Manager) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, services []api.Service) error {
 	agentEnv, err := m.imageAgentEnv(ctx, sb)
 	if err != nil {
 		return err
@@ -577,6 +589,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 		if err := m.limitDisk(ctx, sb); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
+		crash.Point("boot.disk")
 	}
 	ep, err := m.prepare(ctx, sb)
 	if err != nil {
@@ -585,8 +598,16 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 	if err := m.rt.Start(ctx, m.spec(sb, ep, agentEnv...)); err != nil {
 		return fmt.Errorf("starting: %w", err)
 	}
+	crash.Point("boot.started")
 	if err := m.connect(ctx, sb, ep, m.agentToken(sb)); err != nil {
 		return err
+	}
+	crash.Point("boot.connected")
+	if err := m.startServices(ctx, sb, services); err != nil {
+		return err
+	}
+	if len(services) > 0 {
+		crash.Point("create.services")
 	}
 	return m.setState(ctx, sb, api.StateRunning, "")
 }
@@ -640,9 +661,11 @@ func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpo
 	if err := m.nets.Prepare(ctx, ep); err != nil {
 		return ep, fmt.Errorf("configuring network: %w", err)
 	}
+	crash.Point("prepare.netns")
 	if err := m.applyNetwork(ctx, sb); err != nil {
 		return ep, err
 	}
+	crash.Point("prepare.policy")
 	return ep, m.writeHandle(sb, ep)
 }
 
@@ -678,6 +701,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 	if err := m.setState(ctx, sb, api.StateDeleting, ""); err != nil {
 		return err
 	}
+	crash.Point("delete.marked")
 	return m.destroy(ctx, sb)
 }
 
@@ -696,6 +720,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container: %w", err))
 	}
+	crash.Point("destroy.container")
 	m.forget(sb.ID)
 	if ep, err := m.Endpoint(sb); err == nil {
 		if err := m.nets.RemovePolicy(ctx, ep); err != nil {
@@ -705,17 +730,21 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 			errs = append(errs, fmt.Errorf("deleting network: %w", err))
 		}
 	}
+	crash.Point("destroy.network")
 	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("deleting disk: %w", err))
 	}
+	crash.Point("destroy.disk")
 	if err := m.deleteCheckpointData(ctx, sb.ID); err != nil {
 		errs = append(errs, err)
 	}
+	crash.Point("destroy.checkpoints")
 	for _, dir := range []string{m.dir(sb.ID), m.checkpointsDir(sb.ID)} {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	crash.Point("destroy.dirs")
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("deleting sandbox %s: %w", sb.ID, err)
 	}

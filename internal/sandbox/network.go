@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/store"
 )
@@ -138,6 +139,7 @@ func (m *Manager) SetNetwork(ctx context.Context, ref string, p api.NetworkPolic
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, fmt.Errorf("setting network of %s: %w", sb.ID, err)
 	}
+	crash.Point("network.stored")
 	if err := m.applyNetwork(ctx, sb); err != nil {
 		sb.Network = old
 		if uerr := m.store.UpdateSandbox(ctx, sb); uerr != nil {

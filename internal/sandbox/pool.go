@@ -17,6 +17,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/store"
 )
 
@@ -311,7 +312,7 @@ func (m *Manager) makeTemplateMember(ctx context.Context, key, name string) (*st
 	if man.Memory {
 		sb.Resources = man.Resources
 	}
-	return m.bootMember(ctx, sb, key, func(ctx context.Context) error { return m.bootTemplate(ctx, sb, man) })
+	return m.bootMember(ctx, sb, key, func(ctx context.Context) error { return m.bootTemplate(ctx, sb, man, nil) })
 }
 
 // bootMember stores sb as a member of pool key and boots it; a member that
@@ -366,7 +367,10 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	start := time.Now()
 	claimed := *want
 	claimed.ID, claimed.NetIndex, claimed.AgentGen = mem.ID, mem.NetIndex, mem.AgentGen
-	claimed.State, claimed.Pool = api.StateRunning, ""
+	// Creating until the agent is told who it is and its services run: a
+	// crash before that leaves a sandbox recovery deletes (no sandbox, as
+	// before the create), never one running without its services.
+	claimed.State, claimed.Pool = api.StateCreating, ""
 	claimed.CreatedAt = store.Now()
 	end, err := m.begin(&claimed, "create")
 	if err != nil {
@@ -384,6 +388,7 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 		m.deleteMember(ctx, mem)
 		return nil, false, nil
 	}
+	crash.Point("pool.claimed")
 	// From here on it is the user's sandbox: a failure is the request's,
 	// as a failed boot or restore is.
 	fail := func(err error) (*api.Sandbox, bool, error) {
@@ -412,6 +417,12 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	if err := m.identify(ctx, &claimed, ep, m.agentClient(ep, m.agentToken(&claimed))); err != nil {
 		return fail(err)
 	}
+	if err := m.startServicesOrDelete(ctx, &claimed, services); err != nil {
+		return nil, true, err
+	}
+	if err := m.setState(ctx, &claimed, api.StateRunning, ""); err != nil {
+		return fail(err)
+	}
 	m.touch(claimed.ID)
 	*want = claimed
 	m.pools.mu.Lock()
@@ -422,9 +433,6 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	m.log.Info("sandbox made from a warm pool", "sandbox", claimed.ID, "name", claimed.Name, "pool", key,
 		"ms", time.Since(start).Milliseconds(), "store_ms", stored.Sub(start).Milliseconds(),
 		"network_ms", networked.Sub(stored).Milliseconds(), "agent_ms", time.Since(networked).Milliseconds())
-	if err := m.startServicesOrDelete(ctx, &claimed, services); err != nil {
-		return nil, true, err
-	}
 	return m.view(&claimed), true, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
@@ -51,6 +52,20 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		m.log.Info("deleting a warm pool's member left by the last daemon", "sandbox", sb.ID, "pool", sb.Pool)
 		return m.destroy(ctx, sb)
 	}
+	if _, err := os.Stat(m.droppedSleep(sb.ID)); err == nil {
+		m.log.Info("removing the rest of a dropped sleep image", "sandbox", sb.ID)
+		if err := os.RemoveAll(m.droppedSleep(sb.ID)); err != nil {
+			return err
+		}
+	}
+	cutRestore := false
+	if sb.RestoreTarget != "" && sb.State != api.StateRestoring {
+		// A restore cut short while it kept the state.
+		if kept, err := m.finishKeptRestore(ctx, sb); kept || err != nil {
+			return err
+		}
+		cutRestore = sb.State == api.StateRunning
+	}
 	switch sb.State {
 	case api.StateCreating, api.StateDeleting:
 		// The client of a create cut short got no sandbox; a delete was asked for.
@@ -61,8 +76,8 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	case api.StateSleeping:
 		return m.recoverSleeping(ctx, sb)
 	case api.StateRunning, api.StateError:
-		if sb.State == api.StateRunning && sb.RestoreTarget != "" {
-			return m.rebootCutRestore(ctx, sb)
+		if cutRestore {
+			return m.recoverStoppedForRestore(ctx, sb)
 		}
 		if sb.State == api.StateRunning {
 			if done, err := m.recoverMidSleep(ctx, sb); done || err != nil {
@@ -115,22 +130,67 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// rebootCutRestore boots again, on its disk, a running sandbox whose
-// restore was cut short while its state was being kept: the checkpoint that
-// keeps it stops the container, which runsc goes on reporting as running
-// for a while, so whether it still runs cannot be told. Its automatic
-// checkpoint was not stored, so its disk was not touched; the restore is
-// not finished (the state it would have kept is not stored), and can be
-// asked for again.
-func (m *Manager) rebootCutRestore(ctx context.Context, sb *store.Sandbox) error {
-	m.log.Info("a restore was cut short while keeping the state; booting the sandbox again on its disk",
-		"sandbox", sb.ID, "checkpoint", sb.RestoreTarget)
-	if err := m.rt.Delete(ctx, sb.ID); err != nil {
-		return err
+// finishKeptRestore deals with a sandbox whose restore a crash cut short
+// while its state was being kept (its record names the restore's target,
+// but its state is not restoring yet). If the automatic checkpoint was
+// stored, the state is kept: the restore the user asked for is finished
+// (as after it), and kept is true. If not, the restore is forgotten, and
+// the sandbox is as before it, but for a running one, which the
+// checkpoint that keeps its state may have stopped (see
+// recoverStoppedForRestore).
+func (m *Manager) finishKeptRestore(ctx context.Context, sb *store.Sandbox) (kept bool, err error) {
+	target := sb.RestoreTarget
+	auto, err := m.store.GetCheckpoint(ctx, sb.ID, checkpoint.AutoID(sb.AutoSeq))
+	switch {
+	case err == nil && auto.Auto:
+		if _, err := m.store.GetCheckpoint(ctx, sb.ID, target); err == nil {
+			m.log.Info("a restore was cut short after keeping the state; finishing it",
+				"sandbox", sb.ID, "checkpoint", target, "kept", auto.ID)
+			if err := m.setState(ctx, sb, api.StateRestoring, ""); err != nil {
+				return true, err
+			}
+			sb.RestoreTarget = target
+			if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+				return true, fmt.Errorf("recording the restore of %s: %w", sb.ID, err)
+			}
+			return true, m.finishRestore(ctx, sb)
+		}
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return true, fmt.Errorf("looking up the automatic checkpoint of %s: %w", sb.ID, err)
 	}
+	m.log.Info("a restore was cut short before its state was kept; forgetting it", "sandbox", sb.ID, "checkpoint", target)
 	sb.RestoreTarget = ""
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-		return fmt.Errorf("forgetting the restore of %s: %w", sb.ID, err)
+		return true, fmt.Errorf("forgetting the restore of %s: %w", sb.ID, err)
+	}
+	return false, nil
+}
+
+// recoverStoppedForRestore takes back a running sandbox whose restore a
+// crash cut short before its state was kept. If the checkpoint that keeps
+// it had not stopped the container, its agent answers, and the sandbox
+// runs on (as before the restore). If it had (or cannot be told from one
+// that had: runsc goes on reporting a stopped container as running for a
+// while), the memory is lost; the disk was not touched, and the sandbox
+// boots again on it. The restore can be asked for again.
+func (m *Manager) recoverStoppedForRestore(ctx context.Context, sb *store.Sandbox) error {
+	st, err := m.rt.State(ctx, sb.ID)
+	if err == nil && st == runtime.StatusPaused {
+		_ = m.rt.Resume(ctx, sb.ID)
+		st = runtime.StatusRunning
+	}
+	if ep, eerr := m.Endpoint(sb); err == nil && st == runtime.StatusRunning && eerr == nil {
+		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
+		err := m.connect(cctx, sb, ep, m.recoveryTokens(sb)...)
+		cancel()
+		if err == nil {
+			m.log.Info("a restore was cut short before it stopped the sandbox; the sandbox runs on", "sandbox", sb.ID)
+			return errors.Join(m.applyLimits(ctx, sb), m.applyNetwork(ctx, sb))
+		}
+	}
+	m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		return err
 	}
 	return m.boot(ctx, sb, false)
 }

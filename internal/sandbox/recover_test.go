@@ -341,10 +341,11 @@ func TestRecoverFinishesInterruptedRestore(t *testing.T) {
 // TestRecoverRestoreCutWhileKeepingState: a restore of a running sandbox
 // keeps its state with the checkpoint that stops it. A crash before that
 // checkpoint leaves it running; one after it, before the automatic
-// checkpoint is stored, leaves it stopped on its disk, untouched. Either
-// way a restart boots it again on that disk, answering to its own
-// token only, with no automatic checkpoint visible, nothing left of the
-// one cut short (image, snapshot, staged disk), and the restore not done.
+// checkpoint is stored, leaves it stopped on its disk, untouched. A
+// restart takes the first back as it runs (its agent answers), and boots
+// the second again on that disk; either answers to its own token only,
+// with no automatic checkpoint visible, nothing left of the one cut short
+// (image, snapshot, staged disk), and the restore not done.
 func TestRecoverRestoreCutWhileKeepingState(t *testing.T) {
 	for _, at := range []string{"before the checkpoint", "after the checkpoint"} {
 		t.Run(at, func(t *testing.T) {
@@ -389,9 +390,12 @@ func TestRecoverRestoreCutWhileKeepingState(t *testing.T) {
 			if rec := e.record(sb.ID); rec.State != api.StateRunning || rec.Error != "" || rec.RestoreTarget != "" {
 				t.Errorf("after recovery: %+v", rec)
 			}
-			// Booted again: whether the container still ran cannot be told.
-			if got := e.rt.callsOf(sb.ID); !slices.Equal(got[len(got)-2:], []string{"delete", "start"}) {
-				t.Errorf("runtime calls %v, want a delete and a start last", got)
+			got := e.rt.callsOf(sb.ID)
+			if at == "after the checkpoint" && !slices.Equal(got[len(got)-2:], []string{"delete", "start"}) {
+				t.Errorf("runtime calls %v, want a delete and a start last (booted again)", got)
+			}
+			if at == "before the checkpoint" && slices.Contains(got, "delete") {
+				t.Errorf("runtime calls %v: the running sandbox was deleted, want it taken back", got)
 			}
 			if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusRunning || c.from != "" {
 				t.Errorf("container after recovery: %s, from %q", c.status, c.from)

@@ -15,6 +15,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
@@ -40,6 +41,24 @@ func (m *Manager) sleepDir(id string) string { return filepath.Join(m.dir(id), "
 
 // sleepImage is the memory image of a sleeping sandbox.
 func (m *Manager) sleepImage(id string) string { return filepath.Join(m.sleepDir(id), memDir) }
+
+// droppedSleep is where a sleep image goes to be removed: it leaves the
+// sleep dir by one rename, so that a crash never leaves half an image
+// where a restart would take it for one.
+func (m *Manager) droppedSleep(id string) string { return filepath.Join(m.dir(id), ".sleep-dropped") }
+
+// dropSleepImage removes sandbox id's sleep dir, if it has one: gone at
+// once by a rename, then removed.
+func (m *Manager) dropSleepImage(id string) error {
+	gone := m.droppedSleep(id)
+	if err := os.RemoveAll(gone); err != nil {
+		return err
+	}
+	if err := os.Rename(m.sleepDir(id), gone); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return os.RemoveAll(gone)
+}
 
 // Sleep puts a running sandbox to sleep now. Sleeping a sleeping sandbox
 // is not an error.
@@ -91,6 +110,7 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 	img := filepath.Join(tmp, memDir)
 	err = m.rt.Checkpoint(ctx, sb.ID, img, runtime.CheckpointOptions{})
 	if err == nil {
+		crash.Point("sleep.image")
 		// The image expects the disk as it was: what the sandbox wrote
 		// to it must be on disk before the image counts.
 		err = syncVolume(m.disks.VolumePath(sb.ID))
@@ -121,12 +141,14 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 		}
 		return fmt.Errorf("writing the sleep image (booted again on its disk): %w", err)
 	}
+	crash.Point("sleep.durable")
 	os.RemoveAll(tmp)
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		// The image is durable: the sandbox sleeps; recovery or the wake
 		// deletes what is left of the container.
 		m.log.Warn("deleting the container of a sleeping sandbox", "sandbox", sb.ID, "err", err)
 	}
+	crash.Point("sleep.deleted")
 	if m.inside != nil {
 		m.inside.Close(sb.ID)
 	}
@@ -405,20 +427,31 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 	}
+	crash.Point("wake.numbered")
 	if err := m.rt.Restore(ctx, m.spec(sb, ep), m.sleepImage(sb.ID)); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return fmt.Errorf("restoring memory: %w", err)
 	}
+	crash.Point("wake.restored")
 	restored := time.Now()
 	if err := m.connect(ctx, sb, ep, holds...); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return err
 	}
+	crash.Point("wake.connected")
+	// The image goes before the state says running: a running sandbox
+	// with a sleep image is one a crash cut short while going to sleep
+	// (see recoverMidSleep), whose container recovery would delete, and
+	// this one has run, and written its disk, since the image was taken.
+	// A crash between the two leaves it sleeping with its container
+	// running, which recoverSleeping takes back.
+	if err := m.dropSleepImage(sb.ID); err != nil {
+		_ = m.rt.Delete(ctx, sb.ID)
+		return fmt.Errorf("removing the sleep image: %w", err)
+	}
+	crash.Point("wake.image-dropped")
 	if err := m.setState(ctx, sb, api.StateRunning, ""); err != nil {
 		return err
-	}
-	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
-		m.log.Warn("removing the sleep image", "sandbox", sb.ID, "err", err)
 	}
 	m.log.Info("awake", "sandbox", sb.ID, "runtime_ms", restored.Sub(start).Milliseconds(),
 		"ms", time.Since(start).Milliseconds())
@@ -454,7 +487,7 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 			if err := m.setState(ctx, sb, api.StateRunning, ""); err != nil {
 				return err
 			}
-			return os.RemoveAll(m.sleepDir(sb.ID))
+			return m.dropSleepImage(sb.ID)
 		}
 	}
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/store"
 )
 
@@ -220,6 +221,7 @@ func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*
 		if err != nil {
 			return fmt.Errorf("copying the disk: %w", err)
 		}
+		crash.Point("template.volume")
 		// The source's secrets given as files are its own, not the
 		// template's: a sandbox of the template gets those it is given.
 		err = removeSecretFiles(root, src.SecretFiles)
@@ -282,6 +284,7 @@ func (m *Manager) publishTemplate(ctx context.Context, man *checkpoint.Manifest,
 	if err := fill(tmp, snap); err != nil {
 		return fmt.Errorf("making template %s: %w", man.Name, err)
 	}
+	crash.Point("template.filled")
 	man.Snapshot = snap
 	man.SizeBytes = treeBytes(m.disks.SnapshotPath(snap)) + treeBytes(filepath.Join(tmp, memDir))
 	body, err := json.MarshalIndent(man, "", "  ")
@@ -297,6 +300,7 @@ func (m *Manager) publishTemplate(ctx context.Context, man *checkpoint.Manifest,
 	if err := checkpoint.SyncTree(tmp); err != nil {
 		return err
 	}
+	crash.Point("template.synced")
 	m.keptMu.Lock()
 	defer m.keptMu.Unlock()
 	final := filepath.Join(m.keptDir(), man.Name)
@@ -351,6 +355,7 @@ func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
 	if err := os.Rename(filepath.Join(m.keptDir(), name), gone); err != nil {
 		return fmt.Errorf("deleting template %s: %w", name, err)
 	}
+	crash.Point("template-delete.renamed")
 	ctx = context.WithoutCancel(ctx)
 	if err := errors.Join(m.disks.DeleteSnapshot(ctx, man.Snapshot), os.RemoveAll(gone)); err != nil {
 		m.log.Warn("removing template data", "template", name, "err", err)
@@ -400,13 +405,10 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
 	}
+	crash.Point("template-sandbox.stored")
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
-	err = m.bootTemplate(ctx, sb, man)
-	if err == nil && !man.Memory {
-		err = m.startServices(ctx, sb, req.Services)
-	}
-	if err != nil {
+	if err = m.bootTemplate(ctx, sb, man, req.Services); err != nil {
 		m.log.Error("create from template failed", "sandbox", sb.ID, "template", man.Name, "err", err)
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
@@ -421,17 +423,20 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	return m.view(sb), nil
 }
 
-func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *checkpoint.Manifest) error {
+// bootTemplate makes a sandbox from checkpoint template man, with services
+// (a disk-only template's: a memory template's are on its disk).
+func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *checkpoint.Manifest, services []api.Service) error {
 	root, err := m.disks.CloneSnapshot(ctx, man.Snapshot, sb.ID)
 	if err != nil {
 		return fmt.Errorf("copying the template's disk: %w", err)
 	}
+	crash.Point("template-sandbox.disk")
 	if !man.Memory {
 		// A fresh boot: the disk names the new sandbox, as a template's does.
 		if err := personalize(root, sb.Name); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
-		return m.boot(ctx, sb, false)
+		return m.bootWith(ctx, sb, false, services)
 	}
 	return m.resumeImage(ctx, sb, filepath.Join(m.keptDir(), man.Name, memDir), man.AgentToken, "template "+man.Name)
 }
