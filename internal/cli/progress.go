@@ -43,6 +43,7 @@ type progress struct {
 	cur   int64
 	bar   *progressbar.ProgressBar
 	timer *time.Timer
+	spin  chan struct{} // closed to stop turn
 	ended bool
 }
 
@@ -69,6 +70,10 @@ func (p *progress) show() {
 		progressbar.OptionSetWidth(30),
 		progressbar.OptionThrottle(100 * time.Millisecond),
 		progressbar.OptionSpinnerType(14),
+		// No spinner goroutine of progressbar's: it reads the bar without
+		// the bar's lock (a data race); turn draws the spinner instead,
+		// and it turns once a draw.
+		progressbar.OptionSetSpinnerChangeInterval(0),
 		progressbar.OptionClearOnFinish(),
 	}
 	if p.bytes {
@@ -77,6 +82,30 @@ func (p *progress) show() {
 	}
 	p.bar = progressbar.NewOptions64(p.max, opts...)
 	_ = p.bar.Set64(p.shown())
+	p.spin = make(chan struct{})
+	go p.turn(p.spin)
+}
+
+// spinEvery is how often turn redraws the bar, which turns its spinner.
+const spinEvery = 100 * time.Millisecond
+
+// turn redraws the bar every spinEvery until stop is closed, so that its
+// spinner and elapsed time move while the work reports nothing.
+func (p *progress) turn(stop <-chan struct{}) {
+	t := time.NewTicker(spinEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			p.mu.Lock()
+			if !p.ended {
+				p.bar.Describe(p.desc)
+			}
+			p.mu.Unlock()
+		}
+	}
 }
 
 // shown is the figure the bar shows: short of the end until the work ends,
@@ -141,11 +170,13 @@ func (p *progress) end() {
 	if p.timer != nil {
 		p.timer.Stop()
 	}
+	if p.spin != nil {
+		close(p.spin)
+	}
 	if p.bar != nil {
-		// Finish, not Clear: a spinner redraws itself from a goroutine
-		// of progressbar's, under the bar's lock, which Clear does not
-		// take (a data race). Finish takes it, and with
-		// OptionClearOnFinish the bar's last draw clears it.
+		// Finish, not Clear: Clear reads the bar without the bar's
+		// lock, which Finish takes; with OptionClearOnFinish the
+		// bar's last draw clears it.
 		_ = p.bar.Finish()
 	}
 }

@@ -330,6 +330,24 @@ func TestIdleComponent(t *testing.T) {
 	e.sleeping(sb.ID)
 }
 
+// TestIdleCloseAtStart: a daemon that stops as soon as it has started
+// closes its Idle component before the goroutine that runs it has begun:
+// Close returns, and the late Run returns at once.
+func TestIdleCloseAtStart(t *testing.T) {
+	e := newEnv(t)
+	idle := sandbox.NewIdle(e.m, time.Millisecond)
+	must(t, idle.Close())
+	done := make(chan error, 1)
+	go func() { done <- idle.Run(e.ctx) }()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run after Close still running after 10 s")
+	}
+	must(t, idle.Close())
+}
+
 // TestHold: Hold wakes a sleeping sandbox and keeps it awake until
 // released, as a connection through its URL would.
 func TestHold(t *testing.T) {

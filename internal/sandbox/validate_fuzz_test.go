@@ -39,7 +39,7 @@ func FuzzNames(f *testing.F) {
 	for _, s := range []string{
 		"web", "a", "my-box-2", "sb-000000000001", "sb-abcdefghijkl", "Web", "-web", "web-", "we--b",
 		strings.Repeat("a", 63), strings.Repeat("a", 64), "..", ".", "a/b", "a\x00b", "é", "v1", "auto-3",
-		"warm.v2", "_SECRET", "team/tier", "1abc", "", " ", "a.b_c-d", "/etc/hosts", "tmp\\x", ".tmp-import-x",
+		"warm.v2", "_SECRET", "team/tier", "1abc", "", " ", "a.b_c-d", "/etc/hosts", "tmp\\x", ".tmp-import-x", "s-abc123", "s-../x",
 	} {
 		f.Add(s, 40, "10m", 1.0, 512, "acme")
 	}
@@ -83,6 +83,9 @@ func FuzzNames(f *testing.F) {
 		}
 		if api.ValidServiceName(s) && !safeComponent(s) {
 			t.Fatalf("service name %q accepted", s)
+		}
+		if api.ValidSessionID(s) && (!safeComponent(s) || !strings.HasPrefix(s, "s-")) {
+			t.Fatalf("session id %q accepted", s)
 		}
 		if api.ValidLabelKey(s) && (len(s) > 63 || !utf8.ValidString(s) || strings.ContainsAny(s, "\x00=,")) {
 			t.Fatalf("label key %q accepted", s)

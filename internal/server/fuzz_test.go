@@ -116,7 +116,9 @@ var (
 	fuzzInner fuzzServer
 )
 
-func fuzzServers(tb testing.TB) (daemon, inside fuzzServer) {
+// fuzzServers are the daemon's API and the in-sandbox API of box, over the
+// fake, for the whole process.
+func fuzzServers() (daemon, inside fuzzServer) {
 	fuzzOnce.Do(func() {
 		client := &http.Client{
 			Timeout:       10 * time.Second,
@@ -255,7 +257,7 @@ func FuzzAPI(f *testing.F) {
 	f.Add(uint16(2), false, "PATCH", "box", "", "", "", "", []byte(`{"labels":{"a":1},"resources":{"cpus":"1"}}`))
 	f.Add(uint16(3), false, "GET", "sleepy", "v1", "", "", "", []byte(`[`))
 	f.Fuzz(func(t *testing.T, route uint16, inside bool, method, p1, p2, p3, query, contentType string, body []byte) {
-		daemon, in := fuzzServers(t)
+		daemon, in := fuzzServers()
 		srv, token := daemon, testToken
 		if inside {
 			srv, token = in, NewInside(nil, []byte("secret"), discardLog()).Token("sb-000000000001")
@@ -290,7 +292,7 @@ func FuzzHeaders(f *testing.F) {
 	f.Add("GET", "/v1/sandboxes/box/files/content", "Bearer "+testToken+"x", "", "", "", "", "", "")
 	f.Add("POST", "/v1/sandboxes", "Bearer "+testToken, "", "", "", "", "", "")
 	f.Fuzz(func(t *testing.T, method, path, auth, upgrade, connection, wsVersion, wsProtocol, origin, acrm string) {
-		daemon, _ := fuzzServers(t)
+		daemon, _ := fuzzServers()
 		if !strings.HasPrefix(path, "/") {
 			path = "/" + path
 		}
