@@ -63,6 +63,10 @@ type Config struct {
 	CheckpointLimit int
 	// PoolReserveMiB is the host memory warm pools leave to sandboxes.
 	PoolReserveMiB int
+	// MaxSandboxes and MaxHeavy are the daemon's caps (see
+	// sandbox.Config); 0 is none.
+	MaxSandboxes int
+	MaxHeavy     int
 	// DiskSize is the size of the loop file the btrfs pool lives on, when
 	// the data dir is not on btrfs.
 	DiskSize int64
@@ -267,6 +271,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit: cfg.CheckpointLimit,
 		PoolReserveMiB:  cfg.PoolReserveMiB,
+		MaxSandboxes:    cfg.MaxSandboxes,
+		MaxHeavy:        cfg.MaxHeavy,
 		Secret:          secret,
 		Secrets:         secrets,
 		Images:          images,

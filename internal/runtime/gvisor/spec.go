@@ -28,9 +28,21 @@ const CgroupParent = "/loam"
 // cfsPeriod is the CPU quota period in microseconds (the kernel's default).
 const cfsPeriod = 100000
 
-// maxFiles is init's RLIMIT_NOFILE. It is enforced by gVisor's kernel, not
-// the host's, so it is not bounded by the daemon's own limit.
+// maxFiles is init's RLIMIT_NOFILE, what Docker and Kubernetes give a
+// container. It is enforced by gVisor's kernel, not the host's, so it is not
+// bounded by the daemon's own limit; each open file of the sandbox is an
+// object in the sandbox's memory, charged to its memory limit.
 const maxFiles = 1 << 20
+
+// maxProcesses is init's RLIMIT_NPROC, which every process inherits: the
+// tasks (threads included) one user of the sandbox may have, as Linux counts
+// them. gVisor runs each address space of a sandbox as a host process
+// (systrap), so this is what keeps a fork bomb from filling the host's
+// process table; past it, fork and clone fail with EAGAIN. The agent, which
+// keeps CAP_SYS_ADMIN, is exempt, so the sandbox stays manageable. It is
+// part of each process's kernel state, so a checkpoint keeps it and a
+// restored or forked sandbox has it too.
+const maxProcesses = 4096
 
 // defaultPath is init's PATH when Spec.Env does not set one, so that the
 // agent finds commands by name like a login shell would.
@@ -137,7 +149,10 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 				Effective: initCaps,
 				Permitted: initCaps,
 			},
-			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: maxFiles, Soft: maxFiles}},
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: maxFiles, Soft: maxFiles},
+				{Type: "RLIMIT_NPROC", Hard: maxProcesses, Soft: maxProcesses},
+			},
 		},
 		Root:     &specs.Root{Path: spec.Rootfs, Readonly: false},
 		Hostname: spec.Hostname,
