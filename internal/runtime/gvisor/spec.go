@@ -36,13 +36,15 @@ const maxFiles = 1 << 20
 
 // maxProcesses is init's RLIMIT_NPROC, which every process inherits: the
 // tasks (threads included) one user of the sandbox may have, as Linux counts
-// them. gVisor runs each address space of a sandbox as a host process
-// (systrap), so this is what keeps a fork bomb from filling the host's
-// process table; past it, fork and clone fail with EAGAIN. The agent, which
-// keeps CAP_SYS_ADMIN, is exempt, so the sandbox stays manageable. It is
-// part of each process's kernel state, so a checkpoint keeps it and a
-// restored or forked sandbox has it too.
-const maxProcesses = 4096
+// them (AWS Lambda allows 1,024). Past it, fork and clone fail with EAGAIN.
+// gVisor's systrap platform backs each address space of a sandbox with host
+// processes (about 3.5 host tasks per sandbox process, measured), charged to
+// the sandbox's memory cgroup: on this platform a fork bomb of 1,000
+// sleepers killed a 512 MiB sandbox outright, one stopped at 500 left it
+// answering. The agent, which keeps CAP_SYS_ADMIN, is exempt, so the sandbox
+// stays manageable. The limit is part of each process's kernel state, so a
+// checkpoint keeps it and a restored or forked sandbox has it too.
+const maxProcesses = 512
 
 // defaultPath is init's PATH when Spec.Env does not set one, so that the
 // agent finds commands by name like a login shell would.
