@@ -34,17 +34,24 @@ const cfsPeriod = 100000
 // object in the sandbox's memory, charged to its memory limit.
 const maxFiles = 1 << 20
 
-// maxProcesses is init's RLIMIT_NPROC, which every process inherits: the
+// processes is init's RLIMIT_NPROC, which every process inherits: the
 // tasks (threads included) one user of the sandbox may have, as Linux counts
-// them (AWS Lambda allows 1,024). Past it, fork and clone fail with EAGAIN.
-// gVisor's systrap platform backs each address space of a sandbox with host
-// processes (about 3.5 host tasks per sandbox process, measured), charged to
-// the sandbox's memory cgroup: on this platform a fork bomb of 1,000
-// sleepers killed a 512 MiB sandbox outright, one stopped at 500 left it
-// answering. The agent, which keeps CAP_SYS_ADMIN, is exempt, so the sandbox
-// stays manageable. The limit is part of each process's kernel state, so a
-// checkpoint keeps it and a restored or forked sandbox has it too.
-const maxProcesses = 512
+// them. Past it, fork and clone fail with EAGAIN. gVisor's systrap platform
+// backs each address space of a sandbox with host processes (about 3.5 host
+// tasks per sandbox process, measured), charged to the sandbox's memory
+// cgroup, so the limit follows the memory limit: a fork bomb of 1,000
+// sleepers killed a 512 MiB sandbox outright, and 512 a 256 MiB one, while
+// 500 left a 512 MiB one answering. One process per 2 MiB of memory, 128
+// to 4,096 (4,096 without a memory limit; AWS Lambda allows 1,024). The
+// agent, which keeps CAP_SYS_ADMIN, is exempt, so the sandbox stays
+// manageable. The limit is part of each process's kernel state: a
+// checkpoint keeps it, and a restored or forked sandbox has it too.
+func processes(memoryMiB int) uint64 {
+	if memoryMiB <= 0 {
+		return 4096
+	}
+	return uint64(min(max(memoryMiB/2, 128), 4096))
+}
 
 // defaultPath is init's PATH when Spec.Env does not set one, so that the
 // agent finds commands by name like a login shell would.
@@ -153,7 +160,7 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 			},
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: maxFiles, Soft: maxFiles},
-				{Type: "RLIMIT_NPROC", Hard: maxProcesses, Soft: maxProcesses},
+				{Type: "RLIMIT_NPROC", Hard: processes(spec.MemoryMiB), Soft: processes(spec.MemoryMiB)},
 			},
 		},
 		Root:     &specs.Root{Path: spec.Rootfs, Readonly: false},
