@@ -200,4 +200,3 @@ func tail(s string, n int) string {
 	}
 	return s
 }
-
