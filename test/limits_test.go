@@ -200,3 +200,30 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+// TestMaxSandboxesCap: a daemon started with --max-sandboxes 1 refuses a
+// second sandbox with limit, the sleeping first one counted, and takes one
+// again once the first is deleted.
+func TestMaxSandboxesCap(t *testing.T) {
+	d := startDaemon(t, "--max-sandboxes", "1", "--max-heavy", "2")
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "one"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.Sleep(ctx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "two"})
+	if apiCode(err) != api.CodeLimit || !strings.Contains(err.Error(), "--max-sandboxes") {
+		t.Fatalf("a second sandbox under --max-sandboxes 1: %v, want limit", err)
+	}
+	if out, errOut, code := d.cli("", "create", "two"); code == 0 || !strings.Contains(errOut, "at most 1 sandboxes") {
+		t.Errorf("loam create beyond the cap: %d %q %q", code, out, errOut)
+	}
+	if err := d.C.DeleteSandbox(ctx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "two"}); err != nil {
+		t.Fatalf("a create once there is room: %v", err)
+	}
+}
