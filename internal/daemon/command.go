@@ -4,11 +4,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	goruntime "runtime"
 	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/internal/server"
 )
@@ -84,6 +86,8 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", ""), "where built templates are cached; default DATA_DIR/templates (LOAM_TEMPLATE_CACHE)")
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
 	f.IntVar(&cfg.PoolReserveMiB, "pool-reserve-mib", envInt("LOAM_POOL_RESERVE_MIB", 1024), "host memory warm pools leave to sandboxes: a pool fills only while more is available (LOAM_POOL_RESERVE_MIB)")
+	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", envInt("LOAM_MAX_SANDBOXES", defaultMaxSandboxes()), "sandboxes the daemon keeps, sleeping and stopped ones included; a create beyond answers limit; 0 is no cap; default one per 8 MiB of the host's memory, at least 256 (LOAM_MAX_SANDBOXES)")
+	f.IntVar(&cfg.MaxHeavy, "max-heavy", envInt("LOAM_MAX_HEAVY", defaultMaxHeavy()), "heavy operations (create, fork, checkpoint, restore, wake, template build) run at once; more wait up to 30 s for a slot, then answer limit; 0 is no cap; default 4 per CPU, at least 8 (LOAM_MAX_HEAVY)")
 	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")
 	f.IntVar(&diskGiB, "disk-size-gib", envInt("LOAM_DISK_SIZE_GIB", 64), "size of the sparse file the btrfs pool lives on when the data dir is not btrfs, in GiB (LOAM_DISK_SIZE_GIB)")
 	f.DurationVar(&cfg.WriteTimeout, "write-timeout", envDuration("LOAM_WRITE_TIMEOUT", server.DefaultWriteTimeout), "a client that takes nothing of a stream (exec, attach, logs, watch, port, download) or sends nothing of an upload for this long is cut off (LOAM_WRITE_TIMEOUT)")
@@ -97,4 +101,22 @@ func Command() *cobra.Command {
 	f.BoolVar(&debug, "debug", os.Getenv("LOAM_DEBUG") != "", "debug logs (LOAM_DEBUG)")
 	cfg.Token = os.Getenv("LOAM_TOKEN")
 	return cmd
+}
+
+// defaultMaxSandboxes is --max-sandboxes's default: one sandbox per 8 MiB
+// of the host's memory (an idle running sandbox holds about 17 MiB, a
+// sleeping one none, so the memory runs out before the cap when most run),
+// at least 256.
+func defaultMaxSandboxes() int {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 256
+	}
+	return max(256, int(uint64(si.Totalram)*uint64(si.Unit)>>23))
+}
+
+// defaultMaxHeavy is --max-heavy's default: four heavy operations per CPU
+// (most of one is waiting for disk or for runsc to start), at least 8.
+func defaultMaxHeavy() int {
+	return max(8, 4*goruntime.NumCPU())
 }

@@ -70,6 +70,10 @@ type Config struct {
 	// WriteTimeout is how long a client may take nothing of a stream, or
 	// send nothing of an upload, before it is cut off.
 	WriteTimeout time.Duration
+	// MaxSandboxes and MaxHeavy are the daemon's caps (see
+	// sandbox.Config); 0 is none.
+	MaxSandboxes int
+	MaxHeavy     int
 	// DiskSize is the size of the loop file the btrfs pool lives on, when
 	// the data dir is not on btrfs.
 	DiskSize int64
@@ -280,6 +284,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit: cfg.CheckpointLimit,
 		PoolReserveMiB:  cfg.PoolReserveMiB,
+		MaxSandboxes:    cfg.MaxSandboxes,
+		MaxHeavy:        cfg.MaxHeavy,
 		Secret:          secret,
 		Secrets:         secrets,
 		Images:          images,

@@ -121,6 +121,11 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	if _, err := m.lookup(ctx, ref); err != nil {
 		return nil, err
 	}
+	leave, err := m.heavy.enter(ctx, "taking a checkpoint")
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	if err := checkpoint.CheckComment(req.Comment); err != nil {
 		return nil, err
 	}
@@ -480,6 +485,11 @@ func syncVolume(path string) error {
 // target) before it changes anything, so that a restarted daemon finishes
 // a restore cut short.
 func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*api.Sandbox, error) {
+	leave, err := m.heavy.enter(ctx, "restoring a checkpoint")
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	sb, end, err := m.claim(ctx, ref, "a restore")
 	if err != nil {
 		return nil, err

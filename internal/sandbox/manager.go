@@ -107,6 +107,14 @@ type Config struct {
 	// available memory; nil reads /proc/meminfo.
 	PoolReserveMiB int
 	MemAvailable   func() (int64, error)
+	// MaxSandboxes caps the sandboxes the daemon keeps (see
+	// reserveSandbox); 0 is no cap.
+	MaxSandboxes int
+	// MaxHeavy caps the heavy operations that run at once (see heavyGate);
+	// 0 is no cap. HeavyWait is how long one waits for a slot before it
+	// fails with api.CodeLimit; 0 is DefaultHeavyWait.
+	MaxHeavy  int
+	HeavyWait time.Duration
 }
 
 // Manager creates, runs and deletes sandboxes. It is safe for concurrent
@@ -172,6 +180,10 @@ type Manager struct {
 	spareEpoch    uint64
 	// deaths watch each running sandbox's sandbox process (death.go).
 	deaths map[string]*deathWatch
+
+	// heavy and count hold the daemon's caps (caps.go).
+	heavy *heavyGate
+	count sandboxCount
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -193,6 +205,9 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	}
 	if cfg.PoolReserveMiB == 0 {
 		cfg.PoolReserveMiB = 1024
+	}
+	if cfg.HeavyWait == 0 {
+		cfg.HeavyWait = DefaultHeavyWait
 	}
 	return &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
@@ -220,6 +235,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		spares:        map[string][]*spareExec{},
 		sparesOpening: map[string]int{},
 		deaths:        map[string]*deathWatch{},
+		heavy:         newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
 	}
 }
 
@@ -370,6 +386,16 @@ func (m *Manager) allocIndex(ctx context.Context) (int, error) {
 // Create makes a sandbox and boots it. It returns once the sandbox's agent
 // answers. A create that fails leaves nothing behind.
 func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
+	release, err := m.reserveSandbox(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	leave, err := m.heavy.enter(ctx, "creating a sandbox")
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	if req.From != nil {
 		return m.fork(ctx, req)
 	}

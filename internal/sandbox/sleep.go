@@ -401,6 +401,11 @@ func (m *Manager) wakeOne(ctx context.Context, id string) error {
 	if sb.State != api.StateSleeping {
 		return nil
 	}
+	leave, err := m.heavy.enter(ctx, "waking "+sb.Name)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	if err := m.wake(ctx, sb); err != nil {
 		m.log.Error("wake failed", "sandbox", sb.ID, "err", err)
 		return publicError(fmt.Errorf("waking %s: %w", sb.Name, err))

@@ -193,6 +193,11 @@ func (m *Manager) isBuiltin(ctx context.Context, name string) bool {
 // never written again), so deleting the checkpoint or its sandbox leaves
 // the template whole.
 func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*api.Template, error) {
+	leave, err := m.heavy.enter(ctx, "making a template")
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	if err := checkTemplateName(req.Name); err != nil {
 		return nil, err
 	}
@@ -485,6 +490,11 @@ func (m *Manager) ExportTemplate(ctx context.Context, name string, w io.Writer) 
 // temporary directory and checked whole before anything is published: a
 // damaged or hostile one is refused (invalid) and leaves nothing.
 func (m *Manager) ImportTemplate(ctx context.Context, name string, r io.Reader) (*api.Template, error) {
+	leave, err := m.heavy.enter(ctx, "importing a template")
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	if err := checkTemplateName(name); err != nil {
 		return nil, err
 	}

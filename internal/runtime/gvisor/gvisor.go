@@ -120,6 +120,17 @@ func New(cfg Config) (*Runtime, error) {
 			// snapshots itself; gVisor's overlay would keep writes in
 			// memory, where those snapshots cannot see them.
 			"--overlay2=none",
+			// The settings below are runsc's defaults, the most
+			// restrictive each has, written out so that a new runsc with
+			// other defaults cannot loosen them unseen (README, "Sandbox
+			// settings"): the rootfs is the sandbox's alone; no host Unix
+			// sockets, FIFOs, raw sockets or packet writes; no GPU.
+			"--file-access=exclusive",
+			"--host-uds=none",
+			"--host-fifo=none",
+			"--net-raw=false",
+			"--allow-packet-socket-write=false",
+			"--nvproxy=false",
 		},
 		debug:       cfg.Debug,
 		log:         log,

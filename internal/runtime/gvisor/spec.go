@@ -28,9 +28,30 @@ const CgroupParent = "/loam"
 // cfsPeriod is the CPU quota period in microseconds (the kernel's default).
 const cfsPeriod = 100000
 
-// maxFiles is init's RLIMIT_NOFILE. It is enforced by gVisor's kernel, not
-// the host's, so it is not bounded by the daemon's own limit.
+// maxFiles is init's RLIMIT_NOFILE, what Docker and Kubernetes give a
+// container. It is enforced by gVisor's kernel, not the host's, so it is not
+// bounded by the daemon's own limit; each open file of the sandbox is an
+// object in the sandbox's memory, charged to its memory limit.
 const maxFiles = 1 << 20
+
+// processes is init's RLIMIT_NPROC, which every process inherits: the
+// tasks (threads included) one user of the sandbox may have, as Linux counts
+// them. Past it, fork and clone fail with EAGAIN. gVisor's systrap platform
+// backs each address space of a sandbox with host processes (about 3.5 host
+// tasks per sandbox process, measured), charged to the sandbox's memory
+// cgroup, so the limit follows the memory limit: a fork bomb of 1,000
+// sleepers killed a 512 MiB sandbox outright, and 512 a 256 MiB one, while
+// 500 left a 512 MiB one answering. One process per 2 MiB of memory, 128
+// to 4,096 (4,096 without a memory limit; AWS Lambda allows 1,024). The
+// agent, which keeps CAP_SYS_ADMIN, is exempt, so the sandbox stays
+// manageable. The limit is part of each process's kernel state: a
+// checkpoint keeps it, and a restored or forked sandbox has it too.
+func processes(memoryMiB int) uint64 {
+	if memoryMiB <= 0 {
+		return 4096
+	}
+	return uint64(min(max(memoryMiB/2, 128), 4096))
+}
 
 // defaultPath is init's PATH when Spec.Env does not set one, so that the
 // agent finds commands by name like a login shell would.
@@ -137,7 +158,10 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 				Effective: initCaps,
 				Permitted: initCaps,
 			},
-			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: maxFiles, Soft: maxFiles}},
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: maxFiles, Soft: maxFiles},
+				{Type: "RLIMIT_NPROC", Hard: processes(spec.MemoryMiB), Soft: processes(spec.MemoryMiB)},
+			},
 		},
 		Root:     &specs.Root{Path: spec.Rootfs, Readonly: false},
 		Hostname: spec.Hostname,

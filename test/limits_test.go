@@ -1,0 +1,229 @@
+package test
+
+// End-to-end tests of the limits inside a sandbox: a hostile sandbox hits
+// its own limits while a neighbour and the daemon keep answering.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/client"
+)
+
+// latency is the median of a neighbour's exec round trip and of the API's
+// list of sandboxes over n tries.
+type latency struct{ exec, list time.Duration }
+
+func measure(t *testing.T, d *daemon, neighbour string, n int) latency {
+	t.Helper()
+	var execs, lists []time.Duration
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		start := time.Now()
+		out, _, code, err := d.C.Output(ctx, neighbour, "echo", "ok")
+		if err != nil || code != 0 || string(out) != "ok\n" {
+			cancel()
+			t.Fatalf("the neighbour's exec: %q %d %v", out, code, err)
+		}
+		execs = append(execs, time.Since(start))
+		start = time.Now()
+		if _, err := d.C.ListSandboxes(ctx, client.ListOptions{}); err != nil {
+			cancel()
+			t.Fatalf("listing sandboxes: %v", err)
+		}
+		lists = append(lists, time.Since(start))
+		cancel()
+		time.Sleep(20 * time.Millisecond)
+	}
+	return latency{p50(execs), p50(lists)}
+}
+
+func p50(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// slowWriter takes what an exec prints a little at a time, as a client
+// that reads its stream slowly.
+type slowWriter struct{ n int64 }
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	w.n += int64(len(p))
+	time.Sleep(5 * time.Millisecond)
+	return len(p), nil
+}
+
+// TestLimitsContainHostile: a fork bomb, a memory hog, a disk filler and a
+// process flooding stdout to a slow reader each hit the limits of their
+// own sandbox (EAGAIN, the memory limit, ENOSPC, the stream's flow
+// control), while a neighbour's exec and the API's list answer in about
+// their time at rest. The figures are logged; the bound is generous
+// (a median under ten times the one at rest, or under a second).
+func TestLimitsContainHostile(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "neighbour"}); err != nil {
+		t.Fatal(err)
+	}
+	hostile := func() {
+		t.Helper()
+		_ = d.C.DeleteSandbox(ctx, "hostile")
+		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "hostile",
+			Resources: &api.Resources{MemoryMiB: 256, DiskMiB: 256}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hostile()
+	rest := measure(t, d, "neighbour", 10)
+	t.Logf("at rest: exec %v, list %v (medians of 10)", rest.exec, rest.list)
+
+	within := func(name string, got latency) {
+		t.Helper()
+		t.Logf("%s: exec %v, list %v (medians of 10; at rest %v, %v)", name, got.exec, got.list, rest.exec, rest.list)
+		for _, c := range []struct {
+			what      string
+			got, rest time.Duration
+		}{{"exec", got.exec, rest.exec}, {"list", got.list, rest.list}} {
+			if c.got > 10*c.rest && c.got > time.Second {
+				t.Errorf("%s: the neighbour's %s took %v, at rest %v", name, c.what, c.got, c.rest)
+			}
+		}
+	}
+	// alive tells whether the hostile sandbox still answers, as root (the
+	// agent's own processes are not bound by the sandbox user's limits).
+	alive := func(name string) bool {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		var o bytes.Buffer
+		code, err := d.C.Exec(sctx, "hostile", client.ExecOptions{Cmd: []string{"echo", "ok"}, User: "root", Stdout: &o})
+		sb, gerr := d.C.GetSandbox(ctx, "hostile")
+		state := api.State("?")
+		if gerr == nil {
+			state = sb.State
+		}
+		t.Logf("%s: afterwards the hostile sandbox is %s, its exec %d %q %v", name, state, code, o.String(), err)
+		return err == nil && code == 0
+	}
+	// during runs hostile in the hostile sandbox while the neighbour is
+	// measured, and returns what hostile printed and its exit code.
+	during := func(name string, user string, cmd string, limit time.Duration) (string, int) {
+		t.Helper()
+		type result struct {
+			out  string
+			code int
+			err  error
+		}
+		done := make(chan result, 1)
+		hctx, cancel := context.WithTimeout(ctx, limit)
+		defer cancel()
+		go func() {
+			var o bytes.Buffer
+			code, err := d.C.Exec(hctx, "hostile", client.ExecOptions{Cmd: []string{"sh", "-c", cmd}, User: user, Stdout: &o, Stderr: &o})
+			done <- result{o.String(), code, err}
+		}()
+		time.Sleep(time.Second) // let it get going
+		within(name, measure(t, d, "neighbour", 10))
+		r := <-done
+		t.Logf("%s: exit %d, err %v, output %q", name, r.code, r.err, tail(r.out, 300))
+		return r.out, r.code
+	}
+
+	// A fork bomb as the sandbox's user: fork stops with EAGAIN.
+	out, code := during("fork bomb", "loam",
+		`i=0; while true; do sleep 30 </dev/null >/dev/null 2>&1 & [ $? -ne 0 ] && break; i=$((i+1)); [ $i -ge 5000 ] && break; done; echo forked $i`, time.Minute)
+	if code == 0 || !strings.Contains(out, "Resource temporarily unavailable") {
+		t.Errorf("fork bomb: exit %d, %q; want fork to fail with EAGAIN", code, tail(out, 300))
+	}
+	if !alive("fork bomb") {
+		t.Error("the sandbox of the fork bomb does not answer")
+	}
+	// The sandbox's user kills all its processes (kill is the shell's own:
+	// it needs no fork).
+	d.runAs("loam", "hostile", "sh", "-c", "kill -9 -1")
+
+	// A memory hog past its 256 MiB: killed, or its sandbox is. On this
+	// platform the host's memory cgroup kills the whole sandbox, and the
+	// daemon does not notice: the hog's exec hangs until its deadline
+	// (20 s here) and the sandbox stays "running" without an agent.
+	out, code = during("memory hog", "loam", `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo held ${#x}`, 20*time.Second)
+	if code == 0 && strings.Contains(out, "held 400000000") {
+		t.Errorf("a 256 MiB sandbox held 400 MB: %q", out)
+	}
+	if !alive("memory hog") {
+		hostile() // killed whole: it is made again for what follows
+	}
+
+	// A disk filler past its 256 MiB: ENOSPC.
+	out, code = during("disk filler", "loam", "dd if=/dev/zero of=/home/loam/fill bs=1M count=400 conv=fsync", time.Minute)
+	if code == 0 || !strings.Contains(out, "No space left on device") {
+		t.Errorf("disk filler: exit %d, %q; want No space left on device", code, tail(out, 300))
+	}
+	if !alive("disk filler") {
+		t.Error("the sandbox of the disk filler does not answer")
+	}
+
+	// A process flooding stdout to a client that reads slowly: the stream's
+	// flow control holds it back, the daemon does not buffer it all.
+	fctx, cancel := context.WithTimeout(ctx, 12*time.Second)
+	defer cancel()
+	w := &slowWriter{}
+	flood := make(chan error, 1)
+	go func() {
+		_, err := d.C.Exec(fctx, "hostile", client.ExecOptions{Cmd: []string{"yes", strings.Repeat("x", 1000)}, Stdout: w})
+		flood <- err
+	}()
+	time.Sleep(time.Second)
+	within("stdout flood", measure(t, d, "neighbour", 10))
+	cancel()
+	if err := <-flood; err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Logf("stdout flood ended with %v", err)
+	}
+	t.Logf("stdout flood: the slow reader took %d bytes", w.n)
+	if !alive("stdout flood") {
+		t.Error("the sandbox of the stdout flood does not answer")
+	}
+	d.runAs("root", "hostile", "sh", "-c", "pkill yes; true")
+	within("after all", measure(t, d, "neighbour", 10))
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// TestMaxSandboxesCap: a daemon started with --max-sandboxes 1 refuses a
+// second sandbox with limit, the sleeping first one counted, and takes one
+// again once the first is deleted.
+func TestMaxSandboxesCap(t *testing.T) {
+	d := startDaemon(t, "--max-sandboxes", "1", "--max-heavy", "2")
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "one"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.Sleep(ctx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "two"})
+	if apiCode(err) != api.CodeLimit || !strings.Contains(err.Error(), "--max-sandboxes") {
+		t.Fatalf("a second sandbox under --max-sandboxes 1: %v, want limit", err)
+	}
+	if out, errOut, code := d.cli("", "create", "two"); code == 0 || !strings.Contains(errOut, "at most 1 sandboxes") {
+		t.Errorf("loam create beyond the cap: %d %q %q", code, out, errOut)
+	}
+	if err := d.C.DeleteSandbox(ctx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "two"}); err != nil {
+		t.Fatalf("a create once there is room: %v", err)
+	}
+}
