@@ -65,7 +65,7 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 	}
 	d.run("first", "sh", "-c", "echo kept > /home/loam/f")
 	// On another port, so that only the lock can stop it.
-	cmd := exec.Command(loamBin, "serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
+	cmd := exec.Command(daemonBin, "serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
 		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
 		"--template-cache", templateCache(), "--disk-size-gib", "8")
 	cmd.Env = append(os.Environ(), "LOAM_TOKEN=")
@@ -99,7 +99,7 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 	// port before it opens or recovers anything there.
 	other := t.TempDir()
 	port := strings.TrimPrefix(d.URL, "http://")
-	out, err = exec.Command(loamBin, "serve", "--listen", port, "--data-dir", other,
+	out, err = exec.Command(daemonBin, "serve", "--listen", port, "--data-dir", other,
 		"--subnet", testSubnet(251), "--runsc", findRunsc(), "--default-template", "busybox",
 		"--template-cache", templateCache(), "--disk-size-gib", "8").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "listening on "+port) {

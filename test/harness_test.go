@@ -23,8 +23,11 @@ import (
 	"loam.dev/loam/internal/network"
 )
 
-// loamBin is the loam binary built for this run.
-var loamBin string
+// loamBin is the loam binary built for this run: the CLI, and the agent
+// in sandboxes. daemonBin is the one `loam serve` runs: loamBin, or when
+// the tests run under the race detector, loam built with -race, so that a
+// data race in the daemon fails the test that made it (see races).
+var loamBin, daemonBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -44,20 +47,22 @@ func run(m *testing.M) int {
 		panic(err)
 	}
 	defer os.RemoveAll(dir)
-	loamBin = filepath.Join(dir, "loam")
-	if err := buildLoam(loamBin, raceEnabled); err != nil {
+	loamBin, daemonBin = filepath.Join(dir, "loam"), filepath.Join(dir, "loam")
+	if err := buildLoam(loamBin, false); err != nil {
 		fmt.Fprintln(os.Stderr, "building loam:", err)
 		return 1
 	}
 	if raceEnabled {
-		// The daemon and the CLI are built with -race, which needs cgo;
-		// the agent in each sandbox stays the static build it must be.
-		agentBin := filepath.Join(dir, "loam-agent")
-		if err := buildLoam(agentBin, false); err != nil {
-			fmt.Fprintln(os.Stderr, "building loam's agent:", err)
+		// Only the daemon is built with -race (which needs cgo): the
+		// agent in each sandbox must stay static, and the CLI, run a
+		// great many times, would make the CLI-heavy tests four to five
+		// times slower (its races are the unit tests' to find).
+		daemonBin = filepath.Join(dir, "loam-race")
+		if err := buildLoam(daemonBin, true); err != nil {
+			fmt.Fprintln(os.Stderr, "building loam with -race:", err)
 			return 1
 		}
-		os.Setenv("LOAM_AGENT_BINARY", agentBin)
+		os.Setenv("LOAM_AGENT_BINARY", loamBin)
 	}
 	// The SDK examples talk to a daemon of their own, found as a user's
 	// program finds one: through LOAM_API_URL and LOAM_TOKEN.
@@ -153,7 +158,7 @@ type daemon struct {
 	URL     string
 	Token   string
 	C       *client.Client
-	// bin is the binary it runs (loamBin when empty), env more of its
+	// bin is the binary it runs (daemonBin when empty), env more of its
 	// environment.
 	bin string
 	env []string
@@ -211,7 +216,7 @@ func (d *daemon) launch(extra ...string) error {
 		// the test gives its own server (a later flag wins).
 		"--dns-upstream", "127.0.0.1:1",
 		"--disk-size-gib", "8"}, extra...)
-	bin := loamBin
+	bin := daemonBin
 	if d.bin != "" {
 		bin = d.bin
 	}

@@ -2,6 +2,6 @@
 
 package test
 
-// raceEnabled: this package was built with -race, so the daemon (and the
-// CLI) it runs are built with -race too.
+// raceEnabled: this package was built with -race, so the daemon it runs is
+// built with -race too (see daemonBin).
 const raceEnabled = true
