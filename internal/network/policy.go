@@ -53,8 +53,9 @@ func TableName(subnet netip.Prefix) string {
 //     address, where the Resolver listens.
 //   - chain input, hook input: from the subnet, replies to connections the
 //     host opened (the daemon talking to agents), new TCP connections to
-//     InsidePort on an address in the subnet (the in-sandbox API on each
-//     HostIP) and DNS to port 53 there (the Resolver) are accepted, and so
+//     InsidePort on the sandbox's own HostIP (its in-sandbox API; another
+//     sandbox's is dropped) and DNS to port 53 there (the Resolver) are
+//     accepted, and so
 //     are the host's addresses the sandbox's allow rules name (its chain
 //     host_<address>, through the verdict map "host_policies");
 //     everything else from the subnet is dropped, so sandboxes reach
@@ -214,11 +215,11 @@ func (f *Firewall) addRules(c *nftables.Conn, t *nftables.Table, flush bool) {
 
 	rule(in, "replies to the host's connections into sandboxes",
 		matchPrefix(ipSaddr, f.subnet), matchTracked(true), verdict(expr.VerdictAccept))
-	rule(in, "the in-sandbox API on each sandbox's host address",
-		matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchTCPDport(f.port), verdict(expr.VerdictAccept))
+	rule(in, "the in-sandbox API on the sandbox's own host address",
+		matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchOwnHostAddr(), matchTCPDport(f.port), verdict(expr.VerdictAccept))
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		rule(in, "the resolver on each sandbox's host address",
-			matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchDport(proto, 53), verdict(expr.VerdictAccept))
+		rule(in, "the resolver on the sandbox's own host address",
+			matchPrefix(ipSaddr, f.subnet), matchPrefix(ipDaddr, f.subnet), matchOwnHostAddr(), matchDport(proto, 53), verdict(expr.VerdictAccept))
 	}
 	rule(in, "the host's addresses a sandbox's allow rules name",
 		matchPrefix(ipSaddr, f.subnet),
@@ -276,6 +277,18 @@ func matchTracked(tracked bool) []expr.Any {
 }
 
 // matchTCPDport matches TCP packets to port.
+// matchOwnHostAddr matches packets to an address of the interface they came
+// in on, as `fib daddr . iif type local` does: a sandbox's packets come in
+// on the host end of its own veth, whose address is its host address, so a
+// sandbox reaches its own in-sandbox API and resolver there, never another
+// sandbox's.
+func matchOwnHostAddr() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, FlagDADDR: true, FlagIIF: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+	}
+}
+
 func matchTCPDport(port uint16) []expr.Any { return matchDport(unix.IPPROTO_TCP, port) }
 
 // matchDport matches packets of protocol proto (TCP or UDP) to port.

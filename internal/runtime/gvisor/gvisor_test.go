@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
 )
@@ -71,6 +73,17 @@ func startHelper(v string) int {
 	return 0
 }
 
+// rlimit is the soft limit of typ in s, which must equal the hard one; 0
+// when s sets none.
+func rlimit(s *specs.Spec, typ string) uint64 {
+	for _, r := range s.Process.Rlimits {
+		if r.Type == typ && r.Soft == r.Hard {
+			return r.Soft
+		}
+	}
+	return 0
+}
+
 func TestOCISpec(t *testing.T) {
 	spec := runtime.Spec{
 		ID: "sb-000000000000", BundleDir: "/b", Rootfs: "/r", Netns: "/var/run/netns/n",
@@ -106,6 +119,18 @@ func TestOCISpec(t *testing.T) {
 	r := s.Linux.Resources
 	if r == nil || *r.Memory.Limit != 512<<20 || *r.CPU.Quota != 150000 || *r.CPU.Period != 100000 {
 		t.Errorf("resources = %+v, want 512 MiB and 150000/100000", r)
+	}
+	if got := rlimit(s, "RLIMIT_NPROC"); got != 512 {
+		t.Errorf("RLIMIT_NPROC at 512 MiB = %d, want 512", got)
+	}
+	if got := rlimit(s, "RLIMIT_NOFILE"); got != 1<<20 {
+		t.Errorf("RLIMIT_NOFILE = %d, want %d", got, 1<<20)
+	}
+	for mib, want := range map[int]uint64{64: 128, 2048: 2048, 1 << 20: 4096, 0: 4096} {
+		spec.MemoryMiB = mib
+		if got := rlimit(ociSpec(spec), "RLIMIT_NPROC"); got != want {
+			t.Errorf("RLIMIT_NPROC at %d MiB = %d, want %d", mib, got, want)
+		}
 	}
 	spec.CPUs, spec.MemoryMiB = 0, 0
 	spec.Env = []string{"PATH=/x"}

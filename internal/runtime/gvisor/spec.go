@@ -41,8 +41,8 @@ const maxFiles = 1 << 20
 // tasks per sandbox process, measured), charged to the sandbox's memory
 // cgroup, so the limit follows the memory limit: a fork bomb of 1,000
 // sleepers killed a 512 MiB sandbox outright, and 512 a 256 MiB one, while
-// 500 left a 512 MiB one answering. One process per 2 MiB of memory, 128
-// to 4,096 (4,096 without a memory limit; AWS Lambda allows 1,024). The
+// 500 left a 512 MiB one answering. One process per MiB of memory, 128 to
+// 4,096 (4,096 without a memory limit; AWS Lambda allows 1,024). The
 // agent, which keeps CAP_SYS_ADMIN, is exempt, so the sandbox stays
 // manageable. The limit is part of each process's kernel state: a
 // checkpoint keeps it, and a restored or forked sandbox has it too.
@@ -50,7 +50,7 @@ func processes(memoryMiB int) uint64 {
 	if memoryMiB <= 0 {
 		return 4096
 	}
-	return uint64(min(max(memoryMiB/2, 128), 4096))
+	return uint64(min(max(memoryMiB, 128), 4096))
 }
 
 // defaultPath is init's PATH when Spec.Env does not set one, so that the
