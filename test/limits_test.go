@@ -149,15 +149,38 @@ func TestLimitsContainHostile(t *testing.T) {
 	d.runAs("loam", "hostile", "sh", "-c", "kill -9 -1")
 
 	// A memory hog past its 256 MiB: killed, or its sandbox is. On this
-	// platform the host's memory cgroup kills the whole sandbox, and the
-	// daemon does not notice: the hog's exec hangs until its deadline
-	// (20 s here) and the sandbox stays "running" without an agent.
-	out, code = during("memory hog", "loam", `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo held ${#x}`, 20*time.Second)
+	// platform the host's memory cgroup kills the whole sandbox process;
+	// the daemon notices at once: the sandbox is in state error with the
+	// reason, the hog's exec ends well before its deadline, and a wake
+	// starts the sandbox again on its disk.
+	start := time.Now()
+	out, code = during("memory hog", "loam", `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo held ${#x}`, 40*time.Second)
+	hogTook := time.Since(start)
 	if code == 0 && strings.Contains(out, "held 400000000") {
 		t.Errorf("a 256 MiB sandbox held 400 MB: %q", out)
 	}
-	if !alive("memory hog") {
-		hostile() // killed whole: it is made again for what follows
+	if alive("memory hog") {
+		// Held at its limit and cut at its deadline: anything of it left
+		// goes before the next test.
+		d.runAs("root", "hostile", "sh", "-c", "pkill -9 -u loam; true")
+	} else {
+		sb, err := d.C.GetSandbox(ctx, "hostile")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("memory hog: the sandbox is %s (%q); the hog's exec ended after %v", sb.State, sb.Reason, hogTook)
+		if sb.State != api.StateError || !strings.Contains(sb.Reason, "memory") {
+			t.Errorf("memory hog: the sandbox that stopped answering is %s (%q), want error with the reason", sb.State, sb.Reason)
+		}
+		if hogTook > 30*time.Second {
+			t.Errorf("memory hog: its exec lasted %v after its sandbox died", hogTook)
+		}
+		if _, err := d.C.Wake(ctx, "hostile"); err != nil {
+			t.Fatalf("waking the sandbox that ran out of memory: %v", err)
+		}
+		if !alive("memory hog, woken") {
+			t.Fatal("the sandbox woken after running out of memory does not answer")
+		}
 	}
 
 	// A disk filler past its 256 MiB: ENOSPC.
