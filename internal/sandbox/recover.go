@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
@@ -188,11 +189,71 @@ func (m *Manager) recoverStoppedForRestore(ctx context.Context, sb *store.Sandbo
 			return errors.Join(m.applyLimits(ctx, sb), m.applyNetwork(ctx, sb))
 		}
 	}
-	m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return err
 	}
+	if m.resumeLeft(ctx, sb, m.checkpointsDir(sb.ID), "a restore") {
+		return nil
+	}
+	m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
 	return m.boot(ctx, sb, false)
+}
+
+// resumeLeft starts a sandbox that a crash left stopped by a memory
+// checkpoint (one that keeps its state before a restore, or its sleep
+// image) again from the image that checkpoint wrote, if one is left
+// unfinished in dir (".tmp-*/mem"): the sandbox is then as before the
+// operation (what, for the log), its processes and all. Its disk has not
+// changed since: the sandbox was stopped. An image runsc did not finish
+// fails to restore; false then says the caller must boot the sandbox on
+// its disk. The image itself is removed by the sweep or the caller: the
+// restore reads it whole before it answers (no -background).
+func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir, what string) bool {
+	imgs, _ := filepath.Glob(filepath.Join(dir, ".tmp-*", memDir))
+	if len(imgs) == 0 {
+		return false
+	}
+	// The newest: an older one is what an earlier crash left, and would
+	// not match the disk.
+	newest, newestAt := "", time.Time{}
+	for _, img := range imgs {
+		if fi, err := os.Stat(img); err == nil && fi.IsDir() && fi.ModTime().After(newestAt) {
+			newest, newestAt = img, fi.ModTime()
+		}
+	}
+	if newest == "" {
+		return false
+	}
+	// The image holds the agent's token of then (this generation, or the
+	// one before if the next was stored); the agent is handed a new one,
+	// so that the token in the image opens nothing.
+	holds := m.recoveryTokens(sb)
+	sb.AgentGen++
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		sb.AgentGen--
+		m.log.Warn("numbering the agent token to resume a cut operation", "sandbox", sb.ID, "err", err)
+		return false
+	}
+	start := time.Now()
+	err := func() error {
+		ep, err := m.prepare(ctx, sb)
+		if err != nil {
+			return err
+		}
+		if err := m.rt.Restore(ctx, m.spec(sb, ep), newest); err != nil {
+			return fmt.Errorf("restoring memory: %w", err)
+		}
+		return m.connect(ctx, sb, ep, holds...)
+	}()
+	if err != nil {
+		m.log.Warn(what+" was cut short after it stopped the sandbox, and the image it wrote does not restore",
+			"sandbox", sb.ID, "image", newest, "err", err)
+		_ = m.rt.Delete(ctx, sb.ID)
+		return false
+	}
+	m.log.Info(what+" was cut short after it stopped the sandbox; resumed from the image it wrote",
+		"sandbox", sb.ID, "image", newest, "ms", time.Since(start).Milliseconds())
+	return true
 }
 
 // finishRestore finishes a restore that a crash cut short: the user asked

@@ -514,8 +514,10 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 // a sleep dir: a crash came part-way through a sleep. With the image
 // durable, the checkpoint that wrote it stopped the container: the sandbox
 // sleeps. Without, the checkpoint may or may not have ended it (runsc may
-// still call it running): it is taken back if its agent answers soon, and
-// booted again on its disk otherwise. It reports whether it dealt with sb.
+// still call it running): it is taken back if its agent answers soon;
+// else it is started again from the image that checkpoint left unfinished
+// (not yet synced and renamed), as before the sleep, or, if that image is
+// not whole, booted again on its disk. It reports whether it dealt with sb.
 func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool, error) {
 	if _, err := os.Stat(m.sleepDir(sb.ID)); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
@@ -531,9 +533,8 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 		}
 		return true, m.setState(ctx, sb, api.StateSleeping, "")
 	}
-	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
-		return true, err
-	}
+	// The sleep dir goes only once the sandbox runs again, so that a
+	// crash in between comes back here.
 	st, err := m.rt.State(ctx, sb.ID)
 	if err == nil && st == runtime.StatusPaused {
 		_ = m.rt.Resume(ctx, sb.ID)
@@ -544,13 +545,21 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 		cancel()
 		if err == nil {
 			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
-			return true, m.applyLimits(ctx, sb)
+			return true, errors.Join(m.applyLimits(ctx, sb), os.RemoveAll(m.sleepDir(sb.ID)))
 		}
 	}
-	m.log.Warn("a sleep was cut short and stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return true, err
 	}
+	// Stopped by the checkpoint that writes the image: started again from
+	// that image if it is whole, else booted on its disk.
+	if m.resumeLeft(ctx, sb, m.sleepDir(sb.ID), "a sleep") {
+		return true, os.RemoveAll(m.sleepDir(sb.ID))
+	}
+	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+		return true, err
+	}
+	m.log.Warn("a sleep was cut short and stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
 	return true, m.boot(ctx, sb, false)
 }
 
