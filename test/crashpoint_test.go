@@ -334,6 +334,38 @@ func TestCrashPoints(t *testing.T) {
 		}
 	})
 
+	// A template imported from an archive (one exported here): none, or
+	// one whose sandboxes work. The import goes through the same publish
+	// as a template made from a checkpoint, whose points it crashes at too.
+	var archive bytes.Buffer
+	if _, err := c.d.C.CreateTemplate(c.ctx, "exported", "main", memCP); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.d.C.ExportTemplate(c.ctx, "exported", &archive); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.d.C.DeleteTemplate(c.ctx, "exported"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"template-import.unpacked", "template.filled@import", "template.synced@import"} {
+		run(p, func(t *testing.T) {
+			point, _, _ := strings.Cut(p, "@")
+			c.crash(t, point, func(ctx context.Context) error {
+				_, err := c.d.C.ImportTemplate(ctx, "imported", bytes.NewReader(archive.Bytes()))
+				return err
+			})
+			if c.hasTemplate(t, "imported") {
+				t.Logf("the template was imported")
+				c.create(t, "from-import", "imported")
+				c.expectFacts(t, "from-import", "d0|m0")
+				c.delete(t, "from-import")
+				if err := c.d.C.DeleteTemplate(c.ctx, "imported"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+
 	// Warm pool claim: no sandbox, or one that knows its name.
 	run("pool.claimed", func(t *testing.T) {
 		if _, err := c.d.C.SetTemplatePool(c.ctx, "busybox", 1); err != nil {
@@ -496,6 +528,8 @@ var recoveryLogs = map[string][]string{
 	"template.volume":          {"removing unfinished template data", "removing orphaned disk"},
 	"template.filled":          {"removing unfinished template data", "removing unfinished template snapshot"},
 	"template-delete.renamed":  {"removing unfinished template data", "removing unfinished template snapshot"},
+	"template-import.unpacked": {"removing unfinished template data"},
+	"template.filled@import":   {"removing unfinished template data", "removing unfinished template snapshot"},
 	"destroy.container":        {"finishing interrupted operation"},
 	"image-delete.record":      {"removing the template of an image that is gone"},
 }

@@ -76,11 +76,12 @@ var Points = []string{
 	"cache.imported",
 	"image-delete.record",
 
-	// Checkpoint templates: made, deleted, and sandboxes made from one.
+	// Checkpoint templates: made, deleted, imported, and sandboxes made from one.
 	"template.volume",
 	"template.filled",
 	"template.synced",
 	"template-delete.renamed",
+	"template-import.unpacked",
 	"template-sandbox.stored",
 	"template-sandbox.disk",
 

@@ -535,6 +535,7 @@ func (m *Manager) ImportTemplate(ctx context.Context, name string, r io.Reader) 
 		return nil, api.Errorf(api.CodeInvalid, "template archive refused: a memory template without its agent token")
 	}
 	man.Name = name
+	crash.Point("template-import.unpacked")
 	ctx = context.WithoutCancel(ctx)
 	err = m.publishTemplate(ctx, man, func(tmp, snap string) error {
 		if err := m.disks.ImportSnapshot(ctx, snap, filepath.Join(work, checkpoint.DiskEntry)); err != nil {
