@@ -222,8 +222,23 @@ func heavyClient(ctx context.Context, c *client.Client, rec *loadRecorder, light
 				}
 				return err
 			})
-			if ok {
-				rec.do(ctx, "delete checkpoint", func() error { return c.DeleteCheckpoint(ctx, sb, cp.ID) })
+			// A delete while another heavy client checkpoints the same
+			// sandbox is answered conflict (the sandbox is busy): tried
+			// again, so that checkpoints do not pile up to the limit.
+			for try := 0; ok && try < 10 && ctx.Err() == nil; try++ {
+				conflict := false
+				rec.do(ctx, "delete checkpoint", func() error {
+					err := c.DeleteCheckpoint(ctx, sb, cp.ID)
+					if isConflict(err) {
+						conflict = true
+						return errConflict
+					}
+					return err
+				})
+				if !conflict {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
 			}
 		case 2:
 			rec.do(ctx, "restore", func() error {

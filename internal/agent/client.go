@@ -33,6 +33,24 @@ type Client struct {
 	// HTTP is the client requests go through; a shared default when nil.
 	// It must not have a Timeout: exec sockets live long. Use ctx.
 	HTTP *http.Client
+	// Refresh, when set, returns the token the agent holds now. A request
+	// (with a body it can send again) or a socket the agent refuses for
+	// its token is tried once more with it, if it differs: a memory
+	// checkpoint may have moved the agent to a new token between the
+	// caller reading Token and the request arriving. A refused request
+	// did nothing, so sending it again is safe.
+	Refresh func(ctx context.Context) string
+}
+
+// retryToken is the token to try again with after err, "" for none.
+func (c *Client) retryToken(ctx context.Context, err error) string {
+	if c.Refresh == nil || !IsUnauthorized(err) {
+		return ""
+	}
+	if tok := c.Refresh(ctx); tok != c.Token {
+		return tok
+	}
+	return ""
 }
 
 // defaultHTTP reaches agents directly: no proxy from the environment (the
@@ -57,8 +75,10 @@ func (c *Client) url(path string) string {
 	return strings.TrimSuffix(c.BaseURL, "/") + path
 }
 
-func (c *Client) header() http.Header {
-	return http.Header{"Authorization": {"Bearer " + c.Token}}
+func (c *Client) header() http.Header { return bearer(c.Token) }
+
+func bearer(token string) http.Header {
+	return http.Header{"Authorization": {"Bearer " + token}}
 }
 
 // Health asks the agent whether it is up.
@@ -146,6 +166,14 @@ func (c *Client) Sync(ctx context.Context) error {
 
 // do sends a request and turns a response that is not 2xx into an error.
 func (c *Client) do(ctx context.Context, method, path string, body []byte) (*http.Response, error) {
+	resp, err := c.doAs(ctx, c.Token, method, path, body)
+	if tok := c.retryToken(ctx, err); tok != "" {
+		return c.doAs(ctx, tok, method, path, body)
+	}
+	return resp, err
+}
+
+func (c *Client) doAs(ctx context.Context, token, method, path string, body []byte) (*http.Response, error) {
 	var r io.Reader
 	if body != nil {
 		r = bytes.NewReader(body)
@@ -154,7 +182,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) (*htt
 	if err != nil {
 		return nil, err
 	}
-	req.Header = c.header()
+	req.Header = bearer(token)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -261,16 +289,24 @@ func withQuery(path string, q url.Values) string {
 // the error. An agent's refusal comes back as its *Error. The socket takes
 // messages of up to 1 MiB.
 func (c *Client) dial(ctx context.Context, path, what string) (*websocket.Conn, error) {
-	conn, resp, err := websocket.Dial(ctx, c.url(path), &websocket.DialOptions{
-		HTTPClient: c.httpClient(),
-		HTTPHeader: c.header(),
-	})
+	conn, err := c.dialAs(ctx, c.Token, path)
+	if tok := c.retryToken(ctx, err); tok != "" {
+		conn, err = c.dialAs(ctx, tok, path)
+	}
 	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			err = responseError(resp)
-		}
 		return nil, fmt.Errorf("%s at %s: %w", what, c.BaseURL, err)
 	}
 	conn.SetReadLimit(maxClientMessage)
 	return conn, nil
+}
+
+func (c *Client) dialAs(ctx context.Context, token, path string) (*websocket.Conn, error) {
+	conn, resp, err := websocket.Dial(ctx, c.url(path), &websocket.DialOptions{
+		HTTPClient: c.httpClient(),
+		HTTPHeader: bearer(token),
+	})
+	if err != nil && resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+		err = responseError(resp)
+	}
+	return conn, err
 }

@@ -74,6 +74,10 @@ func (m *Manager) startCall(ctx context.Context, ref string) (*store.Sandbox, *a
 var errHeld = errors.New("calls held")
 
 func (m *Manager) tryCall(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, context.Context, func(), error) {
+	// A hold may begin and end (the checkpoint taken, the agent's token
+	// moved on) between the look at the sandbox and the registration
+	// below: the count of holds tells, and the sandbox is read again.
+	seq := m.holdCount()
 	sb, err := m.awake(ctx, ref)
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)
@@ -94,7 +98,7 @@ func (m *Manager) tryCall(ctx context.Context, ref string) (*store.Sandbox, *age
 	// A call registered before a checkpoint holds calls is cut by it; one
 	// that comes after must wait (in awake), or it would carry the token
 	// read above past the checkpoint's new one.
-	if m.held[sb.ID] != nil {
+	if m.held[sb.ID] != nil || m.holdSeq != seq {
 		m.mu.Unlock()
 		cancel(nil)
 		return nil, nil, nil, nil, errHeld
@@ -116,7 +120,7 @@ func (m *Manager) tryCall(ctx context.Context, ref string) (*store.Sandbox, *age
 		m.mu.Unlock()
 		cancel(nil)
 	}
-	return sb, m.agentClient(ep, m.agentToken(sb)), cctx, end, nil
+	return sb, m.callClient(sb, ep), cctx, end, nil
 }
 
 // fileError is what the API says for err, a failure of a files call (what,

@@ -695,6 +695,30 @@ func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpo
 	return ep, m.writeHandle(sb, ep)
 }
 
+// callClient is a client of sandbox sb's agent at ep for a user's call:
+// it presents the sandbox's token and, refused, the one the agent holds
+// once a memory checkpoint that moved it on is done (see agent.Client's
+// Refresh).
+func (m *Manager) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Client {
+	ac := m.agentClient(ep, m.agentToken(sb))
+	id := sb.ID
+	ac.Refresh = func(ctx context.Context) string {
+		if held := m.heldOn(id); held != nil {
+			select {
+			case <-held:
+			case <-ctx.Done():
+				return ""
+			}
+		}
+		now, err := m.store.GetSandbox(ctx, id)
+		if err != nil {
+			return ""
+		}
+		return m.agentToken(now)
+	}
+	return ac
+}
+
 // agentClient is a client of the agent at ep that presents token.
 func (m *Manager) agentClient(ep network.Endpoint, token string) *agent.Client {
 	return &agent.Client{

@@ -39,7 +39,7 @@ func (m *Manager) portsSandbox(ctx context.Context, ref string) (*store.Sandbox,
 	if err != nil {
 		return nil, nil, err
 	}
-	return sb, m.agentClient(ep, m.agentToken(sb)), nil
+	return sb, m.callClient(sb, ep), nil
 }
 
 // CheckPorts checks that a sandbox's ports can be watched or streamed to

@@ -37,7 +37,7 @@ func (m *Manager) serviceAgent(ctx context.Context, ref string) (*store.Sandbox,
 	if err != nil {
 		return nil, nil, err
 	}
-	return sb, m.agentClient(ep, m.agentToken(sb)), nil
+	return sb, m.callClient(sb, ep), nil
 }
 
 func noService(sb *store.Sandbox, name string) error {
@@ -254,7 +254,7 @@ func (m *Manager) startServices(ctx context.Context, sb *store.Sandbox, defs []a
 	if err != nil {
 		return err
 	}
-	ac := m.agentClient(ep, m.agentToken(sb))
+	ac := m.callClient(sb, ep)
 	for _, def := range defs {
 		if _, _, err := ac.PutService(ctx, def); err != nil {
 			return m.serviceError(sb, def.Name, err)

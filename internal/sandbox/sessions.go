@@ -37,7 +37,7 @@ func (m *Manager) sessionAgent(ctx context.Context, ref string) (*store.Sandbox,
 	if err != nil {
 		return nil, nil, err
 	}
-	return sb, m.agentClient(ep, m.agentToken(sb)), nil
+	return sb, m.callClient(sb, ep), nil
 }
 
 // checkSessionID refuses an id that is not one before it goes into a path.
