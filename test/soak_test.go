@@ -26,7 +26,7 @@ import (
 // The suite runs it for 45 s with a new seed each time. A failure prints
 // the seed; replay it, or soak longer, with
 //
-//	LOAM_SOAK_SEED=N LOAM_SOAK=30m go test -run TestSoak -v ./test/
+//	LOAM_SOAK_SEED=N LOAM_SOAK=30m go test -run TestSoak -v -timeout 45m ./test/
 func TestSoak(t *testing.T) {
 	dur := envDur(t, "LOAM_SOAK", 45*time.Second)
 	seed := uint64(time.Now().UnixNano())
@@ -38,7 +38,10 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak seed %d (replay with LOAM_SOAK_SEED=%d)", seed, seed)
 	s := &soak{t: t, d: startDaemon(t), r: rand.New(rand.NewPCG(seed, seed^0x5eed)), seed: seed, seen: map[string]bool{}}
-	s.ctx = ctxT(t)
+	// Not ctxT's three minutes: a soak on demand runs longer.
+	ctx, cancel := context.WithTimeout(context.Background(), dur+10*time.Minute)
+	t.Cleanup(cancel)
+	s.ctx = ctx
 	s.create()
 	end := time.Now().Add(dur)
 	for step := 1; time.Now().Before(end); step++ {
