@@ -1,0 +1,484 @@
+package test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/client"
+	imcp "loam.dev/loam/internal/mcp"
+)
+
+// The MCP server is driven as an agent's MCP client drives it: the Go SDK's
+// client runs the built `loam mcp` (stdio) or talks to `loam mcp --listen`
+// (streamable HTTP), against a real daemon with real sandboxes.
+
+// mcpServer is a `loam mcp` process and a client session to it.
+type mcpServer struct {
+	cs  *sdk.ClientSession
+	log *syncBuffer // its stderr
+}
+
+// startMCP runs `loam mcp args…` for d over stdio and connects to it; it
+// ends with the test.
+func startMCP(t *testing.T, d *daemon, args ...string) *mcpServer {
+	t.Helper()
+	cmd := exec.Command(loamBin, append([]string{"mcp"}, args...)...)
+	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
+	m := &mcpServer{log: &syncBuffer{}}
+	cmd.Stderr = m.log
+	cs, err := sdk.NewClient(&sdk.Implementation{Name: "loam-test", Version: "0"}, nil).
+		Connect(ctxT(t), &sdk.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connecting to loam mcp: %v\n%s", err, m.log)
+	}
+	m.cs = cs
+	t.Cleanup(func() {
+		cs.Close()
+		if t.Failed() {
+			t.Logf("loam mcp log:\n%s", m.log)
+		}
+	})
+	return m
+}
+
+// call calls a tool and returns its result; a protocol error fails the test.
+func (m *mcpServer) call(t *testing.T, tool string, args map[string]any) *sdk.CallToolResult {
+	t.Helper()
+	res, err := m.cs.CallTool(ctxT(t), &sdk.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", tool, err, m.log)
+	}
+	return res
+}
+
+// ok calls a tool that must succeed and decodes its structured result into out.
+func (m *mcpServer) ok(t *testing.T, tool string, args map[string]any, out any) {
+	t.Helper()
+	res := m.call(t, tool, args)
+	if res.IsError {
+		t.Fatalf("%s %v: tool error: %s", tool, args, resultText(res))
+	}
+	b, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s: decoding %s: %v", tool, b, err)
+		}
+	}
+}
+
+// fails calls a tool that must fail with a tool error saying want.
+func (m *mcpServer) fails(t *testing.T, tool string, args map[string]any, want string) {
+	t.Helper()
+	res := m.call(t, tool, args)
+	if !res.IsError || !strings.Contains(resultText(res), want) {
+		t.Errorf("%s %v: want a tool error saying %q, got error=%v %q", tool, args, want, res.IsError, resultText(res))
+	}
+}
+
+func (m *mcpServer) tools(t *testing.T) []*sdk.Tool {
+	t.Helper()
+	var tools []*sdk.Tool
+	for tool, err := range m.cs.Tools(ctxT(t), nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		tools = append(tools, tool)
+	}
+	return tools
+}
+
+func resultText(res *sdk.CallToolResult) string {
+	if res == nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*sdk.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// checkpointByID is sandbox's checkpoint id, read from the daemon.
+func checkpointByID(t *testing.T, d *daemon, sandbox, id string) api.Checkpoint {
+	t.Helper()
+	cp, err := d.C.GetCheckpoint(ctxT(t), sandbox, id)
+	if err != nil {
+		t.Fatalf("checkpoint %s of %s: %v", id, sandbox, err)
+	}
+	return *cp
+}
+
+// TestMCPTools drives every tool through `loam mcp --checkpoint-before=exec`
+// over stdio: a checkpoint comes before each command and each change, its
+// id is in the result and the log, and restoring to it undoes the step.
+func TestMCPTools(t *testing.T) {
+	d := startDaemon(t)
+	m := startMCP(t, d, "--checkpoint-before=exec")
+
+	names := []string{}
+	for _, tool := range m.tools(t) {
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	want := []string{"create_checkpoint", "create_sandbox", "delete_sandbox", "fork_sandbox", "kill_session",
+		"list_checkpoints", "list_files", "list_sandboxes", "list_sessions", "read_file", "read_session",
+		"remove_file", "restore_checkpoint", "run_command", "sandbox_url", "start_session", "write_file"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("tools: %v", names)
+	}
+
+	// create_sandbox, list_sandboxes.
+	var created imcp.SandboxOutput
+	m.ok(t, "create_sandbox", map[string]any{"name": "agent", "labels": map[string]string{"by": "mcp"}}, &created)
+	if created.Sandbox.Name != "agent" || created.Sandbox.State != "running" || created.Sandbox.Labels["by"] != "mcp" {
+		t.Fatalf("create_sandbox: %+v", created)
+	}
+	var list imcp.ListSandboxesOutput
+	m.ok(t, "list_sandboxes", nil, &list)
+	if len(list.Sandboxes) != 1 || list.Sandboxes[0].ID != created.Sandbox.ID {
+		t.Fatalf("list_sandboxes: %+v", list)
+	}
+
+	// run_command: output, exit code, and the checkpoint before it.
+	var run imcp.RunOutput
+	m.ok(t, "run_command", map[string]any{"sandbox": "agent", "command": "echo out; echo err >&2; echo step1 > /home/loam/state; exit 3"}, &run)
+	if run.ExitCode != 3 || run.Stdout != "out\n" || run.Stderr != "err\n" || run.Checkpoint == "" {
+		t.Fatalf("run_command: %+v", run)
+	}
+	cp := checkpointByID(t, d, "agent", run.Checkpoint)
+	if cp.Memory || cp.Comment != "before mcp exec: echo out; echo err >&2; echo step1 > /home/loam/state; exit 3" {
+		t.Errorf("the checkpoint before exec: %+v", cp)
+	}
+	if !regexp.MustCompile(`tool=run_command .*sandbox=agent .*checkpoint=` + run.Checkpoint).MatchString(m.log.String()) {
+		t.Errorf("the log does not name the call's checkpoint:\n%s", m.log)
+	}
+
+	// argv, stdin, env and dir.
+	m.ok(t, "run_command", map[string]any{"sandbox": "agent", "argv": []string{"sh", "-c", `cat; echo "$X" "$(pwd)"`},
+		"stdin": "in\n", "env": map[string]string{"X": "y"}, "dir": "/tmp"}, &run)
+	if run.ExitCode != 0 || run.Stdout != "in\ny /tmp\n" {
+		t.Errorf("run_command with argv: %+v", run)
+	}
+
+	// A command past its timeout is killed, with its children.
+	start := time.Now()
+	m.fails(t, "run_command", map[string]any{"sandbox": "agent", "command": "echo started; sleep 300 & sleep 300", "timeout_seconds": 2},
+		"did not finish within 2s")
+	if el := time.Since(start); el > time.Minute {
+		t.Errorf("the timed-out call took %s", el)
+	}
+	waitFor(t, func() bool {
+		out := d.run("agent", "ps")
+		return !strings.Contains(out, "sleep 300")
+	})
+
+	// Files: write, read, list, remove; binary content comes back in base64.
+	var wrote imcp.FileOutput
+	m.ok(t, "write_file", map[string]any{"sandbox": "agent", "path": "/home/loam/notes/hello.txt", "content": "hello, agent\n"}, &wrote)
+	if wrote.File.Size != 13 || wrote.Checkpoint != "v4" {
+		t.Errorf("write_file: %+v", wrote)
+	}
+	if cp := checkpointByID(t, d, "agent", wrote.Checkpoint); cp.Comment != "before mcp write_file: /home/loam/notes/hello.txt" {
+		t.Errorf("the checkpoint before write_file: %+v", cp)
+	}
+	var read imcp.ReadFileOutput
+	m.ok(t, "read_file", map[string]any{"sandbox": "agent", "path": "/home/loam/notes/hello.txt"}, &read)
+	if read.Content != "hello, agent\n" || read.Encoding != "utf-8" || read.Size != 13 || read.More {
+		t.Errorf("read_file: %+v", read)
+	}
+	m.ok(t, "read_file", map[string]any{"sandbox": "agent", "path": "/home/loam/notes/hello.txt", "offset": 7, "max_bytes": 3}, &read)
+	if read.Content != "age" || !read.More {
+		t.Errorf("read_file from 7, 3 bytes: %+v", read)
+	}
+	bin := []byte{0, 1, 2, 0xff, 0xfe}
+	m.ok(t, "write_file", map[string]any{"sandbox": "agent", "path": "/home/loam/notes/bin", "content": base64.StdEncoding.EncodeToString(bin),
+		"encoding": "base64", "mode": "0600"}, &wrote)
+	if wrote.File.Mode != "0600" {
+		t.Errorf("write_file with mode 0600: %+v", wrote.File)
+	}
+	m.ok(t, "read_file", map[string]any{"sandbox": "agent", "path": "/home/loam/notes/bin"}, &read)
+	if got, _ := base64.StdEncoding.DecodeString(read.Content); read.Encoding != "base64" || string(got) != string(bin) {
+		t.Errorf("read_file of binary content: %+v", read)
+	}
+	var ls imcp.ListFilesOutput
+	m.ok(t, "list_files", map[string]any{"sandbox": "agent", "path": "/home/loam", "depth": 2}, &ls)
+	var paths []string
+	for _, e := range ls.Entries {
+		paths = append(paths, e.Path)
+	}
+	for _, p := range []string{"/home/loam/notes", "/home/loam/notes/hello.txt", "/home/loam/notes/bin", "/home/loam/state"} {
+		if !slices.Contains(paths, p) {
+			t.Errorf("list_files does not show %s: %v", p, paths)
+		}
+	}
+	var removed imcp.RemoveFileOutput
+	m.ok(t, "remove_file", map[string]any{"sandbox": "agent", "path": "/home/loam/notes/bin"}, &removed)
+	if removed.Checkpoint == "" {
+		t.Errorf("remove_file took no checkpoint: %+v", removed)
+	}
+	m.fails(t, "read_file", map[string]any{"sandbox": "agent", "path": "/home/loam/notes/bin"}, "not_found")
+
+	// Sessions: start, read on from the offsets, kill.
+	var started imcp.StartSessionOutput
+	m.ok(t, "start_session", map[string]any{"sandbox": "agent", "command": "for i in 1 2 3; do echo line$i; done; echo oops >&2; sleep 600"}, &started)
+	if !api.ValidSessionID(started.Session.ID) || started.Checkpoint == "" {
+		t.Fatalf("start_session: %+v", started)
+	}
+	var rs imcp.ReadSessionOutput
+	waitFor(t, func() bool {
+		m.ok(t, "read_session", map[string]any{"sandbox": "agent", "session": started.Session.ID}, &rs)
+		return strings.Contains(rs.Stdout, "line3") && rs.Stderr == "oops\n"
+	})
+	if rs.Stdout != "line1\nline2\nline3\n" || rs.NextOffset != 18 || rs.NextStderrOffset != 5 || rs.Session.State != "running" {
+		t.Errorf("read_session: %+v", rs)
+	}
+	m.ok(t, "read_session", map[string]any{"sandbox": "agent", "session": started.Session.ID, "offset": 6, "stderr_offset": 5, "max_bytes": 6}, &rs)
+	if rs.Stdout != "line2\n" || rs.Stderr != "" || rs.NextOffset != 12 || !rs.More {
+		t.Errorf("read_session from offset 6, 6 bytes: %+v", rs)
+	}
+	var sessions imcp.ListSessionsOutput
+	m.ok(t, "list_sessions", map[string]any{"sandbox": "agent"}, &sessions)
+	if !slices.ContainsFunc(sessions.Sessions, func(s imcp.Session) bool { return s.ID == started.Session.ID && s.State == "running" }) {
+		t.Errorf("list_sessions: %+v", sessions)
+	}
+	var killed imcp.KillSessionOutput
+	m.ok(t, "kill_session", map[string]any{"sandbox": "agent", "session": started.Session.ID}, &killed)
+	if killed.Checkpoint == "" {
+		t.Errorf("kill_session took no checkpoint: %+v", killed)
+	}
+	waitFor(t, func() bool { return !strings.Contains(d.run("agent", "ps"), "sleep 600") })
+
+	// Checkpoints: take one; list them (the server kept its newest five,
+	// --checkpoint-keep's default, so the first exec's is gone); restore to
+	// the one before the first write (the file it wrote is gone, the file
+	// written before it is there); fork.
+	firstWrite := checkpointByID(t, d, "agent", "v4")
+	if firstWrite.Comment != "before mcp write_file: /home/loam/notes/hello.txt" {
+		t.Fatalf("v4 is not the checkpoint before the first write: %+v", firstWrite)
+	}
+	var mine imcp.CheckpointOutput
+	m.ok(t, "create_checkpoint", map[string]any{"sandbox": "agent", "comment": "notes written", "name": "notes", "memory": false}, &mine)
+	if mine.Checkpoint.Name != "notes" || mine.Checkpoint.Memory {
+		t.Errorf("create_checkpoint: %+v", mine)
+	}
+	var cps imcp.ListCheckpointsOutput
+	m.ok(t, "list_checkpoints", map[string]any{"sandbox": "agent"}, &cps)
+	var ids []string
+	for _, c := range cps.Checkpoints {
+		ids = append(ids, c.ID)
+	}
+	if want := []string{"v4", "v5", "v6", "v7", "v8", mine.Checkpoint.ID}; !slices.Equal(ids, want) {
+		t.Errorf("list_checkpoints: %v; want %v (the server's newest five, then the agent's own)", ids, want)
+	}
+	var restored imcp.RestoreOutput
+	m.ok(t, "restore_checkpoint", map[string]any{"sandbox": "agent", "checkpoint": "v4"}, &restored)
+	if !strings.HasPrefix(restored.Checkpoint, "auto-") || restored.Sandbox.State != "running" {
+		t.Errorf("restore_checkpoint: %+v", restored)
+	}
+	m.ok(t, "run_command", map[string]any{"sandbox": "agent", "command": "cat /home/loam/state /home/loam/notes/hello.txt 2>&1; true"}, &run)
+	if !strings.Contains(run.Stdout, "step1") || !strings.Contains(run.Stdout, "No such file") {
+		t.Errorf("after restoring the checkpoint before the first write: %q", run.Stdout)
+	}
+	var fork imcp.SandboxOutput
+	m.ok(t, "fork_sandbox", map[string]any{"sandbox": "agent", "checkpoint": "notes", "name": "agent-fork"}, &fork)
+	if fork.Sandbox.Name != "agent-fork" || fork.Sandbox.Fork == "" {
+		t.Errorf("fork_sandbox: %+v", fork)
+	}
+	m.ok(t, "read_file", map[string]any{"sandbox": "agent-fork", "path": "/home/loam/notes/hello.txt"}, &read)
+	if read.Content != "hello, agent\n" {
+		t.Errorf("the fork's file: %+v", read)
+	}
+
+	// sandbox_url.
+	var u imcp.URLOutput
+	m.ok(t, "sandbox_url", map[string]any{"sandbox": "agent"}, &u)
+	if u.URL == "" || u.AccessToken == "" || !strings.Contains(u.OpenURL, "loam_token=") {
+		t.Errorf("sandbox_url: %+v", u)
+	}
+
+	// Bad arguments and the daemon's refusals are tool errors; the server
+	// carries on.
+	m.fails(t, "run_command", map[string]any{"sandbox": "agent"}, "give command (a shell line) or argv")
+	m.fails(t, "write_file", map[string]any{"sandbox": "agent", "path": "notes.txt", "content": "x"}, "not an absolute path")
+	m.fails(t, "run_command", map[string]any{"sandbox": "agent", "argv": []string{"no-such-program"}}, "not_found")
+	m.fails(t, "read_file", map[string]any{"sandbox": "ghost", "path": "/x"}, "ghost")
+	m.fails(t, "restore_checkpoint", map[string]any{"sandbox": "agent", "checkpoint": "v999"}, "v999")
+	m.fails(t, "run_command", map[string]any{"sandbox": "agent", "command": "true", "bogus": 1}, "bogus")
+
+	// delete_sandbox.
+	m.ok(t, "delete_sandbox", map[string]any{"sandbox": "agent-fork"}, nil)
+	if _, err := d.C.GetSandbox(ctxT(t), "agent-fork"); err == nil {
+		t.Error("delete_sandbox left the sandbox")
+	}
+	if strings.Contains(m.log.String(), "panic") {
+		t.Errorf("the server panicked:\n%s", m.log)
+	}
+}
+
+// TestMCPGuardrails checks --sandboxes, --read-only and
+// --checkpoint-before=write against a real daemon.
+func TestMCPGuardrails(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	for _, name := range []string{"mine", "theirs"} {
+		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("sandboxes", func(t *testing.T) {
+		m := startMCP(t, d, "--sandboxes", "mine")
+		m.fails(t, "write_file", map[string]any{"sandbox": "theirs", "path": "/home/loam/x", "content": "x"}, `sandbox "theirs" is not one this MCP server may use`)
+		if _, err := d.C.StatFile(ctx, "theirs", "/home/loam/x", nil); err == nil {
+			t.Error("the refused write was made")
+		}
+		m.fails(t, "run_command", map[string]any{"sandbox": "theirs", "command": "touch /home/loam/y"}, "--sandboxes")
+		m.fails(t, "delete_sandbox", map[string]any{"sandbox": "theirs"}, "--sandboxes")
+		m.fails(t, "create_sandbox", map[string]any{"name": "other"}, `sandbox "other" is not one this MCP server may make`)
+		var list imcp.ListSandboxesOutput
+		m.ok(t, "list_sandboxes", nil, &list)
+		if len(list.Sandboxes) != 1 || list.Sandboxes[0].Name != "mine" {
+			t.Errorf("list_sandboxes: %+v", list)
+		}
+		m.ok(t, "write_file", map[string]any{"sandbox": "mine", "path": "/home/loam/x", "content": "x"}, nil)
+		sbs, err := d.C.ListSandboxes(ctx, client.ListOptions{})
+		if err != nil || len(sbs) != 2 {
+			t.Errorf("sandboxes after the refusals: %d %v", len(sbs), err)
+		}
+	})
+
+	t.Run("read-only", func(t *testing.T) {
+		m := startMCP(t, d, "--read-only")
+		var names []string
+		for _, tool := range m.tools(t) {
+			names = append(names, tool.Name)
+			if tool.Annotations == nil || !tool.Annotations.ReadOnlyHint {
+				t.Errorf("read-only server offers %s, which is not read-only", tool.Name)
+			}
+		}
+		slices.Sort(names)
+		if want := []string{"list_checkpoints", "list_files", "list_sandboxes", "list_sessions", "read_file", "read_session", "sandbox_url"}; !slices.Equal(names, want) {
+			t.Errorf("read-only tools: %v", names)
+		}
+		res, err := m.cs.CallTool(ctx, &sdk.CallToolParams{Name: "write_file", Arguments: map[string]any{"sandbox": "mine", "path": "/x", "content": "x"}})
+		if err == nil && !res.IsError {
+			t.Error("a read-only server wrote a file")
+		}
+	})
+
+	t.Run("checkpoint-before=write", func(t *testing.T) {
+		m := startMCP(t, d, "--checkpoint-before=write", "--checkpoint-memory")
+		var run imcp.RunOutput
+		m.ok(t, "run_command", map[string]any{"sandbox": "mine", "command": "echo hi > /home/loam/ran"}, &run)
+		if run.Checkpoint != "" {
+			t.Errorf("--checkpoint-before=write took a checkpoint before a command: %+v", run)
+		}
+		var wrote imcp.FileOutput
+		m.ok(t, "write_file", map[string]any{"sandbox": "mine", "path": "/home/loam/ran", "content": "changed"}, &wrote)
+		if wrote.Checkpoint == "" {
+			t.Fatalf("--checkpoint-before=write took no checkpoint before write_file: %+v", wrote)
+		}
+		if cp := checkpointByID(t, d, "mine", wrote.Checkpoint); !cp.Memory {
+			t.Errorf("--checkpoint-memory took a disk-only checkpoint: %+v", cp)
+		}
+		// Undo the write with the checkpoint the result named.
+		m.ok(t, "restore_checkpoint", map[string]any{"sandbox": "mine", "checkpoint": wrote.Checkpoint}, nil)
+		var read imcp.ReadFileOutput
+		m.ok(t, "read_file", map[string]any{"sandbox": "mine", "path": "/home/loam/ran"}, &read)
+		if read.Content != "hi\n" {
+			t.Errorf("after undoing the write: %q", read.Content)
+		}
+	})
+}
+
+// TestMCPHTTP serves `loam mcp --listen` and checks that it wants the
+// daemon's token.
+func TestMCPHTTP(t *testing.T) {
+	d := startDaemon(t)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	cmd := exec.CommandContext(ctx, loamBin, "mcp", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = io.Discard, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+	}()
+	urlRE := regexp.MustCompile(`url=(http://\S+/mcp)`)
+	var endpoint string
+	waitFor(t, func() bool {
+		if m := urlRE.FindStringSubmatch(log.String()); m != nil {
+			endpoint = m[1]
+			return true
+		}
+		return false
+	})
+
+	for _, tc := range []struct{ name, header string }{
+		{"no token", ""},
+		{"wrong token", "Bearer loam_wrong"},
+		{"token not as bearer", d.Token},
+	} {
+		req, _ := http.NewRequest("POST", endpoint, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"0"}}}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if tc.header != "" {
+			req.Header.Set("Authorization", tc.header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: status %d; want 401", tc.name, resp.StatusCode)
+		}
+	}
+
+	hc := &http.Client{Transport: bearerTransport{d.Token}}
+	cs, err := sdk.NewClient(&sdk.Implementation{Name: "loam-test", Version: "0"}, nil).
+		Connect(ctx, &sdk.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatalf("connecting with the token: %v\n%s", err, log)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "create_sandbox", Arguments: map[string]any{"name": "over-http"}})
+	if err != nil || res.IsError {
+		t.Fatalf("create_sandbox over HTTP: %v %s", err, resultText(res))
+	}
+	res, err = cs.CallTool(ctx, &sdk.CallToolParams{Name: "run_command", Arguments: map[string]any{"sandbox": "over-http", "command": "echo over http"}})
+	if err != nil || res.IsError || !strings.Contains(resultText(res), "over http") {
+		t.Fatalf("run_command over HTTP: %v %s", err, resultText(res))
+	}
+}
+
+// bearerTransport sends the loam token with every request.
+type bearerTransport struct{ token string }
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
