@@ -33,14 +33,14 @@ type mcpServer struct {
 
 // startMCP runs `loam mcp args…` for d over stdio and connects to it; it
 // ends with the test.
-func startMCP(t *testing.T, d *daemon, args ...string) *mcpServer {
+func startMCP(t testing.TB, d *daemon, args ...string) *mcpServer {
 	t.Helper()
 	cmd := exec.Command(loamBin, append([]string{"mcp"}, args...)...)
 	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
 	m := &mcpServer{log: &syncBuffer{}}
 	cmd.Stderr = m.log
 	cs, err := sdk.NewClient(&sdk.Implementation{Name: "loam-test", Version: "0"}, nil).
-		Connect(ctxT(t), &sdk.CommandTransport{Command: cmd}, nil)
+		Connect(mcpCtx(t), &sdk.CommandTransport{Command: cmd}, nil)
 	if err != nil {
 		t.Fatalf("connecting to loam mcp: %v\n%s", err, m.log)
 	}
@@ -55,9 +55,9 @@ func startMCP(t *testing.T, d *daemon, args ...string) *mcpServer {
 }
 
 // call calls a tool and returns its result; a protocol error fails the test.
-func (m *mcpServer) call(t *testing.T, tool string, args map[string]any) *sdk.CallToolResult {
+func (m *mcpServer) call(t testing.TB, tool string, args map[string]any) *sdk.CallToolResult {
 	t.Helper()
-	res, err := m.cs.CallTool(ctxT(t), &sdk.CallToolParams{Name: tool, Arguments: args})
+	res, err := m.cs.CallTool(mcpCtx(t), &sdk.CallToolParams{Name: tool, Arguments: args})
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", tool, err, m.log)
 	}
@@ -65,7 +65,7 @@ func (m *mcpServer) call(t *testing.T, tool string, args map[string]any) *sdk.Ca
 }
 
 // ok calls a tool that must succeed and decodes its structured result into out.
-func (m *mcpServer) ok(t *testing.T, tool string, args map[string]any, out any) {
+func (m *mcpServer) ok(t testing.TB, tool string, args map[string]any, out any) {
 	t.Helper()
 	res := m.call(t, tool, args)
 	if res.IsError {
@@ -101,6 +101,13 @@ func (m *mcpServer) tools(t *testing.T) []*sdk.Tool {
 		tools = append(tools, tool)
 	}
 	return tools
+}
+
+// mcpCtx bounds a call of an MCP test or benchmark.
+func mcpCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 func resultText(res *sdk.CallToolResult) string {
@@ -407,6 +414,43 @@ func TestMCPGuardrails(t *testing.T) {
 			t.Errorf("after undoing the write: %q", read.Content)
 		}
 	})
+}
+
+// TestMCPCommandThroughCheckpoint checks that a command run_command waits
+// for outlives a memory checkpoint taken meanwhile (which ends every exec
+// stream on the sandbox): the server attaches to it again and returns its
+// whole output and exit code.
+func TestMCPCommandThroughCheckpoint(t *testing.T) {
+	d := startDaemon(t)
+	if _, err := d.C.CreateSandbox(ctxT(t), api.CreateSandbox{Name: "busy"}); err != nil {
+		t.Fatal(err)
+	}
+	m := startMCP(t, d, "--checkpoint-before=write", "--checkpoint-memory")
+	done := make(chan *sdk.CallToolResult, 1)
+	go func() {
+		res, err := m.cs.CallTool(mcpCtx(t), &sdk.CallToolParams{Name: "run_command",
+			Arguments: map[string]any{"sandbox": "busy", "command": "echo before; sleep 3; echo after; exit 7"}})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	waitFor(t, func() bool { return strings.Contains(d.run("busy", "ps"), "sleep 3") })
+	var wrote imcp.FileOutput
+	m.ok(t, "write_file", map[string]any{"sandbox": "busy", "path": "/home/loam/mid", "content": "x"}, &wrote)
+	if cp := checkpointByID(t, d, "busy", wrote.Checkpoint); !cp.Memory {
+		t.Fatalf("want a memory checkpoint: %+v", cp)
+	}
+	res := <-done
+	if res == nil {
+		return
+	}
+	var run imcp.RunOutput
+	b, _ := json.Marshal(res.StructuredContent)
+	_ = json.Unmarshal(b, &run)
+	if res.IsError || run.ExitCode != 7 || run.Stdout != "before\nafter\n" {
+		t.Errorf("run_command through a memory checkpoint: error=%v %s", res.IsError, resultText(res))
+	}
 }
 
 // TestMCPHTTP serves `loam mcp --listen` and checks that it wants the
