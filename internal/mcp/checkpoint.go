@@ -92,7 +92,7 @@ func (s *Server) addCheckpointTools() {
 			return out, nil
 		})
 
-	addTool(s, tool{name: "restore_checkpoint", title: "Restore a checkpoint", kind: manages,
+	addTool(s, tool{name: "restore_checkpoint", title: "Restore a checkpoint", kind: manages, destructive: true,
 		desc: "Roll a sandbox back to one of its checkpoints, in place. The sandbox as it was is kept first as an automatic checkpoint, " +
 			"whose id comes back as checkpoint, so the restore can be undone."},
 		func(ctx context.Context, c *call, in CheckpointRef) (RestoreOutput, error) {

@@ -127,6 +127,7 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 	}
 	s.mcp = sdk.NewServer(&sdk.Implementation{Name: "loam", Title: "loam sandboxes", Version: cfg.Version},
 		&sdk.ServerOptions{Instructions: s.instructions(), Capabilities: &sdk.ServerCapabilities{}})
+	s.mcp.AddReceivingMiddleware(s.logCalls)
 	s.addSandboxTools()
 	s.addExecTools()
 	s.addSessionTools()
@@ -214,8 +215,8 @@ type call struct {
 }
 
 // addTool registers a tool with the handler h, unless the server is
-// read-only and the tool changes something. Around h it catches panics, turns
-// errors into tool errors and logs the call.
+// read-only and the tool changes something. Around h it catches panics and
+// turns errors into tool errors; logCalls logs the call.
 func addTool[In, Out any](s *Server, t tool, h func(context.Context, *call, In) (Out, error)) {
 	if s.cfg.ReadOnly && t.kind != reads {
 		return
@@ -226,10 +227,12 @@ func addTool[In, Out any](s *Server, t tool, h func(context.Context, *call, In) 
 	}
 	sdk.AddTool(s.mcp, &sdk.Tool{Name: t.name, Title: t.title, Description: t.desc, Annotations: ann},
 		func(ctx context.Context, _ *sdk.CallToolRequest, in In) (*sdk.CallToolResult, Out, error) {
-			c := &call{tool: t.name, kind: t.kind}
-			start := time.Now()
-			out, err := safely(ctx, c, in, h)
-			s.logCall(c, time.Since(start), err)
+			c, _ := ctx.Value(callKey{}).(*call)
+			if c == nil {
+				c = &call{}
+			}
+			c.tool, c.kind = t.name, t.kind
+			out, err := safely(ctx, s.log, c, in, h)
 			if err != nil {
 				var zero Out
 				return nil, zero, errors.New(message(err))
@@ -239,18 +242,48 @@ func addTool[In, Out any](s *Server, t tool, h func(context.Context, *call, In) 
 }
 
 // safely runs h, turning a panic into an error: one bad call must not take
-// down the agent's whole session.
-func safely[In, Out any](ctx context.Context, c *call, in In, h func(context.Context, *call, In) (Out, error)) (out Out, err error) {
+// down the agent's whole session. The stack goes to the log.
+func safely[In, Out any](ctx context.Context, log *slog.Logger, c *call, in In, h func(context.Context, *call, In) (Out, error)) (out Out, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("internal error in %s: %v\n%s", c.tool, r, debug.Stack())
+			log.Error("tool call panicked", "tool", c.tool, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = fmt.Errorf("internal error in %s: %v", c.tool, r)
 		}
 	}()
 	return h(ctx, c, in)
 }
 
-// logCall writes the one record of a tool call.
-func (s *Server) logCall(c *call, d time.Duration, err error) {
+// callKey finds a tool call's record in its context.
+type callKey struct{}
+
+// logCalls is the server's middleware that logs every tool call once it is
+// answered, whether its handler ran or the SDK refused its arguments first,
+// with what the handler recorded (sandbox, checkpoint).
+func (s *Server) logCalls(next sdk.MethodHandler) sdk.MethodHandler {
+	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
+		if method != "tools/call" {
+			return next(ctx, method, req)
+		}
+		c := &call{}
+		if p, ok := req.GetParams().(*sdk.CallToolParamsRaw); ok {
+			c.tool = p.Name
+		}
+		start := time.Now()
+		res, err := next(context.WithValue(ctx, callKey{}, c), method, req)
+		failure := ""
+		if err != nil {
+			failure = err.Error()
+		} else if r, ok := res.(*sdk.CallToolResult); ok && r.IsError {
+			failure = resultText(r)
+		}
+		s.logCall(c, time.Since(start), failure)
+		return res, err
+	}
+}
+
+// logCall writes the one record of a tool call; failure is its error, ""
+// when it succeeded.
+func (s *Server) logCall(c *call, d time.Duration, failure string) {
 	attrs := []any{"tool", c.tool, "duration", d.Round(time.Millisecond)}
 	if c.sandbox != "" {
 		attrs = append(attrs, "sandbox", c.sandbox)
@@ -261,26 +294,31 @@ func (s *Server) logCall(c *call, d time.Duration, err error) {
 	if c.checkpoint != "" {
 		attrs = append(attrs, "checkpoint", c.checkpoint)
 	}
-	if err != nil {
-		s.log.Warn("tool call failed", append(attrs, "error", err.Error())...)
+	if failure != "" {
+		s.log.Warn("tool call failed", append(attrs, "error", failure)...)
 		return
 	}
 	s.log.Info("tool call", attrs...)
 }
 
+// resultText is the text of a result's content.
+func resultText(r *sdk.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range r.Content {
+		if t, ok := c.(*sdk.TextContent); ok {
+			b.WriteString(t.Text)
+		}
+	}
+	return b.String()
+}
+
 // message is what the agent reads for err: the whole chain, which names
 // what was being done and, for an API error, the daemon's own message.
-// Stack traces of panics stay in the log.
 func message(err error) string {
-	msg := err.Error()
-	if i := strings.Index(msg, "\ngoroutine "); i >= 0 {
-		msg = msg[:i]
+	if errors.Is(err, api.ErrUnauthorized) {
+		return err.Error() + " (the token loam mcp was started with is not the daemon's)"
 	}
-	var ae *api.Error
-	if errors.As(err, &ae) && errors.Is(err, api.ErrUnauthorized) {
-		msg += " (the token loam mcp was started with is not the daemon's)"
-	}
-	return msg
+	return err.Error()
 }
 
 // invalid is an error in the agent's arguments.

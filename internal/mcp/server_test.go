@@ -541,3 +541,36 @@ func TestRuneCut(t *testing.T) {
 		}
 	}
 }
+
+func TestEveryCallLogged(t *testing.T) {
+	_, c := newFakeDaemon(t)
+	cs, logs := connect(t, c, Config{})
+	// Refused by the SDK's schema check before any handler runs.
+	callTool(t, cs, "run_command", map[string]any{"sandbox": 7})
+	// Refused by the handler.
+	callTool(t, cs, "write_file", map[string]any{"sandbox": "a", "path": "x", "content": ""})
+	callTool(t, cs, "list_sandboxes", nil)
+	log := logs.String()
+	for _, want := range []string{
+		`msg="tool call failed" tool=run_command`,
+		`msg="tool call failed" tool=write_file`,
+		`msg="tool call" tool=list_sandboxes`,
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log lacks %q:\n%s", want, log)
+		}
+	}
+}
+
+func TestPanicIsAToolError(t *testing.T) {
+	logs := &logBuffer{}
+	c := &call{tool: "boom"}
+	_, err := safely(context.Background(), slog.New(slog.NewTextHandler(logs, nil)), c, 0,
+		func(context.Context, *call, int) (int, error) { panic("nil map") })
+	if err == nil || !strings.Contains(err.Error(), "internal error in boom: nil map") {
+		t.Errorf("a panic: %v", err)
+	}
+	if !strings.Contains(logs.String(), "stack=") {
+		t.Errorf("the panic's stack is not logged:\n%s", logs)
+	}
+}
