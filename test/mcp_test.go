@@ -372,6 +372,20 @@ func TestMCPGuardrails(t *testing.T) {
 		}
 	})
 
+	t.Run("sleeping sandbox", func(t *testing.T) {
+		// An agent's sandbox that went to sleep while it thought gets its
+		// checkpoint and its command all the same.
+		if _, err := d.C.Sleep(ctx, "mine"); err != nil {
+			t.Fatal(err)
+		}
+		m := startMCP(t, d, "--checkpoint-before=exec")
+		var run imcp.RunOutput
+		m.ok(t, "run_command", map[string]any{"sandbox": "mine", "command": "echo awake"}, &run)
+		if run.Stdout != "awake\n" || run.Checkpoint == "" {
+			t.Errorf("run_command on a sleeping sandbox: %+v", run)
+		}
+	})
+
 	t.Run("read-only", func(t *testing.T) {
 		m := startMCP(t, d, "--read-only")
 		var names []string

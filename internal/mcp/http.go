@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -48,6 +49,9 @@ func (s *Server) ListenAndServe(ctx context.Context, l net.Listener, token strin
 	s.log.Info("serving MCP over HTTP", "url", "http://"+l.Addr().String()+Path,
 		"checkpoint_before", string(s.cfg.CheckpointBefore), "checkpoint_memory", s.cfg.CheckpointMemory,
 		"read_only", s.cfg.ReadOnly)
+	if ap, err := netip.ParseAddrPort(l.Addr().String()); err == nil && !ap.Addr().IsLoopback() {
+		s.log.Warn("MCP over plain HTTP on an address other machines reach: the token and every call cross the network in clear; put a TLS proxy in front")
+	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	select {

@@ -113,11 +113,16 @@ func New(c *client.Client, cfg Config) (*Server, error) {
 	if cfg.CheckpointKeep < 0 {
 		return nil, fmt.Errorf("checkpoint-keep %d: give 0 (keep all) or more", cfg.CheckpointKeep)
 	}
+	// "a, b" on a command line means a and b.
+	names := make([]string, 0, len(cfg.Sandboxes))
 	for _, name := range cfg.Sandboxes {
-		if strings.TrimSpace(name) == "" {
+		name = strings.TrimSpace(name)
+		if name == "" {
 			return nil, errors.New("sandboxes: an empty name in the list")
 		}
+		names = append(names, name)
 	}
+	cfg.Sandboxes = names
 	if cfg.Version == "" {
 		cfg.Version = "dev"
 	}

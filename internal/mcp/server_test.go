@@ -574,3 +574,26 @@ func TestPanicIsAToolError(t *testing.T) {
 		t.Errorf("the panic's stack is not logged:\n%s", logs)
 	}
 }
+
+func TestConfig(t *testing.T) {
+	_, c := newFakeDaemon(t)
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{CheckpointBefore: "always"}, "give exec, write or never"},
+		{Config{CheckpointKeep: -1}, "checkpoint-keep -1"},
+		{Config{Sandboxes: []string{"a", " "}}, "an empty name"},
+	} {
+		if _, err := New(c, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v): %v; want an error saying %q", tc.cfg, err, tc.want)
+		}
+	}
+	s, err := New(c, Config{Sandboxes: []string{"a", " b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.allowed("b", "") || s.allowed(" b", "") {
+		t.Errorf("sandboxes %q: spaces around a name should not count", s.cfg.Sandboxes)
+	}
+}
