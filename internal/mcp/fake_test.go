@@ -98,6 +98,10 @@ func newFakeDaemon(t *testing.T) (*fakeDaemon, *client.Client) {
 		reply(w, 404, api.ErrorBody{Error: api.Errorf(api.CodeNotFound, "no checkpoint %s", r.PathValue("cp"))})
 	})
 	mux.HandleFunc("PUT /v1/sandboxes/{sb}/files/content", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("path") == "/full" {
+			reply(w, 507, api.ErrorBody{Error: api.Errorf(api.CodeInsufficientStorage, "no room on the host")})
+			return
+		}
 		if f.find(w, r) != nil {
 			reply(w, 200, api.FileInfo{Path: r.URL.Query().Get("path"), Type: api.FileTypeFile, Size: int64(len(f.lastBody())), Mode: "0644"})
 		}

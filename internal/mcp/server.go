@@ -239,8 +239,14 @@ func addTool[In, Out any](s *Server, t tool, h func(context.Context, *call, In) 
 			c.tool, c.kind = t.name, t.kind
 			out, err := safely(ctx, s.log, c, in, h)
 			if err != nil {
+				msg := message(err)
+				if c.checkpoint != "" {
+					// The call may have done part of its work (a command
+					// that timed out): the agent can still undo it.
+					msg += fmt.Sprintf(" (checkpoint %s was taken before the call: restore_checkpoint to it to undo what the call did)", c.checkpoint)
+				}
 				var zero Out
-				return nil, zero, errors.New(message(err))
+				return nil, zero, errors.New(msg)
 			}
 			return nil, out, nil
 		})

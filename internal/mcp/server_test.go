@@ -261,6 +261,19 @@ func TestCheckpointBefore(t *testing.T) {
 	}
 }
 
+func TestFailedCallNamesItsCheckpoint(t *testing.T) {
+	f, c := newFakeDaemon(t)
+	cs, _ := connect(t, c, Config{CheckpointBefore: CheckpointWrite})
+	res := callTool(t, cs, "write_file", map[string]any{"sandbox": "a", "path": "/full", "content": "x"})
+	cps := f.own("a", guardCommentPrefix)
+	if len(cps) != 1 {
+		t.Fatalf("checkpoints: %+v", cps)
+	}
+	if !res.IsError || !strings.Contains(text(res), "no room on the host") || !strings.Contains(text(res), "checkpoint "+cps[0].ID+" was taken before the call") {
+		t.Errorf("want the daemon's message and the checkpoint, got %v %q", res.IsError, text(res))
+	}
+}
+
 func TestCheckpointKeep(t *testing.T) {
 	f, c := newFakeDaemon(t)
 	f.limit = 4
