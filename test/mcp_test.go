@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -175,9 +176,9 @@ func TestMCPTools(t *testing.T) {
 	if cp.Memory || cp.Comment != "before mcp exec: echo out; echo err >&2; echo step1 > /home/loam/state; exit 3" {
 		t.Errorf("the checkpoint before exec: %+v", cp)
 	}
-	if !regexp.MustCompile(`tool=run_command .*sandbox=agent .*checkpoint=` + run.Checkpoint).MatchString(m.log.String()) {
-		t.Errorf("the log does not name the call's checkpoint:\n%s", m.log)
-	}
+	// The log comes through a pipe: give it a moment.
+	logged := regexp.MustCompile(`tool=run_command .*sandbox=agent .*checkpoint=` + run.Checkpoint)
+	waitFor(t, func() bool { return logged.MatchString(m.log.String()) })
 
 	// argv, stdin, env and dir.
 	m.ok(t, "run_command", map[string]any{"sandbox": "agent", "argv": []string{"sh", "-c", `cat; echo "$X" "$(pwd)"`},
@@ -483,10 +484,12 @@ func TestMCPHTTP(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		cancel()
-		_ = cmd.Wait()
-	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cancel()
+			_ = cmd.Wait()
+		}
+	})
 	urlRE := regexp.MustCompile(`url=(http://\S+/mcp)`)
 	var endpoint string
 	waitFor(t, func() bool {
@@ -532,6 +535,17 @@ func TestMCPHTTP(t *testing.T) {
 	res, err = cs.CallTool(ctx, &sdk.CallToolParams{Name: "run_command", Arguments: map[string]any{"sandbox": "over-http", "command": "echo over http"}})
 	if err != nil || res.IsError || !strings.Contains(resultText(res), "over http") {
 		t.Fatalf("run_command over HTTP: %v %s", err, resultText(res))
+	}
+	// The log comes through a pipe: give it a moment.
+	waitFor(t, func() bool { return strings.Contains(log.String(), `msg="tool call" tool=run_command`) })
+
+	// SIGTERM shuts the server down cleanly.
+	cs.Close()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("loam mcp --listen after SIGTERM: %v\n%s", err, log)
 	}
 }
 

@@ -59,10 +59,22 @@ func (s *Server) ListenAndServe(ctx context.Context, l net.Listener, token strin
 		return fmt.Errorf("serving MCP over HTTP: %w", err)
 	case <-ctx.Done():
 	}
-	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	// A session's event stream lasts as long as the session: end the
+	// sessions, so that Shutdown has only calls in flight to wait for.
+	for ss := range s.mcp.Sessions() {
+		_ = ss.Close()
+	}
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(shutCtx); err != nil {
-		return fmt.Errorf("shutting down the MCP server: %w", err)
+		// Calls still running after the grace are cut, as a stdio server's
+		// are when its client goes.
+		s.log.Warn("cutting the MCP calls still running", "error", err.Error())
+		_ = srv.Close()
 	}
 	return nil
 }
+
+// shutdownGrace is how long calls in flight may take to end once the server
+// is told to stop.
+const shutdownGrace = 5 * time.Second
