@@ -183,7 +183,7 @@ func TestMCPTools(t *testing.T) {
 	// argv, stdin, env and dir.
 	m.ok(t, "run_command", map[string]any{"sandbox": "agent", "argv": []string{"sh", "-c", `cat; echo "$X" "$(pwd)"`},
 		"stdin": "in\n", "env": map[string]string{"X": "y"}, "dir": "/tmp"}, &run)
-	if run.ExitCode != 0 || run.Stdout != "in\ny /tmp\n" {
+	if run.ExitCode != 0 || run.Stdout != "in\ny /tmp\n" || run.Checkpoint == "" || run.Checkpoint == firstExec {
 		t.Errorf("run_command with argv: %+v", run)
 	}
 
