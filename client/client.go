@@ -136,6 +136,12 @@ func FromEnv(opts ...Option) (*Client, error) {
 // URL is the base URL the Client sends its requests to.
 func (c *Client) URL() string { return c.base }
 
+// Token is the API token the Client sends; empty for a Client that reaches
+// the API through a sandbox's API socket, which needs none. A program that
+// serves on the daemon's behalf (loam mcp --listen) checks its own callers
+// against it.
+func (c *Client) Token() string { return c.token }
+
 // Health checks that the daemon answers: nil when it does. It needs no
 // token, so it tells a daemon that is down from a token that is wrong.
 func (c *Client) Health(ctx context.Context) error {

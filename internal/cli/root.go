@@ -116,6 +116,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.urlCmd(),
 		a.networkCmd(),
 		a.benchCmd(),
+		a.mcpCmd(),
 	)
 	root.AddCommand(extra...)
 	return root
