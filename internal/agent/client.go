@@ -33,24 +33,28 @@ type Client struct {
 	// HTTP is the client requests go through; a shared default when nil.
 	// It must not have a Timeout: exec sockets live long. Use ctx.
 	HTTP *http.Client
-	// Refresh, when set, returns the token the agent holds now. A request
-	// (with a body it can send again) or a socket the agent refuses for
-	// its token is tried once more with it, if it differs: a memory
+	// Refresh, when set, returns the tokens the agent may hold now, most
+	// likely first. A request or a socket the agent refuses for its token
+	// is tried again with each that differs from Token: a memory
 	// checkpoint may have moved the agent to a new token between the
 	// caller reading Token and the request arriving. A refused request
-	// did nothing, so sending it again is safe.
-	Refresh func(ctx context.Context) string
+	// did nothing, so sending it again is safe (a streamed body is sent
+	// again only if none of it was read: see send).
+	Refresh func(ctx context.Context) []string
 }
 
-// retryToken is the token to try again with after err, "" for none.
-func (c *Client) retryToken(ctx context.Context, err error) string {
+// retryTokens are the tokens to try again with after err.
+func (c *Client) retryTokens(ctx context.Context, err error) []string {
 	if c.Refresh == nil || !IsUnauthorized(err) {
-		return ""
+		return nil
 	}
-	if tok := c.Refresh(ctx); tok != c.Token {
-		return tok
+	var toks []string
+	for _, tok := range c.Refresh(ctx) {
+		if tok != "" && tok != c.Token {
+			toks = append(toks, tok)
+		}
 	}
-	return ""
+	return toks
 }
 
 // defaultHTTP reaches agents directly: no proxy from the environment (the
@@ -61,6 +65,9 @@ var defaultHTTP = &http.Client{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     30 * time.Second,
+		// Uploads ask to continue (see send): their body goes only once
+		// the agent took the token, so a refused one can go again.
+		ExpectContinueTimeout: 2 * time.Second,
 	},
 }
 
@@ -167,8 +174,10 @@ func (c *Client) Sync(ctx context.Context) error {
 // do sends a request and turns a response that is not 2xx into an error.
 func (c *Client) do(ctx context.Context, method, path string, body []byte) (*http.Response, error) {
 	resp, err := c.doAs(ctx, c.Token, method, path, body)
-	if tok := c.retryToken(ctx, err); tok != "" {
-		return c.doAs(ctx, tok, method, path, body)
+	for _, tok := range c.retryTokens(ctx, err) {
+		if resp, err = c.doAs(ctx, tok, method, path, body); !IsUnauthorized(err) {
+			break
+		}
 	}
 	return resp, err
 }
@@ -290,8 +299,10 @@ func withQuery(path string, q url.Values) string {
 // messages of up to 1 MiB.
 func (c *Client) dial(ctx context.Context, path, what string) (*websocket.Conn, error) {
 	conn, err := c.dialAs(ctx, c.Token, path)
-	if tok := c.retryToken(ctx, err); tok != "" {
-		conn, err = c.dialAs(ctx, tok, path)
+	for _, tok := range c.retryTokens(ctx, err) {
+		if conn, err = c.dialAs(ctx, tok, path); !IsUnauthorized(err) {
+			break
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s at %s: %w", what, c.BaseURL, err)

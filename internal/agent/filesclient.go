@@ -148,20 +148,57 @@ func (c *Client) fileCall(ctx context.Context, method, path string, q url.Values
 // size bytes or -1 when unknown, and turns an answer that is not 2xx into
 // an *Error.
 func (c *Client) send(ctx context.Context, method, path string, q url.Values, body io.Reader, size int64) (*http.Response, error) {
+	var counted *countingReader
+	if body != nil && size != 0 {
+		counted = &countingReader{r: body}
+	}
+	resp, err := c.sendAs(ctx, c.Token, method, path, q, counted, size)
+	for _, tok := range c.retryTokens(ctx, err) {
+		if counted != nil && counted.n > 0 {
+			break // part of the body is gone: it cannot go again
+		}
+		if resp, err = c.sendAs(ctx, tok, method, path, q, counted, size); !IsUnauthorized(err) {
+			break
+		}
+	}
+	return resp, err
+}
+
+// countingReader counts what was read of a request's body.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *Client) sendAs(ctx context.Context, token, method, path string, q url.Values, body *countingReader, size int64) (*http.Response, error) {
 	u := c.url(path)
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	var r io.Reader = http.NoBody
+	if body != nil {
+		// Not the *countingReader itself in an io.Reader, so that the
+		// request sees no body when there is none.
+		r = io.NopCloser(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, r)
 	if err != nil {
 		return nil, err
 	}
-	req.Header = c.header()
+	req.Header = bearer(token)
 	if body != nil {
 		req.ContentLength = size
-		if size == 0 {
-			req.Body = http.NoBody
-		}
+		// The body waits for the agent's 100 Continue, which it sends
+		// once it took the token: a refusal leaves the body unread.
+		req.Header.Set("Expect", "100-continue")
+	} else if method != http.MethodGet && method != http.MethodHead {
+		req.ContentLength = 0
 	}
 	resp, err := c.httpClient().Do(req)
 	if err != nil {

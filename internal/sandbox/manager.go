@@ -217,6 +217,9 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 4,
 			IdleConnTimeout:     30 * time.Second,
+			// See agent.Client's send: uploads wait for the agent to
+			// take their token before their body goes.
+			ExpectContinueTimeout: 2 * time.Second,
 		}},
 		ops:      map[string]string{},
 		held:     map[string]chan struct{}{},
@@ -702,19 +705,26 @@ func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpo
 func (m *Manager) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Client {
 	ac := m.agentClient(ep, m.agentToken(sb))
 	id := sb.ID
-	ac.Refresh = func(ctx context.Context) string {
+	ac.Refresh = func(ctx context.Context) []string {
 		if held := m.heldOn(id); held != nil {
 			select {
 			case <-held:
 			case <-ctx.Done():
-				return ""
+				return nil
 			}
 		}
 		now, err := m.store.GetSandbox(ctx, id)
 		if err != nil {
-			return ""
+			return nil
 		}
-		return m.agentToken(now)
+		// The stored generation, then the one before: the agent may not
+		// have taken the new one yet. Both are this sandbox's own, sent
+		// only to its own address.
+		toks := []string{m.agentToken(now)}
+		if now.AgentGen > 0 {
+			toks = append(toks, AgentToken(m.cfg.Secret, now.ID, now.AgentGen-1))
+		}
+		return toks
 	}
 	return ac
 }
