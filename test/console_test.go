@@ -204,6 +204,8 @@ func TestConsoleHostileInput(t *testing.T) {
 		{name: "session without cookie", method: "GET", path: "/console/session", want: 401},
 		{name: "session with forged cookie", method: "GET", path: "/console/session", cookie: forged, want: 401},
 		{name: "logout without CSRF", method: "POST", path: "/console/logout", cookie: cookie, want: 403},
+		{name: "logout without cookie", method: "POST", path: "/console/logout", header: csrfH, want: 401},
+		{name: "logout with a malformed cookie", method: "POST", path: "/console/logout", header: map[string]string{"Cookie": console.CookieName + "=\"a b", console.CSRFHeader: csrf}, want: 401},
 		{name: "login as a form", method: "POST", path: "/console/login", body: "token=" + d.Token, contentType: "application/x-www-form-urlencoded", want: 400},
 		{name: "login with a wrong token", method: "POST", path: "/console/login", body: `{"token":"loam_nope"}`, contentType: "application/json", want: 401},
 		{name: "login with junk", method: "POST", path: "/console/login", body: `{"token":`, contentType: "application/json", want: 400},

@@ -21,6 +21,8 @@ import (
 	"embed"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -121,10 +123,10 @@ func loadFiles(fsys fs.FS, root string) (map[string]file, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading the console's page: %w", err)
 	}
 	if _, ok := files["/index.html"]; !ok {
-		return nil, api.Errorf(api.CodeInternal, "the console's page has no index.html (build web/)")
+		return nil, errors.New("the console's page has no index.html (build web/: cd web && npm run build)")
 	}
 	return files, nil
 }
@@ -296,10 +298,14 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", "POST")
 		return api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: POST)", r.Method, r.URL.Path)
 	}
-	if _, err := c.Authorize(r); err != nil {
+	has, err := c.Authorize(r)
+	if err != nil {
 		return err
 	}
-	ck, _ := r.Cookie(CookieName)
+	ck, cerr := r.Cookie(CookieName)
+	if !has || cerr != nil {
+		return api.Errorf(api.CodeUnauthorized, "not logged in to the console")
+	}
 	c.mu.Lock()
 	delete(c.sessions, hashID(ck.Value))
 	c.mu.Unlock()
@@ -389,11 +395,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// writeError answers with the API's error body; err is always an
-// *api.Error here (the console makes no internal errors it must hide).
+// writeError answers with the API's error body. The console's handlers
+// return only *api.Error, the user's to read; anything else would be a
+// bug, and its details are not sent.
 func writeError(w http.ResponseWriter, err error) {
-	ae, ok := err.(*api.Error)
-	if !ok {
+	var ae *api.Error
+	if !errors.As(err, &ae) {
 		ae = api.Errorf(api.CodeInternal, "internal error")
 	}
 	writeJSON(w, ae.Code.HTTPStatus(), api.ErrorBody{Error: ae})

@@ -263,8 +263,10 @@ func FuzzConsole(f *testing.F) {
 	f.Add("GET", "/console/session", strings.Repeat("a", 64), "", "")
 	f.Add("GET", "/assets/app.js", "", "", "")
 	f.Add("GET", "/console/%00", "\x00", "\xff", "\x00")
+	// One console for every input: logins pile up in it, as in a daemon
+	// (maxSessions bounds them).
+	c := newConsole(f)
 	f.Fuzz(func(t *testing.T, method, target, cookie, csrf, body string) {
-		c := newConsole(t)
 		r, err := http.NewRequest(method, "http://daemon"+target, strings.NewReader(body))
 		if err != nil {
 			return

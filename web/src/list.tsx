@@ -8,7 +8,11 @@ import { Err, bytes, pairs, sandboxHref, useAction, useConfirm, ago } from './ui
 export const REFRESH_MS = 2000
 
 export function SandboxList () {
-  const [filter, setFilter] = useState(sessionStorage.getItem('loam.filter') ?? '')
+  const [filter, setFilterNow] = useState(sessionStorage.getItem('loam.filter') ?? '')
+  // What is typed is kept apart from the filter in use, which changes on
+  // Enter or blur: half a label ("team=") is no filter to ask for yet.
+  const [draft, setDraft] = useState(filter)
+  const setFilter = (f: string) => { setDraft(f); setFilterNow(f) }
   const [list, setList] = useState<Sandbox[] | null>(null)
   const [err, setErr] = useState('')
   const [tick, setTick] = useState(0)
@@ -39,7 +43,7 @@ export function SandboxList () {
       <div class="toolbar">
         <h2>Sandboxes</h2>
         <input class="filter" data-testid="filter" placeholder="filter by label: team=web, env=dev"
-          value={filter} onChange={e => setFilter(e.currentTarget.value)} />
+          value={draft} onInput={e => setDraft(e.currentTarget.value)} onChange={e => setFilter(e.currentTarget.value)} />
         <button class="primary" data-testid="new-sandbox" onClick={() => setCreating(!creating)}>New sandbox</button>
       </div>
       {creating && <CreateForm done={(sb) => { setCreating(false); refresh(); if (sb) location.hash = sandboxHref(sb.name) }} />}

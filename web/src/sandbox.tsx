@@ -6,7 +6,7 @@ import { sandboxes, message, type Sandbox } from './api'
 import { Err, sandboxHref, useAction, useConfirm, when } from './ui'
 import { Labels, Lifecycle, OpenURL, State, REFRESH_MS } from './list'
 import { Timeline } from './timeline'
-import { TerminalView } from './terminal'
+import { Terminals } from './terminal'
 import { Services } from './services'
 import { Files } from './files'
 
@@ -68,7 +68,7 @@ export function SandboxPage ({ name }: { name: string }) {
       </div>
       <div class="tab-body" hidden={tab !== 'timeline'}><Timeline sb={sb} all={all} changed={refresh} /></div>
       {opened.has('terminal') && <div class="tab-body" hidden={tab !== 'terminal'}>
-        <TerminalView sandbox={sb.name} />
+        <Terminals sandbox={sb.name} />
       </div>}
       {opened.has('services') && <div class="tab-body" hidden={tab !== 'services'}><Services sandbox={sb.name} running={running} /></div>}
       {opened.has('files') && <div class="tab-body" hidden={tab !== 'files'}><Files sandbox={sb.name} running={running} /></div>}

@@ -2,30 +2,71 @@
 // with a TTY, resized with the page. The shell is a detachable session, so
 // a memory checkpoint or a restore, which closes every exec socket (status
 // 1011), does not end it: the terminal says so and attaches to it again,
-// replaying its buffered output onto a cleared screen.
+// replaying its buffered output onto a cleared screen. The terminal can
+// also attach to a detachable session started elsewhere (loam run -d, the
+// SDKs), which it then leaves running when it closes.
 import { useEffect, useRef, useState } from 'preact/hooks'
 import { Terminal } from '@xterm/xterm'
 import { FitAddon } from '@xterm/addon-fit'
 import '@xterm/xterm/css/xterm.css'
-import { enc, socket, STDIN, STDOUT, STDERR } from './api'
+import { call, enc, socket, message, STDIN, STDOUT, STDERR } from './api'
+import type { Session } from '../../sdk/ts/src/types'
 
 /** The shell: bash where the template has it, sh otherwise. */
 const SHELL = ['sh', '-c', 'if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l']
 
 const encoder = new TextEncoder()
 
-export function TerminalView ({ sandbox }: { sandbox: string }) {
+/**
+ * The terminal tab: a terminal on a new shell, or on a detachable session
+ * picked from those running in the sandbox.
+ */
+export function Terminals ({ sandbox }: { sandbox: string }) {
+  const [target, setTarget] = useState<{ attach?: string, n: number }>({ n: 0 })
+  const [list, setList] = useState<Session[] | null>(null)
+  const [err, setErr] = useState('')
+  const load = async () => {
+    try {
+      const l = (await call<{ sessions: Session[] }>('GET', `/sandboxes/${enc(sandbox)}/sessions`)).sessions
+      setList(l.filter(s => s.detachable && s.state === 'running'))
+      setErr('')
+    } catch (e) {
+      setErr(message(e))
+    }
+  }
+  return (
+    <div>
+      <div class="row wrap">
+        <button data-testid="new-shell" onClick={() => setTarget({ n: target.n + 1 })}>New shell</button>
+        <button data-testid="list-sessions" onClick={load}>Detachable sessions…</button>
+        {list !== null && list.length === 0 && <span class="muted small">none running</span>}
+        {(list ?? []).map(s => (
+          <button key={s.id} class="label" title={s.cmd.join(' ')} data-testid={`attach-${s.id}`}
+            onClick={() => setTarget({ attach: s.id, n: target.n + 1 })}>
+            {s.id}: {s.cmd.join('\0') === SHELL.join('\0') ? 'a console shell' : s.cmd.join(' ').slice(0, 40)}
+          </button>
+        ))}
+        {err && <span class="error small">{err}</span>}
+      </div>
+      <TerminalView key={target.n} sandbox={sandbox} attach={target.attach} />
+    </div>
+  )
+}
+
+export function TerminalView ({ sandbox, attach }: { sandbox: string, attach?: string }) {
   const box = useRef<HTMLDivElement>(null)
   const [status, setStatus] = useState('connecting…')
+  const [size, setSize] = useState('')
 
   useEffect(() => {
-    const term = new Terminal({ cursorBlink: true, fontSize: 14, scrollback: 5000, convertEol: false })
+    const term = new Terminal({ cursorBlink: true, fontSize: 14, scrollback: 5000 })
     const fit = new FitAddon()
     term.loadAddon(fit)
     term.open(box.current!)
     fit.fit()
+    setSize(`${term.rows} ${term.cols}`)
     let ws: WebSocket | null = null
-    let session = ''
+    let session = attach ?? ''
     let ended = false
     let attaches = 0
     let retry: ReturnType<typeof setTimeout> | undefined
@@ -39,8 +80,10 @@ export function TerminalView ({ sandbox }: { sandbox: string }) {
       ws.send(frame)
     }
     const resize = () => {
+      setSize(`${term.rows} ${term.cols}`)
       if (ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'resize', rows: term.rows, cols: term.cols }))
     }
+    const attachedStatus = () => `session ${session}: ${attach ? 'attached' : 'attached again'} (${attaches})`
 
     // wire hooks a socket (exec or attach) to the terminal.
     const wire = (s: WebSocket, first?: string) => {
@@ -58,11 +101,11 @@ export function TerminalView ({ sandbox }: { sandbox: string }) {
         const msg = JSON.parse(ev.data)
         if (msg.type === 'started') {
           session = msg.session
-          setStatus(attaches > 0 ? `session ${session}: attached again (${attaches})` : `session ${session} (pid ${msg.pid})`)
+          setStatus(attaches > 0 ? attachedStatus() : `session ${session} (pid ${msg.pid})`)
           term.focus()
         } else if (msg.type === 'exit') {
           ended = true
-          setStatus(`the shell exited (code ${msg.exit_code})`)
+          setStatus(`session ${session} exited (code ${msg.exit_code})`)
         } else if (msg.type === 'error') {
           ended = true
           setStatus(`could not start the shell: ${msg.error?.message}`)
@@ -92,12 +135,16 @@ export function TerminalView ({ sandbox }: { sandbox: string }) {
       s.onopen = (ev) => {
         opened = true
         attaches++
-        setStatus(`session ${session}: attached again (${attaches})`)
+        setStatus(attachedStatus())
         onopen?.call(s, ev)
       }
       const onclose = s.onclose
       s.onclose = (ev) => {
         if (!opened && ws === s && !ended) {
+          if (attaches === 0 && attach) {
+            setStatus(`could not attach to session ${session} (${ev.code}): it may have ended`)
+            return
+          }
           // Refused while the sandbox is still busy: try again.
           setStatus(`attaching to session ${session} again… (${ev.code})`)
           retry = setTimeout(reattach, 1000)
@@ -107,9 +154,13 @@ export function TerminalView ({ sandbox }: { sandbox: string }) {
       }
     }
 
-    wire(socket(`/sandboxes/${enc(sandbox)}/exec`), JSON.stringify({
-      cmd: SHELL, tty: true, stdin: true, detachable: true, rows: term.rows, cols: term.cols,
-    }))
+    if (attach) {
+      reattach()
+    } else {
+      wire(socket(`/sandboxes/${enc(sandbox)}/exec`), JSON.stringify({
+        cmd: SHELL, tty: true, stdin: true, detachable: true, rows: term.rows, cols: term.cols,
+      }))
+    }
     const input = term.onData(send)
     const resized = term.onResize(resize)
     const observer = new ResizeObserver(() => fit.fit())
@@ -120,18 +171,19 @@ export function TerminalView ({ sandbox }: { sandbox: string }) {
       observer.disconnect()
       input.dispose()
       resized.dispose()
-      // Leaving the page hangs the shell up, as closing a terminal
-      // window does; a detachable session would otherwise run on.
-      if (ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'signal', signal: 'HUP' }))
+      // Leaving a shell of its own hangs it up, as closing a terminal
+      // window does (a detachable session would otherwise run on); a
+      // session it attached to runs on.
+      if (!attach && ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'signal', signal: 'HUP' }))
       ws?.close(1000)
       term.dispose()
     }
-  }, [sandbox])
+  }, [sandbox, attach])
 
   return (
     <div class="terminal">
       <div class="terminal-status" data-testid="terminal-status">{status}</div>
-      <div class="terminal-box" ref={box} data-testid="terminal" />
+      <div class="terminal-box" ref={box} data-testid="terminal" data-size={size} />
     </div>
   )
 }

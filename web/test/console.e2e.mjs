@@ -172,6 +172,24 @@ try {
   await waitTerminal('fork: v1')
   await shot('fork-process')
 
+  // The terminal follows the page's size: stty in the shell agrees.
+  const before = await id('terminal').getAttribute('data-size')
+  await page.setViewportSize({ width: 1000, height: 700 })
+  await page.waitForFunction((b) => document.querySelector('[data-testid=terminal]')?.getAttribute('data-size') !== b, before)
+  const size = await id('terminal').getAttribute('data-size')
+  await type('echo "size: $(stty size)"')
+  await waitTerminal(`size: ${size}`)
+  await shot('terminal-resized')
+  await page.setViewportSize({ width: 1440, height: 1000 })
+
+  // The shell the origin ran at v1 runs in the fork too, as a detachable
+  // session: attached to, its output from before the checkpoint replays.
+  await id('list-sessions').click()
+  await page.locator('[data-testid^="attach-"]').first().click()
+  await id('terminal-status').filter({ hasText: 'attached (1)' }).waitFor(slow)
+  await waitTerminal('started-42')
+  await shot('fork-attached')
+
   // Back at the origin: v1 links to its fork.
   await id('fork-origin').getByRole('link', { name, exact: true }).click()
   await id('sandbox-name').filter({ hasText: name }).waitFor()
