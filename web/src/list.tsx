@@ -140,7 +140,10 @@ export function Lifecycle ({ sb, act, ask, after, deleted }: {
 /** The create form: every field of a create, sent as it is, so that the API's validation speaks. */
 function CreateForm ({ done }: { done: (sb?: Sandbox) => void }) {
   const [templates, setTemplates] = useState<Template[]>([])
-  const [f, setF] = useState({ name: '', source: 'template', template: '', image: '', cpus: '', memory: '', disk: '', env: '', labels: '', idle: '', port: '', public: false, egress: '' })
+  const [f, setF] = useState({
+    name: '', source: 'template', template: '', image: '', cpus: '', memory: '', disk: '', env: '', labels: '',
+    idle: '', port: '', public: false, egress: '', allow: '', deny: '', secrets: '', secretFiles: '', services: '',
+  })
   const [run, err, busy] = useAction()
   useEffect(() => { void sandboxes.templates().then(setTemplates).catch(() => {}) }, [])
   const set = (k: keyof typeof f) => (e: Event) => {
@@ -168,7 +171,16 @@ function CreateForm ({ done }: { done: (sb?: Sandbox) => void }) {
       const port = num(f.port, 'HTTP port')
       if (port !== undefined) req.http_port = port
       if (f.public) req.public = true
-      if (f.egress) req.network = { egress: f.egress as 'all' }
+      const list = (text: string) => text.split(/[,\s]+/).filter(Boolean)
+      if (f.egress || f.allow.trim() || f.deny.trim()) {
+        req.network = { egress: f.egress as 'all' | 'none' | '', allow: list(f.allow), deny: list(f.deny) }
+      }
+      req.secrets = pairs(f.secrets, 'secrets')
+      req.secret_files = pairs(f.secretFiles, 'secret files')
+      // A service a line, "name=command line", run by sh -c so that a
+      // line may use the shell's syntax.
+      const svcs = pairs(f.services, 'services')
+      if (svcs) req.services = Object.entries(svcs).map(([name, cmd]) => ({ name, cmd: ['sh', '-c', cmd] }))
       done(await sandboxes.create(req))
     })
   }
@@ -194,6 +206,11 @@ function CreateForm ({ done }: { done: (sb?: Sandbox) => void }) {
         <label>Egress<select value={f.egress} onChange={set('egress')}><option value="">default (all)</option><option value="all">all</option><option value="none">none</option></select></label>
         <label class="wide">Env (KEY=VALUE, one a line)<textarea value={f.env} onInput={set('env')} rows={2} /></label>
         <label class="wide">Labels (key=value, one a line)<textarea data-testid="create-labels" value={f.labels} onInput={set('labels')} rows={2} /></label>
+        <label class="wide">Allow (addresses, prefixes, names; egress none reaches only these)<input value={f.allow} onInput={set('allow')} placeholder="pypi.org, 192.0.2.0/24" /></label>
+        <label class="wide">Deny<input value={f.deny} onInput={set('deny')} placeholder="*.example.com" /></label>
+        <label class="wide">Secrets as env (VAR=secret-name, one a line)<textarea value={f.secrets} onInput={set('secrets')} rows={2} /></label>
+        <label class="wide">Secrets as files (/abs/path=secret-name, one a line)<textarea value={f.secretFiles} onInput={set('secretFiles')} rows={2} /></label>
+        <label class="wide">Services (name=command, one a line; started before the create returns)<textarea data-testid="create-services" value={f.services} onInput={set('services')} rows={2} /></label>
         <label class="check"><input type="checkbox" checked={f.public} onChange={set('public')} /> Public URL (open to anyone who reaches the daemon)</label>
       </div>
       <Err text={err} />

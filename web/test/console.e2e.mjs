@@ -85,6 +85,7 @@ try {
   await id('create-name').fill(name)
   await id('create-template').selectOption(template)
   await id('create-labels').fill('team=console')
+  await id('create-services').fill('ticker=while true; do echo tick; sleep 1; done')
   await id('create-submit').click()
   await id('sandbox-name').filter({ hasText: name }).waitFor(slow)
   await id('state').filter({ hasText: 'running' }).waitFor(slow)
@@ -145,13 +146,7 @@ try {
   await id('file-upload.txt').waitFor(slow)
   await shot('files')
 
-  // A service and its logs (defined through the API, as loam service add does).
-  const put = await fetch(`${url}/v1/sandboxes/${name}/services/ticker`, {
-    method: 'PUT',
-    headers: { Authorization: `Bearer ${token}`, 'Content-Type': 'application/json' },
-    body: JSON.stringify({ cmd: ['sh', '-c', 'while true; do echo tick; sleep 1; done'] }),
-  })
-  if (!put.ok) throw new Error(`adding a service: ${put.status} ${await put.text()}`)
+  // The service the create started, and its logs.
   await tab('services')
   await id('logs-ticker').click({ timeout: 30_000 })
   await id('service-logs').filter({ hasText: 'tick' }).waitFor(slow)
