@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -76,7 +77,11 @@ func TestConsole(t *testing.T) {
 		t.Fatalf("internal/console/dist is not what web/ builds (run: cd web && npm run build, and commit): %s", diff)
 	}
 
-	d := startDaemon(t)
+	// The daemon's URL domain is its own listener, so that the page's
+	// "open the URL" reaches the sandbox (*.localhost is loopback to
+	// Chromium). A later flag wins over startDaemon's --listen.
+	port := freePort(t)
+	d := startDaemon(t, "--listen", "127.0.0.1:"+port, "--domain", "localhost:"+port)
 	artifacts := filepath.Join(dir, "..", "test", "artifacts", t.Name())
 	if err := os.RemoveAll(artifacts); err != nil {
 		t.Fatal(err)
@@ -107,6 +112,18 @@ func TestConsole(t *testing.T) {
 		t.Errorf("web1-fork, deleted in the page, is still there (%v)", err)
 	}
 	t.Logf("screenshots in %s", artifacts)
+}
+
+// freePort is a TCP port free on loopback a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
 }
 
 // diffTrees says how the files under a and b differ; "" when they are the

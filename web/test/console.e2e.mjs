@@ -85,7 +85,7 @@ try {
   await id('create-name').fill(name)
   await id('create-template').selectOption(template)
   await id('create-labels').fill('team=console')
-  await id('create-services').fill('ticker=while true; do echo tick; sleep 1; done')
+  await id('create-services').fill('ticker=while true; do echo tick; sleep 1; done\nweb=exec python3 -m http.server 8080')
   await id('create-submit').click()
   await id('sandbox-name').filter({ hasText: name }).waitFor(slow)
   await id('state').filter({ hasText: 'running' }).waitFor(slow)
@@ -189,8 +189,29 @@ try {
   await id('fork-origin').getByRole('link', { name, exact: true }).click()
   await id('sandbox-name').filter({ hasText: name }).waitFor()
   await id('checkpoint-v1').getByTestId('forks').filter({ hasText: forkName }).waitFor(slow)
+
+  // A disk-only checkpoint is drawn as one.
+  await id('checkpoint-name').fill('disk')
+  await id('checkpoint-comment').fill('disk only, after the restore')
+  await id('checkpoint-memory').uncheck()
+  await id('checkpoint').click()
+  await id('checkpoint-v2').filter({ hasText: 'disk only' }).waitFor(slow)
   await shot('timeline')
   await id('timeline').screenshot({ path: join(artifacts, 'timeline.png') })
+
+  // The sandbox's URL opens in a new tab, with its access token (it is
+  // private): the service's web server answers.
+  const [tab2] = await Promise.all([context.waitForEvent('page'), id('open-url').click()])
+  await tab2.getByText('Directory listing').first().waitFor(slow)
+  await tab2.screenshot({ path: join(artifacts, `${String(++n).padStart(2, '0')}-sandbox-url.png`) })
+  console.log(`step ${n}: sandbox-url`)
+  await tab2.close()
+
+  // A checkpoint deleted from the timeline, after a confirmation.
+  await id('checkpoint-v2').getByTestId('delete-checkpoint').click()
+  await id('confirm').filter({ hasText: 'cannot be undone' }).waitFor()
+  await id('confirm-yes').click()
+  await id('checkpoint-v2').waitFor({ state: 'detached', ...slow })
 
   // Sleep, wake and delete the fork from the list.
   await page.goto(url + '/#/')
