@@ -157,18 +157,19 @@ function CreateForm ({ done }: { done: (sb?: Sandbox) => void }) {
       if (f.name) req.name = f.name
       if (f.source === 'template' && f.template) req.template = f.template
       if (f.source === 'image' && f.image) req.image = f.image
-      const num = (s: string, what: string) => {
+      // What is not a number is sent as typed, so that the API's own
+      // message says what the field must be.
+      const num = (s: string): number | undefined => {
+        if (s.trim() === '') return undefined
         const n = Number(s)
-        if (s.trim() === '' ) return undefined
-        if (!Number.isFinite(n)) throw new Error(`${what}: "${s}" is not a number`)
-        return n
+        return (Number.isFinite(n) ? n : s) as number
       }
-      const res = { cpus: num(f.cpus, 'CPUs'), memory_mib: num(f.memory, 'memory'), disk_mib: num(f.disk, 'disk') }
+      const res = { cpus: num(f.cpus), memory_mib: num(f.memory), disk_mib: num(f.disk) }
       if (res.cpus !== undefined || res.memory_mib !== undefined || res.disk_mib !== undefined) req.resources = res
       req.env = pairs(f.env, 'env')
       req.labels = pairs(f.labels, 'labels')
       if (f.idle) req.idle = f.idle
-      const port = num(f.port, 'HTTP port')
+      const port = num(f.port)
       if (port !== undefined) req.http_port = port
       if (f.public) req.public = true
       const list = (text: string) => text.split(/[,\s]+/).filter(Boolean)
@@ -198,7 +199,7 @@ function CreateForm ({ done }: { done: (sb?: Sandbox) => void }) {
               {templates.map(t => <option key={t.name} value={t.name}>{t.name}</option>)}
             </select></label>
           : <label>Image<input value={f.image} onInput={set('image')} placeholder="docker.io/library/python:3.12" /></label>}
-        <label>CPUs<input value={f.cpus} onInput={set('cpus')} placeholder="1" inputMode="decimal" /></label>
+        <label>CPUs<input data-testid="create-cpus" value={f.cpus} onInput={set('cpus')} placeholder="1" inputMode="decimal" /></label>
         <label>Memory (MiB)<input value={f.memory} onInput={set('memory')} placeholder="512" inputMode="numeric" /></label>
         <label>Disk (MiB)<input value={f.disk} onInput={set('disk')} placeholder="4096" inputMode="numeric" /></label>
         <label>Idle before sleep<input value={f.idle} onInput={set('idle')} placeholder="10m; 0 never" /></label>
