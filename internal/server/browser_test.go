@@ -3,6 +3,7 @@ package server
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"loam.dev/loam/api"
@@ -73,5 +74,27 @@ func TestBrowserSessions(t *testing.T) {
 				t.Fatalf("%d %s; want %d", w.Code, w.Body, tt.want)
 			}
 		})
+	}
+}
+
+// TestCORSRefusesSessionHeaders checks that the API's CORS answer lets no
+// other origin send a browser session's CSRF header: a page on another
+// origin (a sandbox's, on the console's site) must not be able to make a
+// call that a session cookie would authorize. The name is the console's
+// (console.CSRFHeader), which this package does not import.
+func TestCORSRefusesSessionHeaders(t *testing.T) {
+	srv := New(newFake(), testToken, discardLog(), WithBrowserSessions(cookieSessions{}))
+	r := httptest.NewRequest("OPTIONS", "/v1/sandboxes", nil)
+	r.Header.Set("Origin", "http://web--default.localhost:7070")
+	r.Header.Set("Access-Control-Request-Method", "POST")
+	r.Header.Set("Access-Control-Request-Headers", "x-loam-csrf")
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, r)
+	allowed := strings.ToLower(w.Header().Get("Access-Control-Allow-Headers"))
+	if strings.Contains(allowed, "x-loam-csrf") || allowed == "*" {
+		t.Fatalf("a preflight may send the CSRF header: Access-Control-Allow-Headers %q", allowed)
+	}
+	if w.Header().Get("Access-Control-Allow-Credentials") != "" {
+		t.Fatalf("CORS answers allow credentials: %v", w.Header())
 	}
 }
