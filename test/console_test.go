@@ -108,6 +108,29 @@ func TestConsole(t *testing.T) {
 	if strings.Join(ids, ",") != "v1,auto-1" {
 		t.Errorf("web1's checkpoints are %v; want v1 (the page's) and auto-1 (its restore's)", ids)
 	}
+	// The page hung up the shells it started when it left them; the
+	// sessions are gone a moment later.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ss, err := d.C.ListSessions(ctx, "web1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var running []string
+		for _, s := range ss {
+			if s.State == "running" {
+				running = append(running, s.ID+" "+strings.Join(s.Cmd, " "))
+			}
+		}
+		if len(running) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("sessions of the page's shells still run in web1 after it left them: %v", running)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	if _, err := d.C.GetSandbox(ctx, "web1-fork"); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("web1-fork, deleted in the page, is still there (%v)", err)
 	}

@@ -165,16 +165,21 @@ export function TerminalView ({ sandbox, attach }: { sandbox: string, attach?: s
     const resized = term.onResize(resize)
     const observer = new ResizeObserver(() => fit.fit())
     observer.observe(box.current!)
+    // Leaving a shell of its own hangs it up, as closing a terminal
+    // window does (a detachable session would otherwise run on), on a
+    // reload or a closed tab too; a session it attached to runs on.
+    const hangUp = () => {
+      if (!attach && ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'signal', signal: 'HUP' }))
+    }
+    addEventListener('pagehide', hangUp)
     return () => {
       ended = true
       clearTimeout(retry)
+      removeEventListener('pagehide', hangUp)
       observer.disconnect()
       input.dispose()
       resized.dispose()
-      // Leaving a shell of its own hangs it up, as closing a terminal
-      // window does (a detachable session would otherwise run on); a
-      // session it attached to runs on.
-      if (!attach && ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'signal', signal: 'HUP' }))
+      hangUp()
       ws?.close(1000)
       term.dispose()
     }
