@@ -24,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/network"
@@ -338,8 +339,16 @@ func (d *Daemon) start(ctx context.Context) error {
 	front := proxy.New(d.Manager, proxy.Config{
 		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: tlsConfig != nil,
 	}, d.log)
+	// The web console shares the API's listener (not sandboxes' URLs,
+	// which the front door takes first): its page at /, its sessions
+	// authorizing API calls from that page.
+	con, err := console.New(console.Config{Token: d.Token, TLS: tlsConfig != nil}, d.log)
+	if err != nil {
+		return fmt.Errorf("loading the web console: %w", err)
+	}
+	apiServer := server.New(d.Manager, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con))
 	d.srv = &http.Server{
-		Handler:           front.Mount(server.New(d.Manager, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout))),
+		Handler:           front.Mount(con.Mount(apiServer)),
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 		TLSConfig:         tlsConfig,

@@ -40,6 +40,23 @@ type Server struct {
 	// writeTimeout cuts off a client that takes no write of a stream, or
 	// sends no byte of an upload, for this long (DefaultWriteTimeout).
 	writeTimeout time.Duration
+	// browsers, when set, lets a browser call the API with a session
+	// cookie instead of a token (the web console).
+	browsers BrowserSessions
+}
+
+// BrowserSessions authorizes API calls that a browser makes with a session
+// cookie (the web console's) instead of a token. A cookie is ambient: a
+// browser sends it on requests that other sites' pages make too, so a
+// session must also prove that the call comes from the console's own page
+// (its CSRF token, which other sites cannot read).
+type BrowserSessions interface {
+	// Authorize reports whether r carries a session cookie at all (false,
+	// nil when it carries none: the call then needs a token, as without
+	// browser sessions). When it carries one, the error is an *api.Error
+	// for a session that may not make the call: unknown or expired
+	// (unauthorized), or without the session's CSRF token (forbidden).
+	Authorize(r *http.Request) (bool, error)
 }
 
 // Option sets something of a Server New makes.
@@ -56,8 +73,15 @@ func WithWriteTimeout(d time.Duration) Option {
 	}
 }
 
+// WithBrowserSessions lets browsers call the API with the session cookies
+// that b checks, besides the token (see BrowserSessions).
+func WithBrowserSessions(b BrowserSessions) Option {
+	return func(s *Server) { s.browsers = b }
+}
+
 // New makes a server over the sandbox manager. Every /v1 call must carry
-// token as a bearer token.
+// token as a bearer token (or, with WithBrowserSessions, a browser
+// session).
 func New(sandboxes Sandboxes, token string, log *slog.Logger, opts ...Option) *Server {
 	s := &Server{sandboxes: sandboxes, token: token, log: log, mux: http.NewServeMux(), writeTimeout: DefaultWriteTimeout}
 	for _, o := range opts {
@@ -229,8 +253,13 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
 func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
-			writeError(w, r, s.log, api.Errorf(api.CodeUnauthorized, "missing or wrong token: send Authorization: Bearer $LOAM_TOKEN"))
-			return
+			if ok, err := s.session(r); err != nil || !ok {
+				if err == nil {
+					err = api.Errorf(api.CodeUnauthorized, "missing or wrong token: send Authorization: Bearer $LOAM_TOKEN")
+				}
+				writeError(w, r, s.log, err)
+				return
+			}
 		}
 		if err := h(w, r); err != nil {
 			writeError(w, r, s.log, err)
@@ -260,6 +289,21 @@ func (s *Server) authorized(r *http.Request) bool {
 		}
 	}
 	return ok
+}
+
+// session reports whether r is authorized by a browser session (see
+// BrowserSessions). A request that names a token is judged by the token
+// alone: a wrong token is not rescued by a cookie.
+func (s *Server) session(r *http.Request) (bool, error) {
+	if s.browsers == nil || r.Header.Get("Authorization") != "" {
+		return false, nil
+	}
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		if strings.Contains(h, api.WebSocketTokenPrefix) {
+			return false, nil
+		}
+	}
+	return s.browsers.Authorize(r)
 }
 
 // acceptOptions are the options of every WebSocket the API accepts. Of the

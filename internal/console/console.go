@@ -1,0 +1,407 @@
+// Package console is loam's web console: the page the daemon serves at /
+// on the API's listener (built from web/ into dist/ and embedded in the
+// binary), and the browser sessions that let that page call the API with a
+// cookie instead of holding the token.
+//
+// A person logs in with the API token once (POST /console/login); the answer
+// sets a session cookie (HttpOnly, so the page's scripts never see it;
+// SameSite=Strict, so other sites' requests do not carry it) and gives the
+// page the session's CSRF token. Every API call made with the cookie must
+// also carry that CSRF token, in the X-Loam-CSRF header (or, on a WebSocket,
+// which cannot carry headers from a browser, as the subprotocol
+// loam.csrf.TOKEN): a form or a script on another site can neither read the
+// token nor send the header, so a cookie alone opens nothing. Sessions live
+// in the daemon's memory: a restarted daemon asks everyone to log in again.
+package console
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"mime"
+	"net/http"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"loam.dev/loam/api"
+)
+
+// dist is the built page: index.html and assets/ (see web/build.mjs).
+//
+//go:embed dist
+var dist embed.FS
+
+// Names the page and the daemon share.
+const (
+	// CookieName is the session cookie.
+	CookieName = "loam_console"
+	// CSRFHeader carries the session's CSRF token on API calls.
+	CSRFHeader = "X-Loam-CSRF"
+	// CSRFProtocolPrefix, followed by the CSRF token, is a WebSocket
+	// subprotocol that carries it on a socket.
+	CSRFProtocolPrefix = "loam.csrf."
+)
+
+// SessionTTL is how long a session lasts after its login.
+const SessionTTL = 12 * time.Hour
+
+// maxSessions bounds the sessions kept at once; a login beyond it ends the
+// oldest one.
+const maxSessions = 1024
+
+// Config is what a Console needs.
+type Config struct {
+	// Token is the API token a login must present.
+	Token string
+	// TLS is true when the daemon's listener serves TLS: the cookie is then
+	// Secure.
+	TLS bool
+}
+
+// Console serves the page and keeps its sessions. It is safe for
+// concurrent use.
+type Console struct {
+	cfg   Config
+	log   *slog.Logger
+	files map[string]file
+	now   func() time.Time
+
+	mu       sync.Mutex
+	sessions map[string]session // by the sha256 of the cookie's value
+}
+
+type session struct {
+	csrf    string
+	expires time.Time
+}
+
+// file is one file of the page, ready to serve.
+type file struct {
+	body        []byte
+	contentType string
+	etag        string
+}
+
+// New makes a console for the page embedded in the binary.
+func New(cfg Config, log *slog.Logger) (*Console, error) {
+	files, err := loadFiles(dist, "dist")
+	if err != nil {
+		return nil, err
+	}
+	return &Console{cfg: cfg, log: log, files: files, now: time.Now, sessions: map[string]session{}}, nil
+}
+
+// loadFiles reads every file under root of fsys, keyed by its URL path
+// ("/index.html", "/assets/app.js"). Only these exact paths are served, so
+// no request path can reach anything else.
+func loadFiles(fsys fs.FS, root string) (map[string]file, error) {
+	files := map[string]file{}
+	err := fs.WalkDir(fsys, root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		body, err := fs.ReadFile(fsys, p)
+		if err != nil {
+			return err
+		}
+		sum := sha256.Sum256(body)
+		ct := mime.TypeByExtension(path.Ext(p))
+		if ct == "" {
+			ct = "application/octet-stream"
+		}
+		files[strings.TrimPrefix(p, root)] = file{body: body, contentType: ct, etag: `"` + hex.EncodeToString(sum[:12]) + `"`}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the console's page: %w", err)
+	}
+	if _, ok := files["/index.html"]; !ok {
+		return nil, errors.New("the console's page has no index.html (build web/: cd web && npm run build)")
+	}
+	return files, nil
+}
+
+// Owns reports whether path is the console's rather than the API's: the
+// page (/, /index.html, /assets/…) and the session calls (/console/…).
+func Owns(path string) bool {
+	return path == "/" || path == "/index.html" || strings.HasPrefix(path, "/assets/") ||
+		path == "/console" || strings.HasPrefix(path, "/console/")
+}
+
+// Mount serves the console's paths (see Owns) and hands every other request
+// to next, the API.
+func (c *Console) Mount(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !Owns(r.URL.Path) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		c.ServeHTTP(w, r)
+	})
+}
+
+// ServeHTTP serves the page and the session calls.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var err error
+	switch p := r.URL.Path; {
+	case p == "/console/login":
+		err = c.login(w, r)
+	case p == "/console/logout":
+		err = c.logout(w, r)
+	case p == "/console/session":
+		err = c.current(w, r)
+	case strings.HasPrefix(p, "/console"):
+		err = api.Errorf(api.CodeNotFound, "no such console call: %s %s", r.Method, p)
+	default:
+		err = c.static(w, r)
+	}
+	if err != nil {
+		writeError(w, err)
+	}
+}
+
+// static serves a file of the page.
+func (c *Console) static(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		return api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: GET, HEAD)", r.Method, r.URL.Path)
+	}
+	name := r.URL.Path
+	if name == "/" {
+		name = "/index.html"
+	}
+	f, ok := c.files[name]
+	if !ok {
+		return api.Errorf(api.CodeNotFound, "no such file of the console: %s", r.URL.Path)
+	}
+	h := w.Header()
+	h.Set("Content-Type", f.contentType)
+	h.Set("ETag", f.etag)
+	// Revalidated on every load: the files keep their names from one
+	// build to the next, and a new daemon must not run an old page.
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	// Nothing but the daemon: no CDN, no inline script, no framing (which
+	// would let another site dress up the console's buttons).
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "+
+		"img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+	h.Set("X-Frame-Options", "DENY")
+	if match := r.Header.Get("If-None-Match"); match != "" && match == f.etag {
+		w.WriteHeader(http.StatusNotModified)
+		return nil
+	}
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodGet {
+		_, _ = w.Write(f.body)
+	}
+	return nil
+}
+
+// Login is the body of POST /console/login.
+type Login struct {
+	Token string `json:"token"`
+}
+
+// SessionInfo is the answer of a login and of GET /console/session: the
+// CSRF token the page sends with every API call, and when the session ends.
+type SessionInfo struct {
+	CSRFToken string    `json:"csrf_token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// login checks the API token and starts a session. It takes JSON only: a
+// form on another site can post to it, but only as a form, so it cannot
+// log a browser in to a session of the attacker's choosing.
+func (c *Console) login(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		return api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: POST)", r.Method, r.URL.Path)
+	}
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
+		return api.Errorf(api.CodeInvalid, "login: the body must be JSON (Content-Type: application/json)")
+	}
+	var req Login
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return api.Errorf(api.CodeInvalid, "login: the body must be {\"token\": \"…\"}")
+	}
+	if req.Token == "" || subtle.ConstantTimeCompare([]byte(req.Token), []byte(c.cfg.Token)) != 1 {
+		return api.Errorf(api.CodeUnauthorized, "wrong token: give the daemon's API token (LOAM_TOKEN, or the file loam serve made it in)")
+	}
+	id, csrf := randomToken(), randomToken()
+	now := c.now()
+	s := session{csrf: csrf, expires: now.Add(SessionTTL)}
+	c.mu.Lock()
+	c.prune(now)
+	c.sessions[hashID(id)] = s
+	c.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{
+		Name: CookieName, Value: id, Path: "/", Expires: s.expires,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.TLS,
+	})
+	c.log.Info("console login", "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, SessionInfo{CSRFToken: csrf, ExpiresAt: s.expires})
+	return nil
+}
+
+// prune drops expired sessions and, at maxSessions, the one that ends
+// first. c.mu is held.
+func (c *Console) prune(now time.Time) {
+	var oldest string
+	for k, s := range c.sessions {
+		if !now.Before(s.expires) {
+			delete(c.sessions, k)
+			continue
+		}
+		if oldest == "" || s.expires.Before(c.sessions[oldest].expires) {
+			oldest = k
+		}
+	}
+	if len(c.sessions) >= maxSessions {
+		delete(c.sessions, oldest)
+	}
+}
+
+// current gives the page its session's CSRF token again (after a reload,
+// which loses what the page held). Another site cannot read the answer: it
+// has no CORS headers, and the cookie is not sent cross-site.
+func (c *Console) current(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
+		return api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: GET)", r.Method, r.URL.Path)
+	}
+	s, err := c.lookup(r)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, SessionInfo{CSRFToken: s.csrf, ExpiresAt: s.expires})
+	return nil
+}
+
+// logout ends the session; it needs the CSRF token like any other call
+// that changes something.
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		return api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: POST)", r.Method, r.URL.Path)
+	}
+	has, err := c.Authorize(r)
+	if err != nil {
+		return err
+	}
+	ck, cerr := r.Cookie(CookieName)
+	if !has || cerr != nil {
+		return api.Errorf(api.CodeUnauthorized, "not logged in to the console")
+	}
+	c.mu.Lock()
+	delete(c.sessions, hashID(ck.Value))
+	c.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{
+		Name: CookieName, Value: "", Path: "/", MaxAge: -1,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.TLS,
+	})
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// lookup finds the live session of r's cookie.
+func (c *Console) lookup(r *http.Request) (session, error) {
+	ck, err := r.Cookie(CookieName)
+	if err != nil || ck.Value == "" {
+		return session{}, api.Errorf(api.CodeUnauthorized, "not logged in to the console")
+	}
+	key := hashID(ck.Value)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.sessions[key]
+	if ok && !c.now().Before(s.expires) {
+		delete(c.sessions, key)
+		ok = false
+	}
+	if !ok {
+		return session{}, api.Errorf(api.CodeUnauthorized, "the console session is unknown or has expired: log in again")
+	}
+	return s, nil
+}
+
+// Authorize checks a request made with the session cookie (it implements
+// server.BrowserSessions): false, nil when r carries no cookie of ours; an
+// unauthorized error for a session that is unknown or expired; a forbidden
+// one when the session's CSRF token is missing or wrong.
+func (c *Console) Authorize(r *http.Request) (bool, error) {
+	if _, err := r.Cookie(CookieName); err != nil {
+		return false, nil
+	}
+	s, err := c.lookup(r)
+	if err != nil {
+		return true, err
+	}
+	if !matchesCSRF(r, s.csrf) {
+		return true, api.Errorf(api.CodeForbidden, "a console session's call must carry its CSRF token (header %s)", CSRFHeader)
+	}
+	return true, nil
+}
+
+// matchesCSRF reports whether r carries csrf: in the header, or on a
+// WebSocket upgrade as a subprotocol.
+func matchesCSRF(r *http.Request, csrf string) bool {
+	if got := r.Header.Get(CSRFHeader); got != "" {
+		return subtle.ConstantTimeCompare([]byte(got), []byte(csrf)) == 1
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return false
+	}
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for p := range strings.SplitSeq(h, ",") {
+			got, ok := strings.CutPrefix(strings.TrimSpace(p), CSRFProtocolPrefix)
+			if ok && subtle.ConstantTimeCompare([]byte(got), []byte(csrf)) == 1 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// randomToken is 32 random bytes in hex.
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// hashID is the key a session is kept under: the cookie's value itself is
+// not kept, so that what the daemon holds cannot be replayed.
+func hashID(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(sum[:])
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError answers with the API's error body. The console's handlers
+// return only *api.Error, the user's to read; anything else would be a
+// bug, and its details are not sent.
+func writeError(w http.ResponseWriter, err error) {
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		ae = api.Errorf(api.CodeInternal, "internal error")
+	}
+	writeJSON(w, ae.Code.HTTPStatus(), api.ErrorBody{Error: ae})
+}

@@ -1,0 +1,310 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/console"
+)
+
+// consoleDir is web/, the console's sources.
+func consoleDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "web")
+}
+
+// chromiumPath is the browser TestConsole drives: $CHROMIUM, or Debian's
+// chromium (scripts/setup installs it).
+func chromiumPath() string {
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		return p
+	}
+	return "/usr/bin/chromium"
+}
+
+// TestConsole drives the web console in headless Chromium against a real
+// daemon and real sandboxes (web/test/console.e2e.mjs: log in, create,
+// terminal, checkpoint, change a file, restore, the file back, fork, the
+// fork's process running, services, files, sleep, wake, delete). It first
+// type-checks web/ and checks that the bundle committed in
+// internal/console/dist is what web/ builds. Screenshots of each step are kept in test/artifacts/TestConsole.
+// Without node, npm or chromium it skips, unless CI=true.
+func TestConsole(t *testing.T) {
+	for _, tool := range []string{"node", "npm", chromiumPath()} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s not found (scripts/setup installs it); CI=true, so this is a failure", tool)
+			}
+			t.Skipf("%s not found (scripts/setup installs it)", tool)
+		}
+	}
+	dir := consoleDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	run := func(env []string, name string, args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), env...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		start := time.Now()
+		err := cmd.Run()
+		t.Logf("%s %s: %s\n%s", name, strings.Join(args, " "), time.Since(start).Round(time.Millisecond), out.String())
+		if err != nil {
+			t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
+		}
+	}
+	run(nil, "npm", "ci", "--no-audit", "--no-fund")
+	run(nil, "npm", "run", "check")
+	built := t.TempDir()
+	run(nil, "node", "build.mjs", built)
+	if diff := diffTrees(t, built, filepath.Join(dir, "..", "internal", "console", "dist")); diff != "" {
+		t.Fatalf("internal/console/dist is not what web/ builds (run: cd web && npm run build, and commit): %s", diff)
+	}
+
+	// The daemon's URL domain is its own listener, so that the page's
+	// "open the URL" reaches the sandbox (*.localhost is loopback to
+	// Chromium). A later flag wins over startDaemon's --listen.
+	port := freePort(t)
+	d := startDaemon(t, "--listen", "127.0.0.1:"+port, "--domain", "localhost:"+port)
+	artifacts := filepath.Join(dir, "..", "test", "artifacts", t.Name())
+	if err := os.RemoveAll(artifacts); err != nil {
+		t.Fatal(err)
+	}
+	run([]string{"LOAM_URL=" + d.URL, "LOAM_TOKEN=" + d.Token, "LOAM_ARTIFACTS=" + artifacts,
+		"LOAM_TEMPLATE=base", "CHROMIUM=" + chromiumPath()}, "node", "test/console.e2e.mjs")
+
+	// What the page did, seen through the API.
+	sb, err := d.C.GetSandbox(ctx, "web1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != api.StateRunning || sb.Labels["team"] != "console" {
+		t.Errorf("web1 is %s with labels %v; want running with team=console", sb.State, sb.Labels)
+	}
+	cps, err := d.C.ListCheckpoints(ctx, "web1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, cp := range cps {
+		ids = append(ids, cp.ID)
+	}
+	if strings.Join(ids, ",") != "v1,auto-1" {
+		t.Errorf("web1's checkpoints are %v; want v1 (the page's) and auto-1 (its restore's)", ids)
+	}
+	// The page hung up the shells it started when it left them; the
+	// sessions are gone a moment later.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ss, err := d.C.ListSessions(ctx, "web1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var running []string
+		for _, s := range ss {
+			if s.State == "running" {
+				running = append(running, s.ID+" "+strings.Join(s.Cmd, " "))
+			}
+		}
+		if len(running) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("sessions of the page's shells still run in web1 after it left them: %v", running)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, err := d.C.GetSandbox(ctx, "web1-fork"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("web1-fork, deleted in the page, is still there (%v)", err)
+	}
+	t.Logf("screenshots in %s", artifacts)
+}
+
+// freePort is a TCP port free on loopback a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
+
+// diffTrees says how the files under a and b differ; "" when they are the
+// same.
+func diffTrees(t *testing.T, a, b string) string {
+	t.Helper()
+	read := func(root string) map[string][]byte {
+		files := map[string][]byte{}
+		err := filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || e.IsDir() {
+				return err
+			}
+			body, err := os.ReadFile(p)
+			rel, _ := filepath.Rel(root, p)
+			files[rel] = body
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return files
+	}
+	fa, fb := read(a), read(b)
+	var diffs []string
+	for name, body := range fa {
+		if other, ok := fb[name]; !ok {
+			diffs = append(diffs, name+" is missing")
+		} else if !bytes.Equal(body, other) {
+			diffs = append(diffs, name+" differs")
+		}
+	}
+	for name := range fb {
+		if _, ok := fa[name]; !ok {
+			diffs = append(diffs, name+" is not built any more")
+		}
+	}
+	return strings.Join(diffs, "; ")
+}
+
+// TestConsoleHostileInput sends a daemon's console what a hostile browser
+// or client might: forged, stale and missing cookies, cookies without the
+// CSRF token or with another session's, cross-site style requests, and
+// paths that try to leave the page's files. Each gets a 4xx with the API's
+// error shape, never a 500; Bearer tokens work as before, cookie or not.
+func TestConsoleHostileInput(t *testing.T) {
+	d := startDaemon(t)
+	login := func() (*http.Cookie, string) {
+		t.Helper()
+		res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+d.Token+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var info console.SessionInfo
+		if err := json.NewDecoder(res.Body).Decode(&info); err != nil || res.StatusCode != http.StatusOK {
+			t.Fatalf("login: %d %v", res.StatusCode, err)
+		}
+		for _, c := range res.Cookies() {
+			if c.Name == console.CookieName {
+				if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode {
+					t.Errorf("session cookie %v: want HttpOnly, SameSite=Strict", c)
+				}
+				return c, info.CSRFToken
+			}
+		}
+		t.Fatal("login set no session cookie")
+		return nil, ""
+	}
+	cookie, csrf := login()
+	_, otherCSRF := login()
+	forged := &http.Cookie{Name: console.CookieName, Value: strings.Repeat("a", 64)}
+
+	type req struct {
+		name, method, path, body, contentType string
+		cookie                                *http.Cookie
+		header                                map[string]string
+		want                                  int
+	}
+	csrfH := map[string]string{console.CSRFHeader: csrf}
+	cases := []req{
+		{name: "no cookie, no token", method: "GET", path: "/v1/sandboxes", want: 401},
+		{name: "forged cookie", method: "GET", path: "/v1/sandboxes", cookie: forged, header: csrfH, want: 401},
+		{name: "empty cookie", method: "GET", path: "/v1/sandboxes", cookie: &http.Cookie{Name: console.CookieName, Value: ""}, header: csrfH, want: 401},
+		{name: "cookie without CSRF", method: "GET", path: "/v1/sandboxes", cookie: cookie, want: 403},
+		{name: "create with cookie without CSRF", method: "POST", path: "/v1/sandboxes", body: `{"name":"evil"}`, contentType: "application/json", cookie: cookie, want: 403},
+		{name: "form post with cookie", method: "POST", path: "/v1/sandboxes", body: "name=evil", contentType: "application/x-www-form-urlencoded", cookie: cookie, header: map[string]string{"Origin": "https://evil.example"}, want: 403},
+		{name: "another session's CSRF", method: "DELETE", path: "/v1/sandboxes/x", cookie: cookie, header: map[string]string{console.CSRFHeader: otherCSRF}, want: 403},
+		{name: "wrong CSRF", method: "POST", path: "/v1/sandboxes/x/sleep", cookie: cookie, header: map[string]string{console.CSRFHeader: csrf + "x"}, want: 403},
+		{name: "websocket with cookie without CSRF", method: "GET", path: "/v1/sandboxes/x/exec", cookie: cookie,
+			header: map[string]string{"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Protocol": api.WebSocketProtocol}, want: 403},
+		{name: "cookie with CSRF", method: "GET", path: "/v1/sandboxes", cookie: cookie, header: csrfH, want: 200},
+		{name: "wrong bearer with good cookie", method: "GET", path: "/v1/sandboxes", cookie: cookie, header: map[string]string{"Authorization": "Bearer nope", console.CSRFHeader: csrf}, want: 401},
+		{name: "bearer without cookie", method: "GET", path: "/v1/sandboxes", header: map[string]string{"Authorization": "Bearer " + d.Token}, want: 200},
+		{name: "bearer with forged cookie", method: "GET", path: "/v1/sandboxes", cookie: forged, header: map[string]string{"Authorization": "Bearer " + d.Token}, want: 200},
+		{name: "session without cookie", method: "GET", path: "/console/session", want: 401},
+		{name: "session with forged cookie", method: "GET", path: "/console/session", cookie: forged, want: 401},
+		{name: "logout without CSRF", method: "POST", path: "/console/logout", cookie: cookie, want: 403},
+		{name: "logout without cookie", method: "POST", path: "/console/logout", header: csrfH, want: 401},
+		{name: "logout with a malformed cookie", method: "POST", path: "/console/logout", header: map[string]string{"Cookie": console.CookieName + "=\"a b", console.CSRFHeader: csrf}, want: 401},
+		{name: "login as a form", method: "POST", path: "/console/login", body: "token=" + d.Token, contentType: "application/x-www-form-urlencoded", want: 400},
+		{name: "login with a wrong token", method: "POST", path: "/console/login", body: `{"token":"loam_nope"}`, contentType: "application/json", want: 401},
+		{name: "login with junk", method: "POST", path: "/console/login", body: `{"token":`, contentType: "application/json", want: 400},
+		{name: "login with GET", method: "GET", path: "/console/login", want: 405},
+		{name: "unknown console call", method: "GET", path: "/console/../../etc/passwd", want: 404},
+		{name: "traversal in assets", method: "GET", path: "/assets/../../../../etc/passwd", want: 404},
+		{name: "encoded traversal in assets", method: "GET", path: "/assets/..%2f..%2f..%2fetc%2fpasswd", want: 404},
+		{name: "double-encoded traversal", method: "GET", path: "/assets/%252e%252e/%252e%252e/etc/passwd", want: 404},
+		{name: "embed path", method: "GET", path: "/assets/../dist/index.html", want: 404},
+		{name: "Go source", method: "GET", path: "/assets/console.go", want: 404},
+		{name: "NUL in path", method: "GET", path: "/assets/app.js%00.png", want: 404},
+		{name: "directory", method: "GET", path: "/assets/", want: 404},
+		{name: "POST to the page", method: "POST", path: "/", want: 405},
+		{name: "the page", method: "GET", path: "/", want: 200},
+		{name: "the script", method: "GET", path: "/assets/app.js", want: 200},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := http.NewRequest(c.method, d.URL+c.path, strings.NewReader(c.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.contentType != "" {
+				r.Header.Set("Content-Type", c.contentType)
+			}
+			for k, v := range c.header {
+				r.Header.Set(k, v)
+			}
+			if c.cookie != nil {
+				r.AddCookie(c.cookie)
+			}
+			res, err := http.DefaultClient.Do(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != c.want {
+				t.Fatalf("%s %s: %d %s; want %d", c.method, c.path, res.StatusCode, body, c.want)
+			}
+			if c.want >= 400 {
+				var e api.ErrorBody
+				if err := json.Unmarshal(body, &e); err != nil || e.Error == nil || e.Error.Code == "" {
+					t.Errorf("%s %s: body %q is not the API's error shape", c.method, c.path, body)
+				}
+			}
+		})
+	}
+	// The page is never served on a sandbox's URL: that Host is the
+	// sandbox's, and the front door answers for it.
+	r, _ := http.NewRequest("GET", d.URL+"/", nil)
+	r.Host = "nosuch--default.localhost"
+	res, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode < 400 || res.StatusCode >= 500 || bytes.Contains(body, []byte("/assets/app.js")) {
+		t.Errorf("GET / on a sandbox's URL: %d %.200s; want the front door's 4xx, not the console", res.StatusCode, body)
+	}
+}
