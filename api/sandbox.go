@@ -63,8 +63,23 @@ type Sandbox struct {
 	From *ForkSource `json:"from,omitempty"`
 	// Disk is how much of its disk the sandbox uses, read without waking
 	// it; in GET and the list of sandboxes only.
-	Disk      *DiskUse  `json:"disk,omitempty"`
+	Disk *DiskUse `json:"disk,omitempty"`
+	// Usage is the CPU and memory a running sandbox uses, read from its
+	// cgroup; in GET and the list of sandboxes only, for running ones.
+	Usage     *Usage    `json:"usage,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
+}
+
+// Usage is what a running sandbox uses of the host now.
+type Usage struct {
+	// MemoryBytes is the host memory its cgroup holds (the sandbox's
+	// memory, gVisor's own and page cache included), against
+	// resources.memory_mib.
+	MemoryBytes int64 `json:"memory_bytes"`
+	// CPUSeconds is the CPU time it used since its container started (a
+	// restore, a fork or a wake starts one): two readings a known time
+	// apart give its CPU use in cores.
+	CPUSeconds float64 `json:"cpu_seconds"`
 }
 
 // DiskUse is a sandbox's use of its disk against resources.disk_mib.

@@ -333,3 +333,48 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("get after rm: %d %q", code, errOut)
 	}
 }
+
+// TestSandboxUsage: GET and the list show a running sandbox's CPU time and
+// memory from its cgroup; its CPU time grows while it computes; a sleeping
+// sandbox shows none.
+func TestSandboxUsage(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "busy", Resources: &api.Resources{MemoryMiB: 256}}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := d.C.GetSandbox(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Usage == nil {
+		t.Fatal("a running sandbox shows no usage")
+	}
+	if before.Usage.MemoryBytes <= 0 || before.Usage.MemoryBytes > 1<<30 {
+		t.Errorf("memory in use %d bytes, want some, under its 256 MiB and gVisor's own", before.Usage.MemoryBytes)
+	}
+	d.run("busy", "sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	list, err := d.C.ListSandboxes(ctx, client.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Usage == nil {
+		t.Fatalf("the list shows %+v, want busy with its usage", list)
+	}
+	after := list[0].Usage
+	t.Logf("usage: %.3f s CPU, %d MiB before; %.3f s CPU, %d MiB after a loop",
+		before.Usage.CPUSeconds, before.Usage.MemoryBytes>>20, after.CPUSeconds, after.MemoryBytes>>20)
+	if after.CPUSeconds <= before.Usage.CPUSeconds {
+		t.Errorf("CPU time went from %.3f s to %.3f s over a busy loop", before.Usage.CPUSeconds, after.CPUSeconds)
+	}
+	if _, err := d.C.Sleep(ctx, "busy"); err != nil {
+		t.Fatal(err)
+	}
+	asleep, err := d.C.GetSandbox(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asleep.Usage != nil {
+		t.Errorf("a sleeping sandbox shows usage %+v", asleep.Usage)
+	}
+}

@@ -286,7 +286,33 @@ func (m *Manager) Get(ctx context.Context, ref string) (*api.Sandbox, error) {
 	}
 	v := m.view(sb)
 	v.Disk = m.diskUse(ctx, sb)
+	v.Usage = m.usage(sb)
 	return v, nil
+}
+
+// usageMeter is a runtime that reads what a container uses now.
+type usageMeter interface {
+	MemoryBytes(id string) (int64, error)
+	CPUSeconds(id string) (float64, error)
+}
+
+// usage is what running sandbox sb uses now, nil for one not running or
+// whose cgroup cannot be read (it is being stopped, or the runtime keeps
+// no counters).
+func (m *Manager) usage(sb *store.Sandbox) *api.Usage {
+	um, ok := m.rt.(usageMeter)
+	if !ok || sb.State != api.StateRunning {
+		return nil
+	}
+	mem, err := um.MemoryBytes(sb.ID)
+	if err != nil {
+		return nil
+	}
+	cpu, err := um.CPUSeconds(sb.ID)
+	if err != nil {
+		return nil
+	}
+	return &api.Usage{MemoryBytes: mem, CPUSeconds: cpu}
 }
 
 // List lists sandboxes, oldest first, filtered by labels.
@@ -302,6 +328,7 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.San
 		}
 		v := m.view(sb)
 		v.Disk = m.diskUse(ctx, sb)
+		v.Usage = m.usage(sb)
 		out = append(out, *v)
 	}
 	return out, nil

@@ -14,6 +14,9 @@ export function SandboxList () {
   const [draft, setDraft] = useState(filter)
   const setFilter = (f: string) => { setDraft(f); setFilterNow(f) }
   const [list, setList] = useState<Sandbox[] | null>(null)
+  // The previous reading of each sandbox's CPU time: two readings give
+  // its CPU use in cores.
+  const [cpu, setCPU] = useState<Record<string, Reading>>({})
   const [err, setErr] = useState('')
   const [tick, setTick] = useState(0)
   const [creating, setCreating] = useState(false)
@@ -27,7 +30,7 @@ export function SandboxList () {
     const load = async () => {
       try {
         const l = await sandboxes.list(labels)
-        if (live) { setList(l); setErr('') }
+        if (live) { setList(l); setErr(''); setCPU(prev => readCPU(prev, l)) }
       } catch (e) {
         if (live) setErr(message(e))
       }
@@ -54,7 +57,7 @@ export function SandboxList () {
           ? <p class="muted">{labels.length > 0 ? 'No sandbox has these labels.' : 'No sandboxes yet.'}</p>
           : (
             <table class="sandboxes" data-testid="sandboxes">
-              <thead><tr><th>Name</th><th>State</th><th>Template or image</th><th>Labels</th><th>CPU / memory</th><th>Disk used</th><th>Idle</th><th>URL</th><th>Created</th><th /></tr></thead>
+              <thead><tr><th>Name</th><th>State</th><th>Template or image</th><th>Labels</th><th>CPU / memory in use</th><th>Disk used</th><th>Idle</th><th>URL</th><th>Created</th><th /></tr></thead>
               <tbody>
                 {list.map(sb => (
                   <tr key={sb.id} data-testid={`row-${sb.name}`}>
@@ -62,7 +65,7 @@ export function SandboxList () {
                     <td><State sb={sb} /></td>
                     <td>{sb.image ?? sb.template}</td>
                     <td><Labels labels={sb.labels} onPick={l => setFilter(l)} /></td>
-                    <td>{sb.resources.cpus ?? '–'} CPU / {sb.resources.memory_mib ?? '–'} MiB</td>
+                    <td data-testid="usage"><Usage sb={sb} reading={cpu[sb.id]} /></td>
                     <td>{sb.disk?.used_bytes !== undefined ? bytes(sb.disk.used_bytes) : '–'}{sb.disk ? ` of ${sb.disk.limit_mib} MiB` : ''}</td>
                     <td>{sb.idle === '0' ? 'never sleeps' : `sleeps after ${sb.idle || 'the default'}`}</td>
                     <td><OpenURL sb={sb} /></td>
@@ -220,5 +223,39 @@ function CreateForm ({ done }: { done: (sb?: Sandbox) => void }) {
         <button type="button" onClick={() => done()}>Cancel</button>
       </div>
     </form>
+  )
+}
+
+/** Two readings of a sandbox's CPU time, and when they were taken. */
+interface Reading { seconds: number, at: number, cores?: number }
+
+/** readCPU takes the list's CPU times in, with the cores used since the last. */
+function readCPU (prev: Record<string, Reading>, list: Sandbox[]): Record<string, Reading> {
+  const now = performance.now()
+  const next: Record<string, Reading> = {}
+  for (const sb of list) {
+    if (sb.usage === undefined) continue
+    const p = prev[sb.id]
+    const r: Reading = { seconds: sb.usage.cpu_seconds, at: now }
+    // A restore or a wake starts a new container, whose counter starts
+    // again: no reading across it.
+    if (p !== undefined && now > p.at && sb.usage.cpu_seconds >= p.seconds) {
+      r.cores = (sb.usage.cpu_seconds - p.seconds) / ((now - p.at) / 1000)
+    }
+    next[sb.id] = r
+  }
+  return next
+}
+
+/** Usage is what a running sandbox uses of its CPU and memory limits. */
+function Usage ({ sb, reading }: { sb: Sandbox, reading?: Reading }) {
+  const cpus = sb.resources.cpus ?? '–'
+  const mib = sb.resources.memory_mib ?? '–'
+  if (sb.usage === undefined) return <span class="muted">{cpus} CPU / {mib} MiB</span>
+  const cores = reading?.cores
+  return (
+    <span title={`${sb.usage.cpu_seconds.toFixed(1)} s of CPU since its container started`}>
+      {cores === undefined ? '…' : cores.toFixed(2)} of {cpus} CPU / {bytes(sb.usage.memory_bytes)} of {mib} MiB
+    </span>
   )
 }

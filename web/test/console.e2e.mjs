@@ -100,6 +100,9 @@ try {
   await id('filter').fill('team=console')
   await id('filter').press('Enter')
   await id(`row-${name}`).waitFor()
+  // CPU and memory in use: cores from two readings of its CPU time (one
+  // refresh apart), and the memory its cgroup holds against its limit.
+  await id(`row-${name}`).getByTestId('usage').filter({ hasText: /^\d+\.\d\d of [\d.]+ CPU \/ [\d.]+ [KMG]i?B of \d+ MiB$/ }).waitFor(slow)
   await shot('list-filtered')
   await id(`row-${name}`).getByRole('link', { name, exact: true }).click()
 

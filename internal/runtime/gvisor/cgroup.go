@@ -243,6 +243,34 @@ func (r *Runtime) MemoryBytes(id string) (int64, error) {
 	return n, nil
 }
 
+// CPUSeconds is the CPU time container id's cgroup has used
+// (cpuacct.usage on cgroup v1, in nanoseconds; cpu.stat's usage_usec on
+// v2).
+func (r *Runtime) CPUSeconds(id string) (float64, error) {
+	files, v1 := cgroupFiles(id, "cpuacct", "cpuacct.usage", "cpu.stat")
+	if v1 {
+		ns, err := readInt(files[0])
+		if err != nil {
+			return 0, err
+		}
+		return float64(ns) / 1e9, nil
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "usage_usec "); ok {
+			us, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("reading %s: %w", files[0], err)
+			}
+			return float64(us) / 1e6, nil
+		}
+	}
+	return 0, fmt.Errorf("reading %s: no usage_usec", files[0])
+}
+
 // OOMKills is how many times the kernel's OOM killer has killed a process
 // of container id's cgroup (memory.oom_control's oom_kill on cgroup v1,
 // memory.events' on v2): it tells a sandbox that ran out of memory from

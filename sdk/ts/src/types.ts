@@ -58,7 +58,17 @@ export interface SandboxInfo {
   public: boolean
   network: NetworkPolicy
   from?: ForkSource
+  /** CPU and memory a running sandbox uses now (GET and the list only). */
+  usage?: Usage
   created_at: string
+}
+
+/** What a running sandbox uses of the host now, read from its cgroup. */
+export interface Usage {
+  /** Host memory its cgroup holds, against resources.memory_mib. */
+  memory_bytes: number
+  /** CPU time used since its container started; two readings give cores. */
+  cpu_seconds: number
 }
 
 /** A supervised command of a sandbox (api.Service). */
