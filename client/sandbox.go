@@ -75,6 +75,20 @@ func (c *Client) UpdateSandbox(ctx context.Context, ref string, req api.UpdateSa
 	return &sb, nil
 }
 
+// OpenURL is a sandbox's URL with its access token in the query
+// (?loam_token=), which a browser's first visit turns into a cookie.
+func OpenURL(sandboxURL, token string) string {
+	u, err := url.Parse(sandboxURL)
+	if err != nil {
+		return sandboxURL
+	}
+	if u.Path == "" {
+		u.Path = "/"
+	}
+	u.RawQuery = url.Values{"loam_token": {token}}.Encode()
+	return u.String()
+}
+
 // AccessToken returns a sandbox's URL and the token that opens it when the
 // sandbox is not public: send it as the header X-Loam-Access-Token, or once
 // as ?loam_token= in a browser, which then keeps it in a cookie.

@@ -1,9 +1,9 @@
 package cli
 
 import (
-	"net/url"
-
 	"github.com/spf13/cobra"
+
+	"loam.dev/loam/client"
 )
 
 func (a *app) urlCmd() *cobra.Command {
@@ -39,25 +39,11 @@ then keeps it in a cookie for that URL.`,
 			b.line("access", access(sb.Public))
 			b.line("token", at.AccessToken)
 			if !sb.Public {
-				b.line("open", openURL(at.URL, at.AccessToken))
+				b.line("open", client.OpenURL(at.URL, at.AccessToken))
 			}
 			return b.err
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the URL and access token as JSON")
 	return cmd
-}
-
-// openURL is a sandbox's URL with its access token in the query, for a
-// browser's first visit.
-func openURL(sandboxURL, token string) string {
-	u, err := url.Parse(sandboxURL)
-	if err != nil {
-		return sandboxURL
-	}
-	if u.Path == "" {
-		u.Path = "/"
-	}
-	u.RawQuery = url.Values{"loam_token": {token}}.Encode()
-	return u.String()
 }

@@ -2,7 +2,6 @@ package mcp
 
 import (
 	"context"
-	"net/url"
 	"time"
 
 	"loam.dev/loam/api"
@@ -153,20 +152,7 @@ func (s *Server) addSandboxTools() {
 			if err != nil {
 				return URLOutput{}, err
 			}
-			return URLOutput{URL: at.URL, Public: sb.Public, AccessToken: at.AccessToken, OpenURL: openURL(at.URL, at.AccessToken)}, nil
+			return URLOutput{URL: at.URL, Public: sb.Public, AccessToken: at.AccessToken, OpenURL: client.OpenURL(at.URL, at.AccessToken)}, nil
 		})
 }
 
-// openURL is a sandbox's URL with its access token in the query, which a
-// browser's first visit turns into a cookie.
-func openURL(sandboxURL, token string) string {
-	u, err := url.Parse(sandboxURL)
-	if err != nil {
-		return sandboxURL
-	}
-	if u.Path == "" {
-		u.Path = "/"
-	}
-	u.RawQuery = url.Values{"loam_token": {token}}.Encode()
-	return u.String()
-}
