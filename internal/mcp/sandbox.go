@@ -155,4 +155,3 @@ func (s *Server) addSandboxTools() {
 			return URLOutput{URL: at.URL, Public: sb.Public, AccessToken: at.AccessToken, OpenURL: client.OpenURL(at.URL, at.AccessToken)}, nil
 		})
 }
-
