@@ -29,16 +29,18 @@ const stdinChunk = 16 << 10
 // ErrStreamEnded is wrapped by the error Exec and Attach return when the
 // socket closed before the command exited. The command is gone (it got
 // SIGHUP) unless it was a detachable session. When the daemon closed the
-// socket with status 1011 (the sandbox was checkpointed or restored), the
-// error also wraps ErrInterrupted and an *api.Error of code unavailable.
+// socket with status 1011 (the sandbox was checkpointed or restored, or it
+// died), the error also wraps ErrInterrupted and an *api.Error of code
+// unavailable whose message says which.
 var ErrStreamEnded = errors.New("exec stream ended before the command exited")
 
 // ErrInterrupted is wrapped by the error Exec and Attach return when the
-// daemon ended the stream with status 1011 because the sandbox was
-// checkpointed (memory) or restored. A detachable session runs on through a
+// daemon ended the stream with status 1011: the sandbox was checkpointed
+// (memory) or restored, or its sandbox process died (the wrapped
+// *api.Error says which). A detachable session runs on through a
 // checkpoint, and through a memory restore comes back as it was then:
 // attach to it again, from the offsets already received, to lose nothing.
-var ErrInterrupted = errors.New("the sandbox was checkpointed or restored (status 1011)")
+var ErrInterrupted = errors.New("the daemon ended the stream (status 1011)")
 
 // ErrNotStarted is wrapped by the error Exec returns when the sandbox was
 // reached but the command could not be started; the error also wraps the
