@@ -51,7 +51,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -302,11 +301,11 @@ func (h *handler) authorized(r *http.Request) bool {
 // and of those only the ones that carry the token.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.fromOwnLink(r) {
-		writeError(w, api.Errorf(api.CodeForbidden, "the agent serves only its sandbox's host"))
+		api.WriteError(w, api.Errorf(api.CodeForbidden, "the agent serves only its sandbox's host"))
 		return
 	}
 	if !h.authorized(r) {
-		writeError(w, api.Errorf(api.CodeUnauthorized, "missing or wrong agent token"))
+		api.WriteError(w, api.Errorf(api.CodeUnauthorized, "missing or wrong agent token"))
 		return
 	}
 	h.mux.ServeHTTP(w, r)
@@ -340,7 +339,7 @@ type Health struct {
 }
 
 func (h *handler) serveHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, Health{
+	api.WriteJSON(w, http.StatusOK, Health{
 		OK:       true,
 		Version:  ProtocolVersion,
 		PID:      os.Getpid(),
@@ -356,11 +355,11 @@ type tokenRequest struct {
 func (h *handler) serveToken(w http.ResponseWriter, r *http.Request) {
 	var req tokenRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil {
-		writeError(w, api.Errorf(api.CodeInvalid, `the body must be {"token":"…"}`))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, `the body must be {"token":"…"}`))
 		return
 	}
 	if req.Token == "" {
-		writeError(w, api.Errorf(api.CodeInvalid, "the new token is empty"))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, "the new token is empty"))
 		return
 	}
 	h.setToken(req.Token)
@@ -378,7 +377,7 @@ func (h *handler) serveToken(w http.ResponseWriter, r *http.Request) {
 func (h *handler) serveSync(w http.ResponseWriter, r *http.Request) {
 	if err := syncRoot(); err != nil {
 		h.log.Warn("syncing the root filesystem", "err", err)
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -392,18 +391,4 @@ func syncRoot() error {
 	}
 	defer unix.Close(fd)
 	return unix.Syncfs(fd)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, err error) {
-	var e *api.Error
-	if !errors.As(err, &e) {
-		e = api.Errorf(api.CodeInternal, "internal error")
-	}
-	writeJSON(w, e.Code.HTTPStatus(), api.ErrorBody{Error: e})
 }

@@ -76,7 +76,7 @@ func (s *apiSocket) serve(path string) error {
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("in-sandbox API unreachable", "err", err)
-			writeError(w, api.Errorf(api.CodeUnavailable, "the sandbox's API on the host does not answer"))
+			api.WriteError(w, api.Errorf(api.CodeUnavailable, "the sandbox's API on the host does not answer"))
 		},
 	}
 	_ = os.Remove(path) // a socket left by the agent of a restored or forked checkpoint's disk
@@ -117,7 +117,7 @@ func (s *apiSocket) serve(path string) error {
 func (s *apiSocket) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cred, ok := r.Context().Value(peerKey{}).(*unix.Ucred)
 	if !ok || !s.allowed(cred.Uid) {
-		writeError(w, api.Errorf(api.CodeForbidden, "only root and the sandbox's user may use the sandbox's API"))
+		api.WriteError(w, api.Errorf(api.CodeForbidden, "only root and the sandbox's user may use the sandbox's API"))
 		return
 	}
 	s.proxy.ServeHTTP(w, r)

@@ -198,7 +198,7 @@ func (h *handler) serveStat(w http.ResponseWriter, r *http.Request) {
 		h.fileError(w, r, p, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, info)
+	api.WriteJSON(w, http.StatusOK, info)
 }
 
 func (h *handler) serveRead(w http.ResponseWriter, r *http.Request) {
@@ -258,7 +258,7 @@ func (h *handler) serveWrite(w http.ResponseWriter, r *http.Request) {
 		h.fileError(w, r, p, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, info)
+	api.WriteJSON(w, http.StatusOK, info)
 }
 
 // openRegular opens p for reading without blocking on a fifo a user of
@@ -390,7 +390,7 @@ func (h *handler) serveMkdir(w http.ResponseWriter, r *http.Request) {
 		h.fileError(w, r, p, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, info)
+	api.WriteJSON(w, http.StatusOK, info)
 }
 
 func (h *handler) serveMove(w http.ResponseWriter, r *http.Request) {
@@ -431,7 +431,7 @@ func (h *handler) serveMove(w http.ResponseWriter, r *http.Request) {
 		h.fileError(w, r, from, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, info)
+	api.WriteJSON(w, http.StatusOK, info)
 }
 
 func (h *handler) serveRemove(w http.ResponseWriter, r *http.Request) {
@@ -472,7 +472,7 @@ func (h *handler) fileError(w http.ResponseWriter, r *http.Request, p string, er
 	if !errors.As(err, &ae) {
 		h.log.Warn("files: failed", "method", r.Method, "path", r.URL.Path, "file", p, "err", err)
 	}
-	writeError(w, err)
+	api.WriteError(w, err)
 }
 
 // fileRoutes registers the files protocol on mux.

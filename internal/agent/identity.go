@@ -59,27 +59,27 @@ const maxIdentity = 32 << 20
 func (h *handler) serveIdentity(w http.ResponseWriter, r *http.Request) {
 	var id Identity
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxIdentity)).Decode(&id); err != nil || id.SandboxID == "" {
-		writeError(w, api.Errorf(api.CodeInvalid, "bad identity: it must be JSON naming the sandbox"))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, "bad identity: it must be JSON naming the sandbox"))
 		return
 	}
 	if err := writeIdentity(h.identityDir, id); err != nil {
 		h.log.Error("writing identity", "err", err)
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	if err := h.apiSocket.set(id, filepath.Join(h.identityDir, APISocketName)); err != nil {
 		h.log.Error("serving the in-sandbox API socket", "err", err)
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	if err := h.writeSecretFiles(id.SecretFiles); err != nil {
 		h.log.Error("writing secret files", "err", err)
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	if err := h.setHostname(id.SandboxName); err != nil {
 		h.log.Error("naming the sandbox", "err", err)
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	h.identity.Store(&id)

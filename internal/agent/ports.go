@@ -155,10 +155,10 @@ func (h *handler) servePorts(w http.ResponseWriter, r *http.Request) {
 	ps, err := h.listPorts()
 	if err != nil {
 		h.log.Warn("listing ports", "err", err)
-		writeError(w, api.Errorf(api.CodeInternal, "listing ports: %s", err))
+		api.WriteError(w, api.Errorf(api.CodeInternal, "listing ports: %s", err))
 		return
 	}
-	writeJSON(w, http.StatusOK, api.PortList{Ports: ps})
+	api.WriteJSON(w, http.StatusOK, api.PortList{Ports: ps})
 }
 
 // servePortWatch sends a PortEvent for every port that opens or closes,
@@ -218,11 +218,11 @@ func (h *handler) servePortWatch(w http.ResponseWriter, r *http.Request) {
 func (h *handler) servePortStream(w http.ResponseWriter, r *http.Request) {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > api.MaxPort {
-		writeError(w, api.Errorf(api.CodeInvalid, "port %q: give a TCP port, 1 to %d", r.PathValue("port"), api.MaxPort))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, "port %q: give a TCP port, 1 to %d", r.PathValue("port"), api.MaxPort))
 		return
 	}
 	if port == h.ownPort {
-		writeError(w, api.Errorf(api.CodeForbidden, "port %d is the agent's own", port))
+		api.WriteError(w, api.Errorf(api.CodeForbidden, "port %d is the agent's own", port))
 		return
 	}
 	tcp, err := h.dialPort(r.Context(), port)
@@ -232,7 +232,7 @@ func (h *handler) servePortStream(w http.ResponseWriter, r *http.Request) {
 			h.log.Warn("port stream", "err", err)
 			ae = api.Errorf(api.CodeInternal, "listing ports: %s", err)
 		}
-		writeError(w, ae)
+		api.WriteError(w, ae)
 		return
 	}
 	defer tcp.Close()

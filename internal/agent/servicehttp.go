@@ -23,13 +23,13 @@ func (h *handler) serviceRoutes(mux *http.ServeMux) {
 }
 
 func (h *handler) serveServiceList(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, api.ServiceList{Services: h.services.all()})
+	api.WriteJSON(w, http.StatusOK, api.ServiceList{Services: h.services.all()})
 }
 
 func (h *handler) serveServicePut(w http.ResponseWriter, r *http.Request) {
 	var def api.Service
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxClientMessage)).Decode(&def); err != nil {
-		writeError(w, api.Errorf(api.CodeInvalid, "the body must be a service definition"))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, "the body must be a service definition"))
 		return
 	}
 	name := r.PathValue("service")
@@ -37,7 +37,7 @@ func (h *handler) serveServicePut(w http.ResponseWriter, r *http.Request) {
 		def.Name = name
 	}
 	if def.Name != name {
-		writeError(w, api.Errorf(api.CodeInvalid, "name: %q is not the service of the path, %q", def.Name, name))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, "name: %q is not the service of the path, %q", def.Name, name))
 		return
 	}
 	s, created, err := h.services.put(def)
@@ -49,22 +49,22 @@ func (h *handler) serveServicePut(w http.ResponseWriter, r *http.Request) {
 	if created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, s.view())
+	api.WriteJSON(w, status, s.view())
 }
 
 func (h *handler) serveServiceGet(w http.ResponseWriter, r *http.Request) {
 	s, err := h.services.get(r.PathValue("service"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.view())
+	api.WriteJSON(w, http.StatusOK, s.view())
 }
 
 func (h *handler) serveServiceDelete(w http.ResponseWriter, r *http.Request) {
 	s, err := h.services.get(r.PathValue("service"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	if err := h.services.remove(s); err != nil {
@@ -78,14 +78,14 @@ func (h *handler) serveServiceDelete(w http.ResponseWriter, r *http.Request) {
 func (h *handler) serveServiceAction(w http.ResponseWriter, r *http.Request) {
 	s, err := h.services.get(r.PathValue("service"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	if err := h.services.act(s, r.PathValue("action")); err != nil {
 		h.sessionError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.view())
+	api.WriteJSON(w, http.StatusOK, s.view())
 }
 
 // serveServiceLogs serves a service's logs as an attach socket without
@@ -97,12 +97,12 @@ func (h *handler) serveServiceAction(w http.ResponseWriter, r *http.Request) {
 func (h *handler) serveServiceLogs(w http.ResponseWriter, r *http.Request) {
 	s, err := h.services.get(r.PathValue("service"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	from, err := parseAttachFrom(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})

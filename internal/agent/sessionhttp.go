@@ -15,11 +15,11 @@ import (
 func (h *handler) serveSessionCreate(w http.ResponseWriter, r *http.Request) {
 	var req api.ExecRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxClientMessage)).Decode(&req); err != nil {
-		writeError(w, api.Errorf(api.CodeInvalid, "the body must be an exec request"))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, "the body must be an exec request"))
 		return
 	}
 	if err := checkRequest(&req); err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	c, err := h.prepare(&req)
@@ -32,7 +32,7 @@ func (h *handler) serveSessionCreate(w http.ResponseWriter, r *http.Request) {
 		h.sessionError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, ss.view())
+	api.WriteJSON(w, http.StatusCreated, ss.view())
 }
 
 // sessionError answers with err, logging causes that are not the client's.
@@ -41,26 +41,26 @@ func (h *handler) sessionError(w http.ResponseWriter, err error) {
 	if !errors.As(err, &e) {
 		h.log.Warn("session failed", "err", err)
 	}
-	writeError(w, err)
+	api.WriteError(w, err)
 }
 
 func (h *handler) serveSessionList(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, api.SessionList{Sessions: h.sessions.all()})
+	api.WriteJSON(w, http.StatusOK, api.SessionList{Sessions: h.sessions.all()})
 }
 
 func (h *handler) serveSessionGet(w http.ResponseWriter, r *http.Request) {
 	ss, err := h.sessions.get(r.PathValue("session"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, ss.view())
+	api.WriteJSON(w, http.StatusOK, ss.view())
 }
 
 func (h *handler) serveSessionWait(w http.ResponseWriter, r *http.Request) {
 	ss, err := h.sessions.get(r.PathValue("session"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	select {
@@ -68,23 +68,23 @@ func (h *handler) serveSessionWait(w http.ResponseWriter, r *http.Request) {
 	case <-r.Context().Done():
 		return
 	}
-	writeJSON(w, http.StatusOK, ss.view())
+	api.WriteJSON(w, http.StatusOK, ss.view())
 }
 
 func (h *handler) serveSessionSignal(w http.ResponseWriter, r *http.Request) {
 	ss, err := h.sessions.get(r.PathValue("session"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	var req api.SignalSession
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil {
-		writeError(w, api.Errorf(api.CodeInvalid, `the body must be {"signal":"…"}`))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, `the body must be {"signal":"…"}`))
 		return
 	}
 	sig := signalByName(req.Signal)
 	if sig == 0 {
-		writeError(w, api.Errorf(api.CodeInvalid, "signal %q: not a signal name or number", req.Signal))
+		api.WriteError(w, api.Errorf(api.CodeInvalid, "signal %q: not a signal name or number", req.Signal))
 		return
 	}
 	if err := ss.signal(sig); err != nil {
@@ -97,7 +97,7 @@ func (h *handler) serveSessionSignal(w http.ResponseWriter, r *http.Request) {
 func (h *handler) serveSessionDelete(w http.ResponseWriter, r *http.Request) {
 	ss, err := h.sessions.get(r.PathValue("session"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	h.sessions.remove(ss)
@@ -108,16 +108,16 @@ func (h *handler) serveSessionDelete(w http.ResponseWriter, r *http.Request) {
 func (h *handler) serveSessionAttach(w http.ResponseWriter, r *http.Request) {
 	ss, err := h.sessions.get(r.PathValue("session"))
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	if !ss.detachable {
-		writeError(w, api.Errorf(api.CodeConflict, "session %s is not detachable: its output goes only to the socket that started it", ss.id))
+		api.WriteError(w, api.Errorf(api.CodeConflict, "session %s is not detachable: its output goes only to the socket that started it", ss.id))
 		return
 	}
 	from, err := parseAttachFrom(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 		return
 	}
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})

@@ -166,7 +166,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = c.static(w, r)
 	}
 	if err != nil {
-		writeError(w, err)
+		api.WriteError(w, err)
 	}
 }
 
@@ -252,7 +252,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) error {
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.TLS,
 	})
 	c.log.Info("console login", "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, SessionInfo{CSRFToken: csrf, ExpiresAt: s.expires})
+	api.WriteJSON(w, http.StatusOK, SessionInfo{CSRFToken: csrf, ExpiresAt: s.expires})
 	return nil
 }
 
@@ -287,7 +287,7 @@ func (c *Console) current(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, SessionInfo{CSRFToken: s.csrf, ExpiresAt: s.expires})
+	api.WriteJSON(w, http.StatusOK, SessionInfo{CSRFToken: s.csrf, ExpiresAt: s.expires})
 	return nil
 }
 
@@ -387,21 +387,4 @@ func randomToken() string {
 func hashID(id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return hex.EncodeToString(sum[:])
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// writeError answers with the API's error body. The console's handlers
-// return only *api.Error, the user's to read; anything else would be a
-// bug, and its details are not sent.
-func writeError(w http.ResponseWriter, err error) {
-	var ae *api.Error
-	if !errors.As(err, &ae) {
-		ae = api.Errorf(api.CodeInternal, "internal error")
-	}
-	writeJSON(w, ae.Code.HTTPStatus(), api.ErrorBody{Error: ae})
 }

@@ -33,7 +33,7 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, cp)
+	api.WriteJSON(w, http.StatusCreated, cp)
 	return nil
 }
 
@@ -42,7 +42,7 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.CheckpointList{Checkpoints: cps})
+	api.WriteJSON(w, http.StatusOK, api.CheckpointList{Checkpoints: cps})
 	return nil
 }
 
@@ -51,7 +51,7 @@ func (s *Server) getCheckpoint(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, cp)
+	api.WriteJSON(w, http.StatusOK, cp)
 	return nil
 }
 
@@ -68,6 +68,6 @@ func (s *Server) restoreCheckpoint(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	api.WriteJSON(w, http.StatusOK, sb)
 	return nil
 }

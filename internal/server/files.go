@@ -83,7 +83,7 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, info)
+	api.WriteJSON(w, http.StatusOK, info)
 	return nil
 }
 
@@ -143,7 +143,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return body.clientError(err)
 	}
-	writeJSON(w, http.StatusOK, info)
+	api.WriteJSON(w, http.StatusOK, info)
 	return nil
 }
 
@@ -156,7 +156,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, info)
+	api.WriteJSON(w, http.StatusOK, info)
 	return nil
 }
 
@@ -169,7 +169,7 @@ func (s *Server) moveFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, info)
+	api.WriteJSON(w, http.StatusOK, info)
 	return nil
 }
 

@@ -38,7 +38,7 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusAccepted, im)
+	api.WriteJSON(w, http.StatusAccepted, im)
 	return nil
 }
 
@@ -47,7 +47,7 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.ImageList{Images: list})
+	api.WriteJSON(w, http.StatusOK, api.ImageList{Images: list})
 	return nil
 }
 
@@ -56,7 +56,7 @@ func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, im)
+	api.WriteJSON(w, http.StatusOK, im)
 	return nil
 }
 
@@ -80,7 +80,7 @@ func (s *Server) loginRegistry(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, reg)
+	api.WriteJSON(w, http.StatusOK, reg)
 	return nil
 }
 
@@ -89,7 +89,7 @@ func (s *Server) listRegistries(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.RegistryList{Registries: list})
+	api.WriteJSON(w, http.StatusOK, api.RegistryList{Registries: list})
 	return nil
 }
 

@@ -30,6 +30,6 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	api.WriteJSON(w, http.StatusOK, sb)
 	return nil
 }

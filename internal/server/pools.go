@@ -49,7 +49,7 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, pool)
+	api.WriteJSON(w, http.StatusOK, pool)
 	return nil
 }
 
@@ -71,6 +71,6 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, pool)
+	api.WriteJSON(w, http.StatusOK, pool)
 	return nil
 }

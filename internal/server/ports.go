@@ -42,7 +42,7 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.PortList{Ports: ps})
+	api.WriteJSON(w, http.StatusOK, api.PortList{Ports: ps})
 	return nil
 }
 

@@ -50,7 +50,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, sb)
+	api.WriteJSON(w, http.StatusCreated, sb)
 	return nil
 }
 
@@ -63,7 +63,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.SandboxList{Sandboxes: sbs})
+	api.WriteJSON(w, http.StatusOK, api.SandboxList{Sandboxes: sbs})
 	return nil
 }
 
@@ -100,7 +100,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	api.WriteJSON(w, http.StatusOK, sb)
 	return nil
 }
 
@@ -113,7 +113,7 @@ func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	api.WriteJSON(w, http.StatusOK, sb)
 	return nil
 }
 
@@ -123,7 +123,7 @@ func (s *Server) accessToken(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, at)
+	api.WriteJSON(w, http.StatusOK, at)
 	return nil
 }
 
@@ -258,7 +258,7 @@ func (s *Server) sleepSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	api.WriteJSON(w, http.StatusOK, sb)
 	return nil
 }
 
@@ -268,6 +268,6 @@ func (s *Server) wakeSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	api.WriteJSON(w, http.StatusOK, sb)
 	return nil
 }

@@ -36,7 +36,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sec)
+	api.WriteJSON(w, http.StatusOK, sec)
 	return nil
 }
 
@@ -45,7 +45,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.SecretList{Secrets: list})
+	api.WriteJSON(w, http.StatusOK, api.SecretList{Secrets: list})
 	return nil
 }
 

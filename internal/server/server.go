@@ -93,7 +93,7 @@ func New(sandboxes Sandboxes, token string, log *slog.Logger, opts ...Option) *S
 
 func (s *Server) routes() {
 	s.handle("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+		api.WriteJSON(w, http.StatusOK, map[string]any{"ok": true})
 	})
 	// The API's own description, open like /healthz: it holds no secret,
 	// and a client needs it before it has a token to read it with.
@@ -327,13 +327,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	} else if ae.Code == api.CodeInternal || ae.Code == api.CodeUnavailable {
 		log.Error("request failed", "request_id", RequestID(r.Context()), "err", err)
 	}
-	writeJSON(w, ae.Code.HTTPStatus(), api.ErrorBody{Error: ae})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	api.WriteJSON(w, ae.Code.HTTPStatus(), api.ErrorBody{Error: ae})
 }
 
 // decode reads a JSON object from r's body into v, refusing unknown fields,

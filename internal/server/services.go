@@ -60,7 +60,7 @@ func (s *Server) putService(w http.ResponseWriter, r *http.Request) error {
 	if created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, st)
+	api.WriteJSON(w, status, st)
 	return nil
 }
 
@@ -69,7 +69,7 @@ func (s *Server) listServices(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.ServiceList{Services: l})
+	api.WriteJSON(w, http.StatusOK, api.ServiceList{Services: l})
 	return nil
 }
 
@@ -78,7 +78,7 @@ func (s *Server) getService(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, st)
+	api.WriteJSON(w, http.StatusOK, st)
 	return nil
 }
 
@@ -87,7 +87,7 @@ func (s *Server) serviceAction(w http.ResponseWriter, r *http.Request, action st
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, st)
+	api.WriteJSON(w, http.StatusOK, st)
 	return nil
 }
 

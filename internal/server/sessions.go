@@ -48,7 +48,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, ss)
+	api.WriteJSON(w, http.StatusCreated, ss)
 	return nil
 }
 
@@ -57,7 +57,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, api.SessionList{Sessions: ss})
+	api.WriteJSON(w, http.StatusOK, api.SessionList{Sessions: ss})
 	return nil
 }
 
@@ -66,7 +66,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, ss)
+	api.WriteJSON(w, http.StatusOK, ss)
 	return nil
 }
 
@@ -75,7 +75,7 @@ func (s *Server) waitSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, ss)
+	api.WriteJSON(w, http.StatusOK, ss)
 	return nil
 }
 

@@ -40,7 +40,7 @@ func (s *Server) templates() (Templates, error) {
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.TemplateList{Templates: s.sandboxes.Templates(r.Context())})
+	api.WriteJSON(w, http.StatusOK, api.TemplateList{Templates: s.sandboxes.Templates(r.Context())})
 	return nil
 }
 
@@ -57,7 +57,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, tpl)
+	api.WriteJSON(w, http.StatusCreated, tpl)
 	return nil
 }
 
@@ -129,6 +129,6 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return body.clientError(err)
 	}
-	writeJSON(w, http.StatusCreated, tpl)
+	api.WriteJSON(w, http.StatusCreated, tpl)
 	return nil
 }
