@@ -57,12 +57,19 @@ func newCrasher(t *testing.T, bin string) *crasher {
 // it disarms it and starts the daemon again, which recovers.
 func (c *crasher) crash(t *testing.T, point string, op func(ctx context.Context) error) {
 	t.Helper()
+	c.crashTwice(t, point, "", op)
+}
+
+// crashTwice is crash, but the start-up after the first crash is armed at
+// recovering, a point its recovery passes: it dies there too, and the
+// start after that recovers from both crashes at once.
+func (c *crasher) crashTwice(t *testing.T, point, recovering string, op func(ctx context.Context) error) {
+	t.Helper()
 	if err := os.WriteFile(c.arm, []byte(point), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
+	exited := c.d.exited
 	cmd := c.d.cmd
-	go func() { _ = cmd.Wait(); close(exited) }()
 	ctx, cancel := context.WithTimeout(c.ctx, 2*time.Minute)
 	defer cancel()
 	opErr := make(chan error, 1)
@@ -84,18 +91,38 @@ func (c *crasher) crash(t *testing.T, point string, op func(ctx context.Context)
 		_ = cmd.Process.Kill()
 		<-exited
 	}
-	if werr := os.WriteFile(c.arm, nil, 0o644); werr != nil {
+	if werr := os.WriteFile(c.arm, []byte(recovering), 0o644); werr != nil {
 		t.Fatal(werr)
 	}
 	log := c.d.log.String()
 	c.logs.WriteString(log)
 	c.crashLog = log
 	c.d.cmd = nil
+	if !reached || !strings.Contains(log, "crash point "+point+":") {
+		// Start it again all the same: the next cases need a daemon.
+		_ = os.WriteFile(c.arm, nil, 0o644)
+		_ = c.d.launch()
+		t.Fatalf("the daemon did not die at %s (the operation returned %v)", point, err)
+	}
+	if recovering != "" {
+		lerr := c.d.launch()
+		if werr := os.WriteFile(c.arm, nil, 0o644); werr != nil {
+			t.Fatal(werr)
+		}
+		log := c.d.log.String()
+		c.logs.WriteString(log)
+		c.crashLog += "\n--- the start-up that crashed while it recovered:\n" + log
+		if lerr == nil {
+			t.Fatalf("the recovery after the crash at %s did not pass %s", point, recovering)
+		}
+		c.d.kill() // it has exited, unless it hung in its start-up
+		if !errors.Is(lerr, errDaemonExited) || !strings.Contains(log, "crash point "+recovering+":") {
+			_ = c.d.launch()
+			t.Fatalf("the recovery after the crash at %s did not die at %s: %v", point, recovering, lerr)
+		}
+	}
 	if err := c.d.launch(); err != nil {
 		t.Fatalf("starting again after the crash at %s: %v", point, err)
-	}
-	if !reached || !strings.Contains(log, "crash point "+point+":") {
-		t.Fatalf("the daemon did not die at %s (the operation returned %v)", point, err)
 	}
 }
 

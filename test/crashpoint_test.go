@@ -254,6 +254,60 @@ func TestCrashPoints(t *testing.T) {
 		})
 	}
 
+	// A crash while the start-up recovers from a crash: the start after
+	// that finishes both. Recovery's steps are the operations' own (a
+	// delete's destroy, a restore's roll back) or its own (a sandbox
+	// resumed from the image a cut sleep or restore wrote), and each must
+	// hold when it runs a second time over what a first run left.
+	run("destroy.disk@recovering-delete.marked", func(t *testing.T) {
+		c.create(t, "doomed")
+		c.checkpoint(t, "doomed", false)
+		c.crashTwice(t, "delete.marked", "destroy.disk", func(ctx context.Context) error {
+			return c.d.C.DeleteSandbox(ctx, "doomed")
+		})
+		if sb, err := c.d.C.GetSandbox(c.ctx, "doomed"); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("after a delete and its recovery cut short: %+v, %v; want not found", sb, err)
+		}
+	})
+	for _, pq := range [][2]string{{"restore.auto-kept", "rollback.disk-dropped"}, {"restore.auto-kept", "resume.restored"},
+		{"restore.auto-gen", "recover.resumed"}} {
+		run(pq[1]+"@recovering-"+pq[0], func(t *testing.T) {
+			before := c.listCPs(t, "main")
+			c.crashTwice(t, pq[0], pq[1], func(ctx context.Context) error {
+				_, err := c.d.C.RestoreCheckpoint(ctx, "main", memCP)
+				return err
+			})
+			st := c.state(t, "main")
+			got := c.facts(t, "main")
+			after := c.listCPs(t, "main")
+			switch {
+			case got == "d1|m1" && len(after) == len(before):
+				t.Logf("%s, before the restore", st)
+			case got == "d0|m0" && len(after) == len(before)+1:
+				t.Logf("%s, restored", st)
+				c.newCheckpoints(t, "main", before, "d1|m1")
+				c.mark(t, "main", "d1", "m1")
+			default:
+				t.Errorf("after the crashes: %s, disk|memory %q with %d checkpoints (%d before): neither before nor after the restore", st, got, len(after), len(before))
+			}
+			c.pruneAutos(t, "main")
+		})
+	}
+	run("recover.resumed@recovering-sleep.image", func(t *testing.T) {
+		c.crashTwice(t, "sleep.image", "recover.resumed", func(ctx context.Context) error {
+			_, err := c.d.C.Sleep(ctx, "main")
+			return err
+		})
+		st := c.state(t, "main")
+		t.Logf("after the crashes: %s", st)
+		if st != api.StateRunning && st != api.StateSleeping {
+			t.Fatalf("state %s, want running or sleeping", st)
+		}
+		if got := c.facts(t, "main"); got != "d1|m1" {
+			t.Errorf("disk|memory %q, want d1|m1", got)
+		}
+	})
+
 	// Wake: asleep as before, or awake; either way it has its memory.
 	for _, p := range []string{"wake.numbered", "wake.restored", "wake.connected", "wake.image-dropped"} {
 		run(p, func(t *testing.T) {

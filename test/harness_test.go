@@ -6,6 +6,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -154,10 +155,13 @@ type daemon struct {
 	dataDir string
 	subnet  string
 	cmd     *exec.Cmd
-	log     *syncBuffer
-	URL     string
-	Token   string
-	C       *client.Client
+	// exited is closed when cmd has exited: one goroutine waits for it,
+	// so that launch, stop, kill and the crash tests can all watch.
+	exited chan struct{}
+	log    *syncBuffer
+	URL    string
+	Token  string
+	C      *client.Client
 	// bin is the binary it runs (daemonBin when empty), env more of its
 	// environment.
 	bin string
@@ -206,6 +210,10 @@ func (d *daemon) start(extra ...string) {
 	}
 }
 
+// errDaemonExited is wrapped by launch's error when the daemon exited
+// before it answered.
+var errDaemonExited = errors.New("the daemon exited before it answered")
+
 // launch runs `loam serve` and waits until it answers.
 func (d *daemon) launch(extra ...string) error {
 	os.Remove(filepath.Join(d.dataDir, "api_url"))
@@ -228,6 +236,9 @@ func (d *daemon) launch(extra ...string) error {
 	if err := d.cmd.Start(); err != nil {
 		return err
 	}
+	exited := make(chan struct{})
+	d.exited = exited
+	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(exited) }(d.cmd)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		b, err := os.ReadFile(filepath.Join(d.dataDir, "api_url"))
@@ -235,7 +246,12 @@ func (d *daemon) launch(extra ...string) error {
 			d.URL = strings.TrimSpace(string(b))
 			break
 		}
-		if time.Now().After(deadline) || d.cmd.ProcessState != nil {
+		select {
+		case <-exited:
+			return fmt.Errorf("%w:\n%s", errDaemonExited, d.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
 			return fmt.Errorf("daemon did not start:\n%s", d.log.String())
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -267,13 +283,11 @@ func (d *daemon) stop() {
 		return
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- d.cmd.Wait() }()
 	select {
-	case <-done:
+	case <-d.exited:
 	case <-time.After(30 * time.Second):
 		_ = d.cmd.Process.Kill()
-		<-done
+		<-d.exited
 	}
 	d.cmd = nil
 }
@@ -417,7 +431,7 @@ func (d *daemon) kill() {
 		return
 	}
 	_ = d.cmd.Process.Kill()
-	_ = d.cmd.Wait()
+	<-d.exited
 	d.cmd = nil
 }
 

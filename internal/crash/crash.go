@@ -88,4 +88,8 @@ var Points = []string{
 	// Warm pool claim, network policy change.
 	"pool.claimed",
 	"network.stored",
+
+	// Recovery's own steps: a sandbox that a cut sleep or restore left
+	// stopped, restarted from the image it wrote, not yet connected.
+	"recover.resumed",
 }

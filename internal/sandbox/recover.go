@@ -12,6 +12,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
@@ -224,16 +225,14 @@ func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir, what s
 	if newest == "" {
 		return false
 	}
-	// The image holds the agent's token of then (this generation, or the
-	// one before if the next was stored); the agent is handed a new one,
-	// so that the token in the image opens nothing.
+	// The image holds the agent's token of then: this generation, or the
+	// one before if the next was stored (a restore's automatic checkpoint
+	// stores it after the image). Neither is in a published image (this
+	// one is never published: the sweep removes it), so the generation
+	// is not moved on here; connect hands the agent the current token.
+	// That keeps the record as it was, so that a crash in here is
+	// recovered the same way again.
 	holds := m.recoveryTokens(sb)
-	sb.AgentGen++
-	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-		sb.AgentGen--
-		m.log.Warn("numbering the agent token to resume a cut operation", "sandbox", sb.ID, "err", err)
-		return false
-	}
 	start := time.Now()
 	err := func() error {
 		ep, err := m.prepare(ctx, sb)
@@ -243,6 +242,7 @@ func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir, what s
 		if err := m.rt.Restore(ctx, m.spec(sb, ep), newest); err != nil {
 			return fmt.Errorf("restoring memory: %w", err)
 		}
+		crash.Point("recover.resumed")
 		return m.connect(ctx, sb, ep, holds...)
 	}()
 	if err != nil {
