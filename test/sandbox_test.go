@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -366,6 +367,11 @@ func TestSandboxUsage(t *testing.T) {
 		before.Usage.CPUSeconds, before.Usage.MemoryBytes>>20, after.CPUSeconds, after.MemoryBytes>>20)
 	if after.CPUSeconds <= before.Usage.CPUSeconds {
 		t.Errorf("CPU time went from %.3f s to %.3f s over a busy loop", before.Usage.CPUSeconds, after.CPUSeconds)
+	}
+	out, errOut, code := d.cli("", "get", "busy")
+	if code != 0 || !regexp.MustCompile(`(?m)^memory: +[0-9.]+[KMG]i used of 256Mi$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^cpus: +[0-9.]+ \([0-9.]+s CPU time used\)$`).MatchString(out) {
+		t.Errorf("loam get busy: %d %q %q; want the memory and CPU time in use", code, out, errOut)
 	}
 	if _, err := d.C.Sleep(ctx, "busy"); err != nil {
 		t.Fatal(err)

@@ -116,8 +116,8 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	if sb.Image != "" {
 		b.line("image", sb.Image)
 	}
-	b.line("cpus", formatCPUs(sb.Resources.CPUs))
-	b.line("memory", formatMiB(sb.Resources.MemoryMiB))
+	b.line("cpus", formatCPUUse(sb.Resources.CPUs, sb.Usage))
+	b.line("memory", formatMemory(sb.Resources.MemoryMiB, sb.Usage))
 	b.line("disk", formatDisk(sb.Resources.DiskMiB, sb.Disk))
 	b.line("idle", sb.Idle)
 	b.line("http_port", formatPort(sb.HTTPPort))
@@ -180,6 +180,26 @@ func formatCPUs(cpus float64) string {
 		return ""
 	}
 	return strconv.FormatFloat(cpus, 'f', -1, 64)
+}
+
+// formatCPUUse shows a sandbox's CPU limit, with the CPU time a running
+// one used since its container started.
+func formatCPUUse(cpus float64, u *api.Usage) string {
+	limit := formatCPUs(cpus)
+	if u == nil || limit == "" {
+		return limit
+	}
+	return limit + " (" + strconv.FormatFloat(u.CPUSeconds, 'f', 1, 64) + "s CPU time used)"
+}
+
+// formatMemory shows a sandbox's memory limit, with what a running one
+// holds of it, as the disk's line does.
+func formatMemory(limitMiB int, u *api.Usage) string {
+	limit := formatMiB(limitMiB)
+	if u == nil || limit == "" {
+		return limit
+	}
+	return formatBytes(u.MemoryBytes) + " used of " + limit
 }
 
 // formatKV shows a map as k=v pairs sorted by key, comma-separated.

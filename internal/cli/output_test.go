@@ -250,3 +250,19 @@ func TestFormatDisk(t *testing.T) {
 		}
 	}
 }
+
+func TestFormatUsage(t *testing.T) {
+	u := &api.Usage{MemoryBytes: 41 << 20, CPUSeconds: 12.34}
+	for _, tc := range []struct{ got, want string }{
+		{formatMemory(512, nil), "512Mi"},
+		{formatMemory(512, u), "41Mi used of 512Mi"},
+		{formatMemory(0, u), ""},
+		{formatCPUUse(2, nil), "2"},
+		{formatCPUUse(0.5, u), "0.5 (12.3s CPU time used)"},
+		{formatCPUUse(0, u), ""},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
+		}
+	}
+}
