@@ -1,6 +1,8 @@
 package api
 
 import (
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -132,4 +134,57 @@ func CheckFileUser(u string) error {
 		return Errorf(CodeInvalid, "user: %q is not a user name", u)
 	}
 	return nil
+}
+
+// ReadRange is the part of a file a download asks for: Length bytes from
+// Offset, or all from Offset when Length is -1. A range past the end of
+// the file gives what there is of it, maybe nothing, as read(2) does.
+type ReadRange struct {
+	Offset int64
+	Length int64
+}
+
+// ParseReadRange reads the query parameters offset and length of a
+// download (both optional, bytes, 0 or more), with a message that says
+// what is wrong.
+func ParseReadRange(q url.Values) (ReadRange, error) {
+	r := ReadRange{Length: -1}
+	for _, p := range []struct {
+		name string
+		to   *int64
+	}{{"offset", &r.Offset}, {"length", &r.Length}} {
+		v := q.Get(p.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return ReadRange{Length: -1}, Errorf(CodeInvalid, "%s: %q is not a byte count (a whole number, 0 or more)", p.name, v)
+		}
+		*p.to = n
+	}
+	return r, nil
+}
+
+// Values adds r to q as ParseReadRange reads it, leaving out what is the
+// default.
+func (r ReadRange) Values(q url.Values) {
+	if r.Offset > 0 {
+		q.Set("offset", strconv.FormatInt(r.Offset, 10))
+	}
+	if r.Length >= 0 {
+		q.Set("length", strconv.FormatInt(r.Length, 10))
+	}
+}
+
+// Within is how many bytes of a file of size bytes r covers.
+func (r ReadRange) Within(size int64) int64 {
+	if r.Offset >= size {
+		return 0
+	}
+	n := size - r.Offset
+	if r.Length >= 0 && r.Length < n {
+		n = r.Length
+	}
+	return n
 }

@@ -34,6 +34,10 @@ type FileOptions struct {
 	// mode of the file replaced, or 0644) and Mkdir the directories (0755
 	// when 0).
 	Mode fs.FileMode
+	// Offset and Length make ReadFile read only part of the file: Length
+	// bytes from byte Offset (to the end when Length is 0). A part past
+	// the end of the file reads what there is of it, maybe nothing.
+	Offset, Length int64
 }
 
 func (o *FileOptions) query(path string) url.Values {
@@ -46,6 +50,13 @@ func (o *FileOptions) query(path string) url.Values {
 	}
 	if o.Recursive {
 		q.Set("recursive", "true")
+	}
+	// The daemon checks them: a negative one gets its invalid error.
+	if o.Offset != 0 {
+		q.Set("offset", strconv.FormatInt(o.Offset, 10))
+	}
+	if o.Length != 0 {
+		q.Set("length", strconv.FormatInt(o.Length, 10))
 	}
 	return q
 }

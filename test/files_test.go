@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,6 +65,24 @@ func TestFiles(t *testing.T) {
 	d.run("f", "sh", "-c", "mkdir -p /home/loam/out/sub && echo from the sandbox > /home/loam/out/sub/a.txt && ln -s sub/a.txt /home/loam/out/link")
 	if got, err := readAll(t, c, "f", "/home/loam/out/sub/a.txt", nil); err != nil || got != "from the sandbox\n" {
 		t.Errorf("ReadFile: %q, %v", got, err)
+	}
+	// Parts of a file: only they cross from the sandbox.
+	for _, rc := range []struct {
+		offset, length int64
+		want           string
+	}{{5, 3, "the"}, {5, 0, "the sandbox\n"}, {0, 4, "from"}, {16, 10, "\n"}, {17, 5, ""}, {1000, 0, ""}} {
+		if got, err := readAll(t, c, "f", "/home/loam/out/sub/a.txt", &client.FileOptions{Offset: rc.offset, Length: rc.length}); err != nil || got != rc.want {
+			t.Errorf("ReadFile offset %d length %d: %q, %v; want %q", rc.offset, rc.length, got, err, rc.want)
+		}
+	}
+	if _, err := readAll(t, c, "f", "/home/loam/out/sub/a.txt", &client.FileOptions{Offset: -1}); apiCode(err) != api.CodeInvalid {
+		t.Errorf("ReadFile offset -1: %v, want invalid", err)
+	}
+	for _, q := range []string{"length=-1", "offset=x", "length=1.5"} {
+		code, body := d.curl("GET", "/v1/sandboxes/f/files/content?path=/home/loam/out/sub/a.txt&"+q, "")
+		if code != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid"`) {
+			t.Errorf("GET content with %s: %d %s, want 400 invalid", q, code, body)
+		}
 	}
 	list, err := c.ListFiles(ctx, "f", "/home/loam/out", &client.FileOptions{Depth: 2})
 	if err != nil {
@@ -461,6 +480,9 @@ func TestFilesCLI(t *testing.T) {
 	os.Symlink("index.html", filepath.Join(site, "home.html"))
 
 	cli("", "cp", site, "cli:/home/loam/site")
+	if got := cli("", "files", "cat", "cli", "/home/loam/site/index.html", "--offset", "1", "--length", "2"); got != "h1" {
+		t.Errorf("loam files cat --offset 1 --length 2: %q", got)
+	}
 	if got := d.run("cli", "sh", "-c", "cat /home/loam/site/home.html; stat -c '%U %a' /home/loam/site/css/a.css"); got != "<h1>hi</h1>\nloam 600\n" {
 		t.Errorf("copied in: %q", got)
 	}

@@ -24,7 +24,8 @@ import (
 //
 //	GET    /files?path=P&depth=N          api.FileInfo
 //	DELETE /files?path=P&recursive=true   204
-//	GET    /files/content?path=P          the bytes, with Content-Length
+//	GET    /files/content?path=P[&offset=O&length=N]
+//	                                      the bytes (of that range), with Content-Length
 //	PUT    /files/content?path=P&mode=M   api.FileInfo of the file written
 //	POST   /files/mkdir                   api.MkdirRequest → api.FileInfo
 //	POST   /files/move                    api.MoveRequest → api.FileInfo of To
@@ -207,6 +208,11 @@ func (h *handler) serveRead(w http.ResponseWriter, r *http.Request) {
 		h.fileError(w, r, p, err)
 		return
 	}
+	rng, err := api.ParseReadRange(r.URL.Query())
+	if err != nil {
+		h.fileError(w, r, p, err)
+		return
+	}
 	var f *os.File
 	err = asUser(a, func() error {
 		var err error
@@ -225,10 +231,11 @@ func (h *handler) serveRead(w http.ResponseWriter, r *http.Request) {
 	}
 	// The size at open: a file that grows meanwhile is sent as it was
 	// then, one that shrinks ends the answer short, which the client sees.
+	n := rng.Within(fi.Size())
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 	w.WriteHeader(http.StatusOK)
-	if _, err := io.Copy(w, io.LimitReader(f, fi.Size())); err != nil {
+	if _, err := io.Copy(w, io.NewSectionReader(f, rng.Offset, n)); err != nil {
 		h.log.Info("files: sending content cut short", "path", p, "err", err)
 	}
 }

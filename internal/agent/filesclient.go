@@ -24,12 +24,18 @@ type FileQuery struct {
 	Path string
 	// User is the sandbox user the agent acts as; its default when empty.
 	User string
+	// Range is the part of the file ReadFile reads; the whole file when
+	// nil.
+	Range *api.ReadRange
 }
 
 func (q FileQuery) values() url.Values {
 	v := url.Values{"path": {q.Path}}
 	if q.User != "" {
 		v.Set("user", q.User)
+	}
+	if q.Range != nil {
+		q.Range.Values(v)
 	}
 	return v
 }

@@ -101,7 +101,11 @@ func (a *app) filesCatCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cat SANDBOX PATH...",
 		Short: "Print files of a sandbox",
-		Args:  cobra.MinimumNArgs(2),
+		Long: `Print files of a sandbox, or with --offset and --length a part of each:
+--length bytes from byte --offset (to the end when --length is left out).`,
+		Example: `  loam files cat web /etc/os-release
+  loam files cat web /var/log/app.log --offset 1048576 --length 4096`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.connect()
 			if err != nil {
@@ -122,6 +126,8 @@ func (a *app) filesCatCmd() *cobra.Command {
 		},
 	}
 	userFlag(cmd, &opts.User)
+	cmd.Flags().Int64Var(&opts.Offset, "offset", 0, "start at this byte")
+	cmd.Flags().Int64Var(&opts.Length, "length", 0, "print at most this many bytes (0: to the end)")
 	return cmd
 }
 

@@ -24,6 +24,9 @@ const filesVersion = 3
 type FileQuery struct {
 	Path string
 	User string
+	// Range is the part of the file ReadFile reads; the whole file when
+	// nil.
+	Range *api.ReadRange
 }
 
 // check checks the shape of q (the agent resolves it, never the daemon).
@@ -34,7 +37,9 @@ func (q FileQuery) check() error {
 	return api.CheckFileUser(q.User)
 }
 
-func (q FileQuery) agent() agent.FileQuery { return agent.FileQuery{Path: q.Path, User: q.User} }
+func (q FileQuery) agent() agent.FileQuery {
+	return agent.FileQuery{Path: q.Path, User: q.User, Range: q.Range}
+}
 
 // fileCall is one files call in flight to a sandbox's agent. The Manager
 // cuts them all, as it ends streams, before a memory checkpoint or a
@@ -213,6 +218,13 @@ func (m *Manager) ReadFile(ctx context.Context, ref string, q FileQuery) (io.Rea
 	if err != nil {
 		end()
 		return nil, 0, m.fileError(cctx, sb, "reading", q.Path, err)
+	}
+	if q.Range != nil && q.Range.Length >= 0 && (size < 0 || size > q.Range.Length) {
+		// The agent's answer is the sandbox's word: never more than asked.
+		body.Close()
+		end()
+		m.log.Warn("files: the agent answered a range read with more than asked", "sandbox", sb.ID, "asked", q.Range.Length, "size", size)
+		return nil, 0, api.Errorf(api.CodeUnavailable, "reading %s in %s: the sandbox's agent answered with %d bytes for a range of %d", q.Path, sb.Name, size, q.Range.Length)
 	}
 	return &callBody{ReadCloser: body, end: end, errf: func(err error) error {
 		return m.fileError(cctx, sb, "reading", q.Path, err)

@@ -111,6 +111,13 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	rng, err := api.ParseReadRange(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	if rng != (api.ReadRange{Length: -1}) {
+		q.Range = &rng
+	}
 	body, size, err := s.sandboxes.ReadFile(r.Context(), r.PathValue("sandbox"), q)
 	if err != nil {
 		return err

@@ -1,7 +1,7 @@
 import { LoamError, StreamEndedError, apiError } from './errors.js'
 import { OffsetEvent, OutputChunk, Process, StdinSource } from './process.js'
 import { EventStream, PortStream } from './streams.js'
-import { CallOptions, Deadline, Endpoint, Transport, concat, seg } from './transport.js'
+import { CallOptions, Deadline, Endpoint, Query, Transport, concat, seg } from './transport.js'
 import type {
   AccessToken,
   Image,
@@ -96,6 +96,16 @@ export interface AttachOptions extends CallOptions {
 export interface FileOptions extends CallOptions {
   /** Who acts: 'loam' when left out, or 'root', or another user. */
   user?: string
+}
+
+/**
+ * ReadOptions reads part of a file: `length` bytes from byte `offset` (to
+ * the end when `length` is left out). A part past the end of the file reads
+ * what there is of it, maybe nothing.
+ */
+export interface ReadOptions extends FileOptions {
+  offset?: number
+  length?: number
 }
 
 /**
@@ -592,20 +602,21 @@ export class Sandbox {
   }
 
   /**
-   * readStream streams a file's bytes. The stream errors with
-   * StreamEndedError when the transfer ends short (a checkpoint cut it).
+   * readStream streams a file's bytes, or with `offset` and `length` a
+   * part of them. The stream errors with StreamEndedError when the
+   * transfer ends short (a checkpoint cut it).
    */
-  async readStream(path: string, opts: FileOptions = {}): Promise<ReadableStream<Uint8Array>> {
-    return this.download('/content', path, opts)
+  async readStream(path: string, opts: ReadOptions = {}): Promise<ReadableStream<Uint8Array>> {
+    return this.download('/content', path, opts, { offset: opts.offset, length: opts.length })
   }
 
-  /** readFile reads a whole file. */
-  async readFile(path: string, opts: FileOptions = {}): Promise<Uint8Array> {
+  /** readFile reads a whole file, or with `offset` and `length` a part of it. */
+  async readFile(path: string, opts: ReadOptions = {}): Promise<Uint8Array> {
     return readAll(await this.readStream(path, opts))
   }
 
-  /** readText reads a whole file as UTF-8 text. */
-  async readText(path: string, opts: FileOptions = {}): Promise<string> {
+  /** readText reads a whole file as UTF-8 text, or with `offset` and `length` a part of it. */
+  async readText(path: string, opts: ReadOptions = {}): Promise<string> {
     return new TextDecoder().decode(await this.readFile(path, opts))
   }
 
@@ -668,11 +679,11 @@ export class Sandbox {
     }
   }
 
-  private async download(rest: string, path: string, opts: FileOptions): Promise<ReadableStream<Uint8Array>> {
+  private async download(rest: string, path: string, opts: FileOptions, more: Query = {}): Promise<ReadableStream<Uint8Array>> {
     const d = new Deadline(opts)
     let resp: Response
     try {
-      resp = await this.t.fetch('GET', this.files(rest), d, { query: { path, user: opts.user } })
+      resp = await this.t.fetch('GET', this.files(rest), d, { query: { path, user: opts.user, ...more } })
     } catch (e) {
       d.done()
       throw e
