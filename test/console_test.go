@@ -308,3 +308,54 @@ func TestConsoleHostileInput(t *testing.T) {
 		t.Errorf("GET / on a sandbox's URL: %d %.200s; want the front door's 4xx, not the console", res.StatusCode, body)
 	}
 }
+
+// TestConsoleSessionKeptOverRestart: a console login outlives a restart of
+// the daemon (sessions are in its database); its logout does too.
+func TestConsoleSessionKeptOverRestart(t *testing.T) {
+	d := startDaemon(t)
+	res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+d.Token+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info console.SessionInfo
+	err = json.NewDecoder(res.Body).Decode(&info)
+	res.Body.Close()
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("login: %d %v", res.StatusCode, err)
+	}
+	var cookie *http.Cookie
+	for _, c := range res.Cookies() {
+		if c.Name == console.CookieName {
+			cookie = c
+		}
+	}
+	if cookie == nil {
+		t.Fatal("login set no session cookie")
+	}
+	call := func(method, path string) int {
+		t.Helper()
+		r, _ := http.NewRequest(method, d.URL+path, nil)
+		r.AddCookie(cookie)
+		r.Header.Set(console.CSRFHeader, info.CSRFToken)
+		res, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	d.stop()
+	d.start()
+	if code := call("GET", "/v1/sandboxes"); code != http.StatusOK {
+		t.Fatalf("the console session after a restart: %d, want 200", code)
+	}
+	if code := call("POST", "/console/logout"); code != http.StatusNoContent {
+		t.Fatalf("logout: %d", code)
+	}
+	d.stop()
+	d.start()
+	if code := call("GET", "/v1/sandboxes"); code != http.StatusUnauthorized {
+		t.Errorf("a session logged out of, after a restart: %d, want 401", code)
+	}
+}

@@ -15,6 +15,7 @@
 package console
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -34,6 +35,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
 )
 
 // dist is the built page: index.html and assets/ (see web/build.mjs).
@@ -66,6 +68,20 @@ type Config struct {
 	// TLS is true when the daemon's listener serves TLS: the cookie is then
 	// Secure.
 	TLS bool
+	// Sessions keeps the sessions across restarts of the daemon; without
+	// it they live in memory only, and a restart logs everyone out.
+	Sessions SessionStore
+}
+
+// SessionStore keeps console sessions (store/sqlite is one). Sessions are
+// read once, at New; then each login and logout is written through.
+type SessionStore interface {
+	PutConsoleSession(ctx context.Context, cs *store.ConsoleSession) error
+	// ListConsoleSessions lists those that have not expired at now.
+	ListConsoleSessions(ctx context.Context, now time.Time) ([]*store.ConsoleSession, error)
+	// DeleteConsoleSessions deletes those of keys, and every one expired
+	// at now.
+	DeleteConsoleSessions(ctx context.Context, now time.Time, keys ...string) error
 }
 
 // Console serves the page and keeps its sessions. It is safe for
@@ -92,13 +108,24 @@ type file struct {
 	etag        string
 }
 
-// New makes a console for the page embedded in the binary.
-func New(cfg Config, log *slog.Logger) (*Console, error) {
+// New makes a console for the page embedded in the binary, with the
+// sessions cfg.Sessions kept.
+func New(ctx context.Context, cfg Config, log *slog.Logger) (*Console, error) {
 	files, err := loadFiles(dist, "dist")
 	if err != nil {
 		return nil, err
 	}
-	return &Console{cfg: cfg, log: log, files: files, now: time.Now, sessions: map[string]session{}}, nil
+	c := &Console{cfg: cfg, log: log, files: files, now: time.Now, sessions: map[string]session{}}
+	if cfg.Sessions != nil {
+		kept, err := cfg.Sessions.ListConsoleSessions(ctx, c.now())
+		if err != nil {
+			return nil, fmt.Errorf("reading the console's sessions: %w", err)
+		}
+		for _, cs := range kept {
+			c.sessions[cs.Key] = session{csrf: cs.CSRFToken, expires: cs.ExpiresAt}
+		}
+	}
+	return c, nil
 }
 
 // loadFiles reads every file under root of fsys, keyed by its URL path
@@ -243,10 +270,24 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) error {
 	id, csrf := randomToken(), randomToken()
 	now := c.now()
 	s := session{csrf: csrf, expires: now.Add(SessionTTL)}
+	key := hashID(id)
 	c.mu.Lock()
-	c.prune(now)
-	c.sessions[hashID(id)] = s
+	evicted := c.prune(now)
+	c.sessions[key] = s
 	c.mu.Unlock()
+	if st := c.cfg.Sessions; st != nil {
+		err := st.PutConsoleSession(r.Context(), &store.ConsoleSession{Key: key, CSRFToken: csrf, ExpiresAt: s.expires})
+		if err == nil {
+			err = st.DeleteConsoleSessions(r.Context(), now, evicted...)
+		}
+		if err != nil {
+			c.mu.Lock()
+			delete(c.sessions, key)
+			c.mu.Unlock()
+			c.log.Error("console login: keeping the session", "err", err)
+			return api.Errorf(api.CodeInternal, "the console session could not be kept: see the daemon's log")
+		}
+	}
 	http.SetCookie(w, &http.Cookie{
 		Name: CookieName, Value: id, Path: "/", Expires: s.expires,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.TLS,
@@ -257,8 +298,9 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) error {
 }
 
 // prune drops expired sessions and, at maxSessions, the one that ends
-// first. c.mu is held.
-func (c *Console) prune(now time.Time) {
+// first, whose key it returns (the store drops expired ones itself). c.mu
+// is held.
+func (c *Console) prune(now time.Time) (evicted []string) {
 	var oldest string
 	for k, s := range c.sessions {
 		if !now.Before(s.expires) {
@@ -271,7 +313,9 @@ func (c *Console) prune(now time.Time) {
 	}
 	if len(c.sessions) >= maxSessions {
 		delete(c.sessions, oldest)
+		evicted = append(evicted, oldest)
 	}
+	return evicted
 }
 
 // current gives the page its session's CSRF token again (after a reload,
@@ -306,9 +350,16 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) error {
 	if !has || cerr != nil {
 		return api.Errorf(api.CodeUnauthorized, "not logged in to the console")
 	}
+	key := hashID(ck.Value)
 	c.mu.Lock()
-	delete(c.sessions, hashID(ck.Value))
+	delete(c.sessions, key)
 	c.mu.Unlock()
+	if st := c.cfg.Sessions; st != nil {
+		if err := st.DeleteConsoleSessions(r.Context(), c.now(), key); err != nil {
+			// The browser forgets the cookie all the same.
+			c.log.Error("console logout: forgetting the session", "err", err)
+		}
+	}
 	http.SetCookie(w, &http.Cookie{
 		Name: CookieName, Value: "", Path: "/", MaxAge: -1,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.TLS,

@@ -16,7 +16,7 @@ const testToken = "loam_testtoken"
 
 func newConsole(t testing.TB) *Console {
 	t.Helper()
-	c, err := New(Config{Token: testToken}, slog.New(slog.DiscardHandler))
+	c, err := New(t.Context(), Config{Token: testToken}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -342,7 +342,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	// The web console shares the API's listener (not sandboxes' URLs,
 	// which the front door takes first): its page at /, its sessions
 	// authorizing API calls from that page.
-	con, err := console.New(console.Config{Token: d.Token, TLS: tlsConfig != nil}, d.log)
+	con, err := console.New(ctx, console.Config{Token: d.Token, TLS: tlsConfig != nil, Sessions: st}, d.log)
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}

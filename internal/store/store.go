@@ -90,6 +90,18 @@ type Secret struct {
 	UpdatedAt time.Time
 }
 
+// ConsoleSession is a web console login (internal/console), kept so that a
+// restart of the daemon does not log its users out. Key is the sha256 of
+// the session cookie's value, never the value itself, so that what is
+// stored cannot be replayed. Stores that keep them (store/sqlite) have
+// PutConsoleSession, ListConsoleSessions and DeleteConsoleSessions; they
+// are not part of Store, since only internal/console uses them.
+type ConsoleSession struct {
+	Key       string
+	CSRFToken string
+	ExpiresAt time.Time
+}
+
 // Filter narrows ListSandboxes. Every label given must match.
 type Filter struct {
 	Labels map[string]string

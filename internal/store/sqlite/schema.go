@@ -125,6 +125,14 @@ CREATE TABLE registry_credentials (
 	`
 ALTER TABLE sandboxes ADD COLUMN pool TEXT NOT NULL DEFAULT '';
 `,
+	// 8: web console sessions, by the sha256 of their cookie.
+	`
+CREATE TABLE console_sessions (
+	key        TEXT NOT NULL PRIMARY KEY,
+	csrf_token TEXT NOT NULL,
+	expires_at TEXT NOT NULL
+) STRICT;
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -1,0 +1,78 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"loam.dev/loam/internal/store"
+)
+
+// PutConsoleSession stores a console session, replacing one with its key.
+func (s *Store) PutConsoleSession(ctx context.Context, cs *store.ConsoleSession) error {
+	expires, err := formatTime(cs.ExpiresAt)
+	if err != nil {
+		return fmt.Errorf("storing a console session: %w", err)
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO console_sessions (key, csrf_token, expires_at) VALUES (?, ?, ?)
+		ON CONFLICT (key) DO UPDATE SET csrf_token = excluded.csrf_token, expires_at = excluded.expires_at`,
+		cs.Key, cs.CSRFToken, expires)
+	if err != nil {
+		return fmt.Errorf("storing a console session: %w", err)
+	}
+	return nil
+}
+
+// ListConsoleSessions lists the console sessions that have not expired at
+// now, those that end first first.
+func (s *Store) ListConsoleSessions(ctx context.Context, now time.Time) ([]*store.ConsoleSession, error) {
+	at, err := formatTime(now)
+	if err != nil {
+		return nil, fmt.Errorf("listing console sessions: %w", err)
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT key, csrf_token, expires_at FROM console_sessions
+		WHERE expires_at > ? ORDER BY expires_at, key`, at)
+	if err != nil {
+		return nil, fmt.Errorf("listing console sessions: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.ConsoleSession
+	for rows.Next() {
+		var cs store.ConsoleSession
+		var expires string
+		if err := rows.Scan(&cs.Key, &cs.CSRFToken, &expires); err != nil {
+			return nil, fmt.Errorf("listing console sessions: %w", err)
+		}
+		if cs.ExpiresAt, err = parseTime(expires); err != nil {
+			return nil, fmt.Errorf("listing console sessions: session expiry %q: %w", expires, err)
+		}
+		out = append(out, &cs)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing console sessions: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteConsoleSessions removes the console sessions with the given keys,
+// and every one that has expired at now. A key that is not there is no
+// error: a session ends once, whoever ends it.
+func (s *Store) DeleteConsoleSessions(ctx context.Context, now time.Time, keys ...string) error {
+	at, err := formatTime(now)
+	if err != nil {
+		return fmt.Errorf("deleting console sessions: %w", err)
+	}
+	q := `DELETE FROM console_sessions WHERE expires_at <= ?`
+	args := []any{at}
+	if len(keys) > 0 {
+		q += ` OR key IN (?` + strings.Repeat(`, ?`, len(keys)-1) + `)`
+		for _, k := range keys {
+			args = append(args, k)
+		}
+	}
+	if _, err := s.w.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("deleting console sessions: %w", err)
+	}
+	return nil
+}
