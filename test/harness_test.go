@@ -6,6 +6,8 @@ package test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -166,6 +168,20 @@ type daemon struct {
 	// environment.
 	bin string
 	env []string
+	// roots, when set, are the CAs its TLS certificate is checked against
+	// (a daemon started with --tls-cert).
+	roots *x509.CertPool
+}
+
+// httpClient is a client for the daemon's API: the default one, or one
+// that trusts d.roots.
+func (d *daemon) httpClient() *http.Client {
+	if d.roots == nil {
+		return http.DefaultClient
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: d.roots}
+	return &http.Client{Transport: tr}
 }
 
 // subnets hands each daemon of this package its own address range, so that
@@ -262,8 +278,11 @@ func (d *daemon) launch(extra ...string) error {
 	}
 	d.Token = strings.TrimSpace(string(tok))
 	d.C = client.New(d.URL, d.Token)
+	if d.roots != nil {
+		d.C = client.New(d.URL, d.Token, client.WithHTTPClient(d.httpClient()))
+	}
 	for {
-		resp, err := http.Get(d.URL + "/healthz")
+		resp, err := d.httpClient().Get(d.URL + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			break

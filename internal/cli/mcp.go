@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +21,8 @@ import (
 func (a *app) mcpCmd() *cobra.Command {
 	var (
 		listen    string
+		tlsCert   string
+		tlsKey    string
 		before    string
 		memory    bool
 		keep      int
@@ -30,8 +34,9 @@ func (a *app) mcpCmd() *cobra.Command {
 		Short: "Serve loam to AI agents over the Model Context Protocol",
 		Long: `Serve loam's tools to an AI agent over the Model Context Protocol (MCP): on
 stdin and stdout, as MCP clients run a local server, or with --listen over
-streamable HTTP at http://ADDR/mcp, where every request must carry the daemon's
-token as "Authorization: Bearer $LOAM_TOKEN".
+streamable HTTP at http://ADDR/mcp (https:// with --tls-cert and --tls-key),
+where every request must carry the daemon's token as
+"Authorization: Bearer $LOAM_TOKEN".
 
 Tools: create_sandbox, list_sandboxes, delete_sandbox, sandbox_url;
 run_command (exit code, stdout, stderr, with a timeout); start_session,
@@ -64,7 +69,8 @@ Every tool call is logged on stderr (never stdout, the stdio transport), with
 the checkpoint taken before it.`,
 		Example: `  loam mcp --checkpoint-before=exec
   loam mcp --sandboxes agent-1,agent-2 --checkpoint-before=write --checkpoint-memory
-  loam mcp --listen 127.0.0.1:7071 --read-only`,
+  loam mcp --listen 127.0.0.1:7071 --read-only
+  loam mcp --listen 0.0.0.0:7071 --tls-cert cert.pem --tls-key key.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			policy, err := mcp.ParseCheckpointing(before)
@@ -85,18 +91,34 @@ the checkpoint taken before it.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if (tlsCert == "") != (tlsKey == "") {
+				return errors.New("--tls-cert and --tls-key go together: give both or neither")
+			}
+			if tlsCert != "" && listen == "" {
+				return errors.New("--tls-cert and --tls-key are for --listen: stdio needs no TLS")
+			}
 			if listen != "" {
+				var tlsConfig *tls.Config
+				if tlsCert != "" {
+					cert, err := tls.LoadX509KeyPair(tlsCert, tlsKey)
+					if err != nil {
+						return fmt.Errorf("--tls-cert, --tls-key: %w", err)
+					}
+					tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+				}
 				l, err := net.Listen("tcp", listen)
 				if err != nil {
 					return fmt.Errorf("listening for MCP clients: %w", err)
 				}
-				return srv.ListenAndServe(ctx, l, c.Token())
+				return srv.ListenAndServe(ctx, l, c.Token(), tlsConfig)
 			}
 			return srv.Run(ctx, &sdk.IOTransport{Reader: io.NopCloser(a.stdin), Writer: nopWriteCloser{a.stdout}})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "", "serve over streamable HTTP on this address (such as 127.0.0.1:7071) instead of stdio, requiring the daemon's token")
+	f.StringVar(&tlsCert, "tls-cert", "", "with --listen, serve HTTPS with this certificate (PEM; with --tls-key)")
+	f.StringVar(&tlsKey, "tls-key", "", "the private key of --tls-cert (PEM)")
 	f.StringVar(&before, "checkpoint-before", string(mcp.CheckpointNever), "take a checkpoint before: exec (every command and change), write (every change but commands) or never")
 	f.BoolVar(&memory, "checkpoint-memory", false, "take memory checkpoints (memory and disk; a restore resumes the processes) instead of disk-only ones")
 	f.IntVar(&keep, "checkpoint-keep", mcp.DefaultCheckpointKeep, "how many of its own checkpoints the server keeps per sandbox, deleting older ones; 0 keeps all")

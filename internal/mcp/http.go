@@ -3,6 +3,7 @@ package mcp
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -39,18 +40,24 @@ func (s *Server) Handler(token string) http.Handler {
 	return mux
 }
 
-// ListenAndServe serves Handler(token) on l until ctx ends, then shuts the
-// server down, giving calls in flight a few seconds to end.
-func (s *Server) ListenAndServe(ctx context.Context, l net.Listener, token string) error {
+// ListenAndServe serves Handler(token) on l (with TLS when tlsConfig is not
+// nil) until ctx ends, then shuts the server down, giving calls in flight a
+// few seconds to end.
+func (s *Server) ListenAndServe(ctx context.Context, l net.Listener, token string, tlsConfig *tls.Config) error {
 	if token == "" {
 		return errors.New("serving MCP over HTTP: no token to require of callers (set LOAM_TOKEN)")
 	}
 	srv := &http.Server{Handler: s.Handler(token), ReadHeaderTimeout: 10 * time.Second}
-	s.log.Info("serving MCP over HTTP", "url", "http://"+l.Addr().String()+Path,
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+		l = tls.NewListener(l, tlsConfig)
+	}
+	s.log.Info("serving MCP over HTTP", "url", scheme+"://"+l.Addr().String()+Path,
 		"checkpoint_before", string(s.cfg.CheckpointBefore), "checkpoint_memory", s.cfg.CheckpointMemory,
 		"read_only", s.cfg.ReadOnly)
-	if ap, err := netip.ParseAddrPort(l.Addr().String()); err == nil && !ap.Addr().IsLoopback() {
-		s.log.Warn("MCP over plain HTTP on an address other machines reach: the token and every call cross the network in clear; put a TLS proxy in front")
+	if ap, err := netip.ParseAddrPort(l.Addr().String()); err == nil && !ap.Addr().IsLoopback() && tlsConfig == nil {
+		s.log.Warn("MCP over plain HTTP on an address other machines reach: the token and every call cross the network in clear; give --tls-cert and --tls-key, or put a TLS proxy in front")
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
