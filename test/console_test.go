@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -86,8 +87,52 @@ func TestConsole(t *testing.T) {
 	if err := os.RemoveAll(artifacts); err != nil {
 		t.Fatal(err)
 	}
-	run([]string{"LOAM_URL=" + d.URL, "LOAM_TOKEN=" + d.Token, "LOAM_ARTIFACTS=" + artifacts,
-		"LOAM_TEMPLATE=base", "CHROMIUM=" + chromiumPath()}, "node", "test/console.e2e.mjs")
+	// The script asks, on its stdout, for the daemon to be restarted under
+	// its open page; it goes on when told so on its stdin.
+	e2e := exec.CommandContext(ctx, "node", "test/console.e2e.mjs")
+	e2e.Dir = dir
+	e2e.Env = append(os.Environ(), "LOAM_URL="+d.URL, "LOAM_TOKEN="+d.Token, "LOAM_ARTIFACTS="+artifacts,
+		"LOAM_TEMPLATE=base", "CHROMIUM="+chromiumPath())
+	stdin, err := e2e.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := e2e.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	e2e.Stderr = &stderr
+	start := time.Now()
+	if err := e2e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	restarted := false
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() {
+		line := lines.Text()
+		out.WriteString(line + "\n")
+		if line == "loam-e2e: restart the daemon" {
+			began := time.Now()
+			d.stop()
+			d.start("--listen", "127.0.0.1:"+port, "--domain", "localhost:"+port)
+			t.Logf("restarted the daemon under the open page in %v", time.Since(began).Round(time.Millisecond))
+			restarted = true
+			if _, err := io.WriteString(stdin, "restarted\n"); err != nil {
+				t.Errorf("telling the script: %v", err)
+			}
+			stdin.Close()
+		}
+	}
+	err = e2e.Wait()
+	t.Logf("node test/console.e2e.mjs: %s\n%s%s", time.Since(start).Round(time.Millisecond), out.String(), stderr.String())
+	if err != nil {
+		t.Fatalf("node test/console.e2e.mjs: %v", err)
+	}
+	if !restarted {
+		t.Error("the script never asked for the daemon's restart")
+	}
 
 	// What the page did, seen through the API.
 	sb, err := d.C.GetSandbox(ctx, "web1")

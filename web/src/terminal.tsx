@@ -16,6 +16,9 @@ import type { Session } from '../../sdk/ts/src/types'
 const SHELL = ['sh', '-c', 'if command -v bash >/dev/null 2>&1; then exec bash -l; fi; exec sh -l']
 
 const encoder = new TextEncoder()
+// GIVE_UP_MS is how long the terminal tries to attach again to a daemon
+// that went away.
+const GIVE_UP_MS = 5 * 60_000
 
 /**
  * The terminal tab: a terminal on a new shell, or on a detachable session
@@ -70,6 +73,8 @@ export function TerminalView ({ sandbox, attach }: { sandbox: string, attach?: s
     let ended = false
     let attaches = 0
     let retry: ReturnType<typeof setTimeout> | undefined
+    // lost is when the daemon went away, 0 while it answers.
+    let lost = 0
 
     const send = (data: string) => {
       if (ws?.readyState !== WebSocket.OPEN) return
@@ -120,6 +125,15 @@ export function TerminalView ({ sandbox, attach }: { sandbox: string, attach?: s
           retry = setTimeout(reattach, 500)
           return
         }
+        if ((ev.code === 1001 || ev.code === 1006) && session !== '') {
+          // The daemon went away (a restart, an upgrade) or the network
+          // dropped: the session runs on in the sandbox, whose agent owns
+          // it. Attach again once the daemon answers.
+          setStatus(`lost the daemon (${ev.code}); session ${session} runs on in the sandbox: attaching again…`)
+          lost = Date.now()
+          retry = setTimeout(reattach, 1000)
+          return
+        }
         setStatus(`disconnected (${ev.code}${ev.reason ? ': ' + ev.reason : ''})`)
       }
     }
@@ -134,6 +148,7 @@ export function TerminalView ({ sandbox, attach }: { sandbox: string, attach?: s
       const onopen = s.onopen
       s.onopen = (ev) => {
         opened = true
+        lost = 0
         attaches++
         setStatus(attachedStatus())
         onopen?.call(s, ev)
@@ -141,8 +156,12 @@ export function TerminalView ({ sandbox, attach }: { sandbox: string, attach?: s
       const onclose = s.onclose
       s.onclose = (ev) => {
         if (!opened && ws === s && !ended) {
-          if (attaches === 0 && attach) {
+          if (attaches === 0 && attach && lost === 0) {
             setStatus(`could not attach to session ${session} (${ev.code}): it may have ended`)
+            return
+          }
+          if (lost > 0 && Date.now() - lost > GIVE_UP_MS) {
+            setStatus(`the daemon has not answered for ${GIVE_UP_MS / 60000} minutes (${ev.code}): reload the page to try again`)
             return
           }
           // Refused while the sandbox is still busy: try again.

@@ -3,8 +3,9 @@
 // playwright-core): log in, create a sandbox (the API's validation message
 // shown first), run a command in the terminal, checkpoint, change a file,
 // restore, see the file back (in the terminal and by download), fork, see
-// the fork's process running; services' logs, upload, sleep, wake,
-// delete, log out. A screenshot of each step goes to LOAM_ARTIFACTS.
+// the fork's process running; a restart of the daemon under the open page;
+// services' logs, upload, sleep, wake, delete, log out. A screenshot of
+// each step goes to LOAM_ARTIFACTS.
 //
 // Environment: LOAM_URL, LOAM_TOKEN (the daemon's), LOAM_ARTIFACTS (a
 // directory), LOAM_TEMPLATE (the template to create from), CHROMIUM (the
@@ -12,6 +13,7 @@
 import { chromium } from 'playwright-core'
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { createInterface } from 'node:readline'
 
 const url = need('LOAM_URL')
 const token = need('LOAM_TOKEN')
@@ -56,6 +58,14 @@ const type = async (line) => {
   await page.keyboard.type(line + '\n', { delay: 5 })
 }
 const tab = async (t) => { await id(`tab-${t}`).click() }
+// restartDaemon asks the test that runs this script (on stdout) to
+// restart the daemon, and waits until it says it did (on stdin).
+const stdin = createInterface({ input: process.stdin })[Symbol.asyncIterator]()
+const restartDaemon = async () => {
+  console.log('loam-e2e: restart the daemon')
+  const { value, done } = await stdin.next()
+  if (done || value.trim() !== 'restarted') throw new Error(`the test did not restart the daemon: ${value}`)
+}
 const attachedAgain = async (count) => {
   await id('terminal-status').filter({ hasText: `attached again (${count})` }).waitFor(slow)
 }
@@ -140,6 +150,15 @@ try {
   await type('echo "back: $(cat note.txt)"')
   await waitTerminal('back: v1')
   await shot('file-back')
+
+  // The daemon restarts under the open page: the session cookie is kept
+  // (in the daemon's database), and the terminal attaches to its shell,
+  // which ran on in the sandbox, once the daemon answers again.
+  await restartDaemon()
+  await attachedAgain(3)
+  await type('echo "after restart: $(cat note.txt)"')
+  await waitTerminal('after restart: v1')
+  await shot('daemon-restarted')
 
   // The file browser: the file's content by download, and an upload.
   await tab('files')
@@ -252,4 +271,5 @@ try {
   process.exitCode = 1
 } finally {
   await browser.close()
+  stdin.return?.()
 }
