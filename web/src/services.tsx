@@ -38,17 +38,19 @@ export function Services ({ sandbox, running }: { sandbox: string, running: bool
           <thead><tr><th>Service</th><th>Command</th><th>State</th><th>PID</th><th>Restarts</th><th>Started</th><th /></tr></thead>
           <tbody>
             {list.map(s => (
-              <tr key={s.name}>
+              <tr key={s.name} data-testid={`service-${s.name}`}>
                 <td>{s.name}</td>
                 <td><code>{s.cmd.join(' ')}</code></td>
-                <td><span class={`state state-${s.state}`}>{s.state}</span>{s.exit_code !== null && s.state !== 'running' ? ` (exit ${s.exit_code})` : ''}{s.error ? <div class="error small">{s.error}</div> : null}</td>
-                <td>{s.pid ?? '–'}</td>
+                <td><span class={`state state-${s.state}`} data-testid="service-state">{s.state}</span>{s.exit_code !== null && s.state !== 'running' ? ` (exit ${s.exit_code})` : ''}{s.error ? <div class="error small">{s.error}</div> : null}</td>
+                <td data-testid="service-pid">{s.pid ?? '–'}</td>
                 <td>{s.restarts}</td>
                 <td>{s.started_at ? when(s.started_at) : '–'}</td>
                 <td class="actions">
                   <button onClick={() => setLogs(s.name)} data-testid={`logs-${s.name}`}>Logs</button>
-                  {s.state === 'running' ? <button onClick={() => act(s.name, 'stop')}>Stop</button> : <button onClick={() => act(s.name, 'start')}>Start</button>}
-                  <button onClick={() => act(s.name, 'restart')}>Restart</button>
+                  {s.state === 'running'
+                    ? <button onClick={() => act(s.name, 'stop')} data-testid="service-stop">Stop</button>
+                    : <button onClick={() => act(s.name, 'start')} data-testid="service-start">Start</button>}
+                  <button onClick={() => act(s.name, 'restart')} data-testid="service-restart">Restart</button>
                 </td>
               </tr>
             ))}

@@ -4,8 +4,8 @@
 // shown first), run a command in the terminal, checkpoint, change a file,
 // restore, see the file back (in the terminal and by download), fork, see
 // the fork's process running; a restart of the daemon under the open page;
-// services' logs, upload, sleep, wake, delete, log out. A screenshot of
-// each step goes to LOAM_ARTIFACTS.
+// services' logs, stop, start and restart, upload, sleep, wake, delete,
+// log out. A screenshot of each step goes to LOAM_ARTIFACTS.
 //
 // Environment: LOAM_URL, LOAM_TOKEN (the daemon's), LOAM_ARTIFACTS (a
 // directory), LOAM_TEMPLATE (the template to create from), CHROMIUM (the
@@ -177,6 +177,23 @@ try {
   await id('logs-ticker').click({ timeout: 30_000 })
   await id('service-logs').filter({ hasText: 'tick' }).waitFor(slow)
   await shot('service-logs')
+
+  // Stop, start and restart a service from its row; a restart runs it as
+  // a new process.
+  const svc = id('service-ticker')
+  await svc.getByTestId('service-stop').click()
+  await svc.getByTestId('service-state').filter({ hasText: 'stopped' }).waitFor(slow)
+  await svc.getByTestId('service-start').click()
+  await svc.getByTestId('service-state').filter({ hasText: 'running' }).waitFor(slow)
+  const pid = await svc.getByTestId('service-pid').innerText()
+  if (!/^\d+$/.test(pid)) throw new Error(`the started service shows pid ${JSON.stringify(pid)}`)
+  await svc.getByTestId('service-restart').click()
+  await page.waitForFunction((p) => {
+    const row = document.querySelector('[data-testid=service-ticker]')
+    const now = row?.querySelector('[data-testid=service-pid]')?.textContent
+    return row?.querySelector('[data-testid=service-state]')?.textContent === 'running' && /^\d+$/.test(now ?? '') && now !== p
+  }, pid, slow)
+  await shot('service-actions')
 
   // Fork from v1: the fork links back to its origin, and its process runs.
   await tab('timeline')
