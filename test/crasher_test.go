@@ -608,3 +608,26 @@ func loopsOf(dir string) int {
 	}
 	return n
 }
+
+// beforeOrRestored checks that main is as before a restore to the memory
+// checkpoint of d0/m0 (d1|m1, its checkpoints as before, and in state
+// asleep when that is given) or as after it (d0|m0, running, with one
+// checkpoint more: the automatic one, holding d1/m1); then it marks d1/m1
+// again and drops the automatic checkpoints, for the next case.
+func (c *crasher) beforeOrRestored(t *testing.T, before []api.Checkpoint, asleep api.State) {
+	t.Helper()
+	st := c.state(t, "main")
+	after := c.listCPs(t, "main")
+	got := c.facts(t, "main") // wakes it
+	switch {
+	case got == "d1|m1" && len(after) == len(before) && (asleep == "" || st == asleep):
+		t.Logf("%s, before the restore", st)
+	case got == "d0|m0" && len(after) == len(before)+1 && st == api.StateRunning:
+		t.Logf("restored")
+		c.newCheckpoints(t, "main", before, "d1|m1")
+		c.mark(t, "main", "d1", "m1")
+	default:
+		t.Errorf("after the crash: %s, disk|memory %q with %d checkpoints (%d before): neither before nor after the restore", st, got, len(after), len(before))
+	}
+	c.pruneAutos(t, "main")
+}

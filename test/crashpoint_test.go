@@ -170,19 +170,7 @@ func TestCrashPoints(t *testing.T) {
 				_, err := c.d.C.RestoreCheckpoint(ctx, "main", memCP)
 				return err
 			})
-			got := c.facts(t, "main")
-			after := c.listCPs(t, "main")
-			switch {
-			case got == "d1|m1" && len(after) == len(before):
-				t.Logf("before the restore")
-			case got == "d0|m0" && len(after) == len(before)+1:
-				t.Logf("restored")
-				c.newCheckpoints(t, "main", before, "d1|m1")
-				c.mark(t, "main", "d1", "m1")
-			default:
-				t.Errorf("after the crash: disk|memory %q with %d checkpoints (%d before): neither before nor after the restore", got, len(after), len(before))
-			}
-			c.pruneAutos(t, "main")
+			c.beforeOrRestored(t, before, "")
 		})
 	}
 
@@ -198,20 +186,7 @@ func TestCrashPoints(t *testing.T) {
 				_, err := c.d.C.RestoreCheckpoint(ctx, "main", memCP)
 				return err
 			})
-			st := c.state(t, "main")
-			after := c.listCPs(t, "main")
-			got := c.facts(t, "main")
-			switch {
-			case st == api.StateSleeping && got == "d1|m1" && len(after) == len(before):
-				t.Logf("asleep, before the restore")
-			case st == api.StateRunning && got == "d0|m0" && len(after) == len(before)+1:
-				t.Logf("restored")
-				c.newCheckpoints(t, "main", before, "d1|m1")
-				c.mark(t, "main", "d1", "m1")
-			default:
-				t.Errorf("after the crash: %s, disk|memory %q with %d checkpoints (%d before): neither before nor after the restore", st, got, len(after), len(before))
-			}
-			c.pruneAutos(t, "main")
+			c.beforeOrRestored(t, before, api.StateSleeping)
 		})
 	}
 
@@ -277,20 +252,7 @@ func TestCrashPoints(t *testing.T) {
 				_, err := c.d.C.RestoreCheckpoint(ctx, "main", memCP)
 				return err
 			})
-			st := c.state(t, "main")
-			got := c.facts(t, "main")
-			after := c.listCPs(t, "main")
-			switch {
-			case got == "d1|m1" && len(after) == len(before):
-				t.Logf("%s, before the restore", st)
-			case got == "d0|m0" && len(after) == len(before)+1:
-				t.Logf("%s, restored", st)
-				c.newCheckpoints(t, "main", before, "d1|m1")
-				c.mark(t, "main", "d1", "m1")
-			default:
-				t.Errorf("after the crashes: %s, disk|memory %q with %d checkpoints (%d before): neither before nor after the restore", st, got, len(after), len(before))
-			}
-			c.pruneAutos(t, "main")
+			c.beforeOrRestored(t, before, "")
 		})
 	}
 	run("recover.resumed@recovering-sleep.image", func(t *testing.T) {

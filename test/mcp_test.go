@@ -490,15 +490,7 @@ func TestMCPHTTP(t *testing.T) {
 			_ = cmd.Wait()
 		}
 	})
-	urlRE := regexp.MustCompile(`url=(http://\S+/mcp)`)
-	var endpoint string
-	waitFor(t, func() bool {
-		if m := urlRE.FindStringSubmatch(log.String()); m != nil {
-			endpoint = m[1]
-			return true
-		}
-		return false
-	})
+	endpoint := mcpEndpoint(t, log, "http")
 
 	for _, tc := range []struct{ name, header string }{
 		{"no token", ""},
@@ -556,4 +548,20 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// mcpEndpoint waits for loam mcp --listen to log the URL it serves at, of
+// scheme (http or https), and returns it.
+func mcpEndpoint(t *testing.T, log *syncBuffer, scheme string) string {
+	t.Helper()
+	urlRE := regexp.MustCompile(`url=(` + scheme + `://\S+/mcp)`)
+	var endpoint string
+	waitFor(t, func() bool {
+		if m := urlRE.FindStringSubmatch(log.String()); m != nil {
+			endpoint = m[1]
+			return true
+		}
+		return false
+	})
+	return endpoint
 }

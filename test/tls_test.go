@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -126,15 +125,7 @@ func TestTLS(t *testing.T) {
 		cancel()
 		_ = mcp.Wait()
 	})
-	urlRE := regexp.MustCompile(`url=(https://\S+/mcp)`)
-	var endpoint string
-	waitFor(t, func() bool {
-		if m := urlRE.FindStringSubmatch(log.String()); m != nil {
-			endpoint = m[1]
-			return true
-		}
-		return false
-	})
+	endpoint := mcpEndpoint(t, log, "https")
 	if strings.Contains(log.String(), "plain HTTP") {
 		t.Errorf("loam mcp with a certificate warns of plain HTTP:\n%s", log)
 	}
