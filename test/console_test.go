@@ -176,8 +176,10 @@ func TestConsole(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if _, err := d.C.GetSandbox(ctx, "web1-fork"); !errors.Is(err, api.ErrNotFound) {
-		t.Errorf("web1-fork, deleted in the page, is still there (%v)", err)
+	for _, gone := range []string{"web1-fork", "web1-fork2"} {
+		if _, err := d.C.GetSandbox(ctx, gone); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("%s, deleted in the page, is still there (%v)", gone, err)
+		}
 	}
 	t.Logf("screenshots in %s", artifacts)
 }

@@ -4,8 +4,9 @@
 // shown first), run a command in the terminal, checkpoint, change a file,
 // restore, see the file back (in the terminal and by download), fork, see
 // the fork's process running; a restart of the daemon under the open page;
-// services' logs, stop, start and restart, upload, sleep, wake, delete,
-// log out. A screenshot of each step goes to LOAM_ARTIFACTS.
+// services' logs, stop, start and restart, upload, sleep, wake, delete
+// (from the list and from a sandbox's page), log out. A screenshot of each
+// step goes to LOAM_ARTIFACTS.
 //
 // Environment: LOAM_URL, LOAM_TOKEN (the daemon's), LOAM_ARTIFACTS (a
 // directory), LOAM_TEMPLATE (the template to create from), CHROMIUM (the
@@ -21,6 +22,7 @@ const artifacts = need('LOAM_ARTIFACTS')
 const template = process.env.LOAM_TEMPLATE ?? 'base'
 const name = 'web1'
 const forkName = 'web1-fork'
+const fork2Name = 'web1-fork2'
 const slow = { timeout: 120_000 }
 
 function need (k) {
@@ -272,6 +274,22 @@ try {
   await id('confirm-yes').click()
   await row.waitFor({ state: 'detached', ...slow })
   await shot('fork-deleted')
+
+  // Another fork, deleted from its own page: the page goes back to the
+  // list, which no longer has it.
+  await id(`row-${name}`).getByRole('link', { name, exact: true }).click()
+  await tab('timeline')
+  await id('checkpoint-v1').getByTestId('fork').click()
+  await id('fork-name').fill(fork2Name)
+  await id('fork-submit').click()
+  await id('sandbox-name').filter({ hasText: fork2Name }).waitFor(slow)
+  await id('state').filter({ hasText: 'running' }).waitFor(slow)
+  await id('sandbox-page').locator('.toolbar').first().getByTestId('delete').click()
+  await id('confirm').filter({ hasText: 'cannot be undone' }).waitFor()
+  await id('confirm-yes').click()
+  await id(`row-${name}`).waitFor(slow)
+  await id(`row-${fork2Name}`).waitFor({ state: 'detached', ...slow })
+  await shot('fork-deleted-from-its-page')
 
   // Log out: the cookie no longer opens the API.
   await id('logout').click()
