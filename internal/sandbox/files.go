@@ -168,10 +168,13 @@ func (m *Manager) fileError(cctx context.Context, sb *store.Sandbox, what, path 
 // which. The host looks for itself: when the filesystem its disk lives on
 // is down to the reserve, the upload failed for the host's lack of room,
 // insufficient_storage; otherwise the sandbox's disk is full, its own
-// business, and the answer stays the conflict it was.
+// business, and the answer stays the conflict it was. The same goes for an
+// upload whose connection broke (unavailable): an agent that finds no room
+// answers and closes the connection while the body still comes, and the
+// reset can beat its answer.
 func (m *Manager) uploadError(cctx context.Context, sb *store.Sandbox, what, path string, err error) error {
 	ferr := m.fileError(cctx, sb, what, path, err)
-	if !errors.Is(ferr, api.ErrConflict) {
+	if !errors.Is(ferr, api.ErrConflict) && !errors.Is(ferr, api.ErrUnavailable) {
 		return ferr
 	}
 	vol := m.disks.VolumePath(sb.ID)
