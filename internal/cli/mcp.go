@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"loam.dev/loam/internal/mcp"
+	"loam.dev/loam/internal/server"
 )
 
 func (a *app) mcpCmd() *cobra.Command {
@@ -91,21 +91,14 @@ the checkpoint taken before it.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if (tlsCert == "") != (tlsKey == "") {
-				return errors.New("--tls-cert and --tls-key go together: give both or neither")
+			tlsConfig, err := server.LoadTLS(tlsCert, tlsKey)
+			if err != nil {
+				return err
 			}
-			if tlsCert != "" && listen == "" {
+			if tlsConfig != nil && listen == "" {
 				return errors.New("--tls-cert and --tls-key are for --listen: stdio needs no TLS")
 			}
 			if listen != "" {
-				var tlsConfig *tls.Config
-				if tlsCert != "" {
-					cert, err := tls.LoadX509KeyPair(tlsCert, tlsKey)
-					if err != nil {
-						return fmt.Errorf("--tls-cert, --tls-key: %w", err)
-					}
-					tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-				}
 				l, err := net.Listen("tcp", listen)
 				if err != nil {
 					return fmt.Errorf("listening for MCP clients: %w", err)

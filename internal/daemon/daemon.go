@@ -7,7 +7,6 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -139,16 +138,12 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	// Then the port, before anything is recovered: a second daemon that
 	// cannot serve must fail before it changes anything.
-	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
-		return errors.New("--tls-cert and --tls-key go together: give both or neither")
+	tlsConfig, err := server.LoadTLS(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return err
 	}
-	var tlsConfig *tls.Config
-	if cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return fmt.Errorf("--tls-cert, --tls-key: %w", err)
-		}
-		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+	if tlsConfig != nil {
+		tlsConfig.NextProtos = []string{"h2", "http/1.1"}
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
