@@ -277,12 +277,13 @@ func (d *daemon) launch(extra ...string) error {
 		return err
 	}
 	d.Token = strings.TrimSpace(string(tok))
+	hc := d.httpClient()
 	d.C = client.New(d.URL, d.Token)
 	if d.roots != nil {
-		d.C = client.New(d.URL, d.Token, client.WithHTTPClient(d.httpClient()))
+		d.C = client.New(d.URL, d.Token, client.WithHTTPClient(hc))
 	}
 	for {
-		resp, err := d.httpClient().Get(d.URL + "/healthz")
+		resp, err := hc.Get(d.URL + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			break
