@@ -32,7 +32,7 @@ func (s *Store) CreateCheckpoint(ctx context.Context, cp *store.Checkpoint) erro
 	}
 	// dir, a column of schema version 1, is written empty: a checkpoint's
 	// data is found from its ids.
-	_, err = s.w.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointColumns+`, dir)
+	_, err = s.exec(ctx, `INSERT INTO checkpoints (`+checkpointColumns+`, dir)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '')`,
 		cp.Sandbox, cp.ID, name, cp.Comment, cp.Memory, cp.Auto, created,
 		cp.SandboxName, cp.Template, cp.Image, string(resources), cp.LegacyAgentToken, cp.AgentGen, cp.Inside)
@@ -109,7 +109,7 @@ func (s *Store) ListCheckpoints(ctx context.Context, sandboxID string) ([]*store
 // DeleteCheckpoint removes the checkpoint with that id (not name) from the
 // sandbox; store.ErrNotFound if none.
 func (s *Store) DeleteCheckpoint(ctx context.Context, sandboxID, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM checkpoints WHERE sandbox_id = ? AND id = ?`, sandboxID, id)
+	res, err := s.exec(ctx, `DELETE FROM checkpoints WHERE sandbox_id = ? AND id = ?`, sandboxID, id)
 	if err != nil {
 		return fmt.Errorf("deleting checkpoint %s of sandbox %s: %w", id, sandboxID, err)
 	}

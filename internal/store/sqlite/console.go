@@ -15,7 +15,7 @@ func (s *Store) PutConsoleSession(ctx context.Context, cs *store.ConsoleSession)
 	if err != nil {
 		return fmt.Errorf("storing a console session: %w", err)
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO console_sessions (key, csrf_token, expires_at) VALUES (?, ?, ?)
+	_, err = s.exec(ctx, `INSERT INTO console_sessions (key, csrf_token, expires_at) VALUES (?, ?, ?)
 		ON CONFLICT (key) DO UPDATE SET csrf_token = excluded.csrf_token, expires_at = excluded.expires_at`,
 		cs.Key, cs.CSRFToken, expires)
 	if err != nil {
@@ -71,7 +71,7 @@ func (s *Store) DeleteConsoleSessions(ctx context.Context, now time.Time, keys .
 			args = append(args, k)
 		}
 	}
-	if _, err := s.w.ExecContext(ctx, q, args...); err != nil {
+	if _, err := s.exec(ctx, q, args...); err != nil {
 		return fmt.Errorf("deleting console sessions: %w", err)
 	}
 	return nil

@@ -22,7 +22,7 @@ func (s *Store) PutImage(ctx context.Context, im *store.Image) error {
 	if err != nil {
 		return fmt.Errorf("storing image %s: %w", im.ID, err)
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO images (id, ref, digest, state, error, size, config, template, user_missing, created_at)
+	_, err = s.exec(ctx, `INSERT INTO images (id, ref, digest, state, error, size, config, template, user_missing, created_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET ref = excluded.ref, digest = excluded.digest, state = excluded.state,
 			error = excluded.error, size = excluded.size, config = excluded.config, template = excluded.template,
@@ -74,7 +74,7 @@ func (s *Store) ListImages(ctx context.Context) ([]*store.Image, error) {
 
 // DeleteImage removes an image record; store.ErrNotFound if none.
 func (s *Store) DeleteImage(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM images WHERE id = ?`, id)
+	res, err := s.exec(ctx, `DELETE FROM images WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("deleting image %s: %w", id, err)
 	}

@@ -24,7 +24,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES (:id, :name, :state, :template, :image, :resources, :env, :labels, :idle,
 			:http_port, :url, :from_source, :created_at, :net_index, :agent_token,
 			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target, :secrets, :secret_files, :public, :network, :pool)`, args...)
@@ -101,7 +101,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	}
 	// An UPDATE, never INSERT OR REPLACE: REPLACE deletes the old row
 	// first, and the delete would cascade to the checkpoints.
-	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET
+	res, err := s.exec(ctx, `UPDATE sandboxes SET
 		name = :name, state = :state, template = :template, image = :image,
 		resources = :resources, env = :env, labels = :labels, idle = :idle,
 		http_port = :http_port, url = :url, from_source = :from_source,
@@ -126,7 +126,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 // DeleteSandbox removes a sandbox and, by cascade, its checkpoints;
 // store.ErrNotFound if none.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	res, err := s.exec(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("deleting sandbox %s: %w", id, err)
 	}

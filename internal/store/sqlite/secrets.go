@@ -43,7 +43,7 @@ func (s *Store) putSealed(ctx context.Context, table string, sec *store.Secret) 
 	if err != nil {
 		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO `+table+` (name, sealed, created_at, updated_at)
+	_, err = s.exec(ctx, `INSERT INTO `+table+` (name, sealed, created_at, updated_at)
 		VALUES (?, ?, ?, ?)
 		ON CONFLICT (name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at`,
 		sec.Name, sec.Sealed, created, updated)
@@ -86,7 +86,7 @@ func (s *Store) listSealed(ctx context.Context, table string) ([]*store.Secret, 
 }
 
 func (s *Store) deleteSealed(ctx context.Context, table, name string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM `+table+` WHERE name = ?`, name)
+	res, err := s.exec(ctx, `DELETE FROM `+table+` WHERE name = ?`, name)
 	if err != nil {
 		return fmt.Errorf("deleting secret %s: %w", name, err)
 	}

@@ -2,8 +2,10 @@
 // file, driven by the pure-Go modernc.org/sqlite driver so the daemon needs
 // no C toolchain or system library.
 //
-// On disk the store is the database file plus SQLite's -wal and -shm files
-// beside it, which must stay with it. The schema's version is the file's
+// On disk the store is the database file plus SQLite's -wal file beside it,
+// which must stay with it. The WAL's index lives in the daemon's memory, not
+// in a -shm file (see dsn), so while a Store is open no other process can
+// open the database. The schema's version is the file's
 // PRAGMA user_version; Open brings an older file up to date and refuses a
 // newer one.
 //
@@ -27,14 +29,15 @@ import (
 	sqlitedriver "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
+	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
 )
 
 const (
 	// busyTimeoutMS is how long a statement waits for a lock held by another
-	// process (a second daemon by mistake, or the sqlite3 shell) before
-	// failing with SQLITE_BUSY. Within one Store writers never contend: they
-	// queue for the single write connection.
+	// process (a sqlite3 shell left open on a stopped daemon's database)
+	// before failing with SQLITE_BUSY. Within one Store writers never
+	// contend: they queue for the single write connection.
 	busyTimeoutMS = 10000
 	// readConns bounds the read pool. WAL lets readers run beside the writer;
 	// a few are enough for a metadata store on a small machine.
@@ -149,6 +152,16 @@ func dsn(abs string, readOnly bool) string {
 		// SQLITE_BUSY because another process wrote in between.
 		q.Set("_txlock", "immediate")
 	}
+	// unix-excl keeps the WAL's index (the -shm file) in this process's
+	// heap instead of a shared mapping of a file beside the database. On a
+	// full copy-on-write filesystem (btrfs, where the data dir usually is)
+	// a store into a mapped page can find no room: the kernel answers with
+	// SIGBUS, which made every read fail with SQLITE_IOERR_IN_PAGE and, once
+	// in CI, killed the daemon. The price: while the daemon runs it holds
+	// the file's lock alone, so no other process (a second daemon, the
+	// sqlite3 shell) can open it; the data dir's own lock already keeps a
+	// second daemon out.
+	q.Set("vfs", "unix-excl")
 	u := url.URL{Scheme: "file", Path: abs, RawQuery: q.Encode()}
 	return u.String()
 }
@@ -181,6 +194,19 @@ func (s *Store) Close() error {
 		return fmt.Errorf("closing store %s: %w", s.path, err)
 	}
 	return nil
+}
+
+// exec runs a statement that writes on the write connection. A write the
+// filesystem has no room for fails as insufficient_storage, which the API
+// answers with 507 and its message, instead of an internal error: the
+// caller learns that freeing space in the data dir is the cure.
+func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := s.w.ExecContext(ctx, query, args...)
+	if sqliteCode(err)&0xff == sqlite3.SQLITE_FULL {
+		return nil, fmt.Errorf("%w: %w", api.Errorf(api.CodeInsufficientStorage,
+			"the data dir is full: the daemon cannot record the change in its database; free space in the data dir and try again"), err)
+	}
+	return res, err
 }
 
 // sqliteCode is the extended result code of a SQLite error, or 0 for
