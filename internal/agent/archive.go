@@ -140,14 +140,15 @@ func (h *handler) serveExtract(w http.ResponseWriter, r *http.Request) {
 		h.fileError(w, r, dir, err)
 		return
 	}
+	body := &bodyReader{r: r.Body}
 	err = asUser(a, func() error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		return extractTar(dir, r.Body)
+		return extractTar(dir, body)
 	})
 	if err != nil {
-		h.fileError(w, r, dir, err)
+		h.bodyError(w, r, dir, body, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -256,16 +256,64 @@ func (h *handler) serveWrite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var info api.FileInfo
+	body := &bodyReader{r: r.Body}
 	err = asUser(a, func() error {
 		var err error
-		info, err = writeAtomic(p, r.Body, mode)
+		info, err = writeAtomic(p, body, mode)
 		return err
 	})
 	if err != nil {
-		h.fileError(w, r, p, err)
+		h.bodyError(w, r, p, body, err)
 		return
 	}
 	api.WriteJSON(w, http.StatusOK, info)
+}
+
+// bodyDrain bounds how long bodyError reads a refused body after its
+// answer. The daemon closes the connection once it has the answer, so the
+// drain normally ends in a round trip; the bound is for a daemon that does
+// not.
+const bodyDrain = 30 * time.Second
+
+// bodyReader is a request body that tells whether the handler began to
+// read it.
+type bodyReader struct {
+	r    io.Reader
+	read bool
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	b.read = true
+	return b.r.Read(p)
+}
+
+// bodyError answers err to an upload whose body the handler began to read
+// and then gave up on (the disk is full, the tar is bad). It sends the
+// answer first and reads the rest of the body after it, until the daemon
+// closes the connection or bodyDrain passes. Returning at once would close
+// the connection with the body still arriving: the kernel then resets it,
+// and the reset can reach the daemon before the answer, which Go's client
+// reports as a broken write ("the agent does not answer") instead of the
+// answer. A body never read (the request was refused before it) is left
+// alone: reading it would ask the daemon to send it (100-continue).
+func (h *handler) bodyError(w http.ResponseWriter, r *http.Request, p string, body *bodyReader, err error) {
+	if !body.read {
+		h.fileError(w, r, p, err)
+		return
+	}
+	rc := http.NewResponseController(w)
+	// Without full duplex the server would try to read the rest of the
+	// body before the answer's header, and give up and close after 256 KiB.
+	if derr := rc.EnableFullDuplex(); derr != nil {
+		h.fileError(w, r, p, err)
+		return
+	}
+	h.fileError(w, r, p, err)
+	if rc.Flush() != nil {
+		return
+	}
+	_ = rc.SetReadDeadline(time.Now().Add(bodyDrain))
+	_, _ = io.Copy(io.Discard, r.Body)
 }
 
 // openRegular opens p for reading without blocking on a fifo a user of

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -324,4 +325,38 @@ func TestFilesWatch(t *testing.T) {
 		}
 	}
 	conn.Close(websocket.StatusNormalClosure, "")
+}
+
+// TestRefusedBodyAnswered uploads archives that turn bad after their first
+// entry with 32 MiB still to come: the agent stops reading there, and the
+// client must get its answer (invalid) every time, not a connection reset
+// by the agent closing on a body still arriving.
+func TestRefusedBodyAnswered(t *testing.T) {
+	c, dir := newFilesAgent(t)
+	ctx := context.Background()
+	good := tarOf(t, [2]string{"f", strings.Repeat("x", 1<<20)}).Bytes()
+	// The first entry and its data, without the two zero blocks that end
+	// an archive; then blocks that are no tar header.
+	good = good[:512+1<<20]
+	for i := range 20 {
+		body := io.MultiReader(bytes.NewReader(good), io.LimitReader(repeatByte('A'), 32<<20))
+		start := time.Now()
+		err := c.WriteArchive(ctx, FileQuery{Path: filepath.Join(dir, fmt.Sprint("dst", i))}, body)
+		if agentStatus(err) != http.StatusBadRequest {
+			t.Fatalf("upload %d: %v, want the agent's answer (400)", i, err)
+		}
+		if i == 0 {
+			t.Logf("answered in %v: %v", time.Since(start).Round(time.Millisecond), err)
+		}
+	}
+}
+
+// repeatByte reads b for ever.
+type repeatByte byte
+
+func (r repeatByte) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(r)
+	}
+	return len(p), nil
 }

@@ -169,9 +169,10 @@ func (m *Manager) fileError(cctx context.Context, sb *store.Sandbox, what, path 
 // is down to the reserve, the upload failed for the host's lack of room,
 // insufficient_storage; otherwise the sandbox's disk is full, its own
 // business, and the answer stays the conflict it was. The same goes for an
-// upload whose connection broke (unavailable): an agent that finds no room
-// answers and closes the connection while the body still comes, and the
-// reset can beat its answer.
+// upload whose connection broke (unavailable): an agent of before the
+// drain (see the agent's bodyError), still running in a sandbox restored
+// from an old memory checkpoint, answers and closes the connection while
+// the body still comes, and the reset can beat its answer.
 func (m *Manager) uploadError(cctx context.Context, sb *store.Sandbox, what, path string, err error) error {
 	ferr := m.fileError(cctx, sb, what, path, err)
 	if !errors.Is(ferr, api.ErrConflict) && !errors.Is(ferr, api.ErrUnavailable) {
