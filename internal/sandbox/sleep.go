@@ -289,6 +289,15 @@ func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error)
 			}
 			continue
 		}
+		if op == "" {
+			// The record was read before the look at the operations: a
+			// sleep that ended in between left it saying running, with
+			// the container gone. An operation stores its result
+			// before it ends, so a read now sees it.
+			if sb, err = m.lookup(ctx, sb.ID); err != nil {
+				return nil, err
+			}
+		}
 		if sb.State != api.StateSleeping {
 			return sb, nil
 		}
