@@ -145,7 +145,10 @@ type Manager struct {
 	held map[string]chan struct{}
 	// holdSeq counts the holds ever made, so that a call can tell one
 	// came while it started.
-	holdSeq  uint64
+	holdSeq uint64
+	// opsEnded counts the operations ever ended, so that a call can tell
+	// one ended while it read a sandbox's record (see awake).
+	opsEnded uint64
 	epochs   map[string]uint64           // sandbox id -> operations begun that hold its URL (see HTTPTarget)
 	reserved map[int]bool                // net indexes handed out but not yet stored
 	streams  map[string]map[*Stream]bool // sandbox id -> open streams
@@ -352,6 +355,7 @@ func (m *Manager) begin(sb *store.Sandbox, what string) (func(), error) {
 		m.mu.Lock()
 		delete(m.ops, sb.ID)
 		delete(m.opDone, sb.ID)
+		m.opsEnded++
 		close(done)
 		m.mu.Unlock()
 	}, nil

@@ -265,6 +265,7 @@ type waking struct {
 // (a stopped or broken sandbox is not woken).
 func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error) {
 	for {
+		seen := m.endedCount()
 		sb, err := m.lookup(ctx, ref)
 		if err != nil {
 			return nil, err
@@ -282,18 +283,18 @@ func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error)
 				return nil, ctx.Err()
 			}
 		}
-		op := m.opOn(sb.ID)
+		op, ended := m.opOn(sb.ID, seen)
 		if op == opSleep || sb.State == api.StateSleeping && op != "" && op != opWake {
 			if err := pause(ctx); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if op == "" {
-			// The record was read before the look at the operations: a
-			// sleep that ended in between left it saying running, with
-			// the container gone. An operation stores its result
-			// before it ends, so a read now sees it.
+		if op == "" && ended {
+			// The record was read before the look at the operations, and
+			// an operation ended in between: a sleep that did left it
+			// saying running, with the container gone. An operation
+			// stores its result before it ends, so a read now sees it.
 			if sb, err = m.lookup(ctx, sb.ID); err != nil {
 				return nil, err
 			}
@@ -390,11 +391,19 @@ func (m *Manager) heldOn(id string) chan struct{} {
 	return m.held[id]
 }
 
-// opOn is the operation running on sandbox id, "" for none.
-func (m *Manager) opOn(id string) string {
+// opOn is the operation running on sandbox id, "" for none, and whether
+// any operation ended since endedCount said seen.
+func (m *Manager) opOn(id string, seen uint64) (op string, ended bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.ops[id]
+	return m.ops[id], m.opsEnded != seen
+}
+
+// endedCount is how many operations have ended so far (see opOn).
+func (m *Manager) endedCount() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.opsEnded
 }
 
 // wakeOne claims a sleeping sandbox and wakes it.
