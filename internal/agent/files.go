@@ -297,19 +297,12 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 // answer. A body never read (the request was refused before it) is left
 // alone: reading it would ask the daemon to send it (100-continue).
 func (h *handler) bodyError(w http.ResponseWriter, r *http.Request, p string, body *bodyReader, err error) {
-	if !body.read {
-		h.fileError(w, r, p, err)
-		return
-	}
 	rc := http.NewResponseController(w)
 	// Without full duplex the server would try to read the rest of the
 	// body before the answer's header, and give up and close after 256 KiB.
-	if derr := rc.EnableFullDuplex(); derr != nil {
-		h.fileError(w, r, p, err)
-		return
-	}
+	drain := body.read && rc.EnableFullDuplex() == nil
 	h.fileError(w, r, p, err)
-	if rc.Flush() != nil {
+	if !drain || rc.Flush() != nil {
 		return
 	}
 	_ = rc.SetReadDeadline(time.Now().Add(bodyDrain))
