@@ -136,7 +136,7 @@ func BenchmarkQuotas(b *testing.B) {
 				v, err := p.CreateVolume(ctx, id, "t")
 				must(b, err)
 				if mode.quota != "" {
-					must(b, p.SetLimit(ctx, id, 256*mib))
+					must(b, p.SetLimit(ctx, id, 256*mib, disk.Base{Template: "t"}))
 				}
 				return v
 			}

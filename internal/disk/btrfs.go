@@ -43,6 +43,9 @@ type Btrfs struct {
 	// (see initQuotas).
 	sys   string
 	quota string
+	// switched is true when opening the pool switched its quotas from
+	// simple to classic, which dropped every limit.
+	switched bool
 }
 
 var (
@@ -63,11 +66,11 @@ const (
 // is already mounted there (after a daemon restart). On error nothing stays
 // mounted that was not mounted before.
 //
-// On its own image the pool turns on btrfs simple quotas, so that volumes
-// can be limited (see Limiter); a filesystem it shares with others keeps
-// the quota mode it has (see initQuotas).
+// On its own image the pool turns on classic btrfs qgroups, so that
+// volumes can be limited (see Limiter); a filesystem it shares with others
+// keeps the quota mode it has (see initQuotas).
 func NewBtrfs(ctx context.Context, dir string, sizeBytes int64) (*Btrfs, error) {
-	return newBtrfs(ctx, dir, sizeBytes, quotaSimple)
+	return newBtrfs(ctx, dir, sizeBytes, quotaClassic)
 }
 
 // newBtrfs is NewBtrfs turning on quotas of mode (quotaSimple,

@@ -15,3 +15,8 @@ const (
 func NewBtrfsWithQuotas(ctx context.Context, dir string, sizeBytes int64, mode string) (*Btrfs, error) {
 	return newBtrfs(ctx, dir, sizeBytes, mode)
 }
+
+// BlocksUsed is what du counts under root: its files' allocated blocks.
+func BlocksUsed(ctx context.Context, root string) (int64, error) {
+	return blocksUsed(ctx, root)
+}

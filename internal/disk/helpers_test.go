@@ -52,7 +52,7 @@ func newBtrfs(t testing.TB) *disk.Btrfs {
 // newBtrfsSized is newBtrfs with an image of size bytes (sparse).
 func newBtrfsSized(t testing.TB, size int64) *disk.Btrfs {
 	t.Helper()
-	return newBtrfsQuotas(t, size, disk.QuotaSimple)
+	return newBtrfsQuotas(t, size, disk.QuotaClassic)
 }
 
 // newBtrfsQuotas is newBtrfsSized with quotas of mode turned on (see

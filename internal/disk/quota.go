@@ -15,19 +15,32 @@ import (
 )
 
 // Limiter is the optional ability of a Pool to bound how much each volume
-// may write. Its terms: a volume's use is what its writer has written since
-// the volume was made (by CreateVolume or CloneSnapshot); data it shares
-// with the template or snapshot it was made from is not counted, since that
-// is charged where it was first written. A write that would take a volume
-// beyond its limit fails with EDQUOT, and only that volume's writers see it.
+// may hold. Its terms: a volume's use is what it holds (every extent it
+// refers to, however it came by it: written, or brought by the snapshot it
+// was cloned from) beyond the size of its base, the template its lineage
+// started from, whose data is the same for every volume made from it. So a
+// volume cloned from a snapshot (a restore, a fork) starts with the use of
+// the volume the snapshot was taken of, and data that a snapshot still
+// holds after the volume deleted it is the snapshot's, not the volume's.
+// A write that would take a volume beyond its limit fails with EDQUOT, and
+// only that volume's writers see it.
 type Limiter interface {
-	// SetLimit bounds volume id's use to bytes; 0 removes the bound.
-	SetLimit(ctx context.Context, id string, bytes int64) error
-	// DiskUse is volume id's use and limit in bytes (limit 0: none). It
-	// reads counters the filesystem keeps, so it costs microseconds
-	// whatever the volume holds; the counters lag writes by up to the
-	// filesystem's commit interval (30 s).
-	DiskUse(ctx context.Context, id string) (used, limit int64, err error)
+	// SetLimit bounds volume id's use beyond base to bytes; 0 removes the
+	// bound.
+	SetLimit(ctx context.Context, id string, bytes int64, base Base) error
+	// DiskUse is volume id's use beyond base, and its limit, in bytes
+	// (limit 0: none). It reads counters the filesystem keeps, so it costs
+	// microseconds whatever the volume holds; the counters lag writes by
+	// up to the filesystem's commit interval (30 s).
+	DiskUse(ctx context.Context, id string, base Base) (used, limit int64, err error)
+}
+
+// Base is the tree a volume's lineage was first made from, whose size a
+// Limiter does not count against the volume: a template (Template), or a
+// snapshot kept as one (Snapshot). The zero Base counts everything.
+type Base struct {
+	Template string
+	Snapshot string
 }
 
 // ErrNoQuotas is returned by a Limiter's methods when the filesystem it is
@@ -41,8 +54,10 @@ const (
 	btrfsIocFsInfo      = 0x8400941F // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
 	btrfsIocQuotaCtl    = 0xC0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
 	btrfsIocQgroupLimit = 0x8030942B // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
+	btrfsIocRescanWait  = 0x0000942E // _IO(0x94, 46)
 
 	btrfsQuotaCtlEnable            = 1
+	btrfsQuotaCtlDisable           = 2
 	btrfsQuotaCtlEnableSimpleQuota = 4
 
 	btrfsQgroupLimitMaxRfer = 1 << 0
@@ -138,33 +153,44 @@ func quotaMode(sys string) (string, error) {
 	return strings.TrimSpace(string(data)), nil
 }
 
-// enableQuotas turns on quotas of the filesystem holding path: simple ones
-// when simple is true, else classic qgroups. Turning them on when they are
-// on already is no error.
-func enableQuotas(path string, simple bool) error {
-	args := btrfsQuotaCtlArgs{cmd: btrfsQuotaCtlEnable}
-	if simple {
-		args.cmd = btrfsQuotaCtlEnableSimpleQuota
+// quotaCtl runs quota control command cmd on the filesystem holding path.
+func quotaCtl(path string, cmd uint64) error {
+	args := btrfsQuotaCtlArgs{cmd: cmd}
+	return ioctlPath(path, btrfsIocQuotaCtl, unsafe.Pointer(&args))
+}
+
+// enableQuotas turns on quotas of mode on the filesystem holding path and,
+// for classic qgroups, waits for the scan that counts what the filesystem
+// holds already. Turning them on when they are on already is no error.
+func enableQuotas(path, mode string) error {
+	cmd := uint64(btrfsQuotaCtlEnable)
+	if mode == quotaSimple {
+		cmd = btrfsQuotaCtlEnableSimpleQuota
 	}
-	if err := ioctlPath(path, btrfsIocQuotaCtl, unsafe.Pointer(&args)); err != nil {
+	if err := quotaCtl(path, cmd); err != nil {
 		return fmt.Errorf("enabling quotas on %s: %w", path, err)
+	}
+	if mode == quotaClassic {
+		if err := ioctlPath(path, btrfsIocRescanWait, nil); err != nil {
+			return fmt.Errorf("counting what %s holds: %w", path, err)
+		}
 	}
 	return nil
 }
 
-// setQgroupLimit bounds the level-0 qgroup of the subvolume at path to
-// bytes (0: no bound).
-func setQgroupLimit(path string, bytes int64) error {
+// noLimit is what the kernel reads as no limit.
+const noLimit = ^uint64(0)
+
+// setQgroupLimit bounds what the level-0 qgroup of the subvolume at path
+// refers to at maxRfer bytes (0: no bound).
+func setQgroupLimit(path string, maxRfer int64) error {
 	id, err := subvolumeID(path)
 	if err != nil {
 		return err
 	}
-	// Under simple quotas referenced and exclusive are the same; a limit
-	// on referenced also holds under classic qgroups, where it counts the
-	// data the volume shares with its template too.
-	args := btrfsQgroupLimitArgs{qgroupID: id, flags: btrfsQgroupLimitMaxRfer, maxRfer: uint64(bytes)}
-	if bytes <= 0 {
-		args.maxRfer = ^uint64(0)
+	args := btrfsQgroupLimitArgs{qgroupID: id, flags: btrfsQgroupLimitMaxRfer, maxRfer: noLimit}
+	if maxRfer > 0 {
+		args.maxRfer = uint64(maxRfer)
 	}
 	if err := ioctlPath(path, btrfsIocQgroupLimit, unsafe.Pointer(&args)); err != nil {
 		return fmt.Errorf("limiting qgroup 0/%d: %w", id, err)
@@ -172,9 +198,10 @@ func setQgroupLimit(path string, bytes int64) error {
 	return nil
 }
 
-// qgroupUse reads the use and limit of the level-0 qgroup of the
-// subvolume at path from sys, the filesystem's sysfs directory.
-func qgroupUse(sys, path string) (used, limit int64, err error) {
+// qgroupUse reads what the level-0 qgroup of the subvolume at path refers
+// to and its limit on that (0: none) from sys, the filesystem's sysfs
+// directory.
+func qgroupUse(sys, path string) (rfer, maxRfer int64, err error) {
 	id, err := subvolumeID(path)
 	if err != nil {
 		return 0, 0, err
@@ -194,22 +221,27 @@ func qgroupUse(sys, path string) (used, limit int64, err error) {
 		}
 		return int64(n), nil
 	}
-	if used, err = read("referenced"); err != nil {
+	if rfer, err = read("referenced"); err != nil {
 		return 0, 0, fmt.Errorf("reading qgroup 0/%d: %w", id, err)
 	}
-	if limit, err = read("max_referenced"); err != nil {
+	if maxRfer, err = read("max_referenced"); err != nil {
 		return 0, 0, fmt.Errorf("reading qgroup 0/%d: %w", id, err)
 	}
-	return used, limit, nil
+	return rfer, maxRfer, nil
 }
 
 // initQuotas finds the filesystem's quota mode, first turning on quotas of
 // mode on the pool's own image when none are on. A filesystem the pool
 // shares (dir on btrfs already) is left as it is: simple quotas set an
 // incompatible feature flag (kernels before 6.7 can no longer mount it),
-// and classic ones slow down every snapshot deletion, which is not the
-// pool's choice to make for someone else's filesystem. A kernel that
-// cannot turn them on leaves the pool without limits, logged.
+// and classic ones slow down every snapshot, which is not the pool's
+// choice to make for someone else's filesystem. A kernel that cannot turn
+// them on leaves the pool without limits, logged.
+//
+// The pool's own image with simple quotas (made by a loam before classic
+// qgroups) is switched to classic ones: simple quotas charge data to the
+// volume that wrote it, so a restored or forked volume held its data for
+// free. The switch drops every limit; the caller sets them again.
 func (b *Btrfs) initQuotas(ctx context.Context, mode string) error {
 	sys, err := fsSysfs(b.l.root)
 	if err != nil {
@@ -219,31 +251,88 @@ func (b *Btrfs) initQuotas(ctx context.Context, mode string) error {
 	if b.quota, err = quotaMode(sys); err != nil {
 		return err
 	}
-	if b.quota != "" || mode == "" || b.img == "" {
-		if b.quota == "" && mode != "" {
+	own := b.img != ""
+	switch {
+	case mode == "" || (b.quota != "" && !(own && b.quota == quotaSimple && mode == quotaClassic)):
+		// Nothing to turn on, or on already as wanted (or not ours).
+	case !own:
+		if b.quota == "" {
 			slog.WarnContext(ctx, "btrfs quotas are off on a filesystem the pool shares; disk limits are not enforced", "dir", b.l.root)
 		}
-		return nil
+	default:
+		if b.quota != "" {
+			slog.InfoContext(ctx, "switching the disk pool from simple quotas to classic qgroups", "dir", b.l.root)
+			if err := quotaCtl(b.l.root, btrfsQuotaCtlDisable); err != nil {
+				return fmt.Errorf("turning off simple quotas on %s: %w", b.l.root, err)
+			}
+			b.switched = true
+		}
+		if err := enableQuotas(b.l.root, mode); err != nil {
+			slog.WarnContext(ctx, "cannot turn on btrfs quotas; disk limits are not enforced", "dir", b.l.root, "mode", mode, "err", err)
+		}
+		if b.quota, err = quotaMode(sys); err != nil {
+			return err
+		}
 	}
-	if err := enableQuotas(b.l.root, mode == quotaSimple); err != nil {
-		slog.WarnContext(ctx, "cannot turn on btrfs quotas (simple quotas need Linux 6.7); disk limits are not enforced", "dir", b.l.root, "err", err)
-		return nil
+	if own && b.quota == quotaClassic {
+		// Deleting a subvolume whose tree is 3 levels high or more would
+		// otherwise mark every count stale (the kernel's default skips
+		// tracing such trees) until a rescan: count it, however long.
+		if err := os.WriteFile(filepath.Join(sys, "qgroups", "drop_subtree_threshold"), []byte("8"), 0); err != nil {
+			slog.WarnContext(ctx, "cannot make btrfs count deleted large subvolumes", "dir", b.l.root, "err", err)
+		}
 	}
-	b.quota, err = quotaMode(sys)
-	return err
+	return nil
 }
 
-// Quotas is the filesystem's quota mode: "squota" (simple quotas, what
-// the pool turns on), "qgroup" (classic), or "" when limits are not
+// Quotas is the filesystem's quota mode: "qgroup" (classic qgroups, what
+// the pool turns on), "squota" (simple quotas), or "" when limits are not
 // enforced.
 func (b *Btrfs) Quotas() string { return b.quota }
 
-// SetLimit bounds what volume id may write to bytes (0: no bound). Under
-// simple quotas it counts only what the volume writes, and also what it
-// deletes that a snapshot of it still holds, until that snapshot is
-// deleted; under classic qgroups it counts what the volume refers to,
-// its template's data included.
-func (b *Btrfs) SetLimit(ctx context.Context, id string, bytes int64) error {
+// SwitchedQuotas reports whether opening the pool switched it from simple
+// quotas to classic qgroups, which drops every volume's limit: the caller
+// must set them again.
+func (b *Btrfs) SwitchedQuotas() bool { return b.switched }
+
+// baseBytes is the size of base, what a volume made from it refers to and
+// is not charged for. Under simple quotas a volume is charged only for what
+// it writes, so there is nothing to leave out.
+func (b *Btrfs) baseBytes(base Base) (int64, error) {
+	var path string
+	switch {
+	case b.quota != quotaClassic:
+		return 0, nil
+	case base.Template != "":
+		if err := validName(base.Template); err != nil {
+			return 0, err
+		}
+		path = b.l.templatePath(base.Template)
+	case base.Snapshot != "":
+		if err := validName(base.Snapshot); err != nil {
+			return 0, err
+		}
+		path = b.l.snapshotPath(base.Snapshot)
+	default:
+		return 0, nil
+	}
+	if err := mustExist(path); err != nil {
+		return 0, fmt.Errorf("sizing base: %w", err)
+	}
+	rfer, _, err := qgroupUse(b.sys, path)
+	if err != nil {
+		return 0, fmt.Errorf("sizing base: %w", err)
+	}
+	return rfer, nil
+}
+
+// SetLimit bounds what volume id holds beyond base to bytes (0: no bound).
+// Under classic qgroups (the pool's own) it limits what the volume refers
+// to, so it counts data a clone brought from its snapshot as well as what
+// it wrote; under simple quotas (a filesystem the pool shares) it counts
+// only what the volume writes, and also what it deletes that a snapshot of
+// it still holds, until that snapshot is deleted.
+func (b *Btrfs) SetLimit(ctx context.Context, id string, bytes int64, base Base) error {
 	if err := validName(id); err != nil {
 		return err
 	}
@@ -254,14 +343,23 @@ func (b *Btrfs) SetLimit(ctx context.Context, id string, bytes int64) error {
 	if err := mustExist(path); err != nil {
 		return fmt.Errorf("limiting volume %s: %w", id, err)
 	}
-	if err := setQgroupLimit(path, bytes); err != nil {
+	maxRfer := int64(0)
+	if bytes > 0 {
+		bb, err := b.baseBytes(base)
+		if err != nil {
+			return fmt.Errorf("limiting volume %s: %w", id, err)
+		}
+		maxRfer = bytes + bb
+	}
+	if err := setQgroupLimit(path, maxRfer); err != nil {
 		return fmt.Errorf("limiting volume %s: %w", id, err)
 	}
 	return nil
 }
 
-// DiskUse is volume id's use and limit, from the qgroup counters.
-func (b *Btrfs) DiskUse(ctx context.Context, id string) (used, limit int64, err error) {
+// DiskUse is volume id's use beyond base and its limit, from the qgroup
+// counters.
+func (b *Btrfs) DiskUse(ctx context.Context, id string, base Base) (used, limit int64, err error) {
 	if err := validName(id); err != nil {
 		return 0, 0, err
 	}
@@ -272,9 +370,16 @@ func (b *Btrfs) DiskUse(ctx context.Context, id string) (used, limit int64, err 
 	if err := mustExist(path); err != nil {
 		return 0, 0, fmt.Errorf("measuring volume %s: %w", id, err)
 	}
-	used, limit, err = qgroupUse(b.sys, path)
+	rfer, maxRfer, err := qgroupUse(b.sys, path)
 	if err != nil {
 		return 0, 0, fmt.Errorf("measuring volume %s: %w", id, err)
 	}
-	return used, limit, nil
+	bb, err := b.baseBytes(base)
+	if err != nil {
+		return 0, 0, fmt.Errorf("measuring volume %s: %w", id, err)
+	}
+	if maxRfer > 0 {
+		limit = max(maxRfer-bb, 1)
+	}
+	return max(rfer-bb, 0), limit, nil
 }

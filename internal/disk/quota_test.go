@@ -3,6 +3,7 @@ package disk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -45,10 +46,14 @@ func commit(t testing.TB, path string) {
 	must(t, unix.Syncfs(fd))
 }
 
-// use is volume id's use and limit, failing the test on error.
+// base is the template the tests' volumes are made from.
+var base = disk.Base{Template: "t"}
+
+// use is volume id's use beyond base and its limit, failing the test on
+// error.
 func use(t testing.TB, p disk.Limiter, id string) (used, limit int64) {
 	t.Helper()
-	used, limit, err := p.DiskUse(t.Context(), id)
+	used, limit, err := p.DiskUse(t.Context(), id, base)
 	must(t, err)
 	return used, limit
 }
@@ -56,12 +61,13 @@ func use(t testing.TB, p disk.Limiter, id string) (used, limit int64) {
 // TestBtrfsQuota is the disk side of resources.disk_mib: a volume that
 // fills its limit gets EDQUOT, a neighbour does not, the template's data is
 // not counted, a full volume can still be snapshotted, and a clone of the
-// snapshot starts with nothing used and no limit of its own.
+// snapshot (a restore, a fork) starts with what the snapshot holds and the
+// limit its volume had.
 func TestBtrfsQuota(t *testing.T) {
 	p := newBtrfs(t)
 	ctx := t.Context()
-	if p.Quotas() != "squota" {
-		t.Fatalf("Quotas() = %q on the pool's own image, want squota", p.Quotas())
+	if p.Quotas() != "qgroup" {
+		t.Fatalf("Quotas() = %q on the pool's own image, want qgroup", p.Quotas())
 	}
 	src := t.TempDir()
 	must(t, fill(filepath.Join(src, "big"), 24)) // more than the limit below
@@ -71,7 +77,7 @@ func TestBtrfsQuota(t *testing.T) {
 	next, err := p.CreateVolume(ctx, "next", "t")
 	must(t, err)
 	const limit = 16 * mib
-	must(t, p.SetLimit(ctx, "full", limit))
+	must(t, p.SetLimit(ctx, "full", limit, base))
 
 	commit(t, full)
 	if used, l := use(t, p, "full"); used > mib || l != limit {
@@ -94,31 +100,115 @@ func TestBtrfsQuota(t *testing.T) {
 		t.Errorf("neighbour: used %d, limit %d; want 24 MiB and a bit, and no limit", used, l)
 	}
 
-	// A checkpoint of the full volume, and a restore or fork from it.
+	// A checkpoint of the full volume, and a restore or fork from it: the
+	// clone holds what the full volume held, and counts it.
 	must(t, p.Snapshot(ctx, "full", "s"))
 	clone, err := p.CloneSnapshot(ctx, "s", "clone")
 	must(t, err)
 	commit(t, clone)
-	if used, l := use(t, p, "clone"); used > mib || l != 0 {
-		t.Errorf("clone: used %d, limit %d; want under 1 MiB and none until set", used, l)
+	if used, l := use(t, p, "clone"); used < limit-mib || used > limit || l != limit {
+		t.Errorf("clone: used %d, limit %d; want about %d (the snapshot's) and the snapshot's limit", used, l, limit)
 	}
-	must(t, p.SetLimit(ctx, "clone", limit))
-	if err := fill(filepath.Join(clone, "g"), 32); !errors.Is(err, syscall.EDQUOT) {
-		t.Errorf("writing 32 MiB into a clone limited to 16 MiB: %v, want EDQUOT", err)
+	must(t, p.SetLimit(ctx, "clone", limit, base))
+	if err := fill(filepath.Join(clone, "g"), 2); !errors.Is(err, syscall.EDQUOT) {
+		t.Errorf("writing 2 MiB into a clone of a full volume limited to 16 MiB: %v, want EDQUOT", err)
 	}
 
 	// Lifting the limit lets the full volume write again.
-	must(t, p.SetLimit(ctx, "full", 0))
+	must(t, p.SetLimit(ctx, "full", 0, base))
 	must(t, fill(filepath.Join(full, "more"), 4))
 	if _, l := use(t, p, "full"); l != 0 {
 		t.Errorf("limit after lifting it = %d, want 0", l)
 	}
 
-	if err := p.SetLimit(ctx, "missing", limit); !errors.Is(err, disk.ErrNotFound) {
+	if err := p.SetLimit(ctx, "missing", limit, base); !errors.Is(err, disk.ErrNotFound) {
 		t.Errorf("SetLimit of a missing volume: %v, want ErrNotFound", err)
 	}
-	if _, _, err := p.DiskUse(ctx, "missing"); !errors.Is(err, disk.ErrNotFound) {
+	if _, _, err := p.DiskUse(ctx, "missing", base); !errors.Is(err, disk.ErrNotFound) {
 		t.Errorf("DiskUse of a missing volume: %v, want ErrNotFound", err)
+	}
+	if err := p.SetLimit(ctx, "next", limit, disk.Base{Template: "gone"}); !errors.Is(err, disk.ErrNotFound) {
+		t.Errorf("SetLimit with a missing base: %v, want ErrNotFound", err)
+	}
+}
+
+// TestBtrfsQuotaRestoreLoop is issue 20's way past a limit, on the pool: a
+// volume writes nearly its limit, is snapshotted, replaced by a clone of
+// the snapshot (a restore), and the snapshot deleted, again and again.
+// Under simple quotas each clone started from nothing used; the limit must
+// hold whatever the sequence, and the use must be what the volume holds.
+func TestBtrfsQuotaRestoreLoop(t *testing.T) {
+	p := newBtrfs(t)
+	ctx := t.Context()
+	src := t.TempDir()
+	must(t, fill(filepath.Join(src, "tpl"), 8))
+	must(t, p.ImportTemplate(ctx, "t", src))
+	const limit = 32 * mib
+	vol, err := p.CreateVolume(ctx, "v", "t")
+	must(t, err)
+	must(t, p.SetLimit(ctx, "v", limit, base))
+	wrote := 0
+	for round := range 4 {
+		err := fill(filepath.Join(vol, fmt.Sprint("data", round)), 30)
+		if err == nil {
+			wrote += 30
+		} else if !errors.Is(err, syscall.EDQUOT) {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		snap := fmt.Sprint("s", round)
+		must(t, p.Snapshot(ctx, "v", snap))
+		must(t, p.DeleteVolume(ctx, "v"))
+		vol, err = p.CloneSnapshot(ctx, snap, "v")
+		must(t, err)
+		must(t, p.SetLimit(ctx, "v", limit, base))
+		must(t, p.DeleteSnapshot(ctx, snap))
+	}
+	if wrote != 30 {
+		t.Errorf("wrote %d MiB whole in 4 rounds under a %d MiB limit, want 30", wrote, limit/mib)
+	}
+	commit(t, vol)
+	held, err := disk.BlocksUsed(ctx, vol)
+	must(t, err)
+	used, _ := use(t, p, "v")
+	if held > limit+8*mib+mib {
+		t.Errorf("the volume holds %d bytes (the template's 8 MiB included), over its limit %d", held, limit)
+	}
+	if d := used - (held - 8*mib); d < -mib || d > mib {
+		t.Errorf("use %d, want what the volume holds beyond its template, %d", used, held-8*mib)
+	}
+}
+
+// TestBtrfsQuotaSwitch: a pool made with simple quotas (by an older loam)
+// is switched to classic qgroups when opened, and says its limits were
+// dropped; a clone then counts what it holds.
+func TestBtrfsQuotaSwitch(t *testing.T) {
+	requireBtrfs(t)
+	ctx := t.Context()
+	dir := t.TempDir()
+	p, err := disk.NewBtrfsWithQuotas(ctx, dir, 1<<30, disk.QuotaSimple)
+	must(t, err)
+	t.Cleanup(func() {
+		if err := p.Destroy(context.Background()); err != nil {
+			t.Errorf("destroying pool: %v", err)
+		}
+	})
+	src := t.TempDir()
+	must(t, fill(filepath.Join(src, "tpl"), 4))
+	must(t, p.ImportTemplate(ctx, "t", src))
+	v, err := p.CreateVolume(ctx, "v", "t")
+	must(t, err)
+	must(t, fill(filepath.Join(v, "data"), 8))
+	must(t, p.Snapshot(ctx, "v", "s"))
+	_, err = p.CloneSnapshot(ctx, "s", "c")
+	must(t, err)
+	must(t, p.Unmount(ctx))
+	p, err = disk.NewBtrfs(ctx, dir, 1<<30)
+	must(t, err)
+	if p.Quotas() != "qgroup" || !p.SwitchedQuotas() {
+		t.Fatalf("reopened: Quotas() = %q, switched %v; want qgroup, true", p.Quotas(), p.SwitchedQuotas())
+	}
+	if used, l := use(t, p, "c"); used < 8*mib || used > 9*mib || l != 0 {
+		t.Errorf("clone after the switch: used %d, limit %d; want 8 MiB and a bit, no limit", used, l)
 	}
 }
 
@@ -133,10 +223,10 @@ func TestBtrfsNoQuotas(t *testing.T) {
 	must(t, p.ImportTemplate(ctx, "t", t.TempDir()))
 	_, err := p.CreateVolume(ctx, "v", "t")
 	must(t, err)
-	if err := p.SetLimit(ctx, "v", mib); !errors.Is(err, disk.ErrNoQuotas) {
+	if err := p.SetLimit(ctx, "v", mib, base); !errors.Is(err, disk.ErrNoQuotas) {
 		t.Errorf("SetLimit without quotas: %v, want ErrNoQuotas", err)
 	}
-	if _, _, err := p.DiskUse(ctx, "v"); !errors.Is(err, disk.ErrNoQuotas) {
+	if _, _, err := p.DiskUse(ctx, "v", base); !errors.Is(err, disk.ErrNoQuotas) {
 		t.Errorf("DiskUse without quotas: %v, want ErrNoQuotas", err)
 	}
 }
@@ -157,12 +247,12 @@ func TestBtrfsQuotaReopen(t *testing.T) {
 	must(t, p.ImportTemplate(ctx, "t", t.TempDir()))
 	_, err = p.CreateVolume(ctx, "v", "t")
 	must(t, err)
-	must(t, p.SetLimit(ctx, "v", 8*mib))
+	must(t, p.SetLimit(ctx, "v", 8*mib, base))
 	must(t, p.Unmount(ctx))
 	p, err = disk.NewBtrfs(ctx, dir, 1<<30)
 	must(t, err)
-	if p.Quotas() != "squota" {
-		t.Errorf("Quotas() after reopening = %q, want squota", p.Quotas())
+	if p.Quotas() != "qgroup" || p.SwitchedQuotas() {
+		t.Errorf("Quotas() after reopening = %q, switched %v; want qgroup, false", p.Quotas(), p.SwitchedQuotas())
 	}
 	if _, l := use(t, p, "v"); l != 8*mib {
 		t.Errorf("limit after reopening = %d, want %d", l, 8*mib)

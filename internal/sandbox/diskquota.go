@@ -3,25 +3,52 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/store"
 )
 
-// limitDisk bounds what a sandbox writes to its disk to resources.disk_mib,
-// on a volume just made (created, restored or forked: a new volume starts
-// with no limit). A pool that cannot limit volumes is no error: the
-// sandbox's view then says the limit is not enforced (see diskUse).
+// limitDisk bounds what a sandbox's disk holds beyond its template to
+// resources.disk_mib, on a volume just made (created, restored, forked or
+// made from a template: a new volume starts with no limit), or again after
+// a restart. A pool that cannot limit volumes is no error: the sandbox's
+// view then says the limit is not enforced (see diskUse).
 func (m *Manager) limitDisk(ctx context.Context, sb *store.Sandbox) error {
 	l, ok := m.disks.(disk.Limiter)
 	if !ok || sb.Resources.DiskMiB <= 0 {
 		return nil
 	}
-	if err := l.SetLimit(ctx, sb.ID, int64(sb.Resources.DiskMiB)<<20); err != nil && !errors.Is(err, disk.ErrNoQuotas) {
+	base, err := m.diskBase(ctx, sb)
+	if err != nil {
+		return fmt.Errorf("limiting the disk of %s: %w", sb.ID, err)
+	}
+	if err := l.SetLimit(ctx, sb.ID, int64(sb.Resources.DiskMiB)<<20, base); err != nil && !errors.Is(err, disk.ErrNoQuotas) {
 		return err
 	}
 	return nil
+}
+
+// diskBase is the tree in the disk pool that sb's disk descends from, which
+// its use does not count: the template kept from a checkpoint that it (or
+// the sandbox it was forked from) was made from, else its image's template,
+// else its template. A restore or a fork keeps the data its checkpoint
+// holds, and so its use: only the template is free.
+func (m *Manager) diskBase(ctx context.Context, sb *store.Sandbox) (disk.Base, error) {
+	if man, err := m.readKept(sb.Template); err != nil {
+		return disk.Base{}, err
+	} else if man != nil {
+		return disk.Base{Snapshot: man.Snapshot}, nil
+	}
+	if sb.Image != "" {
+		tpl, err := m.imageTemplate(ctx, sb)
+		if err != nil {
+			return disk.Base{}, err
+		}
+		return disk.Base{Template: tpl}, nil
+	}
+	return disk.Base{Template: sb.Template}, nil
 }
 
 // diskUse is a sandbox's disk use as its view shows it. It reads the
@@ -35,7 +62,12 @@ func (m *Manager) diskUse(ctx context.Context, sb *store.Sandbox) *api.DiskUse {
 	if !ok {
 		return d
 	}
-	used, limit, err := l.DiskUse(ctx, sb.ID)
+	base, err := m.diskBase(ctx, sb)
+	if err != nil {
+		m.log.Warn("finding the template of a disk", "sandbox", sb.ID, "err", err)
+		return d
+	}
+	used, limit, err := l.DiskUse(ctx, sb.ID, base)
 	if err != nil {
 		// No volume yet (creating) or gone (deleting), or no quotas.
 		if !errors.Is(err, disk.ErrNotFound) && !errors.Is(err, disk.ErrNoQuotas) {

@@ -435,6 +435,9 @@ func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *chec
 	if err != nil {
 		return fmt.Errorf("copying the template's disk: %w", err)
 	}
+	if err := m.limitDisk(ctx, sb); err != nil {
+		return fmt.Errorf("copying the template's disk: %w", err)
+	}
 	crash.Point("template-sandbox.disk")
 	if !man.Memory {
 		// A fresh boot: the disk names the new sandbox, as a template's does.
