@@ -30,6 +30,18 @@ func (m *Manager) limitDisk(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
+// relimitDisk sets a recovered sandbox's disk limit again: a crash may
+// have come between a restore's new volume and its limit, and a pool whose
+// quotas were switched to classic qgroups lost every limit.
+func (m *Manager) relimitDisk(ctx context.Context, sb *store.Sandbox) {
+	if sb.State == api.StateDeleting || sb.State == api.StateCreating {
+		return
+	}
+	if err := m.limitDisk(ctx, sb); err != nil && !errors.Is(err, disk.ErrNotFound) {
+		m.log.Warn("limiting a recovered sandbox's disk", "sandbox", sb.ID, "err", err)
+	}
+}
+
 // diskBase is the tree in the disk pool that sb's disk descends from, which
 // its use does not count: the template kept from a checkpoint that it (or
 // the sandbox it was forked from) was made from, else its image's template,

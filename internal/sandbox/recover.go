@@ -13,7 +13,6 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/crash"
-	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/store"
@@ -47,18 +46,6 @@ func (m *Manager) Recover(ctx context.Context) error {
 	// The firewall kept every policy through the restart (so sandboxes
 	// that ran on kept their egress): drop those of sandboxes now gone.
 	return errors.Join(m.nets.PrunePolicies(ctx, keep), m.sweep(ctx, known))
-}
-
-// relimitDisk sets a recovered sandbox's disk limit again: a crash may
-// have come between a restore's new volume and its limit, and a pool whose
-// quotas were switched to classic qgroups lost every limit.
-func (m *Manager) relimitDisk(ctx context.Context, sb *store.Sandbox) {
-	if sb.State == api.StateDeleting || sb.State == api.StateCreating {
-		return
-	}
-	if err := m.limitDisk(ctx, sb); err != nil && !errors.Is(err, disk.ErrNotFound) {
-		m.log.Warn("limiting a recovered sandbox's disk", "sandbox", sb.ID, "err", err)
-	}
 }
 
 func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
