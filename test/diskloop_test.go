@@ -70,13 +70,14 @@ func TestDiskLimitCheckpointLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("the pool grew by %d bytes with the %d checkpoints the restores kept", poolUsed(t, mnt)-before, len(cps))
 	for _, cp := range cps {
 		if err := d.C.DeleteCheckpoint(ctx, "loop", cp.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
 	grown := poolUsed(t, mnt) - before
-	t.Logf("the pool grew by %d bytes (%d checkpoints deleted)", grown, len(cps))
+	t.Logf("the pool grew by %d bytes once its %d checkpoints were deleted", grown, len(cps))
 	if grown > (diskLimit+32)<<20 {
 		t.Errorf("the pool grew by %d bytes, more than the %d MiB limit", grown, diskLimit)
 	}
@@ -84,7 +85,9 @@ func TestDiskLimitCheckpointLoop(t *testing.T) {
 
 // TestDiskLimitRestoreFork: the owner's restore of a disk-only checkpoint
 // and a fork of it hold the checkpoint's data, and count it: neither
-// starts with its whole limit free again.
+// starts with its whole limit free again. A sandbox made from a template
+// kept from the checkpoint is limited too (it had no limit at all), the
+// template's data being its base, free as any template's.
 func TestDiskLimitRestoreFork(t *testing.T) {
 	d := startDaemon(t)
 	ctx := ctxT(t)
@@ -104,6 +107,15 @@ func TestDiskLimitRestoreFork(t *testing.T) {
 	}
 	if _, err := d.C.Fork(ctx, "src", cp.ID, "fork"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := d.C.CreateTemplate(ctx, "kept", "src", cp.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "tpl", Template: "kept", Resources: &api.Resources{DiskMiB: diskLimit}}); err != nil {
+		t.Fatal(err)
+	}
+	if errb, code := fillDisk(t, d, "tpl", "more", diskLimit+44); code == 0 || !strings.Contains(errb, "No space left on device") {
+		t.Errorf("tpl: dd of %d MiB: code %d, %q; want No space left on device", diskLimit+44, code, errb)
 	}
 	for _, sb := range []string{"src", "fork"} {
 		if errb, code := fillDisk(t, d, sb, "more", 64); code == 0 || !strings.Contains(errb, "No space left on device") {
