@@ -256,8 +256,11 @@ func (b *Btrfs) initQuotas(ctx context.Context, mode string) error {
 	case mode == "" || (b.quota != "" && !(own && b.quota == quotaSimple && mode == quotaClassic)):
 		// Nothing to turn on, or on already as wanted (or not ours).
 	case !own:
-		if b.quota == "" {
+		switch b.quota {
+		case "":
 			slog.WarnContext(ctx, "btrfs quotas are off on a filesystem the pool shares; disk limits are not enforced", "dir", b.l.root)
+		case quotaSimple:
+			slog.WarnContext(ctx, "btrfs simple quotas on a filesystem the pool shares: a restored or forked disk is not charged for the data its checkpoint holds", "dir", b.l.root)
 		}
 	default:
 		if b.quota != "" {
