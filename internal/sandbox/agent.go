@@ -25,15 +25,17 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 	return m.connectAgent(ctx, sb, ep, false, holds)
 }
 
-// takeBack is connect for a sandbox whose container ran on through a
-// restart of the daemon: a graceful one, a crash and an upgrade alike (an
-// upgrade is a restart with a new binary; the agent that runs on is the
-// old one until the sandbox boots again). Its agent knows who it is from
-// the last daemon, and none of that has changed (the in-sandbox API's
-// token is derived from the daemon's secret), so an agent that answers
-// the identity with an error (an older one, on a full disk, answers 500)
-// keeps the one it has, and the sandbox is taken back all the same: a
-// sandbox's disk full is the sandbox's state, not a reason to lose it.
+// takeBack is connect for a sandbox whose agent comes back with this
+// sandbox's own memory: its container ran on through a restart of the
+// daemon (a graceful one, a crash and an upgrade alike: an upgrade is a
+// restart with a new binary, and the agent that runs on is the old one
+// until the sandbox boots again), or it wakes from its own sleep image.
+// Its agent knows who it is, and none of that has changed (the in-sandbox
+// API's token is derived from the daemon's secret), so an agent that
+// answers the identity with an error (an older one, on a full disk,
+// answers 500) keeps the one it has, and the sandbox is taken back all the
+// same: a sandbox's disk full is the sandbox's state, not a reason to lose
+// it. A restore or a fork is not this: its memory may name another.
 func (m *Manager) takeBack(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
 	return m.connectAgent(ctx, sb, ep, true, holds)
 }

@@ -259,7 +259,7 @@ func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir, what s
 			return fmt.Errorf("restoring memory: %w", err)
 		}
 		crash.Point("recover.resumed")
-		return m.connect(ctx, sb, ep, holds...)
+		return m.takeBack(ctx, sb, ep, holds...)
 	}()
 	if err != nil {
 		m.log.Warn(what+" was cut short after it stopped the sandbox, and the image it wrote does not restore",
