@@ -233,20 +233,37 @@ const maxEtcFile = 1 << 20
 // link. O_NOFOLLOW|O_DIRECTORY is not enough for the walk: inside gVisor it
 // follows a link to a directory (issue 20), so each component is opened
 // O_PATH|O_NOFOLLOW, which opens a link as itself, and checked with fstat.
+// A link is followed only where no one but root can have put it: in a
+// directory of root's that no one else may write (the image's own links,
+// such as Debian's /var/run -> /run).
+
+// maxLinks bounds the links one walk follows, as the kernel's 40.
+const maxLinks = 40
 
 // openDir opens the directory at path (absolute) for the *at calls,
-// following no symbolic link on the way: a link where a directory should be
-// fails it with ENOTDIR. With mk, missing directories are made, mode 0755,
-// root's. The caller closes the fd.
+// following no symbolic link that anyone but root may have made: such a
+// link where a directory should be fails it with ENOTDIR. With mk, missing
+// directories are made, mode 0755, root's. The caller closes the fd.
 func openDir(path string, mk bool) (int, error) {
 	if !filepath.IsAbs(path) {
 		return -1, fmt.Errorf("opening %s: not an absolute path", path)
 	}
+	fd, err := openDirFrom(path, filepath.Clean(path), mk, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+// openDirFrom is openDir's walk of the clean absolute path p, having
+// followed links links already (orig is the path asked for, for errors).
+func openDirFrom(orig, p string, mk bool, links int) (int, error) {
 	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("opening /: %w", err)
+		return -1, err
 	}
-	for _, c := range strings.Split(filepath.Clean(path), "/") {
+	parts := strings.Split(p, "/")
+	for i, c := range parts {
 		if c == "" {
 			continue
 		}
@@ -256,20 +273,44 @@ func openDir(path string, mk bool) (int, error) {
 				next, err = unix.Openat(fd, c, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			}
 		}
-		unix.Close(fd)
 		if err != nil {
-			return -1, fmt.Errorf("opening %s: %w", path, err)
+			unix.Close(fd)
+			return -1, err
 		}
 		var st unix.Stat_t
 		if err := unix.Fstat(next, &st); err != nil {
 			unix.Close(next)
-			return -1, fmt.Errorf("opening %s: %w", path, err)
+			unix.Close(fd)
+			return -1, err
 		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			unix.Close(fd)
+			fd = next
+			continue
+		case unix.S_IFLNK:
 			unix.Close(next)
-			return -1, fmt.Errorf("opening %s: %s is not a directory: %w", path, c, unix.ENOTDIR)
+			var parent unix.Stat_t
+			if links >= maxLinks || unix.Fstat(fd, &parent) != nil || st.Uid != 0 || parent.Uid != 0 || parent.Mode&0o022 != 0 {
+				unix.Close(fd)
+				return -1, fmt.Errorf("%s is a symbolic link not followed: %w", filepath.Join(append([]string{"/"}, parts[:i+1]...)...), unix.ENOTDIR)
+			}
+			buf := make([]byte, unix.PathMax)
+			n, err := unix.Readlinkat(fd, c, buf)
+			unix.Close(fd)
+			if err != nil {
+				return -1, err
+			}
+			target := string(buf[:n])
+			if !filepath.IsAbs(target) {
+				target = filepath.Join(append([]string{"/"}, parts[:i]...)...) + "/" + target
+			}
+			rest := append([]string{filepath.Clean(target)}, parts[i+1:]...)
+			return openDirFrom(orig, filepath.Clean(strings.Join(rest, "/")), mk, links+1)
 		}
-		fd = next
+		unix.Close(next)
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s is not a directory: %w", filepath.Join(append([]string{"/"}, parts[:i+1]...)...), unix.ENOTDIR)
 	}
 	return fd, nil
 }

@@ -147,7 +147,15 @@ func TestIdentityWriterFollowsNoLink(t *testing.T) {
 	id := Identity{SandboxID: "sb", SandboxName: "n", APIURL: "http://10.0.0.1:1", APIToken: "tok"}
 
 	t.Run("link on the way", func(t *testing.T) {
-		link := filepath.Join(tmp, "linked")
+		// In a directory the sandbox's user may write (its own).
+		users := filepath.Join(tmp, "users")
+		if err := os.Mkdir(users, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(users, 4242, 4242); err != nil {
+			t.Fatal(err)
+		}
+		link := filepath.Join(users, "linked")
 		if err := os.Symlink(outside, link); err != nil {
 			t.Fatal(err)
 		}
@@ -157,6 +165,22 @@ func TestIdentityWriterFollowsNoLink(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(outside, "loam")); err == nil {
 			t.Error("the identity dir was made through the link")
+		}
+	})
+	t.Run("root's link in root's dir is followed", func(t *testing.T) {
+		// As Debian's /var/run -> /run: only root can have made it.
+		roots := filepath.Join(tmp, "roots")
+		if err := os.Mkdir(roots, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("../outside", filepath.Join(roots, "run")); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeIdentity(filepath.Join(roots, "run", "ids"), id); err != nil {
+			t.Fatalf("through root's link: %v", err)
+		}
+		if b, err := os.ReadFile(filepath.Join(outside, "ids", "sandbox")); err != nil || string(b) != "sb\n" {
+			t.Errorf("sandbox through root's link: %q, %v", b, err)
 		}
 	})
 	t.Run("links in the dir", func(t *testing.T) {
