@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -205,4 +206,52 @@ func TestIdentityWriterFollowsNoLink(t *testing.T) {
 			t.Errorf("sandbox after the write: %v, %v; want a regular file in the link's place", fi, err)
 		}
 	})
+}
+
+// TestIdentitySocketAfterFullDisk: a disk with no inode left for the API
+// socket fails its start as a full disk (507), and the next identity, with
+// room again, starts it: a start that failed is not given up for good.
+func TestIdentitySocketAfterFullDisk(t *testing.T) {
+	disk := newFullDisk(t)
+	h := newHandler(Config{Token: testToken, Logger: testLogger()})
+	h.identityDir = filepath.Join(disk.dir, "loam")
+	if err := os.Mkdir(h.identityDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c := &Client{BaseURL: srv.URL, Token: testToken}
+	ctx := context.Background()
+	id := Identity{SandboxID: "sb", SandboxName: "n", APIURL: "http://10.0.0.1:1", APIToken: "tok"}
+
+	// Every inode taken: a tmpfs says ENOSPC, as a full disk does.
+	fillers := filepath.Join(disk.dir, "inodes")
+	if err := os.Mkdir(fillers, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("", disk.dir, "", unix.MS_REMOUNT, "size=256k,nr_inodes=64"); err != nil {
+		t.Fatalf("limiting the inodes: %v", err)
+	}
+	for i := 0; ; i++ {
+		f, err := os.Create(filepath.Join(fillers, strconv.Itoa(i)))
+		if err != nil {
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+		f.Close()
+	}
+	if err := c.SetIdentity(ctx, id); !IsNoSpace(err) {
+		t.Fatalf("identity with no inode left: %v, want 507", err)
+	}
+	if err := os.RemoveAll(fillers); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetIdentity(ctx, id); err != nil {
+		t.Fatalf("identity with room again: %v", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(h.identityDir, APISocketName)); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("the API socket after room was made: %v, %v; want it served", fi, err)
+	}
 }
