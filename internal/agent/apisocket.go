@@ -37,7 +37,7 @@ type apiSocket struct {
 	// allowed decides whether a process of uid may use the API.
 	allowed func(uid uint32) bool
 
-	id    atomic.Pointer[Identity] // where the API is now; a fork moves it
+	id atomic.Pointer[Identity] // where the API is now; a fork moves it
 	// mu guards serving: whether the socket is served. A start that
 	// failed (no room on the disk for the socket) is tried again at the
 	// next identity.
