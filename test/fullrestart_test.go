@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
@@ -113,7 +115,9 @@ func (d *daemon) unmanagedContainers(when string) {
 	if err := json.Unmarshal(b, &cs); err != nil {
 		d.t.Fatalf("%s: runsc list: %v: %s", when, err, b)
 	}
-	sbs, err := d.C.ListSandboxes(ctxT(d.t.(*testing.T)), client.ListOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sbs, err := d.C.ListSandboxes(ctx, client.ListOptions{})
 	if err != nil {
 		d.t.Fatal(err)
 	}
