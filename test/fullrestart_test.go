@@ -36,8 +36,8 @@ func TestFullDiskRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		d = &daemon{t: t, dataDir: dataDir, subnet: nextSubnet(), bin: old}
-		d.start()
 		t.Cleanup(func() { d.destroy() })
+		d.start()
 	}
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "full", Resources: &api.Resources{DiskMiB: 256}})
