@@ -170,11 +170,11 @@ func (m *Manager) fileError(cctx context.Context, sb *store.Sandbox, what, path 
 // from an older agent) is not trusted to say which. The host looks for
 // itself: when the filesystem its disk lives on is down to the reserve, the
 // upload failed for the host's lack of room, and the error says so;
-// otherwise the sandbox's disk is full, and the answer stays what it was. The same goes for an
-// upload whose connection broke (unavailable): an agent of before the
-// drain (see the agent's bodyError), still running in a sandbox restored
-// from an old memory checkpoint, answers and closes the connection while
-// the body still comes, and the reset can beat its answer.
+// otherwise the sandbox's disk is full, and the answer stays what it was.
+// The same goes for an upload whose connection broke (unavailable): an
+// agent of before the drain (see the agent's bodyError), still running in
+// a sandbox restored from an old memory checkpoint, answers and closes the
+// connection while the body still comes, and the reset can beat its answer.
 func (m *Manager) uploadError(cctx context.Context, sb *store.Sandbox, what, path string, err error) error {
 	ferr := m.fileError(cctx, sb, what, path, err)
 	if !errors.Is(ferr, api.ErrConflict) && !errors.Is(ferr, api.ErrUnavailable) && !errors.Is(ferr, api.ErrInsufficientStorage) {
