@@ -20,9 +20,10 @@ const (
 	CodeLimit            Code = "limit"              // 409, or 429 for rate limits
 	CodeUpgradeRequired  Code = "upgrade_required"   // 426: a WebSocket endpoint called without the upgrade
 	CodeUnavailable      Code = "unavailable"        // 503
-	// CodeInsufficientStorage: the host's data dir has no room for the
-	// work (a memory checkpoint, a fork, an upload, an image pull); free
-	// space and call again. A sandbox's own disk being full is not this.
+	// CodeInsufficientStorage: there is no room for the work: the host's
+	// data dir (a memory checkpoint, a fork, an upload, an image pull), or
+	// a sandbox's own disk (a files call that writes, its disk_mib
+	// reached). The message says which; free space and call again.
 	CodeInsufficientStorage Code = "insufficient_storage" // 507
 	CodeInternal            Code = "internal"             // 500
 )

@@ -392,8 +392,8 @@ func TestDataDirFull(t *testing.T) {
 		t.Fatalf("upload with space freed: %v", err)
 	}
 
-	// The sandbox's own disk full is the sandbox's business: a conflict,
-	// the host having room. disk_mib is the least a sandbox may have.
+	// The sandbox's own disk full: insufficient_storage saying so, the
+	// host having room. disk_mib is the least a sandbox may have.
 	own, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "own", Resources: &api.Resources{DiskMiB: 256}})
 	if err != nil {
 		t.Fatal(err)
@@ -409,8 +409,8 @@ func TestDataDirFull(t *testing.T) {
 	}
 	_, err = d.C.WriteFile(ctx, "own", "/home/loam/huge", hf, nil)
 	hf.Close()
-	if !errors.Is(err, api.ErrConflict) {
-		t.Errorf("upload beyond the sandbox's own disk limit: %v, want conflict", err)
+	if !errors.Is(err, api.ErrInsufficientStorage) || !strings.Contains(err.Error(), "the sandbox's disk is full") {
+		t.Errorf("upload beyond the sandbox's own disk limit: %v, want insufficient_storage saying the sandbox's disk is full", err)
 	} else {
 		t.Logf("upload beyond the sandbox's own disk: %v", err)
 	}

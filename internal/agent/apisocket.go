@@ -37,15 +37,19 @@ type apiSocket struct {
 	// allowed decides whether a process of uid may use the API.
 	allowed func(uid uint32) bool
 
-	id    atomic.Pointer[Identity] // where the API is now; a fork moves it
-	once  sync.Once
-	proxy *httputil.ReverseProxy
+	id atomic.Pointer[Identity] // where the API is now; a fork moves it
+	// mu guards serving: whether the socket is served. A start that
+	// failed (no room on the disk for the socket) is tried again at the
+	// next identity.
+	mu      sync.Mutex
+	serving bool
+	proxy   *httputil.ReverseProxy
 }
 
 type peerKey struct{}
 
-// set points the proxy at id's API and, the first time, starts serving the
-// socket at path.
+// set points the proxy at id's API and, until it serves, starts serving
+// the socket at path.
 func (s *apiSocket) set(id Identity, path string) error {
 	if id.APIURL == "" {
 		return errors.New("no in-sandbox API URL")
@@ -54,9 +58,16 @@ func (s *apiSocket) set(id Identity, path string) error {
 		return fmt.Errorf("in-sandbox API URL %q: %w", id.APIURL, err)
 	}
 	s.id.Store(&id)
-	var err error
-	s.once.Do(func() { err = s.serve(path) })
-	return err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.serving {
+		return nil
+	}
+	if err := s.serve(path); err != nil {
+		return err
+	}
+	s.serving = true
+	return nil
 }
 
 func (s *apiSocket) serve(path string) error {

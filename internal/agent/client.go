@@ -227,6 +227,14 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("the agent answered %d: %q %q", e.Status, e.Code, e.Message)
 }
 
+// IsNoSpace reports whether err is an agent's answer that the sandbox's
+// disk is full (insufficient_storage). It is the sandbox's word: use it
+// only to decide what the sandbox loses by it, never to send on as loam's.
+func IsNoSpace(err error) bool {
+	var ae *Error
+	return errors.As(err, &ae) && ae.Status == http.StatusInsufficientStorage
+}
+
 // IsUnauthorized reports whether err is an agent's refusal of the token.
 func IsUnauthorized(err error) bool {
 	var ae *Error

@@ -82,7 +82,9 @@ func fsError(p string, err error) error {
 		return api.Errorf(api.CodeNotFound, "%s: no such file or directory", p)
 	case unix.EACCES, unix.EPERM, unix.EROFS:
 		return api.Errorf(api.CodeForbidden, "%s: %s", p, errno)
-	case unix.EEXIST, unix.ENOTEMPTY, unix.ENOSPC, unix.EDQUOT, unix.EBUSY, unix.ETXTBSY:
+	case unix.ENOSPC, unix.EDQUOT:
+		return api.Errorf(api.CodeInsufficientStorage, "%s: %s: the sandbox's disk is full", p, errno)
+	case unix.EEXIST, unix.ENOTEMPTY, unix.EBUSY, unix.ETXTBSY:
 		return api.Errorf(api.CodeConflict, "%s: %s", p, errno)
 	case unix.ENOTDIR, unix.EISDIR, unix.ELOOP, unix.ENAMETOOLONG, unix.EXDEV, unix.EINVAL:
 		return api.Errorf(api.CodeInvalid, "%s: %s", p, errno)

@@ -3,12 +3,15 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // secretFilesList, in the identity dir (root's, mode 0600), lists the
@@ -40,13 +43,17 @@ func (h *handler) writeSecretFiles(files map[string]string) error {
 	if os.Getpid() != 1 {
 		return nil
 	}
-	list := filepath.Join(h.identityDir, secretFilesList)
-	if old, err := os.ReadFile(list); err == nil {
+	idir, err := openDir(h.identityDir, true)
+	if err != nil {
+		return fmt.Errorf("writing secret files: %w", err)
+	}
+	defer unix.Close(idir)
+	if old, err := readAt(idir, secretFilesList, maxSecretFilesList); err == nil {
 		sc := bufio.NewScanner(bytes.NewReader(old))
 		for sc.Scan() {
-			if p := sc.Text(); p != "" {
+			if p := sc.Text(); p != "" && filepath.IsAbs(p) {
 				if _, keep := files[p]; !keep {
-					_ = os.Remove(p)
+					removeAt(p)
 				}
 			}
 		}
@@ -57,29 +64,48 @@ func (h *handler) writeSecretFiles(files map[string]string) error {
 	}
 	paths := slices.Sorted(maps.Keys(files))
 	// The list first: a crash midway leaves no file it does not name.
-	if err := replaceFile(list, []byte(strings.Join(paths, "\n")+"\n"), 0o600); err != nil {
+	if err := replaceAt(idir, secretFilesList, []byte(strings.Join(paths, "\n")+"\n"), 0o600, 0, 0); err != nil {
 		return fmt.Errorf("writing secret files: %w", err)
 	}
+	var full []error
 	for _, p := range paths {
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
 			return fmt.Errorf("writing secret files: %q is not a clean absolute path", p)
 		}
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return fmt.Errorf("writing secret file %s: %w", p, err)
-		}
-		tmp := p + ".loam-tmp"
-		_ = os.Remove(tmp)
-		if err := os.WriteFile(tmp, []byte(files[p]), 0o400); err != nil {
-			return fmt.Errorf("writing secret file %s: %w", p, err)
-		}
-		if err := os.Chown(tmp, uid, gid); err != nil {
-			_ = os.Remove(tmp)
-			return fmt.Errorf("writing secret file %s: %w", p, err)
-		}
-		if err := os.Rename(tmp, p); err != nil {
-			_ = os.Remove(tmp)
+		// The directory may be the user's (its home): opened without
+		// following a link it planted, and the file made in it anew.
+		err := func() error {
+			dir, err := openDir(filepath.Dir(p), true)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(dir)
+			return replaceAt(dir, filepath.Base(p), []byte(files[p]), 0o400, uid, gid)
+		}()
+		switch {
+		case isNoSpace(err):
+			// The others may fit (one may be unchanged); a full
+			// disk is said once all are tried.
+			full = append(full, fmt.Errorf("writing secret file %s: %w", p, err))
+		case err != nil:
 			return fmt.Errorf("writing secret file %s: %w", p, err)
 		}
 	}
-	return nil
+	return errors.Join(full...)
+}
+
+// maxSecretFilesList bounds what is read of the list: 64 paths of at most
+// PATH_MAX each fit it.
+const maxSecretFilesList = 1 << 20
+
+// removeAt removes the file at path (absolute) without following a link on
+// the way to it; a file already gone, or a path that leads through a link,
+// is left alone.
+func removeAt(path string) {
+	dir, err := openDir(filepath.Dir(path), false)
+	if err != nil {
+		return
+	}
+	defer unix.Close(dir)
+	_ = unix.Unlinkat(dir, filepath.Base(path), 0)
 }

@@ -22,6 +22,25 @@ func (m *Manager) SetInside(in Insiders) { m.inside = in }
 // hands it the sandbox's own token if it holds another, and tells it who it
 // is: the sandbox's id and name and where its in-sandbox API is.
 func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
+	return m.connectAgent(ctx, sb, ep, false, holds)
+}
+
+// takeBack is connect for a sandbox whose agent comes back with this
+// sandbox's own memory: its container ran on through a restart of the
+// daemon (a graceful one, a crash and an upgrade alike: an upgrade is a
+// restart with a new binary, and the agent that runs on is the old one
+// until the sandbox boots again), or it wakes from its own sleep image.
+// Its agent knows who it is, and none of that has changed (the in-sandbox
+// API's token is derived from the daemon's secret), so an agent that
+// answers the identity with an error (an older one, on a full disk,
+// answers 500) keeps the one it has, and the sandbox is taken back all the
+// same: a sandbox's disk full is the sandbox's state, not a reason to lose
+// it. A restore or a fork is not this: its memory may name another.
+func (m *Manager) takeBack(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
+	return m.connectAgent(ctx, sb, ep, true, holds)
+}
+
+func (m *Manager) connectAgent(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, takingBack bool, holds []string) error {
 	// Connections made before a restore lead to a sandbox that is gone.
 	m.dropAgentConns()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
@@ -54,7 +73,11 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 		}
 	}
 	if err := m.identify(ctx, sb, ep, ac); err != nil {
-		return err
+		var ae *agent.Error
+		if !takingBack || !errors.As(err, &ae) {
+			return err
+		}
+		m.log.Warn("the agent of a sandbox taken back refused its identity; it keeps the one the last daemon gave it", "sandbox", sb.ID, "err", err)
 	}
 	// Started, restored or taken back: a sandbox process to watch.
 	m.watchDeath(ctx, sb.ID)
@@ -84,6 +107,14 @@ func (m *Manager) identify(ctx context.Context, sb *store.Sandbox, ep network.En
 		SecretEnv: secretEnv, SecretFiles: secretFiles,
 	}
 	if err := ac.SetIdentity(ctx, id); err != nil {
+		if agent.IsNoSpace(err) {
+			// The agent holds the identity in memory, which is all that
+			// exec, services, secrets and the socket need; only files the
+			// sandbox's programs may read are missing, as they would be
+			// for any write on a full disk.
+			m.log.Warn("the sandbox's disk is full: its agent took its identity but could not write all of it", "sandbox", sb.ID, "err", err)
+			return nil
+		}
 		return fmt.Errorf("telling the agent of %s who it is: %w", sb.ID, err)
 	}
 	return nil

@@ -156,6 +156,8 @@ func (m *Manager) fileError(cctx context.Context, sb *store.Sandbox, what, path 
 		code, says = api.CodeNotFound, "not found"
 	case http.StatusConflict:
 		code, says = api.CodeConflict, "in conflict with what is there"
+	case http.StatusInsufficientStorage:
+		code, says = api.CodeInsufficientStorage, "the sandbox's disk is full"
 	default:
 		return publicError(fmt.Errorf("%s %s in %s: %w", what, path, sb.ID, err))
 	}
@@ -164,18 +166,18 @@ func (m *Manager) fileError(cctx context.Context, sb *store.Sandbox, what, path 
 
 // uploadError is fileError for an upload into sb. The sandbox cannot tell
 // its own disk limit reached from the host's filesystem full: both are
-// "no space" to it, and its answer (a conflict) is not trusted to say
-// which. The host looks for itself: when the filesystem its disk lives on
-// is down to the reserve, the upload failed for the host's lack of room,
-// insufficient_storage; otherwise the sandbox's disk is full, its own
-// business, and the answer stays the conflict it was. The same goes for an
-// upload whose connection broke (unavailable): an agent of before the
-// drain (see the agent's bodyError), still running in a sandbox restored
-// from an old memory checkpoint, answers and closes the connection while
-// the body still comes, and the reset can beat its answer.
+// "no space" to it, and its answer (insufficient_storage, or a conflict
+// from an older agent) is not trusted to say which. The host looks for
+// itself: when the filesystem its disk lives on is down to the reserve, the
+// upload failed for the host's lack of room, and the error says so;
+// otherwise the sandbox's disk is full, and the answer stays what it was.
+// The same goes for an upload whose connection broke (unavailable): an
+// agent of before the drain (see the agent's bodyError), still running in
+// a sandbox restored from an old memory checkpoint, answers and closes the
+// connection while the body still comes, and the reset can beat its answer.
 func (m *Manager) uploadError(cctx context.Context, sb *store.Sandbox, what, path string, err error) error {
 	ferr := m.fileError(cctx, sb, what, path, err)
-	if !errors.Is(ferr, api.ErrConflict) && !errors.Is(ferr, api.ErrUnavailable) {
+	if !errors.Is(ferr, api.ErrConflict) && !errors.Is(ferr, api.ErrUnavailable) && !errors.Is(ferr, api.ErrInsufficientStorage) {
 		return ferr
 	}
 	vol := m.disks.VolumePath(sb.ID)

@@ -34,9 +34,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		known[sb.ID] = true
 		if err := m.recoverOne(ctx, sb); err != nil {
 			m.log.Error("recovering sandbox", "sandbox", sb.ID, "err", err)
-			if sb.State != api.StateDeleting && canTransition(sb.State, api.StateError) {
-				_ = m.setState(ctx, sb, api.StateError, err.Error())
-			}
+			m.giveUp(ctx, sb, err)
 		}
 		if ep, err := m.Endpoint(sb); err == nil {
 			keep = append(keep, ep)
@@ -46,6 +44,24 @@ func (m *Manager) Recover(ctx context.Context) error {
 	// The firewall kept every policy through the restart (so sandboxes
 	// that ran on kept their egress): drop those of sandboxes now gone.
 	return errors.Join(m.nets.PrunePolicies(ctx, keep), m.sweep(ctx, known))
+}
+
+// giveUp deals with a sandbox that recovery could not take back (why): a
+// container it left running would go on unmanaged, seen by no call, its
+// death watched by no one, so it is stopped, and the sandbox is marked
+// error, saying why and that a wake boots it again on its disk (its files
+// are kept; its processes start afresh). A sandbox being deleted stays
+// so, for the next delete.
+func (m *Manager) giveUp(ctx context.Context, sb *store.Sandbox, why error) {
+	stopped := "its container was stopped"
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		m.log.Error("stopping the container of a sandbox that was not taken back", "sandbox", sb.ID, "err", err)
+		stopped = "stopping its container failed too"
+	}
+	if sb.State == api.StateDeleting || !canTransition(sb.State, api.StateError) {
+		return
+	}
+	_ = m.setState(ctx, sb, api.StateError, fmt.Sprintf("not taken back after the daemon restarted (%s; %s): wake boots it again on its disk", why, stopped))
 }
 
 func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
@@ -112,7 +128,7 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			if err := m.applyNetwork(ctx, sb); err != nil {
 				return err
 			}
-			if err := m.connect(ctx, sb, ep, m.recoveryTokens(sb)...); err != nil {
+			if err := m.takeBack(ctx, sb, ep, m.recoveryTokens(sb)...); err != nil {
 				return err
 			}
 			if sb.State != api.StateRunning {
@@ -184,7 +200,7 @@ func (m *Manager) recoverStoppedForRestore(ctx context.Context, sb *store.Sandbo
 	}
 	if ep, eerr := m.Endpoint(sb); err == nil && st == runtime.StatusRunning && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
-		err := m.connect(cctx, sb, ep, m.recoveryTokens(sb)...)
+		err := m.takeBack(cctx, sb, ep, m.recoveryTokens(sb)...)
 		cancel()
 		if err == nil {
 			m.log.Info("a restore was cut short before it stopped the sandbox; the sandbox runs on", "sandbox", sb.ID)
@@ -244,7 +260,7 @@ func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir, what s
 			return fmt.Errorf("restoring memory: %w", err)
 		}
 		crash.Point("recover.resumed")
-		return m.connect(ctx, sb, ep, holds...)
+		return m.takeBack(ctx, sb, ep, holds...)
 	}()
 	if err != nil {
 		m.log.Warn(what+" was cut short after it stopped the sandbox, and the image it wrote does not restore",

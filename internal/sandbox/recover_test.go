@@ -1,6 +1,7 @@
 package sandbox_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -102,6 +103,33 @@ func TestRecover(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("running container not taken back is stopped", func(t *testing.T) {
+		// Its limits cannot be set again: recovery gives the sandbox up,
+		// and a container left running would go on with no daemon
+		// managing it.
+		e := newEnv(t)
+		sb := e.create(api.CreateSandbox{Name: "lost"})
+		e.rt.failNext("setlimits", errors.New("cgroup gone"))
+		must(t, e.restart())
+		got, _ := e.m.Get(e.ctx, "lost")
+		if rec := e.record(sb.ID); got.State != api.StateError || !strings.Contains(rec.Error, "its container was stopped") {
+			t.Errorf("state %s, error %q; want error saying the container was stopped", got.State, rec.Error)
+		}
+		if got, want := e.rt.callsOf(sb.ID), []string{"start", "setlimits", "delete"}; !slices.Equal(got, want) {
+			t.Errorf("runtime calls %v, want %v", got, want)
+		}
+		if st, err := e.rt.State(e.ctx, sb.ID); err == nil && st != runtime.StatusStopped {
+			t.Errorf("container is %s after recovery gave the sandbox up", st)
+		}
+		// A wake boots it again on its disk.
+		if _, err := e.m.Wake(e.ctx, "lost"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := e.m.Get(e.ctx, "lost"); got.State != api.StateRunning {
+			t.Errorf("state after wake %s", got.State)
+		}
+	})
 
 	t.Run("agent that does not answer is an error", func(t *testing.T) {
 		e := newEnv(t)

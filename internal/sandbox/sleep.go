@@ -457,7 +457,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	}
 	crash.Point("wake.restored")
 	restored := time.Now()
-	if err := m.connect(ctx, sb, ep, holds...); err != nil {
+	if err := m.takeBack(ctx, sb, ep, holds...); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return err
 	}
@@ -502,7 +502,7 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 			return err
 		}
 		holds := append(m.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleptGen(sb)))
-		if err := m.connect(ctx, sb, ep, holds...); err == nil {
+		if err := m.takeBack(ctx, sb, ep, holds...); err == nil {
 			m.log.Info("finishing interrupted wake", "sandbox", sb.ID)
 			if err := m.applyLimits(ctx, sb); err != nil {
 				return err
@@ -559,7 +559,7 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 	}
 	if ep, eerr := m.Endpoint(sb); err == nil && st != runtime.StatusStopped && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
-		err = m.connect(cctx, sb, ep, m.recoveryTokens(sb)...)
+		err = m.takeBack(cctx, sb, ep, m.recoveryTokens(sb)...)
 		cancel()
 		if err == nil {
 			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
