@@ -59,8 +59,11 @@ type Config struct {
 	TemplateCache string
 	// DefaultTemplate is the template of a create that names none.
 	DefaultTemplate string
-	// CheckpointLimit is how many checkpoints a user may take per sandbox.
-	CheckpointLimit int
+	// CheckpointLimit is how many checkpoints the owner may take per
+	// sandbox; InsideCheckpointLimit how many a sandbox may take of
+	// itself, apart from those.
+	CheckpointLimit       int
+	InsideCheckpointLimit int
 	// PoolReserveMiB is the host memory warm pools leave to sandboxes.
 	PoolReserveMiB int
 	// DebugListen, when set, is a loopback address where the daemon
@@ -271,24 +274,25 @@ func (d *Daemon) start(ctx context.Context) error {
 		scheme = "http"
 	}
 	d.Manager = sandbox.New(sandbox.Config{
-		DataDir:         cfg.DataDir,
-		AgentBinary:     cfg.AgentBinary,
-		Domain:          cfg.Domain,
-		Org:             cfg.Org,
-		Scheme:          scheme,
-		DefaultTemplate: cfg.DefaultTemplate,
-		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
-		CheckpointLimit: cfg.CheckpointLimit,
-		PoolReserveMiB:  cfg.PoolReserveMiB,
-		MaxSandboxes:    cfg.MaxSandboxes,
-		MaxHeavy:        cfg.MaxHeavy,
-		Secret:          secret,
-		Secrets:         secrets,
-		Images:          images,
-		Registries:      registries,
-		InsidePort:      network.DefaultInsidePort,
-		Idle:            cfg.Idle,
-		IdleMin:         cfg.IdleMin,
+		DataDir:               cfg.DataDir,
+		AgentBinary:           cfg.AgentBinary,
+		Domain:                cfg.Domain,
+		Org:                   cfg.Org,
+		Scheme:                scheme,
+		DefaultTemplate:       cfg.DefaultTemplate,
+		Defaults:              api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
+		CheckpointLimit:       cfg.CheckpointLimit,
+		InsideCheckpointLimit: cfg.InsideCheckpointLimit,
+		PoolReserveMiB:        cfg.PoolReserveMiB,
+		MaxSandboxes:          cfg.MaxSandboxes,
+		MaxHeavy:              cfg.MaxHeavy,
+		Secret:                secret,
+		Secrets:               secrets,
+		Images:                images,
+		Registries:            registries,
+		InsidePort:            network.DefaultInsidePort,
+		Idle:                  cfg.Idle,
+		IdleMin:               cfg.IdleMin,
 	}, st, rt, pool, nets, tpl, d.log)
 	d.inside = server.NewInside(d.Manager, secret, d.log)
 	d.Manager.SetInside(d.inside)
