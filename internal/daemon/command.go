@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/server"
 )
 
@@ -84,6 +85,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.Subnet, "subnet", env("LOAM_SUBNET", "10.88.0.0/16"), "private range for sandbox addresses, a /30 each (LOAM_SUBNET)")
 	f.StringVar(&cfg.DNSUpstream, "dns-upstream", env("LOAM_DNS_UPSTREAM", ""), "comma-separated DNS servers (host or host:port) the sandboxes' resolver forwards to; default the host's /etc/resolv.conf (LOAM_DNS_UPSTREAM)")
 	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", ""), "where built templates are cached; default DATA_DIR/templates (LOAM_TEMPLATE_CACHE)")
+	f.StringVar(&cfg.DebianMirror, "debian-mirror", env("LOAM_DEBIAN_MIRROR", ""), "Debian archive the base template is built from; default the host's apt mirror (/etc/apt), else "+disk.DefaultDebianMirror+" (LOAM_DEBIAN_MIRROR)")
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
 	f.IntVar(&cfg.PoolReserveMiB, "pool-reserve-mib", envInt("LOAM_POOL_RESERVE_MIB", 1024), "host memory warm pools leave to sandboxes: a pool fills only while more is available (LOAM_POOL_RESERVE_MIB)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", envInt("LOAM_MAX_SANDBOXES", defaultMaxSandboxes()), "sandboxes the daemon keeps, sleeping and stopped ones included; a create beyond answers limit; 0 is no cap; default one per 8 MiB of the host's memory, at least 256 (LOAM_MAX_SANDBOXES)")

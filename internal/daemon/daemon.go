@@ -59,6 +59,9 @@ type Config struct {
 	TemplateCache string
 	// DefaultTemplate is the template of a create that names none.
 	DefaultTemplate string
+	// DebianMirror is the Debian archive the base template is built
+	// from; "" is the host's apt mirror, or deb.debian.org.
+	DebianMirror string
 	// CheckpointLimit is how many checkpoints the owner may take per
 	// sandbox; InsideCheckpointLimit how many a sandbox may take of
 	// itself, apart from those.
@@ -239,10 +242,12 @@ func (d *Daemon) start(ctx context.Context) error {
 	if cfg.TemplateCache == "" {
 		cfg.TemplateCache = filepath.Join(cfg.DataDir, "templates")
 	}
-	if _, err := disk.FindTemplate(cfg.DefaultTemplate); err != nil {
+	tplOpts := disk.TemplateOptions{DebianMirror: disk.ChooseDebianMirror(cfg.DebianMirror, "/etc/apt")}
+	d.log.Debug("the base template is built from", "mirror", tplOpts.DebianMirror)
+	if _, err := disk.FindTemplate(cfg.DefaultTemplate, tplOpts); err != nil {
 		return fmt.Errorf("--default-template: %w", err)
 	}
-	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, d.log)
+	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
 	tpl.warm(context.WithoutCancel(ctx))
 
 	// Images are unpacked beside the built-in templates, and pulled with
