@@ -1,20 +1,47 @@
 package daemon
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	goruntime "runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/server"
 )
+
+// confirmTeardown asks on the terminal before a teardown, unless yes; with
+// no terminal to ask on it refuses, as the CLI's destructive commands do.
+func confirmTeardown(cmd *cobra.Command, yes bool, inv Inventory) error {
+	if yes {
+		return nil
+	}
+	if !term.IsTerminal(int(os.Stdin.Fd())) || !term.IsTerminal(int(os.Stderr.Fd())) {
+		return fmt.Errorf("cannot ask to confirm (not a terminal): pass --yes to %s", inv)
+	}
+	fmt.Fprintf(os.Stderr, "%s%s? [y/N] ", strings.ToUpper(inv.String()[:1]), inv.String()[1:])
+	answer, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+	if err != nil && answer == "" {
+		fmt.Fprintln(os.Stderr)
+		return errors.New("cancelled")
+	}
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return nil
+	}
+	return errors.New("cancelled")
+}
 
 // env returns the environment variable's value, or def.
 func env(key, def string) string {
@@ -43,8 +70,10 @@ func envDuration(key string, def time.Duration) time.Duration {
 func Command() *cobra.Command {
 	var cfg Config
 	var (
-		debug   bool
-		diskGiB int
+		debug    bool
+		diskGiB  int
+		teardown bool
+		yes      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -61,6 +90,11 @@ func Command() *cobra.Command {
 			slog.SetDefault(log)
 			cfg.Out = os.Stderr
 			cfg.DiskSize = int64(diskGiB) << 30
+			if teardown {
+				return Teardown(cmd.Context(), cfg, log, func(inv Inventory) error {
+					return confirmTeardown(cmd, yes, inv)
+				})
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			d, err := Start(ctx, cfg, log)
@@ -73,6 +107,8 @@ func Command() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	f.BoolVar(&teardown, "teardown", false, "instead of serving, take the data dir down completely: delete every sandbox, destroy the disk pool (unmount, detach its loop device), drop the firewall table, remove the data dir; refused while a daemon runs on it; asks first on a terminal")
+	f.BoolVarP(&yes, "yes", "y", false, "with --teardown, do not ask for confirmation")
 	f.StringVar(&cfg.Listen, "listen", env("LOAM_LISTEN", "127.0.0.1:7070"), "address of the API (LOAM_LISTEN)")
 	f.StringVar(&cfg.DataDir, "data-dir", env("LOAM_DATA_DIR", "/var/lib/loam"), "where loam keeps its data (LOAM_DATA_DIR)")
 	f.StringVar(&cfg.Domain, "domain", env("LOAM_DOMAIN", "localhost:7070"), "domain of sandbox URLs, http://NAME--ORG.DOMAIN (LOAM_DOMAIN)")

@@ -212,6 +212,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--subnet %q: %w", cfg.Subnet, err)
 	}
+	// For a teardown, which must drop this daemon's firewall table, never
+	// another's (see Teardown).
+	if err := writeFileAtomic(filepath.Join(cfg.DataDir, subnetFile), []byte(subnet.Masked().String()+"\n"), 0o644); err != nil {
+		return fmt.Errorf("recording the subnet: %w", err)
+	}
 	var upstreams []string
 	for _, u := range strings.Split(cfg.DNSUpstream, ",") {
 		if u = strings.TrimSpace(u); u != "" {
