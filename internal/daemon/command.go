@@ -79,6 +79,9 @@ func Command() *cobra.Command {
 		Use:   "serve",
 		Short: "Run the loam daemon (API server and sandbox host)",
 		Long: "Run the loam daemon: the REST and WebSocket API and the host of the sandboxes.\n" +
+			"Sandboxes keep running when it stops, and the next start takes them back; with the\n" +
+			"daemon stopped, --teardown takes a data dir down completely (every sandbox, mount,\n" +
+			"loop device, namespace and the firewall table) and removes it.\n" +
 			"Every flag can also be set by the environment variable shown in its help.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
