@@ -1,47 +1,20 @@
 package daemon
 
 import (
-	"bufio"
-	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	goruntime "runtime"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
-	"golang.org/x/term"
 
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/server"
 )
-
-// confirmTeardown asks on the terminal before a teardown, unless yes; with
-// no terminal to ask on it refuses, as the CLI's destructive commands do.
-func confirmTeardown(cmd *cobra.Command, yes bool, inv Inventory) error {
-	if yes {
-		return nil
-	}
-	if !term.IsTerminal(int(os.Stdin.Fd())) || !term.IsTerminal(int(os.Stderr.Fd())) {
-		return fmt.Errorf("cannot ask to confirm (not a terminal): pass --yes to %s", inv)
-	}
-	fmt.Fprintf(os.Stderr, "%s%s? [y/N] ", strings.ToUpper(inv.String()[:1]), inv.String()[1:])
-	answer, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
-	if err != nil && answer == "" {
-		fmt.Fprintln(os.Stderr)
-		return errors.New("cancelled")
-	}
-	switch strings.ToLower(strings.TrimSpace(answer)) {
-	case "y", "yes":
-		return nil
-	}
-	return errors.New("cancelled")
-}
 
 // env returns the environment variable's value, or def.
 func env(key, def string) string {

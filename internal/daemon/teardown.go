@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
@@ -142,6 +146,28 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger, confirm func(In
 	}
 	log.Info("data dir taken down", "data_dir", dir, "sandboxes", len(inv.Sandboxes), "table", inv.Table)
 	return nil
+}
+
+// confirmTeardown asks on the terminal before a teardown, unless yes; with
+// no terminal to ask on it refuses, as the CLI's destructive commands do.
+func confirmTeardown(cmd *cobra.Command, yes bool, inv Inventory) error {
+	if yes {
+		return nil
+	}
+	if !term.IsTerminal(int(os.Stdin.Fd())) || !term.IsTerminal(int(os.Stderr.Fd())) {
+		return fmt.Errorf("cannot ask to confirm (not a terminal): pass --yes to %s", inv)
+	}
+	fmt.Fprintf(os.Stderr, "%s%s? [y/N] ", strings.ToUpper(inv.String()[:1]), inv.String()[1:])
+	answer, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+	if err != nil && answer == "" {
+		fmt.Fprintln(os.Stderr)
+		return errors.New("cancelled")
+	}
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return nil
+	}
+	return errors.New("cancelled")
 }
 
 // recordedSubnet is the subnet the data dir's daemon ran with, or given
