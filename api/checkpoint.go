@@ -10,11 +10,17 @@ type Checkpoint struct {
 	// auto-1, auto-2, … for the automatic ones kept before a restore.
 	ID string `json:"id"`
 	// Sandbox is the id of the sandbox the checkpoint belongs to.
-	Sandbox   string    `json:"sandbox"`
-	Name      string    `json:"name,omitempty"`
-	Comment   string    `json:"comment"`
-	Memory    bool      `json:"memory"`
-	Auto      bool      `json:"auto"`
+	Sandbox string `json:"sandbox"`
+	Name    string `json:"name,omitempty"`
+	Comment string `json:"comment"`
+	Memory  bool   `json:"memory"`
+	Auto    bool   `json:"auto"`
+	// Inside is true for a checkpoint the sandbox took of itself through
+	// its in-sandbox API, or, for an automatic one, kept by a restore the
+	// sandbox asked for. Those count against a share of their own, apart
+	// from the owner's (see the daemon's --inside-checkpoint-limit), and
+	// are the only ones the sandbox may delete.
+	Inside    bool      `json:"inside"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

@@ -41,7 +41,7 @@ func (d *daemon) curl(method, path, body string) (int, string) {
 }
 
 var (
-	cpJSON   = regexp.MustCompile(`^\{"id":"(v\d+)","sandbox":"(sb-[a-z0-9]{12})","name":"checkpoint-[0-9a-f]{6}","comment":"([^"]*)","memory":(true|false),"auto":false,"created_at":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"\}\n$`)
+	cpJSON   = regexp.MustCompile(`^\{"id":"(v\d+)","sandbox":"(sb-[a-z0-9]{12})","name":"checkpoint-[0-9a-f]{6}","comment":"([^"]*)","memory":(true|false),"auto":false,"inside":false,"created_at":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"\}\n$`)
 	lsHeader = regexp.MustCompile(`^ID +KIND +AUTO +CREATED +COMMENT$`)
 )
 

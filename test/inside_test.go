@@ -145,3 +145,42 @@ func TestStreamsEnd(t *testing.T) {
 	}
 	waitFor(t, func() bool { return !strings.Contains(d.run("streamy", "ps", "-o", "args"), "sleep 5001") })
 }
+
+// TestInsideShare: checkpoints a sandbox takes of itself count against a
+// share of their own, so a sandbox that fills it does not make its owner's
+// next checkpoint fail (it made it 409 limit when both counted against one
+// limit), and the owner's own share is still enforced.
+func TestInsideShare(t *testing.T) {
+	d := startDaemon(t, "--checkpoint-limit", "2", "--inside-checkpoint-limit", "2")
+	ctx := ctxT(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "greedy"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		d.run("greedy", "loam", "checkpoint", "create", "--disk-only", "--comment", "mine")
+	}
+	_, errOut, code := d.runAs("root", "greedy", "loam", "checkpoint", "create", "--disk-only")
+	if code == 0 || !strings.Contains(errOut, "taken from inside") {
+		t.Fatalf("a third checkpoint from inside: %d %q, want the inside share's limit", code, errOut)
+	}
+	f := false
+	for i := range 2 {
+		if _, err := d.C.CreateCheckpoint(ctx, "greedy", api.CreateCheckpoint{Memory: &f}); err != nil {
+			t.Fatalf("the owner's checkpoint %d after the sandbox filled its share: %v", i+1, err)
+		}
+	}
+	if _, err := d.C.CreateCheckpoint(ctx, "greedy", api.CreateCheckpoint{Memory: &f}); !errors.Is(err, api.ErrLimit) {
+		t.Fatalf("the owner's third checkpoint: %v, want limit", err)
+	}
+	cps, err := d.C.ListCheckpoints(ctx, "greedy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inside []bool
+	for _, cp := range cps {
+		inside = append(inside, cp.Inside)
+	}
+	if len(cps) != 4 || !inside[0] || !inside[1] || inside[2] || inside[3] {
+		t.Errorf("checkpoints %+v", cps)
+	}
+}

@@ -49,18 +49,16 @@ func CheckDelete(c Caller, cp *store.Checkpoint) error {
 }
 
 // PruneAutosBy returns the automatic checkpoints a restore by c deletes so
-// that the newest keep remain: of all of them for the owner, and of those
-// kept by the sandbox's own restores for Inside, so that restores from
-// inside never push out the owner's. cps is oldest first.
+// that the newest keep of c's share remain: the owner's restores prune
+// only the automatic checkpoints the owner's restores kept, and the
+// sandbox's own restores only those its restores kept, so that neither
+// pushes out the other's undo points. cps is oldest first.
 func PruneAutosBy(c Caller, cps []*store.Checkpoint, keep int) []*store.Checkpoint {
-	if c != Inside {
-		return PruneAutos(cps, keep)
-	}
-	var own []*store.Checkpoint
+	var share []*store.Checkpoint
 	for _, cp := range cps {
-		if cp.Inside {
-			own = append(own, cp)
+		if cp.Inside == (c == Inside) {
+			share = append(share, cp)
 		}
 	}
-	return PruneAutos(own, keep)
+	return PruneAutos(share, keep)
 }

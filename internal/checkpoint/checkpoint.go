@@ -68,19 +68,35 @@ func CheckComment(c string) error {
 	return nil
 }
 
-// CheckLimit refuses a new checkpoint taken on request when the sandbox
-// already has limit of them. Automatic ones do not count.
-func CheckLimit(cps []*store.Checkpoint, limit int) error {
+// Limits is how many checkpoints taken on request a sandbox may have, in
+// two shares: its owner's, and those it took of itself from inside. Each
+// counts only its own, so that a sandbox filling its share never makes its
+// owner's next checkpoint fail (nor the other way round). 0 is no limit.
+type Limits struct {
+	Owner  int
+	Inside int
+}
+
+// CheckLimit refuses a new checkpoint asked for by c when c's share of the
+// sandbox's checkpoints is full. Automatic ones do not count.
+func CheckLimit(c Caller, cps []*store.Checkpoint, l Limits) error {
+	limit := l.Owner
+	if c == Inside {
+		limit = l.Inside
+	}
 	n := 0
 	for _, cp := range cps {
-		if !cp.Auto {
+		if !cp.Auto && cp.Inside == (c == Inside) {
 			n++
 		}
 	}
-	if limit > 0 && n >= limit {
-		return api.Errorf(api.CodeLimit, "the sandbox has %d checkpoints, the limit; remove one first (loam checkpoint rm)", n)
+	if limit <= 0 || n < limit {
+		return nil
 	}
-	return nil
+	if c == Inside {
+		return api.Errorf(api.CodeLimit, "the sandbox has taken %d checkpoints of itself, the limit of those taken from inside; remove one of them first (loam checkpoint rm)", n)
+	}
+	return api.Errorf(api.CodeLimit, "the sandbox has %d checkpoints, the limit; remove one first (loam checkpoint rm)", n)
 }
 
 // PruneAutos returns the automatic checkpoints to delete so that only the

@@ -12,10 +12,13 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
+// cps makes checkpoints from ids; a trailing "*" marks one taken from
+// inside the sandbox (or kept by a restore it asked for).
 func cps(spec string) []*store.Checkpoint {
 	var out []*store.Checkpoint
-	for _, id := range strings.Fields(spec) {
-		out = append(out, &store.Checkpoint{Checkpoint: api.Checkpoint{ID: id, Auto: strings.HasPrefix(id, "auto-")}})
+	for _, f := range strings.Fields(spec) {
+		id, inside := strings.CutSuffix(f, "*")
+		out = append(out, &store.Checkpoint{Checkpoint: api.Checkpoint{ID: id, Auto: strings.HasPrefix(id, "auto-"), Inside: inside}})
 	}
 	return out
 }
@@ -58,19 +61,47 @@ func TestCheckName(t *testing.T) {
 
 func TestLimit(t *testing.T) {
 	for _, tc := range []struct {
-		have  string
-		limit int
-		ok    bool
+		have   string
+		by     Caller
+		limits Limits
+		ok     bool
 	}{
-		{"", 10, true},
-		{"v1 v2", 3, true},
-		{"v1 v2 v3", 3, false},
-		{"v1 v2 auto-1 auto-2 auto-3", 3, true}, // automatic ones do not count
-		{"v1 v2 v3 v4", 0, true},                // 0: no limit
+		{"", Owner, Limits{10, 10}, true},
+		{"v1 v2", Owner, Limits{3, 3}, true},
+		{"v1 v2 v3", Owner, Limits{3, 3}, false},
+		{"v1 v2 auto-1 auto-2 auto-3", Owner, Limits{3, 3}, true}, // automatic ones do not count
+		{"v1 v2 v3 v4", Owner, Limits{0, 1}, true},                // 0: no limit
+		// Each share counts only its own: a sandbox that filled its
+		// share does not stop its owner, nor the other way round.
+		{"v1* v2* v3*", Owner, Limits{3, 3}, true},
+		{"v1* v2* v3*", Inside, Limits{3, 3}, false},
+		{"v1 v2 v3", Inside, Limits{3, 3}, true},
+		{"v1 v2* v3", Inside, Limits{10, 1}, false},
+		{"v1 v2* v3*", Inside, Limits{1, 0}, true},
 	} {
-		err := CheckLimit(cps(tc.have), tc.limit)
-		if (err == nil) != tc.ok || (err != nil && (!errors.Is(err, api.ErrLimit) || !strings.Contains(err.Error(), "remove one first"))) {
-			t.Errorf("CheckLimit(%q, %d) = %v", tc.have, tc.limit, err)
+		err := CheckLimit(tc.by, cps(tc.have), tc.limits)
+		if (err == nil) != tc.ok || (err != nil && (!errors.Is(err, api.ErrLimit) || !strings.Contains(err.Error(), "remove one"))) {
+			t.Errorf("CheckLimit(%d, %q, %+v) = %v", tc.by, tc.have, tc.limits, err)
+		}
+	}
+}
+
+// TestPruneAutosBy: each share's restores prune only that share's
+// automatic checkpoints, so that a sandbox restoring itself often never
+// pushes out its owner's undo points, nor the owner's its own.
+func TestPruneAutosBy(t *testing.T) {
+	for _, tc := range []struct {
+		have  string
+		by    Caller
+		prune string
+	}{
+		{"auto-1 auto-2 auto-3* auto-4* auto-5* auto-6* auto-7* auto-8", Owner, ""},
+		{"auto-1 auto-2 auto-3* auto-4* auto-5* auto-6* auto-7* auto-8*", Inside, "auto-3"},
+		{"auto-1 auto-2 auto-3 auto-4 auto-5 auto-6* auto-7", Owner, "auto-1"},
+		{"auto-1 auto-2 auto-3 auto-4 auto-5 auto-6* auto-7", Inside, ""},
+	} {
+		if got := ids(PruneAutosBy(tc.by, cps(tc.have), KeepAuto)); got != tc.prune {
+			t.Errorf("PruneAutosBy(%d, %q) = %q, want %q", tc.by, tc.have, got, tc.prune)
 		}
 	}
 }

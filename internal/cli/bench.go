@@ -164,8 +164,9 @@ func (a *app) bench(ctx context.Context, o benchOptions) (err error) {
 	if !o.noRaw {
 		trees := map[string]string{}
 		var cache disk.Cache
+		opts := disk.TemplateOptions{DebianMirror: disk.ChooseDebianMirror(os.Getenv("LOAM_DEBIAN_MIRROR"), "/etc/apt")}
 		for _, name := range o.templates {
-			t, err := disk.FindTemplate(name)
+			t, err := disk.FindTemplate(name, opts)
 			if err != nil {
 				return fmt.Errorf("bench: raw runsc needs a built-in template: %w", err)
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/server"
 )
 
@@ -42,13 +43,18 @@ func envDuration(key string, def time.Duration) time.Duration {
 func Command() *cobra.Command {
 	var cfg Config
 	var (
-		debug   bool
-		diskGiB int
+		debug    bool
+		diskGiB  int
+		teardown bool
+		yes      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the loam daemon (API server and sandbox host)",
 		Long: "Run the loam daemon: the REST and WebSocket API and the host of the sandboxes.\n" +
+			"Sandboxes keep running when it stops, and the next start takes them back; with the\n" +
+			"daemon stopped, --teardown takes a data dir down completely (every sandbox, mount,\n" +
+			"loop device, namespace and the firewall table) and removes it.\n" +
 			"Every flag can also be set by the environment variable shown in its help.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -60,6 +66,11 @@ func Command() *cobra.Command {
 			slog.SetDefault(log)
 			cfg.Out = os.Stderr
 			cfg.DiskSize = int64(diskGiB) << 30
+			if teardown {
+				return Teardown(cmd.Context(), cfg, log, func(inv Inventory) error {
+					return confirmTeardown(cmd, yes, inv)
+				})
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			d, err := Start(ctx, cfg, log)
@@ -72,6 +83,8 @@ func Command() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	f.BoolVar(&teardown, "teardown", false, "instead of serving, take the data dir down completely: delete every sandbox, destroy the disk pool (unmount, detach its loop device), drop the firewall table, remove the data dir; refused while a daemon runs on it; asks first on a terminal")
+	f.BoolVarP(&yes, "yes", "y", false, "with --teardown, do not ask for confirmation")
 	f.StringVar(&cfg.Listen, "listen", env("LOAM_LISTEN", "127.0.0.1:7070"), "address of the API (LOAM_LISTEN)")
 	f.StringVar(&cfg.DataDir, "data-dir", env("LOAM_DATA_DIR", "/var/lib/loam"), "where loam keeps its data (LOAM_DATA_DIR)")
 	f.StringVar(&cfg.Domain, "domain", env("LOAM_DOMAIN", "localhost:7070"), "domain of sandbox URLs, http://NAME--ORG.DOMAIN (LOAM_DOMAIN)")
@@ -84,11 +97,13 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.Subnet, "subnet", env("LOAM_SUBNET", "10.88.0.0/16"), "private range for sandbox addresses, a /30 each (LOAM_SUBNET)")
 	f.StringVar(&cfg.DNSUpstream, "dns-upstream", env("LOAM_DNS_UPSTREAM", ""), "comma-separated DNS servers (host or host:port) the sandboxes' resolver forwards to; default the host's /etc/resolv.conf (LOAM_DNS_UPSTREAM)")
 	f.StringVar(&cfg.TemplateCache, "template-cache", env("LOAM_TEMPLATE_CACHE", ""), "where built templates are cached; default DATA_DIR/templates (LOAM_TEMPLATE_CACHE)")
+	f.StringVar(&cfg.DebianMirror, "debian-mirror", env("LOAM_DEBIAN_MIRROR", ""), "Debian archive the base template is built from; default the host's apt mirror (/etc/apt), else "+disk.DefaultDebianMirror+" (LOAM_DEBIAN_MIRROR)")
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
 	f.IntVar(&cfg.PoolReserveMiB, "pool-reserve-mib", envInt("LOAM_POOL_RESERVE_MIB", 1024), "host memory warm pools leave to sandboxes: a pool fills only while more is available (LOAM_POOL_RESERVE_MIB)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", envInt("LOAM_MAX_SANDBOXES", defaultMaxSandboxes()), "sandboxes the daemon keeps, sleeping and stopped ones included; a create beyond answers limit; 0 is no cap; default one per 8 MiB of the host's memory, at least 256 (LOAM_MAX_SANDBOXES)")
 	f.IntVar(&cfg.MaxHeavy, "max-heavy", envInt("LOAM_MAX_HEAVY", defaultMaxHeavy()), "heavy operations (create, fork, checkpoint, restore, wake, template build) run at once; more wait up to 30 s for a slot, then answer limit; 0 is no cap; default 4 per CPU, at least 8 (LOAM_MAX_HEAVY)")
-	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints a user may take per sandbox (LOAM_CHECKPOINT_LIMIT)")
+	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints the owner may take per sandbox; 0 is no limit (LOAM_CHECKPOINT_LIMIT)")
+	f.IntVar(&cfg.InsideCheckpointLimit, "inside-checkpoint-limit", envInt("LOAM_INSIDE_CHECKPOINT_LIMIT", 10), "checkpoints a sandbox may take of itself from inside, a share apart from the owner's; 0 is no limit (LOAM_INSIDE_CHECKPOINT_LIMIT)")
 	f.IntVar(&diskGiB, "disk-size-gib", envInt("LOAM_DISK_SIZE_GIB", 64), "size of the sparse file the btrfs pool lives on when the data dir is not btrfs, in GiB (LOAM_DISK_SIZE_GIB)")
 	f.DurationVar(&cfg.WriteTimeout, "write-timeout", envDuration("LOAM_WRITE_TIMEOUT", server.DefaultWriteTimeout), "a client that takes nothing of a stream (exec, attach, logs, watch, port, download) or sends nothing of an upload for this long is cut off (LOAM_WRITE_TIMEOUT)")
 	f.DurationVar(&cfg.Idle, "idle", envDuration("LOAM_IDLE", 0), "a sandbox created without an idle of its own sleeps after this long without activity, such as 10m; 0 is never (LOAM_IDLE)")

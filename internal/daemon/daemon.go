@@ -59,8 +59,14 @@ type Config struct {
 	TemplateCache string
 	// DefaultTemplate is the template of a create that names none.
 	DefaultTemplate string
-	// CheckpointLimit is how many checkpoints a user may take per sandbox.
-	CheckpointLimit int
+	// DebianMirror is the Debian archive the base template is built
+	// from; "" is the host's apt mirror, or deb.debian.org.
+	DebianMirror string
+	// CheckpointLimit is how many checkpoints the owner may take per
+	// sandbox; InsideCheckpointLimit how many a sandbox may take of
+	// itself, apart from those.
+	CheckpointLimit       int
+	InsideCheckpointLimit int
 	// PoolReserveMiB is the host memory warm pools leave to sandboxes.
 	PoolReserveMiB int
 	// DebugListen, when set, is a loopback address where the daemon
@@ -206,6 +212,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--subnet %q: %w", cfg.Subnet, err)
 	}
+	// For a teardown, which must drop this daemon's firewall table, never
+	// another's (see Teardown).
+	if err := writeFileAtomic(filepath.Join(cfg.DataDir, subnetFile), []byte(subnet.Masked().String()+"\n"), 0o644); err != nil {
+		return fmt.Errorf("recording the subnet: %w", err)
+	}
 	var upstreams []string
 	for _, u := range strings.Split(cfg.DNSUpstream, ",") {
 		if u = strings.TrimSpace(u); u != "" {
@@ -236,10 +247,12 @@ func (d *Daemon) start(ctx context.Context) error {
 	if cfg.TemplateCache == "" {
 		cfg.TemplateCache = filepath.Join(cfg.DataDir, "templates")
 	}
-	if _, err := disk.FindTemplate(cfg.DefaultTemplate); err != nil {
+	tplOpts := disk.TemplateOptions{DebianMirror: disk.ChooseDebianMirror(cfg.DebianMirror, "/etc/apt")}
+	d.log.Debug("the base template is built from", "mirror", tplOpts.DebianMirror)
+	if _, err := disk.FindTemplate(cfg.DefaultTemplate, tplOpts); err != nil {
 		return fmt.Errorf("--default-template: %w", err)
 	}
-	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, d.log)
+	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
 	tpl.warm(context.WithoutCancel(ctx))
 
 	// Images are unpacked beside the built-in templates, and pulled with
@@ -271,24 +284,25 @@ func (d *Daemon) start(ctx context.Context) error {
 		scheme = "http"
 	}
 	d.Manager = sandbox.New(sandbox.Config{
-		DataDir:         cfg.DataDir,
-		AgentBinary:     cfg.AgentBinary,
-		Domain:          cfg.Domain,
-		Org:             cfg.Org,
-		Scheme:          scheme,
-		DefaultTemplate: cfg.DefaultTemplate,
-		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
-		CheckpointLimit: cfg.CheckpointLimit,
-		PoolReserveMiB:  cfg.PoolReserveMiB,
-		MaxSandboxes:    cfg.MaxSandboxes,
-		MaxHeavy:        cfg.MaxHeavy,
-		Secret:          secret,
-		Secrets:         secrets,
-		Images:          images,
-		Registries:      registries,
-		InsidePort:      network.DefaultInsidePort,
-		Idle:            cfg.Idle,
-		IdleMin:         cfg.IdleMin,
+		DataDir:               cfg.DataDir,
+		AgentBinary:           cfg.AgentBinary,
+		Domain:                cfg.Domain,
+		Org:                   cfg.Org,
+		Scheme:                scheme,
+		DefaultTemplate:       cfg.DefaultTemplate,
+		Defaults:              api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
+		CheckpointLimit:       cfg.CheckpointLimit,
+		InsideCheckpointLimit: cfg.InsideCheckpointLimit,
+		PoolReserveMiB:        cfg.PoolReserveMiB,
+		MaxSandboxes:          cfg.MaxSandboxes,
+		MaxHeavy:              cfg.MaxHeavy,
+		Secret:                secret,
+		Secrets:               secrets,
+		Images:                images,
+		Registries:            registries,
+		InsidePort:            network.DefaultInsidePort,
+		Idle:                  cfg.Idle,
+		IdleMin:               cfg.IdleMin,
 	}, st, rt, pool, nets, tpl, d.log)
 	d.inside = server.NewInside(d.Manager, secret, d.log)
 	d.Manager.SetInside(d.inside)

@@ -15,6 +15,7 @@ type templates struct {
 	pool     disk.Pool
 	cacheDir string
 	def      string
+	opts     disk.TemplateOptions
 	cache    disk.Cache
 	log      *slog.Logger
 
@@ -23,8 +24,8 @@ type templates struct {
 	failed   map[string]string // name -> why its last build failed
 }
 
-func newTemplates(pool disk.Pool, cacheDir, def string, log *slog.Logger) *templates {
-	return &templates{pool: pool, cacheDir: cacheDir, def: def, log: log,
+func newTemplates(pool disk.Pool, cacheDir, def string, opts disk.TemplateOptions, log *slog.Logger) *templates {
+	return &templates{pool: pool, cacheDir: cacheDir, def: def, opts: opts, log: log,
 		building: map[string]int{}, failed: map[string]string{}}
 }
 
@@ -32,7 +33,7 @@ func newTemplates(pool disk.Pool, cacheDir, def string, log *slog.Logger) *templ
 // Progress how far the others have got.
 func (t *templates) List(ctx context.Context) []api.Template {
 	var out []api.Template
-	for _, tp := range disk.Templates() {
+	for _, tp := range disk.Templates(t.opts) {
 		ready, _ := t.pool.HasTemplate(ctx, tp.Name)
 		v := api.Template{Name: tp.Name, Description: tp.Description, Default: tp.Name == t.def, Ready: ready,
 			Kind: api.TemplateBuiltin, State: api.TemplatePending, Progress: t.progress(tp.Name, ready)}
@@ -65,7 +66,7 @@ func (t *templates) progress(name string, ready bool) int {
 
 // Ensure builds (once per host) and imports (once per pool) a template.
 func (t *templates) Ensure(ctx context.Context, name string) error {
-	tp, err := disk.FindTemplate(name)
+	tp, err := disk.FindTemplate(name, t.opts)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ func BenchmarkPool(b *testing.B) {
 	if os.Getenv("LOAM_TEST_BASE") == "1" {
 		name, cacheDir = disk.DefaultTemplate, templateCache()
 	}
-	tpl, err := disk.FindTemplate(name)
+	tpl, err := disk.FindTemplate(name, disk.TemplateOptions{})
 	must(b, err)
 	var cache disk.Cache
 	src, err := cache.EnsureBuilt(b.Context(), cacheDir, tpl)
@@ -116,7 +116,7 @@ func BenchmarkPool(b *testing.B) {
 func BenchmarkQuotas(b *testing.B) {
 	requireBtrfs(b)
 	const volumes = 300
-	tpl, err := disk.FindTemplate("busybox")
+	tpl, err := disk.FindTemplate("busybox", disk.TemplateOptions{})
 	must(b, err)
 	var cache disk.Cache
 	src, err := cache.EnsureBuilt(b.Context(), b.TempDir(), tpl)

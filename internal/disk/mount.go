@@ -2,6 +2,7 @@ package disk
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -155,4 +156,30 @@ func loopDevices(file string) ([]string, error) {
 		}
 	}
 	return devs, nil
+}
+
+// Teardown unmounts every mount at or below dir, deepest first, and
+// detaches the loop devices backed by files directly under dir: what is
+// left of a pool (and anything else mounted in a data dir) once the pool
+// is destroyed, so that dir can be removed. Only for a dir no daemon uses.
+func Teardown(ctx context.Context, dir string) error {
+	if err := unmountBelow(dir); err != nil {
+		return fmt.Errorf("tearing down %s: %w", dir, err)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil {
+		return fmt.Errorf("tearing down %s: %w", dir, err)
+	}
+	for _, f := range files {
+		devs, err := loopDevices(f)
+		if err != nil {
+			return fmt.Errorf("tearing down %s: %w", dir, err)
+		}
+		for _, dev := range devs {
+			if _, err := run(ctx, "losetup", "-d", dev); err != nil {
+				return fmt.Errorf("tearing down %s: detaching %s: %w", dir, dev, err)
+			}
+		}
+	}
+	return nil
 }

@@ -62,6 +62,28 @@ func Open(ctx context.Context, dir string, sizeBytes int64) (Pool, error) {
 	return NewCopy(dir)
 }
 
+// Destroy deletes the pool in dir and everything in it, unmounting it and
+// detaching its loop device: a data dir's teardown. A dir that holds no
+// pool is left as it is (no pool is made to be destroyed). Opening the
+// pool mounts it again first if it is not mounted (after a reboot).
+func Destroy(ctx context.Context, dir string, sizeBytes int64) error {
+	kind, err := readKind(dir)
+	if err != nil {
+		return fmt.Errorf("destroying pool in %s: %w", dir, err)
+	}
+	if kind == "" {
+		return nil
+	}
+	pool, err := Open(ctx, dir, sizeBytes)
+	if err != nil {
+		return err
+	}
+	if d, ok := pool.(interface{ Destroy(context.Context) error }); ok {
+		return d.Destroy(ctx)
+	}
+	return nil
+}
+
 // prepareDir creates dir and returns its absolute path with symlinks
 // resolved, so that it compares equal to what /proc/self/mountinfo and
 // loop devices report.

@@ -35,15 +35,26 @@ const (
 	userHome = "/home/loam"
 )
 
+// TemplateOptions say how this host builds the built-in templates. None of
+// them changes what a template holds, so none is part of a Recipe: a
+// template cached by one daemon serves another whatever its options.
+type TemplateOptions struct {
+	// DebianMirror is the Debian archive debootstrap fetches base's
+	// packages from; "" is DefaultDebianMirror. Any mirror of Debian's
+	// archive yields the same tree: its /etc/apt/sources.list names
+	// DefaultDebianMirror whichever mirror built it.
+	DebianMirror string
+}
+
 // Templates returns the built-in templates: "base", a minimal Debian 12
 // with python3 (the default), and "busybox", a 2 MB tree for fast tests.
-func Templates() []Template {
-	return []Template{baseTemplate(), busyboxTemplate()}
+func Templates(o TemplateOptions) []Template {
+	return []Template{baseTemplate(o), busyboxTemplate()}
 }
 
 // FindTemplate returns the built-in template called name.
-func FindTemplate(name string) (Template, error) {
-	for _, t := range Templates() {
+func FindTemplate(name string, o TemplateOptions) (Template, error) {
+	for _, t := range Templates(o) {
 		if t.Name == name {
 			return t, nil
 		}
@@ -52,20 +63,26 @@ func FindTemplate(name string) (Template, error) {
 }
 
 // The base template's debootstrap invocation; the recipe quotes it, so
-// changing it rebuilds the template.
+// changing it rebuilds the template. The recipe names DefaultDebianMirror
+// whatever mirror the build fetches from (TemplateOptions.DebianMirror):
+// the mirror changes where the packages come from, not the tree, so the
+// template's identity (and the cache key of every base built so far) stays.
 var (
 	debianSuite     = "bookworm"
-	debianMirror    = "http://deb.debian.org/debian"
 	debootstrapArgs = []string{"--variant=minbase", "--include=python3,procps,ca-certificates"}
 )
 
-func baseTemplate() Template {
+func baseTemplate(o TemplateOptions) Template {
+	mirror := o.DebianMirror
+	if mirror == "" {
+		mirror = DefaultDebianMirror
+	}
 	return Template{
 		Name:        "base",
 		Description: "Debian 12 (bookworm) minbase with python3, procps and ca-certificates; user loam (1000) with bash",
-		Build:       buildBase,
+		Build:       func(ctx context.Context, dir string) error { return buildBase(ctx, dir, mirror) },
 		Recipe: fmt.Sprintf("base/1\ndebootstrap %s %s DIR %s\nuser %s %d:%d %s /bin/bash\nhostname loam, hosts\nno apt caches\n",
-			strings.Join(debootstrapArgs, " "), debianSuite, debianMirror, userName, userID, userID, userHome),
+			strings.Join(debootstrapArgs, " "), debianSuite, DefaultDebianMirror, userName, userID, userID, userHome),
 	}
 }
 
@@ -74,8 +91,14 @@ func baseTemplate() Template {
 // most of the rest.
 const debootstrapShare = 0.9
 
-func buildBase(ctx context.Context, dir string) error {
-	if err := debootstrap(ctx, dir); err != nil {
+func buildBase(ctx context.Context, dir, mirror string) error {
+	if err := debootstrap(ctx, dir, mirror); err != nil {
+		return fmt.Errorf("building base template from %s: %w", mirror, err)
+	}
+	// debootstrap names the mirror it used; the tree names Debian's own
+	// archive, as the recipe does, whichever mirror built it.
+	sources := fmt.Sprintf("deb %s %s main\n", DefaultDebianMirror, debianSuite)
+	if err := os.WriteFile(filepath.Join(dir, "etc/apt/sources.list"), []byte(sources), 0o644); err != nil {
 		return fmt.Errorf("building base template: %w", err)
 	}
 	if err := addUser(dir, "/bin/bash"); err != nil {
@@ -108,7 +131,7 @@ func buildBase(ctx context.Context, dir string) error {
 // --debian-installer changes only how debootstrap reports (progress lines
 // on fd 3, the full log on stdout and stderr), not what it installs, so
 // it is not part of the recipe.
-func debootstrap(ctx context.Context, dir string) error {
+func debootstrap(ctx context.Context, dir, mirror string) error {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return fmt.Errorf("running debootstrap: %w", err)
@@ -118,7 +141,7 @@ func debootstrap(ctx context.Context, dir string) error {
 		defer close(done)
 		debootstrapProgress(pr, func(f float64) { ReportProgress(ctx, f*debootstrapShare) })
 	}()
-	args := append(append([]string{"--debian-installer"}, debootstrapArgs...), debianSuite, dir, debianMirror)
+	args := append(append([]string{"--debian-installer"}, debootstrapArgs...), debianSuite, dir, mirror)
 	_, err = runFd3(ctx, pw, "debootstrap", args...)
 	pw.Close() // the child has its own copy; the reader ends when it exits
 	<-done

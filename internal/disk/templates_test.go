@@ -33,7 +33,7 @@ func TestBusyboxTemplate(t *testing.T) {
 		skipOrFail(t, "needs busybox-static: %v", err)
 	}
 	ctx := t.Context()
-	tpl, err := disk.FindTemplate("busybox")
+	tpl, err := disk.FindTemplate("busybox", disk.TemplateOptions{})
 	must(t, err)
 	var builds atomic.Int32
 	tpl = counted(tpl, &builds)
@@ -146,7 +146,7 @@ func TestTemplateKey(t *testing.T) {
 		t.Errorf("recipes %q and %q share key %s", a.Recipe, b.Recipe, a.Key())
 	}
 	names := map[string]bool{}
-	for _, tpl := range disk.Templates() {
+	for _, tpl := range disk.Templates(disk.TemplateOptions{}) {
 		if tpl.Name == "" || tpl.Description == "" || tpl.Recipe == "" || tpl.Build == nil {
 			t.Errorf("template %q is incomplete", tpl.Name)
 		}
@@ -155,7 +155,7 @@ func TestTemplateKey(t *testing.T) {
 	if !names[disk.DefaultTemplate] || !names["busybox"] {
 		t.Errorf("Templates() = %v, want %s and busybox", names, disk.DefaultTemplate)
 	}
-	if _, err := disk.FindTemplate("nope"); !errors.Is(err, disk.ErrNotFound) {
+	if _, err := disk.FindTemplate("nope", disk.TemplateOptions{}); !errors.Is(err, disk.ErrNotFound) {
 		t.Errorf("FindTemplate(nope): %v, want ErrNotFound", err)
 	}
 }
@@ -181,7 +181,7 @@ func TestBaseTemplate(t *testing.T) {
 			t.Fatal("needs debootstrap")
 		}
 	}
-	tpl, err := disk.FindTemplate(disk.DefaultTemplate)
+	tpl, err := disk.FindTemplate(disk.DefaultTemplate, disk.TemplateOptions{})
 	must(t, err)
 	var cache disk.Cache
 	dir, err := cache.EnsureBuilt(t.Context(), templateCache(), tpl)

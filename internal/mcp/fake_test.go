@@ -23,7 +23,7 @@ type fakeDaemon struct {
 	sandboxes   []api.Sandbox
 	checkpoints map[string][]api.Checkpoint // by sandbox name
 	next        int
-	limit       int // user checkpoints per sandbox; 0 is no limit
+	limit       int // the owner's checkpoints per sandbox; 0 is no limit
 	failCreate  bool
 	requests    []string // "METHOD /path?query"
 	bodies      []string
@@ -65,7 +65,7 @@ func newFakeDaemon(t *testing.T) (*fakeDaemon, *client.Client) {
 			reply(w, 409, api.ErrorBody{Error: api.Errorf(api.CodeConflict, "sandbox %s is being deleted", sb.Name)})
 			return
 		}
-		if f.limit > 0 && len(f.checkpoints[sb.Name]) >= f.limit {
+		if f.limit > 0 && f.owners(sb.Name) >= f.limit {
 			reply(w, 409, api.ErrorBody{Error: api.Errorf(api.CodeLimit, "the sandbox has %d checkpoints, the limit", f.limit)})
 			return
 		}
@@ -153,6 +153,18 @@ func (f *fakeDaemon) find(w http.ResponseWriter, r *http.Request) *api.Sandbox {
 	}
 	reply(w, 404, api.ErrorBody{Error: api.Errorf(api.CodeNotFound, "no sandbox %s", ref)})
 	return nil
+}
+
+// owners is how many checkpoints of sandbox count against the owner's
+// limit: those not taken from inside. The caller holds f.mu.
+func (f *fakeDaemon) owners(sandbox string) int {
+	n := 0
+	for _, cp := range f.checkpoints[sandbox] {
+		if !cp.Inside && !cp.Auto {
+			n++
+		}
+	}
+	return n
 }
 
 // lastBody is the body of the request being served. The caller holds f.mu.

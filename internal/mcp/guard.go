@@ -13,8 +13,8 @@ import (
 )
 
 // The server's own checkpoints are told apart from the user's by both their
-// name and their comment, so that pruning them never deletes a checkpoint
-// someone else took.
+// name and their comment, and from the sandbox's by its inside mark, so
+// that pruning them never deletes a checkpoint someone else took.
 const (
 	guardNamePrefix    = "mcp-"
 	guardCommentPrefix = "before mcp "
@@ -152,7 +152,10 @@ func (s *Server) prune(ctx context.Context, sandbox string) {
 }
 
 // guardCheckpoints lists the checkpoints of sandbox that the server took,
-// oldest first.
+// oldest first. Those the sandbox took of itself are never among them,
+// whatever their names: a sandbox that named a few as the server names its
+// own must not get the server's real ones pruned in their place (and the
+// daemon counts them against a share of their own, not the owner's).
 func (s *Server) guardCheckpoints(ctx context.Context, sandbox string) ([]api.Checkpoint, error) {
 	cps, err := s.c.ListCheckpoints(ctx, sandbox)
 	if err != nil {
@@ -160,7 +163,7 @@ func (s *Server) guardCheckpoints(ctx context.Context, sandbox string) ([]api.Ch
 	}
 	var own []api.Checkpoint
 	for _, cp := range cps {
-		if !cp.Auto && strings.HasPrefix(cp.Name, guardNamePrefix) && strings.HasPrefix(cp.Comment, guardCommentPrefix) {
+		if !cp.Auto && !cp.Inside && strings.HasPrefix(cp.Name, guardNamePrefix) && strings.HasPrefix(cp.Comment, guardCommentPrefix) {
 			own = append(own, cp)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -271,6 +273,42 @@ func TestFailedCallNamesItsCheckpoint(t *testing.T) {
 	}
 	if !res.IsError || !strings.Contains(text(res), "no room on the host") || !strings.Contains(text(res), "checkpoint "+cps[0].ID+" was taken before the call") {
 		t.Errorf("want the daemon's message and the checkpoint, got %v %q", res.IsError, text(res))
+	}
+}
+
+// TestGuardIgnoresInsideCheckpoints: a sandbox may name the checkpoints it
+// takes of itself as the server names its own ("mcp-…", "before mcp …").
+// The server must neither prune the sandbox's (not its to delete) nor count
+// them as its own, or a sandbox could have the server delete its real undo
+// points by taking a few newer look-alikes.
+func TestGuardIgnoresInsideCheckpoints(t *testing.T) {
+	f, c := newFakeDaemon(t)
+	f.limit = 10
+	cs, _ := connect(t, c, Config{CheckpointBefore: CheckpointWrite, CheckpointKeep: 3})
+	write := func() string {
+		var out FileOutput
+		decodeResult(t, callTool(t, cs, "write_file", map[string]any{"sandbox": "a", "path": "/x", "content": "x"}), &out)
+		return out.Checkpoint
+	}
+	real := []string{write(), write()}
+	f.mu.Lock()
+	for i := range 3 {
+		f.next++
+		f.checkpoints["a"] = append(f.checkpoints["a"], api.Checkpoint{ID: fmt.Sprintf("v%d", f.next), Sandbox: "sb-a00000000000",
+			Name: fmt.Sprintf("mcp-0000000%d", i), Comment: guardCommentPrefix + "write_file: /x", Inside: true, CreatedAt: time.Now()})
+	}
+	f.mu.Unlock()
+	real = append(real, write())
+	var kept, fakes []string
+	for _, cp := range f.own("a", guardCommentPrefix) {
+		if cp.Inside {
+			fakes = append(fakes, cp.ID)
+		} else {
+			kept = append(kept, cp.ID)
+		}
+	}
+	if !slices.Equal(kept, real) || len(fakes) != 3 {
+		t.Errorf("kept %v and the sandbox's %v; want all three of the server's %v and the sandbox's three", kept, fakes, real)
 	}
 }
 

@@ -155,7 +155,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	if err != nil {
 		return nil, fmt.Errorf("listing checkpoints of %s: %w", sb.ID, err)
 	}
-	if err := checkpoint.CheckLimit(cps, m.cfg.CheckpointLimit); err != nil {
+	if err := checkpoint.CheckLimit(checkpoint.CallerOf(ctx), cps, m.checkpointLimits()); err != nil {
 		return nil, err
 	}
 	name, err := pickName(cps, req.Name)
@@ -184,6 +184,11 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	return &v, nil
 }
 
+// checkpointLimits is the two shares of a sandbox's checkpoints.
+func (m *Manager) checkpointLimits() checkpoint.Limits {
+	return checkpoint.Limits{Owner: m.cfg.CheckpointLimit, Inside: m.cfg.InsideCheckpointLimit}
+}
+
 // pickName returns the name a new checkpoint gets: the one asked for, if no
 // other checkpoint of the sandbox has it, or a new one.
 func pickName(cps []*store.Checkpoint, want string) (string, error) {
@@ -209,7 +214,7 @@ type take struct {
 	id, name, comment string
 	memory            bool // memory and disk, or the disk alone
 	auto              bool // kept by a restore, not asked for
-	inside            bool // asked for by the sandbox itself (see store.Checkpoint.Inside)
+	inside            bool // asked for by the sandbox itself (see api.Checkpoint.Inside)
 	// stop leaves a running sandbox stopped by its memory checkpoint (a
 	// restore's automatic one, whose sandbox is replaced next): one
 	// runsc checkpoint, no resume, and no token to hand over.
@@ -336,10 +341,10 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 	cp := &store.Checkpoint{
 		Checkpoint: api.Checkpoint{
 			ID: id, Sandbox: sb.ID, Name: t.name, Comment: t.comment,
-			Memory: t.memory, Auto: t.auto, CreatedAt: store.Now(),
+			Memory: t.memory, Auto: t.auto, Inside: t.inside, CreatedAt: store.Now(),
 		},
 		SandboxName: sb.Name, Template: sb.Template, Image: sb.Image, Resources: sb.Resources,
-		AgentGen: held, Inside: t.inside,
+		AgentGen: held,
 	}
 	if err := m.store.CreateCheckpoint(ctx, cp); err != nil {
 		os.RemoveAll(final)
@@ -675,8 +680,8 @@ func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, 
 }
 
 // pruneAutos deletes the oldest automatic checkpoints beyond KeepAuto,
-// sparing keep (the one just restored). A restore asked for from inside the
-// sandbox prunes only the automatic checkpoints of such restores.
+// sparing keep (the one just restored), of by's share: the owner's
+// restores prune only the owner's, the sandbox's own only its own.
 func (m *Manager) pruneAutos(ctx context.Context, sb *store.Sandbox, by checkpoint.Caller, keep string) {
 	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
 	if err != nil {

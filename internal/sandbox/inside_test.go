@@ -71,6 +71,74 @@ func TestInsideCannotEraseTheOwnersCheckpoints(t *testing.T) {
 	}
 }
 
+// TestInsideCheckpointsHaveTheirOwnShare: checkpoints a sandbox takes of
+// itself count against a share of their own, so a sandbox that fills it
+// never makes its owner's next checkpoint fail; and its restores never push
+// out the owner's automatic checkpoints, nor the owner's restores its own.
+func TestInsideCheckpointsHaveTheirOwnShare(t *testing.T) {
+	e := newEnv(t, func(c *sandbox.Config) { c.CheckpointLimit, c.InsideCheckpointLimit = 2, 3 })
+	e.create(api.CreateSandbox{Name: "greedy"})
+	inside := checkpoint.WithCaller(e.ctx, checkpoint.Inside)
+	disk := api.CreateCheckpoint{Memory: ptr(false)}
+	for i := range 3 {
+		if _, err := e.m.CreateCheckpoint(inside, "greedy", disk); err != nil {
+			t.Fatalf("checkpoint %d from inside: %v", i+1, err)
+		}
+	}
+	_, err := e.m.CreateCheckpoint(inside, "greedy", disk)
+	if !errors.Is(err, api.ErrLimit) || !strings.Contains(err.Error(), "taken from inside") {
+		t.Fatalf("a fourth checkpoint from inside: %v, want limit", err)
+	}
+	for i := range 2 {
+		if _, err := e.m.CreateCheckpoint(e.ctx, "greedy", disk); err != nil {
+			t.Fatalf("the owner's checkpoint %d after the sandbox filled its share: %v", i+1, err)
+		}
+	}
+	if _, err := e.m.CreateCheckpoint(e.ctx, "greedy", disk); !errors.Is(err, api.ErrLimit) {
+		t.Fatalf("the owner's third checkpoint: %v, want limit", err)
+	}
+	// The owner's share full, the sandbox's is still full too: deleting one
+	// of its own makes room for it, not for the owner.
+	must(t, e.m.DeleteCheckpoint(inside, "greedy", "v1"))
+	if _, err := e.m.CreateCheckpoint(e.ctx, "greedy", disk); !errors.Is(err, api.ErrLimit) {
+		t.Fatalf("the owner's checkpoint after the sandbox deleted one of its own: %v, want limit", err)
+	}
+	if _, err := e.m.CreateCheckpoint(inside, "greedy", disk); err != nil {
+		t.Fatalf("a checkpoint from inside after deleting one: %v", err)
+	}
+	cps, err := e.m.ListCheckpoints(e.ctx, "greedy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var by []string
+	for _, cp := range cps {
+		by = append(by, fmt.Sprintf("%s:%t", cp.ID, cp.Inside))
+	}
+	if want := []string{"v2:true", "v3:true", "v4:false", "v5:false", "v6:true"}; !slices.Equal(by, want) {
+		t.Errorf("checkpoints %v, want %v", by, want)
+	}
+
+	// Two restores by the owner keep auto-1 and auto-2; six by the sandbox
+	// keep five of their own; the owner's next restore keeps its two.
+	for range 2 {
+		if _, err := e.m.RestoreCheckpoint(e.ctx, "greedy", "v4"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 6 {
+		if _, err := e.m.RestoreCheckpoint(inside, "greedy", "v2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.m.RestoreCheckpoint(e.ctx, "greedy", "v4"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"v2", "v3", "v4", "v5", "v6", "auto-1", "auto-2", "auto-4", "auto-5", "auto-6", "auto-7", "auto-8", "auto-9"}
+	if ids := e.checkpointIDs("greedy"); !slices.Equal(ids, want) {
+		t.Errorf("checkpoints after restores %v, want %v", ids, want)
+	}
+}
+
 // TestAgentErrorsAreNotAPIErrors: an agent that answers a restore with an
 // error of its own making ("400 invalid", say) does not choose the API's
 // answer: the restore fails as an internal error that says the sandbox's

@@ -77,8 +77,11 @@ type Config struct {
 	DefaultTemplate string
 	// Defaults fills in the resources a create leaves out.
 	Defaults api.Resources
-	// CheckpointLimit is how many checkpoints a user may take per sandbox.
-	CheckpointLimit int
+	// CheckpointLimit is how many checkpoints the owner may take per
+	// sandbox; InsideCheckpointLimit how many a sandbox may take of
+	// itself, apart from those (see checkpoint.Limits). 0 is no limit.
+	CheckpointLimit       int
+	InsideCheckpointLimit int
 	// InsidePort is the port of the in-sandbox API on each sandbox's host
 	// address.
 	InsidePort int

@@ -72,11 +72,6 @@ type Checkpoint struct {
 	// LegacyAgentToken is that token in clear for a checkpoint taken by a
 	// loam that stored tokens (schema version 1); "" for any other.
 	LegacyAgentToken string
-	// Inside is true for a checkpoint taken at the request of the sandbox
-	// itself (through its in-sandbox API), or, for an automatic one, kept
-	// by a restore the sandbox asked for. Such a sandbox may delete only
-	// these, and its restores prune only these.
-	Inside bool
 }
 
 // Secret is the stored record of a secret: its value sealed by

@@ -459,6 +459,24 @@ func (r *Runtime) command(ctx context.Context, flags []string, args ...string) *
 	return cmd
 }
 
+// List returns the ids of the containers runsc has state for in Root,
+// running or not, sorted: what a teardown of the data dir must delete.
+func (r *Runtime) List() ([]string, error) {
+	m, err := filepath.Glob(filepath.Join(r.root, "*_sandbox:*.state"))
+	if err != nil {
+		return nil, fmt.Errorf("listing containers: %w", err)
+	}
+	var ids []string
+	for _, f := range m {
+		id, _, _ := strings.Cut(filepath.Base(f), "_sandbox:")
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
 // exists reports whether runsc has state for exactly this id. runsc itself
 // matches ids by prefix; looking for the state file (named
 // <container>_sandbox:<sandbox>.state) matches exactly, and costs no

@@ -151,6 +151,7 @@ func newCheckpoint(sb *store.Sandbox, id, name string) *store.Checkpoint {
 			Comment:   "before " + id,
 			Memory:    true,
 			Auto:      len(id) > 5 && id[:5] == "auto-",
+			Inside:    true,
 			CreatedAt: t0.Add(time.Hour),
 		},
 		SandboxName: sb.Name,
@@ -158,7 +159,6 @@ func newCheckpoint(sb *store.Sandbox, id, name string) *store.Checkpoint {
 		Image:       sb.Image,
 		Resources:   sb.Resources,
 		AgentGen:    sb.AgentGen,
-		Inside:      true,
 	}
 }
 

@@ -166,6 +166,8 @@ export interface Checkpoint {
   comment: string
   memory: boolean
   auto: boolean
+  /** True for one the sandbox took of itself from inside (a share apart from the owner's). */
+  inside: boolean
   created_at: string
 }
 
