@@ -25,13 +25,15 @@ type ptyAttach struct {
 	mu   sync.Mutex
 	out  bytes.Buffer
 	done chan error
+	// read is closed once all loam wrote to the terminal was read.
+	read chan struct{}
 	// mode is the terminal's mode before loam started.
 	mode *unix.Termios
 }
 
 func startOnPty(t *testing.T, d *daemon, args ...string) *ptyAttach {
 	t.Helper()
-	p := &ptyAttach{cmd: exec.Command(loamBin, args...), done: make(chan error, 1)}
+	p := &ptyAttach{cmd: exec.Command(loamBin, args...), done: make(chan error, 1), read: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token, "TERM=dumb")
 	tty, err := pty.StartWithSize(p.cmd, &pty.Winsize{Rows: 24, Cols: 80})
 	if err != nil {
@@ -46,6 +48,7 @@ func startOnPty(t *testing.T, d *daemon, args ...string) *ptyAttach {
 		t.Fatal(err)
 	}
 	go func() {
+		defer close(p.read)
 		buf := make([]byte, 4096)
 		for {
 			n, err := tty.Read(buf)
@@ -53,7 +56,7 @@ func startOnPty(t *testing.T, d *daemon, args ...string) *ptyAttach {
 			p.out.Write(buf[:n])
 			p.mu.Unlock()
 			if err != nil {
-				return
+				return // EIO once loam has exited and closed the terminal
 			}
 		}
 	}()
@@ -73,6 +76,11 @@ func (p *ptyAttach) wait(t *testing.T) int {
 	t.Helper()
 	select {
 	case err := <-p.done:
+		select {
+		case <-p.read:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("loam's terminal still open 10 s after it exited")
+		}
 		if ee, ok := err.(*exec.ExitError); ok {
 			return ee.ExitCode()
 		} else if err != nil {
