@@ -173,6 +173,29 @@ func TestAttachLeave(t *testing.T) {
 		}
 	}
 
+	// Without a terminal at all (a script's loam attach), a SIGTERM
+	// detaches too.
+	t.Run("sigterm without a terminal", func(t *testing.T) {
+		id := sessions[false]
+		cmd := exec.Command(loamBin, "attach", "att", id)
+		cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
+		var out, errOut syncBuffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return strings.Contains(out.String(), "tick") })
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil || !strings.Contains(errOut.String(), "detached from "+id) {
+			t.Fatalf("attach without a terminal after SIGTERM: %v, stderr %q", err, errOut.String())
+		}
+		if s, err := d.C.GetSession(ctx, "att", id); err != nil || s.State != api.SessionRunning {
+			t.Fatalf("after SIGTERM to attach the session is %+v (%v), want running", s, err)
+		}
+	})
+
 	// --sig-proxy passes Ctrl-C on, by choice: the command ends with it.
 	id := sessions[false]
 	p := startOnPty(t, d, "attach", "--sig-proxy", "att", id)
