@@ -27,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"loam.dev/loam/api"
 )
@@ -231,6 +232,10 @@ func (c *Client) transportError(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		// Nothing listens there: say so in the words of the fix.
+		return fmt.Errorf("reaching loam at %s: no loam serve is running at that address (%w); start it, or set %s to where it runs", c.base, err, EnvAPIURL)
 	}
 	return fmt.Errorf("reaching loam at %s: %w", c.base, err)
 }

@@ -91,7 +91,7 @@ func TestConsole(t *testing.T) {
 	// its open page; it goes on when told so on its stdin.
 	e2e := exec.CommandContext(ctx, "node", "test/console.e2e.mjs")
 	e2e.Dir = dir
-	e2e.Env = append(os.Environ(), "LOAM_URL="+d.URL, "LOAM_TOKEN="+d.Token, "LOAM_ARTIFACTS="+artifacts,
+	e2e.Env = append(os.Environ(), "LOAM_URL="+d.URL, "LOAM_TOKEN="+d.Token, "LOAM_TOKEN_FILE="+filepath.Join(d.dataDir, "token"), "LOAM_ARTIFACTS="+artifacts,
 		"LOAM_TEMPLATE=base", "CHROMIUM="+chromiumPath())
 	stdin, err := e2e.StdinPipe()
 	if err != nil {
@@ -296,7 +296,8 @@ func TestConsoleHostileInput(t *testing.T) {
 		{name: "login as a form", method: "POST", path: "/console/login", body: "token=" + d.Token, contentType: "application/x-www-form-urlencoded", want: 400},
 		{name: "login with a wrong token", method: "POST", path: "/console/login", body: `{"token":"loam_nope"}`, contentType: "application/json", want: 401},
 		{name: "login with junk", method: "POST", path: "/console/login", body: `{"token":`, contentType: "application/json", want: 400},
-		{name: "login with GET", method: "GET", path: "/console/login", want: 405},
+		{name: "login with PUT", method: "PUT", path: "/console/login", want: 405},
+		{name: "login hint", method: "GET", path: "/console/login", want: 200},
 		{name: "unknown console call", method: "GET", path: "/console/../../etc/passwd", want: 404},
 		{name: "traversal in assets", method: "GET", path: "/assets/../../../../etc/passwd", want: 404},
 		{name: "encoded traversal in assets", method: "GET", path: "/assets/..%2f..%2f..%2fetc%2fpasswd", want: 404},

@@ -82,7 +82,8 @@ func TestTutorial(t *testing.T) {
 	runBlocks(t, d, page, blocks)
 }
 
-// TestDocsPages runs the ```console blocks of every other page of the manual.
+// TestDocsPages runs the ```console blocks of every other page of the manual,
+// and of the README.
 func TestDocsPages(t *testing.T) {
 	var pages []string
 	err := filepath.WalkDir(docsDir, func(path string, e os.DirEntry, err error) error {
@@ -100,6 +101,7 @@ func TestDocsPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pages = append(pages, filepath.Join(docsDir, "..", "README.md"))
 	tested := 0
 	for _, page := range pages {
 		blocks, err := readPage(page, false)
@@ -111,6 +113,7 @@ func TestDocsPages(t *testing.T) {
 		}
 		tested++
 		rel, _ := filepath.Rel(docsDir, page)
+		rel = strings.TrimPrefix(rel, "../") // the README
 		t.Run(rel, func(t *testing.T) {
 			d := startDaemon(t, "--default-template", "base")
 			runBlocks(t, d, page, blocks)

@@ -34,16 +34,24 @@ func (a *app) self() string {
 	return a.getenv(envSandbox)
 }
 
-// sandboxArgs splits args into the sandbox and the rest: with n+1 args the
-// first is the sandbox; with n, inside a sandbox, it is that sandbox.
-func (a *app) sandboxArgs(args []string, n int) (string, []string, error) {
+// sandboxArgs splits args into the sandbox and the rest, named by rest
+// (such as "CHECKPOINT"): with one more arg than rest names, the first is
+// the sandbox; with as many, inside a sandbox, it is that sandbox.
+func (a *app) sandboxArgs(args []string, rest ...string) (string, []string, error) {
+	n := len(rest)
 	if len(args) == n+1 {
 		return args[0], args[1:], nil
 	}
 	if s := a.self(); s != "" {
 		return s, args, nil
 	}
-	return "", nil, errors.New("no sandbox given")
+	if n == 0 || len(args) == 0 {
+		return "", nil, errors.New("no sandbox given")
+	}
+	// One argument short: the sandbox, likely, was given, and the last
+	// of the rest was not.
+	return "", nil, fmt.Errorf("no %s given: give SANDBOX %s (SANDBOX may be left out only inside a sandbox)",
+		strings.ToLower(rest[n-1]), strings.Join(rest, " "))
 }
 
 func (a *app) checkpointCmd() *cobra.Command {
@@ -81,7 +89,7 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 		Example: `  loam checkpoint create scratch --comment 'site up, state v1'`,
 		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, _, err := a.sandboxArgs(args, 0)
+			sandbox, _, err := a.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
@@ -120,7 +128,7 @@ func (a *app) checkpointLsCmd() *cobra.Command {
 		Short:   "List a sandbox's checkpoints, oldest first",
 		Args:    cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, _, err := a.sandboxArgs(args, 0)
+			sandbox, _, err := a.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
@@ -158,7 +166,7 @@ func (a *app) checkpointGetCmd() *cobra.Command {
 		Short: "Show a checkpoint",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, 1)
+			sandbox, rest, err := a.sandboxArgs(args, "CHECKPOINT")
 			if err != nil {
 				return err
 			}
@@ -190,7 +198,7 @@ func (a *app) checkpointRmCmd() *cobra.Command {
 first; elsewhere it needs --yes.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, 1)
+			sandbox, rest, err := a.sandboxArgs(args, "CHECKPOINT")
 			if err != nil {
 				return err
 			}
@@ -220,7 +228,7 @@ undone. Every exec session on the sandbox ends. On a terminal restore asks
 first; elsewhere it needs --yes.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, 1)
+			sandbox, rest, err := a.sandboxArgs(args, "CHECKPOINT")
 			if err != nil {
 				return err
 			}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -16,6 +15,7 @@ import (
 
 	"loam.dev/loam/internal/mcp"
 	"loam.dev/loam/internal/server"
+	"loam.dev/loam/internal/version"
 )
 
 func (a *app) mcpCmd() *cobra.Command {
@@ -84,7 +84,7 @@ the checkpoint taken before it.`,
 			log := slog.New(slog.NewTextHandler(a.stderr, nil))
 			srv, err := mcp.New(c, mcp.Config{
 				CheckpointBefore: policy, CheckpointMemory: memory, CheckpointKeep: keep,
-				Sandboxes: sandboxes, ReadOnly: readOnly, Logger: log, Version: version(),
+				Sandboxes: sandboxes, ReadOnly: readOnly, Logger: log, Version: version.String(),
 			})
 			if err != nil {
 				return err
@@ -125,12 +125,3 @@ the checkpoint taken before it.`,
 type nopWriteCloser struct{ io.Writer }
 
 func (nopWriteCloser) Close() error { return nil }
-
-// version is the binary's module version, as the server tells clients:
-// "(devel)" for a binary built from a checkout.
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}

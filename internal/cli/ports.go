@@ -25,7 +25,7 @@ loopback is reachable through 'loam port-forward' but from nowhere else.`,
   loam ports watch scratch`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, _, err := a.sandboxArgs(args, 0)
+			sb, _, err := a.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
@@ -63,7 +63,7 @@ interrupted. A memory checkpoint or a restore of the sandbox ends the
 watch (exit status 1).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, _, err := a.sandboxArgs(args, 0)
+			sb, _, err := a.sandboxArgs(args)
 			if err != nil {
 				return err
 			}

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/version"
 )
 
 // ExitError makes Execute exit with Code. Err, when not nil, is printed
@@ -81,6 +83,8 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		SilenceErrors: true,
 	}
 	root.CompletionOptions.HiddenDefaultCmd = true
+	root.Version = version.String()
+	root.SetVersionTemplate("loam {{.Version}}\n")
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
@@ -117,6 +121,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		a.networkCmd(),
 		a.benchCmd(),
 		a.mcpCmd(),
+		a.versionCmd(),
 	)
 	root.AddCommand(extra...)
 	return root
@@ -156,8 +161,29 @@ func message(err error) string {
 	if msg == "" {
 		msg = string(ae.Code)
 	}
+	if ae.Code == api.CodeUnauthorized {
+		// The daemon's words are for any HTTP client ("send
+		// Authorization: Bearer"); a CLI user sets a variable.
+		msg = fmt.Sprintf("missing or wrong token: set %s to the daemon's token, which loam serve keeps in the file token of its data dir (%s by default)",
+			client.EnvToken, filepath.Join(client.DefaultDataDir, "token"))
+	}
 	if errors.Is(err, client.ErrStreamEnded) {
 		msg = client.ErrStreamEnded.Error() + ": " + msg
 	}
 	return msg
+}
+
+func (a *app) versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print loam's version",
+		Long: `Print this binary's version (as loam --version does): the one its build
+was given (scripts/setup gives git describe's), else its module's version or
+git commit.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintf(a.stdout, "loam %s\n", version.String())
+			return err
+		},
+	}
 }

@@ -46,7 +46,7 @@ func (a *app) serviceLsCmd() *cobra.Command {
 		Short:   "List a sandbox's services",
 		Args:    cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, _, err := a.sandboxArgs(args, 0)
+			sandbox, _, err := a.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
@@ -101,7 +101,7 @@ stopped and replaced.`,
 			if dash < 0 || dash == len(args) {
 				return errors.New(`no command given: put it after "--"`)
 			}
-			sandbox, rest, err := a.sandboxArgs(args[:dash], 1)
+			sandbox, rest, err := a.sandboxArgs(args[:dash], "NAME")
 			if err != nil {
 				return err
 			}
@@ -145,7 +145,7 @@ func (a *app) serviceActionCmd(action, short, long string) *cobra.Command {
 		Long:  long,
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, 1)
+			sandbox, rest, err := a.sandboxArgs(args, "NAME")
 			if err != nil {
 				return err
 			}
@@ -177,7 +177,7 @@ func (a *app) serviceRmCmd() *cobra.Command {
 elsewhere it needs --yes.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, 1)
+			sandbox, rest, err := a.sandboxArgs(args, "NAME")
 			if err != nil {
 				return err
 			}
@@ -204,7 +204,7 @@ func (a *app) serviceLogsCmd() *cobra.Command {
 on stdout, its stderr on stderr; 1 MiB of each). With -f, then follow it.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, 1)
+			sandbox, rest, err := a.sandboxArgs(args, "NAME")
 			if err != nil {
 				return err
 			}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -25,16 +27,18 @@ func (a *app) execCmd() *cobra.Command {
 		req        api.ExecRequest
 		env        []string
 		detach     bool
+		sigProxy   bool
 		bufferSize string
 	)
 	cmd := &cobra.Command{
 		Use:   "exec SANDBOX [flags] -- CMD [ARG...]",
 		Short: "Run a command as a detachable session",
 		Long: `Run a command in a sandbox as a detachable session: it runs on when you
-detach (Ctrl-P Ctrl-Q) or lose the connection, keeping its output in buffers
-(1 MiB per stream by default) for "loam attach" and "loam logs". With -d it
-starts in the background and its session id is printed. A memory checkpoint
-ends the connection but not the session.`,
+detach (Ctrl-P Ctrl-Q, or Ctrl-C, SIGTERM or SIGHUP to loam) or lose the
+connection, keeping its output in buffers (1 MiB per stream by default) for
+"loam attach" and "loam logs". With -d it starts in the background and its
+session id is printed. A memory checkpoint ends the connection but not the
+session. With --sig-proxy, Ctrl-C and SIGTERM go to the command instead.`,
 		Example: `  loam exec -d scratch -- sh -c 'while :; do date; sleep 1; done'
   loam exec -t scratch -- bash`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -72,7 +76,7 @@ ends the connection but not the session.`,
 				_, err := fmt.Fprintln(a.stdout, ss.ID)
 				return err
 			}
-			return a.attach(cmd.Context(), c, sandbox, ss, req.Stdin)
+			return a.attach(cmd.Context(), c, sandbox, ss, req.Stdin, sigProxy)
 		},
 	}
 	cmd.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
@@ -86,6 +90,7 @@ ends the connection but not the session.`,
 	f.StringVarP(&req.Dir, "workdir", "w", "", "working `DIR` (default: the user's home)")
 	f.StringVarP(&req.User, "user", "u", "", "`USER` to run as (default: loam)")
 	f.StringVar(&bufferSize, "buffer-size", "", "output kept per stream, in bytes or like 64Ki, 4Mi (default 1Mi)")
+	f.BoolVar(&sigProxy, "sig-proxy", false, sigProxyUsage)
 	return cmd
 }
 
@@ -110,13 +115,20 @@ func parseBytes(s string) (int, error) {
 }
 
 func (a *app) attachCmd() *cobra.Command {
+	var sigProxy bool
 	cmd := &cobra.Command{
 		Use:   "attach SANDBOX SESSION",
 		Short: "Attach to a detachable session",
 		Long: `Attach to a detachable session: replay the output it still holds, then
 follow it until the command exits, with this terminal's input when it is a
-terminal. Ctrl-P Ctrl-Q detaches and leaves the session running. Exits with the
-command's exit status.`,
+terminal. Exits with the command's exit status.
+
+Leaving never ends the session: Ctrl-P Ctrl-Q detaches, and so do Ctrl-C
+(SIGINT), SIGTERM and SIGHUP, and a lost connection. With --sig-proxy, Ctrl-C
+and SIGTERM are passed on to the session's process group instead (as
+"loam kill -s INT" would), which may end it.`,
+		Example: `  loam attach scratch s-k3v9c0q2x7ab
+  loam attach --sig-proxy scratch s-k3v9c0q2x7ab   # Ctrl-C interrupts the command`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.connect()
@@ -127,9 +139,10 @@ command's exit status.`,
 			if err != nil {
 				return err
 			}
-			return a.attach(cmd.Context(), c, args[0], ss, a.terminalIn())
+			return a.attach(cmd.Context(), c, args[0], ss, a.terminalIn(), sigProxy)
 		},
 	}
+	cmd.Flags().BoolVar(&sigProxy, "sig-proxy", false, sigProxyUsage)
 	return cmd
 }
 
@@ -144,33 +157,37 @@ func (a *app) terminalIn() bool {
 // ctrlP and ctrlQ, typed in a row, detach, as in docker.
 const ctrlP, ctrlQ = 0x10, 0x11
 
+// errDetached ends an attach that the user left: by Ctrl-P Ctrl-Q, or by a
+// signal to loam without --sig-proxy.
+var errDetached = errors.New("detached")
+
+// sigProxyUsage is the --sig-proxy flag's help, for attach and exec.
+const sigProxyUsage = "pass SIGINT (Ctrl-C) and SIGTERM on to the session's process group instead of detaching"
+
 // attach attaches this process's streams to session ss until the command
-// exits, the user detaches, or the stream ends.
-func (a *app) attach(ctx context.Context, c *client.Client, sandbox string, ss *api.Session, withStdin bool) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+// exits, the user detaches, or the stream ends. Leaving never ends the
+// session: Ctrl-P Ctrl-Q, and SIGINT, SIGTERM or SIGHUP to this process,
+// detach; with sigProxy, SIGINT and SIGTERM are passed on to the session
+// instead.
+func (a *app) attach(ctx context.Context, c *client.Client, sandbox string, ss *api.Session, withStdin, sigProxy bool) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	detach := func() { cancel(errDetached) }
 	opts := client.AttachOptions{Stdout: a.stdout, Stderr: a.stderr}
-	var dr *detachReader
 	if withStdin {
-		dr = &detachReader{r: a.stdin, ctx: ctx, cancel: cancel}
-		opts.Stdin = dr
+		opts.Stdin = &detachReader{r: a.stdin, ctx: ctx, detach: detach}
 	}
 	if a.localTerminal {
-		eo := client.ExecOptions{TTY: ss.TTY}
-		undo, err := attachTerminal(&eo)
+		undo, err := a.attachTerminal(ctx, ss.TTY, withStdin, sigProxy, detach, &opts)
 		if err != nil {
 			return err
 		}
 		defer undo()
-		opts.Signal = eo.Signal
-		if ss.TTY {
-			opts.Resize = withFirst(ctx, client.WindowSize{Rows: eo.Rows, Cols: eo.Cols}, eo.Resize)
-		}
 	}
 	code, err := c.Attach(ctx, sandbox, ss.ID, opts)
 	again := fmt.Sprintf("loam attach %s %s", sandbox, ss.ID)
 	switch {
-	case dr != nil && dr.detached():
+	case errors.Is(context.Cause(ctx), errDetached):
 		fmt.Fprintf(a.stderr, "\r\ndetached from %s; it runs on (%s attaches again)\r\n", ss.ID, again)
 		return nil
 	case errors.Is(err, client.ErrInterrupted):
@@ -186,6 +203,69 @@ func (a *app) attach(ctx context.Context, c *client.Client, sandbox string, ss *
 		return &ExitError{Code: code}
 	}
 	return nil
+}
+
+// attachTerminal readies this process's terminal and signals for an
+// attach. A session with a terminal puts this one in raw mode (Ctrl-C is a
+// byte for the session's terminal) and follows its size; one without keeps
+// it cooked but lets Ctrl-P Ctrl-Q through (detachKeysMode). SIGINT,
+// SIGTERM and SIGHUP detach, except that with sigProxy SIGINT and SIGTERM
+// go to the session as "INT" and "TERM". The function returned undoes it
+// all.
+func (a *app) attachTerminal(ctx context.Context, tty, withStdin, sigProxy bool, detach func(), opts *client.AttachOptions) (undo func(), err error) {
+	var undos []func()
+	undo = func() {
+		for i := len(undos) - 1; i >= 0; i-- {
+			undos[i]()
+		}
+	}
+	if tty {
+		eo := client.ExecOptions{TTY: true}
+		restore, err := attachTerminal(&eo)
+		if err != nil {
+			return nil, err
+		}
+		undos = append(undos, restore)
+		opts.Resize = withFirst(ctx, client.WindowSize{Rows: eo.Rows, Cols: eo.Cols}, eo.Resize)
+	} else if f, ok := a.stdin.(*os.File); ok && withStdin && term.IsTerminal(int(f.Fd())) {
+		restore, err := detachKeysMode(int(f.Fd()))
+		if err != nil {
+			return nil, err
+		}
+		undos = append(undos, restore)
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	names := make(chan string, 4)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case s := <-sigs:
+				name := map[os.Signal]string{os.Interrupt: "INT", syscall.SIGTERM: "TERM"}[s]
+				if !sigProxy || name == "" {
+					detach()
+					continue
+				}
+				select {
+				case names <- name:
+				case <-done:
+					return
+				}
+			}
+		}
+	}()
+	if sigProxy {
+		opts.Signal = names
+	}
+	undos = append(undos, func() {
+		signal.Stop(sigs)
+		close(done)
+	})
+	return undo, nil
 }
 
 // withFirst is a channel that yields first, then what in yields.
@@ -221,18 +301,12 @@ func withFirst(ctx context.Context, first client.WindowSize, in <-chan client.Wi
 type detachReader struct {
 	r      io.Reader
 	ctx    context.Context
-	cancel context.CancelFunc
+	detach func()
 
 	mu       sync.Mutex
 	pendingP bool   // a Ctrl-P was read last
 	carry    []byte // bytes due before the next read
 	done     bool
-}
-
-func (d *detachReader) detached() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.done
 }
 
 func (d *detachReader) Read(p []byte) (int, error) {
@@ -260,7 +334,7 @@ func (d *detachReader) Read(p []byte) (int, error) {
 		case d.pendingP && b == ctrlQ:
 			d.pendingP = false
 			d.done = true
-			d.cancel()
+			d.detach()
 			return copy(p, out), nil
 		case d.pendingP:
 			d.pendingP = false

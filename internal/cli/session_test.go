@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -24,13 +25,13 @@ func TestDetachReader(t *testing.T) {
 	for _, tt := range tests {
 		for _, oneByte := range []bool{false, true} {
 			t.Run(tt.name, func(t *testing.T) {
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
+				ctx, cancel := context.WithCancelCause(context.Background())
+				defer cancel(nil)
 				var r io.Reader = strings.NewReader(tt.in)
 				if oneByte {
 					r = iotest.OneByteReader(r)
 				}
-				d := &detachReader{r: r, ctx: ctx, cancel: cancel}
+				d := &detachReader{r: r, ctx: ctx, detach: func() { cancel(errDetached) }}
 				var got []byte
 				buf := make([]byte, 4)
 				for {
@@ -40,8 +41,9 @@ func TestDetachReader(t *testing.T) {
 						break
 					}
 				}
-				if string(got) != tt.want || d.detached() != tt.detached {
-					t.Errorf("read %q, detached %v; want %q, %v", got, d.detached(), tt.want, tt.detached)
+				detached := errors.Is(context.Cause(ctx), errDetached)
+				if string(got) != tt.want || detached != tt.detached {
+					t.Errorf("read %q, detached %v; want %q, %v", got, detached, tt.want, tt.detached)
 				}
 			})
 		}

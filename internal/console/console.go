@@ -71,6 +71,12 @@ type Config struct {
 	// Sessions keeps the sessions across restarts of the daemon; without
 	// it they live in memory only, and a restart logs everyone out.
 	Sessions SessionStore
+	// TokenFile is where the daemon keeps the token, for the login page's
+	// hint; empty when it was given to the daemon, not kept in a file.
+	TokenFile string
+	// Idle is the daemon's idle for sandboxes created without one (loam
+	// serve --idle); 0 is never.
+	Idle time.Duration
 }
 
 // SessionStore keeps console sessions (store/sqlite is one). Sessions are
@@ -241,19 +247,59 @@ type Login struct {
 }
 
 // SessionInfo is the answer of a login and of GET /console/session: the
-// CSRF token the page sends with every API call, and when the session ends.
+// CSRF token the page sends with every API call, when the session ends,
+// and the daemon's settings the page shows.
 type SessionInfo struct {
 	CSRFToken string    `json:"csrf_token"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// Idle is the daemon's idle for a sandbox created without one, as a
+	// sandbox's idle is written ("10m", "1h30m"; "0" never).
+	Idle string `json:"idle"`
 }
 
-// login checks the API token and starts a session. It takes JSON only: a
-// form on another site can post to it, but only as a form, so it cannot
-// log a browser in to a session of the attacker's choosing.
+// LoginHint is the answer of GET /console/login: where the person logging
+// in finds the token.
+type LoginHint struct {
+	// TokenFile is the file the daemon keeps its token in; empty when the
+	// token was given to the daemon rather than kept in a file.
+	TokenFile string `json:"token_file,omitempty"`
+}
+
+// info is the SessionInfo of session s.
+func (c *Console) info(s session) SessionInfo {
+	return SessionInfo{CSRFToken: s.csrf, ExpiresAt: s.expires, Idle: idleString(c.cfg.Idle)}
+}
+
+// idleString writes d as a sandbox's idle is written: "0" for never, else
+// Go's form without its zero units ("1h30m", not "1h30m0s").
+func idleString(d time.Duration) string {
+	if d <= 0 {
+		return "0"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// login checks the API token and starts a session (POST), or says where
+// the token is (GET; the file's path is no secret: only root reads it). It
+// takes JSON only: a form on another site can post to it, but only as a
+// form, so it cannot log a browser in to a session of the attacker's
+// choosing.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) error {
+	if r.Method == http.MethodGet {
+		// The login page's hint: where this daemon keeps its token.
+		api.WriteJSON(w, http.StatusOK, LoginHint{TokenFile: c.cfg.TokenFile})
+		return nil
+	}
 	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", "POST")
-		return api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: POST)", r.Method, r.URL.Path)
+		w.Header().Set("Allow", "GET, POST")
+		return api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: GET, POST)", r.Method, r.URL.Path)
 	}
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
 		return api.Errorf(api.CodeInvalid, "login: the body must be JSON (Content-Type: application/json)")
@@ -293,7 +339,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) error {
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.TLS,
 	})
 	c.log.Info("console login", "remote", r.RemoteAddr)
-	api.WriteJSON(w, http.StatusOK, SessionInfo{CSRFToken: csrf, ExpiresAt: s.expires})
+	api.WriteJSON(w, http.StatusOK, c.info(s))
 	return nil
 }
 
@@ -331,7 +377,7 @@ func (c *Console) current(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	api.WriteJSON(w, http.StatusOK, SessionInfo{CSRFToken: s.csrf, ExpiresAt: s.expires})
+	api.WriteJSON(w, http.StatusOK, c.info(s))
 	return nil
 }
 

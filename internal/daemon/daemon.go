@@ -107,6 +107,9 @@ type Daemon struct {
 	inside  *server.Inside
 	// madeToken is the file of an admin token made by this start, if any.
 	madeToken string
+	// tokenFile is the file the admin token is kept in; empty when it
+	// was given (Config.Token).
+	tokenFile string
 }
 
 // Start sets the daemon up and starts serving; Wait or Close end it.
@@ -351,7 +354,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	// The web console shares the API's listener (not sandboxes' URLs,
 	// which the front door takes first): its page at /, its sessions
 	// authorizing API calls from that page.
-	con, err := console.New(ctx, console.Config{Token: d.Token, TLS: tlsConfig != nil, Sessions: st}, d.log)
+	con, err := console.New(ctx, console.Config{Token: d.Token, TLS: tlsConfig != nil, Sessions: st, TokenFile: d.tokenFile, Idle: cfg.Idle}, d.log)
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
@@ -414,6 +417,7 @@ func (d *Daemon) loadToken() error {
 	if path == "" {
 		path = filepath.Join(cfg.DataDir, "token")
 	}
+	d.tokenFile = path
 	b, err := os.ReadFile(path)
 	if err == nil {
 		if err := restrictMode(path, 0o600, d.log); err != nil {

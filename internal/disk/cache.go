@@ -83,8 +83,9 @@ func (c *Cache) start(ctx context.Context, name string) (report func(float64), e
 		prev := p.done
 		p.done = max(p.done, f)
 		c.mu.Unlock()
-		// A line every tenth, for whoever watches the daemon's log.
-		if int(f*10) > int(prev*10) {
+		// A line every tenth of a build, for whoever watches the daemon's
+		// log; an import (from importShare) says so itself.
+		if f <= buildShare && int(f*10) > int(prev*10) {
 			slog.InfoContext(ctx, "building template", "template", name, "progress", fmt.Sprintf("%.0f%%", f*100))
 		}
 	}
@@ -207,6 +208,7 @@ func (c *Cache) EnsureTemplate(ctx context.Context, pool Pool, cacheDir string, 
 		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
 	}
 	report(importShare)
+	slog.InfoContext(ctx, "importing template", "template", t.Name, "cache", dir)
 	if err := pool.ImportTemplate(ctx, t.Name, dir); err != nil {
 		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
 	}

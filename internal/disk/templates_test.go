@@ -1,8 +1,10 @@
 package disk_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"os"
 	"os/exec"
@@ -260,5 +262,32 @@ func TestCacheProgress(t *testing.T) {
 	must(t, <-errc)
 	if got, ok := cache.Progress("slow"); ok {
 		t.Errorf("Progress after the build = %v, want none under way", got)
+	}
+}
+
+// TestCacheLogsImport: a template already in the cache is imported into a
+// new pool (as at a daemon's restart on a new pool) with a line that says
+// so, and no "building template" line, which would send its reader looking
+// for a build that never ran.
+func TestCacheLogsImport(t *testing.T) {
+	var cache disk.Cache
+	cacheDir := t.TempDir()
+	tpl := disk.Template{
+		Name:   "cached",
+		Recipe: "cached/1",
+		Build: func(ctx context.Context, dir string) error {
+			return os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644)
+		},
+	}
+	if _, err := cache.EnsureBuilt(t.Context(), cacheDir, tpl); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&log, nil)))
+	defer slog.SetDefault(prev)
+	must(t, cache.EnsureTemplate(t.Context(), newCopy(t), cacheDir, tpl))
+	if got := log.String(); strings.Contains(got, `msg="building template" template=cached`) || !strings.Contains(got, `msg="importing template" template=cached`) {
+		t.Errorf("the log of an import from the cache:\n%s", got)
 	}
 }

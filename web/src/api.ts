@@ -25,6 +25,8 @@ export class ApiError extends Error {
 }
 
 let csrf = ''
+/** The daemon's idle for sandboxes created without one ("0": never), from the session. */
+let daemonIdle = '0'
 
 /** Whether the page holds a session (after login or resume). */
 export function loggedIn (): boolean { return csrf !== '' }
@@ -43,14 +45,37 @@ export async function login (token: string): Promise<void> {
     method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ token }),
   })
   if (!res.ok) throw await errorOf(res)
-  csrf = (await res.json()).csrf_token
+  session(await res.json())
+}
+
+/** Keeps what a login or a resume answered (console.SessionInfo). */
+function session (info: { csrf_token: string, idle?: string }): void {
+  csrf = info.csrf_token
+  daemonIdle = info.idle || '0'
+}
+
+/** The daemon's idle for a sandbox created without one: "10m", or "0" for never. */
+export function defaultIdle (): string { return daemonIdle }
+
+/**
+ * Where the daemon keeps its token (console.LoginHint): the file's path, ''
+ * when the token was given to the daemon, undefined when the daemon did not say.
+ */
+export async function loginHint (): Promise<string | undefined> {
+  try {
+    const res = await fetch('/console/login')
+    if (!res.ok) return undefined
+    return (await res.json()).token_file ?? ''
+  } catch {
+    return undefined
+  }
 }
 
 /** Picks up the session of the cookie after a reload; false when there is none. */
 export async function resume (): Promise<boolean> {
   const res = await fetch('/console/session')
   if (!res.ok) return false
-  csrf = (await res.json()).csrf_token
+  session(await res.json())
   return true
 }
 

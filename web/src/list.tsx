@@ -2,7 +2,7 @@
 // with create, sleep, wake and delete.
 import { useEffect, useState } from 'preact/hooks'
 import { sandboxes, message, type Sandbox, type Template, type CreateSandbox } from './api'
-import { Err, bytes, pairs, sandboxHref, useAction, useConfirm, ago } from './ui'
+import { Err, bytes, idleText, pairs, sandboxHref, useAction, useConfirm, ago } from './ui'
 
 /** How often the list is read again. */
 export const REFRESH_MS = 2000
@@ -67,7 +67,7 @@ export function SandboxList () {
                     <td><Labels labels={sb.labels} onPick={l => setFilter(l)} /></td>
                     <td data-testid="usage"><Usage sb={sb} reading={cpu[sb.id]} /></td>
                     <td>{sb.disk?.used_bytes !== undefined ? bytes(sb.disk.used_bytes) : '–'}{sb.disk ? ` of ${sb.disk.limit_mib} MiB` : ''}</td>
-                    <td>{sb.idle === '0' ? 'never sleeps' : `sleeps after ${sb.idle || 'the default'}`}</td>
+                    <td>{idleText(sb.idle)}</td>
                     <td><OpenURL sb={sb} /></td>
                     <td title={sb.created_at}>{ago(sb.created_at)}</td>
                     <td class="actions">

@@ -3,7 +3,7 @@
 // daemon serves one page for all of them.
 import { render } from 'preact'
 import { useEffect, useState } from 'preact/hooks'
-import { login, logout, resume, whenLoggedOut, message } from './api'
+import { login, loginHint, logout, resume, whenLoggedOut, message } from './api'
 import { SandboxList } from './list'
 import { SandboxPage } from './sandbox'
 import './style.css'
@@ -21,6 +21,8 @@ function useRoute (): string {
 function Login ({ done }: { done: () => void }) {
   const [token, setToken] = useState('')
   const [err, setErr] = useState('')
+  const [tokenFile, setTokenFile] = useState<string | undefined>(undefined)
+  useEffect(() => { void loginHint().then(setTokenFile) }, [])
   return (
     <form class="login" onSubmit={async (e) => {
       e.preventDefault()
@@ -39,8 +41,13 @@ function Login ({ done }: { done: () => void }) {
       </label>
       {err && <div class="error" role="alert">{err}</div>}
       <button type="submit" class="primary" data-testid="login">Log in</button>
-      <p class="hint">The token is in <code>LOAM_TOKEN</code>, or in the file <code>loam serve</code> made it in
-        (<code>/var/lib/loam/token</code>). The page keeps a session cookie, never the token.</p>
+      <p class="hint" data-testid="login-hint">The token is in <code>LOAM_TOKEN</code>{
+        tokenFile === undefined
+          ? <>, or in the file <code>token</code> of <code>loam serve</code>'s data dir</>
+          : tokenFile === ''
+            ? <>, as it was given to <code>loam serve</code></>
+            : <>, or in the file this daemon keeps it in: <code>{tokenFile}</code></>
+      }. The page keeps a session cookie, never the token.</p>
     </form>
   )
 }

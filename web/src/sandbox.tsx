@@ -3,7 +3,7 @@
 // opened, so the terminal keeps its session while another tab is shown.
 import { useEffect, useState } from 'preact/hooks'
 import { sandboxes, message, type Sandbox } from './api'
-import { Err, sandboxHref, useAction, useConfirm, when } from './ui'
+import { Err, idleText, sandboxHref, useAction, useConfirm, when } from './ui'
 import { Labels, Lifecycle, OpenURL, State, REFRESH_MS } from './list'
 import { Timeline } from './timeline'
 import { Terminals } from './terminal'
@@ -59,7 +59,7 @@ export function SandboxPage ({ name }: { name: string }) {
         <dt>Resources</dt><dd>{sb.resources.cpus} CPU, {sb.resources.memory_mib} MiB memory, {sb.resources.disk_mib} MiB disk</dd>
         <dt>Labels</dt><dd><Labels labels={sb.labels} /></dd>
         <dt>URL</dt><dd><OpenURL sb={sb} /> {sb.public ? '(public)' : '(private: opened with its access token)'}</dd>
-        <dt>Idle</dt><dd>{sb.idle === '0' ? 'never sleeps' : `sleeps after ${sb.idle || "the daemon's default"} without activity`}</dd>
+        <dt>Idle</dt><dd data-testid="idle">{idleText(sb.idle, true)}</dd>
         {sb.from && <><dt>Forked from</dt><dd data-testid="fork-origin"><a href={sandboxHref(sb.from.sandbox)}>{sb.from.sandbox}</a> at checkpoint {sb.from.checkpoint}</dd></>}
         <dt>Created</dt><dd>{when(sb.created_at)}</dd>
       </dl>
@@ -76,3 +76,4 @@ export function SandboxPage ({ name }: { name: string }) {
     </section>
   )
 }
+

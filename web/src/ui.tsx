@@ -2,7 +2,7 @@
 // line, times and sizes.
 import type { ComponentChildren } from 'preact'
 import { useState } from 'preact/hooks'
-import { message } from './api'
+import { defaultIdle, message } from './api'
 
 /** A question the user must answer before something destructive. */
 interface Question {
@@ -68,6 +68,16 @@ export function useAction (): [(f: () => Promise<unknown>) => Promise<void>, str
     }
   }
   return [run, err, busy]
+}
+
+/**
+ * When a sandbox sleeps: after its own idle, else after the daemon's
+ * default ("0": never), which it says it is. long adds "without activity".
+ */
+export function idleText (own: string | undefined, long = false): string {
+  const idle = own || defaultIdle()
+  const whose = own ? '' : " (the daemon's default)"
+  return idle === '0' ? `never sleeps${whose}` : `sleeps after ${idle}${long ? ' without activity' : ''}${whose}`
 }
 
 export function ago (iso: string): string {

@@ -18,6 +18,7 @@ import { createInterface } from 'node:readline'
 
 const url = need('LOAM_URL')
 const token = need('LOAM_TOKEN')
+const tokenFile = need('LOAM_TOKEN_FILE')
 const artifacts = need('LOAM_ARTIFACTS')
 const template = process.env.LOAM_TEMPLATE ?? 'base'
 const name = 'web1'
@@ -75,6 +76,8 @@ const attachedAgain = async (count) => {
 try {
   // Log in: a wrong token is refused with the daemon's message.
   await page.goto(url)
+  // The hint names the file this daemon keeps its token in.
+  await id('login-hint').filter({ hasText: tokenFile }).waitFor()
   await id('token').fill('loam_wrong')
   await id('login').click()
   await page.getByRole('alert').filter({ hasText: 'wrong token' }).waitFor()
@@ -105,6 +108,8 @@ try {
   await id('create-submit').click()
   await id('sandbox-name').filter({ hasText: name }).waitFor(slow)
   await id('state').filter({ hasText: 'running' }).waitFor(slow)
+  // Made without an idle, on a daemon without --idle: it never sleeps.
+  await id('idle').filter({ hasText: "never sleeps (the daemon's default)" }).waitFor()
   await shot('created')
 
   // The list, filtered by the label.
