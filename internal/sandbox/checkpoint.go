@@ -226,6 +226,8 @@ type take struct {
 // snapshotted as it runs.
 func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take) (*store.Checkpoint, error) {
 	id := t.id
+	st := newSteps()
+	defer st.log(ctx, m.log, "checkpoint steps", "sandbox", sb.ID, "checkpoint", id, "memory", t.memory, "stop", t.stop)
 	parent := m.checkpointsDir(sb.ID)
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return nil, err
@@ -247,6 +249,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("checkpointing %s: snapshot %s exists already", sb.ID, snap)
 	}
+	st.done("prepare")
 	ok, stopped := false, false
 	defer func() {
 		if !ok {
@@ -279,7 +282,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		}
 		crash.Point("checkpoint.asleep")
 	} else if t.memory && t.stop {
-		if err := m.stopInto(ctx, sb, filepath.Join(tmp, memDir), snap); err != nil {
+		if err := m.stopInto(ctx, sb, filepath.Join(tmp, memDir), snap, st); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		stopped = true
@@ -293,13 +296,14 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 		}
 		crash.Point("restore.auto-gen")
+		st.done("token")
 	} else if t.memory {
 		why := "the sandbox is being checkpointed"
 		if t.auto {
 			why = "the sandbox is being restored" // the state before a restore
 		}
 		release := m.holdCalls(sb.ID)
-		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap, why)
+		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap, why, st)
 		if err != nil {
 			release()
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
@@ -308,6 +312,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		crash.Point("checkpoint.frozen")
 		err = m.rotateToken(ctx, sb)
 		release()
+		st.done("token")
 		if err != nil {
 			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
@@ -316,23 +321,28 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		if err := m.syncFiles(ctx, sb); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
+		st.done("agent_sync")
 		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
 			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
 		}
 		crash.Point("checkpoint.disk-snapshot")
+		st.done("snapshot")
 	}
 	if err := syncVolume(m.disks.VolumePath(sb.ID)); err != nil {
 		return nil, err
 	}
+	st.done("sync_volume")
 	if err := checkpoint.SyncTree(tmp); err != nil {
 		return nil, err
 	}
+	st.done("sync_image")
 	crash.Point("checkpoint.synced")
 	// The record is stored next: the rename must be on disk first.
 	if err := checkpoint.Publish(tmp, final, m.cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("keeping checkpoint %s: %w", id, err)
 	}
 	crash.Point("checkpoint.renamed")
+	st.done("publish")
 	cp := &store.Checkpoint{
 		Checkpoint: api.Checkpoint{
 			ID: id, Sandbox: sb.ID, Name: t.name, Comment: t.comment,
@@ -345,25 +355,30 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		os.RemoveAll(final)
 		return nil, fmt.Errorf("storing checkpoint %s of %s: %w", id, sb.ID, err)
 	}
+	st.done("record")
 	ok = true
 	return cp, nil
 }
 
 // freeze takes a running sandbox's memory image and disk snapshot while it
 // is paused, and resumes it. It returns how long the sandbox was paused.
-func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap, why string) (time.Duration, error) {
+func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap, why string, st *steps) (time.Duration, error) {
 	m.closeStreams(sb.ID, why)
 	m.dropAgentConns()
+	st.done("streams")
 	start := time.Now()
 	if err := m.rt.Pause(ctx, sb.ID); err != nil {
 		return 0, fmt.Errorf("pausing: %w", err)
 	}
+	st.done("pause")
 	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{LeaveRunning: true})
 	if err == nil {
+		st.done("image")
 		crash.Point("checkpoint.image")
 		err = m.disks.Snapshot(ctx, sb.ID, snap)
 	}
 	if err == nil {
+		st.done("snapshot")
 		crash.Point("checkpoint.snapshot")
 	}
 	if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
@@ -373,6 +388,7 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 		_ = m.setState(ctx, sb, api.StateError, "left paused: "+rerr.Error())
 	}
 	paused := time.Since(start)
+	st.done("resume")
 	if err != nil {
 		// The runtime lifts the CPU quota while it writes the image; a
 		// checkpoint that failed part-way must not leave it lifted.
@@ -386,14 +402,16 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 // that replaces it next: no pause and resume around it. A checkpoint that
 // fails leaves the sandbox as it was when it can (running, its limits set
 // again), and says so in its state when it cannot.
-func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, snap string) error {
+func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, snap string, st *steps) error {
 	m.closeStreams(sb.ID, "the sandbox is being restored")
 	m.dropAgentConns()
+	st.done("streams")
 	start := time.Now()
 	if err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{}); err != nil {
 		return m.afterFailedStop(ctx, sb, err)
 	}
 	written := time.Now()
+	st.done("image")
 	// Stopped: its disk changes no more, and its dirty pages are in the
 	// image, as a paused sandbox's are.
 	if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
@@ -401,6 +419,7 @@ func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, sna
 		_ = m.setState(ctx, sb, api.StateError, "stopped for a restore that failed: "+err.Error())
 		return err
 	}
+	st.done("snapshot")
 	m.log.Info("memory checkpoint before a restore", "sandbox", sb.ID,
 		"runtime_ms", written.Sub(start).Milliseconds(), "ms", time.Since(start).Milliseconds())
 	return nil
@@ -504,9 +523,12 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
 		return nil, err
 	}
+	st := newSteps()
+	defer st.log(ctx, m.log, "restore steps", "sandbox", sb.ID, "checkpoint", cp.ID)
 	m.drain(sb.ID)
 	unlock := m.lockSource(sb.ID)
 	defer unlock()
+	st.done("drain")
 
 	// The checkpoint's disk is cloned under a staging id while the current
 	// state is kept, and takes the disk's place once that is stored.
@@ -578,6 +600,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 			return nil, publicError(m.spaceError(fmt.Errorf("keeping the state before the restore: %w", err), sb, m.cfg.DataDir, "the checkpoint a restore keeps first"))
 		}
 		crash.Point("restore.auto-kept")
+		st.done("auto_checkpoint")
 	}
 
 	sb.RestoreTarget = cp.ID
@@ -591,13 +614,15 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		_ = m.disks.DeleteVolume(ctx, staging)
 		staging = ""
 	}
-	if err := m.rollBack(ctx, sb, cp, staging); err != nil {
+	st.done("restoring")
+	if err := m.rollBack(ctx, sb, cp, staging, st); err != nil {
 		m.log.Error("restore failed", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
 		_ = m.setState(ctx, sb, api.StateError, fmt.Sprintf("restoring %s failed: %v", cp.ID, err))
 		return nil, publicError(fmt.Errorf("restoring %s to %s: %w", sb.Name, cp.ID, err))
 	}
 	m.log.Info("restored", "sandbox", sb.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
 	m.pruneAutos(ctx, sb, caller, cp.ID)
+	st.done("prune")
 	return m.view(sb), nil
 }
 
@@ -610,13 +635,14 @@ func stagingVolume(id string) string { return id + "-restoring" }
 // restores the checkpoint's memory (or boots fresh for a disk-only one).
 // The disk is the volume staged, a clone of the checkpoint's already made,
 // or (staged "") one cloned now.
-func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string) error {
+func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string, st *steps) error {
 	m.closeStreams(sb.ID, "the sandbox is being restored")
 	m.dropAgentConns()
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return fmt.Errorf("stopping: %w", err)
 	}
 	crash.Point("rollback.stopped")
+	st.done("delete")
 	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
 		return fmt.Errorf("dropping the disk: %w", err)
 	}
@@ -637,10 +663,13 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
 	crash.Point("rollback.disk-back")
+	st.done("disk")
 	if !cp.Memory {
 		return m.boot(ctx, sb, false)
 	}
-	return m.resume(ctx, sb, cp)
+	err := m.resume(ctx, sb, cp)
+	st.done("resume")
+	return err
 }
 
 // resume starts a sandbox from a memory checkpoint's image, on the disk
