@@ -260,6 +260,27 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			_ = m.setState(ctx, sb, api.StateError, "stopped for a restore whose automatic checkpoint failed: restore it again")
 		}
 	}()
+	// A memory checkpoint of a running sandbox hands its agent a new token
+	// in the background (rotated); waitToken waits for it, on every way
+	// out, before anything else reads or writes sb.
+	var (
+		rotated   chan error
+		tokenTime time.Duration
+	)
+	waitToken := func() error {
+		if rotated == nil {
+			return nil
+		}
+		err := <-rotated
+		rotated = nil
+		st.took("token", tokenTime)
+		if err != nil {
+			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
+			return fmt.Errorf("checkpointing %s: %w", sb.Name, err)
+		}
+		return nil
+	}
+	defer func() { _ = waitToken() }()
 	held := sb.AgentGen // the generation in the memory image
 	if t.memory && sb.State == api.StateSleeping {
 		// The sleep image is the memory, and the disk does not change
@@ -310,13 +331,18 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		}
 		m.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "paused_ms", paused.Milliseconds())
 		crash.Point("checkpoint.frozen")
-		err = m.rotateToken(ctx, sb)
-		release()
-		st.done("token")
-		if err != nil {
-			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
-			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
-		}
+		// The agent takes its new token while the image and the disk are
+		// made durable: neither needs the other, and the checkpoint is
+		// published only once both are done. sb is the rotation's alone
+		// until waitToken.
+		rotated = make(chan error, 1)
+		go func() {
+			start := time.Now()
+			err := m.rotateToken(ctx, sb)
+			release()
+			tokenTime = time.Since(start)
+			rotated <- err
+		}()
 	} else {
 		if err := m.syncFiles(ctx, sb); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
@@ -328,14 +354,18 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		crash.Point("checkpoint.disk-snapshot")
 		st.done("snapshot")
 	}
-	if err := syncVolume(m.disks.VolumePath(sb.ID)); err != nil {
-		return nil, err
+	if err := m.disks.SyncSnapshot(ctx, snap); err != nil {
+		return nil, fmt.Errorf("checkpointing %s: %w", sb.ID, err)
 	}
-	st.done("sync_volume")
+	st.done("sync_snapshot")
 	if err := checkpoint.SyncTree(tmp); err != nil {
 		return nil, err
 	}
 	st.done("sync_image")
+	if err := waitToken(); err != nil {
+		return nil, err
+	}
+	st.done("token_wait")
 	crash.Point("checkpoint.synced")
 	// The record is stored next: the rename must be on disk first.
 	if err := checkpoint.Publish(tmp, final, m.cfg.DataDir); err != nil {

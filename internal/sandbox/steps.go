@@ -31,6 +31,14 @@ func (s *steps) done(name string) {
 	s.last = now
 }
 
+// took records that step name, run beside the others, took d.
+func (s *steps) took(name string, d time.Duration) {
+	if s == nil {
+		return
+	}
+	s.attrs = append(s.attrs, name+"_ms", ms(d))
+}
+
 // log writes the steps as one debug record, with attrs first and the
 // total last.
 func (s *steps) log(ctx context.Context, log *slog.Logger, msg string, attrs ...any) {
