@@ -219,9 +219,9 @@ type take struct {
 // takeCheckpoint writes a checkpoint's data, makes it durable, and only
 // then stores its record. A memory checkpoint pauses the sandbox while its
 // memory image and disk snapshot are taken, and ends its streams first;
-// then the sandbox's agent gets a new token, since the image holds the old
-// (with t.stop the sandbox stays stopped instead, and the next token is
-// for whatever runs as it next). A disk-only checkpoint of a running
+// then the sandbox's agent gets a new token, since the image holds the old,
+// while the image is synced (with t.stop the sandbox stays stopped
+// instead, and the next token is for whatever runs as it next). A disk-only checkpoint of a running
 // sandbox does not pause it: its agent syncs its files, then the disk is
 // snapshotted as it runs.
 func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take) (*store.Checkpoint, error) {
@@ -355,7 +355,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		st.done("snapshot")
 	}
 	if err := m.disks.SyncSnapshot(ctx, snap); err != nil {
-		return nil, fmt.Errorf("checkpointing %s: %w", sb.ID, err)
+		return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 	}
 	st.done("sync_snapshot")
 	if err := checkpoint.SyncTree(tmp); err != nil {
