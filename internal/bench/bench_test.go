@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -299,5 +300,44 @@ func TestParseBtrfsDu(t *testing.T) {
 	}
 	if _, err := parseBtrfsDu("ERROR: not btrfs"); err == nil {
 		t.Error("no error for a failure message")
+	}
+}
+
+// TestCompare compares two runs row by row, by ratio, and marks a ratio
+// that grew by more than Worse allows.
+func TestCompare(t *testing.T) {
+	ratio := func(v float64) *float64 { return &v }
+	before := &Result{Rows: []Row{
+		{Op: "checkpoint", MiB: 64, Ratio: ratio(1.5)},
+		{Op: "checkpoint", MiB: 512, Ratio: ratio(1.2)},
+		{Op: "exec", MiB: 64, Ratio: ratio(0.6)},
+		{Op: "disk-checkpoint", MiB: 64},
+	}}
+	after := &Result{Rows: []Row{
+		{Op: "checkpoint", MiB: 64, Ratio: ratio(2.4)},
+		{Op: "checkpoint", MiB: 512, Ratio: ratio(1.3)},
+		{Op: "fork", MiB: 64, Ratio: ratio(1.1)},
+		{Op: "disk-checkpoint", MiB: 64},
+	}}
+	got := Compare(before, after)
+	want := []Change{
+		{Op: "checkpoint", MiB: 64, Before: 1.5, After: 2.4, Worse: true},
+		{Op: "checkpoint", MiB: 512, Before: 1.2, After: 1.3},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Compare = %+v, want %+v", got, want)
+	}
+	var b bytes.Buffer
+	if err := WriteComparison(&b, got); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		"checkpoint  64   1.50x            2.40x           +60%    WORSE",
+		"checkpoint  512  1.20x            1.30x           +8%",
+		"1 of 2 rows worse by more than 20%",
+	} {
+		if !strings.Contains(b.String(), line) {
+			t.Errorf("comparison lacks %q:\n%s", line, b.String())
+		}
 	}
 }

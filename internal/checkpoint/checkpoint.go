@@ -13,12 +13,14 @@ package checkpoint
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
@@ -115,15 +117,31 @@ func PruneAutos(cps []*store.Checkpoint, keep int) []*store.Checkpoint {
 }
 
 // SyncTree fsyncs every file and directory under dir, then dir's parent, so
-// that a rename of dir that follows is durable with all its content.
+// that a rename of dir that follows is durable with all its content. The
+// fsyncs run at once: a memory image is a few files, and a filesystem with
+// a journal commits concurrent fsyncs together, where one after another
+// each waits for a commit (and a cache flush) of its own.
 func SyncTree(dir string) error {
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	walkErr := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		return syncPath(path)
+		wg.Go(func() {
+			if err := syncPath(path); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+		return nil
 	})
-	if err != nil {
+	wg.Wait()
+	if err := errors.Join(append(errs, walkErr)...); err != nil {
 		return fmt.Errorf("syncing %s: %w", dir, err)
 	}
 	return syncPath(filepath.Dir(dir))

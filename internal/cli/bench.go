@@ -40,6 +40,7 @@ type benchOptions struct {
 	noRaw         bool
 	markdown      bool
 	from          string
+	compare       string
 }
 
 // benchCmd is `loam bench`: loam against raw runsc, in one run.
@@ -67,7 +68,8 @@ runsc runs the same workload on the template's tree (read-only), systrap, no
 network, -direct checkpoints and restores, with containers named loambench-*
 under a --root of its own, all deleted afterwards. Needs root.`,
 		Example: `  loam bench --private --sizes 64,512 --reps 2
-  loam bench --private --json --plot perf.svg`,
+  loam bench --private --json --plot perf.svg
+  loam bench --from new.json --compare docs/performance.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.bench(cmd.Context(), o)
@@ -89,6 +91,7 @@ under a --root of its own, all deleted afterwards. Needs root.`,
 	f.BoolVar(&o.noRaw, "no-raw", false, "measure loam alone")
 	f.BoolVar(&o.markdown, "markdown", false, "print a Markdown table")
 	f.StringVar(&o.from, "from", "", "measure nothing: show the result saved by an earlier --json in this file")
+	f.StringVar(&o.compare, "compare", "", "also compare each row's loam/raw ratio with the result saved in this file (docs/performance.json: the last committed run), marking rows more than 20% worse")
 	cmd.AddCommand(benchWorkloadCmd(), benchCheckCmd(), benchGapCmd())
 	return cmd
 }
@@ -102,15 +105,17 @@ func orDefault(s, def string) string {
 
 func (a *app) bench(ctx context.Context, o benchOptions) (err error) {
 	if o.from != "" {
-		b, err := os.ReadFile(o.from)
+		res, err := readResult(o.from)
 		if err != nil {
-			return fmt.Errorf("bench: %w", err)
+			return err
 		}
-		var res bench.Result
-		if err := json.Unmarshal(b, &res); err != nil {
-			return fmt.Errorf("bench: reading %s: %w", o.from, err)
+		return a.benchOutput(res, o)
+	}
+	if o.compare != "" {
+		// Read before a run of many minutes, not after it.
+		if _, err := readResult(o.compare); err != nil {
+			return err
 		}
-		return a.benchOutput(&res, o)
 	}
 	if err := bench.ValidOps(o.ops); err != nil {
 		return err
@@ -200,22 +205,51 @@ func (a *app) bench(ctx context.Context, o benchOptions) (err error) {
 	return a.benchOutput(res, o)
 }
 
+// readResult reads a result saved by --json.
+func readResult(path string) (*bench.Result, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	var res bench.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		return nil, fmt.Errorf("bench: reading %s: %w", path, err)
+	}
+	return &res, nil
+}
+
 // benchOutput shows res as the flags ask: a plot file, and JSON, Markdown
-// or a table on stdout.
+// or a table on stdout; then, with --compare, the comparison with the
+// saved result (on stderr when stdout is JSON).
 func (a *app) benchOutput(res *bench.Result, o benchOptions) error {
 	if o.plot != "" {
 		if err := writePlot(o.plot, res); err != nil {
 			return err
 		}
 	}
+	var err error
 	switch {
 	case o.jsonOut:
-		return bench.WriteJSON(a.stdout, res)
+		err = bench.WriteJSON(a.stdout, res)
 	case o.markdown:
-		return bench.WriteMarkdown(a.stdout, res)
+		err = bench.WriteMarkdown(a.stdout, res)
 	default:
-		return bench.WriteTable(a.stdout, res)
+		err = bench.WriteTable(a.stdout, res)
 	}
+	if err != nil || o.compare == "" {
+		return err
+	}
+	before, err := readResult(o.compare)
+	if err != nil {
+		return err
+	}
+	w := a.stdout
+	if o.jsonOut {
+		w = a.stderr
+	} else {
+		fmt.Fprintf(w, "\ncompared with %s (%s):\n", o.compare, before.Started.Format("2006-01-02 15:04"))
+	}
+	return bench.WriteComparison(w, bench.Compare(before, res))
 }
 
 func writePlot(path string, res *bench.Result) error {

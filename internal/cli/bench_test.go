@@ -45,6 +45,28 @@ func TestBenchFrom(t *testing.T) {
 			}
 		})
 	}
+	// The same result compared with an earlier one whose ratio was lower.
+	earlier := res
+	old := 1.0
+	earlier.Rows = []bench.Row{res.Rows[0]}
+	earlier.Rows[0].Ratio = &old
+	b, err = json.Marshal(earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := filepath.Join(dir, "before.json")
+	if err := os.WriteFile(before, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, nil, "", false, nil, "bench", "--from", saved, "--compare", before)
+	for _, want := range []string{"1.50x", "fork       64   1.00x            1.50x           +50%    WORSE", "1 of 1 rows worse"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("--compare: code %d, stdout lacks %q:\n%s%s", r.code, want, r.stdout, r.stderr)
+		}
+	}
+	if r := runCLI(t, nil, "", false, nil, "bench", "--from", saved, "--compare", filepath.Join(dir, "missing.json")); r.code == 0 {
+		t.Errorf("--compare with a missing file: code 0")
+	}
 	svg := filepath.Join(dir, "p.svg")
 	if r := runCLI(t, nil, "", false, nil, "bench", "--from", saved, "--plot", svg); r.code != 0 {
 		t.Fatalf("--plot: %s", r.stderr)

@@ -132,6 +132,15 @@ func (c *Copy) Snapshot(ctx context.Context, id, snap string) error {
 	return nil
 }
 
+// SyncSnapshot flushes the filesystem that holds the copy: one syncfs
+// rather than an fsync of each of its files.
+func (c *Copy) SyncSnapshot(ctx context.Context, snap string) error {
+	if err := validName(snap); err != nil {
+		return err
+	}
+	return syncFS(c.l.snapshotPath(snap))
+}
+
 // CloneSnapshot makes volume id as a copy of snapshot snap.
 func (c *Copy) CloneSnapshot(ctx context.Context, snap, id string) (string, error) {
 	if err := validNames(snap, id); err != nil {

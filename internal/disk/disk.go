@@ -46,6 +46,11 @@ type Pool interface {
 	// Snapshot makes read-only snapshot snap of volume id, without pausing
 	// its writers.
 	Snapshot(ctx context.Context, id, snap string) error
+	// SyncSnapshot makes snapshot snap, just made by Snapshot, durable:
+	// once it returns, a power loss keeps the snapshot and all it holds.
+	// It never flushes more than it must (other volumes' writes), since a
+	// memory checkpoint waits for it.
+	SyncSnapshot(ctx context.Context, snap string) error
 	// CloneSnapshot makes volume id as a writable copy of snapshot snap and
 	// returns its root.
 	CloneSnapshot(ctx context.Context, snap, id string) (string, error)

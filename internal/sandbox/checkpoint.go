@@ -224,13 +224,15 @@ type take struct {
 // takeCheckpoint writes a checkpoint's data, makes it durable, and only
 // then stores its record. A memory checkpoint pauses the sandbox while its
 // memory image and disk snapshot are taken, and ends its streams first;
-// then the sandbox's agent gets a new token, since the image holds the old
-// (with t.stop the sandbox stays stopped instead, and the next token is
-// for whatever runs as it next). A disk-only checkpoint of a running
+// then the sandbox's agent gets a new token, since the image holds the old,
+// while the image is synced (with t.stop the sandbox stays stopped
+// instead, and the next token is for whatever runs as it next). A disk-only checkpoint of a running
 // sandbox does not pause it: its agent syncs its files, then the disk is
 // snapshotted as it runs.
 func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take) (*store.Checkpoint, error) {
 	id := t.id
+	st := newSteps()
+	defer st.log(ctx, m.log, "checkpoint steps", "sandbox", sb.ID, "checkpoint", id, "memory", t.memory, "stop", t.stop)
 	parent := m.checkpointsDir(sb.ID)
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return nil, err
@@ -252,6 +254,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("checkpointing %s: snapshot %s exists already", sb.ID, snap)
 	}
+	st.done("prepare")
 	ok, stopped := false, false
 	defer func() {
 		if !ok {
@@ -262,6 +265,27 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			_ = m.setState(ctx, sb, api.StateError, "stopped for a restore whose automatic checkpoint failed: restore it again")
 		}
 	}()
+	// A memory checkpoint of a running sandbox hands its agent a new token
+	// in the background (rotated); waitToken waits for it, on every way
+	// out, before anything else reads or writes sb.
+	var (
+		rotated   chan error
+		tokenTime time.Duration
+	)
+	waitToken := func() error {
+		if rotated == nil {
+			return nil
+		}
+		err := <-rotated
+		rotated = nil
+		st.took("token", tokenTime)
+		if err != nil {
+			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
+			return fmt.Errorf("checkpointing %s: %w", sb.Name, err)
+		}
+		return nil
+	}
+	defer func() { _ = waitToken() }()
 	held := sb.AgentGen // the generation in the memory image
 	if t.memory && sb.State == api.StateSleeping {
 		// The sleep image is the memory, and the disk does not change
@@ -284,7 +308,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		}
 		crash.Point("checkpoint.asleep")
 	} else if t.memory && t.stop {
-		if err := m.stopInto(ctx, sb, filepath.Join(tmp, memDir), snap); err != nil {
+		if err := m.stopInto(ctx, sb, filepath.Join(tmp, memDir), snap, st); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		stopped = true
@@ -298,46 +322,62 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 			return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 		}
 		crash.Point("restore.auto-gen")
+		st.done("token")
 	} else if t.memory {
 		why := "the sandbox is being checkpointed"
 		if t.auto {
 			why = "the sandbox is being restored" // the state before a restore
 		}
 		release := m.holdCalls(sb.ID)
-		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap, why)
+		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap, why, st)
 		if err != nil {
 			release()
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		m.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "paused_ms", paused.Milliseconds())
 		crash.Point("checkpoint.frozen")
-		err = m.rotateToken(ctx, sb)
-		release()
-		if err != nil {
-			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
-			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
-		}
+		// The agent takes its new token while the image and the disk are
+		// made durable: neither needs the other, and the checkpoint is
+		// published only once both are done. sb is the rotation's alone
+		// until waitToken.
+		rotated = make(chan error, 1)
+		go func() {
+			start := time.Now()
+			err := m.rotateToken(ctx, sb)
+			release()
+			tokenTime = time.Since(start)
+			rotated <- err
+		}()
 	} else {
 		if err := m.syncFiles(ctx, sb); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
+		st.done("agent_sync")
 		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
 			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
 		}
 		crash.Point("checkpoint.disk-snapshot")
+		st.done("snapshot")
 	}
-	if err := syncVolume(m.disks.VolumePath(sb.ID)); err != nil {
-		return nil, err
+	if err := m.disks.SyncSnapshot(ctx, snap); err != nil {
+		return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 	}
+	st.done("sync_snapshot")
 	if err := checkpoint.SyncTree(tmp); err != nil {
 		return nil, err
 	}
+	st.done("sync_image")
+	if err := waitToken(); err != nil {
+		return nil, err
+	}
+	st.done("token_wait")
 	crash.Point("checkpoint.synced")
 	// The record is stored next: the rename must be on disk first.
 	if err := checkpoint.Publish(tmp, final, m.cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("keeping checkpoint %s: %w", id, err)
 	}
 	crash.Point("checkpoint.renamed")
+	st.done("publish")
 	cp := &store.Checkpoint{
 		Checkpoint: api.Checkpoint{
 			ID: id, Sandbox: sb.ID, Name: t.name, Comment: t.comment,
@@ -350,25 +390,30 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		os.RemoveAll(final)
 		return nil, fmt.Errorf("storing checkpoint %s of %s: %w", id, sb.ID, err)
 	}
+	st.done("record")
 	ok = true
 	return cp, nil
 }
 
 // freeze takes a running sandbox's memory image and disk snapshot while it
 // is paused, and resumes it. It returns how long the sandbox was paused.
-func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap, why string) (time.Duration, error) {
+func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap, why string, st *steps) (time.Duration, error) {
 	m.closeStreams(sb.ID, why)
 	m.dropAgentConns()
+	st.done("streams")
 	start := time.Now()
 	if err := m.rt.Pause(ctx, sb.ID); err != nil {
 		return 0, fmt.Errorf("pausing: %w", err)
 	}
+	st.done("pause")
 	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{LeaveRunning: true})
 	if err == nil {
+		st.done("image")
 		crash.Point("checkpoint.image")
 		err = m.disks.Snapshot(ctx, sb.ID, snap)
 	}
 	if err == nil {
+		st.done("snapshot")
 		crash.Point("checkpoint.snapshot")
 	}
 	if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
@@ -378,6 +423,7 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 		_ = m.setState(ctx, sb, api.StateError, "left paused: "+rerr.Error())
 	}
 	paused := time.Since(start)
+	st.done("resume")
 	if err != nil {
 		// The runtime lifts the CPU quota while it writes the image; a
 		// checkpoint that failed part-way must not leave it lifted.
@@ -391,14 +437,16 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 // that replaces it next: no pause and resume around it. A checkpoint that
 // fails leaves the sandbox as it was when it can (running, its limits set
 // again), and says so in its state when it cannot.
-func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, snap string) error {
+func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, snap string, st *steps) error {
 	m.closeStreams(sb.ID, "the sandbox is being restored")
 	m.dropAgentConns()
+	st.done("streams")
 	start := time.Now()
 	if err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{}); err != nil {
 		return m.afterFailedStop(ctx, sb, err)
 	}
 	written := time.Now()
+	st.done("image")
 	// Stopped: its disk changes no more, and its dirty pages are in the
 	// image, as a paused sandbox's are.
 	if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
@@ -406,6 +454,7 @@ func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, sna
 		_ = m.setState(ctx, sb, api.StateError, "stopped for a restore that failed: "+err.Error())
 		return err
 	}
+	st.done("snapshot")
 	m.log.Info("memory checkpoint before a restore", "sandbox", sb.ID,
 		"runtime_ms", written.Sub(start).Milliseconds(), "ms", time.Since(start).Milliseconds())
 	return nil
@@ -509,9 +558,12 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
 		return nil, err
 	}
+	st := newSteps()
+	defer st.log(ctx, m.log, "restore steps", "sandbox", sb.ID, "checkpoint", cp.ID)
 	m.drain(sb.ID)
 	unlock := m.lockSource(sb.ID)
 	defer unlock()
+	st.done("drain")
 
 	// The checkpoint's disk is cloned under a staging id while the current
 	// state is kept, and takes the disk's place once that is stored.
@@ -583,6 +635,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 			return nil, publicError(m.spaceError(fmt.Errorf("keeping the state before the restore: %w", err), sb, m.cfg.DataDir, "the checkpoint a restore keeps first"))
 		}
 		crash.Point("restore.auto-kept")
+		st.done("auto_checkpoint")
 	}
 
 	sb.RestoreTarget = cp.ID
@@ -596,13 +649,15 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		_ = m.disks.DeleteVolume(ctx, staging)
 		staging = ""
 	}
-	if err := m.rollBack(ctx, sb, cp, staging); err != nil {
+	st.done("restoring")
+	if err := m.rollBack(ctx, sb, cp, staging, st); err != nil {
 		m.log.Error("restore failed", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
 		_ = m.setState(ctx, sb, api.StateError, fmt.Sprintf("restoring %s failed: %v", cp.ID, err))
 		return nil, publicError(fmt.Errorf("restoring %s to %s: %w", sb.Name, cp.ID, err))
 	}
 	m.log.Info("restored", "sandbox", sb.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
 	m.pruneAutos(ctx, sb, caller, cp.ID)
+	st.done("prune")
 	return m.view(sb), nil
 }
 
@@ -615,13 +670,14 @@ func stagingVolume(id string) string { return id + "-restoring" }
 // restores the checkpoint's memory (or boots fresh for a disk-only one).
 // The disk is the volume staged, a clone of the checkpoint's already made,
 // or (staged "") one cloned now.
-func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string) error {
+func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string, st *steps) error {
 	m.closeStreams(sb.ID, "the sandbox is being restored")
 	m.dropAgentConns()
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return fmt.Errorf("stopping: %w", err)
 	}
 	crash.Point("rollback.stopped")
+	st.done("delete")
 	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
 		return fmt.Errorf("dropping the disk: %w", err)
 	}
@@ -642,10 +698,13 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
 	crash.Point("rollback.disk-back")
+	st.done("disk")
 	if !cp.Memory {
 		return m.boot(ctx, sb, false)
 	}
-	return m.resume(ctx, sb, cp)
+	err := m.resume(ctx, sb, cp)
+	st.done("resume")
+	return err
 }
 
 // resume starts a sandbox from a memory checkpoint's image, on the disk

@@ -285,7 +285,7 @@ func (m *Manager) finishRestore(ctx context.Context, sb *store.Sandbox) error {
 		return m.setState(ctx, sb, api.StateError, fmt.Sprintf("a restore to %s was cut short, and the checkpoint is gone: restore another", target))
 	}
 	m.log.Info("finishing interrupted restore", "sandbox", sb.ID, "checkpoint", target)
-	if err := m.rollBack(ctx, sb, cp, ""); err != nil {
+	if err := m.rollBack(ctx, sb, cp, "", nil); err != nil {
 		return fmt.Errorf("finishing the restore to %s: %w", target, err)
 	}
 	return nil

@@ -211,6 +211,7 @@ func testSnapshotIsFrozen(t *testing.T, p disk.Pool) {
 	v := newVolume(t, p, "v")
 	writeFile(t, filepath.Join(v, "counter"), "1\n", 0o644)
 	must(t, p.Snapshot(ctx, "v", "s1"))
+	must(t, p.SyncSnapshot(ctx, "s1"))
 	writeFile(t, filepath.Join(v, "counter"), "2\n", 0o644)
 	writeFile(t, filepath.Join(v, "later"), "later\n", 0o644)
 
@@ -524,6 +525,9 @@ func testInvalidNames(t *testing.T, p disk.Pool) {
 		}
 		if err := p.Snapshot(ctx, "v", bad); err == nil {
 			t.Errorf("Snapshot(%q) succeeded", bad)
+		}
+		if err := p.SyncSnapshot(ctx, bad); err == nil {
+			t.Errorf("SyncSnapshot(%q) succeeded", bad)
 		}
 		if err := p.DeleteVolume(ctx, bad); err == nil {
 			t.Errorf("DeleteVolume(%q) succeeded", bad)
