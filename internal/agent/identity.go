@@ -185,7 +185,7 @@ func (h *handler) setHostname(name string) error {
 func replaceFile(path string, data []byte, mode os.FileMode) error {
 	tmp := path + ".loam-tmp"
 	_ = os.Remove(tmp) // a file left over would keep its mode through WriteFile
-	if err := os.WriteFile(tmp, data, mode); err != nil {
+	if err := writeNew(tmp, data, mode, -1, -1); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {

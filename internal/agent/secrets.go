@@ -69,11 +69,9 @@ func (h *handler) writeSecretFiles(files map[string]string) error {
 		}
 		tmp := p + ".loam-tmp"
 		_ = os.Remove(tmp)
-		if err := os.WriteFile(tmp, []byte(files[p]), 0o400); err != nil {
-			return fmt.Errorf("writing secret file %s: %w", p, err)
-		}
-		if err := os.Chown(tmp, uid, gid); err != nil {
-			_ = os.Remove(tmp)
+		// A new file, chowned through its descriptor: a symlink the user
+		// plants at tmp after the remove is neither written nor chowned.
+		if err := writeNew(tmp, []byte(files[p]), 0o400, uid, gid); err != nil {
 			return fmt.Errorf("writing secret file %s: %w", p, err)
 		}
 		if err := os.Rename(tmp, p); err != nil {
