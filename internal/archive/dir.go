@@ -18,6 +18,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -114,9 +115,17 @@ func (d *Dir) walk(dir string, create bool) (int, error) {
 	if dir == d.lastName {
 		return d.lastFd, nil
 	}
+	fd, rest := d.fd, dir
+	if d.lastFd >= 0 && strings.HasPrefix(dir, d.lastName+"/") {
+		// Beneath the last one (a tar goes down a tree in order).
+		next, err := unix.Dup(d.lastFd)
+		if err != nil {
+			return -1, err
+		}
+		fd, rest = next, dir[len(d.lastName)+1:]
+	}
 	d.forget()
-	fd := d.fd
-	for _, part := range strings.Split(dir, "/") {
+	for _, part := range strings.Split(rest, "/") {
 		if create {
 			if err := unix.Mkdirat(fd, part, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 				if fd != d.fd {
@@ -305,6 +314,50 @@ func (d *Dir) WriteFile(name string, data []byte, perm fs.FileMode) error {
 		err = cerr
 	}
 	return err
+}
+
+// CreateFile makes name a new regular file with mode perm (umask
+// applies) and opens it for writing; an existing name fails (EEXIST), a
+// symlink there is not followed.
+func (d *Dir) CreateFile(name string, perm uint32) (*os.File, error) {
+	pfd, base, err := d.parent(name, false)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// Mknod makes the device or fifo name.
+func (d *Dir) Mknod(name string, mode uint32, dev int) error {
+	pfd, base, err := d.parent(name, false)
+	if err != nil {
+		return err
+	}
+	return unix.Mknodat(pfd, base, mode, dev)
+}
+
+// Lchown gives name, not what it may link to, an owner.
+func (d *Dir) Lchown(name string, uid, gid int) error {
+	pfd, base, err := d.parent(name, false)
+	if err != nil {
+		return err
+	}
+	return unix.Fchownat(pfd, base, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// Chtimes sets the access and modification times of name, not of what it
+// may link to.
+func (d *Dir) Chtimes(name string, t time.Time) error {
+	pfd, base, err := d.parent(name, false)
+	if err != nil {
+		return err
+	}
+	ts := unix.NsecToTimespec(t.UnixNano())
+	return unix.UtimesNanoAt(pfd, base, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
 }
 
 // Symlink makes name a symlink to target, which is only stored, never
