@@ -79,7 +79,7 @@ func TestPathsUploadSymlinks(t *testing.T) {
 	}
 	// The planted link is the user's: a file entry at its name replaces
 	// it, and the upload of an innocent tree beside it works.
-	if err := c.WriteArchive(ctx, "p", "/home/loam/proj", tarOf(t, 0o644, "src/", "src/main.go"), root); err != nil {
+	if err := c.WriteArchive(ctx, "p", "/home/loam/proj", tarOf(t, 0o755, "src/", "src/main.go"), root); err != nil {
 		t.Errorf("an innocent upload: %v", err)
 	}
 	if got := d.run("p", "cat", "/home/loam/proj/src/main.go"); got != "x" {
