@@ -3,6 +3,8 @@ package test
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,5 +127,81 @@ func TestPathsInSandbox(t *testing.T) {
 			}
 			t.Logf("%s inside the sandbox: %d tests passed", tc.pkg, strings.Count(out, "--- PASS"))
 		}()
+	}
+}
+
+// deepTree is a shell line that makes, beneath the working directory,
+// levels directories of 200-byte names by cd (no path is ever given whole)
+// and a file f holding body in the last.
+func deepTree(levels int, body string) string {
+	return fmt.Sprintf(`i=0; while [ $i -lt %d ]; do n=$(printf '%%03d%%0197d' $i 0); mkdir $n && cd $n || exit 1; i=$((i+1)); done; echo %s > f`, levels, body)
+}
+
+// chain is the path of the first levels directories of deepTree.
+func chain(levels int) string {
+	var parts []string
+	for i := range levels {
+		parts = append(parts, fmt.Sprintf("%03d%0197d", i, 0))
+	}
+	return strings.Join(parts, "/")
+}
+
+// readDeepTree is a shell line that reads f at the bottom of deepTree.
+func readDeepTree(levels int) string {
+	return fmt.Sprintf(`i=0; while [ $i -lt %d ]; do cd $(printf '%%03d%%0197d' $i 0) || exit 1; i=$((i+1)); done; cat f`, levels)
+}
+
+// TestPathsTemplateRoundTrip: every template loam exports imports again
+// (issue 20, item 6): a relative symlink that climbs past / (valid in
+// Linux), a path just under PATH_MAX in the sandbox and one past it, which
+// the host reaches only by descriptor, its data dir's path before them;
+// and what cannot be imported is a 4xx naming the entry.
+func TestPathsTemplateRoundTrip(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	c := d.C
+	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
+		t.Fatal(err)
+	}
+	// near: 4046 bytes to f. far: the same 20 levels moved beneath 6
+	// more, 5262 bytes (no shell goes there by cd: they are moved there).
+	d.run("src", "sh", "-c", "cd /home/loam && ln -s ../../../etc up && mkdir near far far2 && cd near && "+deepTree(20, "near"))
+	d.run("src", "sh", "-c", "cd /home/loam/far2 && "+deepTree(20, "far"))
+	d.run("src", "sh", "-c", "cd /home/loam/far && "+deepTree(6, "b")+" && mv /home/loam/far2 /home/loam/far/"+chain(6)+"/")
+	noMemory := false
+	if _, err := c.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Name: "cp", Memory: &noMemory}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateTemplate(ctx, "deep", "src", "cp"); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := c.ExportTemplate(ctx, "deep", &buf); err != nil {
+		t.Fatalf("export: %v", err)
+	}
+	if _, err := c.ImportTemplate(ctx, "back", bytes.NewReader(buf.Bytes())); err != nil {
+		t.Fatalf("importing loam's own export: %v", err)
+	}
+	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "dst", Template: "back"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.run("dst", "readlink", "/home/loam/up"); got != "../../../etc\n" {
+		t.Errorf("/home/loam/up -> %q", got)
+	}
+	if got := d.run("dst", "sh", "-c", "cd /home/loam/up && pwd -P"); got != "/etc\n" {
+		t.Errorf("/home/loam/up leads to %q, want /etc", got)
+	}
+	if got := d.run("dst", "sh", "-c", "cd /home/loam/near && "+readDeepTree(20)); got != "near\n" {
+		t.Errorf("the path near PATH_MAX: %q", got)
+	}
+	d.run("dst", "sh", "-c", "mv /home/loam/far/"+chain(6)+"/far2 /home/loam/far2")
+	if got := d.run("dst", "sh", "-c", "cd /home/loam/far2 && "+readDeepTree(20)); got != "far\n" {
+		t.Errorf("the path past PATH_MAX: %q", got)
+	}
+
+	long := "disk/" + strings.Repeat("n", 300)
+	_, err := c.ImportTemplate(ctx, "bad", bytes.NewReader(craftArchive(t, long)))
+	if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), long) {
+		t.Errorf("importing a name no file system takes: %v, want invalid naming the entry", err)
 	}
 }
