@@ -99,6 +99,9 @@ type extractor struct {
 	// marker, which may come after them, spares them.
 	made map[string]bool
 	dirs []*tar.Header // directories made, Name cleaned, to finish last
+	// lastDir is the directory the last entry went into, made and found
+	// to be one then; each entry's own calls still refuse a symlink there.
+	lastDir string
 }
 
 // name turns an entry's name into a clean local one; "" for the root.
@@ -139,10 +142,12 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return nil
 	}
-	if dir := path.Dir(name); dir != "." {
+	if dir := path.Dir(name); dir != "." && dir != x.lastDir {
 		if err := x.d.Mkdir(dir, 0o755); err != nil {
 			return x.wayError(err)
 		}
+		// The entries of a directory come together: checked once.
+		x.lastDir = dir
 	}
 	x.made[name] = true
 	switch hdr.Typeflag {
