@@ -146,7 +146,7 @@ func (h *handler) serveExtract(w http.ResponseWriter, r *http.Request) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		return extractTar(dir, body)
+		return extractTar(r.Context(), dir, body)
 	})
 	if err != nil {
 		h.bodyError(w, r, dir, body, err)
@@ -157,17 +157,19 @@ func (h *handler) serveExtract(w http.ResponseWriter, r *http.Request) {
 
 // extractTar extracts the tar read from body into dir, an existing
 // directory (see serveExtract), through the one safe extractor.
-func extractTar(dir string, body io.Reader) error {
+func extractTar(ctx context.Context, dir string, body io.Reader) error {
 	d, err := archive.OpenDir(dir)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	err = archive.Extract(context.Background(), d, body, archive.Options{SetID: true})
+	err = archive.Extract(ctx, d, body, archive.Options{SetID: true})
 	var ee *archive.EntryError
 	switch {
 	case err == nil:
 		return nil
+	case ctx.Err() != nil:
+		return bodyError(err) // the client went away mid-upload
 	case errors.Is(err, archive.ErrRefused):
 		return api.Errorf(api.CodeInvalid, "%s", err)
 	case errors.As(err, &ee):

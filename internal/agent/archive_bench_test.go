@@ -30,7 +30,7 @@ func BenchmarkExtractTar(b *testing.B) {
 		if err := os.Mkdir(dst, 0o755); err != nil {
 			b.Fatal(err)
 		}
-		if err := extractTar(dst, bytes.NewReader(data)); err != nil {
+		if err := extractTar(b.Context(), dst, bytes.NewReader(data)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -101,7 +101,7 @@ func FuzzExtractTar(f *testing.F) {
 		if err := os.Symlink("../outside", filepath.Join(dst, "conf")); err != nil {
 			t.Fatal(err)
 		}
-		err := extractTar(dst, bytes.NewReader(data))
+		err := extractTar(t.Context(), dst, bytes.NewReader(data))
 		var ae *api.Error
 		if err != nil && (!errors.As(err, &ae) || !slices.Contains(userCodes, ae.Code)) {
 			t.Fatalf("extracting: %v (not the user's error)", err)
