@@ -397,6 +397,8 @@ func (d *Dir) Remove(name string) error {
 	}
 	err = unix.Unlinkat(fd, base, 0)
 	if errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EPERM) {
+		// The directory kept open may be the one removed.
+		d.forget()
 		if rerr := unix.Unlinkat(fd, base, unix.AT_REMOVEDIR); !errors.Is(rerr, unix.ENOTDIR) {
 			return rerr
 		}
@@ -414,12 +416,19 @@ func (d *Dir) RemoveAll(name string) error {
 	if err != nil {
 		return err
 	}
-	fd, err = unix.Dup(fd) // removeAt walks: d's descriptor may change
+	err = unix.Unlinkat(fd, base, 0)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil // a file or symlink: what d keeps open stays
+	}
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	fd, err = unix.Dup(fd)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	d.forget()
+	d.forget() // the directory kept open may be beneath the one removed
 	return RemoveAt(fd, base)
 }
 

@@ -136,6 +136,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 			return x.opaque(path.Dir(name))
 		}
 		if strings.HasPrefix(base, whiteoutPrefix) {
+			x.lastDir = ""
 			return x.d.RemoveAll(path.Join(path.Dir(name), strings.TrimPrefix(base, whiteoutPrefix)))
 		}
 	}
@@ -365,6 +366,9 @@ func (x *extractor) opaque(dir string) error {
 		return fmt.Errorf("reading opaque directory %s: %w", dir, err)
 	}
 	defer unix.Close(fd)
+	// What is kept open may be among what goes.
+	x.d.forget()
+	x.lastDir = ""
 	for _, n := range names {
 		p := path.Join(dir, n)
 		if x.made[p] {

@@ -218,3 +218,29 @@ func TestDirRefusesSymlinkedWay(t *testing.T) {
 		t.Errorf("written outside: %v", left)
 	}
 }
+
+// TestExtractLayerRemovalsForgetKeptDirs: after an opaque marker or a
+// whiteout removes a directory the extractor held open, the next entry
+// beneath it lands in a new directory, not in the removed one.
+func TestExtractLayerRemovalsForgetKeptDirs(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		entries []entry
+	}{
+		{"opaque", []entry{{name: "a/b/c", typ: tar.TypeReg, body: "c"}, {name: "a/.wh..wh..opq", typ: tar.TypeReg}, {name: "a/b/d", typ: tar.TypeReg, body: "d"}}},
+		{"whiteout", []entry{{name: "a/b/c", typ: tar.TypeReg, body: "c"}, {name: "a/.wh.b", typ: tar.TypeReg}, {name: "a/b/d", typ: tar.TypeReg, body: "d"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, dst := setup(t)
+			if err := extractInto(t, dst, tarOf(t, tc.entries...), Options{Layer: true, SetID: true}); err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dst, "a/b/d")); err != nil || string(b) != "d" {
+				t.Errorf("a/b/d: %q, %v", b, err)
+			}
+			if _, err := os.Lstat(filepath.Join(dst, "a/b/c")); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a/b/c: %v, want removed", err)
+			}
+		})
+	}
+}
