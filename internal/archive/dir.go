@@ -90,6 +90,18 @@ func stepDir(dirfd int, name string) (int, error) {
 	}
 }
 
+// OpenSubdir opens the directory name in the directory open at dirfd for
+// reading, refusing a symlink (ELOOP) or anything else (ENOTDIR) without
+// opening it, on any kernel. The caller closes the descriptor.
+func OpenSubdir(dirfd int, name string) (int, error) {
+	p, err := stepDir(dirfd, name)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(p)
+	return reopen(p)
+}
+
 // reopen turns an O_PATH descriptor of a directory into one that reads and
 // takes fchmod, fchown and fsync. "." cannot be a symlink.
 func reopen(pathfd int) (int, error) {
@@ -203,12 +215,7 @@ func (d *Dir) OpenDirAt(name string) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	p, err := stepDir(fd, base)
-	if err != nil {
-		return -1, err
-	}
-	defer unix.Close(p)
-	return reopen(p)
+	return OpenSubdir(fd, base)
 }
 
 // Mkdir makes the directory name, and its missing parents, with mode perm

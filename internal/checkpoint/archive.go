@@ -217,7 +217,7 @@ func (aw *archiveWriter) entryAt(ctx context.Context, fd int, base, name string,
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
-		sub, err := unix.Openat(fd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		sub, err := archive.OpenSubdir(fd, base)
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", name, err)
 		}
