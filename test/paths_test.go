@@ -102,7 +102,7 @@ func TestPathsInSandbox(t *testing.T) {
 	}
 	for _, tc := range []struct{ pkg, run string }{
 		{"./internal/archive", "."},
-		{"./internal/agent", "FuzzExtractTar|TestFilesArchive|TestFilesRefused|TestFilesRoundTrip"},
+		{"./internal/agent", "FuzzExtractTar|TestFilesArchive|TestFilesRefused|TestFilesRoundTrip|TestWriteNewFollowsNoSymlink"},
 	} {
 		func() {
 			bin := filepath.Join(t.TempDir(), "x.test")
