@@ -161,7 +161,8 @@ func (aw *archiveWriter) bytes(name string, body []byte) error {
 }
 
 // maxDepth bounds how deep an archive's tree goes, as the disk's own
-// walks do (see internal/disk): each level holds a descriptor.
+// walks do (internal/disk's maxDepth, which copies an import into the
+// pool): the export holds a descriptor for each level.
 const maxDepth = 1024
 
 // tree writes the tree at root under prefix. It walks by descriptor, one
@@ -178,17 +179,14 @@ func (aw *archiveWriter) tree(ctx context.Context, root, prefix string) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("reading %s: %w", root, err)
 	}
-	return aw.dir(ctx, fd, prefix, &st, 0)
+	return aw.dir(ctx, fd, prefix, &st)
 }
 
 // dir writes the directory open at fd, named name in the archive, with
 // its lstat st, and everything beneath it in name order.
-func (aw *archiveWriter) dir(ctx context.Context, fd int, name string, st *unix.Stat_t, depth int) error {
+func (aw *archiveWriter) dir(ctx context.Context, fd int, name string, st *unix.Stat_t) error {
 	if err := aw.header(name, st, ""); err != nil {
 		return err
-	}
-	if depth >= maxDepth {
-		return fmt.Errorf("%s: deeper than %d directories", name, maxDepth)
 	}
 	names, err := archive.ReadNames(fd)
 	if err != nil {
@@ -199,7 +197,7 @@ func (aw *archiveWriter) dir(ctx context.Context, fd int, name string, st *unix.
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := aw.entryAt(ctx, fd, n, path.Join(name, n), depth); err != nil {
+		if err := aw.entryAt(ctx, fd, n, path.Join(name, n)); err != nil {
 			return err
 		}
 	}
@@ -207,9 +205,12 @@ func (aw *archiveWriter) dir(ctx context.Context, fd int, name string, st *unix.
 }
 
 // entryAt writes entry base of the directory open at fd.
-func (aw *archiveWriter) entryAt(ctx context.Context, fd int, base, name string, depth int) error {
+func (aw *archiveWriter) entryAt(ctx context.Context, fd int, base, name string) error {
 	if len(name) > maxName {
 		return fmt.Errorf("%s…: a path longer than %d bytes, which no archive holds", name[:64], maxName)
+	}
+	if strings.Count(name, "/") > maxDepth {
+		return fmt.Errorf("%s…: deeper than %d directories, which no archive holds", name[:64], maxDepth)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(fd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -222,7 +223,7 @@ func (aw *archiveWriter) entryAt(ctx context.Context, fd int, base, name string,
 			return fmt.Errorf("reading %s: %w", name, err)
 		}
 		defer unix.Close(sub)
-		return aw.dir(ctx, sub, name, &st, depth+1)
+		return aw.dir(ctx, sub, name, &st)
 	case unix.S_IFLNK:
 		buf := make([]byte, unix.PathMax+1)
 		n, err := unix.Readlinkat(fd, base, buf)
@@ -442,6 +443,10 @@ func (ar *archiveReader) checkName(h *tar.Header, memory bool) (string, error) {
 		return "", archiveErr("absolute path %q", h.Name)
 	case path.Clean(name) != name || slicesContains(strings.Split(name, "/"), ".."):
 		return "", archiveErr("path %q is not clean (.. or .)", h.Name)
+	}
+	if strings.Count(name, "/") > maxDepth {
+		// Deeper than the disk's own walks go: the import could not copy it.
+		return "", archiveErr("entry %q…: deeper than %d directories", name[:64], maxDepth)
 	}
 	top, _, _ := strings.Cut(name, "/")
 	if top != DiskEntry && (top != MemEntry || !memory) {

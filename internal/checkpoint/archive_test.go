@@ -228,6 +228,17 @@ func TestArchiveRoundTripLinksAndLongPaths(t *testing.T) {
 	}
 }
 
+// deep is n nested directories under disk/.
+func deep(n int) []entry {
+	var es []entry
+	name := "disk"
+	for range n {
+		name += "/d"
+		es = append(es, dir(name))
+	}
+	return es
+}
+
 func TestArchiveRefusesDamage(t *testing.T) {
 	var good bytes.Buffer
 	must(t, WriteArchive(t.Context(), &good, Manifest{Name: "x"}, makeDisk(t), ""))
@@ -256,6 +267,7 @@ func TestArchiveRefusesDamage(t *testing.T) {
 		{"outside disk", craft(t, false, with(file("x", "evil")), ""), "unexpected entry", 0},
 		{"mem without memory", craft(t, false, with(dir("mem"), file("mem/x", "m")), ""), "unexpected entry", 0},
 		{"symlink climbing past the root", craft(t, false, with(symlink("disk/etc/esc", "../../../x")), ""), "", 0},
+		{"too deep", craft(t, false, with(deep(1025)...), ""), "deeper than", 0},
 		{"name too long for the file system", craft(t, false, with(file("disk/"+strings.Repeat("n", 300), "x")), ""), "too long", 0},
 		{"write through symlink", craft(t, false, with(symlink("disk/l", "/tmp"), file("disk/l/x", "evil")), ""), "not in a directory", 0},
 		{"write through relative symlink", craft(t, false, with(symlink("disk/l", "etc"), file("disk/l/y", "evil")), ""), "not in a directory", 0},
