@@ -75,6 +75,10 @@ func FuzzExtractTar(f *testing.F) {
 		{{name: "dev", typ: tar.TypeChar}, {name: "fifo", typ: tar.TypeFifo}},
 		{{name: "x", typ: dir}, {name: "x", typ: reg, body: "a file where a dir is"}},
 		{{name: "s", typ: reg, body: "setuid", mode: 0o6755}},
+		{{name: "d", typ: sym, link: "../../.."}, {name: "d/tmp/x", typ: reg, body: "through a climbing symlink"}},
+		{{name: "conf/", typ: dir, mode: 0o777}, {name: "conf/x", typ: reg, body: "through the planted symlink"}},
+		{{name: "conf/x", typ: reg, body: "through the planted symlink"}},
+		{{name: "ro/", typ: dir, mode: 0o555}, {name: "ro/f", typ: reg, body: "in a read-only dir"}},
 	}
 	for _, s := range seeds {
 		f.Add(fuzzTar(f, s...))
@@ -92,7 +96,12 @@ func FuzzExtractTar(f *testing.F) {
 		if err := os.WriteFile(planted, []byte("keep"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		err := extractTar(dst, bytes.NewReader(data))
+		// A symlink a user of the sandbox planted in the directory: no
+		// entry may go through it, nor change its target's mode.
+		if err := os.Symlink("../outside", filepath.Join(dst, "conf")); err != nil {
+			t.Fatal(err)
+		}
+		err := extractTar(t.Context(), dst, bytes.NewReader(data))
 		var ae *api.Error
 		if err != nil && (!errors.As(err, &ae) || !slices.Contains(userCodes, ae.Code)) {
 			t.Fatalf("extracting: %v (not the user's error)", err)
@@ -106,6 +115,9 @@ func FuzzExtractTar(f *testing.F) {
 		}
 		if left, _ := os.ReadDir(outside); len(left) != 0 {
 			t.Fatalf("written outside: %v", left)
+		}
+		if fi, err := os.Lstat(outside); err != nil || fi.Mode() != fs.ModeDir|0o755 {
+			t.Fatalf("the directory outside changed: %v, %v", fi.Mode(), err)
 		}
 		var st unix.Stat_t
 		if err := unix.Lstat(planted, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o7777 != 0o600 || st.Nlink != 1 {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/archive"
 )
 
 // The files protocol, between the daemon and the agent. It mirrors the
@@ -500,7 +501,7 @@ func (h *handler) serveRemove(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		if recursive {
-			return os.RemoveAll(p)
+			return removeAll(p)
 		}
 		return os.Remove(p)
 	})
@@ -512,6 +513,21 @@ func (h *handler) serveRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// removeAll removes p and everything beneath it. p's own directories are
+// the caller's path and followed; beneath p no symlink is, whatever the
+// kernel does with O_NOFOLLOW|O_DIRECTORY (os.RemoveAll relies on it
+// failing, and gVisor follows the link: a user who swaps a directory for a
+// symlink mid-removal would have root's removal empty the link's target).
+func removeAll(p string) error {
+	dir, base := filepath.Split(p)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return archive.RemoveAt(fd, base)
 }
 
 // fileError answers a files request with err: an *api.Error of the user's

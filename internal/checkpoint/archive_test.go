@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,6 +148,97 @@ func craft(t *testing.T, memory bool, entries []entry, sums string) []byte {
 	return buf.Bytes()
 }
 
+// deepPath makes, beneath root, directories of 200-byte names until their
+// path is at least n bytes long, and a file "f" holding body in the last;
+// by descriptor, since the host path would pass PATH_MAX. It returns the
+// path relative to root.
+func deepPath(t *testing.T, root string, n int, body string) string {
+	t.Helper()
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	must(t, err)
+	var parts []string
+	for i := 0; len(strings.Join(parts, "/")) < n; i++ {
+		name := fmt.Sprintf("%03d%s", i, strings.Repeat("d", 197))
+		must(t, unix.Mkdirat(fd, name, 0o755))
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		must(t, err)
+		unix.Close(fd)
+		fd, parts = next, append(parts, name)
+	}
+	defer unix.Close(fd)
+	f, err := unix.Openat(fd, "f", unix.O_WRONLY|unix.O_CREAT, 0o644)
+	must(t, err)
+	_, err = unix.Write(f, []byte(body))
+	must(t, err)
+	unix.Close(f)
+	return strings.Join(append(parts, "f"), "/")
+}
+
+// readDeep reads the file at rel beneath root by descriptor.
+func readDeep(root, rel string) (string, error) {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return "", err
+	}
+	parts := strings.Split(rel, "/")
+	for _, p := range parts[:len(parts)-1] {
+		next, err := unix.Openat(fd, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+		unix.Close(fd)
+		if err != nil {
+			return "", err
+		}
+		fd = next
+	}
+	defer unix.Close(fd)
+	f, err := unix.Openat(fd, parts[len(parts)-1], unix.O_RDONLY, 0)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(f)
+	buf := make([]byte, 100)
+	k, err := unix.Read(f, buf)
+	return string(buf[:max(k, 0)]), err
+}
+
+// TestArchiveRoundTripLinksAndLongPaths: what a sandbox may make exports
+// and imports again (issue 20, item 6): a relative symlink climbing past
+// the root (valid in Linux, where ".." at / stays there), a path just
+// under PATH_MAX and one past it, which the host may only reach by
+// descriptor (its own path adds the data dir's).
+func TestArchiveRoundTripLinksAndLongPaths(t *testing.T) {
+	disk := makeDisk(t)
+	must(t, os.Symlink("../../../etc", filepath.Join(disk, "home/loam/up")))
+	near := deepPath(t, disk, 4000, "near")
+	must(t, os.Mkdir(filepath.Join(disk, "far"), 0o755))
+	far := "far/" + deepPath(t, filepath.Join(disk, "far"), 6000, "far")
+	var buf bytes.Buffer
+	must(t, WriteArchive(t.Context(), &buf, Manifest{Name: "x"}, disk, ""))
+	dest := t.TempDir()
+	if _, err := ReadArchive(t.Context(), bytes.NewReader(buf.Bytes()), dest, 0); err != nil {
+		t.Fatalf("importing its own export: %v", err)
+	}
+	got := filepath.Join(dest, DiskEntry)
+	if target, err := os.Readlink(filepath.Join(got, "home/loam/up")); err != nil || target != "../../../etc" {
+		t.Errorf("home/loam/up -> %q, %v", target, err)
+	}
+	for rel, want := range map[string]string{near: "near", far: "far"} {
+		if b, err := readDeep(got, rel); err != nil || b != want {
+			t.Errorf("%d-byte path: %q, %v; want %q", len(rel), b, err, want)
+		}
+	}
+}
+
+// deep is n nested directories under disk/.
+func deep(n int) []entry {
+	var es []entry
+	name := "disk"
+	for range n {
+		name += "/d"
+		es = append(es, dir(name))
+	}
+	return es
+}
+
 func TestArchiveRefusesDamage(t *testing.T) {
 	var good bytes.Buffer
 	must(t, WriteArchive(t.Context(), &good, Manifest{Name: "x"}, makeDisk(t), ""))
@@ -174,7 +266,9 @@ func TestArchiveRefusesDamage(t *testing.T) {
 		{"absolute", craft(t, false, with(file("/tmp/x", "evil")), ""), "absolute", 0},
 		{"outside disk", craft(t, false, with(file("x", "evil")), ""), "unexpected entry", 0},
 		{"mem without memory", craft(t, false, with(dir("mem"), file("mem/x", "m")), ""), "unexpected entry", 0},
-		{"symlink escaping", craft(t, false, with(symlink("disk/etc/esc", "../../../x")), ""), "points out of the disk", 0},
+		{"symlink climbing past the root", craft(t, false, with(symlink("disk/etc/esc", "../../../x")), ""), "", 0},
+		{"too deep", craft(t, false, with(deep(1025)...), ""), "deeper than", 0},
+		{"name too long for the file system", craft(t, false, with(file("disk/"+strings.Repeat("n", 300), "x")), ""), "too long", 0},
 		{"write through symlink", craft(t, false, with(symlink("disk/l", "/tmp"), file("disk/l/x", "evil")), ""), "not in a directory", 0},
 		{"write through relative symlink", craft(t, false, with(symlink("disk/l", "etc"), file("disk/l/y", "evil")), ""), "not in a directory", 0},
 		{"hard link outside", craft(t, false, with(hardlink("disk/h", "/etc/passwd")), ""), "not an earlier file", 0},

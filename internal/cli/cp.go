@@ -17,6 +17,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/archive"
 )
 
 func printJSONLine(w io.Writer, v any) error {
@@ -301,62 +302,21 @@ func writeLocalFile(dst string, r io.Reader) error {
 }
 
 // extractLocal extracts a tar that came from a sandbox into the local
-// directory dir (made if missing). The tar is the sandbox's word: every
-// entry goes through an os.Root of dir, which refuses names and symlinks
-// that lead outside it, and only files, directories and symlinks are made.
+// directory dir (made if missing). The tar is the sandbox's word: it goes
+// through the one safe extractor, which refuses names and symlinks that
+// lead outside dir, makes only files, directories and symlinks, and keeps
+// no set-id bit.
 func extractLocal(r io.Reader, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	root, err := os.OpenRoot(dir)
+	d, err := archive.OpenDir(dir)
 	if err != nil {
 		return err
 	}
-	defer root.Close()
-	tr := tar.NewReader(r)
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading the archive: %w", err)
-		}
-		name := path.Clean(hdr.Name)
-		if !filepath.IsLocal(name) {
-			return fmt.Errorf("the archive's entry %q would land outside %s: refused", hdr.Name, dir)
-		}
-		perm := fs.FileMode(hdr.Mode) & 0o777
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o755); err != nil {
-				return err
-			}
-			_ = root.Chmod(name, perm|0o700)
-		case tar.TypeReg:
-			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
-				return err
-			}
-			_ = root.Remove(name)
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
-				return err
-			}
-			_ = root.Remove(name)
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return err
-			}
-		}
+	defer d.Close()
+	if err := archive.Extract(context.Background(), d, r, archive.Options{}); err != nil {
+		return fmt.Errorf("extracting into %s: %w", dir, err)
 	}
+	return nil
 }
