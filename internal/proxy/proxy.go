@@ -278,7 +278,7 @@ func (h *Handler) allow(r *http.Request, t sandbox.Target) verdict {
 	if h.opens(r.Header.Get(TokenHeader), t) {
 		return allowed
 	}
-	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && h.isAdmin(bearer) {
+	if bearer, ok := api.BearerToken(r.Header); ok && h.isAdmin(bearer) {
 		return allowed
 	}
 	if c, err := r.Cookie(TokenCookie); err == nil && h.opens(c.Value, t) {
@@ -324,7 +324,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 // header that carries the API token (any other is the sandbox app's own).
 func (h *Handler) strip(r *http.Request) {
 	r.Header.Del(TokenHeader)
-	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && h.isAdmin(bearer) {
+	if bearer, ok := api.BearerToken(r.Header); ok && h.isAdmin(bearer) {
 		r.Header.Del("Authorization")
 	}
 	if q := r.URL.Query(); q.Has(TokenParam) {

@@ -144,6 +144,7 @@ func TestAccessAndForwarding(t *testing.T) {
 		{"private, access token", "GET", "priv--default.localhost:7070", "/", map[string]string{TokenHeader: "acc1"}, 200},
 		{"private, API token in header", "GET", "priv--default.localhost:7070", "/", map[string]string{TokenHeader: "admin"}, 200},
 		{"private, API token as bearer", "GET", "priv--default.localhost:7070", "/", map[string]string{"Authorization": "Bearer admin"}, 200},
+		{"private, API token as bearer, scheme in lower case", "GET", "priv--default.localhost:7070", "/", map[string]string{"Authorization": "bearer admin"}, 200},
 		{"private, cookie", "GET", "priv--default.localhost:7070", "/", map[string]string{"Cookie": TokenCookie + "=acc1"}, 200},
 		{"private, query", "GET", "priv--default.localhost:7070", "/a?x=1&loam_token=acc1", nil, 303},
 		{"private, query on a POST", "POST", "priv--default.localhost:7070", "/a?loam_token=acc1", nil, 200},
@@ -187,6 +188,11 @@ func TestAccessAndForwarding(t *testing.T) {
 	}
 	if strings.Contains(resp.Header.Get("Set-Cookie"), "admin") {
 		t.Errorf("the API token was set as a cookie: %q", resp.Header.Get("Set-Cookie"))
+	}
+	// The API token never reaches the sandbox, whatever the case of its scheme.
+	resp = do("GET", "pub--default.localhost:7070", "/", map[string]string{"Authorization": "bEARER admin"}, "")
+	if got := resp.Header.Get("X-Auth"); got != "" {
+		t.Errorf("the sandbox saw the API token: auth %q", got)
 	}
 	resp = do("GET", "pub--default.localhost:7070", "/", map[string]string{"Authorization": "Bearer app-secret", TokenHeader: "acc2"}, "")
 	if resp.Header.Get("X-Auth") != "Bearer app-secret" || resp.Header.Get("X-Token") != "" {

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"strings"
 	"sync"
 	"time"
 
@@ -167,7 +166,7 @@ func (in *Inside) handler(id string) http.Handler {
 	token := in.Token(id)
 	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 		s.handle(pattern, func(w http.ResponseWriter, r *http.Request) {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			got, ok := api.BearerToken(r.Header)
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				writeError(w, r, s.log, api.Errorf(api.CodeUnauthorized, "missing or wrong token"))
 				return

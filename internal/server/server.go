@@ -273,7 +273,7 @@ func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.Han
 // subprotocols). The token is never the subprotocol the server picks (see
 // acceptOptions), so it is not echoed back.
 func (s *Server) authorized(r *http.Request) bool {
-	if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+	if got, ok := api.BearerToken(r.Header); ok {
 		return subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
