@@ -83,8 +83,8 @@ func labelFilter(filters []string) (map[string]string, error) {
 			return nil, api.Errorf(api.CodeInvalid, "label: %q is not key=value", l)
 		case !api.ValidLabelKey(k):
 			return nil, api.Errorf(api.CodeInvalid, "label: key %q: %s", k, api.LabelKeyRule)
-		case len(v) > api.MaxLabelValue:
-			return nil, api.Errorf(api.CodeInvalid, "label: the value of %s is longer than %d bytes", k, api.MaxLabelValue)
+		case !api.ValidLabelValue(v):
+			return nil, api.Errorf(api.CodeInvalid, "label: the value of %s: %s", k, api.LabelValueRule)
 		}
 		if prev, ok := labels[k]; ok && prev != v {
 			// A sandbox has one value per key: no sandbox would match.
@@ -180,12 +180,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 // an invalid error that says what is wrong with it.
 func execRequest(typ websocket.MessageType, first []byte) (api.ExecRequest, error) {
 	var req api.ExecRequest
-	dec := json.NewDecoder(bytes.NewReader(first))
-	dec.DisallowUnknownFields()
 	if typ != websocket.MessageText {
 		return req, api.Errorf(api.CodeInvalid, "exec: the first message must be a JSON text message")
 	}
-	if err := dec.Decode(&req); err != nil {
+	if err := decodeJSON(bytes.NewReader(first), &req); err != nil {
 		return req, decodeError(err, &req)
 	}
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 
@@ -368,9 +369,91 @@ func decodeJSON(body io.Reader, v any) error {
 	if raw[0] != '{' {
 		return api.Errorf(api.CodeInvalid, "body: must be an object, not %s", literalKind(raw[0]))
 	}
+	// JSON is UTF-8 (RFC 8259): encoding/json would quietly make each
+	// invalid byte U+FFFD, storing what the client never sent.
+	if !utf8.Valid(raw) {
+		return api.Errorf(api.CodeInvalid, "body: not valid UTF-8")
+	}
+	if err := checkDuplicates(raw); err != nil {
+		return err
+	}
 	dec = json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	return dec.Decode(v)
+}
+
+// checkDuplicates refuses a JSON value (valid, as json.Decoder read it)
+// in which an object names a member twice. encoding/json keeps the last
+// one, other parsers the first, so the two would read different requests
+// (RFC 8259 leaves it undefined; RFC 7493, I-JSON, forbids it). Names are
+// compared as decoded, so "a" and "\u0061" are the same name. The error
+// names the member by its path, as typeError names fields.
+func checkDuplicates(raw []byte) error {
+	// One frame per open object or array: an object's names so far (nil
+	// for an array), its path, and whether a name comes next.
+	type frame struct {
+		names    map[string]bool
+		path     string
+		wantName bool
+	}
+	var stack []*frame
+	// pathOf is the path of the member name of the innermost open value.
+	pathOf := func(name string) string {
+		if len(stack) == 0 {
+			return name
+		}
+		switch p := stack[len(stack)-1].path; {
+		case name == "":
+			return p
+		case p == "":
+			return name
+		default:
+			return p + "." + name
+		}
+	}
+	// ended marks a value as complete: in an object, a name comes next.
+	ended := func() {
+		if len(stack) > 0 && stack[len(stack)-1].names != nil {
+			stack[len(stack)-1].wantName = true
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	name := ""
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if n := len(stack); n > 0 && stack[n-1].wantName {
+			if tok == json.Delim('}') {
+				stack = stack[:n-1]
+				ended()
+				continue
+			}
+			name = tok.(string)
+			if stack[n-1].names[name] {
+				return api.Errorf(api.CodeInvalid, "%s: given twice", pathOf(name))
+			}
+			stack[n-1].names[name] = true
+			stack[n-1].wantName = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{names: map[string]bool{}, path: pathOf(name), wantName: true})
+		case json.Delim('['):
+			stack = append(stack, &frame{path: pathOf(name)})
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			ended()
+		default:
+			ended()
+		}
+		name = ""
+	}
 }
 
 // literalKind names the kind of a JSON value by its first byte.
