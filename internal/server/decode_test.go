@@ -1,8 +1,12 @@
 package server
 
 import (
+	"context"
 	"errors"
+	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -50,5 +54,43 @@ func TestExecRequestChecks(t *testing.T) {
 	}
 	if req, err := execRequest(websocket.MessageText, []byte(`{"cmd":["echo","café"],"env":{"A":"1","a":"2"}}`)); err != nil || req.Cmd[1] != "café" {
 		t.Errorf("a good request: %+v, %v", req, err)
+	}
+}
+
+// TestExecMessageLimit: a client's message on the exec socket is bounded
+// by api.MaxExecMessage, not 32 MiB: each socket could hold that much of
+// the daemon's memory.
+func TestExecMessageLimit(t *testing.T) {
+	base := serve(t, New(newFake(), testToken, discardLog()))
+	hdr := http.Header{"Authorization": {"Bearer " + testToken}}
+	request := func(size int) []byte {
+		pad := size - len(`{"cmd":["true"],"env":{"PAD":""}}`)
+		return []byte(`{"cmd":["true"],"env":{"PAD":"` + strings.Repeat("x", pad) + `"}}`)
+	}
+	for _, tc := range []struct {
+		size int
+		ok   bool
+	}{
+		{api.MaxExecMessage, true},
+		{api.MaxExecMessage + 1, false},
+		{4 << 20, false},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(base, "http")+"/v1/sandboxes/box/exec", &websocket.DialOptions{HTTPHeader: hdr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadLimit(1 << 20)
+		// The server may close before the whole message is written.
+		_ = c.Write(ctx, websocket.MessageText, request(tc.size))
+		_, b, err := c.Read(ctx)
+		switch {
+		case tc.ok && (err != nil || !strings.Contains(string(b), `"exit"`)):
+			t.Errorf("a message of %d bytes: %q, %v; want it run", tc.size, b, err)
+		case !tc.ok && websocket.CloseStatus(err) != websocket.StatusMessageTooBig:
+			t.Errorf("a message of %d bytes: %q, %v; want a close with status 1009", tc.size, b, err)
+		}
+		c.CloseNow()
+		cancel()
 	}
 }

@@ -150,7 +150,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		return hw.refusal()
 	}
 	defer c.CloseNow()
-	c.SetReadLimit(32 << 20)
+	// What the client sends is held here one message at a time, so the
+	// limit is what each socket may cost the daemon; the agent takes no
+	// more anyway.
+	c.SetReadLimit(api.MaxExecMessage)
 	ctx := r.Context()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	typ, first, err := c.Read(rctx)
