@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"html"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -33,6 +34,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -73,6 +75,11 @@ type Config struct {
 	Token string
 	// TLS is true when the listener serves TLS: the cookie is then Secure.
 	TLS bool
+	// BodyTimeout is how long a client may send nothing of a request body
+	// passed to a sandbox before the request fails; 0 is no limit. It
+	// replaces the server's read timeout, which would cut off a long
+	// upload whatever its pace.
+	BodyTimeout time.Duration
 }
 
 // Handler is the URL front door.
@@ -241,6 +248,12 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
 		return
 	case newCookie:
 		h.setCookie(w, t)
+	}
+	// Past the front door: the connection may be kept alive, and the body
+	// take as long as it keeps coming.
+	conns.KeepAlive(w)
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = newPacedBody(w, r.Body, h.cfg.BodyTimeout)
 	}
 	h.fresh(t)
 	// The sandbox is in use for as long as the exchange lasts: a WebSocket
@@ -483,4 +496,28 @@ func (rt *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 	}
+}
+
+// pacedBody reads a request's body with a read deadline renewed at every
+// read: a client that sends nothing for timeout fails the request, one
+// that keeps sending may take as long as it needs.
+type pacedBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func newPacedBody(w http.ResponseWriter, body io.ReadCloser, timeout time.Duration) io.ReadCloser {
+	rc := http.NewResponseController(w)
+	if timeout <= 0 {
+		// Not every ResponseWriter has deadlines (a test's recorder).
+		_ = rc.SetReadDeadline(time.Time{})
+		return body
+	}
+	return &pacedBody{ReadCloser: body, rc: rc, timeout: timeout}
+}
+
+func (b *pacedBody) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	return b.ReadCloser.Read(p)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/conns"
 )
 
 // maxBody is the largest request body the API reads.
@@ -262,6 +263,7 @@ func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.Han
 				return
 			}
 		}
+		conns.KeepAlive(w)
 		if err := h(w, r); err != nil {
 			writeError(w, r, s.log, err)
 		}
