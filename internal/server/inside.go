@@ -191,6 +191,11 @@ func (in *Inside) handler(id string) http.Handler {
 // own refuses a path about any sandbox but id, as if it did not exist.
 func (in *Inside) own(ctx context.Context, id, ref string) error {
 	sb, err := in.sandboxes.Get(ctx, ref)
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		// Not an answer about the sandbox (a lookup cut short by a client
+		// that went away, say): it must not read as one.
+		return err
+	}
 	if err != nil || sb.ID != id {
 		return api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
 	}

@@ -169,7 +169,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	st, err := s.sandboxes.Exec(ctx, ref, req)
 	if err != nil {
 		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Code == api.CodeUnavailable {
+		if (!errors.As(err, &ae) || ae.Code == api.CodeUnavailable) && ctx.Err() == nil {
 			s.log.Error("exec failed", "request_id", RequestID(ctx), "sandbox", ref, "err", err)
 		}
 		sendExecError(ctx, c, err)

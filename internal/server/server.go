@@ -321,7 +321,20 @@ var acceptOptions = &websocket.AcceptOptions{
 // writeError sends err as the API's error body. Errors that carry an
 // *api.Error are the user's to read; any other is logged and sent as a bare
 // internal error, so internal details never leak.
+//
+// A client that went away gets no answer, and its request at most a debug
+// line: it closed (or half-closed) its connection or reset its stream,
+// which cancelled the request's context, and what failed then (a lookup
+// cut short by that context, most often) is no fault of the daemon's. A
+// client can do that at will, so it must neither read as an internal
+// error nor fill the daemon's log.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	if clientGone(r) {
+		log.Debug("client gone", "request_id", RequestID(r.Context()), "method", r.Method, "path", r.URL.Path, "err", err)
+		// net/http closes the connection (or resets the stream) without
+		// an answer, and logs nothing.
+		panic(http.ErrAbortHandler)
+	}
 	var ae *api.Error
 	if !errors.As(err, &ae) {
 		id := RequestID(r.Context())
@@ -332,6 +345,11 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	}
 	api.WriteJSON(w, ae.Code.HTTPStatus(), api.ErrorBody{Error: ae})
 }
+
+// clientGone reports whether r's client went away: net/http cancels a
+// request's context when its connection closes (or its HTTP/2 stream is
+// reset), and the handler is still running.
+func clientGone(r *http.Request) bool { return r.Context().Err() != nil }
 
 // decode reads a JSON object from r's body into v, refusing unknown fields,
 // trailing data, other JSON values and bodies over maxBody, with a message
