@@ -3,10 +3,12 @@ package conns
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
@@ -164,5 +166,49 @@ func TestCloseUnlessAuthenticated(t *testing.T) {
 		if resp := get(t, c, "/auth"); resp.Close {
 			t.Fatalf("an authenticated answer closed its connection: %v", resp.Header)
 		}
+	}
+}
+
+// TestTLS: over TLS (and HTTP/2), a request being served still makes its
+// connection busy: ConnContext finds the counted connection beneath the
+// TLS one.
+func TestTLS(t *testing.T) {
+	l := New(10, 10, slog.New(slog.DiscardHandler))
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+	})))
+	srv.Listener = l.Listener(srv.Listener)
+	srv.Config.ConnContext = l.ConnContext
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	done := make(chan error, 1)
+	go func() {
+		resp, err := srv.Client().Get(srv.URL)
+		if err == nil {
+			resp.Body.Close()
+			if resp.ProtoMajor != 2 {
+				err = fmt.Errorf("served over %s, not HTTP/2", resp.Proto)
+			}
+		}
+		done <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l.mu.Lock()
+		busy := l.open == 1 && l.idle.Len() == 0
+		l.mu.Unlock()
+		if busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a TLS connection serving a request is not busy")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
