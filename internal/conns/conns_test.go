@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 )
@@ -115,6 +116,9 @@ func TestBusyConnectionsAreKept(t *testing.T) {
 	l := New(2, 2, slog.New(slog.DiscardHandler))
 	release := make(chan struct{})
 	addr := serve(t, l, release)
+	// Released before the server is closed, which waits for the handlers.
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
 	var busy []net.Conn
 	for range 2 {
 		c := dial(t, "127.0.0.1", addr)
@@ -139,7 +143,7 @@ func TestBusyConnectionsAreKept(t *testing.T) {
 	if !closedByServer(dial(t, "127.0.0.3", addr)) {
 		t.Fatal("a connection over the cap was kept while all were busy")
 	}
-	close(release)
+	unblock()
 	for _, c := range busy {
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -183,6 +187,9 @@ func TestTLS(t *testing.T) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	defer srv.Close()
+	// Released before the server is closed, which waits for the handler.
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock()
 	done := make(chan error, 1)
 	go func() {
 		resp, err := srv.Client().Get(srv.URL)
@@ -207,7 +214,7 @@ func TestTLS(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	close(release)
+	unblock()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
