@@ -237,6 +237,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
 		h.targetError(w, r, name, err)
 		return
 	}
+	// Past the front door: the connection may be kept alive.
+	conns.KeepAlive(w)
 	switch v {
 	case redirect:
 		h.setCookie(w, t)
@@ -249,9 +251,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
 	case newCookie:
 		h.setCookie(w, t)
 	}
-	// Past the front door: the connection may be kept alive, and the body
-	// take as long as it keeps coming.
-	conns.KeepAlive(w)
+	// The body may take as long as it keeps coming.
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = newPacedBody(w, r.Body, h.cfg.BodyTimeout)
 	}

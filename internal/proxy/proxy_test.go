@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -274,5 +275,45 @@ func TestTLS(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("X-Proto") != "https" {
 		t.Errorf("under TLS: %d, X-Forwarded-Proto %q", resp.StatusCode, resp.Header.Get("X-Proto"))
+	}
+}
+
+// TestKeepAliveOnlyPastTheDoor: under the daemon's connection limiter, a
+// request the front door refuses closes its connection; one it lets
+// through (public, or with a token) may keep it.
+func TestKeepAliveOnlyPastTheDoor(t *testing.T) {
+	addr := backend(t)
+	targets := fakeTargets{
+		"priv": {ID: "sb-1", Name: "priv", Addr: addr, AccessToken: "acc1"},
+		"pub":  {ID: "sb-2", Name: "pub", Addr: addr, Public: true, AccessToken: "acc2"},
+	}
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "api") })
+	front := httptest.NewServer(conns.New(100, 100, slog.New(slog.DiscardHandler)).Handler(newFront(t, targets, "localhost:7070").Mount(api)))
+	defer front.Close()
+	for _, tc := range []struct {
+		host  string
+		hdr   map[string]string
+		close bool
+	}{
+		{"priv--default.localhost:7070", nil, true},
+		{"nope--default.localhost:7070", nil, true},
+		{"priv--default.localhost:7070", map[string]string{TokenHeader: "acc1"}, false},
+		{"priv--default.localhost:7070", map[string]string{"Authorization": "bearer admin"}, false},
+		{"pub--default.localhost:7070", nil, false},
+	} {
+		req, _ := http.NewRequest("GET", front.URL+"/", nil)
+		req.Host = tc.host
+		for k, v := range tc.hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Close != tc.close {
+			t.Errorf("%s %v: status %d, Connection: close %v, want %v", tc.host, tc.hdr, resp.StatusCode, resp.Close, tc.close)
+		}
 	}
 }
