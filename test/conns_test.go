@@ -154,7 +154,7 @@ func TestConnectionFlood(t *testing.T) {
 	}
 	t.Logf("during the flood: the daemon held %d more descriptors than before (cap %d connections, %d per address); /healthz p50 %v, max %v; an authenticated list %v",
 		held, maxConns, perClient, lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond), time.Since(t0).Round(time.Microsecond))
-	if held > maxConns+50 {
+	if held > maxConns+100 { // the store, logs, a connection being replaced
 		t.Errorf("the daemon held %d descriptors more during the flood; its cap is %d connections", held, maxConns)
 	}
 
