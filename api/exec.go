@@ -39,6 +39,12 @@ const (
 	StreamStderr byte = 2
 )
 
+// MaxExecMessage is the largest message a client may send on an exec or
+// attach socket (its request, a frame of stdin, a control message): a
+// larger one closes the socket with status 1009 (message too big). The
+// SDKs send stdin in frames of 16 and 64 KiB.
+const MaxExecMessage = 1 << 20
+
 // ExecRequest is the first message of an exec socket.
 type ExecRequest struct {
 	// Cmd is the program and its arguments; a program without a slash is

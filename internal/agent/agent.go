@@ -289,7 +289,7 @@ func (h *handler) authorized(r *http.Request) bool {
 	if want == nil {
 		return false
 	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	token, ok := api.BearerToken(r.Header)
 	if !ok {
 		return false
 	}

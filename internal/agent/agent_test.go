@@ -35,6 +35,8 @@ func TestAuth(t *testing.T) {
 		{"sync with the token", "POST", "/sync", "Bearer " + testToken, 204},
 		{"unknown path without token", "GET", "/nope", "", 401},
 		{"health with the token", "GET", "/healthz", "Bearer " + testToken, 200},
+		{"health with the token, scheme in lower case", "GET", "/healthz", "bearer " + testToken, 200},
+		{"health with the token, scheme in upper case", "GET", "/healthz", "BEARER " + testToken, 200},
 		{"unknown path with the token", "GET", "/nope", "Bearer " + testToken, 404},
 	}
 	for _, tt := range tests {

@@ -86,6 +86,11 @@ func (s *apiSocket) serve(path string) error {
 			IdleConnTimeout: 30 * time.Second,
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				// The caller went away (which ends the call to the
+				// host too): nobody to answer, nothing unreachable.
+				return
+			}
 			s.log.Warn("in-sandbox API unreachable", "err", err)
 			api.WriteError(w, api.Errorf(api.CodeUnavailable, "the sandbox's API on the host does not answer"))
 		},

@@ -27,8 +27,9 @@ const (
 	// included). It fits the default read limit of WebSocket clients such
 	// as coder/websocket's (32 KiB), so a proxy can pass frames on as they are.
 	maxFrame = 32 << 10
-	// maxClientMessage bounds one message from the client.
-	maxClientMessage = 1 << 20
+	// maxClientMessage bounds one message from the client (as the
+	// daemon bounds it: api.MaxExecMessage).
+	maxClientMessage = api.MaxExecMessage
 	// requestTimeout bounds the wait for the ExecRequest.
 	requestTimeout = 30 * time.Second
 	// outputGrace is how long output is still awaited after the main

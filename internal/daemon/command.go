@@ -106,6 +106,9 @@ func Command() *cobra.Command {
 	f.IntVar(&cfg.InsideCheckpointLimit, "inside-checkpoint-limit", envInt("LOAM_INSIDE_CHECKPOINT_LIMIT", 10), "checkpoints a sandbox may take of itself from inside, a share apart from the owner's; 0 is no limit (LOAM_INSIDE_CHECKPOINT_LIMIT)")
 	f.IntVar(&diskGiB, "disk-size-gib", envInt("LOAM_DISK_SIZE_GIB", 64), "size of the sparse file the btrfs pool lives on when the data dir is not btrfs, in GiB (LOAM_DISK_SIZE_GIB)")
 	f.DurationVar(&cfg.WriteTimeout, "write-timeout", envDuration("LOAM_WRITE_TIMEOUT", server.DefaultWriteTimeout), "a client that takes nothing of a stream (exec, attach, logs, watch, port, download) or sends nothing of an upload for this long is cut off (LOAM_WRITE_TIMEOUT)")
+	f.IntVar(&cfg.MaxConns, "max-conns", envInt("LOAM_MAX_CONNS", DefaultMaxConns), "connections the API listener keeps open, at most a quarter of the open-file limit; over it, the connection idle longest is closed, or the new one when none is idle (LOAM_MAX_CONNS)")
+	f.IntVar(&cfg.MaxConnsPerClient, "max-conns-per-client", envInt("LOAM_MAX_CONNS_PER_CLIENT", 0), "connections one client address (an IPv6 /64) may keep open; 0 is a quarter of --max-conns (LOAM_MAX_CONNS_PER_CLIENT)")
+	f.DurationVar(&cfg.ConnIdleTimeout, "conn-idle-timeout", envDuration("LOAM_CONN_IDLE_TIMEOUT", DefaultConnIdleTimeout), "an API connection waiting this long for its next request is closed (at most 10 s for its first); streams are not cut (LOAM_CONN_IDLE_TIMEOUT)")
 	f.DurationVar(&cfg.Idle, "idle", envDuration("LOAM_IDLE", 0), "a sandbox created without an idle of its own sleeps after this long without activity, such as 10m; 0 is never (LOAM_IDLE)")
 	// For tests only: idle times shorter than a minute.
 	f.DurationVar(&cfg.IdleEvery, "test-idle-every", envDuration("LOAM_TEST_IDLE_EVERY", 0), "tests only: how often idle sandboxes are looked for (LOAM_TEST_IDLE_EVERY)")

@@ -23,6 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/image"
@@ -76,6 +77,13 @@ type Config struct {
 	// WriteTimeout is how long a client may take nothing of a stream, or
 	// send nothing of an upload, before it is cut off.
 	WriteTimeout time.Duration
+	// MaxConns and MaxConnsPerClient cap the API listener's connections,
+	// in all and from one client address (see package conns); MaxConns
+	// is held to a quarter of the open-file limit. ConnIdleTimeout is how
+	// long a connection may wait for its next request (or, at most 10 s,
+	// for the header of its first).
+	MaxConns, MaxConnsPerClient int
+	ConnIdleTimeout             time.Duration
 	// MaxSandboxes and MaxHeavy are the daemon's caps (see
 	// sandbox.Config); 0 is none.
 	MaxSandboxes int
@@ -350,6 +358,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
 	front := proxy.New(d.Manager, proxy.Config{
 		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: tlsConfig != nil,
+		BodyTimeout: cfg.WriteTimeout,
 	}, d.log)
 	// The web console shares the API's listener (not sandboxes' URLs,
 	// which the front door takes first): its page at /, its sessions
@@ -359,12 +368,27 @@ func (d *Daemon) start(ctx context.Context) error {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
 	apiServer := server.New(d.Manager, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con))
-	d.srv = &http.Server{
-		Handler:           front.Mount(con.Mount(apiServer)),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
-		TLSConfig:         tlsConfig,
+	limits := d.connLimits()
+	connIdle := cfg.ConnIdleTimeout
+	if connIdle <= 0 {
+		connIdle = DefaultConnIdleTimeout
 	}
+	d.srv = &http.Server{
+		Handler: limits.Handler(front.Mount(con.Mount(apiServer))),
+		// A connection that has sent nothing yet is idle too.
+		ReadHeaderTimeout: min(10*time.Second, connIdle),
+		// A request's header and body (at most 1 MiB of JSON). Uploads,
+		// and bodies passed to a sandbox's URL, renew their own read
+		// deadline at every read (the write timeout); WebSockets and
+		// other upgrades have none once hijacked.
+		ReadTimeout:    time.Minute,
+		IdleTimeout:    connIdle,
+		MaxHeaderBytes: maxHeaderBytes,
+		ConnContext:    limits.ConnContext,
+		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+		TLSConfig:      tlsConfig,
+	}
+	ln = limits.Listener(ln)
 	go func() {
 		serve := d.srv.Serve
 		if tlsConfig != nil {
@@ -477,4 +501,39 @@ func raiseFileLimit(log *slog.Logger) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		log.Warn("raising the open-file limit", "err", err)
 	}
+}
+
+// Defaults of the API listener's limits.
+const (
+	// DefaultMaxConns is --max-conns's default.
+	DefaultMaxConns = 4096
+	// DefaultConnIdleTimeout is --conn-idle-timeout's default, near
+	// nginx's 75 s. A client that keeps idle connections longer (Go's, 90
+	// s) finds this one closed and retries on a new one.
+	DefaultConnIdleTimeout = time.Minute
+	// maxHeaderBytes bounds a request's header (net/http's default is 1
+	// MiB, which each of thousands of connections could make the daemon
+	// hold): a token, cookies and a sandbox app's own headers fit.
+	maxHeaderBytes = 64 << 10
+)
+
+// connLimits makes the limiter of the API listener's connections. The caps
+// stay within a quarter of the open-file limit: the rest is for sandboxes
+// (their agents' sockets, logs, the store), so that a flood of connections
+// can never take the descriptors the daemon needs to work.
+func (d *Daemon) connLimits() *conns.Limiter {
+	maxConns, perClient := d.cfg.MaxConns, d.cfg.MaxConnsPerClient
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < 1<<40 {
+		maxConns = min(maxConns, max(64, int(lim.Cur/4)))
+	}
+	if perClient <= 0 {
+		perClient = max(1, maxConns/4)
+	}
+	perClient = min(perClient, maxConns)
+	d.log.Info("API connections", "max", maxConns, "per_client", perClient, "open_file_limit", lim.Cur)
+	return conns.New(maxConns, perClient, d.log)
 }

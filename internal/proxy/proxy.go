@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"html"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -33,6 +34,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -73,6 +75,11 @@ type Config struct {
 	Token string
 	// TLS is true when the listener serves TLS: the cookie is then Secure.
 	TLS bool
+	// BodyTimeout is how long a client may send nothing of a request body
+	// passed to a sandbox before the request fails; 0 is no limit. It
+	// replaces the server's read timeout, which would cut off a long
+	// upload whatever its pace.
+	BodyTimeout time.Duration
 }
 
 // Handler is the URL front door.
@@ -230,6 +237,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
 		h.targetError(w, r, name, err)
 		return
 	}
+	// Past the front door: the connection may be kept alive.
+	conns.KeepAlive(w)
 	switch v {
 	case redirect:
 		h.setCookie(w, t)
@@ -241,6 +250,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
 		return
 	case newCookie:
 		h.setCookie(w, t)
+	}
+	// The body may take as long as it keeps coming.
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = newPacedBody(w, r.Body, h.cfg.BodyTimeout)
 	}
 	h.fresh(t)
 	// The sandbox is in use for as long as the exchange lasts: a WebSocket
@@ -278,7 +291,7 @@ func (h *Handler) allow(r *http.Request, t sandbox.Target) verdict {
 	if h.opens(r.Header.Get(TokenHeader), t) {
 		return allowed
 	}
-	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && h.isAdmin(bearer) {
+	if bearer, ok := api.BearerToken(r.Header); ok && h.isAdmin(bearer) {
 		return allowed
 	}
 	if c, err := r.Cookie(TokenCookie); err == nil && h.opens(c.Value, t) {
@@ -324,7 +337,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 // header that carries the API token (any other is the sandbox app's own).
 func (h *Handler) strip(r *http.Request) {
 	r.Header.Del(TokenHeader)
-	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && h.isAdmin(bearer) {
+	if bearer, ok := api.BearerToken(r.Header); ok && h.isAdmin(bearer) {
 		r.Header.Del("Authorization")
 	}
 	if q := r.URL.Query(); q.Has(TokenParam) {
@@ -483,4 +496,28 @@ func (rt *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 	}
+}
+
+// pacedBody reads a request's body with a read deadline renewed at every
+// read: a client that sends nothing for timeout fails the request, one
+// that keeps sending may take as long as it needs.
+type pacedBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func newPacedBody(w http.ResponseWriter, body io.ReadCloser, timeout time.Duration) io.ReadCloser {
+	rc := http.NewResponseController(w)
+	if timeout <= 0 {
+		// Not every ResponseWriter has deadlines (a test's recorder).
+		_ = rc.SetReadDeadline(time.Time{})
+		return body
+	}
+	return &pacedBody{ReadCloser: body, rc: rc, timeout: timeout}
+}
+
+func (b *pacedBody) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	return b.ReadCloser.Read(p)
 }

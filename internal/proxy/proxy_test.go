@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -144,6 +145,7 @@ func TestAccessAndForwarding(t *testing.T) {
 		{"private, access token", "GET", "priv--default.localhost:7070", "/", map[string]string{TokenHeader: "acc1"}, 200},
 		{"private, API token in header", "GET", "priv--default.localhost:7070", "/", map[string]string{TokenHeader: "admin"}, 200},
 		{"private, API token as bearer", "GET", "priv--default.localhost:7070", "/", map[string]string{"Authorization": "Bearer admin"}, 200},
+		{"private, API token as bearer, scheme in lower case", "GET", "priv--default.localhost:7070", "/", map[string]string{"Authorization": "bearer admin"}, 200},
 		{"private, cookie", "GET", "priv--default.localhost:7070", "/", map[string]string{"Cookie": TokenCookie + "=acc1"}, 200},
 		{"private, query", "GET", "priv--default.localhost:7070", "/a?x=1&loam_token=acc1", nil, 303},
 		{"private, query on a POST", "POST", "priv--default.localhost:7070", "/a?loam_token=acc1", nil, 200},
@@ -187,6 +189,11 @@ func TestAccessAndForwarding(t *testing.T) {
 	}
 	if strings.Contains(resp.Header.Get("Set-Cookie"), "admin") {
 		t.Errorf("the API token was set as a cookie: %q", resp.Header.Get("Set-Cookie"))
+	}
+	// The API token never reaches the sandbox, whatever the case of its scheme.
+	resp = do("GET", "pub--default.localhost:7070", "/", map[string]string{"Authorization": "bEARER admin"}, "")
+	if got := resp.Header.Get("X-Auth"); got != "" {
+		t.Errorf("the sandbox saw the API token: auth %q", got)
 	}
 	resp = do("GET", "pub--default.localhost:7070", "/", map[string]string{"Authorization": "Bearer app-secret", TokenHeader: "acc2"}, "")
 	if resp.Header.Get("X-Auth") != "Bearer app-secret" || resp.Header.Get("X-Token") != "" {
@@ -268,5 +275,45 @@ func TestTLS(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("X-Proto") != "https" {
 		t.Errorf("under TLS: %d, X-Forwarded-Proto %q", resp.StatusCode, resp.Header.Get("X-Proto"))
+	}
+}
+
+// TestKeepAliveOnlyPastTheDoor: under the daemon's connection limiter, a
+// request the front door refuses closes its connection; one it lets
+// through (public, or with a token) may keep it.
+func TestKeepAliveOnlyPastTheDoor(t *testing.T) {
+	addr := backend(t)
+	targets := fakeTargets{
+		"priv": {ID: "sb-1", Name: "priv", Addr: addr, AccessToken: "acc1"},
+		"pub":  {ID: "sb-2", Name: "pub", Addr: addr, Public: true, AccessToken: "acc2"},
+	}
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "api") })
+	front := httptest.NewServer(conns.New(100, 100, slog.New(slog.DiscardHandler)).Handler(newFront(t, targets, "localhost:7070").Mount(api)))
+	defer front.Close()
+	for _, tc := range []struct {
+		host  string
+		hdr   map[string]string
+		close bool
+	}{
+		{"priv--default.localhost:7070", nil, true},
+		{"nope--default.localhost:7070", nil, true},
+		{"priv--default.localhost:7070", map[string]string{TokenHeader: "acc1"}, false},
+		{"priv--default.localhost:7070", map[string]string{"Authorization": "bearer admin"}, false},
+		{"pub--default.localhost:7070", nil, false},
+	} {
+		req, _ := http.NewRequest("GET", front.URL+"/", nil)
+		req.Host = tc.host
+		for k, v := range tc.hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Close != tc.close {
+			t.Errorf("%s %v: status %d, Connection: close %v, want %v", tc.host, tc.hdr, resp.StatusCode, resp.Close, tc.close)
+		}
 	}
 }

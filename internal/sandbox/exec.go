@@ -132,9 +132,15 @@ func (m *Manager) exec(ctx context.Context, ref string, req api.ExecRequest) (*S
 	return s, nil
 }
 
+// agentMessageLimit bounds one message an agent sends on an exec, attach
+// or logs socket. Agents send output in frames of at most 32 KiB and small
+// control messages; the sandbox is not trusted, and whatever it sends is
+// held in the daemon's memory one message at a time.
+const agentMessageLimit = 1 << 20
+
 // sendRequest sends an exec request (first) on a socket to an agent.
 func sendRequest(ctx context.Context, ag *websocket.Conn, first []byte) error {
-	ag.SetReadLimit(32 << 20)
+	ag.SetReadLimit(agentMessageLimit)
 	return ag.Write(ctx, websocket.MessageText, first)
 }
 

@@ -238,7 +238,7 @@ func (m *Manager) ServiceLogs(ctx context.Context, ref, name string, p api.Attac
 	if err != nil {
 		return nil, m.serviceError(sb, name, err)
 	}
-	conn.SetReadLimit(32 << 20)
+	conn.SetReadLimit(agentMessageLimit)
 	st := newStream(conn, agentControl)
 	m.addStream(sb.ID, st)
 	return st, nil

@@ -266,7 +266,7 @@ func (m *Manager) AttachSession(ctx context.Context, ref, id string, p api.Attac
 	if err != nil {
 		return nil, m.sessionError(sb, id, err, "is not detachable: its output went only to the socket that started it")
 	}
-	conn.SetReadLimit(32 << 20)
+	conn.SetReadLimit(agentMessageLimit)
 	st := newStream(conn, agentControl)
 	m.addStream(sb.ID, st)
 	return st, nil

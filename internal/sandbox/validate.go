@@ -83,8 +83,8 @@ func checkLabels(labels map[string]string) error {
 		if !api.ValidLabelKey(k) {
 			return api.Errorf(api.CodeInvalid, "labels: key %q: %s", k, api.LabelKeyRule)
 		}
-		if len(v) > api.MaxLabelValue {
-			return api.Errorf(api.CodeInvalid, "labels: the value of %s is longer than %d bytes", k, api.MaxLabelValue)
+		if !api.ValidLabelValue(v) {
+			return api.Errorf(api.CodeInvalid, "labels: the value of %s: %s", k, api.LabelValueRule)
 		}
 	}
 	if len(labels) > api.MaxLabels {

@@ -87,6 +87,7 @@ func TestRequestChecks(t *testing.T) {
 		checkEnv(map[string]string{"LOAM_AGENT_TOKEN": "x"}),
 		checkLabels(map[string]string{"": "x"}),
 		checkLabels(map[string]string{"k": strings.Repeat("v", 256)}),
+		checkLabels(map[string]string{"k": "caf\xe9"}), // Latin-1, not UTF-8
 		checkIdle("10s", time.Minute),
 		checkIdle("soon", time.Minute),
 		checkPort(70000),
@@ -100,6 +101,7 @@ func TestRequestChecks(t *testing.T) {
 		checkResources(api.Resources{CPUs: 0.5, MemoryMiB: 512, DiskMiB: 4096}),
 		checkEnv(map[string]string{"GREETING": "hi"}),
 		checkLabels(map[string]string{"team": "red", "app.kubernetes.io/name": "x"}),
+		checkLabels(map[string]string{"team": "café"}),
 		checkIdle("10m", time.Minute), checkIdle("", time.Minute), checkIdle("0", time.Minute),
 		checkPort(8080),
 	}

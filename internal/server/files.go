@@ -133,7 +133,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	iw := newIdleWriter(w, s.writeTimeout)
 	defer iw.done()
-	if _, err := io.Copy(iw, body); err != nil {
+	if _, err := io.Copy(iw, body); err != nil && !clientGone(r) {
 		s.log.Warn("file download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
 	}
 	return nil
@@ -200,7 +200,7 @@ func (s *Server) readArchive(w http.ResponseWriter, r *http.Request) error {
 	}
 	iw := newIdleWriter(w, s.writeTimeout)
 	defer iw.done()
-	if _, err := io.Copy(iw, body); err != nil {
+	if _, err := io.Copy(iw, body); err != nil && !clientGone(r) {
 		s.log.Warn("archive download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
 		panic(http.ErrAbortHandler)
 	}

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"strings"
 	"sync"
 	"time"
 
@@ -167,7 +166,7 @@ func (in *Inside) handler(id string) http.Handler {
 	token := in.Token(id)
 	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 		s.handle(pattern, func(w http.ResponseWriter, r *http.Request) {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			got, ok := api.BearerToken(r.Header)
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				writeError(w, r, s.log, api.Errorf(api.CodeUnauthorized, "missing or wrong token"))
 				return
@@ -192,6 +191,11 @@ func (in *Inside) handler(id string) http.Handler {
 // own refuses a path about any sandbox but id, as if it did not exist.
 func (in *Inside) own(ctx context.Context, id, ref string) error {
 	sb, err := in.sandboxes.Get(ctx, ref)
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		// Not an answer about the sandbox (a lookup cut short by a client
+		// that went away, say): it must not read as one.
+		return err
+	}
 	if err != nil || sb.ID != id {
 		return api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
 	}

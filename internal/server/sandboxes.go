@@ -83,8 +83,8 @@ func labelFilter(filters []string) (map[string]string, error) {
 			return nil, api.Errorf(api.CodeInvalid, "label: %q is not key=value", l)
 		case !api.ValidLabelKey(k):
 			return nil, api.Errorf(api.CodeInvalid, "label: key %q: %s", k, api.LabelKeyRule)
-		case len(v) > api.MaxLabelValue:
-			return nil, api.Errorf(api.CodeInvalid, "label: the value of %s is longer than %d bytes", k, api.MaxLabelValue)
+		case !api.ValidLabelValue(v):
+			return nil, api.Errorf(api.CodeInvalid, "label: the value of %s: %s", k, api.LabelValueRule)
 		}
 		if prev, ok := labels[k]; ok && prev != v {
 			// A sandbox has one value per key: no sandbox would match.
@@ -150,7 +150,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		return hw.refusal()
 	}
 	defer c.CloseNow()
-	c.SetReadLimit(32 << 20)
+	// What the client sends is held here one message at a time, so the
+	// limit is what each socket may cost the daemon; the agent takes no
+	// more anyway.
+	c.SetReadLimit(api.MaxExecMessage)
 	ctx := r.Context()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	typ, first, err := c.Read(rctx)
@@ -166,7 +169,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	st, err := s.sandboxes.Exec(ctx, ref, req)
 	if err != nil {
 		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Code == api.CodeUnavailable {
+		if (!errors.As(err, &ae) || ae.Code == api.CodeUnavailable) && ctx.Err() == nil {
 			s.log.Error("exec failed", "request_id", RequestID(ctx), "sandbox", ref, "err", err)
 		}
 		sendExecError(ctx, c, err)
@@ -180,12 +183,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 // an invalid error that says what is wrong with it.
 func execRequest(typ websocket.MessageType, first []byte) (api.ExecRequest, error) {
 	var req api.ExecRequest
-	dec := json.NewDecoder(bytes.NewReader(first))
-	dec.DisallowUnknownFields()
 	if typ != websocket.MessageText {
 		return req, api.Errorf(api.CodeInvalid, "exec: the first message must be a JSON text message")
 	}
-	if err := dec.Decode(&req); err != nil {
+	if err := decodeJSON(bytes.NewReader(first), &req); err != nil {
 		return req, decodeError(err, &req)
 	}
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {

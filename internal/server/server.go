@@ -17,10 +17,12 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/conns"
 )
 
 // maxBody is the largest request body the API reads.
@@ -261,6 +263,7 @@ func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.Han
 				return
 			}
 		}
+		conns.KeepAlive(w)
 		if err := h(w, r); err != nil {
 			writeError(w, r, s.log, err)
 		}
@@ -273,7 +276,7 @@ func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.Han
 // subprotocols). The token is never the subprotocol the server picks (see
 // acceptOptions), so it is not echoed back.
 func (s *Server) authorized(r *http.Request) bool {
-	if got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+	if got, ok := api.BearerToken(r.Header); ok {
 		return subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
@@ -318,7 +321,20 @@ var acceptOptions = &websocket.AcceptOptions{
 // writeError sends err as the API's error body. Errors that carry an
 // *api.Error are the user's to read; any other is logged and sent as a bare
 // internal error, so internal details never leak.
+//
+// A client that went away gets no answer, and its request at most a debug
+// line: it closed (or half-closed) its connection or reset its stream,
+// which cancelled the request's context, and what failed then (a lookup
+// cut short by that context, most often) is no fault of the daemon's. A
+// client can do that at will, so it must neither read as an internal
+// error nor fill the daemon's log.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	if clientGone(r) {
+		log.Debug("client gone", "request_id", RequestID(r.Context()), "method", r.Method, "path", r.URL.Path, "err", err)
+		// net/http closes the connection (or resets the stream) without
+		// an answer, and logs nothing.
+		panic(http.ErrAbortHandler)
+	}
 	var ae *api.Error
 	if !errors.As(err, &ae) {
 		id := RequestID(r.Context())
@@ -329,6 +345,11 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	}
 	api.WriteJSON(w, ae.Code.HTTPStatus(), api.ErrorBody{Error: ae})
 }
+
+// clientGone reports whether r's client went away: net/http cancels a
+// request's context when its connection closes (or its HTTP/2 stream is
+// reset), and the handler is still running.
+func clientGone(r *http.Request) bool { return r.Context().Err() != nil }
 
 // decode reads a JSON object from r's body into v, refusing unknown fields,
 // trailing data, other JSON values and bodies over maxBody, with a message
@@ -368,9 +389,91 @@ func decodeJSON(body io.Reader, v any) error {
 	if raw[0] != '{' {
 		return api.Errorf(api.CodeInvalid, "body: must be an object, not %s", literalKind(raw[0]))
 	}
+	// JSON is UTF-8 (RFC 8259): encoding/json would quietly make each
+	// invalid byte U+FFFD, storing what the client never sent.
+	if !utf8.Valid(raw) {
+		return api.Errorf(api.CodeInvalid, "body: not valid UTF-8")
+	}
+	if err := checkDuplicates(raw); err != nil {
+		return err
+	}
 	dec = json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	return dec.Decode(v)
+}
+
+// checkDuplicates refuses a JSON value (valid, as json.Decoder read it)
+// in which an object names a member twice. encoding/json keeps the last
+// one, other parsers the first, so the two would read different requests
+// (RFC 8259 leaves it undefined; RFC 7493, I-JSON, forbids it). Names are
+// compared as decoded, so "a" and "\u0061" are the same name. The error
+// names the member by its path, as typeError names fields.
+func checkDuplicates(raw []byte) error {
+	// One frame per open object or array: an object's names so far (nil
+	// for an array), its path, and whether a name comes next.
+	type frame struct {
+		names    map[string]bool
+		path     string
+		wantName bool
+	}
+	var stack []*frame
+	// pathOf is the path of the member name of the innermost open value.
+	pathOf := func(name string) string {
+		if len(stack) == 0 {
+			return name
+		}
+		switch p := stack[len(stack)-1].path; {
+		case name == "":
+			return p
+		case p == "":
+			return name
+		default:
+			return p + "." + name
+		}
+	}
+	// ended marks a value as complete: in an object, a name comes next.
+	ended := func() {
+		if len(stack) > 0 && stack[len(stack)-1].names != nil {
+			stack[len(stack)-1].wantName = true
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	name := ""
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if n := len(stack); n > 0 && stack[n-1].wantName {
+			if tok == json.Delim('}') {
+				stack = stack[:n-1]
+				ended()
+				continue
+			}
+			name = tok.(string)
+			if stack[n-1].names[name] {
+				return api.Errorf(api.CodeInvalid, "%s: given twice", pathOf(name))
+			}
+			stack[n-1].names[name] = true
+			stack[n-1].wantName = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{names: map[string]bool{}, path: pathOf(name), wantName: true})
+		case json.Delim('['):
+			stack = append(stack, &frame{path: pathOf(name)})
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			ended()
+		default:
+			ended()
+		}
+		name = ""
+	}
 }
 
 // literalKind names the kind of a JSON value by its first byte.

@@ -150,6 +150,18 @@ func TestErrorShape(t *testing.T) {
 		{name: "two values", req: request{method: "POST", path: "/v1/sandboxes", body: `{}{}`}, status: 400, code: api.CodeInvalid, msg: "more than one JSON value"},
 		{name: "bad JSON", req: request{method: "POST", path: "/v1/sandboxes", body: `{"name":`}, status: 400, code: api.CodeInvalid, msg: "body"},
 
+		// A member named twice: encoding/json would keep the last one,
+		// other parsers the first.
+		{name: "duplicate key", req: request{method: "POST", path: "/v1/sandboxes", body: `{"name":"a","name":"b"}`}, status: 400, code: api.CodeInvalid, msg: "name: given twice"},
+		{name: "duplicate key, escaped", req: request{method: "POST", path: "/v1/sandboxes", body: `{"name":"a","\u006eame":"b"}`}, status: 400, code: api.CodeInvalid, msg: "name: given twice"},
+		{name: "duplicate nested key", req: request{method: "POST", path: "/v1/sandboxes", body: `{"resources":{"cpus":1,"cpus":2}}`}, status: 400, code: api.CodeInvalid, msg: "resources.cpus: given twice"},
+		{name: "duplicate label", req: request{method: "POST", path: "/v1/sandboxes", body: `{"labels":{"team":"red","team":"blue"}}`}, status: 400, code: api.CodeInvalid, msg: "labels.team: given twice"},
+		{name: "duplicate key in a checkpoint", req: request{method: "POST", path: "/v1/sandboxes/box/checkpoints", body: `{"memory":true,"memory":false}`}, status: 400, code: api.CodeInvalid, msg: "memory: given twice"},
+
+		// JSON is UTF-8: invalid bytes are refused, not made U+FFFD.
+		{name: "label of invalid UTF-8", req: request{method: "POST", path: "/v1/sandboxes", body: "{\"labels\":{\"team\":\"caf\xe9\"}}"}, status: 400, code: api.CodeInvalid, msg: "body: not valid UTF-8"},
+		{name: "name of invalid UTF-8", req: request{method: "POST", path: "/v1/sandboxes", body: "{\"name\":\"\xff\"}"}, status: 400, code: api.CodeInvalid, msg: "body: not valid UTF-8"},
+
 		// Label filters are checked as labels are, and bounded.
 		{name: "a thousand label filters", req: get(labels(1000, func(i int) string { return fmt.Sprint("k", i) })), status: 400, code: api.CodeInvalid, msg: "at most 64"},
 		{name: "65 label filters", req: get(labels(65, func(i int) string { return fmt.Sprint("k", i) })), status: 400, code: api.CodeInvalid, msg: "at most 64"},
@@ -158,6 +170,7 @@ func TestErrorShape(t *testing.T) {
 		{name: "label filter with a long key", req: get("/v1/sandboxes?label=" + strings.Repeat("k", 64) + "=v"), status: 400, code: api.CodeInvalid},
 		{name: "label filter with a long value", req: get("/v1/sandboxes?label=team=" + strings.Repeat("v", 256)), status: 400, code: api.CodeInvalid, msg: "255"},
 		{name: "label key twice", req: get("/v1/sandboxes?label=team=red&label=team=blue"), status: 400, code: api.CodeInvalid, msg: "team"},
+		{name: "label filter of invalid UTF-8", req: get("/v1/sandboxes?label=team=caf%E9"), status: 400, code: api.CodeInvalid, msg: "UTF-8"},
 
 		{name: "no token", req: request{method: "GET", path: "/v1/sandboxes", token: "-"}, status: 401, code: api.CodeUnauthorized},
 		{name: "missing sandbox", req: get("/v1/sandboxes/nope"), status: 404, code: api.CodeNotFound},

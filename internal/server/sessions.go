@@ -162,7 +162,10 @@ func (s *Server) acceptStream(w http.ResponseWriter, r *http.Request, st *sandbo
 		return hw.refusal()
 	}
 	defer c.CloseNow()
-	c.SetReadLimit(32 << 20)
+	// What the client sends is held here one message at a time, so the
+	// limit is what each socket may cost the daemon; the agent takes no
+	// more anyway.
+	c.SetReadLimit(api.MaxExecMessage)
 	proxyStream(r.Context(), c, st, s.writeTimeout)
 	return nil
 }

@@ -88,7 +88,9 @@ func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err != nil {
-		s.log.Error("template export cut short", "request_id", RequestID(r.Context()), "err", err)
+		if !clientGone(r) {
+			s.log.Error("template export cut short", "request_id", RequestID(r.Context()), "err", err)
+		}
 		panic(http.ErrAbortHandler) // the client must see a broken stream, not an end
 	}
 	if !lw.started {
