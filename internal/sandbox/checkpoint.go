@@ -401,6 +401,9 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 	m.closeStreams(sb.ID, why)
 	m.dropAgentConns()
 	st.done("streams")
+	if hc, ok := m.rt.(runtime.HeldCheckpointer); ok {
+		return m.freezeHeld(ctx, hc, sb, imageDir, snap, st)
+	}
 	start := time.Now()
 	if err := m.rt.Pause(ctx, sb.ID); err != nil {
 		return 0, fmt.Errorf("pausing: %w", err)
@@ -430,6 +433,40 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 		err = errors.Join(err, m.applyLimits(ctx, sb))
 	}
 	return paused, err
+}
+
+// freezeHeld is freeze with a runtime that holds the sandbox paused
+// through its own checkpoint call: the disk snapshot is taken inside it,
+// and the pause holds no start-up of separate pause and resume commands.
+// The time returned runs from the call, which pauses, to its return, after
+// the resume: the pause itself is within it.
+func (m *Manager) freezeHeld(ctx context.Context, hc runtime.HeldCheckpointer, sb *store.Sandbox, imageDir, snap string, st *steps) (time.Duration, error) {
+	start := time.Now()
+	err := hc.CheckpointHeld(ctx, sb.ID, imageDir, func() error {
+		st.done("pause_image") // the command's start, the pause and the save
+		crash.Point("checkpoint.image")
+		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
+			return err
+		}
+		st.done("snapshot")
+		crash.Point("checkpoint.snapshot")
+		return nil
+	})
+	paused := time.Since(start)
+	st.done("resume")
+	if err == nil {
+		return paused, nil
+	}
+	// CheckpointHeld resumes the sandbox when it can, and says so when
+	// it cannot; then it is not running any more, whatever the record
+	// said, and a restore or a restart of the daemon (which resumes
+	// paused sandboxes) mends it.
+	if rst, serr := m.rt.State(ctx, sb.ID); serr != nil || rst != runtime.StatusRunning {
+		_ = m.setState(ctx, sb, api.StateError, "left paused by a checkpoint that failed: "+err.Error())
+	}
+	// The runtime lifts the CPU quota while it writes the image; a
+	// checkpoint that failed part-way must not leave it lifted.
+	return paused, errors.Join(err, m.applyLimits(ctx, sb))
 }
 
 // stopInto takes a running sandbox's memory image and then its disk
