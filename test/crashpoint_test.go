@@ -523,11 +523,14 @@ done`
 // recoveryLogs are lines the start-up after a crash at a point logs: one
 // for each kind of leftover that point leaves, as it removes it.
 var recoveryLogs = map[string][]string{
-	"create.stored":            {"finishing interrupted operation"},
-	"boot.disk":                {"finishing interrupted operation"},
-	"boot.started":             {"finishing interrupted operation"},
-	"checkpoint.image":         {"resuming sandbox left paused", "removing unfinished checkpoint data"},
-	"checkpoint.snapshot":      {"resuming sandbox left paused", "removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
+	"create.stored": {"finishing interrupted operation"},
+	"boot.disk":     {"finishing interrupted operation"},
+	"boot.started":  {"finishing interrupted operation"},
+	// The runsc checkpoint that holds the sandbox paused resumes it when
+	// the daemon dies, mostly before the restarted daemon's recovery
+	// would (which resumes it when it comes first).
+	"checkpoint.image":         {"removing unfinished checkpoint data"},
+	"checkpoint.snapshot":      {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
 	"checkpoint.synced":        {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
 	"checkpoint.renamed":       {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},
 	"checkpoint.disk-snapshot": {"removing unfinished checkpoint data", "removing unfinished checkpoint snapshot"},

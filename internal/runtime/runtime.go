@@ -112,3 +112,20 @@ type Runtime interface {
 	// while they run). ErrNotExist when there is no such container.
 	SetLimits(ctx context.Context, id string, l Limits) error
 }
+
+// HeldCheckpointer is an optional ability of a Runtime, found by a type
+// check: a memory checkpoint of a running container that keeps it paused
+// while the caller does its own work on it, in one step of the runtime's.
+// The caller's work (whilePaused: loam snapshots the disk) then sees the
+// container exactly as its memory image does, and the pause holds only the
+// save and that work, not the runtime's own start-up costs of a separate
+// pause and resume.
+type HeldCheckpointer interface {
+	// CheckpointHeld pauses container id, writes its memory image into
+	// imageDir (which must not exist yet), calls whilePaused with the
+	// container still paused, and resumes it, whatever whilePaused
+	// returns. whilePaused is not called when the image could not be
+	// written. On error imageDir is removed and the container is left
+	// running when it can be; one left paused is an error.
+	CheckpointHeld(ctx context.Context, id, imageDir string, whilePaused func() error) error
+}

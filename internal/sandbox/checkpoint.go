@@ -395,43 +395,6 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 	return cp, nil
 }
 
-// freeze takes a running sandbox's memory image and disk snapshot while it
-// is paused, and resumes it. It returns how long the sandbox was paused.
-func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap, why string, st *steps) (time.Duration, error) {
-	m.closeStreams(sb.ID, why)
-	m.dropAgentConns()
-	st.done("streams")
-	start := time.Now()
-	if err := m.rt.Pause(ctx, sb.ID); err != nil {
-		return 0, fmt.Errorf("pausing: %w", err)
-	}
-	st.done("pause")
-	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{LeaveRunning: true})
-	if err == nil {
-		st.done("image")
-		crash.Point("checkpoint.image")
-		err = m.disks.Snapshot(ctx, sb.ID, snap)
-	}
-	if err == nil {
-		st.done("snapshot")
-		crash.Point("checkpoint.snapshot")
-	}
-	if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
-		err = errors.Join(err, fmt.Errorf("resuming: %w", rerr))
-		// Not running any more, whatever the record said; a restore or
-		// a restart of the daemon (which resumes paused sandboxes) mends it.
-		_ = m.setState(ctx, sb, api.StateError, "left paused: "+rerr.Error())
-	}
-	paused := time.Since(start)
-	st.done("resume")
-	if err != nil {
-		// The runtime lifts the CPU quota while it writes the image; a
-		// checkpoint that failed part-way must not leave it lifted.
-		err = errors.Join(err, m.applyLimits(ctx, sb))
-	}
-	return paused, err
-}
-
 // stopInto takes a running sandbox's memory image and then its disk
 // snapshot with one runsc checkpoint that leaves it stopped, for a restore
 // that replaces it next: no pause and resume around it. A checkpoint that

@@ -107,8 +107,13 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		if err == nil && st == runtime.StatusPaused {
 			// A crash while a checkpoint had it paused.
 			m.log.Info("resuming sandbox left paused", "sandbox", sb.ID)
-			if err := m.rt.Resume(ctx, sb.ID); err != nil {
-				return fmt.Errorf("resuming: %w", err)
+			if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
+				// The runtime's held checkpoint resumes it too, when the
+				// daemon that held it goes (runtime.HeldCheckpointer):
+				// it may have come first.
+				if st, err = m.rt.State(ctx, sb.ID); err != nil || st != runtime.StatusRunning {
+					return fmt.Errorf("resuming: %w", rerr)
+				}
 			}
 			st = runtime.StatusRunning
 		}

@@ -75,6 +75,8 @@ type Runtime struct {
 	// brought the first answer no sooner at 64 and 512 MiB, and it would
 	// leave the sandbox reading the image after Restore returns.
 	background bool
+	// holdPaused: runsc checkpoint has -hold-paused (CheckpointHeld).
+	holdPaused bool
 	// writeCgroup writes a cgroup control file: writeCgroupFile, or in
 	// tests one that fails.
 	writeCgroup func(path, value string) error
@@ -135,6 +137,7 @@ func New(cfg Config) (*Runtime, error) {
 		debug:       cfg.Debug,
 		log:         log,
 		writeCgroup: writeCgroupFile,
+		holdPaused:  supportsHoldPaused(cfg.Runsc),
 	}, nil
 }
 

@@ -1,0 +1,139 @@
+package gvisor
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"loam.dev/loam/internal/runtime"
+)
+
+// TestCheckpointHeld: the container is paused while whilePaused runs and
+// running after, with its quota back; a failing whilePaused still resumes
+// it and leaves no image; and the image restores.
+func TestCheckpointHeld(t *testing.T) {
+	e := newEnv(t)
+	if !e.rt.holdPaused {
+		t.Errorf("runsc %s has no checkpoint %s (tools/runsc/patches/0002): CheckpointHeld takes three runsc commands", e.runsc, holdPausedFlag)
+	}
+	ctx := context.Background()
+	sb := e.newSandbox(t, "sb-gvtestheld00", 9)
+	sb.spec.CPUs = 0.5
+	if err := e.rt.Start(ctx, sb.spec); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	sb.ask(t)
+	img := filepath.Join(t.TempDir(), "img")
+	calls := 0
+	err := e.rt.CheckpointHeld(ctx, sb.spec.ID, img, func() error {
+		calls++
+		e.wantState(t, sb.spec.ID, runtime.StatusPaused)
+		if _, err := os.Stat(filepath.Join(img, "checkpoint.img")); err != nil {
+			t.Errorf("image while paused: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("CheckpointHeld: %v", err)
+	}
+	if calls != 1 {
+		t.Errorf("whilePaused called %d times, want 1", calls)
+	}
+	e.wantState(t, sb.spec.ID, runtime.StatusRunning)
+	if q, err := cpuQuota(sb.spec.ID); err != nil || q != 0.5 {
+		t.Errorf("CPU quota after a checkpoint = %g, %v; want 0.5", q, err)
+	}
+	if r := sb.ask(t); r.N != 2 {
+		t.Errorf("after checkpoint n = %d, want 2", r.N)
+	}
+	if err := e.rt.CheckpointHeld(ctx, sb.spec.ID, img, func() error { return nil }); !errors.Is(err, os.ErrExist) {
+		t.Errorf("CheckpointHeld into an existing directory: %v, want ErrExist", err)
+	}
+
+	// A whilePaused that fails: resumed all the same, no image left.
+	img2 := filepath.Join(t.TempDir(), "img")
+	boom := errors.New("snapshot failed")
+	err = e.rt.CheckpointHeld(ctx, sb.spec.ID, img2, func() error {
+		e.wantState(t, sb.spec.ID, runtime.StatusPaused)
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Errorf("CheckpointHeld with a failing whilePaused: %v, want %v", err, boom)
+	}
+	e.wantState(t, sb.spec.ID, runtime.StatusRunning)
+	if _, err := os.Stat(img2); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("image of a failed checkpoint: %v, want it removed", err)
+	}
+	if r := sb.ask(t); r.N != 3 {
+		t.Errorf("after a failed checkpoint n = %d, want 3", r.N)
+	}
+
+	// The first image restores: the counter goes on from it.
+	if err := e.rt.Delete(ctx, sb.spec.ID); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	sb.prepare(t)
+	if err := e.rt.Restore(ctx, sb.spec, img); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	e.wantState(t, sb.spec.ID, runtime.StatusRunning)
+	if r := sb.ask(t); r.N != 2 {
+		t.Errorf("restored n = %d, want 2", r.N)
+	}
+	checkNoChildren(t)
+}
+
+// TestCheckpointHoldPausedCallerGone drives the patched runsc checkpoint
+// -hold-paused directly: a caller that goes away (its end of stdin closed,
+// no byte written) leaves the container running; and a resume by someone
+// else meanwhile (a restarted daemon's recovery) is not done twice, which
+// would kill the sandbox.
+func TestCheckpointHoldPausedCallerGone(t *testing.T) {
+	e := newEnv(t)
+	if !e.rt.holdPaused {
+		t.Fatalf("runsc %s has no checkpoint %s (tools/runsc/patches/0002)", e.runsc, holdPausedFlag)
+	}
+	ctx := context.Background()
+	sb := e.newSandbox(t, "sb-gvtestheld01", 10)
+	if err := e.rt.Start(ctx, sb.spec); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	sb.ask(t)
+	for i, resumeMeanwhile := range []bool{false, true} {
+		img := filepath.Join(t.TempDir(), "img")
+		cmd := e.rt.command(ctx, nil, "checkpoint", "-direct", "-leave-running", holdPausedFlag, "-image-path", img, sb.spec.ID)
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if line != savedLine+"\n" {
+			t.Fatalf("runsc checkpoint %s said %q, %v; want %q", holdPausedFlag, line, err, savedLine)
+		}
+		e.wantState(t, sb.spec.ID, runtime.StatusPaused)
+		if resumeMeanwhile {
+			if err := e.rt.Resume(ctx, sb.spec.ID); err != nil {
+				t.Fatalf("Resume while held: %v", err)
+			}
+		}
+		stdin.Close() // the caller is gone
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("runsc checkpoint %s after its caller went: %v", holdPausedFlag, err)
+		}
+		e.wantState(t, sb.spec.ID, runtime.StatusRunning)
+		if r := sb.ask(t); r.N != i+2 {
+			t.Errorf("after the caller went (resumed meanwhile: %v) n = %d, want %d", resumeMeanwhile, r.N, i+2)
+		}
+	}
+	checkNoChildren(t)
+}
