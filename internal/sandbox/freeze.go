@@ -29,12 +29,7 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{LeaveRunning: true})
 	if err == nil {
 		st.done("image")
-		crash.Point("checkpoint.image")
-		err = m.disks.Snapshot(ctx, sb.ID, snap)
-	}
-	if err == nil {
-		st.done("snapshot")
-		crash.Point("checkpoint.snapshot")
+		err = m.snapshotFrozen(ctx, sb, snap, st)
 	}
 	if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("resuming: %w", rerr))
@@ -61,13 +56,7 @@ func (m *Manager) freezeHeld(ctx context.Context, hc runtime.HeldCheckpointer, s
 	start := time.Now()
 	err := hc.CheckpointHeld(ctx, sb.ID, imageDir, func() error {
 		st.done("pause_image") // the command's start, the pause and the save
-		crash.Point("checkpoint.image")
-		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
-			return err
-		}
-		st.done("snapshot")
-		crash.Point("checkpoint.snapshot")
-		return nil
+		return m.snapshotFrozen(ctx, sb, snap, st)
 	})
 	paused := time.Since(start)
 	st.done("resume")
@@ -84,4 +73,17 @@ func (m *Manager) freezeHeld(ctx context.Context, hc runtime.HeldCheckpointer, s
 	// The runtime lifts the CPU quota while it writes the image; a
 	// checkpoint that failed part-way must not leave it lifted.
 	return paused, errors.Join(err, m.applyLimits(ctx, sb))
+}
+
+// snapshotFrozen takes the disk snapshot of a paused sandbox whose memory
+// image is written, the one place of freeze's crash points for both ways of
+// holding the pause.
+func (m *Manager) snapshotFrozen(ctx context.Context, sb *store.Sandbox, snap string, st *steps) error {
+	crash.Point("checkpoint.image")
+	if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
+		return err
+	}
+	st.done("snapshot")
+	crash.Point("checkpoint.snapshot")
+	return nil
 }
