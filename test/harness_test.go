@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -185,8 +186,9 @@ func (d *daemon) httpClient() *http.Client {
 }
 
 // subnets hands each daemon of this package its own address range, so that
-// two daemons never give out the same addresses.
-var subnetSeq = 0
+// two daemons never give out the same addresses. Tests that call
+// t.Parallel start daemons at once, so it is atomic.
+var subnetSeq atomic.Int64
 
 // testSubnet is the n-th /24 of this run's test range, 10.89.0.0/16 unless
 // LOAM_TEST_NET names another second octet (two runs at once on one host,
@@ -201,8 +203,7 @@ func testSubnet(n int) string {
 
 // nextSubnet is the next test subnet for a daemon.
 func nextSubnet() string {
-	subnetSeq++
-	return testSubnet(subnetSeq % 250)
+	return testSubnet(int(subnetSeq.Add(1) % 250))
 }
 
 // startDaemon runs a daemon on a new data dir; it is stopped, and all it
