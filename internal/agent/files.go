@@ -98,7 +98,7 @@ func fileInfo(p string, fi fs.FileInfo) api.FileInfo {
 	info := api.FileInfo{
 		Path:  p,
 		Size:  fi.Size(),
-		Mode:  fmt.Sprintf("%04o", unixPerm(fi.Mode())),
+		Mode:  fmt.Sprintf("%04o", archive.UnixPerm(fi.Mode())),
 		MTime: fi.ModTime().UTC(),
 	}
 	switch {
@@ -113,21 +113,6 @@ func fileInfo(p string, fi fs.FileInfo) api.FileInfo {
 		info.Type = api.FileTypeOther
 	}
 	return info
-}
-
-// unixPerm is the permission bits of m as chmod takes them.
-func unixPerm(m fs.FileMode) uint32 {
-	p := uint32(m.Perm())
-	if m&fs.ModeSetuid != 0 {
-		p |= unix.S_ISUID
-	}
-	if m&fs.ModeSetgid != 0 {
-		p |= unix.S_ISGID
-	}
-	if m&fs.ModeSticky != 0 {
-		p |= unix.S_ISVTX
-	}
-	return p
 }
 
 // parseMode reads an octal permission mode ("0644"); def when s is empty.

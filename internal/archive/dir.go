@@ -244,17 +244,23 @@ func (d *Dir) Chmod(name string, mode fs.FileMode) error {
 		return err
 	}
 	defer unix.Close(fd)
-	m := uint32(mode.Perm())
-	if mode&fs.ModeSetuid != 0 {
-		m |= unix.S_ISUID
+	return unix.Fchmod(fd, UnixPerm(mode))
+}
+
+// UnixPerm is the permission bits of m as chmod takes them: the
+// permission, set-id and sticky bits.
+func UnixPerm(m fs.FileMode) uint32 {
+	p := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		p |= unix.S_ISUID
 	}
-	if mode&fs.ModeSetgid != 0 {
-		m |= unix.S_ISGID
+	if m&fs.ModeSetgid != 0 {
+		p |= unix.S_ISGID
 	}
-	if mode&fs.ModeSticky != 0 {
-		m |= unix.S_ISVTX
+	if m&fs.ModeSticky != 0 {
+		p |= unix.S_ISVTX
 	}
-	return unix.Fchmod(fd, m)
+	return p
 }
 
 // openNoFollow opens the file or directory name for reading; a symlink
