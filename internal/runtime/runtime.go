@@ -123,9 +123,12 @@ type Runtime interface {
 type HeldCheckpointer interface {
 	// CheckpointHeld pauses container id, writes its memory image into
 	// imageDir (which must not exist yet), calls whilePaused with the
-	// container still paused, and resumes it, whatever whilePaused
-	// returns. whilePaused is not called when the image could not be
-	// written. On error imageDir is removed and the container is left
-	// running when it can be; one left paused is an error.
+	// container still paused, and resumes it once both are done, whatever
+	// whilePaused returns. whilePaused runs once the container's
+	// filesystem is as the image has it: a runtime that knows that point
+	// calls it while the memory is still being written, others once it
+	// is. It is not called when the save fails before that point. On
+	// error imageDir is removed and the container is left running when
+	// it can be; one left paused is an error.
 	CheckpointHeld(ctx context.Context, id, imageDir string, whilePaused func() error) error
 }

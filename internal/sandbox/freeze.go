@@ -49,13 +49,16 @@ func (m *Manager) freeze(ctx context.Context, sb *store.Sandbox, imageDir, snap,
 
 // freezeHeld is freeze with a runtime that holds the sandbox paused
 // through its own checkpoint call: the disk snapshot is taken inside it,
-// and the pause holds no start-up of separate pause and resume commands.
+// while the memory is still being written when the runtime says when the
+// filesystem is flushed, and the pause holds no start-up of separate pause
+// and resume commands.
 // The time returned runs from the call, which pauses, to its return, after
 // the resume: the pause itself is within it.
 func (m *Manager) freezeHeld(ctx context.Context, hc runtime.HeldCheckpointer, sb *store.Sandbox, imageDir, snap string, st *steps) (time.Duration, error) {
 	start := time.Now()
 	err := hc.CheckpointHeld(ctx, sb.ID, imageDir, func() error {
-		st.done("pause_image") // the command's start, the pause and the save
+		// The command's start, the pause and the flush (or the save).
+		st.done("pause_flush")
 		return m.snapshotFrozen(ctx, sb, snap, st)
 	})
 	paused := time.Since(start)
@@ -75,9 +78,9 @@ func (m *Manager) freezeHeld(ctx context.Context, hc runtime.HeldCheckpointer, s
 	return paused, errors.Join(err, m.applyLimits(ctx, sb))
 }
 
-// snapshotFrozen takes the disk snapshot of a paused sandbox whose memory
-// image is written, the one place of freeze's crash points for both ways of
-// holding the pause.
+// snapshotFrozen takes the disk snapshot of a paused sandbox whose
+// filesystem is flushed (its memory image written, or being written), the
+// one place of freeze's crash points for both ways of holding the pause.
 func (m *Manager) snapshotFrozen(ctx context.Context, sb *store.Sandbox, snap string, st *steps) error {
 	crash.Point("checkpoint.image")
 	if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {

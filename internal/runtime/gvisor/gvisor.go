@@ -35,6 +35,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -77,6 +78,9 @@ type Runtime struct {
 	background bool
 	// holdPaused: runsc checkpoint has -hold-paused (CheckpointHeld).
 	holdPaused bool
+	// overlapped counts the held checkpoints whose whilePaused ran from
+	// runsc's "synced", while the memory was written (tests read it).
+	overlapped atomic.Int64
 	// writeCgroup writes a cgroup control file: writeCgroupFile, or in
 	// tests one that fails.
 	writeCgroup func(path, value string) error

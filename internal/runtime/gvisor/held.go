@@ -28,6 +28,12 @@ const holdPausedFlag = "-hold-paused"
 // saved and the container is still paused.
 const savedLine = "saved"
 
+// syncedLine is what runsc checkpoint -hold-paused (of loam's patch 0002
+// since it learned to) writes before "saved", once the sandbox's
+// filesystems are flushed: from then on its disk matches the image being
+// written, and may be snapshotted while the memory is.
+const syncedLine = "synced"
+
 // supportsHoldPaused asks runsc whether its checkpoint command has
 // -hold-paused, once, in New: a runsc given by the user may be an unpatched
 // one, whose checkpoint would fail on the flag.
@@ -87,16 +93,32 @@ func (r *Runtime) CheckpointHeld(ctx context.Context, id, imageDir string, while
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("checkpointing %s: starting runsc: %w", id, err)
 	}
+	// whilePaused runs from "synced" when runsc says it (the memory is
+	// still being written then, the disk no longer changes), or else from
+	// "saved"; either way the container stays paused until it returns.
 	saved := false
+	var running chan error
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
-		if strings.TrimSpace(sc.Text()) == savedLine {
+		switch strings.TrimSpace(sc.Text()) {
+		case syncedLine:
+			if running == nil {
+				r.overlapped.Add(1)
+				running = make(chan error, 1)
+				go func() { running <- whilePaused() }()
+			}
+		case savedLine:
 			saved = true
+		}
+		if saved {
 			break
 		}
 	}
 	var werr error
-	if saved {
+	switch {
+	case running != nil:
+		werr = <-running
+	case saved:
 		werr = whilePaused()
 	}
 	// One byte, then EOF: runsc resumes the container and exits. Without
@@ -105,7 +127,7 @@ func (r *Runtime) CheckpointHeld(ctx context.Context, id, imageDir string, while
 	_ = stdin.Close()
 	_, _ = io.Copy(io.Discard, stdout)
 	cerr := cmd.Wait()
-	r.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "err", cerr)
+	r.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "overlapped", running != nil, "err", cerr)
 	if cerr != nil {
 		cerr = r.classify(id, &commandError{command: args[0], err: cerr, stderr: strings.TrimSpace(stderr.String())})
 		cerr = fmt.Errorf("checkpointing %s into %s: %w", id, imageDir, cerr)

@@ -42,6 +42,11 @@ func TestCheckpointHeld(t *testing.T) {
 	if calls != 1 {
 		t.Errorf("whilePaused called %d times, want 1", calls)
 	}
+	// loam's runsc says "synced" before "saved": the disk snapshot runs
+	// while the memory is written, not after.
+	if n := e.rt.overlapped.Load(); n != 1 {
+		t.Errorf("checkpoints whose whilePaused ran from \"synced\": %d, want 1 (tools/runsc/patches/0002)", n)
+	}
 	e.wantState(t, sb.spec.ID, runtime.StatusRunning)
 	if q, err := cpuQuota(sb.spec.ID); err != nil || q != 0.5 {
 		t.Errorf("CPU quota after a checkpoint = %g, %v; want 0.5", q, err)
