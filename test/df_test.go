@@ -19,7 +19,8 @@ type dfUse struct{ size, used, avail int64 }
 // free space is what the limit leaves (what loam reports, seen from the
 // other side), whose use grows with what it writes, and it must stay so on
 // the new volume of a restore in place (a fresh boot) and of forks of a
-// disk-only and of a memory checkpoint (the last a runsc restore). A
+// disk-only and of a memory checkpoint (the last a runsc restore), and
+// after that fork sleeps and wakes (a runsc restore on the same volume). A
 // sandbox with the default limit (4 GiB) sees that.
 func TestDiskLimitDF(t *testing.T) {
 	t.Parallel()
@@ -96,6 +97,13 @@ func TestDiskLimitDF(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := d.C.Fork(ctx, "df", mcp.ID, "memory-fork"); err != nil {
+		t.Fatal(err)
+	}
+	// A wake is a runsc restore too, on the same volume.
+	if _, err := d.C.Sleep(ctx, "memory-fork"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.Wake(ctx, "memory-fork"); err != nil {
 		t.Fatal(err)
 	}
 	if errb, code := fillDisk(t, d, "memory-fork", "more", 50); code != 0 {
