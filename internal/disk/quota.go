@@ -33,6 +33,13 @@ type Limiter interface {
 	// microseconds whatever the volume holds; the counters lag writes by
 	// up to the filesystem's commit interval (30 s).
 	DiskUse(ctx context.Context, id string, base Base) (used, limit int64, err error)
+	// QuotaDir is the directory of volume id's live quota counters, whose
+	// files referenced and max_referenced say what the volume refers to
+	// (its base included) and its limit on that, in bytes (all ones: no
+	// limit), as the kernel keeps them: /sys/fs/btrfs/FSID/qgroups/0_SUBVOLID.
+	// The runtime hands them to the sandbox for its statfs. It is "" when
+	// the filesystem keeps no quotas.
+	QuotaDir(ctx context.Context, id string) (string, error)
 }
 
 // Base is the tree a volume's lineage was first made from, whose size a
@@ -198,15 +205,24 @@ func setQgroupLimit(path string, maxRfer int64) error {
 	return nil
 }
 
+// qgroupDir is the directory in sys, the filesystem's sysfs directory, of
+// the level-0 qgroup of the subvolume at path.
+func qgroupDir(sys, path string) (string, uint64, error) {
+	id, err := subvolumeID(path)
+	if err != nil {
+		return "", 0, err
+	}
+	return filepath.Join(sys, "qgroups", "0_"+strconv.FormatUint(id, 10)), id, nil
+}
+
 // qgroupUse reads what the level-0 qgroup of the subvolume at path refers
 // to and its limit on that (0: none) from sys, the filesystem's sysfs
 // directory.
 func qgroupUse(sys, path string) (rfer, maxRfer int64, err error) {
-	id, err := subvolumeID(path)
+	dir, id, err := qgroupDir(sys, path)
 	if err != nil {
 		return 0, 0, err
 	}
-	dir := filepath.Join(sys, "qgroups", "0_"+strconv.FormatUint(id, 10))
 	read := func(name string) (int64, error) {
 		data, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
@@ -385,4 +401,26 @@ func (b *Btrfs) DiskUse(ctx context.Context, id string, base Base) (used, limit 
 		limit = max(maxRfer-bb, 1)
 	}
 	return max(rfer-bb, 0), limit, nil
+}
+
+// QuotaDir is the sysfs directory of volume id's level-0 qgroup, "" when
+// quotas are off. Under classic qgroups its referenced counts the volume's
+// base too, and so does its limit (see SetLimit), so a sandbox shown them
+// sees a disk holding its template.
+func (b *Btrfs) QuotaDir(ctx context.Context, id string) (string, error) {
+	if err := validName(id); err != nil {
+		return "", err
+	}
+	if b.quota == "" {
+		return "", nil
+	}
+	path := b.l.volumePath(id)
+	if err := mustExist(path); err != nil {
+		return "", fmt.Errorf("finding the quota of volume %s: %w", id, err)
+	}
+	dir, _, err := qgroupDir(b.sys, path)
+	if err != nil {
+		return "", fmt.Errorf("finding the quota of volume %s: %w", id, err)
+	}
+	return dir, nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -91,6 +93,23 @@ func TestBtrfsQuota(t *testing.T) {
 	commit(t, full)
 	if used, _ := use(t, p, "full"); used < limit-mib || used > limit {
 		t.Errorf("full volume uses %d bytes, want about its limit %d", used, limit)
+	}
+
+	// The quota's live counters, which a sandbox's statfs shows: the
+	// template counted, in what the volume refers to and in its limit.
+	dir, err := p.QuotaDir(ctx, "full")
+	must(t, err)
+	for name, want := range map[string]int64{"max_referenced": limit + 24*mib, "referenced": limit + 24*mib} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		must(t, err)
+		n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+		must(t, err)
+		if n < want-mib || n > want+mib {
+			t.Errorf("%s/%s = %d, want about %d", dir, name, n, want)
+		}
+	}
+	if _, err := p.QuotaDir(ctx, "missing"); !errors.Is(err, disk.ErrNotFound) {
+		t.Errorf("QuotaDir of a missing volume: %v, want ErrNotFound", err)
 	}
 
 	// The neighbour, with no limit, writes more than the full one could.

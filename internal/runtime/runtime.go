@@ -56,6 +56,11 @@ type Spec struct {
 	CPUs float64
 	// MemoryMiB is the memory limit; 0 means no limit.
 	MemoryMiB int
+	// DiskQuota is the directory of the live counters of Rootfs's disk
+	// quota (disk.Limiter's QuotaDir), or "" for none. The sandbox's
+	// statfs of / then shows the quota's limit as the disk's size and
+	// what is left of it as its free space, where the runtime can.
+	DiskQuota string
 }
 
 // Limits are a container's resource limits, with the meaning of the Spec

@@ -687,7 +687,7 @@ func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, 
 		return err
 	}
 	start := time.Now()
-	if err := m.rt.Restore(ctx, m.spec(sb, ep), imageDir); err != nil {
+	if err := m.rt.Restore(ctx, m.spec(ctx, sb, ep), imageDir); err != nil {
 		return fmt.Errorf("restoring memory: %w", err)
 	}
 	crash.Point("resume.restored")

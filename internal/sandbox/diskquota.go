@@ -30,6 +30,25 @@ func (m *Manager) limitDisk(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
+// diskQuota is the directory of the counters of sb's disk quota, for the
+// runtime to show in the sandbox's statfs (runtime.Spec.DiskQuota), or ""
+// where the pool keeps none. It is asked for on every start and restore:
+// a restored or forked sandbox runs on a new volume with a quota of its
+// own. The counters are read live, so a limit set after the start (a warm
+// sandbox claimed, a restore's new volume) shows as soon as it is set.
+func (m *Manager) diskQuota(ctx context.Context, sb *store.Sandbox) string {
+	l, ok := m.disks.(disk.Limiter)
+	if !ok {
+		return ""
+	}
+	dir, err := l.QuotaDir(ctx, sb.ID)
+	if err != nil {
+		m.log.Warn("finding a disk's quota; df in the sandbox shows the whole pool", "sandbox", sb.ID, "err", err)
+		return ""
+	}
+	return dir
+}
+
 // relimitDisk sets a recovered sandbox's disk limit again: a crash may
 // have come between a restore's new volume and its limit, and a pool whose
 // quotas were switched to classic qgroups lost every limit.

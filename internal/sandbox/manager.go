@@ -599,7 +599,7 @@ func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.DataDir, "s
 
 // spec is the runtime spec of a sandbox; env is more of the agent's
 // environment (its image's defaults, for a fresh boot).
-func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint, env ...string) runtime.Spec {
+func (m *Manager) spec(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, env ...string) runtime.Spec {
 	return runtime.Spec{
 		ID:          sb.ID,
 		BundleDir:   filepath.Join(m.dir(sb.ID), "bundle"),
@@ -614,6 +614,7 @@ func (m *Manager) spec(sb *store.Sandbox, ep network.Endpoint, env ...string) ru
 		}, env...),
 		CPUs:      sb.Resources.CPUs,
 		MemoryMiB: sb.Resources.MemoryMiB,
+		DiskQuota: m.diskQuota(ctx, sb),
 	}
 }
 
@@ -658,7 +659,7 @@ func (m *Manager) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, s
 	if err != nil {
 		return err
 	}
-	if err := m.rt.Start(ctx, m.spec(sb, ep, agentEnv...)); err != nil {
+	if err := m.rt.Start(ctx, m.spec(ctx, sb, ep, agentEnv...)); err != nil {
 		return fmt.Errorf("starting: %w", err)
 	}
 	crash.Point("boot.started")

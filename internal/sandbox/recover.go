@@ -261,7 +261,7 @@ func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir, what s
 		if err != nil {
 			return err
 		}
-		if err := m.rt.Restore(ctx, m.spec(sb, ep), newest); err != nil {
+		if err := m.rt.Restore(ctx, m.spec(ctx, sb, ep), newest); err != nil {
 			return fmt.Errorf("restoring memory: %w", err)
 		}
 		crash.Point("recover.resumed")

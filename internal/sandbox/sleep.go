@@ -451,7 +451,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 		return fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 	}
 	crash.Point("wake.numbered")
-	if err := m.rt.Restore(ctx, m.spec(sb, ep), m.sleepImage(sb.ID)); err != nil {
+	if err := m.rt.Restore(ctx, m.spec(ctx, sb, ep), m.sleepImage(sb.ID)); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return fmt.Errorf("restoring memory: %w", err)
 	}

@@ -126,6 +126,14 @@ func TestOCISpec(t *testing.T) {
 	if got := rlimit(s, "RLIMIT_NOFILE"); got != 1<<20 {
 		t.Errorf("RLIMIT_NOFILE = %d, want %d", got, 1<<20)
 	}
+	if len(s.Annotations) != 0 {
+		t.Errorf("annotations without a disk quota = %v, want none", s.Annotations)
+	}
+	withQuota := spec
+	withQuota.DiskQuota = "/sys/fs/btrfs/x/qgroups/0_256"
+	if got := ociSpec(withQuota).Annotations[QuotaAnnotation]; got != withQuota.DiskQuota {
+		t.Errorf("annotation %s = %q, want %q", QuotaAnnotation, got, withQuota.DiskQuota)
+	}
 	for mib, want := range map[int]uint64{64: 128, 2048: 2048, 1 << 20: 4096, 0: 4096} {
 		spec.MemoryMiB = mib
 		if got := rlimit(ociSpec(spec), "RLIMIT_NPROC"); got != want {

@@ -25,6 +25,14 @@ const (
 // that each container's cgroup is made in: CgroupParent/<id>.
 const CgroupParent = "/loam"
 
+// QuotaAnnotation is the OCI annotation that gives runsc the sysfs
+// directory of the btrfs qgroup limiting the container's rootfs
+// (Spec.DiskQuota). loam's patched runsc (tools/runsc/patches/
+// 0003-statfs-qgroup.patch) reads the qgroup's counters there for statfs of
+// /, so that df inside the sandbox shows its disk limit, not the whole
+// pool; an unpatched runsc ignores it.
+const QuotaAnnotation = "dev.loam.qgroup"
+
 // cfsPeriod is the CPU quota period in microseconds (the kernel's default).
 const cfsPeriod = 100000
 
@@ -185,6 +193,9 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 				{Type: specs.NetworkNamespace, Path: spec.Netns},
 			},
 		},
+	}
+	if spec.DiskQuota != "" {
+		s.Annotations = map[string]string{QuotaAnnotation: spec.DiskQuota}
 	}
 	if spec.MemoryMiB > 0 || spec.CPUs > 0 {
 		res := &specs.LinuxResources{}
