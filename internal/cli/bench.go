@@ -57,8 +57,10 @@ Each workload holds touched, incompressible memory (--sizes, MiB) in /dev/shm
 with its checksum, and a ticker that records the pauses it sees; after every
 restore, fork and wake the memory is checked, and a mismatch fails the run.
 Operations (--ops): create (per template, until an exec answers), exec (round
-trip of true), checkpoint (API time, pause seen inside, image size),
-disk-checkpoint, restore (in place, until an exec answers), fork (until the
+trip of true), checkpoint (API time; checkpoint-durable: until the image
+would survive a power cut, which loam's answer waits for and raw runsc's
+does not, so raw's adds an fsync of its image; pause seen inside; image
+size), disk-checkpoint, restore (in place, until an exec answers), fork (until the
 fork answers an exec; host PSS and RSS of the fork), fork4 and fork16 (that
 many forks of one checkpoint at once, until all answer), wake (from sleep).
 
