@@ -87,6 +87,13 @@ type CheckpointOptions struct {
 	// otherwise it is stopped, and only Delete is left to do (runsc goes on
 	// reporting it as running for about 2 s while its sandbox exits).
 	LeaveRunning bool
+	// Flushed, if set, is called once the container's filesystem is as
+	// the image has it and stays so (the container paused, or stopped):
+	// loam snapshots the disk there. A runtime that can tell that point
+	// calls it while the memory is still being written, others once the
+	// image is; either way Checkpoint returns after both, with Flushed's
+	// error among its own. It is not called when the save fails before.
+	Flushed func() error
 }
 
 // Runtime starts, stops and checkpoints containers. Implementations are safe

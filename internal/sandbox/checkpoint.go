@@ -405,21 +405,25 @@ func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, sna
 	m.dropAgentConns()
 	st.done("streams")
 	start := time.Now()
-	if err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{}); err != nil {
+	// The disk is snapshotted once the sandbox's files are flushed and its
+	// tasks stopped for good (runsc's "synced"): it changes no more, and
+	// its dirty pages are in the image being written, as a paused
+	// sandbox's are.
+	// A failure of either leaves the sandbox running if it still is, and
+	// in state error if it stopped.
+	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{Flushed: func() error {
+		st.done("flush")
+		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
+			return fmt.Errorf("snapshotting the disk: %w", err)
+		}
+		st.done("snapshot")
+		return nil
+	}})
+	if err != nil {
 		return m.afterFailedStop(ctx, sb, err)
 	}
-	written := time.Now()
 	st.done("image")
-	// Stopped: its disk changes no more, and its dirty pages are in the
-	// image, as a paused sandbox's are.
-	if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
-		err = fmt.Errorf("snapshotting the disk: %w", err)
-		_ = m.setState(ctx, sb, api.StateError, "stopped for a restore that failed: "+err.Error())
-		return err
-	}
-	st.done("snapshot")
-	m.log.Info("memory checkpoint before a restore", "sandbox", sb.ID,
-		"runtime_ms", written.Sub(start).Milliseconds(), "ms", time.Since(start).Milliseconds())
+	m.log.Info("memory checkpoint before a restore", "sandbox", sb.ID, "ms", time.Since(start).Milliseconds())
 	return nil
 }
 

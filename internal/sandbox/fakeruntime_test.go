@@ -469,6 +469,11 @@ func (r *fakeRuntime) Checkpoint(ctx context.Context, id, imageDir string, opts 
 		c.status = runtime.StatusStopped
 		r.mu.Unlock()
 	}
+	if opts.Flushed != nil {
+		if err := opts.Flushed(); err != nil {
+			return err
+		}
+	}
 	r.mu.Lock()
 	after := r.after
 	r.mu.Unlock()

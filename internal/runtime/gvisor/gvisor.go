@@ -78,6 +78,9 @@ type Runtime struct {
 	background bool
 	// holdPaused: runsc checkpoint has -hold-paused (CheckpointHeld).
 	holdPaused bool
+	// synced: runsc checkpoint has -synced (Checkpoint's Flushed runs
+	// while the memory is written).
+	synced bool
 	// overlapped counts the held checkpoints whose whilePaused ran from
 	// runsc's "synced", while the memory was written (tests read it).
 	overlapped atomic.Int64
@@ -114,7 +117,7 @@ func New(cfg Config) (*Runtime, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Runtime{
+	r := &Runtime{
 		runsc: cfg.Runsc,
 		root:  cfg.Root,
 		global: []string{
@@ -141,8 +144,9 @@ func New(cfg Config) (*Runtime, error) {
 		debug:       cfg.Debug,
 		log:         log,
 		writeCgroup: writeCgroupFile,
-		holdPaused:  supportsHoldPaused(cfg.Runsc),
-	}, nil
+	}
+	r.holdPaused, r.synced = checkpointFlags(cfg.Runsc)
+	return r, nil
 }
 
 // Start writes spec's bundle and runs its container detached.
@@ -346,13 +350,22 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts runt
 			r.log.WarnContext(ctx, "lifting the CPU quota for a checkpoint", "container", id, "err", lerr)
 		}
 	}
-	if _, err := r.run(ctx, id, append(args, id)...); err != nil {
+	var ferr error
+	if opts.Flushed != nil && r.synced {
+		err, ferr = r.runSynced(ctx, id, append(args, syncedFlag, id), opts.Flushed)
+	} else {
+		_, err = r.run(ctx, id, append(args, id)...)
+		if err == nil && opts.Flushed != nil {
+			ferr = opts.Flushed()
+		}
+	}
+	if err != nil {
 		// The directory did not exist before: whatever is there is ours
 		// and incomplete.
 		_ = os.RemoveAll(imageDir)
-		return fmt.Errorf("checkpointing %s into %s: %w", id, imageDir, r.classify(id, err))
+		return errors.Join(fmt.Errorf("checkpointing %s into %s: %w", id, imageDir, r.classify(id, err)), ferr)
 	}
-	return nil
+	return ferr
 }
 
 // simple runs a runsc command that takes only the id.

@@ -34,14 +34,62 @@ const savedLine = "saved"
 // written, and may be snapshotted while the memory is.
 const syncedLine = "synced"
 
-// supportsHoldPaused asks runsc whether its checkpoint command has
-// -hold-paused, once, in New: a runsc given by the user may be an unpatched
-// one, whose checkpoint would fail on the flag.
-func supportsHoldPaused(runsc string) bool {
+// syncedFlag is the flag of runsc checkpoint (loam's patch 0002, since it
+// learned to) that writes "synced" on stdout, without -hold-paused too.
+const syncedFlag = "-synced"
+
+// checkpointFlags asks runsc, once, in New, whether its checkpoint command
+// has -hold-paused and -synced: a runsc given by the user may be an
+// unpatched one, or one patched before -synced, whose checkpoint would
+// fail on the flag.
+func checkpointFlags(runsc string) (holdPaused, synced bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out, _ := exec.CommandContext(ctx, runsc, "help", "checkpoint").CombinedOutput()
-	return bytes.Contains(out, []byte(holdPausedFlag))
+	return bytes.Contains(out, []byte(holdPausedFlag)), bytes.Contains(out, []byte(syncedFlag+"\n"))
+}
+
+// runSynced runs runsc checkpoint with -synced and calls flushed from its
+// "synced" line, while it writes the memory, or once it has written it
+// when it says no such line. It returns runsc's error and flushed's, once
+// both are done; flushed is not called when runsc fails first.
+func (r *Runtime) runSynced(ctx context.Context, id string, args []string, flushed func() error) (err, ferr error) {
+	var flags []string
+	if r.debug {
+		flags = []string{"--debug", "--debug-log=" + filepath.Join(r.root, debugDir, id) + "/"}
+	}
+	cmd := r.command(ctx, flags, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err, nil
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return err, nil
+	}
+	var running chan error
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == syncedLine && running == nil {
+			r.overlapped.Add(1)
+			running = make(chan error, 1)
+			go func() { running <- flushed() }()
+		}
+	}
+	err = cmd.Wait()
+	r.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "overlapped", running != nil, "err", err)
+	if err != nil {
+		err = &commandError{command: args[0], err: err, stderr: strings.TrimSpace(stderr.String())}
+	}
+	switch {
+	case running != nil:
+		ferr = <-running
+	case err == nil:
+		ferr = flushed()
+	}
+	return err, ferr
 }
 
 // CheckpointHeld implements runtime.HeldCheckpointer. With a runsc that has

@@ -121,9 +121,13 @@ func TestCheckpointHoldPausedCallerGone(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if line != savedLine+"\n" {
-			t.Fatalf("runsc checkpoint %s said %q, %v; want %q", holdPausedFlag, line, err, savedLine)
+		// "synced" first (the disk is flushed), then "saved".
+		rd := bufio.NewReader(stdout)
+		for _, want := range []string{syncedLine, savedLine} {
+			line, err := rd.ReadString('\n')
+			if line != want+"\n" {
+				t.Fatalf("runsc checkpoint %s said %q, %v; want %q", holdPausedFlag, line, err, want)
+			}
 		}
 		e.wantState(t, sb.spec.ID, runtime.StatusPaused)
 		if resumeMeanwhile {
@@ -139,6 +143,61 @@ func TestCheckpointHoldPausedCallerGone(t *testing.T) {
 		if r := sb.ask(t); r.N != i+2 {
 			t.Errorf("after the caller went (resumed meanwhile: %v) n = %d, want %d", resumeMeanwhile, r.N, i+2)
 		}
+	}
+	checkNoChildren(t)
+}
+
+// TestCheckpointFlushed: a checkpoint that stops the container calls
+// Flushed from runsc's "synced", while the memory is written, with the
+// container no longer running; a failing Flushed fails the checkpoint; and
+// the image restores.
+func TestCheckpointFlushed(t *testing.T) {
+	e := newEnv(t)
+	if !e.rt.synced {
+		t.Errorf("runsc %s has no checkpoint %s (tools/runsc/patches/0002)", e.runsc, syncedFlag)
+	}
+	ctx := context.Background()
+	sb := e.newSandbox(t, "sb-gvtestflush0", 11)
+	if err := e.rt.Start(ctx, sb.spec); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	sb.ask(t)
+	img := filepath.Join(t.TempDir(), "img")
+	calls := 0
+	before := e.rt.overlapped.Load()
+	err := e.rt.Checkpoint(ctx, sb.spec.ID, img, runtime.CheckpointOptions{Flushed: func() error {
+		calls++
+		if _, err := os.Stat(filepath.Join(img, "checkpoint.img")); err != nil {
+			t.Errorf("image while flushed: %v", err)
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatalf("Checkpoint: %v", err)
+	}
+	if calls != 1 {
+		t.Errorf("Flushed called %d times, want 1", calls)
+	}
+	if n := e.rt.overlapped.Load() - before; n != 1 {
+		t.Errorf("checkpoints whose Flushed ran from \"synced\": %d, want 1", n)
+	}
+	if err := e.rt.Delete(ctx, sb.spec.ID); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	sb.prepare(t)
+	if err := e.rt.Restore(ctx, sb.spec, img); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	if r := sb.ask(t); r.N != 2 {
+		t.Errorf("restored n = %d, want 2", r.N)
+	}
+
+	// A Flushed that fails fails the checkpoint, which keeps its image
+	// (the save itself succeeded) for the caller to drop.
+	boom := errors.New("snapshot failed")
+	img2 := filepath.Join(t.TempDir(), "img")
+	if err := e.rt.Checkpoint(ctx, sb.spec.ID, img2, runtime.CheckpointOptions{Flushed: func() error { return boom }}); !errors.Is(err, boom) {
+		t.Errorf("Checkpoint with a failing Flushed: %v, want %v", err, boom)
 	}
 	checkNoChildren(t)
 }
