@@ -193,6 +193,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err := checkStatic(cfg.AgentBinary); err != nil {
 		return err
 	}
+	// Sandboxes run a copy kept by its content, which an upgrade of the
+	// binary does not change under them (see keepAgentBinary).
+	if cfg.AgentBinary, err = keepAgentBinary(cfg.DataDir, cfg.AgentBinary); err != nil {
+		return err
+	}
 	runsc, err := findRunsc(cfg.Runsc)
 	if err != nil {
 		return err

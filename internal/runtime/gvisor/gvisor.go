@@ -177,6 +177,9 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	// set it once the memory is in.
 	limits := spec.Limits()
 	spec.CPUs = 0
+	if agent := r.imageAgent(imageDir); agent != "" {
+		spec.AgentBinary = agent
+	}
 	if err := r.prepareBundle(spec); err != nil {
 		return fmt.Errorf("restoring %s from %s: %w", spec.ID, imageDir, err)
 	}
@@ -350,6 +353,11 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts runt
 			r.log.WarnContext(ctx, "lifting the CPU quota for a checkpoint", "container", id, "err", lerr)
 		}
 	}
+	// Read before the checkpoint, which may leave the container stopped.
+	agent, aerr := r.agentBinary(id)
+	if aerr != nil {
+		r.log.WarnContext(ctx, "finding the agent binary of a container", "container", id, "err", aerr)
+	}
 	var ferr error
 	if opts.Flushed != nil && r.synced {
 		err, ferr = r.runSynced(ctx, id, append(args, syncedFlag, id), opts.Flushed)
@@ -365,6 +373,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts runt
 		_ = os.RemoveAll(imageDir)
 		return errors.Join(fmt.Errorf("checkpointing %s into %s: %w", id, imageDir, r.classify(id, err)), ferr)
 	}
+	r.noteAgent(id, imageDir, agent)
 	return ferr
 }
 

@@ -113,6 +113,15 @@ func (r *Runtime) CheckpointHeld(ctx context.Context, id, imageDir string, while
 	if !r.holdPaused {
 		return r.checkpointPaused(ctx, id, imageDir, whilePaused)
 	}
+	agent, aerr := r.agentBinary(id)
+	if aerr != nil {
+		r.log.WarnContext(ctx, "finding the agent binary of a container", "container", id, "err", aerr)
+	}
+	defer func() {
+		if err == nil {
+			r.noteAgent(id, imageDir, agent)
+		}
+	}()
 	defer r.liftCPUQuota(ctx, id, imageDir, &err)()
 	defer func() {
 		if err != nil {

@@ -201,3 +201,58 @@ func TestCheckpointFlushed(t *testing.T) {
 	}
 	checkNoChildren(t)
 }
+
+// TestImageKeepsItsAgent: a memory image names the agent binary its
+// container ran, and a restore runs that one whatever the spec says: an
+// upgrade must not put a new binary under an old memory image.
+func TestImageKeepsItsAgent(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.newSandbox(t, "sb-gvtestagent0", 12)
+	// The container's agent is a copy of the counter under a path of its
+	// own: "the binary of the day" when the image is made.
+	old := filepath.Join(t.TempDir(), "loam-old")
+	b, err := os.ReadFile(sb.spec.AgentBinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(old, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb.spec.AgentBinary = old
+	if err := e.rt.Start(ctx, sb.spec); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	sb.ask(t)
+	for _, leaveRunning := range []bool{true, false} {
+		img := filepath.Join(t.TempDir(), "img")
+		var err error
+		if leaveRunning {
+			err = e.rt.CheckpointHeld(ctx, sb.spec.ID, img, func() error { return nil })
+		} else {
+			err = e.rt.Checkpoint(ctx, sb.spec.ID, img, runtime.CheckpointOptions{})
+		}
+		if err != nil {
+			t.Fatalf("checkpoint (leave running %v): %v", leaveRunning, err)
+		}
+		if got := e.rt.imageAgent(img); got != old {
+			t.Errorf("the image (leave running %v) names agent %q, want %q", leaveRunning, got, old)
+		}
+		if leaveRunning {
+			continue
+		}
+		if err := e.rt.Delete(ctx, sb.spec.ID); err != nil {
+			t.Fatalf("Delete: %v", err)
+		}
+		// Restored with a spec naming today's binary: it runs the old.
+		sb.spec.AgentBinary = agentPath
+		sb.prepare(t)
+		if err := e.rt.Restore(ctx, sb.spec, img); err != nil {
+			t.Fatalf("Restore: %v", err)
+		}
+		if got, err := e.rt.agentBinary(sb.spec.ID); err != nil || got != old {
+			t.Errorf("restored container runs agent %q, %v; want %q", got, err, old)
+		}
+		sb.ask(t)
+	}
+}
