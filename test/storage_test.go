@@ -110,12 +110,16 @@ func (f *filler) leave(free int64) {
 		f.t.Fatal(err)
 	}
 	defer file.Close()
-	for range 8 {
+	// btrfs's free space moves in steps as it allocates chunks, so one
+	// fallocate rarely lands on the mark: try again, and say so when it
+	// never does rather than let a test go on with the wrong free space.
+	var now int64
+	for range 32 {
 		st, err := file.Stat()
 		if err != nil {
 			f.t.Fatal(err)
 		}
-		now := freeBytes(f.t, f.dir)
+		now = freeBytes(f.t, f.dir)
 		diff := now - free
 		if diff > -(4<<20) && diff < 4<<20 {
 			return
@@ -131,6 +135,7 @@ func (f *filler) leave(free int64) {
 		// btrfs gives freed space back at its next commit.
 		_ = unix.Syncfs(int(file.Fd()))
 	}
+	f.t.Fatalf("filling %s: %d bytes free, want %d", f.dir, now, free)
 }
 
 // leaveWhen waits for a file matching pattern to appear (work under way),
