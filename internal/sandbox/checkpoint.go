@@ -408,9 +408,8 @@ func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, sna
 	// The disk is snapshotted once the sandbox's files are flushed and its
 	// tasks stopped for good (runsc's "synced"): it changes no more, and
 	// its dirty pages are in the image being written, as a paused
-	// sandbox's are.
-	// A failure of either leaves the sandbox running if it still is, and
-	// in state error if it stopped.
+	// sandbox's are. A failure of either leaves the sandbox running if it
+	// still is, and in state error if it stopped.
 	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{Flushed: func() error {
 		st.done("flush")
 		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {

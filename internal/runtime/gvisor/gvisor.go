@@ -459,11 +459,7 @@ func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, args ...string)
 // run runs a runsc command that does not start a container and returns its
 // stdout; an error carries its stderr.
 func (r *Runtime) run(ctx context.Context, id string, args ...string) ([]byte, error) {
-	var flags []string
-	if r.debug {
-		flags = []string{"--debug", "--debug-log=" + filepath.Join(r.root, debugDir, id) + "/"}
-	}
-	cmd := r.command(ctx, flags, args...)
+	cmd := r.command(ctx, r.debugFlags(id), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()

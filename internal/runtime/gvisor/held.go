@@ -54,11 +54,7 @@ func checkpointFlags(runsc string) (holdPaused, synced bool) {
 // when it says no such line. It returns runsc's error and flushed's, once
 // both are done; flushed is not called when runsc fails first.
 func (r *Runtime) runSynced(ctx context.Context, id string, args []string, flushed func() error) (err, ferr error) {
-	var flags []string
-	if r.debug {
-		flags = []string{"--debug", "--debug-log=" + filepath.Join(r.root, debugDir, id) + "/"}
-	}
-	cmd := r.command(ctx, flags, args...)
+	cmd := r.command(ctx, r.debugFlags(id), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -69,27 +65,61 @@ func (r *Runtime) runSynced(ctx context.Context, id string, args []string, flush
 	if err := cmd.Start(); err != nil {
 		return err, nil
 	}
-	var running chan error
+	f := &fromSynced{r: r, fn: flushed}
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
-		if strings.TrimSpace(sc.Text()) == syncedLine && running == nil {
-			r.overlapped.Add(1)
-			running = make(chan error, 1)
-			go func() { running <- flushed() }()
-		}
+		f.line(strings.TrimSpace(sc.Text()))
 	}
 	err = cmd.Wait()
-	r.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "overlapped", running != nil, "err", err)
+	r.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "overlapped", f.started(), "err", err)
 	if err != nil {
 		err = &commandError{command: args[0], err: err, stderr: strings.TrimSpace(stderr.String())}
 	}
-	switch {
-	case running != nil:
-		ferr = <-running
-	case err == nil:
-		ferr = flushed()
+	return err, f.wait(err == nil)
+}
+
+// fromSynced runs fn, the caller's work on a checkpointed container's
+// disk, once: from runsc's "synced" line, while runsc goes on writing the
+// memory, or else once the image is written.
+type fromSynced struct {
+	r       *Runtime
+	fn      func() error
+	running chan error // fn's result, once started from "synced"
+}
+
+// line takes a line of runsc's stdout: the first "synced" starts fn.
+func (f *fromSynced) line(l string) {
+	if l != syncedLine || f.running != nil {
+		return
 	}
-	return err, ferr
+	f.r.overlapped.Add(1)
+	f.running = make(chan error, 1)
+	go func() { f.running <- f.fn() }()
+}
+
+// started says whether fn ran from "synced".
+func (f *fromSynced) started() bool { return f.running != nil }
+
+// wait returns fn's error: once the run started from "synced" ends, or
+// from a run now when written says the image is written; nil, fn not
+// run, when neither.
+func (f *fromSynced) wait(written bool) error {
+	switch {
+	case f.running != nil:
+		return <-f.running
+	case written:
+		return f.fn()
+	}
+	return nil
+}
+
+// debugFlags are runsc's global flags that write container id's debug
+// log, when r.debug.
+func (r *Runtime) debugFlags(id string) []string {
+	if !r.debug {
+		return nil
+	}
+	return []string{"--debug", "--debug-log=" + filepath.Join(r.root, debugDir, id) + "/"}
 }
 
 // CheckpointHeld implements runtime.HeldCheckpointer. With a runsc that has
@@ -131,11 +161,7 @@ func (r *Runtime) CheckpointHeld(ctx context.Context, id, imageDir string, while
 	}()
 
 	args := []string{"checkpoint", "-direct", "-leave-running", holdPausedFlag, "-image-path", imageDir, id}
-	var flags []string
-	if r.debug {
-		flags = []string{"--debug", "--debug-log=" + filepath.Join(r.root, debugDir, id) + "/"}
-	}
-	cmd := r.command(ctx, flags, args...)
+	cmd := r.command(ctx, r.debugFlags(id), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
@@ -154,37 +180,24 @@ func (r *Runtime) CheckpointHeld(ctx context.Context, id, imageDir string, while
 	// still being written then, the disk no longer changes), or else from
 	// "saved"; either way the container stays paused until it returns.
 	saved := false
-	var running chan error
+	f := &fromSynced{r: r, fn: whilePaused}
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
-		switch strings.TrimSpace(sc.Text()) {
-		case syncedLine:
-			if running == nil {
-				r.overlapped.Add(1)
-				running = make(chan error, 1)
-				go func() { running <- whilePaused() }()
-			}
-		case savedLine:
+		l := strings.TrimSpace(sc.Text())
+		f.line(l)
+		if l == savedLine {
 			saved = true
-		}
-		if saved {
 			break
 		}
 	}
-	var werr error
-	switch {
-	case running != nil:
-		werr = <-running
-	case saved:
-		werr = whilePaused()
-	}
+	werr := f.wait(saved)
 	// One byte, then EOF: runsc resumes the container and exits. Without
 	// "saved" it fails on its own, and EOF only ends its wait sooner.
 	_, _ = stdin.Write([]byte{'\n'})
 	_ = stdin.Close()
 	_, _ = io.Copy(io.Discard, stdout)
 	cerr := cmd.Wait()
-	r.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "overlapped", running != nil, "err", cerr)
+	r.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "overlapped", f.started(), "err", cerr)
 	if cerr != nil {
 		cerr = r.classify(id, &commandError{command: args[0], err: cerr, stderr: strings.TrimSpace(stderr.String())})
 		cerr = fmt.Errorf("checkpointing %s into %s: %w", id, imageDir, cerr)
