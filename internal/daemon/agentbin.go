@@ -19,11 +19,15 @@ const agentsDir = "agents"
 // pages from the file mounted then: after an upgrade that is another
 // binary, and the restored agent crashes. Each image names its copy (the
 // runtime records it), so the copy must stay: they are kept, about 40 MiB
-// per version a data dir has run.
+// per version a data dir has run. A binary that needs a dynamic loader is
+// refused (checkStatic).
 func keepAgentBinary(dataDir, path string) (string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("reading agent binary: %w", err)
+	}
+	if err := checkStatic(path, data); err != nil {
+		return "", err
 	}
 	sum := sha256.Sum256(data)
 	dir := filepath.Join(dataDir, agentsDir)

@@ -190,9 +190,6 @@ func (d *Daemon) start(ctx context.Context) error {
 		}
 		cfg.AgentBinary = exe
 	}
-	if err := checkStatic(cfg.AgentBinary); err != nil {
-		return err
-	}
 	// Sandboxes run a copy kept by its content, which an upgrade of the
 	// binary does not change under them (see keepAgentBinary).
 	if cfg.AgentBinary, err = keepAgentBinary(cfg.DataDir, cfg.AgentBinary); err != nil {
@@ -484,13 +481,9 @@ func findRunsc(flag string) (string, error) {
 	return p, nil
 }
 
-// checkStatic refuses an agent binary that needs a dynamic loader: inside a
-// sandbox there may be none, or the wrong one.
-func checkStatic(path string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("reading agent binary: %w", err)
-	}
+// checkStatic refuses an agent binary (b, read from path) that needs a
+// dynamic loader: inside a sandbox there may be none, or the wrong one.
+func checkStatic(path string, b []byte) error {
 	if strings.Contains(string(b[:min(len(b), 1<<16)]), "/lib64/ld-linux") {
 		return fmt.Errorf("agent binary %s is dynamically linked; build loam with CGO_ENABLED=0", path)
 	}
