@@ -128,10 +128,7 @@ func (r *sessions) start(h *handler, c *command, req *api.ExecRequest) (*session
 		go ss.writeStdin()
 	}
 	ss.log.Info("session started", "tty", c.tty, "buffer", size)
-	go func() {
-		ss.collect()
-		r.exited(ss)
-	}()
+	go ss.collect(r)
 	return ss, nil
 }
 
@@ -139,26 +136,29 @@ func (r *sessions) start(h *handler, c *command, req *api.ExecRequest) (*session
 func (r *sessions) watch(ss *session) {
 	go func() {
 		<-ss.proc.done
-		ss.finish()
-		r.exited(ss)
+		ss.finish(r)
 	}()
 }
 
-// finish records the exit status; the process has been reaped.
-func (ss *session) finish() {
+// finish records the exit status (the process has been reaped), prunes
+// the registry and only then marks ss exited, so whoever waited on it sees
+// the registry already pruned.
+func (ss *session) finish(r *sessions) {
 	ss.code = exitCode(ss.proc.status)
 	ss.exited = time.Now().UTC()
+	r.exited(ss)
 	close(ss.done)
 }
 
-// exited prunes the registry after ss exited: beyond the newest
+// exited prunes the registry as ss exits: beyond the newest
 // api.MaxExitedSessions exited sessions, the oldest go.
 func (r *sessions) exited(ss *session) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	gone := func(s *session) bool { return s == ss || s.hasExited() }
 	n := 0
 	for _, s := range r.list {
-		if s.hasExited() {
+		if gone(s) {
 			n++
 		}
 	}
@@ -168,7 +168,7 @@ func (r *sessions) exited(ss *session) {
 	// Drop the exited sessions that exited first, not those started first.
 	var ex []*session
 	for _, s := range r.list {
-		if s.hasExited() {
+		if gone(s) {
 			ex = append(ex, s)
 		}
 	}
@@ -238,13 +238,13 @@ func (ss *session) view() api.Session {
 
 // collect moves a detachable session's output into its rings until the
 // main process has exited and its output is read, then records the exit.
-func (ss *session) collect() {
+func (ss *session) collect(r *sessions) {
 	pumpOutputs(ss.outs, ss.proc.done)
 	for _, o := range ss.outs {
 		o.ring.Close()
 	}
 	ss.sio.close()
-	ss.finish()
+	ss.finish(r)
 	ss.log.Info("session exited", "exit_code", ss.code)
 }
 
