@@ -218,7 +218,7 @@ func (d *Daemon) claimDataDir(context.Context, *parts) error {
 // listen takes the API's port (and the debug one), before anything is
 // recovered: a second daemon that cannot serve must fail before it changes
 // anything.
-func (d *Daemon) listen(_ context.Context, p *parts) error {
+func (d *Daemon) listen(ctx context.Context, p *parts) error {
 	cfg := &d.cfg
 	tlsConfig, err := server.LoadTLS(cfg.TLSCert, cfg.TLSKey)
 	if err != nil {
@@ -243,7 +243,7 @@ func (d *Daemon) listen(_ context.Context, p *parts) error {
 	if tlsConfig != nil {
 		d.URL = "https://" + ln.Addr().String()
 	}
-	return d.serveDebug()
+	return d.serveDebug(ctx)
 }
 
 // loadKeys loads the admin token and the daemon's secret.
