@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -77,9 +78,11 @@ func Command() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			<-ctx.Done()
+			// Until a signal, or a component's failure: an exit with an
+			// error for the supervisor to see (see component).
+			failed := d.Wait(ctx)
 			log.Info("stopping; sandboxes keep running")
-			return d.Close()
+			return errors.Join(failed, d.Close())
 		},
 	}
 	f := cmd.Flags()

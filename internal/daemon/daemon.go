@@ -7,6 +7,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"golang.org/x/sync/errgroup"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/conns"
@@ -31,6 +33,7 @@ import (
 	"loam.dev/loam/internal/proxy"
 	"loam.dev/loam/internal/runtime/gvisor"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/server"
 	"loam.dev/loam/internal/store/sqlite"
 )
@@ -109,6 +112,8 @@ type Daemon struct {
 	Manager *sandbox.Manager
 	Token   string
 	URL     string
+	// closers release what start set up, last first, once the components
+	// have ended.
 	closers []func() error
 	srv     *http.Server
 	ln      net.Listener
@@ -118,9 +123,31 @@ type Daemon struct {
 	// tokenFile is the file the admin token is kept in; empty when it
 	// was given (Config.Token).
 	tokenFile string
+
+	// group runs the components (see component); running is their ctx,
+	// ended by stopComponents (Close) or by the first to fail.
+	group          *errgroup.Group
+	running        context.Context
+	stopComponents context.CancelCauseFunc
 }
 
-// Start sets the daemon up and starts serving; Wait or Close end it.
+// parts are what the steps of start make for the steps after them.
+type parts struct {
+	tls        *tls.Config // nil: plain http
+	secret     []byte      // the daemon's own key (sandboxes' tokens)
+	runsc      string
+	store      *sqlite.Store
+	secrets    *secret.Sealed
+	pool       disk.Pool
+	rt         *gvisor.Runtime
+	nets       *network.Manager
+	tpl        *templates
+	images     *image.Service
+	registries *image.Credentials
+}
+
+// Start sets the daemon up and starts serving; Wait tells when a component
+// fails, Close ends it.
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: log}
 	if err := d.start(ctx); err != nil {
@@ -130,19 +157,53 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, error) {
 	return d, nil
 }
 
+// start sets the daemon up, step by step. The order matters: the data dir
+// is locked before anything in it is touched, the port is taken before
+// anything is recovered, the firewall is installed before a sandbox is
+// taken back, and the components run before the API is served.
 func (d *Daemon) start(ctx context.Context) error {
-	cfg := &d.cfg
+	var p parts
+	steps := []func(context.Context, *parts) error{
+		d.checkHost,
+		d.claimDataDir,
+		d.listen,
+		d.loadKeys,
+		d.findBinaries,
+		d.openStorage,
+		d.setUpSandboxing,
+		d.prepareTemplates,
+		d.openImages,
+		d.startManager,
+		d.startComponents,
+		d.serve,
+	}
+	for _, step := range steps {
+		if err := step(ctx, &p); err != nil {
+			return err
+		}
+	}
+	d.announce(p)
+	return nil
+}
+
+// checkHost refuses to run without root or with a bad --org, and raises
+// the open-file limit.
+func (d *Daemon) checkHost(context.Context, *parts) error {
 	if os.Geteuid() != 0 {
 		return errors.New("loam serve must run as root (it makes network namespaces, mounts and gVisor sandboxes)")
 	}
 	raiseFileLimit(d.log)
-	if err := sandbox.CheckOrg(cfg.Org); err != nil {
+	if err := sandbox.CheckOrg(d.cfg.Org); err != nil {
 		return fmt.Errorf("--org: %w", err)
 	}
-	// First the data dir's lock: nothing in it may be touched (the store
-	// opened, the pools' leftovers cleared, sandboxes taken back) while
-	// another daemon owns it.
-	unlock, err := lockDataDir(cfg.DataDir, d.log)
+	return nil
+}
+
+// claimDataDir takes the data dir's lock first: nothing in it may be
+// touched (the store opened, the pools' leftovers cleared, sandboxes taken
+// back) while another daemon owns it.
+func (d *Daemon) claimDataDir(context.Context, *parts) error {
+	unlock, err := lockDataDir(d.cfg.DataDir, d.log)
 	if err != nil {
 		return err
 	}
@@ -150,11 +211,15 @@ func (d *Daemon) start(ctx context.Context) error {
 	// One name for the data dir, whichever way it was reached: runsc keeps
 	// the paths it was given in its state, so a daemon reaching it through
 	// a symlink one day and directly the next would lose its containers.
-	if cfg.DataDir, err = canonicalDir(cfg.DataDir); err != nil {
-		return err
-	}
-	// Then the port, before anything is recovered: a second daemon that
-	// cannot serve must fail before it changes anything.
+	d.cfg.DataDir, err = canonicalDir(d.cfg.DataDir)
+	return err
+}
+
+// listen takes the API's port (and the debug one), before anything is
+// recovered: a second daemon that cannot serve must fail before it changes
+// anything.
+func (d *Daemon) listen(ctx context.Context, p *parts) error {
+	cfg := &d.cfg
 	tlsConfig, err := server.LoadTLS(cfg.TLSCert, cfg.TLSKey)
 	if err != nil {
 		return err
@@ -162,6 +227,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if tlsConfig != nil {
 		tlsConfig.NextProtos = []string{"h2", "http/1.1"}
 	}
+	p.tls = tlsConfig
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
@@ -173,16 +239,26 @@ func (d *Daemon) start(ctx context.Context) error {
 		}
 		return nil
 	})
-	if err := d.serveDebug(); err != nil {
-		return err
+	d.URL = "http://" + ln.Addr().String()
+	if tlsConfig != nil {
+		d.URL = "https://" + ln.Addr().String()
 	}
+	return d.serveDebug(ctx)
+}
+
+// loadKeys loads the admin token and the daemon's secret.
+func (d *Daemon) loadKeys(_ context.Context, p *parts) error {
 	if err := d.loadToken(); err != nil {
 		return err
 	}
-	secret, err := loadSecret(cfg.DataDir, d.log)
-	if err != nil {
-		return err
-	}
+	var err error
+	p.secret, err = loadSecret(d.cfg.DataDir, d.log)
+	return err
+}
+
+// findBinaries finds the agent binary, kept in the data dir, and runsc.
+func (d *Daemon) findBinaries(_ context.Context, p *parts) error {
+	cfg := &d.cfg
 	if cfg.AgentBinary == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -192,32 +268,41 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	// Sandboxes run a copy kept by its content, which an upgrade of the
 	// binary does not change under them (see keepAgentBinary).
+	var err error
 	if cfg.AgentBinary, err = keepAgentBinary(cfg.DataDir, cfg.AgentBinary); err != nil {
 		return err
 	}
-	runsc, err := findRunsc(cfg.Runsc)
-	if err != nil {
-		return err
-	}
+	p.runsc, err = findRunsc(cfg.Runsc)
+	return err
+}
 
-	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "loam.db"))
+// openStorage opens the store, the sealed secrets and the disk pool.
+func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
+	st, err := sqlite.Open(ctx, filepath.Join(d.cfg.DataDir, storeFile))
 	if err != nil {
 		return fmt.Errorf("opening store: %w", err)
 	}
+	p.store = st
 	d.closers = append(d.closers, st.Close)
-	secrets, err := openSecrets(cfg.DataDir, st, d.log)
-	if err != nil {
+	if p.secrets, err = openSecrets(d.cfg.DataDir, st, d.log); err != nil {
 		return err
 	}
-
-	pool, err := disk.Open(ctx, filepath.Join(cfg.DataDir, "disk"), cfg.DiskSize)
+	pool, err := disk.Open(ctx, filepath.Join(d.cfg.DataDir, "disk"), d.cfg.DiskSize)
 	if err != nil {
 		return fmt.Errorf("opening disk pool: %w", err)
 	}
+	p.pool = pool
 	d.closers = append(d.closers, pool.Close)
 	d.log.Info("disk pool", "kind", pool.Kind())
+	return nil
+}
 
-	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, Root: filepath.Join(cfg.DataDir, "runsc"), Logger: d.log})
+// setUpSandboxing sets up gVisor and the network: the sandboxes' subnet,
+// their DNS, the firewall.
+func (d *Daemon) setUpSandboxing(ctx context.Context, p *parts) error {
+	cfg := &d.cfg
+	var err error
+	p.rt, err = gvisor.New(gvisor.Config{Runsc: p.runsc, Root: filepath.Join(cfg.DataDir, "runsc"), Logger: d.log})
 	if err != nil {
 		return fmt.Errorf("setting up gVisor: %w", err)
 	}
@@ -241,22 +326,29 @@ func (d *Daemon) start(ctx context.Context) error {
 			return fmt.Errorf("setting up networking: %w (give --dns-upstream)", err)
 		}
 	}
-	nets, err := network.New(network.Config{
+	p.nets, err = network.New(network.Config{
 		Subnet: subnet, InsidePort: network.DefaultInsidePort,
 		DNSUpstreams: upstreams, Log: d.log,
 	})
 	if err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
-	d.closers = append(d.closers, nets.Close)
+	d.closers = append(d.closers, p.nets.Close)
 	// Before any sandbox is taken back, and never removed: sandboxes keep
 	// running while the daemon is down.
-	if err := nets.Firewall().Install(ctx); err != nil {
+	if err := p.nets.Firewall().Install(ctx); err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
 	if err := network.EnableForwarding(); err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
+	return nil
+}
+
+// prepareTemplates checks the default template and sets up the catalog of
+// built-in templates.
+func (d *Daemon) prepareTemplates(_ context.Context, p *parts) error {
+	cfg := &d.cfg
 	if cfg.TemplateCache == "" {
 		cfg.TemplateCache = filepath.Join(cfg.DataDir, "templates")
 	}
@@ -265,35 +357,38 @@ func (d *Daemon) start(ctx context.Context) error {
 	if _, err := disk.FindTemplate(cfg.DefaultTemplate, tplOpts); err != nil {
 		return fmt.Errorf("--default-template: %w", err)
 	}
-	tpl := newTemplates(pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
-	tpl.warm(context.WithoutCancel(ctx))
+	p.tpl = newTemplates(p.pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
+	return nil
+}
 
-	// Images are unpacked beside the built-in templates, and pulled with
-	// the credentials of `loam image login`, then the Docker config's.
-	regSecrets, err := openSecrets(cfg.DataDir, st.RegistryCredentials(), d.log)
+// openImages makes the image service. Images are unpacked beside the
+// built-in templates, and pulled with the credentials of `loam image
+// login`, then the Docker config's.
+func (d *Daemon) openImages(ctx context.Context, p *parts) error {
+	regSecrets, err := openSecrets(d.cfg.DataDir, p.store.RegistryCredentials(), d.log)
 	if err != nil {
 		return err
 	}
-	registries := image.NewCredentials(regSecrets)
-	images := image.New(image.Config{
-		Records: st, Pool: pool, CacheDir: filepath.Join(cfg.TemplateCache, "images"),
-		Keychain: authn.NewMultiKeychain(registries, authn.DefaultKeychain), Log: d.log,
+	p.registries = image.NewCredentials(regSecrets)
+	p.images = image.New(image.Config{
+		Records: p.store, Pool: p.pool, CacheDir: filepath.Join(d.cfg.TemplateCache, "images"),
+		Keychain: authn.NewMultiKeychain(p.registries, authn.DefaultKeychain), Log: d.log,
 	})
-	if err := images.Sweep(ctx); err != nil {
+	if err := p.images.Sweep(ctx); err != nil {
 		d.log.Error("removing the templates of images that are gone", "err", err)
 	}
-	go func() {
-		if err := images.Run(context.WithoutCancel(ctx)); err != nil {
-			d.log.Error("pulling images", "err", err)
-		}
-	}()
-	d.closers = append(d.closers, images.Close)
+	return nil
+}
 
+// startManager makes the sandbox manager, takes back the sandboxes a
+// previous daemon left, and reads the warm pools' sizes.
+func (d *Daemon) startManager(ctx context.Context, p *parts) error {
+	cfg := &d.cfg
 	// With a certificate, URLs are https. Without one, a domain with a
 	// port, or localhost, is this listener's own, plain http; any other is
 	// taken to be behind a proxy that serves TLS.
 	scheme := "https"
-	if _, _, err := net.SplitHostPort(cfg.Domain); tlsConfig == nil && (err == nil || strings.HasPrefix(cfg.Domain, "localhost")) {
+	if _, _, err := net.SplitHostPort(cfg.Domain); p.tls == nil && (err == nil || strings.HasPrefix(cfg.Domain, "localhost")) {
 		scheme = "http"
 	}
 	d.Manager = sandbox.New(sandbox.Config{
@@ -309,63 +404,66 @@ func (d *Daemon) start(ctx context.Context) error {
 		PoolReserveMiB:        cfg.PoolReserveMiB,
 		MaxSandboxes:          cfg.MaxSandboxes,
 		MaxHeavy:              cfg.MaxHeavy,
-		Secret:                secret,
-		Secrets:               secrets,
-		Images:                images,
-		Registries:            registries,
+		Secret:                p.secret,
+		Secrets:               p.secrets,
+		Images:                p.images,
+		Registries:            p.registries,
 		InsidePort:            network.DefaultInsidePort,
 		Idle:                  cfg.Idle,
 		IdleMin:               cfg.IdleMin,
-	}, st, rt, pool, nets, tpl, d.log)
-	d.inside = server.NewInside(d.Manager, secret, d.log)
+	}, p.store, p.rt, p.pool, p.nets, p.tpl, d.log)
+	d.inside = server.NewInside(d.Manager, p.secret, d.log)
 	d.Manager.SetInside(d.inside)
 	if err := d.Manager.Recover(ctx); err != nil {
 		d.log.Error("recovery left some things behind", "err", err)
 	}
-	// Warm pools fill in the background, after recovery deleted the
-	// members the last daemon left.
-	if err := d.Manager.StartPools(ctx); err != nil {
-		return err
-	}
-	d.closers = append(d.closers, d.Manager.ClosePools)
+	// After Recover deleted the members the last daemon left; before the
+	// API, whose changes to the pools are kept, not read over.
+	return d.Manager.LoadPools()
+}
 
+// startComponents runs the daemon's background work (see component).
+func (d *Daemon) startComponents(ctx context.Context, p *parts) error {
 	// Sandboxes write their init logs on the host: cap and rotate them.
 	logs := &gvisor.LogKeeper{
-		Bundles: filepath.Join(cfg.DataDir, "sandboxes", "*", "bundle"),
+		Bundles: filepath.Join(d.cfg.DataDir, "sandboxes", "*", "bundle"),
 		Logger:  d.log,
 	}
-	go func() {
-		if err := logs.Run(context.WithoutCancel(ctx)); err != nil {
-			d.log.Error("keeping sandbox logs", "err", err)
-		}
-	}()
-	d.closers = append(d.closers, logs.Close)
+	idle := sandbox.NewIdle(d.Manager, d.cfg.IdleEvery)
+	d.runComponents(ctx,
+		component{"image pulls", p.images.Run},
+		// Filled in the background, after recovery (startManager).
+		component{"warm pools", d.Manager.RunPools},
+		component{"sandbox logs", logs.Run},
+		// Sandboxes whose idle time has passed go to sleep.
+		component{"idle sleep", idle.Run},
+		// The default template is prepared in the background, so that
+		// the first sandbox does not wait for a build; a failure is
+		// logged, and the first create tries again.
+		component{"default template", func(ctx context.Context) error {
+			p.tpl.warm(ctx)
+			return nil
+		}},
+	)
+	return nil
+}
 
-	// Sandboxes whose idle time has passed go to sleep.
-	idle := sandbox.NewIdle(d.Manager, cfg.IdleEvery)
-	go func() {
-		if err := idle.Run(context.WithoutCancel(ctx)); err != nil {
-			d.log.Error("putting idle sandboxes to sleep", "err", err)
-		}
-	}()
-	d.closers = append(d.closers, idle.Close)
-
-	d.URL = "http://" + ln.Addr().String()
-	if tlsConfig != nil {
-		d.URL = "https://" + ln.Addr().String()
-	}
+// serve serves the API, the web console and sandboxes' URLs on the
+// listener, as a component: Close shuts it down first.
+func (d *Daemon) serve(ctx context.Context, p *parts) error {
+	cfg := &d.cfg
 	if err := writeFileAtomic(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
 		return err
 	}
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
 	front := proxy.New(d.Manager, proxy.Config{
-		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: tlsConfig != nil,
+		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: p.tls != nil,
 		BodyTimeout: cfg.WriteTimeout,
 	}, d.log)
 	// The web console shares the API's listener (not sandboxes' URLs,
 	// which the front door takes first): its page at /, its sessions
 	// authorizing API calls from that page.
-	con, err := console.New(ctx, console.Config{Token: d.Token, TLS: tlsConfig != nil, Sessions: st, TokenFile: d.tokenFile, Idle: cfg.Idle}, d.log)
+	con, err := console.New(ctx, console.Config{Token: d.Token, TLS: p.tls != nil, Sessions: p.store, TokenFile: d.tokenFile, Idle: cfg.Idle}, d.log)
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
@@ -388,32 +486,42 @@ func (d *Daemon) start(ctx context.Context) error {
 		MaxHeaderBytes: maxHeaderBytes,
 		ConnContext:    limits.ConnContext,
 		ErrorLog:       slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
-		TLSConfig:      tlsConfig,
+		TLSConfig:      p.tls,
 	}
-	ln = limits.Listener(ln)
-	go func() {
-		serve := d.srv.Serve
-		if tlsConfig != nil {
-			serve = func(ln net.Listener) error { return d.srv.ServeTLS(ln, "", "") }
+	srv, ln := d.srv, limits.Listener(d.ln)
+	d.runComponents(ctx, component{"API server", func(context.Context) error {
+		// Not stopped by its ctx: Close shuts it down before it ends the
+		// other components, so that no request finds them gone.
+		var err error
+		if p.tls != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
 		}
-		if err := serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.Error("serving", "err", err)
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
 		}
-	}()
-	d.log.Info("loam daemon serving", "url", d.URL, "data_dir", cfg.DataDir, "runsc", runsc)
+		return err
+	}})
+	return nil
+}
+
+// announce logs that the daemon serves, and shows a token it made.
+func (d *Daemon) announce(p parts) {
+	d.log.Info("loam daemon serving", "url", d.URL, "data_dir", d.cfg.DataDir, "runsc", p.runsc)
 	if d.madeToken != "" {
-		out := cfg.Out
+		out := d.cfg.Out
 		if out == nil {
 			out = os.Stderr
 		}
 		fmt.Fprintf(out, "\nloam: made an admin token in %s. To use the API and the CLI:\n\n"+
 			"  export LOAM_API_URL=%s LOAM_TOKEN=%s\n\n", d.madeToken, d.URL, d.Token)
 	}
-	return nil
 }
 
-// Close stops serving and releases the store and the pool. Sandboxes keep
-// running: the next daemon takes them back.
+// Close stops serving, ends the components and waits for them, and
+// releases the store, the pool and the rest. Sandboxes keep running: the
+// next daemon takes them back.
 func (d *Daemon) Close() error {
 	var errs []error
 	if d.srv != nil {
@@ -425,6 +533,7 @@ func (d *Daemon) Close() error {
 	if d.inside != nil {
 		d.inside.CloseAll()
 	}
+	d.closeComponents()
 	for i := len(d.closers) - 1; i >= 0; i-- {
 		errs = append(errs, d.closers[i]())
 	}

@@ -1,7 +1,7 @@
 package daemon
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,7 +12,7 @@ import (
 // serveDebug serves Go's profiles on cfg.DebugListen, if set: what a load
 // test or an operator chasing a leak reads (goroutines, heap, open work).
 // The profiles carry no token check, so the address must be loopback.
-func (d *Daemon) serveDebug() error {
+func (d *Daemon) serveDebug(ctx context.Context) error {
 	addr := d.cfg.DebugListen
 	if addr == "" {
 		return nil
@@ -35,12 +35,20 @@ func (d *Daemon) serveDebug() error {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.Error("serving the debug profiles", "addr", addr, "err", err)
-		}
-	}()
 	d.log.Info("serving Go's profiles", "addr", "http://"+ln.Addr().String()+"/debug/pprof/")
-	d.closers = append(d.closers, srv.Close)
+	// A component, ended with the others: a profile taken while the daemon
+	// stops may see them end.
+	d.runComponents(ctx, component{"debug profiles", func(ctx context.Context) error {
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		select {
+		case err := <-served:
+			return err // never http.ErrServerClosed: only this closes it
+		case <-ctx.Done():
+			srv.Close()
+			<-served
+			return nil
+		}
+	}})
 	return nil
 }

@@ -88,14 +88,16 @@ func (t *templates) Ensure(ctx context.Context, name string) error {
 	return err
 }
 
-// warm prepares the default template in the background, so that the first
-// sandbox does not wait for a build.
+// warm prepares the default template, so that the first sandbox does not
+// wait for a build; the daemon runs it in the background, as a component
+// (ctx's end cuts a build short). A failure is logged: a create builds the
+// template again.
 func (t *templates) warm(ctx context.Context) {
-	go func() {
-		if err := t.Ensure(ctx, t.def); err != nil {
+	if err := t.Ensure(ctx, t.def); err != nil {
+		if ctx.Err() == nil {
 			t.log.Error("preparing the default template", "template", t.def, "err", err)
-			return
 		}
-		t.log.Info("default template ready", "template", t.def)
-	}()
+		return
+	}
+	t.log.Info("default template ready", "template", t.def)
 }

@@ -60,12 +60,6 @@ type Service struct {
 
 	mu      sync.Mutex
 	pulling map[string]*pull // image id -> pull queued or running
-
-	// stop ends Run (Close); running counts Runs under way; closed (under
-	// mu) is set by Close.
-	stop    chan struct{}
-	closed  bool
-	running sync.WaitGroup
 }
 
 // pull is one pull in progress.
@@ -93,34 +87,19 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Service{cfg: cfg, queue: make(chan string, 1024), pulling: map[string]*pull{}, stop: make(chan struct{})}
+	return &Service{cfg: cfg, queue: make(chan string, 1024), pulling: map[string]*pull{}}
 }
 
-// Run pulls what is asked until ctx ends or Close is called, starting with
-// the pulls a previous daemon left unfinished. A pull cut short stays
-// "pulling" in the store, for the next Run to take up.
+// Run pulls what is asked until ctx ends, starting with the pulls a
+// previous daemon left unfinished; it returns once its workers have, nil
+// when ctx ended. A pull cut short stays "pulling" in the store, for the
+// next Run to take up. The daemon runs it as a component.
 func (s *Service) Run(ctx context.Context) error {
-	// Under mu, so that a Close that has begun is never missed, and Close's
-	// wait never begins before this Add (a race on the WaitGroup).
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.running.Add(1)
-	s.mu.Unlock()
-	defer s.running.Done()
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		select {
-		case <-s.stop:
-			cancel(errors.New("the image service is closing"))
-		case <-ctx.Done():
-		}
-	}()
 	list, err := s.cfg.Records.ListImages(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("resuming image pulls: %w", err)
 	}
 	for _, im := range list {
@@ -142,18 +121,6 @@ func (s *Service) Run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	return nil
-}
-
-// Close stops Run, cutting the pulls under way short, and waits for it.
-func (s *Service) Close() error {
-	s.mu.Lock()
-	if !s.closed {
-		s.closed = true
-		close(s.stop)
-	}
-	s.mu.Unlock()
-	s.running.Wait()
 	return nil
 }
 

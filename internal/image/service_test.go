@@ -62,9 +62,28 @@ func newService(t *testing.T) *fixture {
 	creds := image.NewCredentials(sealed)
 	svc := image.New(image.Config{Records: st, Pool: pool, CacheDir: filepath.Join(dir, "cache"),
 		Keychain: authn.NewMultiKeychain(creds, authn.DefaultKeychain), Log: slog.New(slog.DiscardHandler)})
-	go svc.Run(context.Background())
-	t.Cleanup(func() { svc.Close() })
+	run(t, svc)
 	return &fixture{svc: svc, pool: pool, creds: creds}
+}
+
+// run runs svc until the test ends; then it checks that Run returns, with
+// no error, once its ctx has ended.
+func run(t *testing.T, svc *image.Service) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-ran:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run still running 10 s after its ctx ended")
+		}
+	})
 }
 
 // layers is a three-layer image's layers: the third removes a file and a
@@ -337,7 +356,7 @@ func TestRunResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() }) // after Run's end (cleanups run last first)
 	pool, err := disk.NewCopy(filepath.Join(dir, "pool"))
 	if err != nil {
 		t.Fatal(err)
@@ -351,8 +370,7 @@ func TestRunResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := image.New(image.Config{Records: st, Pool: pool, CacheDir: filepath.Join(dir, "cache"), Log: slog.New(slog.DiscardHandler)})
-	go svc.Run(context.Background())
-	defer svc.Close()
+	run(t, svc)
 	if im := wait(t, svc, image.ID(ref)); im.State != api.ImageReady {
 		t.Errorf("the pull left unfinished: %+v, want it ready", im)
 	}

@@ -110,10 +110,7 @@ func TestPoolMemberDies(t *testing.T) {
 	if err := e.m.Recover(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.m.StartPools(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.m.ClosePools() })
+	runPools(t, e)
 	e.create(api.CreateSandbox{Name: "src"})
 	cp := e.checkpoint("src", true)
 	if _, err := e.m.SetCheckpointPool(e.ctx, "src", cp.ID, 1); err != nil {

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"loam.dev/loam/api"
@@ -101,17 +100,10 @@ func (m *Manager) sleepIdle(ctx context.Context, id string, idle time.Duration, 
 }
 
 // Idle puts sandboxes to sleep when their idle time has passed. The daemon
-// runs one: Run until Close.
+// runs one as a component: Run until ctx ends.
 type Idle struct {
 	m     *Manager
 	every time.Duration
-	quit  chan struct{}
-
-	// mu orders Run's start before Close's wait: a Run that starts after
-	// Close returns at once, and one that started is waited for.
-	mu      sync.Mutex
-	closed  bool
-	running sync.WaitGroup
 }
 
 // NewIdle makes the component that checks m's sandboxes every so often
@@ -120,44 +112,27 @@ func NewIdle(m *Manager, every time.Duration) *Idle {
 	if every == 0 {
 		every = 10 * time.Second
 	}
-	return &Idle{m: m, every: every, quit: make(chan struct{})}
+	return &Idle{m: m, every: every}
 }
 
-// Run checks the sandboxes until ctx ends or Close is called. A sleep in
-// progress is finished first.
+// Run checks the sandboxes every so often until ctx ends; then it returns
+// nil. A sleep in progress is finished first (ctx's end does not cut it
+// short: a sandbox half asleep is worse than one awake). A round's failure
+// is logged, and the next round tries again.
 func (i *Idle) Run(ctx context.Context) error {
-	i.mu.Lock()
-	if i.closed {
-		i.mu.Unlock()
-		return nil
-	}
-	i.running.Add(1)
-	i.mu.Unlock()
-	defer i.running.Done()
 	t := time.NewTicker(i.every)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-i.quit:
-			return nil
 		case now := <-t.C:
+			if ctx.Err() != nil {
+				return nil // both were ready: no round once ctx has ended
+			}
 			if err := i.m.SleepIdle(context.WithoutCancel(ctx), now); err != nil {
 				i.m.log.Error("putting idle sandboxes to sleep", "err", err)
 			}
 		}
 	}
-}
-
-// Close stops Run, and waits for it to return.
-func (i *Idle) Close() error {
-	i.mu.Lock()
-	if !i.closed {
-		i.closed = true
-		close(i.quit)
-	}
-	i.mu.Unlock()
-	i.running.Wait()
-	return nil
 }

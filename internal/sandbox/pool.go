@@ -91,10 +91,11 @@ type pool struct {
 type pools struct {
 	mu  sync.Mutex
 	all map[string]*pool
-	// ctx ends the fillers when the daemon stops; wg waits for them.
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// ctx, under mu, is RunPools's: the fillers run under it, and none
+	// starts once it has ended (or before RunPools set it); wg counts the
+	// fillers, for RunPools to wait for them.
+	ctx context.Context
+	wg  sync.WaitGroup
 	// make serialises the making of members across pools: one restore or
 	// boot at a time is what the host's user work will not notice.
 	make sync.Mutex
@@ -106,10 +107,11 @@ type MemoryMeter interface {
 	MemoryBytes(id string) (int64, error)
 }
 
-// StartPools reads the pools' sizes and starts keeping them filled, until
-// ctx ends or ClosePools is called. Call it after Recover, which deleted
-// the members a previous daemon left.
-func (m *Manager) StartPools(ctx context.Context) error {
+// LoadPools reads the pools' sizes, kept by the last daemon. Call it after
+// Recover, which deleted the members a previous daemon left, and before
+// the API is served (a pool set then is kept, not read over); RunPools
+// fills them.
+func (m *Manager) LoadPools() error {
 	b, err := os.ReadFile(filepath.Join(m.cfg.DataDir, poolFile))
 	var cfgs []poolConfig
 	switch {
@@ -121,7 +123,6 @@ func (m *Manager) StartPools(ctx context.Context) error {
 			return fmt.Errorf("reading pools: %s: %w", poolFile, err)
 		}
 	}
-	m.pools.ctx, m.pools.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	m.pools.mu.Lock()
 	for _, c := range cfgs {
 		if c.Size > 0 {
@@ -129,20 +130,43 @@ func (m *Manager) StartPools(ctx context.Context) error {
 		}
 	}
 	m.pools.mu.Unlock()
-	m.pools.wg.Add(1)
-	go m.tendPools()
 	return nil
 }
 
-// ClosePools stops filling the pools, waits for the members being made,
-// and deletes the members: unlike sandboxes, they are not worth keeping
-// across a restart of the daemon (a crash leaves them to the next daemon's
-// Recover). The pools' sizes are kept.
-func (m *Manager) ClosePools() error {
-	if m.pools.cancel == nil {
-		return nil
+// RunPools keeps the pools filled until ctx ends: every poolTick it frees
+// memory when the host is short of it, and starts filling the pools below
+// their size. The daemon runs it as a component. When ctx ends it waits
+// for the members being made, and deletes the members: unlike sandboxes,
+// they are not worth keeping across a restart of the daemon (a crash
+// leaves them to the next daemon's Recover). The pools' sizes are kept.
+// It returns nil then; it runs once per Manager.
+func (m *Manager) RunPools(ctx context.Context) error {
+	m.pools.mu.Lock()
+	if m.pools.ctx != nil {
+		m.pools.mu.Unlock()
+		return errors.New("running warm pools: they run already")
 	}
-	m.pools.cancel()
+	m.pools.ctx = ctx
+	m.pools.mu.Unlock()
+	t := time.NewTicker(poolTick)
+	defer t.Stop()
+	for ctx.Err() == nil {
+		m.shrinkPools(ctx)
+		m.pools.mu.Lock()
+		for key := range m.pools.all {
+			m.fillLocked(key)
+		}
+		m.pools.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+	// ctx has ended, so no filler starts after this lock is taken
+	// (fillLocked checks it under the lock), and every one that started
+	// before has been counted: the wait cannot miss one.
+	m.pools.mu.Lock()
+	m.pools.mu.Unlock()
 	m.pools.wg.Wait()
 	m.pools.mu.Lock()
 	var members []*store.Sandbox
@@ -152,30 +176,9 @@ func (m *Manager) ClosePools() error {
 	}
 	m.pools.mu.Unlock()
 	for _, sb := range members {
-		m.deleteMember(context.Background(), sb)
+		m.deleteMember(context.WithoutCancel(ctx), sb)
 	}
 	return nil
-}
-
-// tendPools looks over the pools every poolTick: frees memory when the
-// host is short of it, and starts filling the pools below their size.
-func (m *Manager) tendPools() {
-	defer m.pools.wg.Done()
-	t := time.NewTicker(poolTick)
-	defer t.Stop()
-	for {
-		m.shrinkPools(m.pools.ctx)
-		m.pools.mu.Lock()
-		for key := range m.pools.all {
-			m.fillLocked(key)
-		}
-		m.pools.mu.Unlock()
-		select {
-		case <-m.pools.ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // fillLocked starts a filler for pool key unless one runs or the pool is
@@ -188,14 +191,13 @@ func (m *Manager) fillLocked(key string) {
 	}
 	p.filling = true
 	m.pools.wg.Add(1)
-	go m.fill(key)
+	go m.fill(m.pools.ctx, key)
 }
 
-// fill makes members of pool key, one at a time, until it is full, gone,
+// fill makes members of pool key, under ctx (RunPools's), one at a time, until it is full, gone,
 // short of memory, or making one failed.
-func (m *Manager) fill(key string) {
+func (m *Manager) fill(ctx context.Context, key string) {
 	defer m.pools.wg.Done()
-	ctx := m.pools.ctx
 	for {
 		m.pools.mu.Lock()
 		p := m.pools.all[key]

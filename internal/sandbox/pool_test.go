@@ -1,8 +1,10 @@
 package sandbox_test
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,20 +14,43 @@ import (
 )
 
 // poolEnv is an env whose host memory the test sets, with its pools
-// running.
-func poolEnv(t *testing.T) (*env, *atomic.Int64) {
+// running until stop.
+func poolEnv(t *testing.T) (e *env, avail *atomic.Int64, stop func()) {
 	t.Helper()
-	var avail atomic.Int64
+	avail = new(atomic.Int64)
 	avail.Store(64 << 30)
-	e := newEnv(t, func(c *sandbox.Config) {
+	e = newEnv(t, func(c *sandbox.Config) {
 		c.PoolReserveMiB = 1024
 		c.MemAvailable = func() (int64, error) { return avail.Load(), nil }
 	})
-	if err := e.m.StartPools(e.ctx); err != nil {
+	return e, avail, runPools(t, e)
+}
+
+// runPools loads e's Manager's pools and runs them until the test ends or
+// the returned stop is called, which checks that RunPools returns, with no
+// error, once its ctx has ended.
+func runPools(t *testing.T, e *env) (stop func()) {
+	t.Helper()
+	if err := e.m.LoadPools(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.m.ClosePools() })
-	return e, &avail
+	ctx, cancel := context.WithCancel(e.ctx)
+	ran := make(chan error, 1)
+	m := e.m
+	go func() { ran <- m.RunPools(ctx) }()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		select {
+		case err := <-ran:
+			if err != nil {
+				t.Errorf("RunPools: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("RunPools still running 30 s after its ctx ended")
+		}
+	})
+	t.Cleanup(stop)
+	return stop
 }
 
 // waitReady waits until the checkpoint's pool has want members ready (or,
@@ -51,7 +76,7 @@ func waitReady(t *testing.T, e *env, sb, cp string, want int) *api.Pool {
 // TestPoolMemory: a pool fills only while the host has memory to spare
 // above the reserve, and gives members up when the host runs short.
 func TestPoolMemory(t *testing.T) {
-	e, avail := poolEnv(t)
+	e, avail, _ := poolEnv(t)
 	e.create(api.CreateSandbox{Name: "src"})
 	cp := e.checkpoint("src", true)
 
@@ -93,7 +118,7 @@ func TestPoolMemory(t *testing.T) {
 // the member back; deleting the source drains the pool; a restart deletes
 // the members the last Manager left.
 func TestPoolClaim(t *testing.T) {
-	e, _ := poolEnv(t)
+	e, _, stop := poolEnv(t)
 	e.create(api.CreateSandbox{Name: "src"})
 	cp := e.checkpoint("src", true)
 	if _, err := e.m.SetCheckpointPool(e.ctx, "src", cp.ID, 1); err != nil {
@@ -132,9 +157,9 @@ func TestPoolClaim(t *testing.T) {
 	}
 	waitReady(t, e, "src", cp.ID, 1)
 
-	// A restart: the members are deleted (by ClosePools, or by Recover
-	// after a crash: the stored member below), the pool made again.
-	e.m.ClosePools()
+	// A restart: the members are deleted (by RunPools as it ends, or by
+	// Recover after a crash: the stored member below), the pool made again.
+	stop()
 	crashed := *e.record(f.ID)
 	crashed.ID, crashed.Name, crashed.NetIndex, crashed.Pool = "sb-crashedmember", "sb-crashedmember", 150, "checkpoint:x/v1"
 	if err := e.st.CreateSandbox(e.ctx, &crashed); err != nil {
@@ -146,10 +171,7 @@ func TestPoolClaim(t *testing.T) {
 	if _, err := e.st.GetSandbox(e.ctx, crashed.ID); err == nil {
 		t.Errorf("a member the last daemon left is still stored after Recover")
 	}
-	if err := e.m.StartPools(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.m.ClosePools() })
+	runPools(t, e)
 	waitReady(t, e, "src", cp.ID, 1)
 	if n := len(e.rt.ids()); n != 3 {
 		t.Errorf("%d containers after a restart, want src, f and one member", n)

@@ -1,6 +1,7 @@
 package sandbox_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -309,13 +310,15 @@ func TestCallDuringSleep(t *testing.T) {
 }
 
 // TestIdleComponent: the daemon's Idle component puts an idle sandbox to
-// sleep on its own, and Close stops it.
+// sleep on its own, and the end of its ctx stops it.
 func TestIdleComponent(t *testing.T) {
 	e := newEnv(t, func(c *sandbox.Config) { c.IdleMin = 10 * time.Millisecond })
 	sb := e.create(api.CreateSandbox{Name: "nap", Idle: "200ms"})
 	idle := sandbox.NewIdle(e.m, 20*time.Millisecond)
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- idle.Run(e.ctx) }()
+	go func() { done <- idle.Run(ctx) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for e.record(sb.ID).State != api.StateSleeping {
 		if time.Now().After(deadline) {
@@ -323,29 +326,38 @@ func TestIdleComponent(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	must(t, idle.Close())
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	e.sleeping(sb.ID)
-}
-
-// TestIdleCloseAtStart: a daemon that stops as soon as it has started
-// closes its Idle component before the goroutine that runs it has begun:
-// Close returns, and the late Run returns at once.
-func TestIdleCloseAtStart(t *testing.T) {
-	e := newEnv(t)
-	idle := sandbox.NewIdle(e.m, time.Millisecond)
-	must(t, idle.Close())
-	done := make(chan error, 1)
-	go func() { done <- idle.Run(e.ctx) }()
+	cancel()
 	select {
 	case err := <-done:
 		must(t, err)
 	case <-time.After(10 * time.Second):
-		t.Fatal("Run after Close still running after 10 s")
+		t.Fatal("Run still running 10 s after its ctx ended")
 	}
-	must(t, idle.Close())
+	e.sleeping(sb.ID)
+}
+
+// TestIdleEndedAtStart: a daemon that stops as soon as it has started ends
+// its Idle component's ctx before the goroutine that runs it has begun:
+// the late Run returns at once, without a round (the sandbox, idle long
+// enough, stays awake).
+func TestIdleEndedAtStart(t *testing.T) {
+	e := newEnv(t, func(c *sandbox.Config) { c.IdleMin = time.Millisecond })
+	sb := e.create(api.CreateSandbox{Name: "late", Idle: "1ms"})
+	time.Sleep(5 * time.Millisecond) // past its idle: a round would put it to sleep
+	idle := sandbox.NewIdle(e.m, time.Millisecond)
+	ctx, cancel := context.WithCancel(e.ctx)
+	cancel()
+	done := make(chan error, 1)
+	go func() { done <- idle.Run(ctx) }()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run with an ended ctx still running after 10 s")
+	}
+	if st := e.record(sb.ID).State; st != api.StateRunning {
+		t.Errorf("state after a Run whose ctx had ended: %s, want running", st)
+	}
 }
 
 // TestHold: Hold wakes a sleeping sandbox and keeps it awake until

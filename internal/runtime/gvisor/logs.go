@@ -10,7 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -128,9 +128,8 @@ func readTail(f *os.File, offset, keep, limit int64) ([]byte, error) {
 
 // LogKeeper keeps the logs of every bundle under a directory capped: every
 // Interval it runs TrimLogs on each directory that matches Bundles. The
-// daemon runs one for as long as it runs: go k.Run(ctx), and k.Close() on
-// the way out. Set the fields before Run; a LogKeeper must not be copied
-// once it runs.
+// daemon runs one as a component for as long as it runs: Run(ctx) until
+// ctx ends. Set the fields before Run.
 type LogKeeper struct {
 	// Bundles is a filepath.Glob pattern that matches the bundle
 	// directories, such as DATA_DIR/sandboxes/*/bundle.
@@ -143,18 +142,14 @@ type LogKeeper struct {
 	// default none.
 	Logger *slog.Logger
 
-	mu     sync.Mutex
-	closed bool
-	cancel context.CancelCauseFunc
-	done   chan struct{}
+	// running refuses a second Run at once: two keepers would rename the
+	// same files under each other.
+	running atomic.Bool
 }
 
-// errLogKeeperClosed is why a LogKeeper's Run stops after Close.
-var errLogKeeperClosed = errors.New("log keeper closed")
-
-// Run trims the logs at once and then every Interval, until ctx ends or
-// Close is called; then it returns nil. It returns an error at once for a
-// Bundles pattern that is not one, or when it runs already.
+// Run trims the logs at once and then every Interval, until ctx ends; then
+// it returns nil, with no trim under way. It returns an error at once for
+// a Bundles pattern that is not one, or when it runs already.
 func (k *LogKeeper) Run(ctx context.Context) error {
 	if k.Bundles == "" {
 		return errors.New("running log keeper: no bundle pattern")
@@ -173,20 +168,10 @@ func (k *LogKeeper) Run(ctx context.Context) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		return nil
-	}
-	if k.done != nil {
-		k.mu.Unlock()
+	if !k.running.CompareAndSwap(false, true) {
 		return errors.New("running log keeper: it runs already")
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	k.cancel, k.done = cancel, make(chan struct{})
-	defer close(k.done)
-	k.mu.Unlock()
+	defer k.running.Store(false)
 
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -212,18 +197,4 @@ func (k *LogKeeper) trimAll(ctx context.Context, max int64, log *slog.Logger) {
 			log.WarnContext(ctx, "trimming a sandbox's logs", "bundle", dir, "err", err)
 		}
 	}
-}
-
-// Close stops Run and waits until it has returned. A Run that starts
-// after Close returns at once.
-func (k *LogKeeper) Close() error {
-	k.mu.Lock()
-	k.closed = true
-	cancel, done := k.cancel, k.done
-	k.mu.Unlock()
-	if cancel != nil {
-		cancel(errLogKeeperClosed)
-		<-done
-	}
-	return nil
 }

@@ -230,8 +230,9 @@ func TestLogKeeper(t *testing.T) {
 		}
 	}
 	k := &LogKeeper{Bundles: filepath.Join(root, "*", "bundle"), Max: max, Interval: 10 * time.Millisecond}
+	runCtx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
-	go func() { ran <- k.Run(context.Background()) }()
+	go func() { ran <- k.Run(runCtx) }()
 	for _, p := range paths {
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 			st, err := os.Stat(p)
@@ -249,17 +250,24 @@ func TestLogKeeper(t *testing.T) {
 			}
 		}
 	}
-	if err := k.Close(); err != nil {
-		t.Fatal(err)
+	// A second Run while it runs is refused (its ctx ended, so that one
+	// wrongly let in returns at once); the end of its ctx stops the first.
+	ended, end := context.WithCancel(context.Background())
+	end()
+	if err := k.Run(ended); err == nil {
+		t.Error("a second Run while the first runs: nil error, want one")
 	}
-	if err := <-ran; err != nil {
-		t.Errorf("Run: %v", err)
+	stop()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still running 10 s after its ctx ended")
 	}
 
-	// Closed first, Run returns at once; a bad pattern is an error.
-	if err := k.Run(context.Background()); err != nil {
-		t.Errorf("Run after Close: %v", err)
-	}
+	// A bad pattern is an error.
 	bad := &LogKeeper{Bundles: "[", Interval: time.Hour}
 	if err := bad.Run(context.Background()); err == nil {
 		t.Error("Run with a bad pattern: nil error, want one")
