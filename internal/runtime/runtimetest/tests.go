@@ -255,7 +255,8 @@ func testCheckpointStops(t *testing.T, e *env) {
 	e.wantImage(img)
 	b.wantSilent()
 	// runsc goes on reporting the container running while its sandbox
-	// exits; it is stopped soon after, and never paused or gone.
+	// exits; it is stopped soon after, and never paused or gone. Nothing
+	// tells when but State, so State is polled.
 	for deadline := time.Now().Add(stopTimeout); ; time.Sleep(100 * time.Millisecond) {
 		st, err := e.Runtime.State(e.ctx, b.id())
 		if err != nil || (st != runtime.StatusRunning && st != runtime.StatusStopped) {
@@ -269,6 +270,16 @@ func testCheckpointStops(t *testing.T, e *env) {
 		}
 	}
 	b.wantSilent()
+	// A stopped container has nothing to pause or checkpoint.
+	if err := e.Runtime.Pause(e.ctx, b.id()); err == nil {
+		t.Error("Pause of a stopped container: nil error, want one")
+	}
+	img2 := e.imageDir()
+	if err := e.Runtime.Checkpoint(e.ctx, b.id(), img2, runtime.CheckpointOptions{LeaveRunning: true}); err == nil {
+		t.Error("Checkpoint of a stopped container: nil error, want one")
+	}
+	e.wantNoDir(img2)
+	b.wantState(runtime.StatusStopped)
 	if err := e.Runtime.Restore(e.ctx, b.Spec, img); !errors.Is(err, runtime.ErrExist) {
 		t.Errorf("Restore onto the id before Delete: %v, want ErrExist", err)
 	}
