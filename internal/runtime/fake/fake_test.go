@@ -1,6 +1,7 @@
 package fake_test
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -34,7 +35,7 @@ func newEnv(t *testing.T, rt runtime.Runtime) runtimetest.Env {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {
-				if err := rt.Delete(t.Context(), id); err != nil {
+				if err := rt.Delete(context.Background(), id); err != nil {
 					t.Errorf("cleaning up: %v", err)
 				}
 			})
