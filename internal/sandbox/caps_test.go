@@ -74,13 +74,11 @@ func TestMaxHeavy(t *testing.T) {
 	release := make(chan struct{})
 	started := make(chan struct{})
 	var once sync.Once
-	e.rt.mu.Lock()
-	e.rt.hook = func(op, id string) {
+	e.rt.SetHook(func(op, id string) {
 		if op == "start" {
 			once.Do(func() { close(started); <-release })
 		}
-	}
-	e.rt.mu.Unlock()
+	})
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.m.Create(e.ctx, api.CreateSandbox{Name: "slow"})

@@ -12,6 +12,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -21,7 +22,7 @@ func TestBusyDuringCheckpoint(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(api.CreateSandbox{Name: "busy"})
 	entered, release := make(chan struct{}), make(chan struct{})
-	e.rt.setHook(func(op, id string) {
+	e.rt.SetHook(func(op, id string) {
 		if op == "checkpoint" {
 			close(entered)
 			<-release
@@ -63,7 +64,7 @@ func TestBusyDuringCheckpoint(t *testing.T) {
 		t.Errorf("ListCheckpoints during a checkpoint: %v", err)
 	}
 
-	e.rt.setHook(nil)
+	e.rt.SetHook(nil)
 	close(release)
 	<-done
 	if cpErr != nil || cp.ID != "v1" {
@@ -160,11 +161,11 @@ func TestCheckpointKinds(t *testing.T) {
 			if cp.ID != "v1" || cp.Memory != memory || cp.Auto || cp.Sandbox != sb.ID || !strings.HasPrefix(cp.Name, "checkpoint-") || cp.CreatedAt.IsZero() {
 				t.Errorf("checkpoint %+v", cp)
 			}
-			if got := e.rt.callsOf(sb.ID); !slices.Equal(got, tc.calls) {
+			if got := e.rt.CallsOf(sb.ID); !slices.Equal(got, tc.calls) {
 				t.Errorf("runtime calls %v, want %v", got, tc.calls)
 			}
-			if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusRunning {
-				t.Errorf("container is %s after the checkpoint", c.status)
+			if c, _ := e.rt.Get(sb.ID); c.Status != runtime.StatusRunning {
+				t.Errorf("container is %s after the checkpoint", c.Status)
 			}
 			e.agentAnswers(sb.ID)
 
@@ -185,9 +186,9 @@ func TestCheckpointKinds(t *testing.T) {
 			if memory {
 				e.agentAnswers(sb.ID, e.cpToken(sb.ID, "v1"))
 			}
-			b, err := os.ReadFile(filepath.Join(e.checkpointsDir(sb.ID), "v1", "mem", imageFile))
+			b, err := os.ReadFile(filepath.Join(e.checkpointsDir(sb.ID), "v1", "mem", fake.ImageFile))
 			if memory {
-				var img fakeImage
+				var img fake.Image
 				if err == nil {
 					err = json.Unmarshal(b, &img)
 				}
@@ -212,15 +213,15 @@ func TestCheckpointKinds(t *testing.T) {
 func TestCheckpointFailure(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(api.CreateSandbox{Name: "flaky"})
-	e.rt.failNext("checkpoint", errors.New("runsc: boom"))
+	e.rt.FailNext("checkpoint", errors.New("runsc: boom"))
 	if _, err := e.m.CreateCheckpoint(e.ctx, "flaky", api.CreateCheckpoint{}); err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("CreateCheckpoint: %v, want the runtime's error", err)
 	}
-	if got, want := e.rt.callsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume", "setlimits"}; !slices.Equal(got, want) {
+	if got, want := e.rt.CallsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume", "setlimits"}; !slices.Equal(got, want) {
 		t.Errorf("runtime calls %v, want %v", got, want)
 	}
-	if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusRunning {
-		t.Errorf("container is %s", c.status)
+	if c, _ := e.rt.Get(sb.ID); c.Status != runtime.StatusRunning {
+		t.Errorf("container is %s", c.Status)
 	}
 	e.agentAnswers(sb.ID)
 	if ids := e.checkpointIDs("flaky"); len(ids) != 0 {
@@ -274,7 +275,7 @@ func TestRestore(t *testing.T) {
 	e.writeVolume(sb.ID, "state.txt", "two")
 	e.checkpoint("back", false)
 	e.writeVolume(sb.ID, "state.txt", "three")
-	start := len(e.rt.callsOf(sb.ID))
+	start := len(e.rt.CallsOf(sb.ID))
 
 	got, err := e.m.RestoreCheckpoint(e.ctx, "back", "v1")
 	if err != nil {
@@ -285,11 +286,11 @@ func TestRestore(t *testing.T) {
 	}
 	// Keep the state (memory, since it runs) with the checkpoint that stops
 	// the sandbox (no pause, no resume), then restore memory.
-	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"checkpoint", "delete", "restore"}; !slices.Equal(calls, want) {
+	if calls, want := e.rt.CallsOf(sb.ID)[start:], []string{"checkpoint", "delete", "restore"}; !slices.Equal(calls, want) {
 		t.Errorf("runtime calls %v, want %v", calls, want)
 	}
-	if c, _ := e.rt.get(sb.ID); c.from != sb.ID {
-		t.Errorf("container restored from %q, want %s", c.from, sb.ID)
+	if c, _ := e.rt.Get(sb.ID); c.From != sb.ID {
+		t.Errorf("container restored from %q, want %s", c.From, sb.ID)
 	}
 	e.agentAnswers(sb.ID)
 	if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
@@ -304,15 +305,15 @@ func TestRestore(t *testing.T) {
 	}
 
 	// A disk-only checkpoint boots fresh on its disk.
-	start = len(e.rt.callsOf(sb.ID))
+	start = len(e.rt.CallsOf(sb.ID))
 	if _, err := e.m.RestoreCheckpoint(e.ctx, "back", "v2"); err != nil {
 		t.Fatal(err)
 	}
-	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"checkpoint", "delete", "start"}; !slices.Equal(calls, want) {
+	if calls, want := e.rt.CallsOf(sb.ID)[start:], []string{"checkpoint", "delete", "start"}; !slices.Equal(calls, want) {
 		t.Errorf("runtime calls %v, want %v", calls, want)
 	}
-	if c, _ := e.rt.get(sb.ID); c.from != "" {
-		t.Errorf("container restored from %q, want a fresh boot", c.from)
+	if c, _ := e.rt.Get(sb.ID); c.From != "" {
+		t.Errorf("container restored from %q, want a fresh boot", c.From)
 	}
 	if s := e.readVolume(sb.ID, "state.txt"); s != "two" {
 		t.Errorf("disk after restoring v2: %q, want two", s)
@@ -395,7 +396,7 @@ func TestRestoreFailure(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(api.CreateSandbox{Name: "mend"})
 	e.checkpoint("mend", true)
-	e.rt.failNext("restore", errors.New("runsc: boom"))
+	e.rt.FailNext("restore", errors.New("runsc: boom"))
 	if _, err := e.m.RestoreCheckpoint(e.ctx, "mend", "v1"); err == nil || !strings.Contains(err.Error(), "restoring mend to v1") {
 		t.Fatalf("RestoreCheckpoint: %v", err)
 	}
@@ -413,12 +414,12 @@ func TestRestoreFailure(t *testing.T) {
 		t.Errorf("disk-only checkpoint %+v", cp)
 	}
 
-	start := len(e.rt.callsOf(sb.ID))
+	start := len(e.rt.CallsOf(sb.ID))
 	if _, err := e.m.RestoreCheckpoint(e.ctx, "mend", "v1"); err != nil {
 		t.Fatalf("restoring again: %v", err)
 	}
 	// The sandbox was not running: the automatic checkpoint is of its disk.
-	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"delete", "restore"}; !slices.Equal(calls, want) {
+	if calls, want := e.rt.CallsOf(sb.ID)[start:], []string{"delete", "restore"}; !slices.Equal(calls, want) {
 		t.Errorf("runtime calls %v, want %v", calls, want)
 	}
 	if ids := e.checkpointIDs("mend"); !slices.Equal(ids, []string{"v1", "auto-1", "v2", "auto-2"}) {
@@ -466,15 +467,15 @@ func TestFork(t *testing.T) {
 				fork.Env["B"] != "2" || fork.Env["A"] != "" || fork.ID == src.ID {
 				t.Errorf("fork %+v", fork)
 			}
-			if got := e.rt.callsOf(fork.ID); !slices.Equal(got, tc.calls) {
+			if got := e.rt.CallsOf(fork.ID); !slices.Equal(got, tc.calls) {
 				t.Errorf("runtime calls of the fork %v, want %v", got, tc.calls)
 			}
-			c, _ := e.rt.get(fork.ID)
-			if tc.memory && c.from != src.ID {
-				t.Errorf("fork restored from %q, want %s", c.from, src.ID)
+			c, _ := e.rt.Get(fork.ID)
+			if tc.memory && c.From != src.ID {
+				t.Errorf("fork restored from %q, want %s", c.From, src.ID)
 			}
-			if c.spec.Hostname != "fork" || c.spec.CPUs != 2 || c.spec.MemoryMiB != 1024 {
-				t.Errorf("fork's spec %+v", c.spec)
+			if c.Spec.Hostname != "fork" || c.Spec.CPUs != 2 || c.Spec.MemoryMiB != 1024 {
+				t.Errorf("fork's spec %+v", c.Spec)
 			}
 			// The fork's agent answers to the fork's own token, not the
 			// source's it woke up with.
@@ -547,7 +548,7 @@ func TestForkFailure(t *testing.T) {
 	e := newEnv(t)
 	src := e.create(api.CreateSandbox{Name: "src"})
 	e.checkpoint("src", true)
-	e.rt.failNext("restore", errors.New("runsc: boom"))
+	e.rt.FailNext("restore", errors.New("runsc: boom"))
 	_, err := e.m.Create(e.ctx, api.CreateSandbox{Name: "fork", From: &api.ForkSource{Sandbox: "src", Checkpoint: "v1"}})
 	if err == nil || !strings.Contains(err.Error(), "forking src at v1") {
 		t.Fatalf("fork: %v", err)
@@ -555,7 +556,7 @@ func TestForkFailure(t *testing.T) {
 	if _, err := e.m.Get(e.ctx, "fork"); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("Get(fork): %v", err)
 	}
-	if ids := e.rt.ids(); !slices.Equal(ids, []string{src.ID}) {
+	if ids := e.rt.IDs(); !slices.Equal(ids, []string{src.ID}) {
 		t.Errorf("containers %v", ids)
 	}
 	if v := e.volumes(); !slices.Equal(v, []string{src.ID}) {
@@ -626,16 +627,16 @@ func TestFailedCheckpointSetsLimitsAgain(t *testing.T) {
 		t.Run(op+" fails", func(t *testing.T) {
 			e := newEnv(t)
 			sb := e.create(api.CreateSandbox{Name: "capped", Resources: &api.Resources{CPUs: 0.5, MemoryMiB: 256}})
-			e.rt.failNext(op, errors.New("injected"))
+			e.rt.FailNext(op, errors.New("injected"))
 			if _, err := e.m.CreateCheckpoint(e.ctx, "capped", api.CreateCheckpoint{}); err == nil {
 				t.Fatal("the checkpoint succeeded")
 			}
-			calls := e.rt.callsOf(sb.ID)
+			calls := e.rt.CallsOf(sb.ID)
 			if calls[len(calls)-1] != "setlimits" {
 				t.Errorf("runtime calls %v, want setlimits last", calls)
 			}
-			if c, _ := e.rt.get(sb.ID); c.limits == nil || *c.limits != (runtime.Limits{CPUs: 0.5, MemoryMiB: 256}) {
-				t.Errorf("limits after the failed checkpoint %+v", c.limits)
+			if c, _ := e.rt.Get(sb.ID); c.Limits == nil || *c.Limits != (runtime.Limits{CPUs: 0.5, MemoryMiB: 256}) {
+				t.Errorf("limits after the failed checkpoint %+v", c.Limits)
 			}
 		})
 	}
@@ -688,12 +689,12 @@ func TestRestoreRefusedWhenKeepingStateFails(t *testing.T) {
 	e.writeVolume(sb.ID, "state.txt", "one")
 	e.checkpoint("stay", true)
 	e.writeVolume(sb.ID, "state.txt", "two")
-	start := len(e.rt.callsOf(sb.ID))
-	e.rt.failNext("checkpoint", errors.New("no space for the image"))
+	start := len(e.rt.CallsOf(sb.ID))
+	e.rt.FailNext("checkpoint", errors.New("no space for the image"))
 	if _, err := e.m.RestoreCheckpoint(e.ctx, "stay", "v1"); err == nil {
 		t.Fatal("the restore succeeded without its automatic checkpoint")
 	}
-	if calls, want := e.rt.callsOf(sb.ID)[start:], []string{"checkpoint", "setlimits"}; !slices.Equal(calls, want) {
+	if calls, want := e.rt.CallsOf(sb.ID)[start:], []string{"checkpoint", "setlimits"}; !slices.Equal(calls, want) {
 		t.Errorf("runtime calls %v, want %v", calls, want)
 	}
 	if rec := e.record(sb.ID); rec.State != api.StateRunning || rec.RestoreTarget != "" {

@@ -7,19 +7,16 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
 )
 
 // pidRuntime is the fake runtime telling the pid of each container's
 // process, as runsc tells its sandbox process's: the Manager watches it.
-type pidRuntime struct{ *fakeRuntime }
+type pidRuntime struct{ *fake.Runtime }
 
 func (r pidRuntime) SandboxPid(ctx context.Context, id string) (int, error) {
-	c, err := r.lookup(id)
-	if err != nil {
-		return 0, err
-	}
-	return c.cmd.Process.Pid, nil
+	return r.Pid(id)
 }
 
 // TestSandboxProcessDies: the daemon's own stops (a memory checkpoint, a
@@ -56,13 +53,11 @@ func TestSandboxProcessDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, ok := e.rt.get(sb.ID)
+	c, ok := e.rt.Get(sb.ID)
 	if !ok {
 		t.Fatal("no container")
 	}
-	if err := c.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	c.Kill()
 	select {
 	case <-st.Ended():
 		st.Close()
@@ -86,7 +81,7 @@ func TestSandboxProcessDies(t *testing.T) {
 	if !strings.Contains(v.Reason, "killed by signal 9") {
 		t.Errorf("reason %q", v.Reason)
 	}
-	if _, ok := e.rt.get(sb.ID); ok {
+	if _, ok := e.rt.Get(sb.ID); ok {
 		t.Errorf("the dead container was not removed")
 	}
 
@@ -118,18 +113,16 @@ func TestPoolMemberDies(t *testing.T) {
 	}
 	waitReady(t, e, "src", cp.ID, 1)
 	var member string
-	for _, id := range e.rt.ids() {
+	for _, id := range e.rt.IDs() {
 		if got := e.record(id); got.Pool != "" {
 			member = id
 		}
 	}
-	c, ok := e.rt.get(member)
+	c, ok := e.rt.Get(member)
 	if member == "" || !ok {
-		t.Fatalf("no member among %v", e.rt.ids())
+		t.Fatalf("no member among %v", e.rt.IDs())
 	}
-	if err := c.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	c.Kill()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		p, err := e.m.CheckpointPool(e.ctx, "src", cp.ID)

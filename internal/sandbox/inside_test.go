@@ -156,8 +156,8 @@ func TestAgentErrorsAreNotAPIErrors(t *testing.T) {
 	// When the restored container starts, a hostile "agent" answers at
 	// its address: healthy, but it refuses its new token with a user's
 	// error of its own.
-	e.rt.setNoAgent(true)
-	e.rt.setHook(func(op, id string) {
+	e.rt.SetNoAgent(true)
+	e.rt.SetHook(func(op, id string) {
 		if op != "restore" || id != sb.ID {
 			return
 		}

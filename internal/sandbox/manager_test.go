@@ -56,15 +56,15 @@ func TestCreate(t *testing.T) {
 		t.Errorf("record: %+v", rec)
 	}
 
-	c, ok := e.rt.get(sb.ID)
+	c, ok := e.rt.Get(sb.ID)
 	if !ok {
 		t.Fatal("no container")
 	}
-	spec := c.spec
+	spec := c.Spec
 	if spec.Hostname != "scratch" || spec.Rootfs != e.pool.VolumePath(sb.ID) ||
 		spec.BundleDir != filepath.Join(e.sandboxDir(sb.ID), "bundle") ||
 		spec.CPUs != 1 || spec.MemoryMiB != 1024 || spec.AgentBinary != e.cfg.AgentBinary ||
-		envValue(spec.Env, agent.EnvToken) != e.token(sb.ID) || c.status != runtime.StatusRunning || c.from != "" {
+		envValue(spec.Env, agent.EnvToken) != e.token(sb.ID) || c.Status != runtime.StatusRunning || c.From != "" {
 		t.Errorf("container: %+v", c)
 	}
 	// The sandbox's env is given to commands by the agent, per exec; the
@@ -72,7 +72,7 @@ func TestCreate(t *testing.T) {
 	if v := envValue(spec.Env, "GREETING"); v != "" {
 		t.Errorf("GREETING=%q in the container's environment", v)
 	}
-	if got := e.rt.callsOf(sb.ID); !slices.Equal(got, []string{"start"}) {
+	if got := e.rt.CallsOf(sb.ID); !slices.Equal(got, []string{"start"}) {
 		t.Errorf("runtime calls %v, want [start]", got)
 	}
 	if !e.nets.exists(sb.ID) {
@@ -169,7 +169,7 @@ func TestCreateInvalid(t *testing.T) {
 	if err != nil || len(all) != 0 {
 		t.Errorf("List = %v, %v; want nothing", all, err)
 	}
-	if ids := e.rt.ids(); len(ids) != 0 {
+	if ids := e.rt.IDs(); len(ids) != 0 {
 		t.Errorf("containers %v", ids)
 	}
 	if v := e.volumes(); len(v) != 0 {
@@ -184,7 +184,7 @@ func TestNameConflict(t *testing.T) {
 	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), `"dup"`) {
 		t.Errorf("second create: %v, want a conflict naming dup", err)
 	}
-	if ids := e.rt.ids(); !slices.Equal(ids, []string{first.ID}) {
+	if ids := e.rt.IDs(); !slices.Equal(ids, []string{first.ID}) {
 		t.Errorf("containers %v, want only %s", ids, first.ID)
 	}
 	if v := e.volumes(); !slices.Equal(v, []string{first.ID}) {
@@ -211,9 +211,9 @@ func TestCreateFailure(t *testing.T) {
 		setUp func(e *env)
 		undo  func(e *env)
 	}{
-		{"runtime fails to start", func(e *env) { e.rt.failNext("start", errors.New("runsc: boom")) }, nil},
+		{"runtime fails to start", func(e *env) { e.rt.FailNext("start", errors.New("runsc: boom")) }, nil},
 		{"template fails", func(e *env) { e.tpl.failNext(errors.New("debootstrap: boom")) }, nil},
-		{"agent never answers", func(e *env) { e.rt.setNoAgent(true) }, func(e *env) { e.rt.setNoAgent(false) }},
+		{"agent never answers", func(e *env) { e.rt.SetNoAgent(true) }, func(e *env) { e.rt.SetNoAgent(false) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, func(c *sandbox.Config) { c.BootTimeout = 300 * time.Millisecond })
@@ -228,7 +228,7 @@ func TestCreateFailure(t *testing.T) {
 			if all, err := e.m.List(e.ctx, nil); err != nil || len(all) != 0 {
 				t.Errorf("List = %v, %v", all, err)
 			}
-			if ids := e.rt.ids(); len(ids) != 0 {
+			if ids := e.rt.IDs(); len(ids) != 0 {
 				t.Errorf("containers %v", ids)
 			}
 			if v := e.volumes(); len(v) != 0 {
@@ -259,7 +259,7 @@ func TestDelete(t *testing.T) {
 	keep := e.create(api.CreateSandbox{Name: "kept"})
 	e.checkpoint("gone", true)
 	e.checkpoint("gone", false)
-	c, _ := e.rt.get(sb.ID)
+	c, _ := e.rt.Get(sb.ID)
 	if len(e.snapshots()) != 2 {
 		t.Fatalf("snapshots %v", e.snapshots())
 	}
@@ -269,11 +269,11 @@ func TestDelete(t *testing.T) {
 	}
 	e.requireGone(sb.ID)
 	select {
-	case <-c.exited:
+	case <-c.Exited():
 	case <-time.After(5 * time.Second):
 		t.Error("the sandbox's agent still runs")
 	}
-	if got := e.rt.callsOf(sb.ID); got[len(got)-1] != "delete" {
+	if got := e.rt.CallsOf(sb.ID); got[len(got)-1] != "delete" {
 		t.Errorf("runtime calls %v, want a delete last", got)
 	}
 	if err := e.m.Delete(e.ctx, "gone"); !errors.Is(err, api.ErrNotFound) {
@@ -346,7 +346,7 @@ func TestBusyDuringCreate(t *testing.T) {
 	e := newEnv(t)
 	var state api.State
 	var errs []error
-	e.rt.setHook(func(op, id string) {
+	e.rt.SetHook(func(op, id string) {
 		if op != "start" {
 			return
 		}
@@ -357,7 +357,7 @@ func TestBusyDuringCreate(t *testing.T) {
 		errs = append(errs, e.m.Delete(e.ctx, "young"), cpErr)
 	})
 	sb := e.create(api.CreateSandbox{Name: "young"})
-	e.rt.setHook(nil)
+	e.rt.SetHook(nil)
 	if state != api.StateCreating {
 		t.Errorf("state during the create: %q, want creating", state)
 	}

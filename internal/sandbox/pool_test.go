@@ -103,12 +103,12 @@ func TestPoolMemory(t *testing.T) {
 	if p.Held != "" {
 		t.Errorf("a full pool says it is held: %q", p.Held)
 	}
-	if n := len(e.rt.ids()); n != 3 {
+	if n := len(e.rt.IDs()); n != 3 {
 		t.Errorf("%d containers, want the source and 2 members", n)
 	}
 	avail.Store(256 << 20)
 	waitReady(t, e, "src", cp.ID, 0)
-	if n := len(e.rt.ids()); n != 1 {
+	if n := len(e.rt.IDs()); n != 1 {
 		t.Errorf("%d containers after the host ran short, want the source alone", n)
 	}
 }
@@ -125,7 +125,7 @@ func TestPoolClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReady(t, e, "src", cp.ID, 1)
-	members := e.rt.ids()
+	members := e.rt.IDs()
 	if list, err := e.m.List(e.ctx, nil); err != nil || len(list) != 1 {
 		t.Errorf("List with a member: %d sandboxes, %v; want src alone", len(list), err)
 	}
@@ -173,7 +173,7 @@ func TestPoolClaim(t *testing.T) {
 	}
 	runPools(t, e)
 	waitReady(t, e, "src", cp.ID, 1)
-	if n := len(e.rt.ids()); n != 3 {
+	if n := len(e.rt.IDs()); n != 3 {
 		t.Errorf("%d containers after a restart, want src, f and one member", n)
 	}
 
@@ -181,7 +181,7 @@ func TestPoolClaim(t *testing.T) {
 	if err := e.m.Delete(e.ctx, "src"); err != nil {
 		t.Fatal(err)
 	}
-	if ids := e.rt.ids(); len(ids) != 1 || ids[0] != f.ID {
+	if ids := e.rt.IDs(); len(ids) != 1 || ids[0] != f.ID {
 		t.Errorf("containers after the source was deleted: %v, want the fork alone", ids)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -22,7 +23,7 @@ import (
 // by hand.)
 func crashAt(e *env, crashOp string, op func()) {
 	e.t.Helper()
-	e.rt.setHook(func(o, id string) {
+	e.rt.SetHook(func(o, id string) {
 		if o == crashOp {
 			goruntime.Goexit()
 		}
@@ -34,7 +35,7 @@ func crashAt(e *env, crashOp string, op func()) {
 		e.t.Errorf("no crash: %s was not called", crashOp)
 	}()
 	<-done
-	e.rt.setHook(nil)
+	e.rt.SetHook(nil)
 }
 
 func dirNames(t *testing.T, dir string) []string {
@@ -57,11 +58,11 @@ func TestRecover(t *testing.T) {
 		must(t, e.restart())
 		// Taken back as it runs, with its limits set again: a crash may
 		// have come while a checkpoint had lifted them.
-		if got := e.rt.callsOf(sb.ID); !slices.Equal(got, []string{"start", "setlimits"}) {
+		if got := e.rt.CallsOf(sb.ID); !slices.Equal(got, []string{"start", "setlimits"}) {
 			t.Errorf("runtime calls %v, want the first start, then setlimits", got)
 		}
-		if c, _ := e.rt.get(sb.ID); c.limits == nil || *c.limits != (runtime.Limits{CPUs: 0.5, MemoryMiB: 256}) {
-			t.Errorf("limits after recovery %+v", c.limits)
+		if c, _ := e.rt.Get(sb.ID); c.Limits == nil || *c.Limits != (runtime.Limits{CPUs: 0.5, MemoryMiB: 256}) {
+			t.Errorf("limits after recovery %+v", c.Limits)
 		}
 		if got, _ := e.m.Get(e.ctx, "alive"); got.State != api.StateRunning {
 			t.Errorf("state %s", got.State)
@@ -73,10 +74,10 @@ func TestRecover(t *testing.T) {
 		name string
 		kill func(t *testing.T, e *env, id string)
 	}{
-		{"gone container boots again", func(t *testing.T, e *env, id string) { e.rt.vanish(id) }},
+		{"gone container boots again", func(t *testing.T, e *env, id string) { e.rt.Vanish(id) }},
 		{"dead container boots again", func(t *testing.T, e *env, id string) {
-			c, _ := e.rt.get(id)
-			c.kill()
+			c, _ := e.rt.Get(id)
+			c.Kill()
 			if st, _ := e.rt.State(e.ctx, id); st != runtime.StatusStopped {
 				t.Fatalf("killed container is %s", st)
 			}
@@ -88,13 +89,13 @@ func TestRecover(t *testing.T) {
 			e.writeVolume(sb.ID, "state.txt", "kept")
 			tc.kill(t, e, sb.ID)
 			must(t, e.restart())
-			if got, want := e.rt.callsOf(sb.ID), []string{"start", "delete", "start"}; !slices.Equal(got, want) {
+			if got, want := e.rt.CallsOf(sb.ID), []string{"start", "delete", "start"}; !slices.Equal(got, want) {
 				t.Errorf("runtime calls %v, want %v", got, want)
 			}
 			if got, _ := e.m.Get(e.ctx, "reboot"); got.State != api.StateRunning {
 				t.Errorf("state %s", got.State)
 			}
-			if c, _ := e.rt.get(sb.ID); c.from != "" || c.status != runtime.StatusRunning {
+			if c, _ := e.rt.Get(sb.ID); c.From != "" || c.Status != runtime.StatusRunning {
 				t.Errorf("container %+v", c)
 			}
 			e.agentAnswers(sb.ID)
@@ -110,13 +111,13 @@ func TestRecover(t *testing.T) {
 		// managing it.
 		e := newEnv(t)
 		sb := e.create(api.CreateSandbox{Name: "lost"})
-		e.rt.failNext("setlimits", errors.New("cgroup gone"))
+		e.rt.FailNext("setlimits", errors.New("cgroup gone"))
 		must(t, e.restart())
 		got, _ := e.m.Get(e.ctx, "lost")
 		if rec := e.record(sb.ID); got.State != api.StateError || !strings.Contains(rec.Error, "its container was stopped") {
 			t.Errorf("state %s, error %q; want error saying the container was stopped", got.State, rec.Error)
 		}
-		if got, want := e.rt.callsOf(sb.ID), []string{"start", "setlimits", "delete"}; !slices.Equal(got, want) {
+		if got, want := e.rt.CallsOf(sb.ID), []string{"start", "setlimits", "delete"}; !slices.Equal(got, want) {
 			t.Errorf("runtime calls %v, want %v", got, want)
 		}
 		if st, err := e.rt.State(e.ctx, sb.ID); err == nil && st != runtime.StatusStopped {
@@ -134,8 +135,8 @@ func TestRecover(t *testing.T) {
 	t.Run("agent that does not answer is an error", func(t *testing.T) {
 		e := newEnv(t)
 		sb := e.create(api.CreateSandbox{Name: "mute"})
-		e.rt.vanish(sb.ID)
-		e.rt.setNoAgent(true)
+		e.rt.Vanish(sb.ID)
+		e.rt.SetNoAgent(true)
 		e.cfg.BootTimeout = 200 * time.Millisecond
 		must(t, e.restart())
 		got, _ := e.m.Get(e.ctx, "mute")
@@ -184,11 +185,11 @@ func TestRecover(t *testing.T) {
 		e := newEnv(t)
 		sb := e.create(api.CreateSandbox{Name: "frozen"})
 		crashAt(e, "checkpoint", func() { _, _ = e.m.CreateCheckpoint(e.ctx, "frozen", api.CreateCheckpoint{}) })
-		if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusPaused {
-			t.Fatalf("before the restart the container is %s", c.status)
+		if c, _ := e.rt.Get(sb.ID); c.Status != runtime.StatusPaused {
+			t.Fatalf("before the restart the container is %s", c.Status)
 		}
 		must(t, e.restart())
-		if got, want := e.rt.callsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume", "setlimits"}; !slices.Equal(got, want) {
+		if got, want := e.rt.CallsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume", "setlimits"}; !slices.Equal(got, want) {
 			t.Errorf("runtime calls %v, want %v", got, want)
 		}
 		if got, _ := e.m.Get(e.ctx, "frozen"); got.State != api.StateRunning {
@@ -226,19 +227,19 @@ func TestRecoverSweeps(t *testing.T) {
 	must(t, os.MkdirAll(filepath.Join(e.sandboxDir(orphan), "bundle"), 0o700))
 	ep, _ := e.nets.Endpoint(orphan, 0)
 	must(t, e.nets.Create(e.ctx, ep))
-	e.rt.setNoAgent(true)
+	e.rt.SetNoAgent(true)
 	must(t, e.rt.Start(e.ctx, runtime.Spec{
 		ID: orphan, BundleDir: filepath.Join(e.sandboxDir(orphan), "bundle"),
 		Rootfs: e.pool.VolumePath(orphan), Netns: ep.Netns,
 		Env: []string{agent.EnvListen + "=:7071", agent.EnvToken + "=x"},
 	}))
-	e.rt.setNoAgent(false)
+	e.rt.SetNoAgent(false)
 	// Checkpoint data with no record: a checkpoint cut short in its
 	// temporary directory, a finished one whose record was never stored, and
 	// the checkpoints of a sandbox that is gone.
 	cps := e.checkpointsDir(keep.ID)
 	must(t, os.MkdirAll(filepath.Join(cps, ".tmp-v2-123456", "mem"), 0o700))
-	must(t, os.WriteFile(filepath.Join(cps, ".tmp-v2-123456", "mem", imageFile), []byte("{}"), 0o600))
+	must(t, os.WriteFile(filepath.Join(cps, ".tmp-v2-123456", "mem", fake.ImageFile), []byte("{}"), 0o600))
 	must(t, os.MkdirAll(filepath.Join(cps, "v7", "mem"), 0o700))
 	must(t, os.MkdirAll(filepath.Join(e.checkpointsDir("sb-gone00000000"), "v1", "mem"), 0o700))
 	// A restore's staged disk, cloned while the state was being kept.
@@ -256,7 +257,7 @@ func TestRecoverSweeps(t *testing.T) {
 	if got := dirNames(t, filepath.Join(e.cfg.DataDir, "sandboxes")); !slices.Equal(got, []string{keep.ID}) {
 		t.Errorf("sandbox directories %v", got)
 	}
-	if got := e.rt.ids(); !slices.Equal(got, []string{keep.ID}) {
+	if got := e.rt.IDs(); !slices.Equal(got, []string{keep.ID}) {
 		t.Errorf("containers %v", got)
 	}
 	if e.nets.exists(orphan) {
@@ -275,7 +276,7 @@ func TestRecoverSweeps(t *testing.T) {
 	if got, _ := e.m.Get(e.ctx, "keep"); got.State != api.StateRunning {
 		t.Errorf("keep is %s", got.State)
 	}
-	if got := e.rt.callsOf(keep.ID); slices.Contains(got, "delete") {
+	if got := e.rt.CallsOf(keep.ID); slices.Contains(got, "delete") {
 		t.Errorf("keep's container was touched: %v", got)
 	}
 	e.agentAnswers(keep.ID)
@@ -332,7 +333,7 @@ func TestRecoverFinishesInterruptedRestore(t *testing.T) {
 			var seen *api.Sandbox
 			crashAt(e, crashOp, func() {
 				// The hook runs first: look at the record as it stands.
-				e.rt.setHook(func(o, id string) {
+				e.rt.SetHook(func(o, id string) {
 					if o == crashOp && id == sb.ID {
 						seen, _ = e.m.Get(e.ctx, sb.ID)
 						goruntime.Goexit()
@@ -346,14 +347,14 @@ func TestRecoverFinishesInterruptedRestore(t *testing.T) {
 			if rec := e.record(sb.ID); rec.State != api.StateRestoring || rec.RestoreTarget != "v1" {
 				t.Fatalf("after the crash: state %s, target %q", rec.State, rec.RestoreTarget)
 			}
-			e.rt.setHook(nil)
+			e.rt.SetHook(nil)
 			must(t, e.restart())
 			rec := e.record(sb.ID)
 			if rec.State != api.StateRunning || rec.RestoreTarget != "" || rec.Error != "" {
 				t.Errorf("after recovery: %+v", rec)
 			}
-			if c, _ := e.rt.get(sb.ID); c.from != sb.ID || c.status != runtime.StatusRunning {
-				t.Errorf("container after recovery: from %q, %s; want restored from %s", c.from, c.status, sb.ID)
+			if c, _ := e.rt.Get(sb.ID); c.From != sb.ID || c.Status != runtime.StatusRunning {
+				t.Errorf("container after recovery: from %q, %s; want restored from %s", c.From, c.Status, sb.ID)
 			}
 			if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
 				t.Errorf("disk after recovery %q, want one", s)
@@ -393,22 +394,22 @@ func TestRecoverRestoreCutWhileKeepingState(t *testing.T) {
 					}
 				}
 				if at == "before the checkpoint" {
-					e.rt.setHook(stop)
+					e.rt.SetHook(stop)
 				} else {
-					e.rt.setAfter(stop)
+					e.rt.SetAfter(stop)
 				}
 				_, _ = e.m.RestoreCheckpoint(e.ctx, "keep", "v1")
 				t.Errorf("no crash")
 			}()
 			<-done
-			e.rt.setHook(nil)
-			e.rt.setAfter(nil)
+			e.rt.SetHook(nil)
+			e.rt.SetAfter(nil)
 			want := runtime.StatusRunning
 			if at == "after the checkpoint" {
 				want = runtime.StatusStopped
 			}
-			if c, _ := e.rt.get(sb.ID); c.status != want {
-				t.Fatalf("after the crash the container is %s, want %s", c.status, want)
+			if c, _ := e.rt.Get(sb.ID); c.Status != want {
+				t.Fatalf("after the crash the container is %s, want %s", c.Status, want)
 			}
 			if rec := e.record(sb.ID); rec.State != api.StateRunning || rec.RestoreTarget != "v1" {
 				t.Fatalf("after the crash: state %s, target %q; want running, v1", rec.State, rec.RestoreTarget)
@@ -418,15 +419,15 @@ func TestRecoverRestoreCutWhileKeepingState(t *testing.T) {
 			if rec := e.record(sb.ID); rec.State != api.StateRunning || rec.Error != "" || rec.RestoreTarget != "" {
 				t.Errorf("after recovery: %+v", rec)
 			}
-			got := e.rt.callsOf(sb.ID)
+			got := e.rt.CallsOf(sb.ID)
 			if at == "after the checkpoint" && !slices.Equal(got[len(got)-2:], []string{"delete", "start"}) {
 				t.Errorf("runtime calls %v, want a delete and a start last (booted again)", got)
 			}
 			if at == "before the checkpoint" && slices.Contains(got, "delete") {
 				t.Errorf("runtime calls %v: the running sandbox was deleted, want it taken back", got)
 			}
-			if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusRunning || c.from != "" {
-				t.Errorf("container after recovery: %s, from %q", c.status, c.from)
+			if c, _ := e.rt.Get(sb.ID); c.Status != runtime.StatusRunning || c.From != "" {
+				t.Errorf("container after recovery: %s, from %q", c.Status, c.From)
 			}
 			if s := e.readVolume(sb.ID, "state.txt"); s != "two" {
 				t.Errorf("disk after recovery %q, want two (untouched)", s)
@@ -472,7 +473,7 @@ func TestRecoverRestoreWithoutItsCheckpoint(t *testing.T) {
 	e.writeVolume(sb.ID, "state.txt", "two")
 	e.checkpoint("lost", true)
 	crashAt(e, "delete", func() { _, _ = e.m.RestoreCheckpoint(e.ctx, "lost", "v2") })
-	e.rt.setHook(nil)
+	e.rt.SetHook(nil)
 	must(t, e.st.DeleteCheckpoint(e.ctx, sb.ID, "v2"))
 
 	must(t, e.restart())
@@ -501,7 +502,7 @@ func TestCheckpointsSurviveAMovedDataDir(t *testing.T) {
 	e.checkpoint("mover", false)
 
 	// The host "reboots" into a data dir at another path.
-	e.rt.vanish(sb.ID)
+	e.rt.Vanish(sb.ID)
 	moved := filepath.Join(t.TempDir(), "moved")
 	must(t, os.Rename(e.cfg.DataDir, moved))
 	e.cfg.DataDir = moved

@@ -3,7 +3,7 @@ package sandbox_test
 // The rest of the test set-up: a fake network that gives each sandbox its
 // own loopback address, a one-template catalogue over the real copy pool,
 // the real store with a hook, and env, a Manager over them and the fake
-// runtime (fakeruntime_test.go).
+// runtime (package runtime/fake).
 
 import (
 	"context"
@@ -25,6 +25,7 @@ import (
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/store/sqlite"
@@ -39,7 +40,7 @@ func testLogger() *slog.Logger {
 
 // fakeNetnsDir prefixes the namespaces of fakeNetworks; what follows is the
 // loopback address that stands for the namespace's eth0.
-const fakeNetnsDir = "/fake/netns"
+const fakeNetnsDir = fake.NetnsDir
 
 // fakeNetworks gives slot i the address 127.A.B.(i+2), with A and B fixed
 // per test, and records which namespaces exist. Linux routes all of 127/8
@@ -225,7 +226,7 @@ type env struct {
 	cfg  sandbox.Config
 	st   *hookStore
 	pool *disk.Copy
-	rt   *fakeRuntime
+	rt   *fake.Runtime
 	nets *fakeNetworks
 	tpl  *fakeTemplates
 	m    *sandbox.Manager
@@ -281,11 +282,11 @@ func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 		t: t, ctx: ctx, cfg: cfg,
 		st:   &hookStore{Store: st},
 		pool: pool,
-		rt:   newFakeRuntime(t),
+		rt:   fake.New(t),
 		nets: nets,
 		tpl:  &fakeTemplates{pool: pool, src: makeTinyTree(t)},
 	}
-	e.rt.tokens = func(id string) []string {
+	e.rt.Tokens = func(id string) []string {
 		var toks []string
 		for gen := range 64 {
 			toks = append(toks, sandbox.AgentToken(cfg.Secret, id, gen))
@@ -464,7 +465,7 @@ func (e *env) requireGone(id string) {
 	if e.nets.exists(id) {
 		e.t.Errorf("the network of %s is left", id)
 	}
-	if _, ok := e.rt.get(id); ok {
+	if _, ok := e.rt.Get(id); ok {
 		e.t.Errorf("the container of %s is left", id)
 	}
 }

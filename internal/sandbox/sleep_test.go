@@ -21,7 +21,7 @@ func (e *env) sleeping(id string) {
 	if rec := e.record(id); rec.State != api.StateSleeping {
 		e.t.Fatalf("state %s, want sleeping", rec.State)
 	}
-	if _, ok := e.rt.get(id); ok {
+	if _, ok := e.rt.Get(id); ok {
 		e.t.Errorf("a sleeping sandbox has a container")
 	}
 	if _, err := os.Stat(filepath.Join(e.sandboxDir(id), "sleep", "mem")); err != nil {
@@ -36,7 +36,7 @@ func (e *env) awake(id string, others ...string) {
 	if rec := e.record(id); rec.State != api.StateRunning {
 		e.t.Fatalf("state %s, want running", rec.State)
 	}
-	if c, ok := e.rt.get(id); !ok || c.status != runtime.StatusRunning {
+	if c, ok := e.rt.Get(id); !ok || c.Status != runtime.StatusRunning {
 		e.t.Fatalf("no running container: %+v", c)
 	}
 	if _, err := os.Stat(filepath.Join(e.sandboxDir(id), "sleep")); !os.IsNotExist(err) {
@@ -83,7 +83,7 @@ func TestSleepWake(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.sleeping(sb.ID)
-	if n := count(e.rt.callsOf(sb.ID), "restore"); n != 0 {
+	if n := count(e.rt.CallsOf(sb.ID), "restore"); n != 0 {
 		t.Fatalf("%d restores while asleep", n)
 	}
 	if e.cpRecord(sb.ID, mem.ID).AgentGen == e.record(sb.ID).AgentGen {
@@ -108,7 +108,7 @@ func TestSleepWake(t *testing.T) {
 			t.Errorf("caller %d: %v", i, err)
 		}
 	}
-	if n := count(e.rt.callsOf(sb.ID), "restore"); n != 1 {
+	if n := count(e.rt.CallsOf(sb.ID), "restore"); n != 1 {
 		t.Errorf("%d restores for 5 callers, want 1", n)
 	}
 	e.awake(sb.ID, held)
@@ -210,8 +210,8 @@ func TestRecoverSleep(t *testing.T) {
 		if rec := e.record(sb.ID); rec.State != api.StateRunning {
 			t.Fatalf("state %s", rec.State)
 		}
-		if c, _ := e.rt.get(sb.ID); c.status != runtime.StatusRunning {
-			t.Errorf("container %s, want running", c.status)
+		if c, _ := e.rt.Get(sb.ID); c.Status != runtime.StatusRunning {
+			t.Errorf("container %s, want running", c.Status)
 		}
 		e.agentAnswers(sb.ID)
 	})
@@ -247,12 +247,12 @@ func TestRecoverSleep(t *testing.T) {
 		e := newEnv(t)
 		sb := e.create(api.CreateSandbox{Name: "nap"})
 		must(t, os.MkdirAll(filepath.Join(e.sandboxDir(sb.ID), "sleep", ".tmp-1", "mem"), 0o700))
-		e.rt.vanish(sb.ID)
+		e.rt.Vanish(sb.ID)
 		must(t, e.restart())
 		if rec := e.record(sb.ID); rec.State != api.StateRunning {
 			t.Fatalf("state %s, want running (booted again)", rec.State)
 		}
-		if ops := e.rt.callsOf(sb.ID); ops[len(ops)-1] != "start" {
+		if ops := e.rt.CallsOf(sb.ID); ops[len(ops)-1] != "start" {
 			t.Errorf("not booted again: %v", ops)
 		}
 		if _, err := os.Stat(filepath.Join(e.sandboxDir(sb.ID), "sleep")); !os.IsNotExist(err) {
@@ -268,7 +268,7 @@ func TestRecoverSleep(t *testing.T) {
 		}
 		must(t, e.restart())
 		e.sleeping(sb.ID)
-		if ops := e.rt.callsOf(sb.ID); slices.Contains(ops, "restore") || slices.Contains(ops, "start") && count(ops, "start") > 1 {
+		if ops := e.rt.CallsOf(sb.ID); slices.Contains(ops, "restore") || slices.Contains(ops, "start") && count(ops, "start") > 1 {
 			t.Errorf("recovery started it: %v", ops)
 		}
 	})
@@ -281,7 +281,7 @@ func TestCallDuringSleep(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(api.CreateSandbox{Name: "nap"})
 	entered, release := make(chan struct{}), make(chan struct{})
-	e.rt.setHook(func(op, id string) {
+	e.rt.SetHook(func(op, id string) {
 		if op == "checkpoint" {
 			close(entered)
 			<-release
@@ -298,7 +298,7 @@ func TestCallDuringSleep(t *testing.T) {
 		t.Fatalf("the call did not wait for the sleep: %v", err)
 	default:
 	}
-	e.rt.setHook(nil)
+	e.rt.SetHook(nil)
 	close(release)
 	if err := <-slept; err != nil {
 		t.Fatal(err)

@@ -44,11 +44,11 @@ func TestHTTPTarget(t *testing.T) {
 		at  time.Time
 	}
 	got := make(chan result, 1)
-	e.rt.setHook(func(op, id string) {
+	e.rt.SetHook(func(op, id string) {
 		if op != "delete" || id != sb.ID {
 			return
 		}
-		e.rt.setHook(nil)
+		e.rt.SetHook(nil)
 		go func() {
 			tg, err := e.m.HTTPTarget(e.ctx, "web", nil)
 			got <- result{tg, err, time.Now()}
