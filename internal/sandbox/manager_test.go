@@ -210,13 +210,21 @@ func TestCreateFailure(t *testing.T) {
 		name  string
 		setUp func(e *env)
 		undo  func(e *env)
+		// boot is the boot timeout: long enough for the fake's agent to
+		// start on a loaded machine, since the create after the failure
+		// needs it, and short where the failure is the agent's silence.
+		boot time.Duration
 	}{
-		{"runtime fails to start", func(e *env) { e.rt.FailNext("start", errors.New("runsc: boom")) }, nil},
-		{"template fails", func(e *env) { e.tpl.failNext(errors.New("debootstrap: boom")) }, nil},
-		{"agent never answers", func(e *env) { e.rt.SetNoAgent(true) }, func(e *env) { e.rt.SetNoAgent(false) }},
+		{"runtime fails to start", func(e *env) { e.rt.FailNext("start", errors.New("runsc: boom")) }, nil, 0},
+		{"template fails", func(e *env) { e.tpl.failNext(errors.New("debootstrap: boom")) }, nil, 0},
+		{"agent never answers", func(e *env) { e.rt.SetNoAgent(true) }, func(e *env) { e.rt.SetNoAgent(false) }, 3 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, func(c *sandbox.Config) { c.BootTimeout = 300 * time.Millisecond })
+			e := newEnv(t, func(c *sandbox.Config) {
+				if tc.boot != 0 {
+					c.BootTimeout = tc.boot
+				}
+			})
 			tc.setUp(e)
 			_, err := e.m.Create(e.ctx, api.CreateSandbox{Name: "doomed"})
 			if err == nil {
