@@ -64,6 +64,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
 )
 
 // Environment variables the agent is configured by. ConfigFromEnv removes
@@ -76,7 +77,7 @@ const (
 	// (an image's USER and WORKDIR); "loam" and the user's home unless set.
 	EnvUser   = "LOAM_AGENT_USER"
 	EnvDir    = "LOAM_AGENT_DIR"
-	envPrefix = "LOAM_AGENT_"
+	envPrefix = account.AgentEnvPrefix
 )
 
 // DefaultPort is the TCP port the agent listens on unless told otherwise.
@@ -103,7 +104,7 @@ type Config struct {
 	// ConfigFromEnv sets DefaultServicesDir. Empty keeps them in memory
 	// only, for tests of other parts.
 	ServicesDir string
-	// User runs the commands whose request names no user; defaultUser
+	// User runs the commands whose request names no user; account.DefaultUser
 	// when empty. Dir is where they run when they name no directory; the
 	// user's home when empty.
 	User, Dir string
@@ -195,15 +196,15 @@ func NewHandler(cfg Config) http.Handler { return newHandler(cfg) }
 
 func newHandler(cfg Config) *handler {
 	if cfg.User == "" {
-		cfg.User = defaultUser
+		cfg.User = account.DefaultUser
 	}
 	h := &handler{
 		log:         cfg.logger(),
 		env:         cfg.Env,
 		user:        cfg.User,
 		dir:         cfg.Dir,
-		passwdPath:  passwdFile,
-		groupPath:   groupFile,
+		passwdPath:  account.PasswdFile,
+		groupPath:   account.GroupFile,
 		identityDir: IdentityDir,
 		prefixes:    interfacePrefixes,
 		started:     time.Now(),

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
 	"loam.dev/loam/internal/archive"
 )
 
@@ -30,7 +31,7 @@ func (h *handler) serveArchive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	started := false
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		fi, err := os.Lstat(dir)
 		if err != nil {
 			return err
@@ -142,7 +143,7 @@ func (h *handler) serveExtract(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := &bodyReader{r: r.Body}
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
 )
 
 const (
@@ -174,8 +175,8 @@ func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 	if name == "" {
 		name = h.user
 	}
-	acct, err := lookupAccount(h.passwdPath, h.groupPath, name)
-	if errors.Is(err, errNoAccount) {
+	acct, err := account.Lookup(h.passwdPath, h.groupPath, name)
+	if errors.Is(err, account.ErrNoAccount) {
 		return nil, api.Errorf(api.CodeInvalid, "user %q does not exist in this sandbox", name)
 	}
 	if err != nil {
@@ -196,7 +197,7 @@ func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 	c := &command{
 		path:  req.Cmd[0],
 		argv:  req.Cmd,
-		env:   buildEnv(h.env, acct, req.TTY, h.secretEnv(req.Env)),
+		env:   account.BuildEnv(h.env, acct, req.TTY, h.secretEnv(req.Env)),
 		dir:   dir,
 		user:  acct.Name,
 		cred:  cred,
@@ -212,7 +213,7 @@ func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 		c.cols = defaultCols
 	}
 	if !strings.Contains(c.path, "/") {
-		p, ok := lookPath(c.path, envValue(c.env, "PATH"), dir, acct)
+		p, ok := account.LookPath(c.path, account.EnvValue(c.env, "PATH"), dir, acct)
 		if !ok {
 			return nil, api.Errorf(api.CodeNotFound, "exec: %q: executable file not found in $PATH", c.path)
 		}
@@ -248,7 +249,7 @@ func workDir(dir, home string) (string, error) {
 
 // credential is what a process of a runs with. An agent that is not root
 // (in development) can run commands as itself only.
-func credential(a account) (*syscall.Credential, error) {
+func credential(a account.Account) (*syscall.Credential, error) {
 	if os.Geteuid() == 0 {
 		return &syscall.Credential{Uid: a.UID, Gid: a.GID, Groups: a.Groups}, nil
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
 	"loam.dev/loam/internal/archive"
 )
 
@@ -39,26 +40,26 @@ import (
 // (exists, not empty, disk full). Anything else is the agent's failure.
 
 // fileUser is the account a files request acts as.
-func (h *handler) fileUser(name string) (account, error) {
+func (h *handler) fileUser(name string) (account.Account, error) {
 	if err := api.CheckFileUser(name); err != nil {
-		return account{}, err
+		return account.Account{}, err
 	}
 	if name == "" {
 		name = h.user
 	}
-	a, err := lookupAccount(h.passwdPath, h.groupPath, name)
-	if errors.Is(err, errNoAccount) {
-		return account{}, api.Errorf(api.CodeInvalid, "user %q does not exist in this sandbox", name)
+	a, err := account.Lookup(h.passwdPath, h.groupPath, name)
+	if errors.Is(err, account.ErrNoAccount) {
+		return account.Account{}, api.Errorf(api.CodeInvalid, "user %q does not exist in this sandbox", name)
 	}
 	return a, err
 }
 
 // fileRequest is the path and user of a files request from its query.
-func (h *handler) fileRequest(r *http.Request) (string, account, error) {
+func (h *handler) fileRequest(r *http.Request) (string, account.Account, error) {
 	q := r.URL.Query()
 	p := q.Get("path")
 	if err := api.CheckFilePath("path", p); err != nil {
-		return "", account{}, err
+		return "", account.Account{}, err
 	}
 	a, err := h.fileUser(q.Get("user"))
 	return filepath.Clean(p), a, err
@@ -177,7 +178,7 @@ func (h *handler) serveStat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var info api.FileInfo
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		budget := api.MaxFileEntries
 		var err error
 		info, err = list(p, depth, &budget)
@@ -202,7 +203,7 @@ func (h *handler) serveRead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var f *os.File
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		var err error
 		f, err = openRegular(p)
 		return err
@@ -245,7 +246,7 @@ func (h *handler) serveWrite(w http.ResponseWriter, r *http.Request) {
 	}
 	var info api.FileInfo
 	body := &bodyReader{r: r.Body}
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		var err error
 		info, err = writeAtomic(p, body, mode)
 		return err
@@ -411,7 +412,7 @@ func (h *handler) serveMkdir(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var info api.FileInfo
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		if err := os.MkdirAll(p, fs.FileMode(mode&0o777)); err != nil {
 			return err
 		}
@@ -452,7 +453,7 @@ func (h *handler) serveMove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var info api.FileInfo
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		if err := os.Rename(from, to); err != nil {
 			return err
 		}
@@ -481,7 +482,7 @@ func (h *handler) serveRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	recursive := r.URL.Query().Get("recursive") == "true"
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		if _, err := os.Lstat(p); err != nil {
 			return err
 		}
