@@ -1,4 +1,4 @@
-package agent
+package files
 
 import (
 	"context"
@@ -44,21 +44,21 @@ type watcher struct {
 // api.WatchEvent text messages. The watches are set up before the upgrade,
 // so that a missing path is a plain 404. The socket closes normally when the
 // watched path itself goes away.
-func (h *handler) serveWatch(w http.ResponseWriter, r *http.Request) {
-	p, a, err := h.fileRequest(r)
+func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request) {
+	p, a, err := s.fileRequest(r)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	wa, err := newWatcher(p, a, r.URL.Query().Get("recursive") == "true")
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	defer wa.f.Close()
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
-		h.log.Warn("watch: accepting the websocket", "err", err)
+		s.log.Warn("watch: accepting the websocket", "err", err)
 		return
 	}
 	defer conn.CloseNow()
