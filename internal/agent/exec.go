@@ -21,6 +21,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent/account"
+	"loam.dev/loam/internal/agent/proc"
 )
 
 const (
@@ -323,7 +324,7 @@ func openPipes(withStdin bool) (*stdio, error) {
 
 // openTerminalStdio gives a process a terminal as stdin, stdout and stderr.
 func openTerminalStdio(rows, cols uint16) (*stdio, error) {
-	master, slave, err := openTerminal(rows, cols)
+	master, slave, err := proc.OpenTerminal(rows, cols)
 	if err != nil {
 		return nil, err
 	}
@@ -653,7 +654,7 @@ func (s *execSocket) control(c api.ExecControl) {
 		if s.sio.master == nil || c.Rows <= 0 || c.Cols <= 0 || c.Rows > 0xffff || c.Cols > 0xffff {
 			return
 		}
-		if err := setTerminalSize(s.sio.master, uint16(c.Rows), uint16(c.Cols)); err != nil {
+		if err := proc.SetTerminalSize(s.sio.master, uint16(c.Rows), uint16(c.Cols)); err != nil {
 			s.log.Info("exec: resizing", "err", err)
 		}
 	}

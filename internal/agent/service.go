@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/proc"
 )
 
 // DefaultServicesDir is where the agent keeps service definitions: on the
@@ -111,8 +112,8 @@ func newService(log *slog.Logger, def api.Service) *service {
 		def:   def,
 		state: api.ServiceStopped,
 		outs: []sessionOutput{
-			{stream: api.StreamStdout, ring: newRing(serviceLogBuffer)},
-			{stream: api.StreamStderr, ring: newRing(serviceLogBuffer)},
+			{stream: api.StreamStdout, ring: proc.NewRing(serviceLogBuffer)},
+			{stream: api.StreamStderr, ring: proc.NewRing(serviceLogBuffer)},
 		},
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/proc"
 )
 
 // sessions is the agent's registry of exec sessions (see api/session.go).
@@ -72,7 +73,7 @@ type session struct {
 type sessionOutput struct {
 	stream byte
 	f      *os.File // the parent's end of the pipe or terminal
-	ring   *ring
+	ring   *proc.Ring
 }
 
 // newSessionID makes an id "s-" and 12 letters and digits.
@@ -121,7 +122,7 @@ func (r *sessions) start(h *handler, c *command, req *api.ExecRequest) (*session
 		size = api.DefaultSessionBuffer
 	}
 	for _, o := range sio.outs {
-		ss.outs = append(ss.outs, sessionOutput{stream: o.stream, f: o.f, ring: newRing(size)})
+		ss.outs = append(ss.outs, sessionOutput{stream: o.stream, f: o.f, ring: proc.NewRing(size)})
 	}
 	if sio.stdin != nil {
 		ss.stdinQ = make(chan []byte, stdinQueue)
@@ -455,7 +456,7 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 		}
 		until := int64(-1)
 		if from.noFollow {
-			_, until = o.ring.bounds()
+			_, until = o.ring.Bounds()
 		}
 		outs.Go(func() {
 			if followOutput(ctx, o, off, until, send) != nil {
@@ -487,7 +488,7 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 // until when it is not negative. It says where the bytes
 // start, and how many were lost, before the first and after every gap.
 func followOutput(ctx context.Context, o sessionOutput, from *int64, until int64, send func(websocket.MessageType, []byte) error) error {
-	start, end := o.ring.bounds()
+	start, end := o.ring.Bounds()
 	off := start
 	if from != nil {
 		// An offset past the end (a restore rolled the output back)
@@ -558,7 +559,7 @@ func (ss *session) readClient(ctx context.Context, conn *websocket.Conn) {
 			}
 		case api.ExecResize:
 			if ss.sio.master != nil && c.Rows > 0 && c.Cols > 0 && c.Rows <= 0xffff && c.Cols <= 0xffff {
-				_ = setTerminalSize(ss.sio.master, uint16(c.Rows), uint16(c.Cols))
+				_ = proc.SetTerminalSize(ss.sio.master, uint16(c.Rows), uint16(c.Cols))
 			}
 		}
 	}
