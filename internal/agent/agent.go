@@ -68,6 +68,7 @@ import (
 	"loam.dev/loam/internal/agent/account"
 	"loam.dev/loam/internal/agent/files"
 	"loam.dev/loam/internal/agent/ports"
+	"loam.dev/loam/internal/agent/proc"
 )
 
 // Environment variables the agent is configured by. ConfigFromEnv removes
@@ -212,7 +213,7 @@ func newHandler(cfg Config) *handler {
 		prefixes:    interfacePrefixes,
 		started:     time.Now(),
 	}
-	h.reaper = startReaper(h.log)
+	h.reaper = proc.StartReaper(h.log)
 	h.sessions = newSessions(h.log, h.reaper)
 	h.apiSocket = &apiSocket{log: h.log, allowed: h.sandboxUser}
 	h.setToken(cfg.Token)
@@ -244,7 +245,7 @@ type handler struct {
 	// user and dir are the defaults of a request that names neither
 	// (Config.User, Config.Dir).
 	user, dir string
-	reaper    *reaper
+	reaper    *proc.Reaper
 	// sessions is the registry of exec sessions.
 	sessions *sessions
 	// services is the registry of services.

@@ -364,7 +364,7 @@ func (sio *stdio) close() {
 
 // spawn starts c with its stdio: in a process group of its own, or with a
 // terminal in a session of its own.
-func (h *handler) spawn(c *command) (*process, *stdio, error) {
+func (h *handler) spawn(c *command) (*proc.Process, *stdio, error) {
 	var sio *stdio
 	var err error
 	sys := &syscall.SysProcAttr{Credential: c.cred}
@@ -383,7 +383,7 @@ func (h *handler) spawn(c *command) (*process, *stdio, error) {
 		return nil, nil, fmt.Errorf("starting %q: %w", c.argv[0], err)
 	}
 	attr := &syscall.ProcAttr{Dir: c.dir, Env: c.env, Files: sio.childFds(), Sys: sys}
-	p, err := h.reaper.start(c.path, c.argv, attr)
+	p, err := h.reaper.Start(c.path, c.argv, attr)
 	sio.closeChild()
 	if err != nil {
 		sio.close()
@@ -402,7 +402,7 @@ func (h *handler) start(conn *websocket.Conn, c *command) (*execSocket, error) {
 	h.sessions.watch(ss)
 	s := &execSocket{
 		conn:    conn,
-		log:     h.log.With("pid", p.pid, "cmd", c.argv[0], "user", c.user, "session", ss.id),
+		log:     h.log.With("pid", p.PID(), "cmd", c.argv[0], "user", c.user, "session", ss.id),
 		reaper:  h.reaper,
 		proc:    p,
 		session: ss.id,
@@ -424,8 +424,8 @@ func (h *handler) start(conn *websocket.Conn, c *command) (*execSocket, error) {
 type execSocket struct {
 	conn    *websocket.Conn
 	log     *slog.Logger
-	reaper  *reaper
-	proc    *process
+	reaper  *proc.Reaper
+	proc    *proc.Process
 	session string // the session's id
 	sio     *stdio
 	tty     bool
@@ -450,7 +450,7 @@ func (s *execSocket) run(ctx context.Context) {
 	defer s.sio.close()
 	defer close(s.ended)
 
-	if err := s.send(ctx, websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: s.proc.pid, Session: s.session}), false); err != nil {
+	if err := s.send(ctx, websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: s.proc.PID(), Session: s.session}), false); err != nil {
 		s.hangup(err)
 		return
 	}
@@ -469,7 +469,7 @@ func (s *execSocket) run(ctx context.Context) {
 	}()
 
 	select {
-	case <-s.proc.done:
+	case <-s.proc.Done():
 	case <-s.gone:
 		s.hangup(errors.New("the client went away"))
 		return
@@ -494,7 +494,7 @@ func (s *execSocket) run(ctx context.Context) {
 		return
 	}
 
-	code := exitCode(s.proc.status)
+	code := proc.ExitCode(s.proc.Status())
 	if err := s.send(ctx, websocket.MessageText, control(api.ExecControl{Type: api.ExecExit, ExitCode: &code}), true); err != nil {
 		s.log.Info("exec: sending exit", "err", err)
 		return
@@ -510,7 +510,7 @@ func (s *execSocket) run(ctx context.Context) {
 // terminal's master (when run returns) hangs a tty session up as well.
 func (s *execSocket) hangup(why error) {
 	s.log.Info("exec hung up", "reason", why)
-	if err := s.reaper.signal(s.proc, syscall.SIGHUP); err != nil && !errors.Is(err, errExited) {
+	if err := s.reaper.Signal(s.proc, syscall.SIGHUP); err != nil && !errors.Is(err, proc.ErrExited) {
 		s.log.Warn("exec: hanging up", "err", err)
 	}
 }
@@ -647,7 +647,7 @@ func (s *execSocket) control(c api.ExecControl) {
 			s.log.Info("exec: ignoring an unknown signal", "signal", c.Signal)
 			return
 		}
-		if err := s.reaper.signal(s.proc, sig); err != nil && !errors.Is(err, errExited) {
+		if err := s.reaper.Signal(s.proc, sig); err != nil && !errors.Is(err, proc.ErrExited) {
 			s.log.Warn("exec: delivering a signal", "err", err)
 		}
 	case api.ExecResize:

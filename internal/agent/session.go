@@ -31,14 +31,14 @@ import (
 // api.MaxExitedSessions exited ones; nothing ends a session on a timer.
 type sessions struct {
 	log    *slog.Logger
-	reaper *reaper
+	reaper *proc.Reaper
 
 	mu   sync.Mutex
 	byID map[string]*session
 	list []*session // in order of start
 }
 
-func newSessions(log *slog.Logger, r *reaper) *sessions {
+func newSessions(log *slog.Logger, r *proc.Reaper) *sessions {
 	return &sessions{log: log, reaper: r, byID: map[string]*session{}}
 }
 
@@ -49,8 +49,8 @@ type session struct {
 	tty        bool
 	detachable bool
 	started    time.Time
-	proc       *process
-	reaper     *reaper
+	proc       *proc.Process
+	reaper     *proc.Reaper
 	log        *slog.Logger
 
 	// done is closed once the session has exited and, when detachable,
@@ -89,7 +89,7 @@ func newSessionID() string {
 
 // add registers a started process as a session. For a detachable one, sio
 // is its stdio, which the session owns from here on; nil otherwise.
-func (r *sessions) add(p *process, c *command, detachable bool, sio *stdio) *session {
+func (r *sessions) add(p *proc.Process, c *command, detachable bool, sio *stdio) *session {
 	ss := &session{
 		id:         newSessionID(),
 		cmd:        slices.Clone(c.argv),
@@ -101,7 +101,7 @@ func (r *sessions) add(p *process, c *command, detachable bool, sio *stdio) *ses
 		done:       make(chan struct{}),
 		sio:        sio,
 	}
-	ss.log = r.log.With("session", ss.id, "pid", p.pid, "cmd", c.argv[0], "user", c.user)
+	ss.log = r.log.With("session", ss.id, "pid", p.PID(), "cmd", c.argv[0], "user", c.user)
 	r.mu.Lock()
 	r.byID[ss.id] = ss
 	r.list = append(r.list, ss)
@@ -136,7 +136,7 @@ func (r *sessions) start(h *handler, c *command, req *api.ExecRequest) (*session
 // watch records the exit of a session an exec socket serves.
 func (r *sessions) watch(ss *session) {
 	go func() {
-		<-ss.proc.done
+		<-ss.proc.Done()
 		ss.finish(r)
 	}()
 }
@@ -145,7 +145,7 @@ func (r *sessions) watch(ss *session) {
 // the registry and only then marks ss exited, so whoever waited on it sees
 // the registry already pruned.
 func (ss *session) finish(r *sessions) {
-	ss.code = exitCode(ss.proc.status)
+	ss.code = proc.ExitCode(ss.proc.Status())
 	ss.exited = time.Now().UTC()
 	r.exited(ss)
 	close(ss.done)
@@ -227,7 +227,7 @@ func (ss *session) hasExited() bool {
 // view is the session as the API shows it.
 func (ss *session) view() api.Session {
 	v := api.Session{
-		ID: ss.id, PID: ss.proc.pid, Cmd: ss.cmd, TTY: ss.tty, Detachable: ss.detachable,
+		ID: ss.id, PID: ss.proc.PID(), Cmd: ss.cmd, TTY: ss.tty, Detachable: ss.detachable,
 		State: api.SessionRunning, StartedAt: ss.started,
 	}
 	if ss.hasExited() {
@@ -240,7 +240,7 @@ func (ss *session) view() api.Session {
 // collect moves a detachable session's output into its rings until the
 // main process has exited and its output is read, then records the exit.
 func (ss *session) collect(r *sessions) {
-	pumpOutputs(ss.outs, ss.proc.done)
+	pumpOutputs(ss.outs, ss.proc.Done())
 	for _, o := range ss.outs {
 		o.ring.Close()
 	}
@@ -379,8 +379,8 @@ func (ss *session) closeStdin(ctx context.Context) {
 
 // signal sends sig to the session's process group.
 func (ss *session) signal(sig syscall.Signal) error {
-	err := ss.reaper.signal(ss.proc, sig)
-	if errors.Is(err, errExited) {
+	err := ss.reaper.Signal(ss.proc, sig)
+	if errors.Is(err, proc.ErrExited) {
 		return api.Errorf(api.CodeConflict, "session %s has exited", ss.id)
 	}
 	return err
@@ -440,7 +440,7 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 		defer wmu.Unlock()
 		return conn.Write(ctx, typ, b)
 	}
-	if send(websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: ss.proc.pid, Session: ss.id})) != nil {
+	if send(websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: ss.proc.PID(), Session: ss.id})) != nil {
 		return
 	}
 	go func() {

@@ -25,7 +25,7 @@ func (ss *session) kill() {
 	seen := map[int]bool{}
 	for time.Now().Before(deadline) {
 		grew := false
-		for _, pid := range treeOf(ss.proc.pid, seen) {
+		for _, pid := range treeOf(ss.proc.PID(), seen) {
 			if !seen[pid] {
 				seen[pid] = true
 				grew = true
@@ -36,13 +36,13 @@ func (ss *session) kill() {
 			break
 		}
 	}
-	_ = ss.reaper.signal(ss.proc, syscall.SIGKILL)
+	_ = ss.reaper.Signal(ss.proc, syscall.SIGKILL)
 	for pid := range seen {
 		_ = unix.Kill(pid, syscall.SIGKILL)
 	}
 	for time.Now().Before(deadline) {
-		left := treeOf(ss.proc.pid, nil)
-		if len(left) == 0 && ss.proc.reaped() {
+		left := treeOf(ss.proc.PID(), nil)
+		if len(left) == 0 && ss.proc.Reaped() {
 			return
 		}
 		for _, pid := range left {
@@ -50,7 +50,7 @@ func (ss *session) kill() {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	ss.log.Warn("session: processes survived the kill", "pids", treeOf(ss.proc.pid, nil))
+	ss.log.Warn("session: processes survived the kill", "pids", treeOf(ss.proc.PID(), nil))
 }
 
 // treeOf lists the live processes of root's tree, from /proc: root, those

@@ -1,6 +1,7 @@
-// Package proc is what the agent keeps of the processes it runs: the
-// bounded output buffers sessions and services read at their own offsets
-// (Ring) and the pseudo-terminals of interactive commands.
+// Package proc is the agent's processes at the level of the kernel: the one
+// reaper that starts, signals and collects every child of the sandbox
+// (Reaper), the bounded output buffers sessions and services read at their
+// own offsets (Ring) and the pseudo-terminals of interactive commands.
 package proc
 
 import (
