@@ -2,12 +2,16 @@ package archive
 
 import (
 	"archive/tar"
+	"bytes"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
+
+	"loam.dev/loam/internal/archive/archivetest"
 )
 
 // The option sets of Extract's three callers: the agent's upload into a
@@ -174,5 +178,83 @@ func wantFile(t *testing.T, dst, name, body string) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dst, name)); err != nil || string(b) != body {
 		t.Errorf("%s: %q, %v; want %q", name, b, err, body)
+	}
+}
+
+// sparseTar is archivetest.SparseTar, failing t on an error.
+func sparseTar(t *testing.T, name string, realSize int64) []byte {
+	t.Helper()
+	b, err := archivetest.SparseTar(name, realSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestExtractMaxBytes: files are counted against Options.MaxBytes by the
+// size they read back as, so that neither a sparse file (a 1 TiB file in
+// a 4 kB tar) nor a long run of them fills the disk: the file that would
+// pass the cap is refused before a byte of it is written.
+func TestExtractMaxBytes(t *testing.T) {
+	reg := byte(tar.TypeReg)
+	for _, tc := range []struct {
+		name    string
+		data    func(t *testing.T) []byte
+		max     int64 // -1: the file system's free space
+		refused bool
+		present []string
+		absent  []string
+	}{
+		{"under the cap", func(t *testing.T) []byte {
+			return tarOf(t, entry{name: "a", typ: reg, body: "abc"}, entry{name: "b", typ: reg, body: "defg"})
+		}, 7, false, []string{"a", "b"}, nil},
+		{"over the cap", func(t *testing.T) []byte {
+			return tarOf(t, entry{name: "a", typ: reg, body: "abc"}, entry{name: "b", typ: reg, body: "defgh"})
+		}, 7, true, []string{"a"}, []string{"b"}},
+		{"sparse bomb", func(t *testing.T) []byte { return sparseTar(t, "big", 1<<40) }, -1, true, nil, []string{"big"}},
+		{"sparse file that fits", func(t *testing.T) []byte { return sparseTar(t, "small", 4096) }, -1, false, []string{"small"}, nil},
+	} {
+		for _, c := range []struct {
+			caller string
+			opts   Options
+		}{{"upload", uploadOpts}, {"cp", cpOpts}, {"layer", Options{Layer: true, SetID: true}}} {
+			t.Run(tc.name+"/"+c.caller, func(t *testing.T) {
+				_, dst := setup(t)
+				d, err := OpenDir(dst)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer d.Close()
+				opts := c.opts
+				if opts.MaxBytes = tc.max; tc.max < 0 {
+					if opts.MaxBytes, err = d.FreeBytes(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				err = Extract(t.Context(), d, bytes.NewReader(tc.data(t)), opts)
+				if tc.refused != (errors.Is(err, ErrTooLarge) && errors.Is(err, ErrRefused)) {
+					t.Errorf("extract: %v, want refused as too large: %v", err, tc.refused)
+				}
+				if !tc.refused && err != nil {
+					t.Errorf("extract: %v", err)
+				}
+				for _, n := range tc.present {
+					if _, err := os.Lstat(filepath.Join(dst, n)); err != nil {
+						t.Errorf("%s: %v", n, err)
+					}
+				}
+				for _, n := range tc.absent {
+					if _, err := os.Lstat(filepath.Join(dst, n)); !errors.Is(err, fs.ErrNotExist) {
+						t.Errorf("%s: %v, want it not written", n, err)
+					}
+				}
+				names, _ := os.ReadDir(dst)
+				for _, de := range names {
+					if strings.Contains(de.Name(), ".loam-") {
+						t.Errorf("temporary file left: %s", de.Name())
+					}
+				}
+			})
+		}
 	}
 }
