@@ -209,7 +209,7 @@ func (r *sessions) all() []api.Session {
 
 // remove kills ss's whole process tree and forgets it.
 func (r *sessions) remove(ss *session) {
-	ss.kill()
+	ss.reaper.KillTree(ss.proc, ss.log)
 	r.mu.Lock()
 	r.forgetLocked(ss)
 	r.mu.Unlock()
