@@ -14,6 +14,13 @@
 // to keep running: the daemon closes them all before a memory checkpoint and
 // reconnects after a restore or fork, maybe at another address.
 //
+// The agent's parts, by job: package account (the sandbox's users, and
+// work done with a user's rights), files (the files protocol, archives and
+// watches), ports (listening ports and connections to them) and proc (the
+// reaper, output rings, terminals, killing a process tree). This package
+// holds the HTTP and WebSocket glue (auth, the link check, routes), exec,
+// sessions, services, identity and token, and the daemon's Client.
+//
 // Endpoints:
 //
 //	GET  /healthz  {"ok":true,"pid":N,"uptime_ms":N}
