@@ -14,13 +14,20 @@
 // to keep running: the daemon closes them all before a memory checkpoint and
 // reconnects after a restore or fork, maybe at another address.
 //
+// The agent's parts, by job: package account (the sandbox's users, and
+// work done with a user's rights), files (the files protocol, archives and
+// watches), ports (listening ports and connections to them) and proc (the
+// reaper, output rings, terminals, killing a process tree). This package
+// holds the HTTP and WebSocket glue (auth, the link check, routes), exec,
+// sessions, services, identity and token, and the daemon's Client.
+//
 // Endpoints:
 //
 //	GET  /healthz  {"ok":true,"pid":N,"uptime_ms":N}
 //	GET  /exec     WebSocket, the exec protocol of package api (api/exec.go)
 //	POST /token    {"token":"…"}: replace the token (a fork must not keep
 //	               its source's); 204 on success
-//	/files…        the files protocol (files.go) and file watches (watch.go)
+//	/files…        the files protocol and file watches (package files)
 //	POST   /sessions                    start a detachable session (an
 //	                                    api.ExecRequest) → 201 api.Session
 //	GET    /sessions                    api.SessionList
@@ -42,7 +49,7 @@
 //	                                    serveServiceLogs); ?offset=N
 //	                                    &stderr_offset=N&follow=false
 //	GET  /ports    api.PortList: the sandbox's listening TCP ports
-//	GET  /ports/watch          WebSocket of api.PortEvent (see ports.go)
+//	GET  /ports/watch          WebSocket of api.PortEvent (package ports)
 //	GET  /ports/{port}/stream  WebSocket carrying one TCP connection
 package agent
 
@@ -57,6 +64,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -64,6 +72,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
+	"loam.dev/loam/internal/agent/files"
+	"loam.dev/loam/internal/agent/ports"
+	"loam.dev/loam/internal/agent/proc"
 )
 
 // Environment variables the agent is configured by. ConfigFromEnv removes
@@ -76,7 +88,7 @@ const (
 	// (an image's USER and WORKDIR); "loam" and the user's home unless set.
 	EnvUser   = "LOAM_AGENT_USER"
 	EnvDir    = "LOAM_AGENT_DIR"
-	envPrefix = "LOAM_AGENT_"
+	envPrefix = account.AgentEnvPrefix
 )
 
 // DefaultPort is the TCP port the agent listens on unless told otherwise.
@@ -103,7 +115,7 @@ type Config struct {
 	// ConfigFromEnv sets DefaultServicesDir. Empty keeps them in memory
 	// only, for tests of other parts.
 	ServicesDir string
-	// User runs the commands whose request names no user; defaultUser
+	// User runs the commands whose request names no user; account.DefaultUser
 	// when empty. Dir is where they run when they name no directory; the
 	// user's home when empty.
 	User, Dir string
@@ -195,22 +207,20 @@ func NewHandler(cfg Config) http.Handler { return newHandler(cfg) }
 
 func newHandler(cfg Config) *handler {
 	if cfg.User == "" {
-		cfg.User = defaultUser
+		cfg.User = account.DefaultUser
 	}
 	h := &handler{
 		log:         cfg.logger(),
 		env:         cfg.Env,
 		user:        cfg.User,
 		dir:         cfg.Dir,
-		passwdPath:  passwdFile,
-		groupPath:   groupFile,
+		passwdPath:  account.PasswdFile,
+		groupPath:   account.GroupFile,
 		identityDir: IdentityDir,
 		prefixes:    interfacePrefixes,
 		started:     time.Now(),
-		ownPort:     listenPort(cfg.Listen),
-		procNetTCP:  procNetTCP[:],
 	}
-	h.reaper = startReaper(h.log)
+	h.reaper = proc.StartReaper(h.log)
 	h.sessions = newSessions(h.log, h.reaper)
 	h.apiSocket = &apiSocket{log: h.log, allowed: h.sandboxUser}
 	h.setToken(cfg.Token)
@@ -222,7 +232,7 @@ func newHandler(cfg Config) *handler {
 	h.mux.HandleFunc("POST /token", h.serveToken)
 	h.mux.HandleFunc("POST /identity", h.serveIdentity)
 	h.mux.HandleFunc("POST /sync", h.serveSync)
-	h.fileRoutes(h.mux)
+	files.New(h.log, users{h}).Routes(h.mux)
 	h.mux.HandleFunc("POST /sessions", h.serveSessionCreate)
 	h.mux.HandleFunc("GET /sessions", h.serveSessionList)
 	h.mux.HandleFunc("GET /sessions/{session}", h.serveSessionGet)
@@ -231,9 +241,7 @@ func newHandler(cfg Config) *handler {
 	h.mux.HandleFunc("POST /sessions/{session}/signal", h.serveSessionSignal)
 	h.mux.HandleFunc("DELETE /sessions/{session}", h.serveSessionDelete)
 	h.serviceRoutes(h.mux)
-	h.mux.HandleFunc("GET /ports", h.servePorts)
-	h.mux.HandleFunc("GET /ports/watch", h.servePortWatch)
-	h.mux.HandleFunc("GET /ports/{port}/stream", h.servePortStream)
+	ports.New(h.log, listenPort(cfg.Listen)).Routes(h.mux)
 	return h
 }
 
@@ -244,7 +252,7 @@ type handler struct {
 	// user and dir are the defaults of a request that names neither
 	// (Config.User, Config.Dir).
 	user, dir string
-	reaper    *reaper
+	reaper    *proc.Reaper
 	// sessions is the registry of exec sessions.
 	sessions *sessions
 	// services is the registry of services.
@@ -268,11 +276,18 @@ type handler struct {
 	// prefixes lists the sandbox's interface addresses (see onLink);
 	// tests use others.
 	prefixes func() ([]netip.Prefix, error)
-	// ownPort is the agent's port, which no port call lists or reaches.
-	ownPort int
-	// procNetTCP lists the files listening sockets are read from; tests
-	// use others.
-	procNetTCP []string
+}
+
+// users is the sandbox's account database, read at each call from the
+// files the handler names (tests name others once it is made).
+type users struct{ h *handler }
+
+// Default is the user of a request that names none.
+func (u users) Default() string { return u.h.user }
+
+// Lookup finds a user by name, or by uid.
+func (u users) Lookup(name string) (account.Account, error) {
+	return account.Lookup(u.h.passwdPath, u.h.groupPath, name)
 }
 
 func (h *handler) setToken(token string) {
@@ -321,7 +336,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // identity); 2 adds the agent's own link check, the in-sandbox API socket
 // and renaming forks; 3 adds exec sessions (detachable execs, the
 // /sessions endpoints, the session id in "started"), the files protocol
-// and file watches (files.go, watch.go), ports (GET /ports,
+// and file watches (package files), ports (GET /ports,
 // /ports/watch and /ports/{port}/stream), and services (the /services
 // endpoints, service.go); 4 adds secrets to the identity (SecretEnv,
 // SecretFiles), which older agents ignore; 5 adds POST /sync.
@@ -391,4 +406,20 @@ func syncRoot() error {
 	}
 	defer unix.Close(fd)
 	return unix.Syncfs(fd)
+}
+
+// listenPort is the port of a listen address; DefaultPort when it names none.
+func listenPort(addr string) int {
+	if addr == "" {
+		return DefaultPort
+	}
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return DefaultPort
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		return DefaultPort
+	}
+	return n
 }

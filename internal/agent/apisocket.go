@@ -19,6 +19,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/agent/account"
 )
 
 // APISocketName is the name, in IdentityDir, of the unix socket on which the
@@ -159,6 +160,6 @@ func (h *handler) sandboxUser(uid uint32) bool {
 	if uid == 0 {
 		return true
 	}
-	acct, err := lookupAccount(h.passwdPath, h.groupPath, h.user)
+	acct, err := account.Lookup(h.passwdPath, h.groupPath, h.user)
 	return err == nil && acct.UID == uid
 }

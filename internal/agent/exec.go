@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
+	"loam.dev/loam/internal/agent/proc"
 )
 
 const (
@@ -174,8 +176,8 @@ func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 	if name == "" {
 		name = h.user
 	}
-	acct, err := lookupAccount(h.passwdPath, h.groupPath, name)
-	if errors.Is(err, errNoAccount) {
+	acct, err := account.Lookup(h.passwdPath, h.groupPath, name)
+	if errors.Is(err, account.ErrNoAccount) {
 		return nil, api.Errorf(api.CodeInvalid, "user %q does not exist in this sandbox", name)
 	}
 	if err != nil {
@@ -196,7 +198,7 @@ func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 	c := &command{
 		path:  req.Cmd[0],
 		argv:  req.Cmd,
-		env:   buildEnv(h.env, acct, req.TTY, h.secretEnv(req.Env)),
+		env:   account.BuildEnv(h.env, acct, req.TTY, h.secretEnv(req.Env)),
 		dir:   dir,
 		user:  acct.Name,
 		cred:  cred,
@@ -212,7 +214,7 @@ func (h *handler) prepare(req *api.ExecRequest) (*command, error) {
 		c.cols = defaultCols
 	}
 	if !strings.Contains(c.path, "/") {
-		p, ok := lookPath(c.path, envValue(c.env, "PATH"), dir, acct)
+		p, ok := account.LookPath(c.path, account.EnvValue(c.env, "PATH"), dir, acct)
 		if !ok {
 			return nil, api.Errorf(api.CodeNotFound, "exec: %q: executable file not found in $PATH", c.path)
 		}
@@ -248,7 +250,7 @@ func workDir(dir, home string) (string, error) {
 
 // credential is what a process of a runs with. An agent that is not root
 // (in development) can run commands as itself only.
-func credential(a account) (*syscall.Credential, error) {
+func credential(a account.Account) (*syscall.Credential, error) {
 	if os.Geteuid() == 0 {
 		return &syscall.Credential{Uid: a.UID, Gid: a.GID, Groups: a.Groups}, nil
 	}
@@ -322,7 +324,7 @@ func openPipes(withStdin bool) (*stdio, error) {
 
 // openTerminalStdio gives a process a terminal as stdin, stdout and stderr.
 func openTerminalStdio(rows, cols uint16) (*stdio, error) {
-	master, slave, err := openTerminal(rows, cols)
+	master, slave, err := proc.OpenTerminal(rows, cols)
 	if err != nil {
 		return nil, err
 	}
@@ -362,7 +364,7 @@ func (sio *stdio) close() {
 
 // spawn starts c with its stdio: in a process group of its own, or with a
 // terminal in a session of its own.
-func (h *handler) spawn(c *command) (*process, *stdio, error) {
+func (h *handler) spawn(c *command) (*proc.Process, *stdio, error) {
 	var sio *stdio
 	var err error
 	sys := &syscall.SysProcAttr{Credential: c.cred}
@@ -381,7 +383,7 @@ func (h *handler) spawn(c *command) (*process, *stdio, error) {
 		return nil, nil, fmt.Errorf("starting %q: %w", c.argv[0], err)
 	}
 	attr := &syscall.ProcAttr{Dir: c.dir, Env: c.env, Files: sio.childFds(), Sys: sys}
-	p, err := h.reaper.start(c.path, c.argv, attr)
+	p, err := h.reaper.Start(c.path, c.argv, attr)
 	sio.closeChild()
 	if err != nil {
 		sio.close()
@@ -400,7 +402,7 @@ func (h *handler) start(conn *websocket.Conn, c *command) (*execSocket, error) {
 	h.sessions.watch(ss)
 	s := &execSocket{
 		conn:    conn,
-		log:     h.log.With("pid", p.pid, "cmd", c.argv[0], "user", c.user, "session", ss.id),
+		log:     h.log.With("pid", p.PID(), "cmd", c.argv[0], "user", c.user, "session", ss.id),
 		reaper:  h.reaper,
 		proc:    p,
 		session: ss.id,
@@ -422,8 +424,8 @@ func (h *handler) start(conn *websocket.Conn, c *command) (*execSocket, error) {
 type execSocket struct {
 	conn    *websocket.Conn
 	log     *slog.Logger
-	reaper  *reaper
-	proc    *process
+	reaper  *proc.Reaper
+	proc    *proc.Process
 	session string // the session's id
 	sio     *stdio
 	tty     bool
@@ -448,7 +450,7 @@ func (s *execSocket) run(ctx context.Context) {
 	defer s.sio.close()
 	defer close(s.ended)
 
-	if err := s.send(ctx, websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: s.proc.pid, Session: s.session}), false); err != nil {
+	if err := s.send(ctx, websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: s.proc.PID(), Session: s.session}), false); err != nil {
 		s.hangup(err)
 		return
 	}
@@ -467,7 +469,7 @@ func (s *execSocket) run(ctx context.Context) {
 	}()
 
 	select {
-	case <-s.proc.done:
+	case <-s.proc.Done():
 	case <-s.gone:
 		s.hangup(errors.New("the client went away"))
 		return
@@ -492,7 +494,7 @@ func (s *execSocket) run(ctx context.Context) {
 		return
 	}
 
-	code := exitCode(s.proc.status)
+	code := proc.ExitCode(s.proc.Status())
 	if err := s.send(ctx, websocket.MessageText, control(api.ExecControl{Type: api.ExecExit, ExitCode: &code}), true); err != nil {
 		s.log.Info("exec: sending exit", "err", err)
 		return
@@ -508,7 +510,7 @@ func (s *execSocket) run(ctx context.Context) {
 // terminal's master (when run returns) hangs a tty session up as well.
 func (s *execSocket) hangup(why error) {
 	s.log.Info("exec hung up", "reason", why)
-	if err := s.reaper.signal(s.proc, syscall.SIGHUP); err != nil && !errors.Is(err, errExited) {
+	if err := s.reaper.Signal(s.proc, syscall.SIGHUP); err != nil && !errors.Is(err, proc.ErrExited) {
 		s.log.Warn("exec: hanging up", "err", err)
 	}
 }
@@ -645,14 +647,14 @@ func (s *execSocket) control(c api.ExecControl) {
 			s.log.Info("exec: ignoring an unknown signal", "signal", c.Signal)
 			return
 		}
-		if err := s.reaper.signal(s.proc, sig); err != nil && !errors.Is(err, errExited) {
+		if err := s.reaper.Signal(s.proc, sig); err != nil && !errors.Is(err, proc.ErrExited) {
 			s.log.Warn("exec: delivering a signal", "err", err)
 		}
 	case api.ExecResize:
 		if s.sio.master == nil || c.Rows <= 0 || c.Cols <= 0 || c.Rows > 0xffff || c.Cols > 0xffff {
 			return
 		}
-		if err := setTerminalSize(s.sio.master, uint16(c.Rows), uint16(c.Cols)); err != nil {
+		if err := proc.SetTerminalSize(s.sio.master, uint16(c.Rows), uint16(c.Cols)); err != nil {
 			s.log.Info("exec: resizing", "err", err)
 		}
 	}

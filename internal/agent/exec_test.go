@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
 )
 
 func sh(script string) []string { return []string{"sh", "-c", script} }
 
 func TestExec(t *testing.T) {
 	c := newTestAgent(t)
-	root, err := lookupAccount(passwdFile, groupFile, "root")
+	root, err := account.Lookup(account.PasswdFile, account.GroupFile, "root")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestExec(t *testing.T) {
 				Env: map[string]string{"FOO": "bar"},
 				Dir: "/tmp",
 			},
-			stdout: "bar|/tmp|" + root.Home + "|root|root|" + root.Shell + "|C.UTF-8||" + defaultPath + "\n",
+			stdout: "bar|/tmp|" + root.Home + "|root|root|" + root.Shell + "|C.UTF-8||" + account.DefaultPath + "\n",
 		},
 		{
 			name:   "the request's env wins",
@@ -478,6 +479,22 @@ func TestExecImageDefaults(t *testing.T) {
 		s := execute(t, c, tc.req, "")
 		if got := s.stdout.String(); s.code() != 0 || got != tc.want {
 			t.Errorf("%+v: code %d, stdout %q, want %q", tc.req, s.code(), got, tc.want)
+		}
+	}
+}
+
+func TestSignalByName(t *testing.T) {
+	tests := []struct {
+		name string
+		want int
+	}{
+		{"TERM", 15}, {"SIGTERM", 15}, {"term", 15}, {" INT ", 2}, {"KILL", 9},
+		{"HUP", 1}, {"USR1", 10}, {"WINCH", 28}, {"9", 9},
+		{"NOPE", 0}, {"", 0}, {"0", 0}, {"99", 0}, {"-1", 0},
+	}
+	for _, tt := range tests {
+		if got := int(signalByName(tt.name)); got != tt.want {
+			t.Errorf("signalByName(%q) = %d, want %d", tt.name, got, tt.want)
 		}
 	}
 }

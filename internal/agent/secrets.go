@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/internal/agent/account"
 )
 
 // secretFilesList, in the identity dir (root's, mode 0600), lists the
@@ -59,7 +61,7 @@ func (h *handler) writeSecretFiles(files map[string]string) error {
 		}
 	}
 	uid, gid := 0, 0
-	if a, err := lookupAccount(h.passwdPath, h.groupPath, h.user); err == nil {
+	if a, err := account.Lookup(h.passwdPath, h.groupPath, h.user); err == nil {
 		uid, gid = int(a.UID), int(a.GID)
 	}
 	paths := slices.Sorted(maps.Keys(files))

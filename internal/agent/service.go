@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/proc"
 )
 
 // DefaultServicesDir is where the agent keeps service definitions: on the
@@ -111,8 +112,8 @@ func newService(log *slog.Logger, def api.Service) *service {
 		def:   def,
 		state: api.ServiceStopped,
 		outs: []sessionOutput{
-			{stream: api.StreamStdout, ring: newRing(serviceLogBuffer)},
-			{stream: api.StreamStderr, ring: newRing(serviceLogBuffer)},
+			{stream: api.StreamStdout, ring: proc.NewRing(serviceLogBuffer)},
+			{stream: api.StreamStderr, ring: proc.NewRing(serviceLogBuffer)},
 		},
 	}
 }
@@ -571,8 +572,8 @@ func (s *service) runOnce(ctx context.Context, h *handler, def api.Service) (int
 		return 0, err
 	}
 	now := time.Now().UTC()
-	s.set(func() { s.state, s.pid, s.started, s.errMsg = api.ServiceRunning, p.pid, &now, "" })
-	s.log.Info("service started", "pid", p.pid)
+	s.set(func() { s.state, s.pid, s.started, s.errMsg = api.ServiceRunning, p.PID(), &now, "" })
+	s.log.Info("service started", "pid", p.PID())
 	outs := make([]sessionOutput, 0, len(sio.outs))
 	for _, o := range sio.outs {
 		for _, so := range s.outs {
@@ -583,36 +584,36 @@ func (s *service) runOnce(ctx context.Context, h *handler, def api.Service) (int
 	}
 	pumped := make(chan struct{})
 	go func() {
-		pumpOutputs(outs, p.done)
+		pumpOutputs(outs, p.Done())
 		sio.close()
 		close(pumped)
 	}()
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-ctx.Done():
 		s.terminate(h, p)
 	}
 	<-pumped
-	code := exitCode(p.status)
+	code := proc.ExitCode(p.Status())
 	s.set(func() { s.exitCode = &code })
 	return code, nil
 }
 
 // terminate sends SIGTERM to p's process group, and SIGKILL to the group if
 // p has not exited after the stop grace; it returns once p is reaped.
-func (s *service) terminate(h *handler, p *process) {
-	if err := h.reaper.signal(p, syscall.SIGTERM); err != nil && !errors.Is(err, errExited) {
+func (s *service) terminate(h *handler, p *proc.Process) {
+	if err := h.reaper.Signal(p, syscall.SIGTERM); err != nil && !errors.Is(err, proc.ErrExited) {
 		s.log.Warn("stopping service", "err", err)
 	}
 	grace := h.services.stopGrace
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-p.Done():
 		return
 	case <-t.C:
 	}
 	s.log.Warn("service did not stop on SIGTERM; killing it", "grace", grace)
-	_ = h.reaper.signal(p, syscall.SIGKILL)
-	<-p.done
+	_ = h.reaper.Signal(p, syscall.SIGKILL)
+	<-p.Done()
 }

@@ -137,7 +137,7 @@ func (h *handler) serveServiceLogs(w http.ResponseWriter, r *http.Request) {
 		}
 		until := int64(-1)
 		if from.noFollow {
-			_, until = o.ring.bounds()
+			_, until = o.ring.Bounds()
 		}
 		outs.Go(func() {
 			if followOutput(ctx, o, off, until, send) != nil {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/proc"
 )
 
 // sessions is the agent's registry of exec sessions (see api/session.go).
@@ -30,14 +31,14 @@ import (
 // api.MaxExitedSessions exited ones; nothing ends a session on a timer.
 type sessions struct {
 	log    *slog.Logger
-	reaper *reaper
+	reaper *proc.Reaper
 
 	mu   sync.Mutex
 	byID map[string]*session
 	list []*session // in order of start
 }
 
-func newSessions(log *slog.Logger, r *reaper) *sessions {
+func newSessions(log *slog.Logger, r *proc.Reaper) *sessions {
 	return &sessions{log: log, reaper: r, byID: map[string]*session{}}
 }
 
@@ -48,8 +49,8 @@ type session struct {
 	tty        bool
 	detachable bool
 	started    time.Time
-	proc       *process
-	reaper     *reaper
+	proc       *proc.Process
+	reaper     *proc.Reaper
 	log        *slog.Logger
 
 	// done is closed once the session has exited and, when detachable,
@@ -72,7 +73,7 @@ type session struct {
 type sessionOutput struct {
 	stream byte
 	f      *os.File // the parent's end of the pipe or terminal
-	ring   *ring
+	ring   *proc.Ring
 }
 
 // newSessionID makes an id "s-" and 12 letters and digits.
@@ -88,7 +89,7 @@ func newSessionID() string {
 
 // add registers a started process as a session. For a detachable one, sio
 // is its stdio, which the session owns from here on; nil otherwise.
-func (r *sessions) add(p *process, c *command, detachable bool, sio *stdio) *session {
+func (r *sessions) add(p *proc.Process, c *command, detachable bool, sio *stdio) *session {
 	ss := &session{
 		id:         newSessionID(),
 		cmd:        slices.Clone(c.argv),
@@ -100,7 +101,7 @@ func (r *sessions) add(p *process, c *command, detachable bool, sio *stdio) *ses
 		done:       make(chan struct{}),
 		sio:        sio,
 	}
-	ss.log = r.log.With("session", ss.id, "pid", p.pid, "cmd", c.argv[0], "user", c.user)
+	ss.log = r.log.With("session", ss.id, "pid", p.PID(), "cmd", c.argv[0], "user", c.user)
 	r.mu.Lock()
 	r.byID[ss.id] = ss
 	r.list = append(r.list, ss)
@@ -121,7 +122,7 @@ func (r *sessions) start(h *handler, c *command, req *api.ExecRequest) (*session
 		size = api.DefaultSessionBuffer
 	}
 	for _, o := range sio.outs {
-		ss.outs = append(ss.outs, sessionOutput{stream: o.stream, f: o.f, ring: newRing(size)})
+		ss.outs = append(ss.outs, sessionOutput{stream: o.stream, f: o.f, ring: proc.NewRing(size)})
 	}
 	if sio.stdin != nil {
 		ss.stdinQ = make(chan []byte, stdinQueue)
@@ -135,7 +136,7 @@ func (r *sessions) start(h *handler, c *command, req *api.ExecRequest) (*session
 // watch records the exit of a session an exec socket serves.
 func (r *sessions) watch(ss *session) {
 	go func() {
-		<-ss.proc.done
+		<-ss.proc.Done()
 		ss.finish(r)
 	}()
 }
@@ -144,7 +145,7 @@ func (r *sessions) watch(ss *session) {
 // the registry and only then marks ss exited, so whoever waited on it sees
 // the registry already pruned.
 func (ss *session) finish(r *sessions) {
-	ss.code = exitCode(ss.proc.status)
+	ss.code = proc.ExitCode(ss.proc.Status())
 	ss.exited = time.Now().UTC()
 	r.exited(ss)
 	close(ss.done)
@@ -208,7 +209,7 @@ func (r *sessions) all() []api.Session {
 
 // remove kills ss's whole process tree and forgets it.
 func (r *sessions) remove(ss *session) {
-	ss.kill()
+	ss.reaper.KillTree(ss.proc, ss.log)
 	r.mu.Lock()
 	r.forgetLocked(ss)
 	r.mu.Unlock()
@@ -226,7 +227,7 @@ func (ss *session) hasExited() bool {
 // view is the session as the API shows it.
 func (ss *session) view() api.Session {
 	v := api.Session{
-		ID: ss.id, PID: ss.proc.pid, Cmd: ss.cmd, TTY: ss.tty, Detachable: ss.detachable,
+		ID: ss.id, PID: ss.proc.PID(), Cmd: ss.cmd, TTY: ss.tty, Detachable: ss.detachable,
 		State: api.SessionRunning, StartedAt: ss.started,
 	}
 	if ss.hasExited() {
@@ -239,7 +240,7 @@ func (ss *session) view() api.Session {
 // collect moves a detachable session's output into its rings until the
 // main process has exited and its output is read, then records the exit.
 func (ss *session) collect(r *sessions) {
-	pumpOutputs(ss.outs, ss.proc.done)
+	pumpOutputs(ss.outs, ss.proc.Done())
 	for _, o := range ss.outs {
 		o.ring.Close()
 	}
@@ -378,8 +379,8 @@ func (ss *session) closeStdin(ctx context.Context) {
 
 // signal sends sig to the session's process group.
 func (ss *session) signal(sig syscall.Signal) error {
-	err := ss.reaper.signal(ss.proc, sig)
-	if errors.Is(err, errExited) {
+	err := ss.reaper.Signal(ss.proc, sig)
+	if errors.Is(err, proc.ErrExited) {
 		return api.Errorf(api.CodeConflict, "session %s has exited", ss.id)
 	}
 	return err
@@ -439,7 +440,7 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 		defer wmu.Unlock()
 		return conn.Write(ctx, typ, b)
 	}
-	if send(websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: ss.proc.pid, Session: ss.id})) != nil {
+	if send(websocket.MessageText, control(api.ExecControl{Type: api.ExecStarted, PID: ss.proc.PID(), Session: ss.id})) != nil {
 		return
 	}
 	go func() {
@@ -455,7 +456,7 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 		}
 		until := int64(-1)
 		if from.noFollow {
-			_, until = o.ring.bounds()
+			_, until = o.ring.Bounds()
 		}
 		outs.Go(func() {
 			if followOutput(ctx, o, off, until, send) != nil {
@@ -487,7 +488,7 @@ func (ss *session) attach(ctx context.Context, conn *websocket.Conn, from attach
 // until when it is not negative. It says where the bytes
 // start, and how many were lost, before the first and after every gap.
 func followOutput(ctx context.Context, o sessionOutput, from *int64, until int64, send func(websocket.MessageType, []byte) error) error {
-	start, end := o.ring.bounds()
+	start, end := o.ring.Bounds()
 	off := start
 	if from != nil {
 		// An offset past the end (a restore rolled the output back)
@@ -558,7 +559,7 @@ func (ss *session) readClient(ctx context.Context, conn *websocket.Conn) {
 			}
 		case api.ExecResize:
 			if ss.sio.master != nil && c.Rows > 0 && c.Cols > 0 && c.Rows <= 0xffff && c.Cols <= 0xffff {
-				_ = setTerminalSize(ss.sio.master, uint16(c.Rows), uint16(c.Cols))
+				_ = proc.SetTerminalSize(ss.sio.master, uint16(c.Rows), uint16(c.Cols))
 			}
 		}
 	}

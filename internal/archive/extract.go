@@ -51,7 +51,17 @@ type Options struct {
 	// it a name leading outside the directory, a symlink on an entry's way
 	// and any entry but a file, directory or symlink are refused.
 	Layer bool
+	// MaxBytes, when positive, caps the bytes the tar's files may hold in
+	// all: a file that would pass it is refused before a byte of it is
+	// written. A tar's size says nothing of what it writes: a sparse file
+	// of a few bytes in the tar reads back as its whole length of zeros,
+	// and a compressed layer may expand a thousandfold.
+	MaxBytes int64
 }
+
+// ErrTooLarge is wrapped, with ErrRefused, by the error of a file that
+// would take the files extracted past Options.MaxBytes.
+var ErrTooLarge = errors.New("over the size cap")
 
 // Whiteout markers of the OCI image layer format: a file .wh.NAME deletes
 // NAME of the layers below, and .wh..wh..opq in a directory hides
@@ -99,6 +109,9 @@ type extractor struct {
 	// marker, which may come after them, spares them.
 	made map[string]bool
 	dirs []*tar.Header // directories made, Name cleaned, to finish last
+	// written is the bytes of the files extracted so far (their sizes as
+	// the headers declare them, which is what the tar reader yields).
+	written int64
 	// lastDir is the directory the last entry went into, made and found
 	// to be one then; each entry's own calls still refuse a symlink there.
 	lastDir string
@@ -155,6 +168,9 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	case tar.TypeDir:
 		return x.dir(name, hdr)
 	case tar.TypeReg, tar.TypeRegA:
+		if err := x.charge(hdr.Size); err != nil {
+			return err
+		}
 		if err := x.clear(name); err != nil {
 			return err
 		}
@@ -198,6 +214,28 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		}
 	}
 	return refused("entries of type %q (hard links, devices, fifos) are not extracted", hdr.Typeflag)
+}
+
+// charge counts a file of size bytes against Options.MaxBytes.
+func (x *extractor) charge(size int64) error {
+	if x.opts.MaxBytes <= 0 {
+		return nil
+	}
+	if size > x.opts.MaxBytes-x.written {
+		return fmt.Errorf("its %d bytes would take the extraction past %d: %w: %w", size, x.opts.MaxBytes, ErrTooLarge, ErrRefused)
+	}
+	x.written += size
+	return nil
+}
+
+// FreeBytes is the space left to an unprivileged user on d's file
+// system: a MaxBytes for a caller whose tar must not fill it.
+func (d *Dir) FreeBytes() (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(d.fd, &st); err != nil {
+		return 0, fmt.Errorf("reading the free space of %s: %w", d.name, err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
 // wayError marks a symlink or a file where a directory should be as the

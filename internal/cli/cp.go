@@ -304,8 +304,8 @@ func writeLocalFile(dst string, r io.Reader) error {
 // extractLocal extracts a tar that came from a sandbox into the local
 // directory dir (made if missing). The tar is the sandbox's word: it goes
 // through the one safe extractor, which refuses names and symlinks that
-// lead outside dir, makes only files, directories and symlinks, and keeps
-// no set-id bit.
+// lead outside dir, makes only files, directories and symlinks, keeps no
+// set-id bit, and refuses a file that would not fit in the space left.
 func extractLocal(r io.Reader, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -315,7 +315,13 @@ func extractLocal(r io.Reader, dir string) error {
 		return err
 	}
 	defer d.Close()
-	if err := archive.Extract(context.Background(), d, r, archive.Options{}); err != nil {
+	// The sandbox's tar may not fill the local disk: a sparse file in it
+	// reads back as its whole length of zeros, whatever the tar's size.
+	free, err := d.FreeBytes()
+	if err != nil {
+		return err
+	}
+	if err := archive.Extract(context.Background(), d, r, archive.Options{MaxBytes: max(free, 1)}); err != nil {
 		return fmt.Errorf("extracting into %s: %w", dir, err)
 	}
 	return nil

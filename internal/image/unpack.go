@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/dustin/go-humanize"
 	"github.com/klauspost/compress/zstd"
 
+	"loam.dev/loam/api"
 	"loam.dev/loam/internal/archive"
+	"loam.dev/loam/internal/disk"
 )
 
 // ErrBadLayer is wrapped by every error about a layer's content: an entry
@@ -68,12 +71,25 @@ func (u *Unpacker) ApplyCompressed(ctx context.Context, r io.Reader) error {
 // Apply applies one uncompressed layer (a tar stream) onto the root,
 // through the one safe extractor as an OCI layer (archive.Options.Layer):
 // whiteouts delete, owners and set-id bits are kept, devices are skipped.
+// The layer's files may not take the data dir's file system below its
+// reserve (disk.ReserveBytes): neither a layer that expands a
+// thousandfold nor a sparse file that reads back as a terabyte of zeros
+// fills the disk every sandbox writes to.
 func (u *Unpacker) Apply(ctx context.Context, r io.Reader) error {
-	err := archive.Extract(ctx, u.root, r, archive.Options{Layer: true, Owners: true, SetID: true})
+	free, err := u.root.FreeBytes()
+	if err != nil {
+		return err
+	}
+	// At least one byte: 0 would mean no cap at all.
+	maxBytes := max(free-disk.ReserveBytes, 1)
+	err = archive.Extract(ctx, u.root, r, archive.Options{Layer: true, Owners: true, SetID: true, MaxBytes: maxBytes})
 	var ee *archive.EntryError
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, archive.ErrTooLarge):
+		return api.Errorf(api.CodeInsufficientStorage, "not enough space in the data dir to unpack the image (%s free, %s kept in reserve): %s",
+			humanize.IBytes(uint64(max(free, 0))), humanize.IBytes(disk.ReserveBytes), err)
 	case errors.Is(err, archive.ErrRefused):
 		return fmt.Errorf("%w: %w", ErrBadLayer, err)
 	case errors.As(err, &ee):

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/archive/archivetest"
 	"loam.dev/loam/internal/image/imagetest"
 )
 
@@ -219,6 +221,22 @@ func TestBadLayer(t *testing.T) {
 	if !errors.Is(err, ErrBadLayer) {
 		t.Errorf("truncated gzip: got %v, want ErrBadLayer", err)
 	}
+}
+
+// TestSparseLayerBomb: a layer of a few kilobytes holding a sparse file
+// of 1 TiB, which the tar reader reads back as that many zeros, is refused
+// before a byte of it is written, as the data dir's lack of space.
+func TestSparseLayerBomb(t *testing.T) {
+	bomb, err := archivetest.SparseTar("usr/big", 1<<40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := unpackLayers(t, gz(t, bomb))
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != api.CodeInsufficientStorage {
+		t.Fatalf("the sparse bomb: %v, want insufficient storage", err)
+	}
+	wantGone(t, dir, "usr/big")
 }
 
 // TestSymlinkedParents: a layer writing under a directory that a lower

@@ -1,4 +1,4 @@
-package agent
+package files
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
 )
 
 // maxWatches bounds the directories one recursive watch follows.
@@ -32,7 +33,7 @@ type watcher struct {
 	fd        int      // f's fd: f.Fd() would make it blocking
 	root      string
 	recursive bool
-	acct      account
+	acct      account.Account
 
 	mu    sync.Mutex
 	paths map[int32]string // watch descriptor → path
@@ -43,21 +44,21 @@ type watcher struct {
 // api.WatchEvent text messages. The watches are set up before the upgrade,
 // so that a missing path is a plain 404. The socket closes normally when the
 // watched path itself goes away.
-func (h *handler) serveWatch(w http.ResponseWriter, r *http.Request) {
-	p, a, err := h.fileRequest(r)
+func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request) {
+	p, a, err := s.fileRequest(r)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	wa, err := newWatcher(p, a, r.URL.Query().Get("recursive") == "true")
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	defer wa.f.Close()
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
-		h.log.Warn("watch: accepting the websocket", "err", err)
+		s.log.Warn("watch: accepting the websocket", "err", err)
 		return
 	}
 	defer conn.CloseNow()
@@ -72,7 +73,7 @@ func (h *handler) serveWatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // newWatcher sets up the watches of root as a.
-func newWatcher(root string, a account, recursive bool) (*watcher, error) {
+func newWatcher(root string, a account.Account, recursive bool) (*watcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -85,7 +86,7 @@ func newWatcher(root string, a account, recursive bool) (*watcher, error) {
 		acct:      a,
 		paths:     map[int32]string{},
 	}
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		fi, err := os.Stat(root)
 		if err != nil {
 			return err
@@ -225,7 +226,7 @@ func (wa *watcher) parse(b []byte) (events []api.WatchEvent, gone bool) {
 // follow watches a directory made (or moved in) below a recursive watch,
 // and the directories below it.
 func (wa *watcher) follow(dir string) {
-	_ = asUser(wa.acct, func() error {
+	_ = account.AsUser(wa.acct, func() error {
 		if err := wa.add(dir, unix.IN_DONT_FOLLOW|unix.IN_ONLYDIR); err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package agent
+package files
 
 import (
 	"archive/tar"
@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
 	"loam.dev/loam/internal/archive"
 )
 
@@ -23,14 +24,14 @@ import (
 // without following symlinks (they go into the tar as symlinks). A failure
 // once the tar is on its way aborts the connection, so that the client sees
 // a broken transfer rather than a short tar that looks whole.
-func (h *handler) serveArchive(w http.ResponseWriter, r *http.Request) {
-	dir, a, err := h.fileRequest(r)
+func (s *Server) serveArchive(w http.ResponseWriter, r *http.Request) {
+	dir, a, err := s.fileRequest(r)
 	if err != nil {
-		h.fileError(w, r, dir, err)
+		s.fileError(w, r, dir, err)
 		return
 	}
 	started := false
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		fi, err := os.Lstat(dir)
 		if err != nil {
 			return err
@@ -48,11 +49,11 @@ func (h *handler) serveArchive(w http.ResponseWriter, r *http.Request) {
 		return tw.Close()
 	})
 	if err != nil && !started {
-		h.fileError(w, r, dir, err)
+		s.fileError(w, r, dir, err)
 		return
 	}
 	if err != nil {
-		h.log.Info("files: archive cut short", "path", dir, "err", err)
+		s.log.Info("files: archive cut short", "path", dir, "err", err)
 		panic(http.ErrAbortHandler)
 	}
 }
@@ -135,21 +136,21 @@ func (zeros) Read(b []byte) (int, error) {
 // so that neither a name with ".." nor a symlink (one in the tar, or one
 // already in the directory) can put a file outside it: such entries are
 // refused, and the extraction stops there.
-func (h *handler) serveExtract(w http.ResponseWriter, r *http.Request) {
-	dir, a, err := h.fileRequest(r)
+func (s *Server) serveExtract(w http.ResponseWriter, r *http.Request) {
+	dir, a, err := s.fileRequest(r)
 	if err != nil {
-		h.fileError(w, r, dir, err)
+		s.fileError(w, r, dir, err)
 		return
 	}
 	body := &bodyReader{r: r.Body}
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
 		return extractTar(r.Context(), dir, body)
 	})
 	if err != nil {
-		h.bodyError(w, r, dir, body, err)
+		s.bodyError(w, r, dir, body, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -1,6 +1,7 @@
-package agent
+package proc
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,20 +13,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// killWait bounds how long kill keeps killing a tree that keeps forking.
+// killWait bounds how long KillTree keeps killing a tree that keeps forking.
 const killWait = 5 * time.Second
 
-// kill kills the session's whole process tree with SIGKILL: its process
-// group (its terminal's session, with a tty), and every descendant of its
-// main process, even one that made a group or session of its own. It stops
-// them all first, finding the tree again until no new process shows up, so
-// that none forks or is orphaned (and lost from the tree) meanwhile.
-func (ss *session) kill() {
+// KillTree kills p's whole process tree with SIGKILL: its process group
+// (its terminal's session, with a tty), and every descendant of p, even one
+// that made a group or session of its own. It stops them all first,
+// finding the tree again until no new process shows up, so that none forks
+// or is orphaned (and lost from the tree) meanwhile. It waits, at most
+// killWait, for the tree to be gone and p reaped; log (a session's)
+// hears of survivors.
+func (r *Reaper) KillTree(p *Process, log *slog.Logger) {
 	deadline := time.Now().Add(killWait)
 	seen := map[int]bool{}
 	for time.Now().Before(deadline) {
 		grew := false
-		for _, pid := range treeOf(ss.proc.pid, seen) {
+		for _, pid := range treeOf(p.PID(), seen) {
 			if !seen[pid] {
 				seen[pid] = true
 				grew = true
@@ -36,13 +39,13 @@ func (ss *session) kill() {
 			break
 		}
 	}
-	_ = ss.reaper.signal(ss.proc, syscall.SIGKILL)
+	_ = r.Signal(p, syscall.SIGKILL)
 	for pid := range seen {
 		_ = unix.Kill(pid, syscall.SIGKILL)
 	}
 	for time.Now().Before(deadline) {
-		left := treeOf(ss.proc.pid, nil)
-		if len(left) == 0 && ss.proc.reaped() {
+		left := treeOf(p.PID(), nil)
+		if len(left) == 0 && p.Reaped() {
 			return
 		}
 		for _, pid := range left {
@@ -50,7 +53,7 @@ func (ss *session) kill() {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	ss.log.Warn("session: processes survived the kill", "pids", treeOf(ss.proc.pid, nil))
+	log.Warn("session: processes survived the kill", "pids", treeOf(p.PID(), nil))
 }
 
 // treeOf lists the live processes of root's tree, from /proc: root, those

@@ -1,4 +1,4 @@
-package agent
+package account
 
 import (
 	"errors"
@@ -39,16 +39,16 @@ func TestLookupAccount(t *testing.T) {
 
 	tests := []struct {
 		name string
-		want account
+		want Account
 	}{
-		{"loam", account{Name: "loam", UID: 1000, GID: 1000, Groups: []uint32{1000, 10, 999}, Home: "/home/loam", Shell: "/bin/sh"}},
-		{"1000", account{Name: "loam", UID: 1000, GID: 1000, Groups: []uint32{1000, 10, 999}, Home: "/home/loam", Shell: "/bin/sh"}},
-		{"root", account{Name: "root", UID: 0, GID: 0, Groups: []uint32{0, 10}, Home: "/root", Shell: "/bin/bash"}},
-		{"svc", account{Name: "svc", UID: 1001, GID: 1001, Groups: []uint32{1001, 999, 5}, Home: "/srv"}},
+		{"loam", Account{Name: "loam", UID: 1000, GID: 1000, Groups: []uint32{1000, 10, 999}, Home: "/home/loam", Shell: "/bin/sh"}},
+		{"1000", Account{Name: "loam", UID: 1000, GID: 1000, Groups: []uint32{1000, 10, 999}, Home: "/home/loam", Shell: "/bin/sh"}},
+		{"root", Account{Name: "root", UID: 0, GID: 0, Groups: []uint32{0, 10}, Home: "/root", Shell: "/bin/bash"}},
+		{"svc", Account{Name: "svc", UID: 1001, GID: 1001, Groups: []uint32{1001, 999, 5}, Home: "/srv"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := lookupAccount(passwd, group, tt.name)
+			got, err := Lookup(passwd, group, tt.name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,12 +59,12 @@ func TestLookupAccount(t *testing.T) {
 		})
 	}
 	for _, name := range []string{"nobody", "bad", "a broken line", "", "4242"} {
-		if _, err := lookupAccount(passwd, group, name); !errors.Is(err, errNoAccount) {
-			t.Errorf("lookupAccount(%q): %v, want errNoAccount", name, err)
+		if _, err := Lookup(passwd, group, name); !errors.Is(err, ErrNoAccount) {
+			t.Errorf("Lookup(%q): %v, want ErrNoAccount", name, err)
 		}
 	}
 	t.Run("no group file", func(t *testing.T) {
-		got, err := lookupAccount(passwd, filepath.Join(dir, "missing"), "loam")
+		got, err := Lookup(passwd, filepath.Join(dir, "missing"), "loam")
 		if err != nil || !slices.Equal(got.Groups, []uint32{1000}) {
 			t.Errorf("got %+v, %v; want the primary group only", got, err)
 		}
@@ -76,9 +76,9 @@ func TestExecutableBy(t *testing.T) {
 		t.Skip("needs root to chown")
 	}
 	dir := t.TempDir()
-	loam := account{Name: "loam", UID: 1000, GID: 1000, Groups: []uint32{1000, 10}}
-	other := account{Name: "other", UID: 1001, GID: 1001, Groups: []uint32{1001}}
-	root := account{Name: "root", UID: 0, GID: 0, Groups: []uint32{0}}
+	loam := Account{Name: "loam", UID: 1000, GID: 1000, Groups: []uint32{1000, 10}}
+	other := Account{Name: "other", UID: 1001, GID: 1001, Groups: []uint32{1001}}
+	root := Account{Name: "root", UID: 0, GID: 0, Groups: []uint32{0}}
 
 	tests := []struct {
 		name            string
@@ -102,7 +102,7 @@ func TestExecutableBy(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, c := range []struct {
-				a    account
+				a    Account
 				want bool
 			}{{loam, tt.loam}, {other, tt.other}, {root, tt.rt}} {
 				if got := executableBy(p, c.a); got != c.want {
@@ -131,7 +131,7 @@ func TestLookPath(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	root := account{Name: "root"}
+	root := Account{Name: "root"}
 	path := filepath.Join(dir, "a") + ":" + filepath.Join(dir, "b") + ":rel/bin"
 	tests := []struct {
 		file, want string
@@ -142,41 +142,25 @@ func TestLookPath(t *testing.T) {
 		{"missing", "", false},
 	}
 	for _, tt := range tests {
-		got, ok := lookPath(tt.file, path, dir, root)
+		got, ok := LookPath(tt.file, path, dir, root)
 		if got != tt.want || ok != tt.ok {
-			t.Errorf("lookPath(%q) = %q, %v; want %q, %v", tt.file, got, ok, tt.want, tt.ok)
+			t.Errorf("LookPath(%q) = %q, %v; want %q, %v", tt.file, got, ok, tt.want, tt.ok)
 		}
 	}
 }
 
 func TestBuildEnv(t *testing.T) {
-	a := account{Name: "loam", Home: "/home/loam"}
+	a := Account{Name: "loam", Home: "/home/loam"}
 	sandbox := []string{"PATH=/sandbox/bin", "HOME=/wrong", "USER=wrong", "LOAM_AGENT_TOKEN=x", "A=1", "B=2", "junk"}
-	got := buildEnv(sandbox, a, true, map[string]string{"B": "3", "C": "4"})
+	got := BuildEnv(sandbox, a, true, map[string]string{"B": "3", "C": "4"})
 	want := []string{
 		"A=1", "B=3", "C=4", "HOME=/home/loam", "LANG=C.UTF-8", "LOGNAME=loam",
 		"PATH=/sandbox/bin", "SHELL=/bin/sh", "TERM=xterm-256color", "USER=loam",
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("buildEnv:\n got %q\nwant %q", got, want)
+		t.Errorf("BuildEnv:\n got %q\nwant %q", got, want)
 	}
-	if got := buildEnv(nil, a, false, nil); envValue(got, "TERM") != "" || envValue(got, "PATH") != defaultPath {
+	if got := BuildEnv(nil, a, false, nil); EnvValue(got, "TERM") != "" || EnvValue(got, "PATH") != DefaultPath {
 		t.Errorf("without a terminal or sandbox env: %q", got)
-	}
-}
-
-func TestSignalByName(t *testing.T) {
-	tests := []struct {
-		name string
-		want int
-	}{
-		{"TERM", 15}, {"SIGTERM", 15}, {"term", 15}, {" INT ", 2}, {"KILL", 9},
-		{"HUP", 1}, {"USR1", 10}, {"WINCH", 28}, {"9", 9},
-		{"NOPE", 0}, {"", 0}, {"0", 0}, {"99", 0}, {"-1", 0},
-	}
-	for _, tt := range tests {
-		if got := int(signalByName(tt.name)); got != tt.want {
-			t.Errorf("signalByName(%q) = %d, want %d", tt.name, got, tt.want)
-		}
 	}
 }

@@ -1,4 +1,7 @@
-package agent
+// Package files is the agent's files protocol: stat, read, write, mkdir,
+// move and remove, tar archives of a directory and their extraction, and
+// file watches, each done with the rights of the user a request names.
+package files
 
 import (
 	"encoding/json"
@@ -6,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent/account"
 	"loam.dev/loam/internal/archive"
 )
 
@@ -38,29 +43,52 @@ import (
 // bad path or request), 403 (the user may not), 404 (no such file) and 409
 // (exists, not empty, disk full). Anything else is the agent's failure.
 
+// Users is the sandbox's account database as the files server sees it.
+type Users interface {
+	// Default is the name of the user a request that names none acts as.
+	Default() string
+	// Lookup finds a user by name, or by uid; an error wrapping
+	// account.ErrNoAccount when the sandbox has none such.
+	Lookup(name string) (account.Account, error)
+}
+
+// Server serves the files protocol: every call is made with the rights of
+// the user it names (account.AsUser), and no path it takes from a request
+// or finds in a tar is followed through a symlink where that could reach
+// what the user may not.
+type Server struct {
+	log   *slog.Logger
+	users Users
+}
+
+// New returns the files server, whose requests act as users of users.
+func New(log *slog.Logger, users Users) *Server {
+	return &Server{log: log, users: users}
+}
+
 // fileUser is the account a files request acts as.
-func (h *handler) fileUser(name string) (account, error) {
+func (s *Server) fileUser(name string) (account.Account, error) {
 	if err := api.CheckFileUser(name); err != nil {
-		return account{}, err
+		return account.Account{}, err
 	}
 	if name == "" {
-		name = h.user
+		name = s.users.Default()
 	}
-	a, err := lookupAccount(h.passwdPath, h.groupPath, name)
-	if errors.Is(err, errNoAccount) {
-		return account{}, api.Errorf(api.CodeInvalid, "user %q does not exist in this sandbox", name)
+	a, err := s.users.Lookup(name)
+	if errors.Is(err, account.ErrNoAccount) {
+		return account.Account{}, api.Errorf(api.CodeInvalid, "user %q does not exist in this sandbox", name)
 	}
 	return a, err
 }
 
 // fileRequest is the path and user of a files request from its query.
-func (h *handler) fileRequest(r *http.Request) (string, account, error) {
+func (s *Server) fileRequest(r *http.Request) (string, account.Account, error) {
 	q := r.URL.Query()
 	p := q.Get("path")
 	if err := api.CheckFilePath("path", p); err != nil {
-		return "", account{}, err
+		return "", account.Account{}, err
 	}
-	a, err := h.fileUser(q.Get("user"))
+	a, err := s.fileUser(q.Get("user"))
 	return filepath.Clean(p), a, err
 }
 
@@ -162,59 +190,59 @@ func list(p string, depth int, budget *int) (api.FileInfo, error) {
 	return info, nil
 }
 
-func (h *handler) serveStat(w http.ResponseWriter, r *http.Request) {
-	p, a, err := h.fileRequest(r)
+func (s *Server) serveStat(w http.ResponseWriter, r *http.Request) {
+	p, a, err := s.fileRequest(r)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	depth := 1
 	if d := r.URL.Query().Get("depth"); d != "" {
 		depth, err = strconv.Atoi(d)
 		if err != nil || depth < 0 || depth > api.MaxFileDepth {
-			h.fileError(w, r, p, api.Errorf(api.CodeInvalid, "depth: %q is not a number from 0 to %d", d, api.MaxFileDepth))
+			s.fileError(w, r, p, api.Errorf(api.CodeInvalid, "depth: %q is not a number from 0 to %d", d, api.MaxFileDepth))
 			return
 		}
 	}
 	var info api.FileInfo
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		budget := api.MaxFileEntries
 		var err error
 		info, err = list(p, depth, &budget)
 		return err
 	})
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	api.WriteJSON(w, http.StatusOK, info)
 }
 
-func (h *handler) serveRead(w http.ResponseWriter, r *http.Request) {
-	p, a, err := h.fileRequest(r)
+func (s *Server) serveRead(w http.ResponseWriter, r *http.Request) {
+	p, a, err := s.fileRequest(r)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	rng, err := api.ParseReadRange(r.URL.Query())
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	var f *os.File
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		var err error
 		f, err = openRegular(p)
 		return err
 	})
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	// The size at open: a file that grows meanwhile is sent as it was
@@ -224,34 +252,34 @@ func (h *handler) serveRead(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 	w.WriteHeader(http.StatusOK)
 	if _, err := io.Copy(w, io.NewSectionReader(f, rng.Offset, n)); err != nil {
-		h.log.Info("files: sending content cut short", "path", p, "err", err)
+		s.log.Info("files: sending content cut short", "path", p, "err", err)
 	}
 }
 
-func (h *handler) serveWrite(w http.ResponseWriter, r *http.Request) {
-	p, a, err := h.fileRequest(r)
+func (s *Server) serveWrite(w http.ResponseWriter, r *http.Request) {
+	p, a, err := s.fileRequest(r)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	if p == "/" {
-		h.fileError(w, r, p, api.Errorf(api.CodeInvalid, "/ is a directory"))
+		s.fileError(w, r, p, api.Errorf(api.CodeInvalid, "/ is a directory"))
 		return
 	}
 	mode, err := parseMode("mode", r.URL.Query().Get("mode"), 0)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	var info api.FileInfo
 	body := &bodyReader{r: r.Body}
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		var err error
 		info, err = writeAtomic(p, body, mode)
 		return err
 	})
 	if err != nil {
-		h.bodyError(w, r, p, body, err)
+		s.bodyError(w, r, p, body, err)
 		return
 	}
 	api.WriteJSON(w, http.StatusOK, info)
@@ -284,12 +312,12 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 // reports as a broken write ("the agent does not answer") instead of the
 // answer. A body never read (the request was refused before it) is left
 // alone: reading it would ask the daemon to send it (100-continue).
-func (h *handler) bodyError(w http.ResponseWriter, r *http.Request, p string, body *bodyReader, err error) {
+func (s *Server) bodyError(w http.ResponseWriter, r *http.Request, p string, body *bodyReader, err error) {
 	rc := http.NewResponseController(w)
 	// Without full duplex the server would try to read the rest of the
 	// body before the answer's header, and give up and close after 256 KiB.
 	drain := body.read && rc.EnableFullDuplex() == nil
-	h.fileError(w, r, p, err)
+	s.fileError(w, r, p, err)
 	if !drain || rc.Flush() != nil {
 		return
 	}
@@ -389,29 +417,29 @@ func bodyError(err error) error {
 	return api.Errorf(api.CodeInvalid, "reading the body: %s", err)
 }
 
-func (h *handler) serveMkdir(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveMkdir(w http.ResponseWriter, r *http.Request) {
 	var req api.MkdirRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
-		h.fileError(w, r, "", api.Errorf(api.CodeInvalid, `the body must be {"path":"…"}`))
+		s.fileError(w, r, "", api.Errorf(api.CodeInvalid, `the body must be {"path":"…"}`))
 		return
 	}
 	if err := api.CheckFilePath("path", req.Path); err != nil {
-		h.fileError(w, r, "", err)
+		s.fileError(w, r, "", err)
 		return
 	}
 	p := filepath.Clean(req.Path)
 	mode, err := parseMode("mode", req.Mode, 0o755)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
-	a, err := h.fileUser(req.User)
+	a, err := s.fileUser(req.User)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	var info api.FileInfo
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		if err := os.MkdirAll(p, fs.FileMode(mode&0o777)); err != nil {
 			return err
 		}
@@ -423,36 +451,36 @@ func (h *handler) serveMkdir(w http.ResponseWriter, r *http.Request) {
 		return nil
 	})
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	api.WriteJSON(w, http.StatusOK, info)
 }
 
-func (h *handler) serveMove(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveMove(w http.ResponseWriter, r *http.Request) {
 	var req api.MoveRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
-		h.fileError(w, r, "", api.Errorf(api.CodeInvalid, `the body must be {"from":"…","to":"…"}`))
+		s.fileError(w, r, "", api.Errorf(api.CodeInvalid, `the body must be {"from":"…","to":"…"}`))
 		return
 	}
 	for _, c := range []struct{ what, p string }{{"from", req.From}, {"to", req.To}} {
 		if err := api.CheckFilePath(c.what, c.p); err != nil {
-			h.fileError(w, r, "", err)
+			s.fileError(w, r, "", err)
 			return
 		}
 	}
 	from, to := filepath.Clean(req.From), filepath.Clean(req.To)
 	if from == "/" || to == "/" {
-		h.fileError(w, r, from, api.Errorf(api.CodeInvalid, "/ cannot be moved or replaced"))
+		s.fileError(w, r, from, api.Errorf(api.CodeInvalid, "/ cannot be moved or replaced"))
 		return
 	}
-	a, err := h.fileUser(req.User)
+	a, err := s.fileUser(req.User)
 	if err != nil {
-		h.fileError(w, r, from, err)
+		s.fileError(w, r, from, err)
 		return
 	}
 	var info api.FileInfo
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		if err := os.Rename(from, to); err != nil {
 			return err
 		}
@@ -464,24 +492,24 @@ func (h *handler) serveMove(w http.ResponseWriter, r *http.Request) {
 		return nil
 	})
 	if err != nil {
-		h.fileError(w, r, from, err)
+		s.fileError(w, r, from, err)
 		return
 	}
 	api.WriteJSON(w, http.StatusOK, info)
 }
 
-func (h *handler) serveRemove(w http.ResponseWriter, r *http.Request) {
-	p, a, err := h.fileRequest(r)
+func (s *Server) serveRemove(w http.ResponseWriter, r *http.Request) {
+	p, a, err := s.fileRequest(r)
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	if p == "/" {
-		h.fileError(w, r, p, api.Errorf(api.CodeInvalid, "/ cannot be removed"))
+		s.fileError(w, r, p, api.Errorf(api.CodeInvalid, "/ cannot be removed"))
 		return
 	}
 	recursive := r.URL.Query().Get("recursive") == "true"
-	err = asUser(a, func() error {
+	err = account.AsUser(a, func() error {
 		if _, err := os.Lstat(p); err != nil {
 			return err
 		}
@@ -494,7 +522,7 @@ func (h *handler) serveRemove(w http.ResponseWriter, r *http.Request) {
 		err = api.Errorf(api.CodeConflict, "%s is a directory that is not empty: remove it with recursive=true", p)
 	}
 	if err != nil {
-		h.fileError(w, r, p, err)
+		s.fileError(w, r, p, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -517,24 +545,24 @@ func removeAll(p string) error {
 
 // fileError answers a files request with err: an *api.Error of the user's
 // making as it is, anything else as the agent's failure, logged.
-func (h *handler) fileError(w http.ResponseWriter, r *http.Request, p string, err error) {
+func (s *Server) fileError(w http.ResponseWriter, r *http.Request, p string, err error) {
 	err = fsError(p, err)
 	var ae *api.Error
 	if !errors.As(err, &ae) {
-		h.log.Warn("files: failed", "method", r.Method, "path", r.URL.Path, "file", p, "err", err)
+		s.log.Warn("files: failed", "method", r.Method, "path", r.URL.Path, "file", p, "err", err)
 	}
 	api.WriteError(w, err)
 }
 
-// fileRoutes registers the files protocol on mux.
-func (h *handler) fileRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /files", h.serveStat)
-	mux.HandleFunc("DELETE /files", h.serveRemove)
-	mux.HandleFunc("GET /files/content", h.serveRead)
-	mux.HandleFunc("PUT /files/content", h.serveWrite)
-	mux.HandleFunc("POST /files/mkdir", h.serveMkdir)
-	mux.HandleFunc("POST /files/move", h.serveMove)
-	mux.HandleFunc("GET /files/archive", h.serveArchive)
-	mux.HandleFunc("PUT /files/archive", h.serveExtract)
-	mux.HandleFunc("GET /files/watch", h.serveWatch)
+// Routes registers the files protocol on mux.
+func (s *Server) Routes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /files", s.serveStat)
+	mux.HandleFunc("DELETE /files", s.serveRemove)
+	mux.HandleFunc("GET /files/content", s.serveRead)
+	mux.HandleFunc("PUT /files/content", s.serveWrite)
+	mux.HandleFunc("POST /files/mkdir", s.serveMkdir)
+	mux.HandleFunc("POST /files/move", s.serveMove)
+	mux.HandleFunc("GET /files/archive", s.serveArchive)
+	mux.HandleFunc("PUT /files/archive", s.serveExtract)
+	mux.HandleFunc("GET /files/watch", s.serveWatch)
 }

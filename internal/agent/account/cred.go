@@ -1,4 +1,4 @@
-package agent
+package account
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 	"loam.dev/loam/api"
 )
 
-// asUser runs fn with the file-system rights of a: on an OS thread of its
+// AsUser runs fn with the file-system rights of a: on an OS thread of its
 // own whose credentials (uid, gid, groups) are a's, so that every path fn
 // resolves, every file it opens and every file it creates is checked and
 // owned as if a did it. Doing it as root and then chowning would follow, as
@@ -26,7 +26,7 @@ import (
 //
 // Root runs fn as it is; an agent that is not root (in development) can act
 // as itself only.
-func asUser(a account, fn func() error) error {
+func AsUser(a Account, fn func() error) error {
 	euid := os.Geteuid()
 	switch {
 	case euid != 0 && a.UID == uint32(euid):
@@ -51,7 +51,7 @@ func asUser(a account, fn func() error) error {
 
 // setThreadCreds gives the calling thread a's groups, gid and uid, in that
 // order (each step needs the root rights the next one drops).
-func setThreadCreds(a account) error {
+func setThreadCreds(a Account) error {
 	groups := a.Groups
 	if len(groups) == 0 {
 		groups = []uint32{a.GID}

@@ -1,4 +1,4 @@
-package agent
+package proc
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// reaper is the one collector of exit statuses in this process. Inside a
+// Reaper is the one collector of exit statuses in this process. Inside a
 // sandbox the agent is PID 1, so every orphan of the sandbox becomes its
 // child and only a wait4(-1) collects them all; outside (tests, development)
 // it makes the process a child subreaper so that it is the same code path.
@@ -22,28 +22,37 @@ import (
 // would find the child already reaped.
 //
 // The race between a child exiting and its pid being registered is closed by
-// one lock: start holds it across fork and registration, and reap holds it
+// one lock: Start holds it across fork and registration, and reap holds it
 // across wait4 and dispatch. A pid that reap finds unregistered is therefore
-// an orphan nobody waits for, never a child of start that is not registered
+// an orphan nobody waits for, never a child of Start that is not registered
 // yet, and no status is kept for later. Holding the lock across wait4 also
 // means a pid is never reused between its reaping and its dispatch.
-type reaper struct {
+type Reaper struct {
 	log *slog.Logger
 
 	mu    sync.Mutex
-	procs map[int]*process // started and not yet reaped
+	procs map[int]*Process // started and not yet reaped
 }
 
-// process is a child started by the reaper.
-type process struct {
+// Process is a child started by the reaper.
+type Process struct {
 	pid  int
 	done chan struct{} // closed once the process is reaped
 	// status is the wait status; it is set before done is closed.
 	status unix.WaitStatus
 }
 
-// reaped reports whether the process has been reaped.
-func (p *process) reaped() bool {
+// PID is the process's id.
+func (p *Process) PID() int { return p.pid }
+
+// Done is closed once the process is reaped.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Status is the process's wait status, once Done is closed.
+func (p *Process) Status() unix.WaitStatus { return p.status }
+
+// Reaped reports whether the process has been reaped.
+func (p *Process) Reaped() bool {
 	select {
 	case <-p.done:
 		return true
@@ -54,10 +63,10 @@ func (p *process) reaped() bool {
 
 var (
 	reaperOnce sync.Once
-	theReaper  *reaper
+	theReaper  *Reaper
 )
 
-// startReaper starts the process's reaper the first time it is called and
+// StartReaper starts the process's reaper the first time it is called and
 // returns it. It also makes the process fit to own children:
 //   - outside PID 1 it becomes a child subreaper, so orphans of its
 //     children come to it as they come to PID 1 in a sandbox;
@@ -66,9 +75,9 @@ var (
 //     with EPIPE instead of killing the agent. It uses Notify, not Ignore,
 //     because an ignored signal stays ignored across execve and every user
 //     process would inherit it, while a handled one is reset to default.
-func startReaper(log *slog.Logger) *reaper {
+func StartReaper(log *slog.Logger) *Reaper {
 	reaperOnce.Do(func() {
-		r := &reaper{log: log, procs: make(map[int]*process)}
+		r := &Reaper{log: log, procs: make(map[int]*Process)}
 		if os.Getpid() != 1 {
 			if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 				log.Warn("cannot become a child subreaper; orphans will not be reaped", "err", err)
@@ -91,7 +100,7 @@ func startReaper(log *slog.Logger) *reaper {
 }
 
 // reap collects every exited child and hands each status to its process.
-func (r *reaper) reap() {
+func (r *Reaper) reap() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for {
@@ -106,7 +115,7 @@ func (r *reaper) reap() {
 		}
 		p, ok := r.procs[pid]
 		if !ok {
-			r.log.Debug("reaped an orphan", "pid", pid, "status", exitCode(ws))
+			r.log.Debug("reaped an orphan", "pid", pid, "status", ExitCode(ws))
 			continue
 		}
 		delete(r.procs, pid)
@@ -115,8 +124,8 @@ func (r *reaper) reap() {
 	}
 }
 
-// start forks and executes argv0 with attr and registers the child.
-func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (*process, error) {
+// Start forks and executes argv0 with attr and registers the child.
+func (r *Reaper) Start(argv0 string, argv []string, attr *syscall.ProcAttr) (*Process, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// syscall.ForkExec, not os.StartProcess: os.Process would wait through a
@@ -125,24 +134,24 @@ func (r *reaper) start(argv0 string, argv []string, attr *syscall.ProcAttr) (*pr
 	if err != nil {
 		return nil, err
 	}
-	p := &process{pid: pid, done: make(chan struct{})}
+	p := &Process{pid: pid, done: make(chan struct{})}
 	r.procs[pid] = p
 	return p, nil
 }
 
-// errExited is returned when signalling a process that has been reaped.
-var errExited = errors.New("process has exited")
+// ErrExited is returned when signalling a process that has been reaped.
+var ErrExited = errors.New("process has exited")
 
-// signal sends sig to p's process group, or to p alone if p has left the
+// Signal sends sig to p's process group, or to p alone if p has left the
 // group it was started in. It never signals a reaped process: its pid (and
 // so its group id) may belong to another process by then. The reaper's lock
 // keeps p from being reaped while the signal is sent.
-func (r *reaper) signal(p *process, sig syscall.Signal) error {
+func (r *Reaper) Signal(p *Process, sig syscall.Signal) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	select {
 	case <-p.done:
-		return errExited
+		return ErrExited
 	default:
 	}
 	err := unix.Kill(-p.pid, sig)
@@ -155,9 +164,9 @@ func (r *reaper) signal(p *process, sig syscall.Signal) error {
 	return nil
 }
 
-// exitCode is the exit code of a wait status as a shell reports it: the
+// ExitCode is the exit code of a wait status as a shell reports it: the
 // exit status, or 128+N for a process killed by signal N.
-func exitCode(ws unix.WaitStatus) int {
+func ExitCode(ws unix.WaitStatus) int {
 	switch {
 	case ws.Exited():
 		return ws.ExitStatus()

@@ -1,4 +1,7 @@
-package agent
+// Package ports is the agent's view of the sandbox's TCP ports: which are
+// listening (read from /proc/net/tcp, as gVisor writes it), a watch of
+// their changes, and a WebSocket that carries one TCP connection to one.
+package ports
 
 import (
 	"bufio"
@@ -9,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -28,10 +32,10 @@ import (
 var procNetTCP = [...]string{"/proc/net/tcp", "/proc/net/tcp6"}
 
 const (
-	// PortPollInterval is how often a port watch looks at the sandbox's
+	// PollInterval is how often a port watch looks at the sandbox's
 	// listening sockets. The kernel tells no one when a socket starts
 	// listening, so the watch compares what it sees now with what it saw.
-	PortPollInterval = 250 * time.Millisecond
+	PollInterval = 250 * time.Millisecond
 	// portDialTimeout bounds connecting to a port inside the sandbox: a
 	// listening socket on the sandbox's own stack answers at once, unless
 	// its backlog is full.
@@ -42,6 +46,29 @@ const (
 	// with a million connections must not make every listing a big job.
 	maxSockets = 1 << 16
 )
+
+// Server serves the ports protocol (GET /ports, /ports/watch and
+// /ports/{port}/stream).
+type Server struct {
+	log *slog.Logger
+	// own is the agent's port, which no port call lists or reaches.
+	own int
+	// files lists the files listening sockets are read from; tests use
+	// others.
+	files []string
+}
+
+// New returns the ports server of an agent listening on port own.
+func New(log *slog.Logger, own int) *Server {
+	return &Server{log: log, own: own, files: procNetTCP[:]}
+}
+
+// Routes registers the ports protocol on mux.
+func (s *Server) Routes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /ports", s.servePorts)
+	mux.HandleFunc("GET /ports/watch", s.servePortWatch)
+	mux.HandleFunc("GET /ports/{port}/stream", s.servePortStream)
+}
 
 // listener is one listening TCP socket.
 type listener struct {
@@ -143,18 +170,18 @@ func ports(ls []listener, own int) []api.Port {
 }
 
 // listPorts is the sandbox's listening TCP ports but the agent's own.
-func (h *handler) listPorts() ([]api.Port, error) {
-	ls, err := listeners(h.procNetTCP)
+func (s *Server) listPorts() ([]api.Port, error) {
+	ls, err := listeners(s.files)
 	if err != nil {
 		return nil, err
 	}
-	return ports(ls, h.ownPort), nil
+	return ports(ls, s.own), nil
 }
 
-func (h *handler) servePorts(w http.ResponseWriter, r *http.Request) {
-	ps, err := h.listPorts()
+func (s *Server) servePorts(w http.ResponseWriter, r *http.Request) {
+	ps, err := s.listPorts()
 	if err != nil {
-		h.log.Warn("listing ports", "err", err)
+		s.log.Warn("listing ports", "err", err)
 		api.WriteError(w, api.Errorf(api.CodeInternal, "listing ports: %s", err))
 		return
 	}
@@ -163,22 +190,22 @@ func (h *handler) servePorts(w http.ResponseWriter, r *http.Request) {
 
 // servePortWatch sends a PortEvent for every port that opens or closes,
 // beginning with an "open" for every port open now, until the socket ends.
-func (h *handler) servePortWatch(w http.ResponseWriter, r *http.Request) {
+func (s *Server) servePortWatch(w http.ResponseWriter, r *http.Request) {
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
-		h.log.Warn("port watch: accepting the websocket", "err", err)
+		s.log.Warn("port watch: accepting the websocket", "err", err)
 		return
 	}
 	defer conn.CloseNow()
 	// The daemon sends nothing; CloseRead answers its close.
 	ctx := conn.CloseRead(r.Context())
-	tick := time.NewTicker(PortPollInterval)
+	tick := time.NewTicker(PollInterval)
 	defer tick.Stop()
 	open := map[int]bool{}
 	for {
-		ps, err := h.listPorts()
+		ps, err := s.listPorts()
 		if err != nil {
-			h.log.Warn("port watch", "err", err)
+			s.log.Warn("port watch", "err", err)
 			conn.Close(websocket.StatusInternalError, "listing ports failed")
 			return
 		}
@@ -215,21 +242,21 @@ func (h *handler) servePortWatch(w http.ResponseWriter, r *http.Request) {
 // connection over a WebSocket, as binary messages both ways. Refusals come
 // before the upgrade, as HTTP errors: 400 for a bad port, 403 for the
 // agent's own, 404 when nothing listens on it, 503 when it does not accept.
-func (h *handler) servePortStream(w http.ResponseWriter, r *http.Request) {
+func (s *Server) servePortStream(w http.ResponseWriter, r *http.Request) {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > api.MaxPort {
 		api.WriteError(w, api.Errorf(api.CodeInvalid, "port %q: give a TCP port, 1 to %d", r.PathValue("port"), api.MaxPort))
 		return
 	}
-	if port == h.ownPort {
+	if port == s.own {
 		api.WriteError(w, api.Errorf(api.CodeForbidden, "port %d is the agent's own", port))
 		return
 	}
-	tcp, err := h.dialPort(r.Context(), port)
+	tcp, err := s.dialPort(r.Context(), port)
 	if err != nil {
 		var ae *api.Error
 		if !errors.As(err, &ae) {
-			h.log.Warn("port stream", "err", err)
+			s.log.Warn("port stream", "err", err)
 			ae = api.Errorf(api.CodeInternal, "listing ports: %s", err)
 		}
 		api.WriteError(w, ae)
@@ -239,11 +266,11 @@ func (h *handler) servePortStream(w http.ResponseWriter, r *http.Request) {
 
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
-		h.log.Warn("port stream: accepting the websocket", "err", err)
+		s.log.Warn("port stream: accepting the websocket", "err", err)
 		return
 	}
 	defer conn.CloseNow()
-	conn.SetReadLimit(maxClientMessage)
+	conn.SetReadLimit(api.MaxExecMessage) // as the agent's other sockets
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	carry(ctx, conn, tcp)
@@ -253,13 +280,13 @@ func (h *handler) servePortStream(w http.ResponseWriter, r *http.Request) {
 // every address or on loopback, so it tries 127.0.0.1 first; only when that
 // is refused does it look for the addresses the port listens on, which
 // costs a read of every socket of the sandbox.
-func (h *handler) dialPort(ctx context.Context, port int) (net.Conn, error) {
+func (s *Server) dialPort(ctx context.Context, port int) (net.Conn, error) {
 	d := net.Dialer{Timeout: portDialTimeout}
 	loopback := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port)).String()
 	if c, err := d.DialContext(ctx, "tcp", loopback); err == nil {
 		return c, nil
 	}
-	ls, err := listeners(h.procNetTCP)
+	ls, err := listeners(s.files)
 	if err != nil {
 		return nil, err
 	}
@@ -355,20 +382,4 @@ func carry(ctx context.Context, conn *websocket.Conn, tcp net.Conn) {
 	tcp.Close()
 	conn.CloseNow()
 	<-done
-}
-
-// listenPort is the port of a listen address; DefaultPort when it names none.
-func listenPort(addr string) int {
-	if addr == "" {
-		return DefaultPort
-	}
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return DefaultPort
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		return DefaultPort
-	}
-	return n
 }

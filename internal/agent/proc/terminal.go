@@ -1,4 +1,4 @@
-package agent
+package proc
 
 import (
 	"fmt"
@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// openTerminal opens a new pseudo-terminal of rows x cols and returns its
+// OpenTerminal opens a new pseudo-terminal of rows x cols and returns its
 // master and slave sides.
 //
 // The master is opened non-blocking and stays registered with Go's poller,
@@ -16,7 +16,7 @@ import (
 // why this does not use creack/pty: its Open calls Fd() on the master, which
 // makes it blocking for good, and a read would then stay stuck for as long
 // as a background process of the command holds the terminal open.
-func openTerminal(rows, cols uint16) (master, slave *os.File, err error) {
+func OpenTerminal(rows, cols uint16) (master, slave *os.File, err error) {
 	fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening /dev/ptmx: %w", err)
@@ -46,10 +46,10 @@ func openTerminal(rows, cols uint16) (master, slave *os.File, err error) {
 	return master, slave, nil
 }
 
-// setTerminalSize resizes the terminal of master; the kernel sends SIGWINCH
+// SetTerminalSize resizes the terminal of master; the kernel sends SIGWINCH
 // to its foreground process group. It goes through SyscallConn because Fd()
 // would make master blocking.
-func setTerminalSize(master *os.File, rows, cols uint16) error {
+func SetTerminalSize(master *os.File, rows, cols uint16) error {
 	rc, err := master.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("resizing the terminal: %w", err)

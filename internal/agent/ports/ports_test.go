@@ -1,4 +1,4 @@
-package agent
+package ports
 
 import (
 	"net/netip"
@@ -24,6 +24,9 @@ const (
 `
 )
 
+// agentPort is the agent's own port (agent.DefaultPort) in the lines above.
+const agentPort = 7071
+
 func TestPorts(t *testing.T) {
 	v4, err := parseProcNetTCP(strings.NewReader(gvisorTCP))
 	if err != nil {
@@ -33,7 +36,7 @@ func TestPorts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := ports(append(v4, v6...), DefaultPort)
+	got := ports(append(v4, v6...), agentPort)
 	want := []api.Port{
 		{Port: 8123, Addresses: []string{"0.0.0.0", "::"}, Loopback: false},
 		{Port: 9001, Addresses: []string{"127.0.0.1"}, Loopback: true},

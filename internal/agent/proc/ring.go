@@ -1,4 +1,8 @@
-package agent
+// Package proc is the agent's processes at the level of the kernel: the one
+// reaper that starts, signals and collects every child of the sandbox
+// (Reaper), the bounded output buffers sessions and services read at their
+// own offsets (Ring) and the pseudo-terminals of interactive commands.
+package proc
 
 import (
 	"context"
@@ -6,14 +10,14 @@ import (
 	"sync"
 )
 
-// ring is a bounded byte buffer that keeps the newest bytes written to it.
+// Ring is a bounded byte buffer that keeps the newest bytes written to it.
 // Bytes are addressed by absolute offsets: the n-th byte ever written is at
 // offset n, whatever has wrapped out since, so a reader that comes back
 // knows exactly what it missed. Any number of readers read at their own
 // offsets and wait for more; writers never wait for readers. A ring is
 // meant for any output the agent keeps for later clients (sessions' output,
 // services' logs). It is safe for concurrent use.
-type ring struct {
+type Ring struct {
 	mu   sync.Mutex
 	size int
 	// buf grows up to size as bytes come, so a quiet command costs little;
@@ -25,13 +29,13 @@ type ring struct {
 	more chan struct{}
 }
 
-func newRing(size int) *ring {
-	return &ring{size: size, more: make(chan struct{})}
+func NewRing(size int) *Ring {
+	return &Ring{size: size, more: make(chan struct{})}
 }
 
 // Write appends p, dropping the oldest bytes beyond the ring's size. It
 // never fails and never waits.
-func (r *ring) Write(p []byte) (int, error) {
+func (r *Ring) Write(p []byte) (int, error) {
 	n := len(p)
 	if n == 0 {
 		return 0, nil
@@ -78,7 +82,7 @@ func (r *ring) Write(p []byte) (int, error) {
 
 // Close marks the end of the output: readers that have read everything get
 // io.EOF instead of waiting. The ring keeps only what it holds from then on.
-func (r *ring) Close() {
+func (r *Ring) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.closed {
@@ -92,15 +96,15 @@ func (r *ring) Close() {
 	}
 }
 
-// bounds returns the offsets of the oldest byte held and of the next byte
+// Bounds returns the offsets of the oldest byte held and of the next byte
 // to be written.
-func (r *ring) bounds() (start, end int64) {
+func (r *Ring) Bounds() (start, end int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.start(), r.end
 }
 
-func (r *ring) start() int64 {
+func (r *Ring) start() int64 {
 	return r.end - int64(len(r.buf))
 }
 
@@ -109,7 +113,7 @@ func (r *ring) start() int64 {
 // When off has wrapped out of the ring it reads from the oldest byte held
 // instead; at is the offset of p[0], so at-off bytes were lost. An off past
 // the end waits for the bytes to come.
-func (r *ring) ReadAt(ctx context.Context, p []byte, off int64) (n int, at int64, err error) {
+func (r *Ring) ReadAt(ctx context.Context, p []byte, off int64) (n int, at int64, err error) {
 	for {
 		r.mu.Lock()
 		start := r.start()
@@ -134,7 +138,7 @@ func (r *ring) ReadAt(ctx context.Context, p []byte, off int64) (n int, at int64
 }
 
 // copyOut copies from offset at (held by the ring) into p; r.mu is held.
-func (r *ring) copyOut(p []byte, at int64) int {
+func (r *Ring) copyOut(p []byte, at int64) int {
 	avail := int(r.end - at)
 	if len(r.buf) < r.size {
 		return copy(p, r.buf[int(at):int(at)+avail])

@@ -1,4 +1,7 @@
-package agent
+// Package account is the sandbox's users as the agent sees them: looked up
+// in its passwd and group files, each process's environment built for one,
+// and file-system work done with a user's rights (AsUser).
+package account
 
 import (
 	"bufio"
@@ -17,22 +20,22 @@ import (
 // using os/user: os/user (without cgo) has no login shell, and SHELL is part
 // of every process's environment.
 const (
-	passwdFile = "/etc/passwd"
-	groupFile  = "/etc/group"
+	PasswdFile = "/etc/passwd"
+	GroupFile  = "/etc/group"
 )
 
-// defaultUser runs commands whose request names no user.
-const defaultUser = "loam"
+// DefaultUser runs commands whose request names no user.
+const DefaultUser = "loam"
 
-// defaultPath is every process's PATH unless the sandbox or the request
+// DefaultPath is every process's PATH unless the sandbox or the request
 // sets another.
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// errNoAccount is returned by lookupAccount for a user the passwd file lacks.
-var errNoAccount = errors.New("no such user")
+// ErrNoAccount is returned by Lookup for a user the passwd file lacks.
+var ErrNoAccount = errors.New("no such user")
 
-// account is one user of the sandbox, as a process is started under it.
-type account struct {
+// Account is one user of the sandbox, as a process is started under it.
+type Account struct {
 	Name   string
 	UID    uint32
 	GID    uint32   // primary group
@@ -41,17 +44,17 @@ type account struct {
 	Shell  string
 }
 
-// lookupAccount finds a user by name, or by numeric uid when no user has
+// Lookup finds a user by name, or by numeric uid when no user has
 // that name, in the passwd file, and collects its groups from the group file.
-func lookupAccount(passwdPath, groupPath, name string) (account, error) {
+func Lookup(passwdPath, groupPath, name string) (Account, error) {
 	f, err := os.Open(passwdPath)
 	if err != nil {
-		return account{}, fmt.Errorf("looking up user %q: %w", name, err)
+		return Account{}, fmt.Errorf("looking up user %q: %w", name, err)
 	}
 	defer f.Close()
 
-	var byUID *account
-	var found *account
+	var byUID *Account
+	var found *Account
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		a, ok := parsePasswdLine(sc.Text())
@@ -67,37 +70,37 @@ func lookupAccount(passwdPath, groupPath, name string) (account, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return account{}, fmt.Errorf("reading %s: %w", passwdPath, err)
+		return Account{}, fmt.Errorf("reading %s: %w", passwdPath, err)
 	}
 	if found == nil {
 		found = byUID
 	}
 	if found == nil {
-		return account{}, fmt.Errorf("looking up user %q in %s: %w", name, passwdPath, errNoAccount)
+		return Account{}, fmt.Errorf("looking up user %q in %s: %w", name, passwdPath, ErrNoAccount)
 	}
 	groups, err := supplementaryGroups(groupPath, found.Name, found.GID)
 	if err != nil {
-		return account{}, err
+		return Account{}, err
 	}
 	found.Groups = groups
 	return *found, nil
 }
 
 // parsePasswdLine parses name:password:uid:gid:gecos:home:shell.
-func parsePasswdLine(line string) (account, bool) {
+func parsePasswdLine(line string) (Account, bool) {
 	if line == "" || line[0] == '#' {
-		return account{}, false
+		return Account{}, false
 	}
 	fields := strings.Split(line, ":")
 	if len(fields) < 7 || fields[0] == "" {
-		return account{}, false
+		return Account{}, false
 	}
 	uid, err1 := strconv.ParseUint(fields[2], 10, 32)
 	gid, err2 := strconv.ParseUint(fields[3], 10, 32)
 	if err1 != nil || err2 != nil {
-		return account{}, false
+		return Account{}, false
 	}
-	return account{
+	return Account{
 		Name:  fields[0],
 		UID:   uint32(uid),
 		GID:   uint32(gid),
@@ -142,7 +145,7 @@ func supplementaryGroups(groupPath, user string, gid uint32) ([]uint32, error) {
 // executableBy reports whether a could execute the regular file at path,
 // judged by its mode bits as the kernel would (root needs any x bit). The
 // agent runs as root, so access(2) would answer for root, not for a.
-func executableBy(path string, a account) bool {
+func executableBy(path string, a Account) bool {
 	fi, err := os.Stat(path)
 	if err != nil || !fi.Mode().IsRegular() {
 		return false
@@ -163,10 +166,10 @@ func executableBy(path string, a account) bool {
 	}
 }
 
-// lookPath finds file in the directories of pathEnv as a's shell would:
+// LookPath finds file in the directories of pathEnv as a's shell would:
 // the first one holding a file a may execute. Relative PATH entries are
 // relative to dir, the directory the command will run in.
-func lookPath(file, pathEnv, dir string, a account) (string, bool) {
+func LookPath(file, pathEnv, dir string, a Account) (string, bool) {
 	for _, d := range filepath.SplitList(pathEnv) {
 		if d == "" {
 			d = "."
@@ -182,22 +185,26 @@ func lookPath(file, pathEnv, dir string, a account) (string, bool) {
 	return "", false
 }
 
+// AgentEnvPrefix starts the names of the agent's own variables (its token
+// among them): BuildEnv never passes one to a process.
+const AgentEnvPrefix = "LOAM_AGENT_"
+
 // perUserEnv are the variables that describe the user a process runs as;
 // they always come from the account, never from the sandbox's environment.
 var perUserEnv = []string{"HOME", "USER", "LOGNAME", "SHELL"}
 
-// buildEnv makes a process's environment. Later layers win: defaults (PATH,
+// BuildEnv makes a process's environment. Later layers win: defaults (PATH,
 // LANG), then the sandbox's environment (the agent's own, LOAM_AGENT_*
 // removed), then the user's identity (HOME, USER, LOGNAME, SHELL), then TERM
 // for a terminal, then the request's variables.
-func buildEnv(sandbox []string, a account, tty bool, req map[string]string) []string {
+func BuildEnv(sandbox []string, a Account, tty bool, req map[string]string) []string {
 	env := map[string]string{
-		"PATH": defaultPath,
+		"PATH": DefaultPath,
 		"LANG": "C.UTF-8",
 	}
 	for _, kv := range sandbox {
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" || strings.HasPrefix(k, envPrefix) || slices.Contains(perUserEnv, k) {
+		if !ok || k == "" || strings.HasPrefix(k, AgentEnvPrefix) || slices.Contains(perUserEnv, k) {
 			continue
 		}
 		env[k] = v
@@ -222,9 +229,9 @@ func buildEnv(sandbox []string, a account, tty bool, req map[string]string) []st
 	return out
 }
 
-// envValue is the value of key in env (KEY=VALUE strings), the last one
+// EnvValue is the value of key in env (KEY=VALUE strings), the last one
 // winning as in execve.
-func envValue(env []string, key string) string {
+func EnvValue(env []string, key string) string {
 	v := ""
 	for _, kv := range env {
 		if k, val, ok := strings.Cut(kv, "="); ok && k == key {

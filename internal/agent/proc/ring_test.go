@@ -1,4 +1,4 @@
-package agent
+package proc
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 )
 
 // readAll reads r from off until EOF.
-func readAll(t *testing.T, r *ring, off int64, chunk int) ([]byte, int64) {
+func readAll(t *testing.T, r *Ring, off int64, chunk int) ([]byte, int64) {
 	t.Helper()
 	var out []byte
 	first := int64(-1)
@@ -52,7 +52,7 @@ func TestRing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newRing(tt.size)
+			r := NewRing(tt.size)
 			for _, w := range tt.writes {
 				r.Write([]byte(w))
 			}
@@ -68,7 +68,7 @@ func TestRing(t *testing.T) {
 // TestRingFollow checks that a reader waiting at the end gets bytes as they
 // come, in order, while the ring wraps under it.
 func TestRingFollow(t *testing.T) {
-	r := newRing(64)
+	r := NewRing(64)
 	var want bytes.Buffer
 	done := make(chan []byte)
 	go func() {
@@ -94,7 +94,7 @@ func TestRingFollow(t *testing.T) {
 }
 
 func TestRingReadWaitsForContext(t *testing.T) {
-	r := newRing(8)
+	r := NewRing(8)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if _, _, err := r.ReadAt(ctx, make([]byte, 4), 0); !errors.Is(err, context.DeadlineExceeded) {
@@ -106,7 +106,7 @@ func TestRingReadWaitsForContext(t *testing.T) {
 // it is written, and gives back what it does not use once closed.
 func TestRingMemory(t *testing.T) {
 	const size = 100 << 10
-	r := newRing(size)
+	r := NewRing(size)
 	chunk := bytes.Repeat([]byte("x"), 999)
 	for range 300 {
 		r.Write(chunk)
@@ -114,7 +114,7 @@ func TestRingMemory(t *testing.T) {
 			t.Fatalf("ring of %d bytes holds a buffer of %d", size, cap(r.buf))
 		}
 	}
-	small := newRing(size)
+	small := NewRing(size)
 	small.Write([]byte("hello"))
 	small.Close()
 	if cap(small.buf) != 5 {
