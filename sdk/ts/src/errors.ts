@@ -1,18 +1,10 @@
+import type { components } from './generated/openapi.js'
+
 /**
- * The API's error codes (api/errors.go). The strings never change.
+ * The API's error codes (api/errors.go; schema ErrorCode of the OpenAPI
+ * document). The strings never change.
  */
-export type ErrorCode =
-  | 'invalid'
-  | 'unauthorized'
-  | 'forbidden'
-  | 'not_found'
-  | 'method_not_allowed'
-  | 'conflict'
-  | 'limit'
-  | 'upgrade_required'
-  | 'unavailable'
-  | 'insufficient_storage'
-  | 'internal'
+export type ErrorCode = components['schemas']['ErrorCode']
 
 /**
  * LoamError is every error the API answers with: `code` is the API's code

@@ -1,273 +1,125 @@
-// Wire types of the loam API (Go package loam.dev/loam/api), with the JSON
-// field names the API uses. Times are RFC 3339 strings.
+// Wire types of the loam API, under the SDK's names. Their shapes are not
+// written here: they are the schemas of the API's OpenAPI document
+// (api/openapi.yaml, which the daemon serves at GET /v1/openapi.yaml),
+// generated into ./generated/openapi.ts by scripts/generate.mjs at build
+// time. The Go types (package loam.dev/loam/api) are held to the same
+// document by the end-to-end conformance test (test/openapi_test.go), so the
+// three cannot drift apart. Times are RFC 3339 strings.
+//
+// Each object type is an interface extending its schema, not a type alias:
+// that keeps the names users see in their editors and errors, and lets them
+// extend or merge the types as before. Documentation of each field is the
+// document's own (see the generated file).
+import type { components } from './generated/openapi.js'
 
-/** A sandbox's state (api.State). */
-export type State = 'creating' | 'running' | 'sleeping' | 'stopped' | 'error' | 'deleting' | 'restoring'
+/** The schemas of the API's OpenAPI document, by name. */
+type Schemas = components['schemas']
+/** One schema; a generic alias, since an interface may only extend a name. */
+type Schema<K extends keyof Schemas> = Schemas[K]
 
-/** The limits a sandbox runs under. */
-export interface Resources {
-  cpus?: number
-  memory_mib?: number
-  disk_mib?: number
-}
+/** A sandbox's state (schema State). */
+export type State = Schemas['State']
+
+/** The limits a sandbox runs under (schema Resources). */
+export interface Resources extends Schema<'Resources'> {}
 
 /**
  * The settings of a sandbox that may change while it lives (PATCH
  * /v1/sandboxes/{sandbox}); what is left out stays. labels replaces every
- * label.
+ * label (schema UpdateSandbox).
  */
-export interface UpdateSandbox {
-  labels?: Record<string, string>
-  idle?: string
-  http_port?: number
-  public?: boolean
-}
+export interface UpdateSandbox extends Schema<'UpdateSandbox'> {}
 
-/** What a sandbox may reach on the network; enforced on the host. */
-export interface NetworkPolicy {
-  /** 'all' (the default) or 'none'. */
-  egress: 'all' | 'none' | ''
-  /** IPv4 addresses or prefixes; Allow wins over Deny. */
-  allow?: string[] | null
-  deny?: string[] | null
-}
+/** What a sandbox may reach on the network; enforced on the host (schema NetworkPolicy). */
+export interface NetworkPolicy extends Schema<'NetworkPolicy'> {}
 
-/** The checkpoint a fork was made from. */
-export interface ForkSource {
-  sandbox: string
-  checkpoint: string
-}
+/** The checkpoint a fork was made from (schema ForkSource). */
+export interface ForkSource extends Schema<'ForkSource'> {}
 
-/** A sandbox as the API shows it. */
-export interface SandboxInfo {
-  id: string
-  name: string
-  state: State
-  /** Why it is in state error, and what brings it back; absent otherwise. */
-  reason?: string
-  template?: string
-  image?: string
-  resources: Resources
-  env: Record<string, string> | null
-  labels: Record<string, string> | null
-  idle?: string
-  http_port?: number
-  url: string
-  secrets?: Record<string, string>
-  secret_files?: Record<string, string>
-  public: boolean
-  network: NetworkPolicy
-  from?: ForkSource
-  /** CPU and memory a running sandbox uses now (GET and the list only). */
-  usage?: Usage
-  created_at: string
-}
+/** A sandbox as the API shows it (schema Sandbox). */
+export interface SandboxInfo extends Schema<'Sandbox'> {}
 
-/** What a running sandbox uses of the host now, read from its cgroup. */
-export interface Usage {
-  /** Host memory its cgroup holds, against resources.memory_mib. */
-  memory_bytes: number
-  /** CPU time used since its container started; two readings give cores. */
-  cpu_seconds: number
-}
+/** A sandbox's use of its disk against resources.disk_mib (schema DiskUse). */
+export interface DiskUse extends Schema<'DiskUse'> {}
 
-/** A supervised command of a sandbox (api.Service). */
-export interface Service {
-  name: string
-  cmd: string[]
-  env?: Record<string, string>
-  dir?: string
-  user?: string
-  /** 'always' (the default), 'on-failure' or 'never'. */
-  restart?: 'always' | 'on-failure' | 'never' | ''
-}
+/** What a running sandbox uses of the host now, read from its cgroup (schema Usage). */
+export interface Usage extends Schema<'Usage'> {}
 
-/** The body of a create (POST /v1/sandboxes). Every field is optional. */
-export interface CreateSandbox {
-  name?: string
-  template?: string
-  image?: string
-  resources?: Resources
-  env?: Record<string, string>
-  labels?: Record<string, string>
-  /** How long without activity before it sleeps: '10m', '0' for never. */
-  idle?: string
-  http_port?: number
-  public?: boolean
-  from?: ForkSource
-  /** Environment variable → secret name. */
-  secrets?: Record<string, string>
-  /** Absolute path → secret name; files of mode 0400 owned by loam. */
-  secret_files?: Record<string, string>
-  network?: NetworkPolicy
-  services?: Service[]
-}
+/** A supervised command of a sandbox (schema Service). */
+export interface Service extends Schema<'Service'> {}
+
+/** The body of a create (POST /v1/sandboxes). Every field is optional (schema CreateSandbox). */
+export interface CreateSandbox extends Schema<'CreateSandbox'> {}
 
 /** What a fork may give: all of a create but the template, image and resources, which come from the checkpoint. */
 export type ForkOptions = Omit<CreateSandbox, 'from' | 'template' | 'image' | 'resources' | 'services'>
 
-/** A root filesystem sandboxes are made from. */
-export interface Template {
-  name: string
-  description: string
-  default: boolean
-  ready: boolean
-  /** builtin, checkpoint or image (named by its ref; used with `image` on create). */
-  kind: string
-  /** pending, building, ready or failed. */
-  state: string
-  /** Why a failed template failed. */
-  error?: string
-  /** How far a build or pull has got, in percent (100 once ready). */
-  progress: number
-  /** A checkpoint template with memory starts its sandboxes running, like a fork. */
-  memory: boolean
-  size_bytes: number
-  /** How many sandboxes use it. */
-  uses: number
-  /** The sandbox/checkpoint a checkpoint template was made from. */
-  from?: string
-  created_at?: string
-}
+/** A root filesystem sandboxes are made from (schema Template). */
+export interface Template extends Schema<'Template'> {}
 
-/** An OCI image the daemon pulled (or is pulling). */
-export interface Image {
-  id: string
-  ref: string
-  digest?: string
-  /** pulling, ready or error. */
-  state: string
-  error?: string
-  /** Bytes to pull, and pulled so far. */
-  size: number
-  pulled: number
-  config: { env?: string[]; working_dir?: string; user?: string; entrypoint?: string[]; cmd?: string[] }
-  created_at: string
-}
+/** An OCI image the daemon pulled, or is pulling (schema Image). */
+export interface Image extends Schema<'Image'> {}
 
-/** A registry the daemon holds credentials for (never the password). */
-export interface Registry {
-  registry: string
-  username: string
-}
+/** What an image's config gives its sandboxes (schema ImageConfig). */
+export interface ImageConfig extends Schema<'ImageConfig'> {}
 
-/** The token that opens a private sandbox's URL, and the URL. */
-export interface AccessToken {
-  url: string
-  access_token: string
-}
+/** A registry the daemon holds credentials for, never the password (schema Registry). */
+export interface Registry extends Schema<'Registry'> {}
 
-/** A checkpoint as the API shows it. */
-export interface Checkpoint {
-  /** v1, v2, … (never reused) or auto-1, … for the automatic ones. */
-  id: string
-  sandbox: string
-  name?: string
-  comment: string
-  memory: boolean
-  auto: boolean
-  /** True for one the sandbox took of itself from inside (a share apart from the owner's). */
-  inside: boolean
-  created_at: string
-}
+/** The token that opens a private sandbox's URL, and the URL (schema AccessToken). */
+export interface AccessToken extends Schema<'AccessToken'> {}
 
-/** The body of a checkpoint create; memory is true when left out. */
-export interface CreateCheckpoint {
-  comment?: string
-  memory?: boolean
-  name?: string
-}
+/** A checkpoint as the API shows it (schema Checkpoint). */
+export interface Checkpoint extends Schema<'Checkpoint'> {}
 
-/** An exec session (api.Session). */
-export interface Session {
-  id: string
-  pid: number
-  cmd: string[]
-  tty: boolean
-  detachable: boolean
-  state: 'running' | 'exited'
-  exit_code: number | null
-  started_at: string
-  exited_at: string | null
-}
+/** The body of a checkpoint create; memory is true when left out (schema CreateCheckpoint). */
+export interface CreateCheckpoint extends Schema<'CreateCheckpoint'> {}
 
-/** A service as the API shows it: its definition and how it is doing. */
-export interface ServiceStatus extends Service {
-  state: 'running' | 'backoff' | 'exited' | 'stopped'
-  pid?: number
-  restarts: number
-  exit_code: number | null
-  started_at: string | null
-  error?: string
-}
+/** An exec session (schema Session). */
+export interface Session extends Schema<'Session'> {}
 
-/** A file of a sandbox, as lstat sees it. */
-export interface FileInfo {
-  path: string
-  type: 'file' | 'dir' | 'symlink' | 'other'
-  size: number
-  /** Permission bits in octal, '0644'. */
-  mode: string
-  mtime: string
-  target?: string
-  entries?: FileInfo[]
-  truncated?: boolean
-}
+/** A service as the API shows it: its definition and how it is doing (schema ServiceStatus). */
+export interface ServiceStatus extends Schema<'ServiceStatus'> {}
 
-/** One event of a file watch. */
-export interface WatchEvent {
-  type: 'create' | 'write' | 'remove' | 'rename' | 'chmod' | 'overflow'
-  path?: string
-}
+/** A file of a sandbox, as lstat sees it (schema FileInfo). */
+export interface FileInfo extends Schema<'FileInfo'> {}
 
-/** A TCP port something in a sandbox listens on. */
-export interface Port {
-  port: number
-  addresses: string[]
-  loopback: boolean
-}
+/** One event of a file watch (schema WatchEvent). */
+export interface WatchEvent extends Schema<'WatchEvent'> {}
 
-/** One event of a port watch. */
-export interface PortEvent {
-  type: 'open' | 'close'
-  port: number
-}
+/** A TCP port something in a sandbox listens on (schema Port). */
+export interface Port extends Schema<'Port'> {}
 
-/** A secret: its name and times, never its value. */
-export interface Secret {
-  name: string
-  created_at: string
-  updated_at: string
-}
+/** One event of a port watch (schema PortEvent). */
+export interface PortEvent extends Schema<'PortEvent'> {}
 
-/** The first message of an exec socket, and the body of a session start. */
-export interface ExecRequest {
-  cmd: string[]
-  env?: Record<string, string>
-  dir?: string
-  user?: string
-  tty?: boolean
-  rows?: number
-  cols?: number
-  stdin?: boolean
-  detachable?: boolean
-  buffer_size?: number
-}
+/** A secret: its name and times, never its value (schema Secret). */
+export interface Secret extends Schema<'Secret'> {}
 
-/** A text message of an exec or attach socket. */
-export interface ExecControl {
-  type: 'resize' | 'eof' | 'signal' | 'started' | 'offset' | 'exit' | 'error'
-  rows?: number
-  cols?: number
-  signal?: string
-  pid?: number
-  session?: string
-  stream?: number
-  offset?: number
-  dropped?: number
-  exit_code?: number
-  error?: { code: string; message: string }
-}
+/** The first message of an exec socket, and the body of a session start (schema ExecRequest). */
+export interface ExecRequest extends Schema<'ExecRequest'> {}
+
+/**
+ * One object of both ways' messages: every type, and every other field
+ * optional. The document has one schema for each way; the SDK has always
+ * read and written them as one type.
+ */
+type Either<A extends { type: string }, B extends { type: string }> = { type: A['type'] | B['type'] } & Partial<
+  Omit<A, 'type'>
+> &
+  Partial<Omit<B, 'type'>>
+
+/**
+ * A text message of an exec or attach socket, either way: from the client
+ * (schema ExecClientControl) or from the server (schema ExecServerControl).
+ */
+export interface ExecControl extends Either<Schema<'ExecClientControl'>, Schema<'ExecServerControl'>> {}
+
+/**
+ * A warm pool: sandboxes kept made ahead of time from a checkpoint (from) or
+ * a template, for forks and creates to claim (schema Pool).
+ */
+export interface Pool extends Schema<'Pool'> {}
 
 /** The largest message on a port stream, either way (api.MaxPortMessage). */
 export const MAX_PORT_MESSAGE = 256 << 10
@@ -276,24 +128,3 @@ export const MAX_PORT_MESSAGE = 256 << 10
 export const WEBSOCKET_PROTOCOL = 'loam.v1'
 /** The prefix of the subprotocol that carries the token (api.WebSocketTokenPrefix). */
 export const WEBSOCKET_TOKEN_PREFIX = 'loam.token.'
-
-/**
- * Pool is a warm pool: sandboxes kept made ahead of time from a checkpoint
- * (from) or a template, for forks and creates to claim.
- */
-export interface Pool {
-  from?: { sandbox: string; checkpoint: string }
-  template?: string
-  /** How many members the pool keeps; 0 is no pool. */
-  size: number
-  /** Members waiting to be claimed. */
-  ready: number
-  /** Members being made. */
-  starting: number
-  /** Host memory the ready members hold. */
-  memory_bytes: number
-  /** Forks and creates that took a member since the daemon started. */
-  claimed: number
-  /** Why the pool is below its size and not filling. */
-  held?: string
-}
