@@ -317,6 +317,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		Idle:                  cfg.Idle,
 		IdleMin:               cfg.IdleMin,
 	}, st, rt, pool, nets, tpl, d.log)
+	// Its spare dials and death watches end before the store closes.
+	d.closers = append(d.closers, d.Manager.Close)
 	d.inside = server.NewInside(d.Manager, secret, d.log)
 	d.Manager.SetInside(d.inside)
 	if err := d.Manager.Recover(ctx); err != nil {

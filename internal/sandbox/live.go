@@ -320,6 +320,8 @@ func (m *Manager) Close() error {
 		l.dropSpares()
 	}
 	m.bg.Wait()
+	// Its idle connections' goroutines go with them.
+	m.agentHTTP.CloseIdleConnections()
 	return nil
 }
 

@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/disk"
@@ -234,6 +236,20 @@ type env struct {
 // newEnv makes an env; edit changes the Manager's configuration.
 func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 	t.Helper()
+	// Registered first, so run last: once the Manager is closed and the
+	// env torn down, no goroutine the test started is left (the
+	// Manager's spare dials, death watches, pools, streams).
+	var e *env
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		if e == nil {
+			return
+		}
+		if err := e.m.Close(); err != nil {
+			t.Errorf("closing the manager: %v", err)
+		}
+		goleak.VerifyNone(t, before)
+	})
 	ctx := t.Context()
 	poolDir, dataDir := t.TempDir(), t.TempDir()
 	pool, err := disk.NewCopy(poolDir)
@@ -277,7 +293,7 @@ func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 	for _, f := range edit {
 		f(&cfg)
 	}
-	e := &env{
+	e = &env{
 		t: t, ctx: ctx, cfg: cfg,
 		st:   &hookStore{Store: st},
 		pool: pool,
