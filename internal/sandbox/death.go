@@ -125,6 +125,8 @@ func (l *live) watching(w *deathWatch) bool {
 
 // awaitDeath waits for w's process to end, then judges the end.
 func (m *Manager) awaitDeath(l *live, w *deathWatch) {
+	m.watchers.Add(1)
+	defer m.watchers.Add(-1)
 	how := "ended"
 	if w.file != nil {
 		rc, err := w.file.SyscallConn()

@@ -11,6 +11,24 @@ func (m *Manager) Lives() int {
 	return len(m.lives)
 }
 
+// HeavyWaiters is how many heavy operations wait for a slot (caps.go).
+func (m *Manager) HeavyWaiters() int { return int(m.heavy.waiting.Load()) }
+
+// OpWaiters is how many calls wait for the end of the operation running
+// on sandbox id (live.waitOp).
+func (m *Manager) OpWaiters(id string) int {
+	l := m.peek(id)
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiters
+}
+
+// DeathWatchers is how many watches on sandbox processes run (death.go).
+func (m *Manager) DeathWatchers() int { return int(m.watchers.Load()) }
+
 // HasSpare reports whether sandbox id has a spare exec socket (spare.go).
 func (m *Manager) HasSpare(id string) bool {
 	l := m.peek(id)

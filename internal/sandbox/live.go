@@ -86,6 +86,9 @@ type live struct {
 	op      operation
 	opDone  chan struct{}
 	lastEnd time.Time
+	// waiters counts the calls waiting for op's end (waitOp): for tests,
+	// which must know a call waits before they let the operation go on.
+	waiters int
 	// epoch counts the operations begun that hold the sandbox's URL (see
 	// Target.Epoch).
 	epoch uint64
@@ -251,7 +254,24 @@ func (l *live) quietOn() chan struct{} {
 	return l.quiet
 }
 
-// waitOp waits for the operation that done belongs to, or ctx's end.
+// waitOp waits for the sandbox's operation that done belongs to, or
+// ctx's end.
+func (l *live) waitOp(ctx context.Context, done <-chan struct{}) error {
+	if done == nil {
+		return nil
+	}
+	l.mu.Lock()
+	l.waiters++
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.waiters--
+		l.mu.Unlock()
+	}()
+	return waitOp(ctx, done)
+}
+
+// waitOp waits until done is closed, or ctx's end.
 func waitOp(ctx context.Context, done <-chan struct{}) error {
 	if done == nil {
 		return nil

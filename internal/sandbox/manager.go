@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"loam.dev/loam/api"
@@ -151,8 +152,10 @@ type Manager struct {
 	// bg are the goroutines the Manager runs on its own (spare dials,
 	// death watches), started by goBG and ended by Close; bgCtx is
 	// cancelled by Close. bgMu orders goBG and Close (closed).
-	bgMu     sync.Mutex
-	closed   bool
+	bgMu   sync.Mutex
+	closed bool
+	// watchers counts the death watches running (for tests).
+	watchers atomic.Int32
 	bg       sync.WaitGroup
 	bgCtx    context.Context
 	bgCancel context.CancelCauseFunc

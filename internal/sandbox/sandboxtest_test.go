@@ -493,3 +493,18 @@ func must(t testing.TB, err error) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// eventually waits until cond holds, failing the test if it does not
+// within 10 s: how a test waits for something the code under test does
+// on a goroutine of its own (a call that reached its wait, a watch that
+// ended), instead of sleeping and hoping.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after 10s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

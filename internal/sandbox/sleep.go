@@ -264,7 +264,7 @@ func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error)
 		op, done := l.current()
 		if op == opSleep || sb.State == api.StateSleeping && op != opNone && op != opWake {
 			// Going to sleep, or held asleep: wake it once that is done.
-			if err := waitOp(ctx, done); err != nil {
+			if err := l.waitOp(ctx, done); err != nil {
 				return nil, err
 			}
 			continue
@@ -288,7 +288,7 @@ func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error)
 		if errors.Is(err, errBusy) {
 			// Another operation took the sandbox first: wait for its end.
 			_, done := l.current()
-			if err := waitOp(ctx, done); err != nil {
+			if err := l.waitOp(ctx, done); err != nil {
 				return nil, err
 			}
 			continue

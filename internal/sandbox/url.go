@@ -111,7 +111,8 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target
 			done  chan struct{}
 			epoch uint64
 		)
-		if l := m.peek(sb.ID); l != nil {
+		l := m.peek(sb.ID)
+		if l != nil {
 			l.mu.Lock()
 			op, done, epoch = l.op, l.opDone, l.epoch
 			l.mu.Unlock()
@@ -122,8 +123,13 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target
 				done, poll = nil, time.After(holdPoll)
 			}
 			held = true
+			if done != nil {
+				if l.waitOp(ctx, done) != nil {
+					return Target{}, m.holdExpired(ctx, name)
+				}
+				continue
+			}
 			select {
-			case <-done:
 			case <-poll:
 			case <-ctx.Done():
 				return Target{}, m.holdExpired(ctx, name)
