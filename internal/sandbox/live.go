@@ -86,8 +86,8 @@ type live struct {
 	op      operation
 	opDone  chan struct{}
 	lastEnd time.Time
-	// waiters counts the calls waiting for op's end (waitOp): for tests,
-	// which must know a call waits before they let the operation go on.
+	// waiters counts the calls waiting for op's end or a wake (waitOp):
+	// for tests, which must know a call waits before they let it go on.
 	waiters int
 	// epoch counts the operations begun that hold the sandbox's URL (see
 	// Target.Epoch).
@@ -310,7 +310,7 @@ func (l *live) wake(ctx context.Context, do func() error) error {
 		close(w.done)
 		return w.err
 	}
-	if err := waitOp(ctx, w.done); err != nil {
+	if err := l.waitOp(ctx, w.done); err != nil {
 		return err
 	}
 	return w.err
