@@ -412,6 +412,8 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Idle:                  cfg.Idle,
 		IdleMin:               cfg.IdleMin,
 	}, p.store, p.rt, p.pool, p.nets, p.tpl, d.log)
+	// Its spare dials and death watches end before the store closes.
+	d.closers = append(d.closers, d.Manager.Close)
 	d.inside = server.NewInside(d.Manager, p.secret, d.log)
 	d.Manager.SetInside(d.inside)
 	if err := d.Manager.Recover(ctx); err != nil {

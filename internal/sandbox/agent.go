@@ -177,19 +177,23 @@ func publicError(err error) error {
 // runs now: learned at every connect, since a restore or a fork may bring
 // back an older agent with the checkpoint's memory.
 func (m *Manager) setAgentVersion(id string, v int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.agentVersions[id] = v
+	l := m.live(id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.agentVersion = v
 }
 
 // requireAgent refuses, with a clear error, an operation (what) that needs
 // an agent of protocol version min or newer when sandbox sb runs an older
 // one.
 func (m *Manager) requireAgent(sb *store.Sandbox, min int, what string) error {
-	m.mu.Lock()
-	v, ok := m.agentVersions[sb.ID]
-	m.mu.Unlock()
-	if !ok || v >= min {
+	v := 0
+	if l := m.peek(sb.ID); l != nil {
+		l.mu.Lock()
+		v = l.agentVersion
+		l.mu.Unlock()
+	}
+	if v == 0 || v >= min {
 		// Unknown only between a daemon's start and the sandbox's first
 		// connect, when nothing can reach it anyway.
 		return nil

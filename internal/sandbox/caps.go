@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"loam.dev/loam/api"
@@ -28,6 +29,8 @@ const DefaultHeavyWait = 30 * time.Second
 type heavyGate struct {
 	slots chan struct{}
 	wait  time.Duration
+	// waiting counts the operations waiting for a slot (for tests).
+	waiting atomic.Int32
 }
 
 func newHeavyGate(max int, wait time.Duration) *heavyGate {
@@ -52,6 +55,8 @@ func (g *heavyGate) enter(ctx context.Context, what string) (func(), error) {
 	}
 	t := time.NewTimer(g.wait)
 	defer t.Stop()
+	g.waiting.Add(1)
+	defer g.waiting.Add(-1)
 	select {
 	case g.slots <- struct{}{}:
 		return g.leave, nil

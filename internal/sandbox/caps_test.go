@@ -102,7 +102,8 @@ func TestMaxHeavy(t *testing.T) {
 		_, err := e.m.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{Memory: &memory})
 		got <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	// Only once it waits for the slot does the test show what it claims.
+	eventually(t, "waiting for the slot", func() bool { return e.m.HeavyWaiters() == 1 })
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatalf("the slow create: %v", err)

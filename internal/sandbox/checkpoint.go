@@ -83,7 +83,7 @@ func (m *Manager) GetCheckpoint(ctx context.Context, ref, cpRef string) (*api.Ch
 // DeleteCheckpoint deletes one checkpoint: its record first, so that it is
 // gone at once, then its data. It never wakes the sandbox.
 func (m *Manager) DeleteCheckpoint(ctx context.Context, ref, cpRef string) error {
-	sb, end, err := m.claim(ctx, ref, "a checkpoint delete")
+	sb, end, err := m.claim(ctx, ref, opCheckpointDelete)
 	if err != nil {
 		return err
 	}
@@ -135,7 +135,7 @@ func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 		}
 	}
 	memory := req.Memory == nil || *req.Memory
-	sb, end, err := m.claim(ctx, ref, "a checkpoint")
+	sb, end, err := m.claim(ctx, ref, opCheckpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -510,7 +510,7 @@ func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		return nil, err
 	}
 	defer leave()
-	sb, end, err := m.claim(ctx, ref, "a restore")
+	sb, end, err := m.claim(ctx, ref, opRestore)
 	if err != nil {
 		return nil, err
 	}

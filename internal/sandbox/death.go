@@ -84,29 +84,49 @@ func (m *Manager) watchDeath(ctx context.Context, id string) {
 	if err == nil {
 		w.file = os.NewFile(uintptr(fd), "pidfd")
 	}
-	m.mu.Lock()
-	old := m.deaths[id]
-	m.deaths[id] = w
-	m.mu.Unlock()
+	l := m.live(id)
+	l.mu.Lock()
+	old := l.death
+	l.death = w
+	l.mu.Unlock()
 	if old != nil && old.file != nil {
 		old.file.Close()
 	}
-	go m.awaitDeath(id, w)
+	// Close ends the watch (closing its pidfd) and waits for it.
+	if !m.goBG(func() { m.awaitDeath(l, w) }) && w.file != nil {
+		l.unwatch()
+	}
 }
 
 // unwatchDeath ends the watch on sandbox id, which is going away.
 func (m *Manager) unwatchDeath(id string) {
-	m.mu.Lock()
-	w := m.deaths[id]
-	delete(m.deaths, id)
-	m.mu.Unlock()
+	if l := m.peek(id); l != nil {
+		l.unwatch()
+	}
+}
+
+// unwatch ends the watch on the sandbox's process, if it has one.
+func (l *live) unwatch() {
+	l.mu.Lock()
+	w := l.death
+	l.death = nil
+	l.mu.Unlock()
 	if w != nil && w.file != nil {
 		w.file.Close()
 	}
 }
 
+// watching reports whether w is the sandbox's watch.
+func (l *live) watching(w *deathWatch) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.death == w
+}
+
 // awaitDeath waits for w's process to end, then judges the end.
-func (m *Manager) awaitDeath(id string, w *deathWatch) {
+func (m *Manager) awaitDeath(l *live, w *deathWatch) {
+	m.watchers.Add(1)
+	defer m.watchers.Add(-1)
 	how := "ended"
 	if w.file != nil {
 		rc, err := w.file.SyscallConn()
@@ -120,7 +140,10 @@ func (m *Manager) awaitDeath(id string, w *deathWatch) {
 		}
 		_ = rc.Control(func(fd uintptr) { how = exitHow(int(fd), w.pid) })
 	}
-	m.judgeDeath(id, w, how)
+	if m.bgCtx.Err() != nil {
+		return // the Manager is closing: the next daemon judges it
+	}
+	m.judgeDeath(l, w, how)
 }
 
 // exited reports whether the process of pidfd fd has exited.
@@ -191,15 +214,16 @@ func describeExit(ws syscall.WaitStatus) string {
 // judgeDeath runs once w's process has ended: when no operation of the
 // daemon's is left that could have ended it on purpose and the sandbox
 // still runs on it, the sandbox is broken. The watch stays in place until
-// the judgement is done, for sandboxDied.
-func (m *Manager) judgeDeath(id string, w *deathWatch, how string) {
+// the judgement is done, for died.
+func (m *Manager) judgeDeath(l *live, w *deathWatch, how string) {
 	ctx := context.Background()
+	id := l.id
 	defer func() {
-		m.mu.Lock()
-		if m.deaths[id] == w {
-			delete(m.deaths, id)
+		l.mu.Lock()
+		if l.death == w {
+			l.death = nil
 		}
-		m.mu.Unlock()
+		l.mu.Unlock()
 		if w.file != nil {
 			w.file.Close()
 		}
@@ -208,11 +232,8 @@ func (m *Manager) judgeDeath(id string, w *deathWatch, how string) {
 		// Judged without taking the sandbox first: most ends are the
 		// daemon's own, and claiming the sandbox for them would turn
 		// a user's next call away as busy.
-		m.waitFree(id)
-		m.mu.Lock()
-		current := m.deaths[id] == w
-		m.mu.Unlock()
-		if !current {
+		l.waitFree()
+		if !l.watching(w) {
 			return // started again (a restore, a wake), or deleted
 		}
 		sb, err := m.store.GetSandbox(ctx, id)
@@ -228,9 +249,7 @@ func (m *Manager) judgeDeath(id string, w *deathWatch, how string) {
 		break
 	}
 	// Again under the operation: another may have run in between.
-	m.mu.Lock()
-	current := m.deaths[id] == w
-	m.mu.Unlock()
+	current := l.watching(w)
 	sb, err := m.store.GetSandbox(ctx, id)
 	if !current || err != nil || sb.State != api.StateRunning {
 		return
@@ -269,13 +288,13 @@ func (m *Manager) dropDeadMember(ctx context.Context, sb *store.Sandbox) {
 	}
 }
 
-// sandboxDied reports whether the sandbox process of sandbox id has ended
+// died reports whether the sandbox's sandbox process has ended
 // and the daemon has not yet judged it. A process that ended a moment ago
 // may not show yet: it waits a little for it.
-func (m *Manager) sandboxDied(id string) bool {
-	m.mu.Lock()
-	w := m.deaths[id]
-	m.mu.Unlock()
+func (l *live) died() bool {
+	l.mu.Lock()
+	w := l.death
+	l.mu.Unlock()
 	if w == nil || w.file == nil {
 		return false
 	}
@@ -318,21 +337,5 @@ func (m *Manager) brokeDown(ctx context.Context, sb *store.Sandbox, pid int, how
 	}
 	if err := m.setState(ctx, sb, api.StateError, reason); err != nil {
 		m.log.Error("marking a dead sandbox broken", "sandbox", sb.ID, "err", err)
-	}
-}
-
-// opDeath is the operation that judges a sandbox process's end.
-const opDeath = "a check of its sandbox process"
-
-// waitFree waits until no operation runs on sandbox id.
-func (m *Manager) waitFree(id string) {
-	for {
-		m.mu.Lock()
-		done := m.opDone[id]
-		m.mu.Unlock()
-		if done == nil {
-			return
-		}
-		<-done
 	}
 }

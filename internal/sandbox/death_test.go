@@ -41,9 +41,10 @@ func TestSandboxProcessDies(t *testing.T) {
 	if _, err := e.m.RestoreCheckpoint(e.ctx, "mortal", cp.ID); err != nil {
 		t.Fatal(err)
 	}
-	// Each of those ended a container process: give a wrong judgement
-	// time to come.
-	time.Sleep(300 * time.Millisecond)
+	// Each of those ended a container process: once the watches on them
+	// are over (only the restored container's is left), a wrong
+	// judgement would have come.
+	eventually(t, "one watch left", func() bool { return e.m.DeathWatchers() == 1 })
 	if got := e.record(sb.ID); got.State != api.StateRunning {
 		t.Fatalf("after the daemon's own stops: %s (%s)", got.State, got.Error)
 	}

@@ -13,24 +13,22 @@ import (
 
 // addStream registers s as a stream of sandbox id, until s is closed.
 func (m *Manager) addStream(id string, s *Stream) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.streams[id] == nil {
-		m.streams[id] = map[*Stream]bool{}
+	l := m.live(id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.streams == nil {
+		l.streams = map[*Stream]bool{}
 	}
-	m.streams[id][s] = true
-	s.release = func() { m.removeStream(id, s) }
-	s.died = func() bool { return m.sandboxDied(id) }
+	l.streams[s] = true
+	s.release = func() { l.removeStream(s) }
+	s.died = func() bool { return l.died() }
 }
 
-func (m *Manager) removeStream(id string, s *Stream) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.streams[id], s)
-	m.used[id] = time.Now() // idle time starts when the stream ends
-	if len(m.streams[id]) == 0 {
-		delete(m.streams, id)
-	}
+func (l *live) removeStream(s *Stream) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.streams, s)
+	l.used = time.Now() // idle time starts when the stream ends
 }
 
 // closeStreams ends every stream of a sandbox with status 1011, cuts its
@@ -38,12 +36,16 @@ func (m *Manager) removeStream(id string, s *Stream) {
 func (m *Manager) closeStreams(id, reason string) {
 	m.dropSpare(id)
 	m.endCalls(id, reason)
-	m.mu.Lock()
-	ss := make([]*Stream, 0, len(m.streams[id]))
-	for s := range m.streams[id] {
+	l := m.peek(id)
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	ss := make([]*Stream, 0, len(l.streams))
+	for s := range l.streams {
 		ss = append(ss, s)
 	}
-	m.mu.Unlock()
+	l.mu.Unlock()
 	// Each end waits for its client's socket to be closed (a few seconds
 	// for a client that does not read): end them all at once.
 	var wg sync.WaitGroup
@@ -73,9 +75,9 @@ func (m *Manager) CheckExec(ctx context.Context, ref string) (*api.Sandbox, erro
 // sent to the client, when the command cannot be sent.
 func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest) (*Stream, error) {
 	for try := 1; ; try++ {
-		seq := m.holdCount()
-		s, err := m.exec(ctx, ref, req)
-		if err == nil || try == 3 || ctx.Err() != nil || m.holdCount() == seq {
+		start := time.Now()
+		s, id, err := m.exec(ctx, ref, req)
+		if err == nil || try == 3 || ctx.Err() != nil || id == "" || !m.heldSince(id, start) {
 			return s, err
 		}
 		// A memory checkpoint began between the look at the sandbox and
@@ -85,8 +87,12 @@ func (m *Manager) Exec(ctx context.Context, ref string, req api.ExecRequest) (*S
 	}
 }
 
-func (m *Manager) exec(ctx context.Context, ref string, req api.ExecRequest) (*Stream, error) {
+// exec is one try of Exec; id is the sandbox's once it was found.
+func (m *Manager) exec(ctx context.Context, ref string, req api.ExecRequest) (_ *Stream, id string, err error) {
 	sb, err := m.awake(ctx, ref)
+	if sb != nil {
+		id = sb.ID
+	}
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)
 	}
@@ -94,15 +100,15 @@ func (m *Manager) exec(ctx context.Context, ref string, req api.ExecRequest) (*S
 		err = m.requireDetachable(sb, req)
 	}
 	if err != nil {
-		return nil, err
+		return nil, id, err
 	}
 	ep, err := m.Endpoint(sb)
 	if err != nil {
-		return nil, err
+		return nil, id, err
 	}
 	first, err := json.Marshal(sessionRequest(sb, req))
 	if err != nil {
-		return nil, err
+		return nil, id, err
 	}
 
 	token := m.agentToken(sb)
@@ -112,7 +118,7 @@ func (m *Manager) exec(ctx context.Context, ref string, req api.ExecRequest) (*S
 		s := newStream(ag, agentControl)
 		m.addStream(sb.ID, s)
 		if err := sendRequest(ctx, ag, first); err == nil {
-			return s, nil
+			return s, id, nil
 		}
 		// The agent closed it (it is not waiting any more): open another.
 		s.Close()
@@ -120,16 +126,16 @@ func (m *Manager) exec(ctx context.Context, ref string, req api.ExecRequest) (*S
 	ag, err := m.agentClient(ep, token).DialExec(ctx)
 	if err != nil {
 		m.log.Warn("dialing agent", "sandbox", sb.ID, "err", err)
-		return nil, api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")
+		return nil, id, api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")
 	}
 	s := newStream(ag, agentControl)
 	m.addStream(sb.ID, s)
 	if err := sendRequest(ctx, ag, first); err != nil {
 		s.Close()
 		m.log.Warn("sending exec request to agent", "sandbox", sb.ID, "err", err)
-		return nil, api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")
+		return nil, id, api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer")
 	}
-	return s, nil
+	return s, id, nil
 }
 
 // agentMessageLimit bounds one message an agent sends on an exec, attach

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"syscall"
+	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
@@ -55,9 +56,13 @@ func (e *errCallEnded) Error() string { return e.reason }
 
 // endCalls cuts every files call in flight to sandbox id.
 func (m *Manager) endCalls(id, reason string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for c := range m.calls[id] {
+	l := m.peek(id)
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.calls {
 		c.cancel(&errCallEnded{reason: reason})
 	}
 }
@@ -81,8 +86,9 @@ var errHeld = errors.New("calls held")
 func (m *Manager) tryCall(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, context.Context, func(), error) {
 	// A hold may begin and end (the checkpoint taken, the agent's token
 	// moved on) between the look at the sandbox and the registration
-	// below: the count of holds tells, and the sandbox is read again.
-	seq := m.holdCount()
+	// below: the sandbox's live object tells (heldSince), and the sandbox
+	// is read again.
+	start := time.Now()
 	sb, err := m.awake(ctx, ref)
 	if err == nil {
 		err = requireState(sb.Name, sb.State, api.StateRunning)
@@ -99,30 +105,25 @@ func (m *Manager) tryCall(ctx context.Context, ref string) (*store.Sandbox, *age
 	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	c := &fileCall{cancel: cancel}
-	m.mu.Lock()
+	l := m.live(sb.ID)
+	l.mu.Lock()
 	// A call registered before a checkpoint holds calls is cut by it; one
 	// that comes after must wait (in awake), or it would carry the token
 	// read above past the checkpoint's new one.
-	if m.held[sb.ID] != nil || m.holdSeq != seq {
-		m.mu.Unlock()
+	if l.heldSinceLocked(start) {
+		l.mu.Unlock()
 		cancel(nil)
 		return nil, nil, nil, nil, errHeld
 	}
-	if m.calls == nil {
-		m.calls = map[string]map[*fileCall]bool{}
+	if l.calls == nil {
+		l.calls = map[*fileCall]bool{}
 	}
-	if m.calls[sb.ID] == nil {
-		m.calls[sb.ID] = map[*fileCall]bool{}
-	}
-	m.calls[sb.ID][c] = true
-	m.mu.Unlock()
+	l.calls[c] = true
+	l.mu.Unlock()
 	end := func() {
-		m.mu.Lock()
-		delete(m.calls[sb.ID], c)
-		if len(m.calls[sb.ID]) == 0 {
-			delete(m.calls, sb.ID)
-		}
-		m.mu.Unlock()
+		l.mu.Lock()
+		delete(l.calls, c)
+		l.mu.Unlock()
 		cancel(nil)
 	}
 	return sb, m.callClient(sb, ep), cctx, end, nil

@@ -69,7 +69,7 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 	if v, ok, err := m.claimMember(ctx, checkpointPoolKey(src.ID, cp.ID), sb, nil); ok {
 		return v, err
 	}
-	end, _ := m.begin(sb, "create") // before it is stored: see Create
+	end, _ := m.begin(sb, opCreate) // before it is stored: see Create
 	defer end()
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
@@ -109,24 +109,12 @@ func (m *Manager) bootFork(ctx context.Context, sb *store.Sandbox, src *store.Sa
 // ever made. A fork still waiting
 // on the old lock finds the sandbox gone once it gets it.
 func (m *Manager) forgetSource(id string) {
-	m.mu.Lock()
-	delete(m.sources, id)
-	delete(m.agentVersions, id)
-	delete(m.holds, id)
-	delete(m.epochs, id)
-	m.mu.Unlock()
+	m.forgetLive(id)
 }
 
 // sourceLock is the lock on a sandbox's checkpoints.
 func (m *Manager) sourceLock(id string) *sync.RWMutex {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	l, ok := m.sources[id]
-	if !ok {
-		l = &sync.RWMutex{}
-		m.sources[id] = l
-	}
-	return l
+	return &m.live(id).source
 }
 
 // sourceCheckpoint finds the checkpoint from names (a fork's or a

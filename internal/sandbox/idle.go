@@ -20,33 +20,29 @@ import (
 
 // touch marks sandbox id as used now.
 func (m *Manager) touch(id string) {
-	m.mu.Lock()
-	m.used[id] = time.Now()
-	m.mu.Unlock()
+	m.live(id).touch(time.Now())
 }
 
 // forget drops what the Manager knows of a deleted sandbox's activity.
 func (m *Manager) forget(id string) {
-	m.mu.Lock()
-	delete(m.used, id)
-	m.mu.Unlock()
+	if l := m.peek(id); l != nil {
+		l.mu.Lock()
+		l.used = time.Time{}
+		l.mu.Unlock()
+	}
 }
 
 // idleFor reports how long sandbox id has gone without activity at now, 0
 // while a stream or call is open on it.
 func (m *Manager) idleFor(id string, now time.Time) time.Duration {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.streams[id]) > 0 || len(m.calls[id]) > 0 || m.holds[id] > 0 {
-		m.used[id] = now
+	l := m.live(id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.streams) > 0 || len(l.calls) > 0 || l.holds > 0 || l.used.IsZero() {
+		l.used = now
 		return 0
 	}
-	t, ok := m.used[id]
-	if !ok {
-		m.used[id] = now
-		return 0
-	}
-	return now.Sub(t)
+	return now.Sub(l.used)
 }
 
 // idleOf is how long sb may go without activity before it sleeps; 0 is

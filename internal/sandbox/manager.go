@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"loam.dev/loam/api"
@@ -139,34 +140,25 @@ type Manager struct {
 	// call (see agentClient), so there is nothing per sandbox to forget.
 	agentHTTP *http.Client
 
-	mu     sync.Mutex
-	ops    map[string]string        // sandbox id -> the operation running on it
-	opDone map[string]chan struct{} // sandbox id -> closed when its operation ends
-	// held marks sandboxes whose calls wait: from before a memory
-	// checkpoint cuts the calls in flight until its agent holds its new
-	// token (see holdCalls). Closed when released.
-	held map[string]chan struct{}
-	// holdSeq counts the holds ever made, so that a call can tell one
-	// came while it started.
-	holdSeq uint64
-	// opsEnded counts the operations ever ended, so that a call can tell
-	// one ended while it read a sandbox's record (see awake).
-	opsEnded uint64
-	epochs   map[string]uint64           // sandbox id -> operations begun that hold its URL (see HTTPTarget)
-	reserved map[int]bool                // net indexes handed out but not yet stored
-	streams  map[string]map[*Stream]bool // sandbox id -> open streams
-	sources  map[string]*sync.RWMutex    // sandbox id -> lock on its checkpoints (see lockSource)
-	// agentVersions is the protocol version of each sandbox's agent, as
-	// its last connect found it.
-	agentVersions map[string]int
-	// calls are the files calls in flight to each sandbox (files.go).
-	calls map[string]map[*fileCall]bool
-	// wakes are the wakes in progress (sleep.go).
-	wakes map[string]*waking
-	// used is when each sandbox was last used, and holds how many Holds
-	// are open on it (idle.go).
-	used  map[string]time.Time
-	holds map[string]int
+	// mu guards lives, the registry of the sandboxes' live objects
+	// (live.go): everything the daemon knows of one sandbox while it runs
+	// is there, under that object's own lock.
+	mu    sync.Mutex
+	lives map[string]*live
+	// insertMu orders the creates' allocations of network slots: reserved
+	// holds the slots handed out but not yet stored.
+	insertMu sync.Mutex
+	reserved map[int]bool
+	// bg are the goroutines the Manager runs on its own (spare dials,
+	// death watches), started by goBG and ended by Close; bgCtx is
+	// cancelled by Close. bgMu orders goBG and Close (closed).
+	bgMu   sync.Mutex
+	closed bool
+	// watchers counts the death watches running (for tests).
+	watchers atomic.Int32
+	bg       sync.WaitGroup
+	bgCtx    context.Context
+	bgCancel context.CancelCauseFunc
 	// imageMu keeps an image from being deleted while a create of it is
 	// between its pull and the end of its boot (images.go).
 	imageMu sync.RWMutex
@@ -174,18 +166,12 @@ type Manager struct {
 	// held for writing to publish or delete one, for reading while a
 	// sandbox is made from one or one is exported.
 	keptMu sync.RWMutex
-	// exporting counts the exports in progress of each template (under mu).
+	// exporting counts the exports in progress of each template, under
+	// exportMu.
+	exportMu  sync.Mutex
 	exporting map[string]int
 	// pools are the warm pools (pool.go).
 	pools pools
-	// spares are the exec sockets opened ahead to each sandbox,
-	// sparesOpening how many are being opened, and spareEpoch counts the
-	// drops that turn those away (spare.go).
-	spares        map[string][]*spareExec
-	sparesOpening map[string]int
-	spareEpoch    uint64
-	// deaths watch each running sandbox's sandbox process (death.go).
-	deaths map[string]*deathWatch
 
 	// heavy and count hold the daemon's caps (caps.go).
 	heavy *heavyGate
@@ -215,6 +201,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	if cfg.HeavyWait == 0 {
 		cfg.HeavyWait = DefaultHeavyWait
 	}
+	bgCtx, bgCancel := context.WithCancelCause(context.Background())
 	return &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
 		agentHTTP: &http.Client{Transport: &http.Transport{
@@ -227,24 +214,13 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 			// take their token before their body goes.
 			ExpectContinueTimeout: 2 * time.Second,
 		}},
-		ops:      map[string]string{},
-		held:     map[string]chan struct{}{},
-		opDone:   map[string]chan struct{}{},
-		epochs:   map[string]uint64{},
-		reserved: map[int]bool{},
-		streams:  map[string]map[*Stream]bool{},
-		sources:  map[string]*sync.RWMutex{},
-
-		agentVersions: map[string]int{},
-		wakes:         map[string]*waking{},
-		used:          map[string]time.Time{},
-		holds:         map[string]int{},
-		exporting:     map[string]int{},
-		pools:         pools{all: map[string]*pool{}},
-		spares:        map[string][]*spareExec{},
-		sparesOpening: map[string]int{},
-		deaths:        map[string]*deathWatch{},
-		heavy:         newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
+		lives:     map[string]*live{},
+		reserved:  map[int]bool{},
+		exporting: map[string]int{},
+		pools:     pools{all: map[string]*pool{}},
+		heavy:     newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
+		bgCtx:     bgCtx,
+		bgCancel:  bgCancel,
 	}
 }
 
@@ -340,34 +316,10 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.San
 	return out, nil
 }
 
-// begin marks an operation as running on a sandbox, or refuses with a
-// conflict when another one is. The returned func ends it.
-func (m *Manager) begin(sb *store.Sandbox, what string) (func(), error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if cur, ok := m.ops[sb.ID]; ok {
-		return nil, api.Errorf(api.CodeConflict, "sandbox %s is busy: %s is in progress", sb.Name, cur)
-	}
-	m.ops[sb.ID] = what
-	done := make(chan struct{})
-	m.opDone[sb.ID] = done
-	if holdsURL(what) {
-		m.epochs[sb.ID]++
-	}
-	return func() {
-		m.mu.Lock()
-		delete(m.ops, sb.ID)
-		delete(m.opDone, sb.ID)
-		m.opsEnded++
-		close(done)
-		m.mu.Unlock()
-	}, nil
-}
-
 // claim finds a sandbox and begins an operation on it. The record is read
 // again once the operation is ours: one read before could be stale (another
 // operation may have finished in between and, say, spent a checkpoint id).
-func (m *Manager) claim(ctx context.Context, ref, what string) (*store.Sandbox, func(), error) {
+func (m *Manager) claim(ctx context.Context, ref string, what operation) (*store.Sandbox, func(), error) {
 	sb, err := m.lookup(ctx, ref)
 	if err != nil {
 		return nil, nil, err
@@ -467,7 +419,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	}
 	// Claimed before it is stored, so that no other operation (a delete)
 	// can run on it while it boots. The id is new: the claim cannot fail.
-	end, _ := m.begin(sb, "create")
+	end, _ := m.begin(sb, opCreate)
 	defer end()
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
@@ -567,8 +519,8 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 
 // insert gives the record a network slot and stores it.
 func (m *Manager) insert(ctx context.Context, sb *store.Sandbox) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.insertMu.Lock()
+	defer m.insertMu.Unlock()
 	idx, err := m.allocIndex(ctx)
 	if err != nil {
 		return err
@@ -741,7 +693,7 @@ func (m *Manager) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Clie
 	ac := m.agentClient(ep, m.agentToken(sb))
 	id := sb.ID
 	ac.Refresh = func(ctx context.Context) []string {
-		if held := m.heldOn(id); held != nil {
+		if held := m.live(id).heldOn(); held != nil {
 			select {
 			case <-held:
 			case <-ctx.Done():
@@ -785,7 +737,7 @@ func (m *Manager) dropAgentConns() {
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
 func (m *Manager) Delete(ctx context.Context, ref string) error {
-	sb, end, err := m.claim(ctx, ref, "delete")
+	sb, end, err := m.claim(ctx, ref, opDelete)
 	if err != nil {
 		return err
 	}

@@ -398,7 +398,7 @@ func TestNothingPerSandboxOutlivesIt(t *testing.T) {
 		must(t, e.m.Delete(e.ctx, name+"-fork"))
 		must(t, e.m.Delete(e.ctx, name))
 	}
-	if n := e.m.SourceLocks(); n != 0 {
-		t.Errorf("%d checkpoint locks left for deleted sandboxes", n)
+	if n := e.m.Lives(); n != 0 {
+		t.Errorf("%d live objects (checkpoint locks, agent versions) left for deleted sandboxes", n)
 	}
 }

@@ -129,7 +129,7 @@ func (m *Manager) SetNetwork(ctx context.Context, ref string, p api.NetworkPolic
 	if err != nil {
 		return nil, err
 	}
-	sb, end, err := m.claim(ctx, ref, "network change")
+	sb, end, err := m.claim(ctx, ref, opNetwork)
 	if err != nil {
 		return nil, err
 	}

@@ -321,7 +321,7 @@ func (m *Manager) makeTemplateMember(ctx context.Context, key, name string) (*st
 // fails to boot is deleted.
 func (m *Manager) bootMember(ctx context.Context, sb *store.Sandbox, key string, boot func(context.Context) error) (*store.Sandbox, error) {
 	sb.Pool = key
-	end, _ := m.begin(sb, "create")
+	end, _ := m.begin(sb, opCreate)
 	defer end()
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
@@ -374,7 +374,7 @@ func (m *Manager) claimMember(ctx context.Context, key string, want *store.Sandb
 	// before the create), never one running without its services.
 	claimed.State, claimed.Pool = api.StateCreating, ""
 	claimed.CreatedAt = store.Now()
-	end, err := m.begin(&claimed, "create")
+	end, err := m.begin(&claimed, opCreate)
 	if err != nil {
 		// A member has no operations; this one is being deleted.
 		return nil, false, nil

@@ -93,7 +93,9 @@ func TestCheckPorts(t *testing.T) {
 // TestPortsNeedAgent3: a sandbox running an agent older than protocol 3
 // (restored from an old checkpoint) is told so.
 func TestPortsNeedAgent3(t *testing.T) {
-	m := &Manager{agentVersions: map[string]int{"sb-old": 2, "sb-new": agent.ProtocolVersion}}
+	m := &Manager{}
+	m.setAgentVersion("sb-old", 2)
+	m.setAgentVersion("sb-new", agent.ProtocolVersion)
 	err := m.requireAgent(&store.Sandbox{Sandbox: api.Sandbox{ID: "sb-old", Name: "old"}}, portsVersion, "ports")
 	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "ports needs a newer agent than sandbox old runs (protocol 2, needs 3)") {
 		t.Fatalf("old agent: %v", err)

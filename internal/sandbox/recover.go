@@ -215,7 +215,7 @@ func (m *Manager) recoverStoppedForRestore(ctx context.Context, sb *store.Sandbo
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return err
 	}
-	if m.resumeLeft(ctx, sb, m.checkpointsDir(sb.ID), "a restore") {
+	if m.resumeLeft(ctx, sb, m.checkpointsDir(sb.ID), opRestore) {
 		return nil
 	}
 	m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
@@ -231,7 +231,7 @@ func (m *Manager) recoverStoppedForRestore(ctx context.Context, sb *store.Sandbo
 // fails to restore; false then says the caller must boot the sandbox on
 // its disk. The image itself is removed by the sweep or the caller: the
 // restore reads it whole before it answers (no -background).
-func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir, what string) bool {
+func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string, what operation) bool {
 	imgs, _ := filepath.Glob(filepath.Join(dir, ".tmp-*", memDir))
 	if len(imgs) == 0 {
 		return false
@@ -268,12 +268,12 @@ func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir, what s
 		return m.takeBack(ctx, sb, ep, holds...)
 	}()
 	if err != nil {
-		m.log.Warn(what+" was cut short after it stopped the sandbox, and the image it wrote does not restore",
+		m.log.Warn(what.String()+" was cut short after it stopped the sandbox, and the image it wrote does not restore",
 			"sandbox", sb.ID, "image", newest, "err", err)
 		_ = m.rt.Delete(ctx, sb.ID)
 		return false
 	}
-	m.log.Info(what+" was cut short after it stopped the sandbox; resumed from the image it wrote",
+	m.log.Info(what.String()+" was cut short after it stopped the sandbox; resumed from the image it wrote",
 		"sandbox", sb.ID, "image", newest, "ms", time.Since(start).Milliseconds())
 	return true
 }

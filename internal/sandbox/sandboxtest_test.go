@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/disk"
@@ -235,6 +237,20 @@ type env struct {
 // newEnv makes an env; edit changes the Manager's configuration.
 func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 	t.Helper()
+	// Registered first, so run last: once the Manager is closed and the
+	// env torn down, no goroutine the test started is left (the
+	// Manager's spare dials, death watches, pools, streams).
+	var e *env
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		if e == nil {
+			return
+		}
+		if err := e.m.Close(); err != nil {
+			t.Errorf("closing the manager: %v", err)
+		}
+		goleak.VerifyNone(t, before)
+	})
 	ctx := t.Context()
 	poolDir, dataDir := t.TempDir(), t.TempDir()
 	pool, err := disk.NewCopy(poolDir)
@@ -278,7 +294,7 @@ func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 	for _, f := range edit {
 		f(&cfg)
 	}
-	e := &env{
+	e = &env{
 		t: t, ctx: ctx, cfg: cfg,
 		st:   &hookStore{Store: st},
 		pool: pool,
@@ -478,3 +494,18 @@ func must(t testing.TB, err error) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// eventually waits until cond holds, failing the test if it does not
+// within 10 s: how a test waits for something the code under test does
+// on a goroutine of its own (a call that reached its wait, a watch that
+// ended), instead of sleeping and hoping.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after 10s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

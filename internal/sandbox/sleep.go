@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"loam.dev/loam/api"
@@ -178,7 +177,7 @@ func (m *Manager) Wake(ctx context.Context, ref string) (*api.Sandbox, error) {
 // kept. A sandbox left without a disk (a restore that failed part-way) can
 // only be restored.
 func (m *Manager) bootAgain(ctx context.Context, id string) (*api.Sandbox, error) {
-	sb, end, err := m.claim(ctx, id, "a boot")
+	sb, end, err := m.claim(ctx, id, opBoot)
 	if err != nil {
 		return nil, err
 	}
@@ -233,27 +232,7 @@ func (m *Manager) Hold(ctx context.Context, ref string) (sb *api.Sandbox, releas
 // the request, its response or its WebSocket lasts. Release must be called
 // once; calling it again does nothing.
 func (m *Manager) Active(id string) (release func()) {
-	m.mu.Lock()
-	m.holds[id]++
-	m.used[id] = time.Now()
-	m.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			if m.holds[id]--; m.holds[id] <= 0 {
-				delete(m.holds, id)
-			}
-			m.used[id] = time.Now()
-		})
-	}
-}
-
-// waking is one wake in progress, that concurrent callers wait for.
-type waking struct {
-	done chan struct{}
-	err  error
+	return m.live(id).activate()
 }
 
 // awake is the start of every call that needs a sandbox running: it finds
@@ -265,32 +244,32 @@ type waking struct {
 // (a stopped or broken sandbox is not woken).
 func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error) {
 	for {
-		seen := m.endedCount()
+		read := time.Now()
 		sb, err := m.lookup(ctx, ref)
 		if err != nil {
 			return nil, err
 		}
+		l := m.live(sb.ID)
 		// Marked before the look at the operations: an idle sleep that
 		// claims the sandbox looks at this mark again, and gives up.
-		m.touch(sb.ID)
-		if held := m.heldOn(sb.ID); held != nil {
+		l.touch(time.Now())
+		if held := l.heldOn(); held != nil {
 			// A memory checkpoint is being taken: the call goes in once
 			// it is, with the agent's new token (read again above).
-			select {
-			case <-held:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		op, ended := m.opOn(sb.ID, seen)
-		if op == opSleep || sb.State == api.StateSleeping && op != "" && op != opWake {
-			if err := pause(ctx); err != nil {
+			if err := waitOp(ctx, held); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if op == "" && ended {
+		op, done := l.current()
+		if op == opSleep || sb.State == api.StateSleeping && op != opNone && op != opWake {
+			// Going to sleep, or held asleep: wake it once that is done.
+			if err := l.waitOp(ctx, done); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if op == opNone && l.endedSince(read) {
 			// The record was read before the look at the operations, and
 			// an operation ended in between: a sleep that did left it
 			// saying running, with the container gone. An operation
@@ -302,58 +281,27 @@ func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error)
 		if sb.State != api.StateSleeping {
 			return sb, nil
 		}
-		m.mu.Lock()
-		w := m.wakes[sb.ID]
-		leader := w == nil
-		if leader {
-			w = &waking{done: make(chan struct{})}
-			m.wakes[sb.ID] = w
-		}
-		m.mu.Unlock()
-		if leader {
-			w.err = m.wakeOne(context.WithoutCancel(ctx), sb.ID)
-			m.mu.Lock()
-			delete(m.wakes, sb.ID)
-			m.mu.Unlock()
-			close(w.done)
-		} else {
-			select {
-			case <-w.done:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		if errors.Is(w.err, errBusy) {
-			if err := pause(ctx); err != nil {
+		// One wake however many callers ask: the first runs it, the others
+		// wait for it (or their own ctx); the first's giving up does not
+		// cut the wake.
+		err = l.wake(ctx, func() error { return m.wakeOne(context.WithoutCancel(ctx), sb.ID) })
+		if errors.Is(err, errBusy) {
+			// Another operation took the sandbox first: wait for its end.
+			_, done := l.current()
+			if err := l.waitOp(ctx, done); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if w.err != nil {
-			return nil, w.err
+		if err != nil {
+			return nil, err
 		}
-		m.touch(sb.ID)
+		l.touch(time.Now())
 	}
 }
-
-// Operation names that awake looks for.
-const (
-	opSleep = "a sleep"
-	opWake  = "a wake"
-)
 
 // errBusy is wakeOne's: another operation holds the sandbox; try again.
 var errBusy = errors.New("busy")
-
-// pause waits a little before awake looks again, or until ctx ends.
-func pause(ctx context.Context) error {
-	select {
-	case <-time.After(50 * time.Millisecond):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
 
 // holdCalls makes the calls that come to sandbox id wait (in awake) until
 // release is called. A memory checkpoint holds them from before it cuts
@@ -361,49 +309,39 @@ func pause(ctx context.Context) error {
 // meanwhile would be cut, or would reach the agent with the token it no
 // longer answers to. The spec cuts only calls in flight, so new ones wait.
 func (m *Manager) holdCalls(id string) (release func()) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	l := m.live(id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	ch := make(chan struct{})
-	m.held[id] = ch
-	m.holdSeq++
+	l.held = ch
+	l.heldAt = time.Now()
 	return func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if m.held[id] == ch {
-			delete(m.held, id)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.held == ch {
+			l.held = nil
 		}
+		l.heldAt = time.Now()
 		close(ch)
 	}
 }
 
-// holdCount is how many holds were ever made; see Exec.
-func (m *Manager) holdCount() uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.holdSeq
+// heldSince reports whether calls to sandbox id are held now, or a hold
+// began or ended at or after t: a call that read the sandbox's record
+// after t may carry the agent's token of before the hold (see Exec).
+func (m *Manager) heldSince(id string, t time.Time) bool {
+	l := m.peek(id)
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.heldSinceLocked(t)
 }
 
-// heldOn is the channel that closes when the calls held for sandbox id go
-// on, nil when they are not held.
-func (m *Manager) heldOn(id string) chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.held[id]
-}
-
-// opOn is the operation running on sandbox id, "" for none, and whether
-// any operation ended since endedCount said seen.
-func (m *Manager) opOn(id string, seen uint64) (op string, ended bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.ops[id], m.opsEnded != seen
-}
-
-// endedCount is how many operations have ended so far (see opOn).
-func (m *Manager) endedCount() uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.opsEnded
+// heldSinceLocked is heldSince with l.mu held.
+func (l *live) heldSinceLocked(t time.Time) bool {
+	return l.held != nil || !l.heldAt.IsZero() && !l.heldAt.Before(t)
 }
 
 // wakeOne claims a sleeping sandbox and wakes it.
@@ -571,7 +509,7 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 	}
 	// Stopped by the checkpoint that writes the image: started again from
 	// that image if it is whole, else booted on its disk.
-	if m.resumeLeft(ctx, sb, m.sleepDir(sb.ID), "a sleep") {
+	if m.resumeLeft(ctx, sb, m.sleepDir(sb.ID), opSleep) {
 		return true, os.RemoveAll(m.sleepDir(sb.ID))
 	}
 	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {

@@ -292,7 +292,7 @@ func TestCallDuringSleep(t *testing.T) {
 	<-entered
 	called := make(chan error, 1)
 	go func() { _, err := e.m.ListSessions(e.ctx, "nap"); called <- err }()
-	time.Sleep(200 * time.Millisecond)
+	eventually(t, "waiting for the sleep", func() bool { return e.m.OpWaiters(sb.ID) == 1 })
 	select {
 	case err := <-called:
 		t.Fatalf("the call did not wait for the sleep: %v", err)

@@ -43,19 +43,19 @@ const spareTarget = 2
 // takeSpare returns a spare exec socket to sandbox id opened with token,
 // or nil when there is none that can be used.
 func (m *Manager) takeSpare(id, token string) *websocket.Conn {
+	l := m.peek(id)
+	if l == nil {
+		return nil
+	}
 	for {
-		m.mu.Lock()
-		ss := m.spares[id]
-		if len(ss) == 0 {
-			m.mu.Unlock()
+		l.mu.Lock()
+		if len(l.spares) == 0 {
+			l.mu.Unlock()
 			return nil
 		}
-		s := ss[0]
-		m.spares[id] = ss[1:]
-		if len(m.spares[id]) == 0 {
-			delete(m.spares, id)
-		}
-		m.mu.Unlock()
+		s := l.spares[0]
+		l.spares = l.spares[1:]
+		l.mu.Unlock()
 		if s.token == token && time.Since(s.opened) <= spareMaxAge {
 			return s.conn
 		}
@@ -66,62 +66,85 @@ func (m *Manager) takeSpare(id, token string) *websocket.Conn {
 // openSpare opens spare exec sockets to sandbox id's agent at ep, up to
 // spareTarget with those it has and those being opened. It returns at once;
 // a socket is kept only if no dropAgentConns or dropSpare came in the
-// meantime.
+// meantime. The dials are the Manager's (Close waits for them).
 func (m *Manager) openSpare(id string, ep network.Endpoint, token string) {
-	m.mu.Lock()
-	n := spareTarget - len(m.spares[id]) - m.sparesOpening[id]
-	if n <= 0 {
-		m.mu.Unlock()
+	l := m.live(id)
+	l.mu.Lock()
+	n := spareTarget - len(l.spares) - l.opening
+	if n <= 0 || m.bgCtx.Err() != nil {
+		l.mu.Unlock()
 		return
 	}
-	m.sparesOpening[id] += n
-	epoch := m.spareEpoch
-	m.mu.Unlock()
+	l.opening += n
+	start := time.Now()
+	l.mu.Unlock()
 	for range n {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), spareDialTimeout)
+		ok := m.goBG(func() {
+			ctx, cancel := context.WithTimeout(m.bgCtx, spareDialTimeout)
 			defer cancel()
 			conn, err := m.agentClient(ep, token).DialExec(ctx)
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			if m.sparesOpening[id]--; m.sparesOpening[id] <= 0 {
-				delete(m.sparesOpening, id)
-			}
-			if err != nil {
-				return
-			}
-			if epoch != m.spareEpoch || len(m.spares[id]) >= spareTarget {
+			if err == nil && !l.keepSpare(&spareExec{conn: conn, token: token, opened: time.Now()}, start) {
 				conn.CloseNow()
-				return
 			}
-			m.spares[id] = append(m.spares[id], &spareExec{conn: conn, token: token, opened: time.Now()})
-		}()
+			l.mu.Lock()
+			l.opening--
+			l.mu.Unlock()
+			if err == nil && (m.peek(id) != l || m.bgCtx.Err() != nil) {
+				// Forgotten (deleted) or closing meanwhile: nobody would
+				// take or close it.
+				l.dropSpares()
+			}
+		})
+		if !ok {
+			l.mu.Lock()
+			l.opening--
+			l.mu.Unlock()
+		}
 	}
+}
+
+// keepSpare keeps s, a spare whose dial began at start, unless a drop came
+// since or the sandbox has its spares already.
+func (l *live) keepSpare(s *spareExec, start time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.dropped.Before(start) || len(l.spares) >= spareTarget {
+		return false
+	}
+	l.spares = append(l.spares, s)
+	return true
 }
 
 // dropSpares closes every spare exec socket and turns away those being
 // opened (see dropAgentConns).
 func (m *Manager) dropSpares() {
 	m.mu.Lock()
-	spares := m.spares
-	m.spares = map[string][]*spareExec{}
-	m.spareEpoch++
+	ls := make([]*live, 0, len(m.lives))
+	for _, l := range m.lives {
+		ls = append(ls, l)
+	}
 	m.mu.Unlock()
-	for _, ss := range spares {
-		for _, s := range ss {
-			s.conn.CloseNow()
-		}
+	for _, l := range ls {
+		l.dropSpares()
 	}
 }
 
 // dropSpare closes sandbox id's spare exec sockets and turns away those
 // being opened (see closeStreams).
 func (m *Manager) dropSpare(id string) {
-	m.mu.Lock()
-	ss := m.spares[id]
-	delete(m.spares, id)
-	m.spareEpoch++
-	m.mu.Unlock()
+	if l := m.peek(id); l != nil {
+		l.dropSpares()
+	}
+}
+
+// dropSpares closes the sandbox's spare exec sockets and turns away those
+// being opened.
+func (l *live) dropSpares() {
+	l.mu.Lock()
+	ss := l.spares
+	l.spares = nil
+	l.dropped = time.Now()
+	l.mu.Unlock()
 	for _, s := range ss {
 		s.conn.CloseNow()
 	}

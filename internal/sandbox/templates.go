@@ -348,9 +348,9 @@ func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
 		}
 		return api.Errorf(api.CodeConflict, "template %s is used by sandboxes %s; delete them first", name, strings.Join(users, ", "))
 	}
-	m.mu.Lock()
+	m.exportMu.Lock()
 	exports := m.exporting[name]
-	m.mu.Unlock()
+	m.exportMu.Unlock()
 	if exports > 0 {
 		return api.Errorf(api.CodeConflict, "template %s is being exported; try again when the export ends", name)
 	}
@@ -405,7 +405,7 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 			return v, err
 		}
 	}
-	end, _ := m.begin(sb, "create") // before it is stored: see Create
+	end, _ := m.begin(sb, opCreate) // before it is stored: see Create
 	defer end()
 	if err := m.insert(ctx, sb); err != nil {
 		return nil, err
@@ -457,15 +457,15 @@ func (m *Manager) ExportTemplate(ctx context.Context, name string, w io.Writer) 
 	if err == nil && man != nil {
 		// Marked as being read, so that a delete meanwhile is refused,
 		// without holding keptMu for as long as the stream lasts.
-		m.mu.Lock()
+		m.exportMu.Lock()
 		m.exporting[name]++
-		m.mu.Unlock()
+		m.exportMu.Unlock()
 		defer func() {
-			m.mu.Lock()
+			m.exportMu.Lock()
 			if m.exporting[name]--; m.exporting[name] == 0 {
 				delete(m.exporting, name)
 			}
-			m.mu.Unlock()
+			m.exportMu.Unlock()
 		}()
 	}
 	m.keptMu.RUnlock()

@@ -38,7 +38,7 @@ func (m *Manager) Update(ctx context.Context, ref string, req api.UpdateSandbox)
 			return nil, err
 		}
 	}
-	sb, end, err := m.claim(ctx, ref, "an update")
+	sb, end, err := m.claim(ctx, ref, opUpdate)
 	if err != nil {
 		return nil, err
 	}

@@ -43,11 +43,6 @@ type Target struct {
 	Held bool
 }
 
-// holdsURL tells whether an operation (as begin names it) makes the URL
-// front door wait for its end: one that replaces the machine behind it, or
-// puts it to sleep (the request then wakes it).
-func holdsURL(what string) bool { return what == "a restore" || what == "create" || what == opSleep }
-
 // drainLimit bounds how long a restore or a sleep waits for the requests
 // already passed on through the sandbox's URL to be answered before it
 // replaces or stops the machine; a WebSocket or a long stream is cut then.
@@ -58,15 +53,19 @@ const drainLimit = 2 * time.Second
 // caller's operation began get their answers from the machine they went
 // to. New requests wait for the operation (holdsURL) meanwhile.
 func (m *Manager) drain(id string) {
-	deadline := time.Now().Add(drainLimit)
-	for time.Now().Before(deadline) {
-		m.mu.Lock()
-		n := m.holds[id]
-		m.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
+	l := m.peek(id)
+	if l == nil {
+		return
+	}
+	quiet := l.quietOn()
+	if quiet == nil {
+		return
+	}
+	t := time.NewTimer(drainLimit)
+	defer t.Stop()
+	select {
+	case <-quiet:
+	case <-t.C:
 	}
 }
 
@@ -107,17 +106,30 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target
 			}
 			admit = nil
 		}
-		m.mu.Lock()
-		op, done, epoch := m.ops[sb.ID], m.opDone[sb.ID], m.epochs[sb.ID]
-		m.mu.Unlock()
-		if holdsURL(op) || sb.State == api.StateCreating || sb.State == api.StateRestoring {
+		var (
+			op    operation
+			done  chan struct{}
+			epoch uint64
+		)
+		l := m.peek(sb.ID)
+		if l != nil {
+			l.mu.Lock()
+			op, done, epoch = l.op, l.opDone, l.epoch
+			l.mu.Unlock()
+		}
+		if op.holdsURL() || sb.State == api.StateCreating || sb.State == api.StateRestoring {
 			var poll <-chan time.Time
-			if !holdsURL(op) {
+			if !op.holdsURL() {
 				done, poll = nil, time.After(holdPoll)
 			}
 			held = true
+			if done != nil {
+				if l.waitOp(ctx, done) != nil {
+					return Target{}, m.holdExpired(ctx, name)
+				}
+				continue
+			}
 			select {
-			case <-done:
 			case <-poll:
 			case <-ctx.Done():
 				return Target{}, m.holdExpired(ctx, name)

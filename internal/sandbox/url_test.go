@@ -53,7 +53,8 @@ func TestHTTPTarget(t *testing.T) {
 			tg, err := e.m.HTTPTarget(e.ctx, "web", nil)
 			got <- result{tg, err, time.Now()}
 		}()
-		time.Sleep(200 * time.Millisecond) // the request must still be held
+		// The request must be held by the restore before it goes on.
+		eventually(t, "holding the request", func() bool { return e.m.OpWaiters(sb.ID) == 1 })
 	})
 	if _, err := e.m.RestoreCheckpoint(e.ctx, "web", cp.ID); err != nil {
 		t.Fatal(err)
