@@ -23,6 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/disk"
@@ -227,7 +228,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	// For a teardown, which must drop this daemon's firewall table, never
 	// another's (see Teardown).
-	if err := writeFileAtomic(filepath.Join(cfg.DataDir, subnetFile), []byte(subnet.Masked().String()+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(cfg.DataDir, subnetFile), []byte(subnet.Masked().String()+"\n"), 0o644); err != nil {
 		return fmt.Errorf("recording the subnet: %w", err)
 	}
 	var upstreams []string
@@ -354,7 +355,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if tlsConfig != nil {
 		d.URL = "https://" + ln.Addr().String()
 	}
-	if err := writeFileAtomic(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
 		return err
 	}
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
@@ -459,7 +460,7 @@ func (d *Daemon) loadToken() error {
 		return fmt.Errorf("reading token: %w", err)
 	}
 	d.Token = "loam_" + rand.Text() + rand.Text()
-	if err := writeFileAtomic(path, []byte(d.Token+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, []byte(d.Token+"\n"), 0o600); err != nil {
 		return fmt.Errorf("storing the new admin token: %w", err)
 	}
 	d.madeToken = path

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"loam.dev/loam/internal/atomicfile"
 )
 
 // Btrfs is a Pool on btrfs: templates, volumes and snapshots are
@@ -220,7 +222,7 @@ func makeImage(ctx context.Context, path string, size int64) error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("creating disk image %s: %w", path, err)
 	}
-	return syncDir(filepath.Dir(path))
+	return atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // clearTemp deletes what a crashed process left in tmp/.

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+
+	"loam.dev/loam/internal/atomicfile"
 )
 
 // Copy is a Pool of plain directories, for machines without btrfs. Every
@@ -264,7 +266,7 @@ func (c *Copy) copy(ctx context.Context, src, key, dst string) (err error) {
 	if err := renameNoReplace(tmp, dst); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(dst))
+	return atomicfile.SyncDir(filepath.Dir(dst))
 }
 
 // delete removes the tree at path under the lock for key. It first renames
