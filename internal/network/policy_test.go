@@ -16,6 +16,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"loam.dev/loam/internal/testenv"
 )
 
 // The firewall tests run in a namespace of their own that plays the host,
@@ -68,7 +70,7 @@ func TestTableName(t *testing.T) {
 }
 
 func TestFirewall(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	ctx := context.Background()
 	enterTestHost(t)
 	m := newFirewallManager(t, fwSubnet)
