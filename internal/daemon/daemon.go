@@ -34,6 +34,7 @@ import (
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/server"
 	"loam.dev/loam/internal/store/sqlite"
+	"loam.dev/loam/internal/tlsconfig"
 )
 
 // Config is the daemon's configuration; every field has a flag and an
@@ -156,7 +157,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	// Then the port, before anything is recovered: a second daemon that
 	// cannot serve must fail before it changes anything.
-	tlsConfig, err := server.LoadTLS(cfg.TLSCert, cfg.TLSKey)
+	tlsConfig, err := tlsconfig.Load(cfg.TLSCert, cfg.TLSKey)
 	if err != nil {
 		return err
 	}
@@ -317,9 +318,11 @@ func (d *Daemon) start(ctx context.Context) error {
 		InsidePort:            network.DefaultInsidePort,
 		Idle:                  cfg.Idle,
 		IdleMin:               cfg.IdleMin,
+		Inside: func(m *sandbox.Manager) sandbox.Insiders {
+			d.inside = server.NewInside(m, secret, d.log)
+			return d.inside
+		},
 	}, st, rt, pool, nets, tpl, d.log)
-	d.inside = server.NewInside(d.Manager, secret, d.log)
-	d.Manager.SetInside(d.inside)
 	if err := d.Manager.Recover(ctx); err != nil {
 		d.log.Error("recovery left some things behind", "err", err)
 	}

@@ -85,6 +85,11 @@ type Config struct {
 	// InsidePort is the port of the in-sandbox API on each sandbox's host
 	// address.
 	InsidePort int
+	// Inside makes the in-sandbox API of the Manager being made; nil serves
+	// none. It is a constructor, not a value, because that API serves the
+	// Manager's own sandboxes: New calls it once, with the Manager whole,
+	// so neither is ever seen half made and nothing is set afterwards.
+	Inside func(*Manager) Insiders
 	// BootTimeout bounds how long a sandbox's agent may take to answer.
 	BootTimeout time.Duration
 	// Idle is how long a sandbox that says no idle of its own may go
@@ -215,7 +220,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	if cfg.HeavyWait == 0 {
 		cfg.HeavyWait = DefaultHeavyWait
 	}
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
 		agentHTTP: &http.Client{Transport: &http.Transport{
 			// Never a proxy from the environment: agent traffic stays local.
@@ -246,6 +251,10 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		deaths:        map[string]*deathWatch{},
 		heavy:         newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
 	}
+	if cfg.Inside != nil {
+		m.inside = cfg.Inside(m)
+	}
+	return m
 }
 
 // URL is a sandbox's public address.
