@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/testenv"
 )
 
@@ -36,7 +37,7 @@ const (
 	// reach, as the daemon's API on 7070.
 	fwOtherPort = 7070
 	// fwAgentPort is where the fake sandboxes listen, as agents on 7071.
-	fwAgentPort = 7071
+	fwAgentPort = agent.DefaultPort
 )
 
 // Deadlines of connections that must fail (the firewall drops, so they

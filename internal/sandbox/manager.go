@@ -200,10 +200,10 @@ type Manager struct {
 // New makes a Manager. Call Recover before serving requests.
 func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets Networks, tpl Templates, log *slog.Logger) *Manager {
 	if cfg.AgentPort == 0 {
-		cfg.AgentPort = 7071
+		cfg.AgentPort = agent.DefaultPort
 	}
 	if cfg.InsidePort == 0 {
-		cfg.InsidePort = 7072
+		cfg.InsidePort = network.DefaultInsidePort
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 60 * time.Second
