@@ -9,6 +9,7 @@ require (
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/nftables v0.3.0
+	github.com/google/renameio/v2 v2.0.2
 	github.com/klauspost/compress v1.19.2
 	github.com/miekg/dns v1.1.62
 	github.com/modelcontextprotocol/go-sdk v1.8.0

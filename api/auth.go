@@ -22,3 +22,9 @@ func BearerToken(h http.Header) (string, bool) {
 	}
 	return token, true
 }
+
+// InsideSocketName is the name, in a sandbox's data dir (/var/lib/loam),
+// of the unix socket on which the sandbox's agent serves the sandbox's own
+// API to root and to the sandbox's user, who cannot read its token. The
+// agent serves it and the SDK finds it, so it lives here, where both look.
+const InsideSocketName = "api.sock"

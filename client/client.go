@@ -267,7 +267,7 @@ func segment(what, ref string) (string, error) {
 // APISocketName is the name, in a sandbox's data dir (/var/lib/loam), of
 // the socket on which the sandbox's agent serves the sandbox's own API to
 // root and the sandbox's user, who cannot read its token.
-const APISocketName = "api.sock"
+const APISocketName = api.InsideSocketName
 
 // unixHTTP is an HTTP client whose every connection goes to the unix
 // socket at path.

@@ -20,6 +20,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/console"
+	"loam.dev/loam/internal/testenv"
 )
 
 // consoleDir is web/, the console's sources.
@@ -47,7 +48,7 @@ func chromiumPath() string {
 func TestConsole(t *testing.T) {
 	for _, tool := range []string{"node", "npm", chromiumPath()} {
 		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
+			if testenv.CI() {
 				t.Fatalf("%s not found (scripts/setup installs it); CI=true, so this is a failure", tool)
 			}
 			t.Skipf("%s not found (scripts/setup installs it)", tool)

@@ -22,6 +22,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/agent"
 )
 
 // runAs runs a command in a sandbox as user and returns its stdout, stderr
@@ -278,7 +279,7 @@ func TestForkCannotActAsItsSource(t *testing.T) {
 	if code != 0 || leaked == "" {
 		t.Fatalf("no agent token in the fork's /proc/1/environ (%d)", code)
 	}
-	srcAgent := "http://" + d.sandboxIP(src.ID) + ":7071/healthz"
+	srcAgent := "http://" + d.sandboxIP(src.ID) + ":" + strconv.Itoa(agent.DefaultPort) + "/healthz"
 
 	// From the host, where the daemon talks to agents from: the source
 	// refuses the token its checkpoint holds.

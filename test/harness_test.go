@@ -25,6 +25,7 @@ import (
 
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/testenv"
 )
 
 // loamBin is the loam binary built for this run: the CLI, and the agent
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	if os.Geteuid() != 0 || findRunsc() == "" {
-		if os.Getenv("CI") == "true" {
+		if testenv.CI() {
 			fmt.Fprintln(os.Stderr, "end-to-end tests need root and runsc (run scripts/setup); CI=true, so this is a failure")
 			return 1
 		}

@@ -21,6 +21,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/network"
 )
 
@@ -129,11 +130,11 @@ func TestHostile(t *testing.T) {
 		if ip == gateway {
 			continue
 		}
-		for _, p := range []string{"22", "53", "80", "7071", "7072"} {
+		for _, p := range []string{"22", "53", "80", strconv.Itoa(agent.DefaultPort), strconv.Itoa(network.DefaultInsidePort)} {
 			targets = append(targets, target{what: "a host address", addr: net.JoinHostPort(ip, p)})
 		}
 	}
-	for _, p := range []string{"8080", "7071", "22"} {
+	for _, p := range []string{"8080", strconv.Itoa(agent.DefaultPort), "22"} {
 		targets = append(targets, target{what: "the other sandbox", addr: net.JoinHostPort(victimIP, p)})
 	}
 	for _, p := range []int{network.DefaultInsidePort, 53} {

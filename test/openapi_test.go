@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/image/imagetest"
 	"loam.dev/loam/internal/server"
 )
@@ -486,7 +488,7 @@ func walkPorts(ctx context.Context, w *walker) {
 	w.errorCode(req{route: stream, path: sb + "/ports/0/stream"}, api.CodeInvalid)
 	w.errorCode(req{route: stream, path: sb + "/ports/8080/stream"}, api.CodeUpgradeRequired)
 	// What the sandbox refuses comes after the upgrade is asked for.
-	w.dialRefused(ctx, stream, sb+"/ports/7071/stream", api.CodeForbidden)
+	w.dialRefused(ctx, stream, sb+"/ports/"+strconv.Itoa(agent.DefaultPort)+"/stream", api.CodeForbidden)
 	w.dialRefused(ctx, stream, sb+"/ports/9/stream", api.CodeNotFound)
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/agent"
 )
 
 // serveSite starts python's http.server in sandbox sb on port, serving a
@@ -113,7 +114,7 @@ func TestPorts(t *testing.T) {
 	if i < 0 || ps[i].Loopback || j < 0 || !ps[j].Loopback || !slices.Equal(ps[j].Addresses, []string{"127.0.0.1"}) {
 		t.Fatalf("ports: %+v, want 8080 on every address and 9090 on 127.0.0.1 only", ps)
 	}
-	if slices.ContainsFunc(ps, func(p api.Port) bool { return p.Port == 7071 }) {
+	if slices.ContainsFunc(ps, func(p api.Port) bool { return p.Port == agent.DefaultPort }) {
 		t.Fatalf("ports: %+v lists the agent's own port", ps)
 	}
 
@@ -130,7 +131,7 @@ func TestPorts(t *testing.T) {
 		msg  string
 	}{
 		{9999, api.ErrNotFound, "nothing listens on TCP port 9999 in sandbox porty"},
-		{7071, api.ErrForbidden, "loam's agent"},
+		{agent.DefaultPort, api.ErrForbidden, "loam's agent"},
 		{0, api.ErrInvalid, "port"},
 	} {
 		_, err := d.C.DialPort(ctx, "porty", tc.port)

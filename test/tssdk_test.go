@@ -15,6 +15,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/image/imagetest"
+	"loam.dev/loam/internal/testenv"
 )
 
 // tsCheckpointLimit is the daemon's checkpoint limit for the TypeScript
@@ -89,7 +90,7 @@ func needNode(t *testing.T) {
 	t.Helper()
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
+			if testenv.CI() {
 				t.Fatalf("%s not found (scripts/setup installs it); CI=true, so this is a failure", tool)
 			}
 			t.Skipf("%s not found (scripts/setup installs it)", tool)

@@ -18,7 +18,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
-	"loam.dev/loam/client"
 	"loam.dev/loam/internal/agent/account"
 )
 
@@ -30,7 +29,7 @@ import (
 // other user of the sandbox (a web server's, say) can take or restore its
 // checkpoints. The in-sandbox CLI uses the socket when it cannot read the
 // token file.
-const APISocketName = client.APISocketName
+const APISocketName = api.InsideSocketName
 
 // apiSocket serves the in-sandbox API's proxy on a unix socket.
 type apiSocket struct {

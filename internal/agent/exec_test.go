@@ -13,6 +13,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent/account"
+	"loam.dev/loam/internal/testenv"
 )
 
 func sh(script string) []string { return []string{"sh", "-c", script} }
@@ -133,9 +134,7 @@ func abbrev(s string) string {
 // TestExecAsUser runs a command as a user of a passwd file of the test's
 // own: the kernel needs no account for a uid, so nothing is created.
 func TestExecAsUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("running as another user needs root")
-	}
+	testenv.Root(t)
 	dir := t.TempDir()
 	h := NewHandler(Config{Token: testToken, Logger: testLogger()}).(*handler)
 	h.passwdPath = writeFile(t, dir, "passwd", "someone:x:4242:4243::/no/such/home:/bin/sh\n")
@@ -448,9 +447,7 @@ func TestExecEnvFromSandbox(t *testing.T) {
 // image's USER and WORKDIR) runs requests that name neither as that user
 // there; a request's own user and dir still win.
 func TestExecImageDefaults(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("running as another user needs root")
-	}
+	testenv.Root(t)
 	dir := t.TempDir()
 	// Not under t.TempDir, whose parent only root may enter.
 	work, err := os.MkdirTemp("", "loam-workdir-")

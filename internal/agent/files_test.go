@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/testenv"
 )
 
 // The files tests work in a temp dir of their own only: every path they
@@ -33,9 +34,7 @@ const testUID = 4242
 // and returns a client for it and a temp dir that loam may enter.
 func newFilesAgent(t *testing.T) (*Client, string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("acting as another user needs root")
-	}
+	testenv.Root(t)
 	etc := t.TempDir()
 	h := NewHandler(Config{Token: testToken, Logger: testLogger()}).(*handler)
 	h.passwdPath = writeFile(t, etc, "passwd", "root:x:0:0::/root:/bin/sh\nloam:x:4242:4242::/home/loam:/bin/sh\n")

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/testenv"
 )
 
 // fullDisk is a small tmpfs of the test's own, which fill fills to ENOSPC
@@ -28,12 +29,7 @@ type fullDisk struct {
 
 func newFullDisk(t *testing.T) *fullDisk {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("a tmpfs of the test's own needs root")
-		}
-		t.Skip("a tmpfs of the test's own needs root")
-	}
+	testenv.Root(t) // for a tmpfs of the test's own
 	dir := t.TempDir()
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=256k,mode=0755"); err != nil {
 		t.Fatalf("mounting a tmpfs: %v", err)

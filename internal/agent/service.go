@@ -18,6 +18,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent/proc"
+	"loam.dev/loam/internal/atomicfile"
 )
 
 // DefaultServicesDir is where the agent keeps service definitions: on the
@@ -203,7 +204,7 @@ func (r *services) save(def api.Service, running bool) error {
 	if err := os.MkdirAll(r.dir, 0o700); err != nil {
 		return fmt.Errorf("saving service %s: %w", def.Name, err)
 	}
-	return writeDurably(filepath.Join(r.dir, def.Name+".json"), b, 0o600)
+	return atomicfile.WriteFile(filepath.Join(r.dir, def.Name+".json"), b, 0o600)
 }
 
 // forgetFile removes a definition from the disk.
@@ -215,46 +216,7 @@ func (r *services) forgetFile(name string) error {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing service %s: %w", name, err)
 	}
-	return syncDir(r.dir)
-}
-
-// writeDurably writes path whole: a temporary file beside it, synced,
-// renamed over it, and the directory synced, so that after a crash or a
-// disk snapshot the file is either the old one or the new one.
-func writeDurably(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".loam-tmp"
-	_ = os.Remove(tmp)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	return nil
+	return atomicfile.SyncDir(r.dir)
 }
 
 // get returns a service, or a not_found error.

@@ -1,9 +1,9 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -132,31 +132,20 @@ func (a *app) checkpointLsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
-			if err != nil {
-				return err
-			}
-			cps, err := c.ListCheckpoints(cmd.Context(), sandbox)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(a.stdout, cps)
-			}
-			return writeCheckpointTable(a.stdout, cps)
+			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Checkpoint, error) {
+				return c.ListCheckpoints(ctx, sandbox)
+			}, checkpointListing)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checkpoints as a JSON array")
 	return cmd
 }
 
-func writeCheckpointTable(w io.Writer, cps []api.Checkpoint) error {
-	t := newTable(w, "ID", "KIND", "AUTO", "CREATED", "COMMENT")
-	for i := range cps {
-		cp := &cps[i]
-		t.row(cp.ID, checkpointKind(cp), yesNo(cp.Auto), formatTime(cp.CreatedAt), cp.Comment)
-	}
-	return t.flush()
+var checkpointListing = listing[api.Checkpoint]{
+	header: []string{"ID", "KIND", "AUTO", "CREATED", "COMMENT"},
+	row: func(cp *api.Checkpoint) []string {
+		return []string{cp.ID, checkpointKind(cp), yesNo(cp.Auto), formatTime(cp.CreatedAt), cp.Comment}
+	},
 }
 
 func (a *app) checkpointGetCmd() *cobra.Command {

@@ -18,6 +18,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/archive"
+	"loam.dev/loam/internal/atomicfile"
 )
 
 func printJSONLine(w io.Writer, v any) error {
@@ -267,7 +268,9 @@ func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst str
 		defer r.Close()
 		bar := a.startProgress(copyDesc(remote{path: dst}), info.Size, true)
 		defer bar.end()
-		return writeLocalFile(dst, io.TeeReader(r, bar))
+		// Whole or not at all, so that a cut transfer leaves no half file;
+		// not fsynced, as cp does not.
+		return atomicfile.Replace(dst, io.TeeReader(r, bar), 0o644)
 	}
 	r, err := c.ReadArchive(ctx, src.sandbox, src.path, opts)
 	if err != nil {
@@ -277,28 +280,6 @@ func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst str
 	bar := a.startProgress(copyDesc(remote{path: dst}), -1, true)
 	defer bar.end()
 	return extractLocal(io.TeeReader(r, bar), dst)
-}
-
-// writeLocalFile writes r to a temp file beside dst and renames it over
-// dst once whole, so that a cut transfer leaves no half file.
-func writeLocalFile(dst string, r io.Reader) error {
-	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".loam-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), dst)
 }
 
 // extractLocal extracts a tar that came from a sandbox into the local

@@ -117,26 +117,18 @@ func (a *app) imageLsCmd() *cobra.Command {
 		Short:   "List images",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
-			if err != nil {
-				return err
-			}
-			list, err := c.ListImages(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(a.stdout, list)
-			}
-			t := newTable(a.stdout, "ID", "REF", "STATE", "SIZE", "DIGEST", "CREATED")
-			for _, im := range list {
-				state := string(im.State)
-				if im.State == api.ImagePulling && im.Size > 0 {
-					state = fmt.Sprintf("pulling %d%%", im.Pulled*100/im.Size)
-				}
-				t.row(im.ID, im.Ref, state, formatSize(im.Size), shortDigest(im.Digest), formatTime(im.CreatedAt))
-			}
-			return t.flush()
+			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Image, error) {
+				return c.ListImages(ctx)
+			}, listing[api.Image]{
+				header: []string{"ID", "REF", "STATE", "SIZE", "DIGEST", "CREATED"},
+				row: func(im *api.Image) []string {
+					state := string(im.State)
+					if im.State == api.ImagePulling && im.Size > 0 {
+						state = fmt.Sprintf("pulling %d%%", im.Pulled*100/im.Size)
+					}
+					return []string{im.ID, im.Ref, state, formatSize(im.Size), shortDigest(im.Digest), formatTime(im.CreatedAt)}
+				},
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the images as a JSON array")

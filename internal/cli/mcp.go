@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"loam.dev/loam/internal/mcp"
-	"loam.dev/loam/internal/server"
+	"loam.dev/loam/internal/tlsconfig"
 	"loam.dev/loam/internal/version"
 )
 
@@ -91,7 +91,7 @@ the checkpoint taken before it.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			tlsConfig, err := server.LoadTLS(tlsCert, tlsKey)
+			tlsConfig, err := tlsconfig.Load(tlsCert, tlsKey)
 			if err != nil {
 				return err
 			}

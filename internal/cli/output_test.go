@@ -41,7 +41,7 @@ func TestCheckpointTableGolden(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			if err := writeCheckpointTable(&buf, tt.cps); err != nil {
+			if err := checkpointListing.write(&buf, tt.cps); err != nil {
 				t.Fatal(err)
 			}
 			if buf.String() != tt.want {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,22 +30,14 @@ loopback is reachable through 'loam port-forward' but from nowhere else.`,
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
-			if err != nil {
-				return err
-			}
-			ps, err := c.ListPorts(cmd.Context(), sb)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(a.stdout, ps)
-			}
-			t := newTable(a.stdout, "PORT", "ADDRESSES", "LOOPBACK")
-			for _, p := range ps {
-				t.row(strconv.Itoa(p.Port), strings.Join(p.Addresses, ","), yesNo(p.Loopback))
-			}
-			return t.flush()
+			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Port, error) {
+				return c.ListPorts(ctx, sb)
+			}, listing[api.Port]{
+				header: []string{"PORT", "ADDRESSES", "LOOPBACK"},
+				row: func(p *api.Port) []string {
+					return []string{strconv.Itoa(p.Port), strings.Join(p.Addresses, ","), yesNo(p.Loopback)}
+				},
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the ports as a JSON array")

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -118,26 +119,18 @@ func (a *app) lsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
-			if err != nil {
-				return err
-			}
-			sbs, err := c.ListSandboxes(cmd.Context(), client.ListOptions{Labels: sel})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(a.stdout, sbs)
-			}
-			t := newTable(a.stdout, "NAME", "ID", "STATE", "TEMPLATE", "CREATED")
-			for _, sb := range sbs {
-				from := sb.Template
-				if from == "" {
-					from = sb.Image
-				}
-				t.row(sb.Name, sb.ID, string(sb.State), orDash(from), formatTime(sb.CreatedAt))
-			}
-			return t.flush()
+			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Sandbox, error) {
+				return c.ListSandboxes(ctx, client.ListOptions{Labels: sel})
+			}, listing[api.Sandbox]{
+				header: []string{"NAME", "ID", "STATE", "TEMPLATE", "CREATED"},
+				row: func(sb *api.Sandbox) []string {
+					from := sb.Template
+					if from == "" {
+						from = sb.Image
+					}
+					return []string{sb.Name, sb.ID, string(sb.State), orDash(from), formatTime(sb.CreatedAt)}
+				},
+			})
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label `KEY=VALUE` (repeatable; all must match)")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/term"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/client"
 )
 
 func (a *app) secretCmd() *cobra.Command {
@@ -88,22 +90,14 @@ func (a *app) secretLsCmd() *cobra.Command {
 		Short:   "List secrets (names and times, never values)",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
-			if err != nil {
-				return err
-			}
-			list, err := c.ListSecrets(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(a.stdout, list)
-			}
-			t := newTable(a.stdout, "NAME", "CREATED", "UPDATED")
-			for _, s := range list {
-				t.row(s.Name, formatTime(s.CreatedAt), formatTime(s.UpdatedAt))
-			}
-			return t.flush()
+			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Secret, error) {
+				return c.ListSecrets(ctx)
+			}, listing[api.Secret]{
+				header: []string{"NAME", "CREATED", "UPDATED"},
+				row: func(s *api.Secret) []string {
+					return []string{s.Name, formatTime(s.CreatedAt), formatTime(s.UpdatedAt)}
+				},
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the secrets as a JSON array")

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -50,33 +51,25 @@ func (a *app) serviceLsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
-			if err != nil {
-				return err
-			}
-			list, err := c.ListServices(cmd.Context(), sandbox)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(a.stdout, list)
-			}
-			t := newTable(a.stdout, "NAME", "STATE", "PID", "RESTARTS", "EXIT", "RESTART", "CMD")
-			for _, s := range list {
-				exit, pid := "", ""
-				if s.ExitCode != nil {
-					exit = strconv.Itoa(*s.ExitCode)
-				}
-				if s.PID != 0 {
-					pid = strconv.Itoa(s.PID)
-				}
-				policy := s.Restart
-				if policy == "" {
-					policy = api.RestartAlways
-				}
-				t.row(s.Name, s.State, orDash(pid), strconv.Itoa(s.Restarts), orDash(exit), policy, strings.Join(s.Cmd, " "))
-			}
-			return t.flush()
+			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.ServiceStatus, error) {
+				return c.ListServices(ctx, sandbox)
+			}, listing[api.ServiceStatus]{
+				header: []string{"NAME", "STATE", "PID", "RESTARTS", "EXIT", "RESTART", "CMD"},
+				row: func(s *api.ServiceStatus) []string {
+					exit, pid := "", ""
+					if s.ExitCode != nil {
+						exit = strconv.Itoa(*s.ExitCode)
+					}
+					if s.PID != 0 {
+						pid = strconv.Itoa(s.PID)
+					}
+					policy := s.Restart
+					if policy == "" {
+						policy = api.RestartAlways
+					}
+					return []string{s.Name, s.State, orDash(pid), strconv.Itoa(s.Restarts), orDash(exit), policy, strings.Join(s.Cmd, " ")}
+				},
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the services as a JSON array")

@@ -372,26 +372,18 @@ func (a *app) sessionsCmd() *cobra.Command {
 have exited.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
-			if err != nil {
-				return err
-			}
-			list, err := c.ListSessions(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(a.stdout, list)
-			}
-			t := newTable(a.stdout, "ID", "STATE", "EXIT", "PID", "DETACHABLE", "STARTED", "CMD")
-			for _, s := range list {
-				exit := ""
-				if s.ExitCode != nil {
-					exit = strconv.Itoa(*s.ExitCode)
-				}
-				t.row(s.ID, s.State, orDash(exit), strconv.Itoa(s.PID), yesNo(s.Detachable), formatTime(s.StartedAt), strings.Join(s.Cmd, " "))
-			}
-			return t.flush()
+			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Session, error) {
+				return c.ListSessions(ctx, args[0])
+			}, listing[api.Session]{
+				header: []string{"ID", "STATE", "EXIT", "PID", "DETACHABLE", "STARTED", "CMD"},
+				row: func(s *api.Session) []string {
+					exit := ""
+					if s.ExitCode != nil {
+						exit = strconv.Itoa(*s.ExitCode)
+					}
+					return []string{s.ID, s.State, orDash(exit), strconv.Itoa(s.PID), yesNo(s.Detachable), formatTime(s.StartedAt), strings.Join(s.Cmd, " ")}
+				},
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sessions as a JSON array")

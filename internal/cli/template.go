@@ -28,30 +28,22 @@ func (a *app) templateLsCmd() *cobra.Command {
 		Short:   "List the templates sandboxes can be made from",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
-			if err != nil {
-				return err
-			}
-			tpls, err := c.Templates(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(a.stdout, tpls)
-			}
-			t := newTable(a.stdout, "NAME", "DEFAULT", "READY", "KIND", "STATE", "SIZE", "USES", "DESCRIPTION")
-			for _, tpl := range tpls {
-				size := "-"
-				if tpl.SizeBytes > 0 {
-					size = formatBytes(tpl.SizeBytes)
-				}
-				kind := tpl.Kind
-				if tpl.Memory {
-					kind += "+memory"
-				}
-				t.row(tpl.Name, yesNo(tpl.Default), yesNo(tpl.Ready), orDash(kind), orDash(tpl.State), size, fmt.Sprint(tpl.Uses), tpl.Description)
-			}
-			return t.flush()
+			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Template, error) {
+				return c.Templates(ctx)
+			}, listing[api.Template]{
+				header: []string{"NAME", "DEFAULT", "READY", "KIND", "STATE", "SIZE", "USES", "DESCRIPTION"},
+				row: func(tpl *api.Template) []string {
+					size := "-"
+					if tpl.SizeBytes > 0 {
+						size = formatBytes(tpl.SizeBytes)
+					}
+					kind := tpl.Kind
+					if tpl.Memory {
+						kind += "+memory"
+					}
+					return []string{tpl.Name, yesNo(tpl.Default), yesNo(tpl.Ready), orDash(kind), orDash(tpl.State), size, fmt.Sprint(tpl.Uses), tpl.Description}
+				},
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the templates as a JSON array")

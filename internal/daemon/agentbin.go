@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"loam.dev/loam/internal/atomicfile"
 )
 
 // agentsDir is where the data dir keeps the agent binaries its sandboxes
@@ -38,7 +40,7 @@ func keepAgentBinary(dataDir, path string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("keeping agent binary: %w", err)
 	}
-	if err := writeFileAtomic(kept, data, 0o755); err != nil {
+	if err := atomicfile.WriteFile(kept, data, 0o755); err != nil {
 		return "", fmt.Errorf("keeping agent binary: %w", err)
 	}
 	return kept, nil

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/disk"
@@ -36,6 +37,7 @@ import (
 	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/server"
 	"loam.dev/loam/internal/store/sqlite"
+	"loam.dev/loam/internal/tlsconfig"
 )
 
 // Config is the daemon's configuration; every field has a flag and an
@@ -220,7 +222,7 @@ func (d *Daemon) claimDataDir(context.Context, *parts) error {
 // anything.
 func (d *Daemon) listen(ctx context.Context, p *parts) error {
 	cfg := &d.cfg
-	tlsConfig, err := server.LoadTLS(cfg.TLSCert, cfg.TLSKey)
+	tlsConfig, err := tlsconfig.Load(cfg.TLSCert, cfg.TLSKey)
 	if err != nil {
 		return err
 	}
@@ -312,7 +314,7 @@ func (d *Daemon) setUpSandboxing(ctx context.Context, p *parts) error {
 	}
 	// For a teardown, which must drop this daemon's firewall table, never
 	// another's (see Teardown).
-	if err := writeFileAtomic(filepath.Join(cfg.DataDir, subnetFile), []byte(subnet.Masked().String()+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(cfg.DataDir, subnetFile), []byte(subnet.Masked().String()+"\n"), 0o644); err != nil {
 		return fmt.Errorf("recording the subnet: %w", err)
 	}
 	var upstreams []string
@@ -411,11 +413,13 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		InsidePort:            network.DefaultInsidePort,
 		Idle:                  cfg.Idle,
 		IdleMin:               cfg.IdleMin,
+		Inside: func(m *sandbox.Manager) sandbox.Insiders {
+			d.inside = server.NewInside(m, p.secret, d.log)
+			return d.inside
+		},
 	}, p.store, p.rt, p.pool, p.nets, p.tpl, d.log)
 	// Its spare dials and death watches end before the store closes.
 	d.closers = append(d.closers, d.Manager.Close)
-	d.inside = server.NewInside(d.Manager, p.secret, d.log)
-	d.Manager.SetInside(d.inside)
 	if err := d.Manager.Recover(ctx); err != nil {
 		d.log.Error("recovery left some things behind", "err", err)
 	}
@@ -454,7 +458,7 @@ func (d *Daemon) startComponents(ctx context.Context, p *parts) error {
 // listener, as a component: Close shuts it down first.
 func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	cfg := &d.cfg
-	if err := writeFileAtomic(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
 		return err
 	}
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
@@ -570,7 +574,7 @@ func (d *Daemon) loadToken() error {
 		return fmt.Errorf("reading token: %w", err)
 	}
 	d.Token = "loam_" + rand.Text() + rand.Text()
-	if err := writeFileAtomic(path, []byte(d.Token+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, []byte(d.Token+"\n"), 0o600); err != nil {
 		return fmt.Errorf("storing the new admin token: %w", err)
 	}
 	d.madeToken = path

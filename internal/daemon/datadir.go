@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/secret"
 )
 
@@ -91,7 +92,7 @@ func loadSecret(dir string, log *slog.Logger) ([]byte, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		key := make([]byte, 32)
 		_, _ = rand.Read(key) // never fails on Linux
-		if err := writeFileAtomic(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		if err := atomicfile.WriteFile(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
 			return nil, fmt.Errorf("storing the daemon's secret: %w", err)
 		}
 		return key, nil
@@ -122,7 +123,7 @@ func loadSecretsKey(dir string, log *slog.Logger) ([]byte, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		key := make([]byte, secret.KeySize)
 		_, _ = rand.Read(key) // never fails on Linux
-		if err := writeFileAtomic(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		if err := atomicfile.WriteFile(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
 			return nil, fmt.Errorf("storing the secrets key: %w", err)
 		}
 		return key, nil
@@ -148,40 +149,6 @@ func openSecrets(dir string, records secret.Records, log *slog.Logger) (*secret.
 		return nil, err
 	}
 	return secret.NewSealed(records, key)
-}
-
-// writeFileAtomic writes path whole or not at all, durably: a temporary
-// file, fsynced, renamed over path, and the directory fsynced.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if err := f.Chmod(mode); err != nil { // O_CREATE leaves an old file's mode
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // canonicalDir is dir as an absolute path with no symlinks.

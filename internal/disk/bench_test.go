@@ -7,12 +7,13 @@ import (
 	"testing"
 
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/testenv"
 )
 
 // BenchmarkPool times each pool's operations on a real template: busybox,
 // or with LOAM_TEST_BASE=1 the Debian one (from the shared cache).
 func BenchmarkPool(b *testing.B) {
-	requireRoot(b)
+	testenv.Root(b)
 	name := "busybox"
 	cacheDir := b.TempDir()
 	if os.Getenv("LOAM_TEST_BASE") == "1" {

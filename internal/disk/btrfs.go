@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"loam.dev/loam/internal/atomicfile"
 )
 
 // Btrfs is a Pool on btrfs: templates, volumes and snapshots are
@@ -31,12 +33,12 @@ type Btrfs struct {
 	dir string // as given to NewBtrfs, symlinks resolved
 	img string // the loop image; "" when dir is on btrfs itself
 	mnt string // where img is mounted; "" when dir is on btrfs itself
-	l   layout
 
-	// locks serializes check-then-create per destination name: given an
-	// existing directory as destination, `btrfs subvolume snapshot` puts
-	// the snapshot inside it instead of failing.
-	locks keyedLock
+	// trees are subvolumes and snapshots (see the treeOps below). Its
+	// locks matter more here: given an existing directory as destination,
+	// `btrfs subvolume snapshot` puts the snapshot inside it instead of
+	// failing.
+	trees
 
 	// sys is the filesystem's directory in /sys/fs/btrfs, where quota
 	// counters are read; quota is its quota mode, "" when quotas are off
@@ -101,7 +103,8 @@ func newBtrfs(ctx context.Context, dir string, sizeBytes int64, mode string) (_ 
 	if err != nil {
 		return nil, fmt.Errorf("opening btrfs pool: %w", err)
 	}
-	b := &Btrfs{dir: dir, l: layout{root: dir}}
+	b := &Btrfs{dir: dir, trees: trees{l: layout{root: dir}}}
+	b.ops = b
 	// An image made before stays in use even if dir has since moved onto
 	// btrfs: the volumes are in it.
 	if !onBtrfs || hasImage {
@@ -220,7 +223,7 @@ func makeImage(ctx context.Context, path string, size int64) error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("creating disk image %s: %w", path, err)
 	}
-	return syncDir(filepath.Dir(path))
+	return atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // clearTemp deletes what a crashed process left in tmp/.
@@ -238,143 +241,60 @@ func (b *Btrfs) clearTemp(ctx context.Context) error {
 	return nil
 }
 
+// clone makes dst a snapshot of src (see snapshot): read-only for a
+// snapshot of a volume, writable for a volume. A snapshot is atomic:
+// writers see no pause and it holds their writes up to one instant.
+func (b *Btrfs) clone(ctx context.Context, src, key, dst string, readOnly bool) error {
+	return b.snapshot(ctx, src, key, dst, readOnly)
+}
+
+// importTree copies src into a new subvolume and publishes it as the
+// read-only snapshot dst, so that it appears whole or not at all, and
+// durable before the caller records it (an image's template, a built
+// one): one syncfs commits the copy and the snapshot.
+func (b *Btrfs) importTree(ctx context.Context, src, key, dst, what, name string) error {
+	unlock, err := b.locks.lock(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := mustNotExist(dst); err != nil {
+		return err
+	}
+	tmp := b.l.tempPath(what, name)
+	if _, err := run(ctx, "btrfs", "subvolume", "create", tmp); err != nil {
+		return err
+	}
+	defer func() {
+		if err := deleteSubvolume(context.WithoutCancel(ctx), tmp); err != nil {
+			slog.WarnContext(ctx, "deleting temporary subvolume", "path", tmp, "err", err)
+		}
+	}()
+	if err := copyTree(ctx, src, tmp); err != nil {
+		return err
+	}
+	if err := snapshotSubvolume(ctx, tmp, dst, true); err != nil {
+		return err
+	}
+	return syncFS(dst)
+}
+
+// usage is the size of the data extents only the volume at root refers
+// to, as `btrfs filesystem du` counts them (see exclusiveBytes). Metadata
+// is not counted, and data written but not yet flushed (up to the 30 s
+// commit interval) is not either. It looks at every file's extents, so it
+// costs time in proportion to the number of files.
+//
+// It walks the volume itself rather than running `btrfs filesystem du`,
+// which opens each file by its path: a sandbox swapping one of its
+// directories for a symlink made it walk, and open as root, files outside
+// the volume.
+func (b *Btrfs) usage(ctx context.Context, root string) (int64, error) {
+	return exclusiveBytes(ctx, root)
+}
+
 // Kind returns KindBtrfs.
 func (b *Btrfs) Kind() string { return KindBtrfs }
-
-// HasTemplate reports whether template name exists.
-func (b *Btrfs) HasTemplate(ctx context.Context, name string) (bool, error) {
-	if err := validName(name); err != nil {
-		return false, err
-	}
-	ok, err := exists(b.l.templatePath(name))
-	if err != nil {
-		return false, fmt.Errorf("checking template %s: %w", name, err)
-	}
-	return ok, nil
-}
-
-// ImportTemplate copies src into a new subvolume and publishes it as a
-// read-only snapshot, so the template appears whole or not at all.
-func (b *Btrfs) ImportTemplate(ctx context.Context, name, src string) error {
-	if err := validName(name); err != nil {
-		return err
-	}
-	unlock, err := b.locks.lock(ctx, "t/"+name)
-	if err != nil {
-		return fmt.Errorf("importing template %s: %w", name, err)
-	}
-	defer unlock()
-	dst := b.l.templatePath(name)
-	if err := mustNotExist(dst); err != nil {
-		return fmt.Errorf("importing template %s: %w", name, err)
-	}
-	src, err = resolveDir(src)
-	if err != nil {
-		return fmt.Errorf("importing template %s: %w", name, err)
-	}
-	tmp := b.l.tempPath("template", name)
-	if _, err := run(ctx, "btrfs", "subvolume", "create", tmp); err != nil {
-		return fmt.Errorf("importing template %s: %w", name, err)
-	}
-	defer func() {
-		if err := deleteSubvolume(context.WithoutCancel(ctx), tmp); err != nil {
-			slog.WarnContext(ctx, "deleting temporary subvolume", "path", tmp, "err", err)
-		}
-	}()
-	if err := copyTree(ctx, src, tmp); err != nil {
-		return fmt.Errorf("importing template %s: %w", name, err)
-	}
-	if err := snapshotSubvolume(ctx, tmp, dst, true); err != nil {
-		return fmt.Errorf("importing template %s: %w", name, err)
-	}
-	// Durable before the caller records it (an image's template, a
-	// built one): one syncfs commits the copy and the snapshot.
-	return syncFS(dst)
-}
-
-// ImportSnapshot copies src into a new subvolume and publishes it as
-// read-only snapshot snap, so it appears whole or not at all.
-func (b *Btrfs) ImportSnapshot(ctx context.Context, snap, src string) error {
-	if err := validName(snap); err != nil {
-		return err
-	}
-	unlock, err := b.locks.lock(ctx, "s/"+snap)
-	if err != nil {
-		return fmt.Errorf("importing snapshot %s: %w", snap, err)
-	}
-	defer unlock()
-	dst := b.l.snapshotPath(snap)
-	if err := mustNotExist(dst); err != nil {
-		return fmt.Errorf("importing snapshot %s: %w", snap, err)
-	}
-	src, err = resolveDir(src)
-	if err != nil {
-		return fmt.Errorf("importing snapshot %s: %w", snap, err)
-	}
-	tmp := b.l.tempPath("snapshot", snap)
-	if _, err := run(ctx, "btrfs", "subvolume", "create", tmp); err != nil {
-		return fmt.Errorf("importing snapshot %s: %w", snap, err)
-	}
-	defer func() {
-		if err := deleteSubvolume(context.WithoutCancel(ctx), tmp); err != nil {
-			slog.WarnContext(ctx, "deleting temporary subvolume", "path", tmp, "err", err)
-		}
-	}()
-	if err := copyTree(ctx, src, tmp); err != nil {
-		return fmt.Errorf("importing snapshot %s: %w", snap, err)
-	}
-	if err := snapshotSubvolume(ctx, tmp, dst, true); err != nil {
-		return fmt.Errorf("importing snapshot %s: %w", snap, err)
-	}
-	return syncFS(dst)
-}
-
-// SnapshotPath is where snapshot snap's root is.
-func (b *Btrfs) SnapshotPath(snap string) string { return b.l.snapshotPath(snap) }
-
-// CreateVolume makes volume id as a writable snapshot of template.
-func (b *Btrfs) CreateVolume(ctx context.Context, id, template string) (string, error) {
-	if err := validNames(id, template); err != nil {
-		return "", err
-	}
-	if err := b.snapshot(ctx, b.l.templatePath(template), "v/"+id, b.l.volumePath(id), false); err != nil {
-		return "", fmt.Errorf("creating volume %s from template %s: %w", id, template, err)
-	}
-	return b.l.volumePath(id), nil
-}
-
-// VolumePath is where volume id's root is.
-func (b *Btrfs) VolumePath(id string) string { return b.l.volumePath(id) }
-
-// DeleteVolume deletes volume id; its snapshots stay.
-func (b *Btrfs) DeleteVolume(ctx context.Context, id string) error {
-	if err := validName(id); err != nil {
-		return err
-	}
-	if err := b.delete(ctx, "v/"+id, b.l.volumePath(id)); err != nil {
-		return fmt.Errorf("deleting volume %s: %w", id, err)
-	}
-	return nil
-}
-
-// RenameVolume renames volume from to to: a subvolume is renamed as a
-// directory is, and keeps its quota group.
-func (b *Btrfs) RenameVolume(ctx context.Context, from, to string) error {
-	return b.l.renameVolume(ctx, &b.locks, from, to)
-}
-
-// Snapshot makes snapshot snap as a read-only snapshot of volume id. It is
-// atomic: writers see no pause and the snapshot holds their writes up to
-// one instant.
-func (b *Btrfs) Snapshot(ctx context.Context, id, snap string) error {
-	if err := validNames(id, snap); err != nil {
-		return err
-	}
-	if err := b.snapshot(ctx, b.l.volumePath(id), "s/"+snap, b.l.snapshotPath(snap), true); err != nil {
-		return fmt.Errorf("snapshotting volume %s as %s: %w", id, snap, err)
-	}
-	return nil
-}
 
 // SyncSnapshot does nothing: a btrfs snapshot is durable when Snapshot
 // returns. The kernel makes a snapshot in a transaction commit of its own
@@ -386,68 +306,6 @@ func (b *Btrfs) Snapshot(ctx context.Context, id, snap string) error {
 // acknowledged checkpoint's disk survives a cut without it.
 func (b *Btrfs) SyncSnapshot(ctx context.Context, snap string) error {
 	return validName(snap)
-}
-
-// CloneSnapshot makes volume id as a writable snapshot of snapshot snap.
-func (b *Btrfs) CloneSnapshot(ctx context.Context, snap, id string) (string, error) {
-	if err := validNames(snap, id); err != nil {
-		return "", err
-	}
-	if err := b.snapshot(ctx, b.l.snapshotPath(snap), "v/"+id, b.l.volumePath(id), false); err != nil {
-		return "", fmt.Errorf("cloning snapshot %s as volume %s: %w", snap, id, err)
-	}
-	return b.l.volumePath(id), nil
-}
-
-// DeleteSnapshot deletes snapshot snap; volumes cloned from it stay.
-func (b *Btrfs) DeleteSnapshot(ctx context.Context, snap string) error {
-	if err := validName(snap); err != nil {
-		return err
-	}
-	if err := b.delete(ctx, "s/"+snap, b.l.snapshotPath(snap)); err != nil {
-		return fmt.Errorf("deleting snapshot %s: %w", snap, err)
-	}
-	return nil
-}
-
-// Snapshots lists the snapshots, sorted.
-func (b *Btrfs) Snapshots(ctx context.Context) ([]string, error) {
-	return b.l.list(snapshotsDir)
-}
-
-// Volumes lists the volumes, sorted.
-func (b *Btrfs) Volumes(ctx context.Context) ([]string, error) {
-	return b.l.list(volumesDir)
-}
-
-// Templates lists the pool's templates by name.
-func (b *Btrfs) Templates(ctx context.Context) ([]string, error) {
-	return b.l.list(templatesDir)
-}
-
-// Usage is the size of the data extents only volume id refers to, as
-// `btrfs filesystem du` counts them (see exclusiveBytes). Metadata is not
-// counted, and data written but not yet flushed (up to the 30 s commit
-// interval) is not either. It looks at every file's extents, so it costs
-// time in proportion to the number of files.
-//
-// It walks the volume itself rather than running `btrfs filesystem du`,
-// which opens each file by its path: a sandbox swapping one of its
-// directories for a symlink made it walk, and open as root, files outside
-// the volume.
-func (b *Btrfs) Usage(ctx context.Context, id string) (int64, error) {
-	if err := validName(id); err != nil {
-		return 0, err
-	}
-	path := b.l.volumePath(id)
-	if err := mustExist(path); err != nil {
-		return 0, fmt.Errorf("measuring volume %s: %w", id, err)
-	}
-	n, err := exclusiveBytes(ctx, path)
-	if err != nil {
-		return 0, fmt.Errorf("measuring volume %s: %w", id, err)
-	}
-	return n, nil
 }
 
 // Close releases nothing: the filesystem stays mounted for the sandboxes
@@ -549,8 +407,8 @@ func (b *Btrfs) snapshot(ctx context.Context, src, key, dst string, readOnly boo
 	return snapshotSubvolume(ctx, src, dst, readOnly)
 }
 
-// delete deletes the subvolume at path under the lock for key.
-func (b *Btrfs) delete(ctx context.Context, key, path string) error {
+// remove deletes the subvolume at path under the lock for key.
+func (b *Btrfs) remove(ctx context.Context, key, path string) error {
 	unlock, err := b.locks.lock(ctx, key)
 	if err != nil {
 		return err
@@ -621,18 +479,4 @@ func resolveDir(path string) (string, error) {
 		return "", fmt.Errorf("%s is not a directory", path)
 	}
 	return real, nil
-}
-
-// DeleteTemplate deletes template name (an image's, once no sandbox is
-// made from it); deleting one that is gone is no error. Volumes and
-// snapshots made from it keep their data: btrfs shares extents, not
-// subvolumes.
-func (b *Btrfs) DeleteTemplate(ctx context.Context, name string) error {
-	if err := validName(name); err != nil {
-		return err
-	}
-	if err := b.delete(ctx, "t/"+name, b.l.templatePath(name)); err != nil {
-		return fmt.Errorf("deleting template %s: %w", name, err)
-	}
-	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/crash"
 )
 
@@ -178,7 +179,7 @@ func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (s
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
 	crash.Point("cache.built")
-	if err := syncDir(cacheDir); err != nil {
+	if err := atomicfile.SyncDir(cacheDir); err != nil {
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
 	slog.InfoContext(ctx, "built template", "template", t.Name, "dir", dir, "took", time.Since(start).Round(time.Millisecond))

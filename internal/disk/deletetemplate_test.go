@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/testenv"
 )
 
 // templateDeleter is a pool that can delete templates.
@@ -18,7 +19,7 @@ type templateDeleter interface {
 // TestDeleteTemplate: a template can be deleted while volumes made from it
 // live on, whole; deleting it again is no error.
 func TestDeleteTemplate(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	pools := map[string]func(testing.TB) templateDeleter{
 		"copy": func(t testing.TB) templateDeleter {
 			return newCopy(t)

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/testenv"
 )
 
 // The volume TestWalkStaysInVolume attacks, and another one whose files it
@@ -36,7 +37,7 @@ const (
 // them. Snapshot may fail while a directory changes under it; it must never
 // copy what is outside.
 func TestWalkStaysInVolume(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	pools := []struct {
 		name string
 		new  func(t *testing.T) disk.Pool

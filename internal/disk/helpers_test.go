@@ -8,37 +8,14 @@ import (
 	"testing"
 
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/testenv"
 )
-
-// ci reports whether we run in CI, where a missing prerequisite is a
-// failure rather than a reason to skip.
-func ci() bool { return os.Getenv("CI") == "true" }
-
-// skipOrFail skips the test, or fails it under CI.
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if ci() {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root")
-	}
-}
 
 func requireBtrfs(t testing.TB) {
 	t.Helper()
-	requireRoot(t)
+	testenv.Root(t)
 	for _, tool := range []string{"btrfs", "mkfs.btrfs", "losetup"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if _, err := exec.LookPath("/usr/sbin/" + tool); err != nil {
-				skipOrFail(t, "needs btrfs-progs: %v", err)
-			}
-		}
+		testenv.Tool(t, tool) // from btrfs-progs and util-linux
 	}
 }
 

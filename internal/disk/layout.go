@@ -144,19 +144,6 @@ func renameNoReplace(oldPath, newPath string) error {
 	}
 }
 
-// syncDir makes a directory's entries durable (after a rename into it).
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	return nil
-}
-
 // syncFS flushes the filesystem holding path. Fsyncing each file of a
 // copied tree would be thousands of calls; one syncfs does the same job.
 func syncFS(path string) error {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/testenv"
 )
 
 // TestHostDebianMirror reads the host's apt mirror from each format apt
@@ -88,7 +89,7 @@ deb [ arch=amd64 signed-by=/k.gpg ] https://mirror.example/debian bookworm main 
 // while the template's identity (its cache key) and its tree's apt sources
 // stay those of Debian's own archive, so a cached base serves every mirror.
 func TestBaseBuildsFromMirror(t *testing.T) {
-	requireRoot(t) // the build gives the user's home to uid 1000
+	testenv.Root(t) // the build gives the user's home to uid 1000
 	bin := t.TempDir()
 	argsFile := filepath.Join(bin, "args")
 	// A debootstrap that records its arguments and writes a tree of the

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"loam.dev/loam/internal/atomicfile"
 )
 
 // Kinds of Pool, as Pool.Kind returns them and LOAM_DISK takes them.
@@ -126,22 +128,8 @@ func writeKind(dir, kind string) error {
 	if have, err := readKind(dir); err != nil || have == kind {
 		return err
 	}
-	path := filepath.Join(dir, kindFile)
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, []byte(kind+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, kindFile), []byte(kind+"\n"), 0o644); err != nil {
 		return fmt.Errorf("recording pool kind: %w", err)
 	}
-	f, err := os.Open(tmp)
-	if err != nil {
-		return fmt.Errorf("recording pool kind: %w", err)
-	}
-	err = f.Sync()
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("recording pool kind: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("recording pool kind: %w", err)
-	}
-	return syncDir(dir)
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/testenv"
 )
 
 // counted wraps t's Build to count how often it runs.
@@ -30,9 +31,9 @@ func counted(t disk.Template, n *atomic.Int32) disk.Template {
 }
 
 func TestBusyboxTemplate(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	if _, err := os.Stat("/bin/busybox"); err != nil {
-		skipOrFail(t, "needs busybox-static: %v", err)
+		testenv.Missing(t, "needs busybox-static: %v", err)
 	}
 	ctx := t.Context()
 	tpl, err := disk.FindTemplate("busybox", disk.TemplateOptions{})
@@ -174,10 +175,10 @@ func templateCache() string {
 // TestBaseTemplate builds (or finds cached) the Debian template. It needs
 // the network and a minute, so it runs only with LOAM_TEST_BASE=1 or in CI.
 func TestBaseTemplate(t *testing.T) {
-	if os.Getenv("LOAM_TEST_BASE") != "1" && !ci() {
+	if os.Getenv("LOAM_TEST_BASE") != "1" && !testenv.CI() {
 		t.Skip("set LOAM_TEST_BASE=1 to build the Debian template (about a minute, needs the network)")
 	}
-	requireRoot(t)
+	testenv.Root(t)
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		if _, err := os.Stat("/usr/sbin/debootstrap"); err != nil {
 			t.Fatal("needs debootstrap")

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/internal/testenv"
 )
 
 // capNetRaw is a security.capability value granting cap_net_raw, as ping
@@ -111,7 +113,7 @@ func richTree(t *testing.T) string {
 
 // TestCopyTree copies the rich tree and checks each kind of entry.
 func TestCopyTree(t *testing.T) {
-	requireRootHere(t)
+	testenv.Root(t)
 	src := richTree(t)
 	dst := t.TempDir()
 	mustOK(t, copyTree(t.Context(), src, dst))
@@ -251,7 +253,7 @@ func TestCopyTree(t *testing.T) {
 
 // TestCopyTreeLikeCp holds copyTree to what `cp -a` made, on the same tree.
 func TestCopyTreeLikeCp(t *testing.T) {
-	requireRootHere(t)
+	testenv.Root(t)
 	if _, err := exec.LookPath("cp"); err != nil {
 		t.Skip("no cp to compare with")
 	}
@@ -269,7 +271,7 @@ func TestCopyTreeLikeCp(t *testing.T) {
 // TestCopyTreeLiveChanges changes the source the moment before the copy
 // reaches an entry, as a running sandbox could.
 func TestCopyTreeLiveChanges(t *testing.T) {
-	requireRootHere(t)
+	testenv.Root(t)
 	outside := t.TempDir()
 	write(t, filepath.Join(outside, "secret"), "host secret\n", 0o600)
 	tests := []struct {
@@ -334,7 +336,7 @@ func TestCopyTreeLiveChanges(t *testing.T) {
 
 // TestCopyTreeFails: every failure but a deleted entry fails the copy.
 func TestCopyTreeFails(t *testing.T) {
-	requireRootHere(t)
+	testenv.Root(t)
 	tests := []struct {
 		name  string
 		setup func(t *testing.T, src, dst string) context.Context
@@ -557,16 +559,6 @@ func mountFS(t *testing.T, dir, fstype string) {
 			t.Errorf("unmounting %s: %v", dir, err)
 		}
 	})
-}
-
-func requireRootHere(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root")
-		}
-		t.Skip("needs root")
-	}
 }
 
 func lstatOf(t *testing.T, path string) unix.Stat_t {

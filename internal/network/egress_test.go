@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"loam.dev/loam/internal/testenv"
 )
 
 // The egress tests' subnets: the sandboxes', and the "world" (two
@@ -17,7 +19,7 @@ const (
 )
 
 func TestEgressPolicy(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	ctx := context.Background()
 	enterTestHost(t)
 	m := newFirewallManager(t, egSubnet)

@@ -15,6 +15,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"loam.dev/loam/internal/testenv"
 )
 
 // The subnet and names of this package's tests, distinct from every other
@@ -99,7 +101,7 @@ func TestEndpoint(t *testing.T) {
 }
 
 func TestCreatePrepareDelete(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	ctx := context.Background()
 	m := newTestManager(t)
 	a := newTestEndpoint(t, m, "sb-nettest0000a", 0)
@@ -160,7 +162,7 @@ func TestCreatePrepareDelete(t *testing.T) {
 }
 
 func TestCreateUndoesOnFailure(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	ctx := context.Background()
 	m := newTestManager(t)
 	ep := newTestEndpoint(t, m, "sb-nettest0000c", 2)
@@ -178,18 +180,6 @@ func TestCreateUndoesOnFailure(t *testing.T) {
 	if _, err := netlink.LinkByName(ep.HostVeth); !isLinkNotFound(err) {
 		t.Errorf("after a failed Create, %s still exists (err %v)", ep.HostVeth, err)
 	}
-}
-
-// requireRoot skips a test that needs root, or fails it under CI.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("this test needs root, and CI=true")
-	}
-	t.Skip("needs root")
 }
 
 func newTestManager(t *testing.T) *Manager {
@@ -366,7 +356,7 @@ func handleIn(t *testing.T, ep Endpoint) *netlink.Handle {
 }
 
 func TestList(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	m := newTestManager(t)
 	ep := newTestEndpoint(t, m, "sb-nettest0000d", 3)
 	if err := m.Create(context.Background(), ep); err != nil {

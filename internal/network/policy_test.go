@@ -16,6 +16,9 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/testenv"
 )
 
 // The firewall tests run in a namespace of their own that plays the host,
@@ -34,7 +37,7 @@ const (
 	// reach, as the daemon's API on 7070.
 	fwOtherPort = 7070
 	// fwAgentPort is where the fake sandboxes listen, as agents on 7071.
-	fwAgentPort = 7071
+	fwAgentPort = agent.DefaultPort
 )
 
 // Deadlines of connections that must fail (the firewall drops, so they
@@ -68,7 +71,7 @@ func TestTableName(t *testing.T) {
 }
 
 func TestFirewall(t *testing.T) {
-	requireRoot(t)
+	testenv.Root(t)
 	ctx := context.Background()
 	enterTestHost(t)
 	m := newFirewallManager(t, fwSubnet)

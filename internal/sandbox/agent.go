@@ -13,9 +13,6 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// SetInside gives the manager the in-sandbox API; call it before Recover.
-func (m *Manager) SetInside(in Insiders) { m.inside = in }
-
 // connect waits for a sandbox's agent, which answers to one of holds (the
 // token it was started with after a boot, the checkpoint's after a restore
 // or a fork; a recovery tries the ones a crash may have left it with),

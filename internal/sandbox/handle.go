@@ -1,11 +1,13 @@
 package sandbox
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/store"
 )
@@ -34,12 +36,12 @@ func (m *Manager) writeHandle(sb *store.Sandbox, ep network.Endpoint) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(m.dir(sb.ID), "handle.json")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	// Not durable: a handle serves a restarted daemon to take back sandboxes
+	// that still run, and none runs after a power loss.
+	if err := atomicfile.Replace(filepath.Join(m.dir(sb.ID), "handle.json"), bytes.NewReader(b), 0o600); err != nil {
 		return fmt.Errorf("writing handle of %s: %w", sb.ID, err)
 	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
 func (m *Manager) readHandle(id string) (*handle, error) {

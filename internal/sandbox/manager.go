@@ -86,6 +86,11 @@ type Config struct {
 	// InsidePort is the port of the in-sandbox API on each sandbox's host
 	// address.
 	InsidePort int
+	// Inside makes the in-sandbox API of the Manager being made; nil serves
+	// none. It is a constructor, not a value, because that API serves the
+	// Manager's own sandboxes: New calls it once, with the Manager whole,
+	// so neither is ever seen half made and nothing is set afterwards.
+	Inside func(*Manager) Insiders
 	// BootTimeout bounds how long a sandbox's agent may take to answer.
 	BootTimeout time.Duration
 	// Idle is how long a sandbox that says no idle of its own may go
@@ -181,10 +186,10 @@ type Manager struct {
 // New makes a Manager. Call Recover before serving requests.
 func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets Networks, tpl Templates, log *slog.Logger) *Manager {
 	if cfg.AgentPort == 0 {
-		cfg.AgentPort = 7071
+		cfg.AgentPort = agent.DefaultPort
 	}
 	if cfg.InsidePort == 0 {
-		cfg.InsidePort = 7072
+		cfg.InsidePort = network.DefaultInsidePort
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 60 * time.Second
@@ -202,7 +207,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		cfg.HeavyWait = DefaultHeavyWait
 	}
 	bgCtx, bgCancel := context.WithCancelCause(context.Background())
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
 		agentHTTP: &http.Client{Transport: &http.Transport{
 			// Never a proxy from the environment: agent traffic stays local.
@@ -222,6 +227,10 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		bgCtx:     bgCtx,
 		bgCancel:  bgCancel,
 	}
+	if cfg.Inside != nil {
+		m.inside = cfg.Inside(m)
+	}
+	return m
 }
 
 // URL is a sandbox's public address.

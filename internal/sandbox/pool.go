@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
-	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/store"
 )
@@ -605,11 +605,7 @@ func (m *Manager) savePoolsLocked() error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(m.cfg.DataDir, poolFile)
-	if err := writeFileSync(path+".tmp", b); err != nil {
-		return fmt.Errorf("storing pools: %w", err)
-	}
-	if err := checkpoint.Publish(path+".tmp", path, m.cfg.DataDir); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(m.cfg.DataDir, poolFile), b, 0o600); err != nil {
 		return fmt.Errorf("storing pools: %w", err)
 	}
 	return nil

@@ -231,7 +231,7 @@ func TestRecoverSweeps(t *testing.T) {
 	must(t, e.rt.Start(e.ctx, runtime.Spec{
 		ID: orphan, BundleDir: filepath.Join(e.sandboxDir(orphan), "bundle"),
 		Rootfs: e.pool.VolumePath(orphan), Netns: ep.Netns,
-		Env: []string{agent.EnvListen + "=:7071", agent.EnvToken + "=x"},
+		Env: []string{agent.EnvListen + "=" + agent.DefaultListen, agent.EnvToken + "=x"},
 	}))
 	e.rt.SetNoAgent(false)
 	// Checkpoint data with no record: a checkpoint cut short in its

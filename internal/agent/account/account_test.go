@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"loam.dev/loam/internal/testenv"
 )
 
 const testPasswd = `# a comment
@@ -72,9 +74,7 @@ func TestLookupAccount(t *testing.T) {
 }
 
 func TestExecutableBy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
+	testenv.Root(t)
 	dir := t.TempDir()
 	loam := Account{Name: "loam", UID: 1000, GID: 1000, Groups: []uint32{1000, 10}}
 	other := Account{Name: "other", UID: 1001, GID: 1001, Groups: []uint32{1001}}

@@ -23,6 +23,7 @@ import (
 
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/testenv"
 )
 
 // This package's tests' subnet and name prefixes, distinct from every other
@@ -632,26 +633,7 @@ func checkNoChildren(tb testing.TB) {
 // skipped, or fails under CI.
 func requireRunsc(tb testing.TB) string {
 	tb.Helper()
-	skip := func(msg string) {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("%s, and CI=true", msg)
-		}
-		tb.Skip(msg)
-	}
-	if os.Geteuid() != 0 {
-		skip("needs root")
-	}
-	if p := os.Getenv("LOAM_RUNSC"); p != "" {
-		return p
-	}
-	if _, err := os.Stat(defaultRunsc); err == nil {
-		return defaultRunsc
-	}
-	p, err := exec.LookPath("runsc")
-	if err != nil {
-		skip("no runsc: set LOAM_RUNSC")
-	}
-	return p
+	return testenv.Runsc(tb, defaultRunsc)
 }
 
 var (

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"time"
+
+	"loam.dev/loam/internal/atomicfile"
 )
 
 // The logs of a bundle (init.log, runsc.log) grow for as long as its
@@ -100,7 +102,7 @@ func trimLog(path string, max int64) error {
 	}
 	// Emptied first, so that as little as possible is written in between
 	// and lost; if NAME.1 cannot be written, its part is lost instead.
-	return replaceFile(path+oldLogSuffix, tail, st.Mode().Perm())
+	return atomicfile.Replace(path+oldLogSuffix, bytes.NewReader(tail), st.Mode().Perm())
 }
 
 // readTail reads f from offset to its end, keeping the last keep+1 bytes,

@@ -1,15 +1,16 @@
 package gvisor
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/runtime"
 )
 
@@ -225,31 +226,8 @@ func writeBundle(spec runtime.Spec) error {
 	if err != nil {
 		return fmt.Errorf("encoding OCI spec: %w", err)
 	}
-	if err := replaceFile(filepath.Join(spec.BundleDir, configFile), b, 0o600); err != nil {
+	if err := atomicfile.Replace(filepath.Join(spec.BundleDir, configFile), bytes.NewReader(b), 0o600); err != nil {
 		return fmt.Errorf("writing OCI spec: %w", err)
 	}
 	return nil
-}
-
-// replaceFile replaces the file at path with one holding data, whole or
-// not at all (write and rename). It is not synced: the files it writes
-// (configs runsc copies, copies of logs) are worth no fsync.
-func replaceFile(path string, data []byte, perm fs.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

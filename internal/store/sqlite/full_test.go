@@ -14,6 +14,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/testenv"
 )
 
 // TestFullFilesystem runs the store on a btrfs filesystem filled to the last
@@ -32,11 +33,11 @@ func TestFullFilesystem(t *testing.T) {
 		return
 	}
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root to mount a btrfs filesystem")
+		testenv.Missing(t, "needs root to mount a btrfs filesystem")
 	}
 	for _, tool := range []string{"mkfs.btrfs", "mount", "umount"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			skipOrFail(t, "needs %s: %v", tool, err)
+			testenv.Missing(t, "needs %s: %v", tool, err)
 		}
 	}
 	mnt := smallBtrfs(t, 256<<20)
@@ -195,14 +196,4 @@ func smallBtrfs(t *testing.T, size int64) string {
 		}
 	})
 	return mnt
-}
-
-// skipOrFail skips the test, or fails it under CI, where everything the
-// test needs is installed.
-func skipOrFail(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
 }

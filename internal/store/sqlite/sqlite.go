@@ -30,6 +30,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/store"
 )
 
@@ -125,7 +126,7 @@ func (s *Store) setUp(ctx context.Context) error {
 	// SQLite syncs the directory when it creates the -wal file, but not when
 	// it creates the database file itself: without this a crash just after
 	// the first Open could lose the file and, with it, every record.
-	if err := syncDir(filepath.Dir(s.path)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(s.path)); err != nil {
 		return fmt.Errorf("syncing directory of database: %w", err)
 	}
 	return nil
@@ -164,15 +165,6 @@ func dsn(abs string, readOnly bool) string {
 	q.Set("vfs", "unix-excl")
 	u := url.URL{Scheme: "file", Path: abs, RawQuery: q.Encode()}
 	return u.String()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // Path is the absolute path of the database file.

@@ -1,4 +1,8 @@
-package server
+// Package tlsconfig reads the TLS configuration a listener of loam's is
+// given on its command line. It is its own package so that the daemon and
+// the CLI (loam mcp --listen) share it without the CLI importing the
+// server.
+package tlsconfig
 
 import (
 	"crypto/tls"
@@ -6,10 +10,10 @@ import (
 	"fmt"
 )
 
-// LoadTLS is the TLS configuration of a listener given the --tls-cert and
+// Load is the TLS configuration of a listener given the --tls-cert and
 // --tls-key flags (PEM files): nil when neither is given, an error when
 // only one is. loam serve and loam mcp --listen both take the pair.
-func LoadTLS(certFile, keyFile string) (*tls.Config, error) {
+func Load(certFile, keyFile string) (*tls.Config, error) {
 	if (certFile == "") != (keyFile == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together: give both or neither")
 	}
