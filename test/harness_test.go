@@ -6,12 +6,9 @@ package test
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,12 +16,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"loam.dev/loam/client"
-	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/launch"
 )
 
 // loamBin is the loam binary built for this run: the CLI, and the agent
@@ -157,10 +153,12 @@ type daemon struct {
 	t       testing.TB
 	dataDir string
 	subnet  string
-	cmd     *exec.Cmd
-	// exited is closed when cmd has exited: one goroutine waits for it,
-	// so that launch, stop, kill and the crash tests can all watch.
-	exited chan struct{}
+	// proc is the running daemon; cmd its process (nil once stopped),
+	// exited closed when it has exited, so that stop, kill and the crash
+	// tests can all watch.
+	proc   *launch.Process
+	cmd    *exec.Cmd
+	exited <-chan struct{}
 	log    *syncBuffer
 	URL    string
 	Token  string
@@ -176,14 +174,7 @@ type daemon struct {
 
 // httpClient is a client for the daemon's API: the default one, or one
 // that trusts d.roots.
-func (d *daemon) httpClient() *http.Client {
-	if d.roots == nil {
-		return http.DefaultClient
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{RootCAs: d.roots}
-	return &http.Client{Transport: tr}
-}
+func (d *daemon) httpClient() *http.Client { return d.proc.HTTPClient }
 
 // subnets hands each daemon of this package its own address range, so that
 // two daemons never give out the same addresses. Tests that call
@@ -229,87 +220,39 @@ func (d *daemon) start(extra ...string) {
 
 // errDaemonExited is wrapped by launch's error when the daemon exited
 // before it answered.
-var errDaemonExited = errors.New("the daemon exited before it answered")
+var errDaemonExited = launch.ErrExited
 
-// launch runs `loam serve` and waits until it answers.
-func (d *daemon) launch(extra ...string) error {
-	os.Remove(filepath.Join(d.dataDir, "api_url"))
-	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
-		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
-		"--template-cache", templateCache(),
-		// No test's DNS ever leaves the machine: a closed port here, unless
-		// the test gives its own server (a later flag wins).
-		"--dns-upstream", "127.0.0.1:1",
-		"--disk-size-gib", "8"}, extra...)
+// options are the launcher's options for this daemon, with more flags.
+func (d *daemon) options(extra ...string) launch.Options {
 	bin := daemonBin
 	if d.bin != "" {
 		bin = d.bin
 	}
-	d.cmd = exec.Command(bin, args...)
-	d.cmd.Env = append(append(os.Environ(), "LOAM_TOKEN="), d.env...) // a test's own token file, never the caller's
+	return launch.Options{Bin: bin, DataDir: d.dataDir, Subnet: d.subnet, Runsc: findRunsc(),
+		TemplateCache: templateCache(), DefaultTemplate: "busybox",
+		Args: append([]string{"--disk-size-gib", "8"}, extra...),
+		Env:  d.env, Output: d.log, Roots: d.roots, Timeout: 60 * time.Second}
+}
+
+// launch runs `loam serve` and waits until it answers.
+func (d *daemon) launch(extra ...string) error {
 	d.log = &syncBuffer{}
-	d.cmd.Stdout = d.log
-	d.cmd.Stderr = d.log
-	if err := d.cmd.Start(); err != nil {
-		return err
-	}
-	exited := make(chan struct{})
-	d.exited = exited
-	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(exited) }(d.cmd)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		b, err := os.ReadFile(filepath.Join(d.dataDir, "api_url"))
-		if err == nil {
-			d.URL = strings.TrimSpace(string(b))
-			break
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("%w:\n%s", errDaemonExited, d.log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("daemon did not start:\n%s", d.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	tok, err := os.ReadFile(filepath.Join(d.dataDir, "token"))
+	p, err := launch.Start(context.Background(), d.options(extra...))
 	if err != nil {
-		return err
+		return fmt.Errorf("%w:\n%s", err, d.log.String())
 	}
-	d.Token = strings.TrimSpace(string(tok))
-	hc := d.httpClient()
-	d.C = client.New(d.URL, d.Token)
-	if d.roots != nil {
-		d.C = client.New(d.URL, d.Token, client.WithHTTPClient(hc))
-	}
-	for {
-		resp, err := hc.Get(d.URL + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("daemon does not answer: %v\n%s", err, d.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	d.proc, d.cmd, d.exited = p, p.Cmd, p.Exited()
+	d.URL, d.Token, d.C = p.URL, p.Token, p.Client
 	return nil
 }
 
 // stop ends the daemon process (SIGTERM) and waits for it; its sandboxes
 // keep running.
 func (d *daemon) stop() {
-	if d.cmd == nil || d.cmd.Process == nil {
+	if d.cmd == nil {
 		return
 	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(30 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exited
-	}
+	d.proc.Stop()
 	d.cmd = nil
 }
 
@@ -321,17 +264,12 @@ func (d *daemon) destroy() {
 	if d.t != nil {
 		logf, failed = d.t.Logf, d.t.Failed()
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	if d.cmd != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		sbs, err := d.C.ListSandboxes(ctx, client.ListOptions{})
-		if err == nil {
-			for _, sb := range sbs {
-				if err := d.C.DeleteSandbox(ctx, sb.ID); err != nil {
-					logf("cleanup: deleting %s: %v", sb.Name, err)
-				}
-			}
+		if err := d.proc.DeleteSandboxes(ctx); err != nil {
+			logf("cleanup: %v", err)
 		}
-		cancel()
 		d.stop()
 	}
 	if race := d.races(); race != "" && d.t != nil {
@@ -341,69 +279,21 @@ func (d *daemon) destroy() {
 	if failed || os.Getenv("LOAM_TEST_LOG") != "" {
 		logf("daemon log:\n%s", d.log.String())
 	}
-	// Whatever the API could not delete: containers, namespaces, the pool.
-	deleteContainers(filepath.Join(d.dataDir, "runsc"))
-	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			name, _, _ := strings.Cut(line, " ")
-			if strings.HasPrefix(name, "loam-sb-") && d.ownsNetns(name) {
-				exec.Command("ip", "netns", "del", name).Run()
-			}
-		}
-	}
-	unmountUnder(d.dataDir)
-	os.RemoveAll(d.dataDir)
-	// The daemon leaves its firewall in place when it stops (its sandboxes
-	// outlive it); the test is done with it.
-	if nets, err := network.New(network.Config{Subnet: netip.MustParsePrefix(d.subnet)}); err == nil {
-		if err := nets.Firewall().Remove(context.Background()); err != nil {
-			logf("cleanup: removing the firewall of %s: %v", d.subnet, err)
-		}
+	// Whatever the API could not delete: containers, namespaces, mounts,
+	// the pool, the data dir, and the firewall (the daemon leaves it in
+	// place when it stops, for its sandboxes; the test is done with it).
+	if err := launch.Cleanup(ctx, d.options()); err != nil {
+		logf("cleanup: %v", err)
 	}
 }
 
 // deleteContainers force-deletes every runsc container under runscRoot.
 func deleteContainers(runscRoot string) {
-	out, err := exec.Command(findRunsc(), "--root", runscRoot, "list", "-quiet").Output()
-	if err != nil {
-		return
-	}
-	for _, id := range strings.Fields(string(out)) {
-		exec.Command(findRunsc(), "--root", runscRoot, "delete", "-force", id).Run()
-	}
-}
-
-// ownsNetns tells whether a namespace belongs to this daemon: its sandbox
-// has a directory in the daemon's data dir.
-func (d *daemon) ownsNetns(name string) bool {
-	_, err := os.Stat(filepath.Join(d.dataDir, "sandboxes", strings.TrimPrefix(name, "loam-")))
-	return err == nil
+	launch.DeleteContainers(context.Background(), findRunsc(), runscRoot)
 }
 
 // unmountUnder unmounts every mount below dir and detaches loop devices.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return
-	}
-	var mounts []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
-			mounts = append(mounts, f[1])
-		}
-	}
-	for i := len(mounts) - 1; i >= 0; i-- {
-		exec.Command("umount", "-l", mounts[i]).Run()
-	}
-	if out, err := exec.Command("losetup", "-j", filepath.Join(dir, "disk", "disk.img")).Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			if dev, _, ok := strings.Cut(line, ":"); ok {
-				exec.Command("losetup", "-d", dev).Run()
-			}
-		}
-	}
-}
+func unmountUnder(dir string) { launch.UnmountUnder(context.Background(), dir) }
 
 // startDaemonB is startDaemon for benchmarks.
 func startDaemonB(b *testing.B, extra ...string) *daemon { return startDaemon(b, extra...) }
@@ -448,11 +338,10 @@ func (d *daemon) runB(t testing.TB, sb string, cmd ...string) string {
 
 // kill ends the daemon process with SIGKILL, as a crash would.
 func (d *daemon) kill() {
-	if d.cmd == nil || d.cmd.Process == nil {
+	if d.cmd == nil {
 		return
 	}
-	_ = d.cmd.Process.Kill()
-	<-d.exited
+	d.proc.Kill()
 	d.cmd = nil
 }
 
