@@ -34,10 +34,9 @@ func TestCrashMidCheckpoint(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	d.kill()
-	// runsc may still be writing the image it was asked for; give it time
-	// to finish or fail, as it would after a real crash.
-	time.Sleep(2 * time.Second)
+	// runsc may still be writing the image it was asked for: it finishes
+	// or fails, as it would after a real crash, before the next start.
+	d.killSettled()
 	d.start()
 
 	cps, err := d.C.ListCheckpoints(ctx, "crashy")

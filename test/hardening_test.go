@@ -339,8 +339,7 @@ func TestCrashMidRestore(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	d.kill()
-	time.Sleep(2 * time.Second) // runsc may still be at work, as after a real crash
+	d.killSettled() // runsc may still be at work, as after a real crash
 	d.start()
 	got, err := d.C.GetSandbox(ctx, "undo")
 	if err != nil || got.State != api.StateRunning {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -362,4 +363,73 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// eventually waits until cond holds, looking every 50 ms, and fails the
+// test after within. It is for what the tests can only see by looking (a
+// process listed by ps, a file a daemon writes): where something sends an
+// event, the tests wait for that instead.
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		<-tick.C
+	}
+}
+
+// killSettled ends the daemon with SIGKILL, as a crash would, and waits
+// until the runsc commands it was running when it died have exited too:
+// they outlive it and finish or fail what they were doing, as after a
+// real crash, and the next daemon must not race them.
+func (d *daemon) killSettled() {
+	d.t.Helper()
+	var kids []int
+	if d.cmd != nil {
+		kids = runscCommands(d.cmd.Process.Pid)
+	}
+	d.kill()
+	eventually(d.t, time.Minute, "the runsc commands of a killed daemon exit", func() bool {
+		for _, pid := range kids {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// runscCommands are the pids of the runsc commands (checkpoint, restore,
+// delete...) that are children of pid; a sandbox's own runsc processes
+// (boot, gofer) are not: they run as long as the sandbox.
+func runscCommands(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var kids []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after
+		// its closing parenthesis.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 2 || f[1] != strconv.Itoa(pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		args := strings.Split(string(cmdline), "\x00")
+		if args[0] == findRunsc() && !slices.Contains(args, "boot") && !slices.Contains(args, "gofer") {
+			kids = append(kids, n)
+		}
+	}
+	return kids
 }

@@ -27,12 +27,12 @@ import (
 // the daemon must hold no more goroutines or open files after the load than
 // before it. It prints throughput and p50/p99 latency per operation.
 //
-// The suite runs it small and short (30 clients, 4 sandboxes, 20 s); the
+// The suite runs it small and short (30 clients, 4 sandboxes, 10 s); the
 // full load the reliability promise is measured at is
 //
 //	LOAM_LOAD=5m LOAM_LOAD_CLIENTS=100 LOAM_LOAD_SANDBOXES=20 go test -run TestLoad -v -timeout 30m ./test/
 func TestLoad(t *testing.T) {
-	dur := envDur(t, "LOAM_LOAD", 20*time.Second)
+	dur := envDur(t, "LOAM_LOAD", 10*time.Second)
 	clients := envInt(t, "LOAM_LOAD_CLIENTS", 30)
 	nsb := envInt(t, "LOAM_LOAD_SANDBOXES", 4)
 	if nsb < 2 {

@@ -19,7 +19,7 @@ import (
 	"loam.dev/loam/client"
 )
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
@@ -116,10 +116,15 @@ func TestSandboxLifecycle(t *testing.T) {
 		// nohup's way (busybox has no nohup): ignore SIGHUP, then run on.
 		d.run("alpha", "sh", "-c", "(trap '' HUP; exec sleep 1000) >/dev/null 2>&1 &")
 		d.run("alpha", "sh", "-c", "setsid sleep 1001 >/dev/null 2>&1 < /dev/null &")
-		time.Sleep(200 * time.Millisecond)
-		ps := d.run("alpha", "ps")
-		if !strings.Contains(ps, "sleep 1000") || !strings.Contains(ps, "sleep 1001") {
-			t.Fatalf("detached sleeps gone:\n%s", ps)
+		both := func() bool {
+			ps := d.run("alpha", "ps")
+			return strings.Contains(ps, "sleep 1000") && strings.Contains(ps, "sleep 1001")
+		}
+		// Their shells have exited (the execs returned); the sleeps are
+		// seen once they run, and are still there an exec later.
+		eventually(t, 20*time.Second, "the detached sleeps run", both)
+		if !both() {
+			t.Fatalf("detached sleeps gone:\n%s", d.run("alpha", "ps"))
 		}
 	})
 	t.Run("hang up on close", func(t *testing.T) {
@@ -206,13 +211,7 @@ func pidOf(t *testing.T, d *daemon, sb, cmd string) string {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 20s")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	eventually(t, 20*time.Second, "condition", cond)
 }
 
 // TestAPIErrors checks auth and bad input, over plain HTTP as curl sends it.

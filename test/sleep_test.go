@@ -280,8 +280,7 @@ func TestCrashMidSleep(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 		time.Sleep(after)
-		d.kill()
-		time.Sleep(2 * time.Second) // runsc finishes or fails what it was doing
+		d.killSettled() // runsc finishes or fails what it was doing
 		d.start()
 		got, err := d.C.GetSandbox(ctx, "crashy")
 		if err != nil {
