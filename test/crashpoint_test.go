@@ -35,6 +35,7 @@ import (
 // operation, and disarmed before it starts again, so one start serves both
 // the recovery of a point and the operation of the next.
 func TestCrashPoints(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	bin := filepath.Join(t.TempDir(), "loam-crashpoints")
 	build := exec.Command("go", "build", "-tags", "crashpoints", "-o", bin, "loam.dev/loam/cmd/loam")

@@ -1,6 +1,14 @@
 // Package test holds loam's end-to-end tests: they build the real loam
 // binary, run `loam serve` as a separate process on a data dir of their own,
 // and drive real gVisor sandboxes through the Go client and the CLI.
+//
+// Every test runs in parallel (t.Parallel): each daemon has its own data
+// dir, subnet (nextSubnet, within LOAM_TEST_NET's /16) and nftables table,
+// and the sandboxes' names are per daemon. A test that changes what is the
+// machine's (a sysctl, a fixed port) is not parallel, and says why in a
+// "Not parallel:" comment; Go runs those first, alone. The tests wait on
+// events, or with eventually for what can only be seen by looking, never
+// by sleeping a while.
 package test
 
 import (

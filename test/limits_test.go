@@ -98,6 +98,7 @@ func (w *firstWrite) String() string {
 // machine is not a failure of loam's (BenchmarkNeighbourUnderFlood
 // measures it).
 func TestLimitsContainHostile(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "neighbour"}); err != nil {
@@ -301,6 +302,7 @@ func tail(s string, n int) string {
 // second sandbox with limit, the sleeping first one counted, and takes one
 // again once the first is deleted.
 func TestMaxSandboxesCap(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, "--max-sandboxes", "1", "--max-heavy", "2")
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "one"}); err != nil {

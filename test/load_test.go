@@ -32,6 +32,7 @@ import (
 //
 //	LOAM_LOAD=5m LOAM_LOAD_CLIENTS=100 LOAM_LOAD_SANDBOXES=20 go test -run TestLoad -v -timeout 30m ./test/
 func TestLoad(t *testing.T) {
+	t.Parallel()
 	dur := envDur(t, "LOAM_LOAD", 10*time.Second)
 	clients := envInt(t, "LOAM_LOAD_CLIENTS", 30)
 	nsb := envInt(t, "LOAM_LOAD_SANDBOXES", 4)

@@ -29,6 +29,7 @@ func ctxT(t testing.TB) context.Context {
 // with stdout, stderr, stdin and exit codes, env and labels, isolation of
 // two sandboxes, and delete freeing everything.
 func TestSandboxLifecycle(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C
@@ -216,6 +217,7 @@ func waitFor(t *testing.T, cond func() bool) {
 
 // TestAPIErrors checks auth and bad input, over plain HTTP as curl sends it.
 func TestAPIErrors(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "taken"}); err != nil {
@@ -281,6 +283,7 @@ func TestAPIErrors(t *testing.T) {
 // TestDaemonRestart: a running sandbox stays running, and usable, when the
 // daemon stops and starts again; its processes are the same ones.
 func TestDaemonRestart(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "keeper"}); err != nil {
@@ -304,6 +307,7 @@ func TestDaemonRestart(t *testing.T) {
 
 // TestCLI runs the CLI as a user would.
 func TestCLI(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	out, errOut, code := d.cli("", "create", "scratch", "--env", "A=1", "--label", "k=v", "--memory", "256Mi")
 	if code != 0 || !strings.Contains(out, "name:        scratch\n") || !strings.Contains(out, "state:       running\n") {
@@ -338,6 +342,7 @@ func TestCLI(t *testing.T) {
 // memory from its cgroup; its CPU time grows while it computes; a sleeping
 // sandbox shows none.
 func TestSandboxUsage(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "busy", Resources: &api.Resources{MemoryMiB: 256}}); err != nil {

@@ -52,6 +52,7 @@ func serviceLogs(t *testing.T, d *daemon, sb, name string) (stdout, stderr strin
 // are readable; stop and start work; a definition the sandbox cannot run is
 // a clear 400; the CLI lists them.
 func TestServices(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svc", Env: map[string]string{"GREETING": "hi"}, Services: []api.Service{
@@ -159,6 +160,7 @@ func TestServices(t *testing.T) {
 // taken (a fresh start), even if it was stopped by hand since, and leaves
 // stopped what was stopped.
 func TestServicesAcrossCheckpoints(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svcp"}); err != nil {
@@ -272,6 +274,7 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 // its services start again as they were: running ones run, stopped ones
 // stay stopped.
 func TestServicesColdStart(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "cold", Services: []api.Service{

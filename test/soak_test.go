@@ -28,6 +28,7 @@ import (
 //
 //	LOAM_SOAK_SEED=N LOAM_SOAK=30m go test -run TestSoak -v -timeout 45m ./test/
 func TestSoak(t *testing.T) {
+	t.Parallel()
 	dur := envDur(t, "LOAM_SOAK", 20*time.Second)
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("LOAM_SOAK_SEED"); v != "" {

@@ -136,6 +136,7 @@ func fetch(ctx context.Context, c *http.Client, method, u string, hdr http.Heade
 // header or once in the query, then in a cookie; a public one takes any;
 // unknown names and servers that do not listen get loam's pages.
 func TestURL(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "web", Template: "base"})
@@ -248,6 +249,7 @@ func TestURL(t *testing.T) {
 // TestURLDuringRestore: requests sent to a sandbox's URL while it is being
 // restored wait, and are answered by the restored machine; none fails.
 func TestURLDuringRestore(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "roll", Template: "base", Public: true})
@@ -418,6 +420,7 @@ func benchGets(b *testing.B, c *http.Client, u string, clients int) {
 // `loam checkpoint ls` does not wake it; an HTTP request through its URL
 // does, and is answered by the server that was running, same PID.
 func TestURLWakesASleepingSandbox(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, idleFlags...)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "dozy", Template: "base", Public: true, Idle: "2s"})
@@ -473,6 +476,7 @@ func TestURLWakesASleepingSandbox(t *testing.T) {
 // its labels and idle time at once, without waking it; bad updates are
 // invalid and change nothing.
 func TestUpdateSandbox(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "upd", Labels: map[string]string{"owner": "docs"}})
