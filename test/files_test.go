@@ -581,7 +581,11 @@ func TestFilesCheckpointCutsCalls(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(200 * time.Millisecond)
+	// The checkpoint comes once the agent writes the upload: its temp
+	// file is in /home/loam.
+	eventually(t, 20*time.Second, "the upload reaches the agent", func() bool {
+		return strings.Contains(d.run("cut", "ls", "-a", "/home/loam"), "up")
+	})
 
 	if _, err := c.CreateCheckpoint(ctx, "cut", api.CreateCheckpoint{}); err != nil {
 		t.Fatalf("memory checkpoint: %v", err)

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,6 +118,10 @@ func TestLoad(t *testing.T) {
 // has files of its own, so that no two clients' checks race.
 func runLoad(ctx context.Context, t *testing.T, d *daemon, light []string, churn, base string, clients int, dur time.Duration) *loadRecorder {
 	rec := newLoadRecorder()
+	// The heavy clients' forks are named after this run: a fork the
+	// warm-up's end cut on the client's side may still be made on the
+	// daemon's, under a name the next run must not reuse.
+	rec.run = loadRuns.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, dur)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -262,7 +267,7 @@ func heavyClient(ctx context.Context, c *client.Client, rec *loadRecorder, light
 				return err
 			})
 		case 3:
-			name := fmt.Sprintf("load-fork-%d-%d", id, n)
+			name := fmt.Sprintf("load-fork-%d-%d-%d", rec.run, id, n)
 			if rec.do(ctx, "fork", func() error {
 				_, err := c.Fork(ctx, churn, base, name)
 				return err
@@ -310,7 +315,12 @@ func isConflict(err error) bool { return apiCode(err) == api.CodeConflict }
 func isNotFound(err error) bool { return apiCode(err) == api.CodeNotFound }
 
 // loadRecorder keeps each operation's latencies and failures.
+// loadRuns numbers the runs of runLoad.
+var loadRuns atomic.Int64
+
 type loadRecorder struct {
+	// run is the number of the runLoad that records.
+	run       int64
 	mu        sync.Mutex
 	lat       map[string][]time.Duration
 	fails     map[string][]string

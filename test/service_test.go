@@ -181,12 +181,20 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 
 	// Following its logs across a memory checkpoint ends with an
 	// interruption, to be read again from the offsets reached.
-	var got bytes.Buffer
+	// web ticks every 100 ms: its first line through the socket says the
+	// following has begun, before the checkpoint is taken.
+	got := &firstWrite{started: make(chan struct{})}
 	followed := make(chan error, 1)
 	go func() {
-		followed <- d.C.ServiceLogs(ctx, "svcp", "web", client.ServiceLogsOptions{Stdout: &got, Stderr: &got, Follow: true})
+		followed <- d.C.ServiceLogs(ctx, "svcp", "web", client.ServiceLogsOptions{Stdout: got, Stderr: got, Follow: true})
 	}()
-	time.Sleep(300 * time.Millisecond)
+	select {
+	case <-got.started:
+	case err := <-followed:
+		t.Fatalf("following web's logs ended before a line: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("following web's logs: no line in 20 s")
+	}
 
 	mem, err := d.C.CreateCheckpoint(ctx, "svcp", api.CreateCheckpoint{})
 	if err != nil {

@@ -23,7 +23,7 @@ import (
 // urlServer is a small server for a sandbox, on python's standard library
 // alone: GET serves /home/loam/site, POST echoes its body, and GET /ws
 // answers a WebSocket handshake and echoes text frames until a close; GET
-// /slow answers "slow" after 1.5 s.
+// /slow creates /tmp/slow-began, then answers "slow" after 1.5 s.
 const urlServer = `import base64, hashlib, http.server, os, socketserver, struct, sys, time
 
 class H(http.server.SimpleHTTPRequestHandler):
@@ -41,6 +41,7 @@ class H(http.server.SimpleHTTPRequestHandler):
         self.wfile.write(out)
     def do_GET(self):
         if self.path == "/slow":
+            open("/tmp/slow-began", "w").close()
             time.sleep(1.5)
             self.send_response(200)
             self.send_header("Content-Length", "5")
@@ -274,7 +275,10 @@ func TestURLDuringRestore(t *testing.T) {
 		status, body, _, err := fetch(ctx, c, "GET", sb.URL+"/slow", nil, "")
 		slow <- fmt.Sprintf("%d %q %v", status, body, err)
 	}()
-	time.Sleep(300 * time.Millisecond)
+	eventually(t, 20*time.Second, "the slow request reaches the sandbox's server", func() bool {
+		_, _, code, err := d.C.Output(ctx, "roll", "test", "-e", "/tmp/slow-began")
+		return err == nil && code == 0
+	})
 	restored := make(chan error, 1)
 	go func() {
 		_, err := d.C.RestoreCheckpoint(ctx, "roll", cp.ID)
