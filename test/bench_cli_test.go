@@ -21,6 +21,7 @@ import (
 // never pass or fail. That a wrong memory answer fails the run is
 // internal/bench's TestRunFailsOnChecksumMismatch and TestVerify.
 func TestBenchCLI(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, "--checkpoint-limit", "100")
 	plot := filepath.Join(t.TempDir(), "bench.svg")
 	cmd := exec.Command(loamBin, "bench", "--sizes", "16", "--reps", "1", "--ops", "create,exec,checkpoint,fork",
@@ -85,6 +86,7 @@ func TestBenchCLI(t *testing.T) {
 // sandbox: the check passes on the memory the workload wrote and fails,
 // saying so, once one byte of it changed. A fast wrong answer fails a run.
 func TestBenchChecker(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := t.Context()
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "chk"}); err != nil {

@@ -50,6 +50,7 @@ var (
 // only), break things, restore v1 (the file is back and the same server
 // process runs), auto-1 is listed, and a fork of v1 runs the same process.
 func TestSeedStory(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	out, errOut, code := d.cli("", "create", "scratch", "--template", "base")
@@ -183,6 +184,7 @@ func counts(t *testing.T, d *daemon, sb string, from int) int {
 // TestCounter is gVisor's classic: a counter in memory keeps counting across
 // a checkpoint, a restore and forks; the source keeps running unharmed.
 func TestCounter(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "count"}); err != nil {
@@ -243,6 +245,7 @@ func TestCounter(t *testing.T) {
 // TestDiskOnlyAndIDs: a disk-only restore boots fresh with the files; ids
 // are never reused; the limit; 404s; many changes then a restore.
 func TestDiskOnlyAndIDs(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, "--checkpoint-limit", "3")
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "disky"}); err != nil {
@@ -331,6 +334,7 @@ func TestDiskOnlyAndIDs(t *testing.T) {
 // TestAutoPrune: restores keep the newest five automatic checkpoints, and
 // GET /v1/templates lists both templates.
 func TestAutoPrune(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	tpls, err := d.C.Templates(ctx)

@@ -8,12 +8,14 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +48,7 @@ func chromiumPath() string {
 // internal/console/dist is what web/ builds. Screenshots of each step are kept in test/artifacts/TestConsole.
 // Without node, npm or chromium it skips, unless CI=true.
 func TestConsole(t *testing.T) {
+	t.Parallel()
 	for _, tool := range []string{"node", "npm", chromiumPath()} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if testenv.CI() {
@@ -185,16 +188,30 @@ func TestConsole(t *testing.T) {
 	t.Logf("screenshots in %s", artifacts)
 }
 
-// freePort is a TCP port free on loopback a moment ago.
+// freePort is a TCP port free on loopback a moment ago, below the
+// kernel's ephemeral range: the daemon takes it again after a restart, and
+// meanwhile no listener on port 0 nor outgoing connection of a parallel
+// test can be given it (the kernel picks those in the ephemeral range).
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 11000 {
+				low = n
+			}
+		}
 	}
-	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
+	for range 100 {
+		port := strconv.Itoa(10000 + rand.IntN(low-10000))
+		ln, err := net.Listen("tcp", "127.0.0.1:"+port)
+		if err == nil {
+			ln.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port below the ephemeral range in 100 tries")
+	return ""
 }
 
 // diffTrees says how the files under a and b differ; "" when they are the
@@ -240,6 +257,7 @@ func diffTrees(t *testing.T, a, b string) string {
 // paths that try to leave the page's files. Each gets a 4xx with the API's
 // error shape, never a 500; Bearer tokens work as before, cookie or not.
 func TestConsoleHostileInput(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	login := func() (*http.Cookie, string) {
 		t.Helper()
@@ -361,6 +379,7 @@ func TestConsoleHostileInput(t *testing.T) {
 // TestConsoleSessionKeptOverRestart: a console login outlives a restart of
 // the daemon (sessions are in its database); its logout does too.
 func TestConsoleSessionKeptOverRestart(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+d.Token+`"}`))
 	if err != nil {

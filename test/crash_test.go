@@ -15,6 +15,7 @@ import (
 // checkpoint: after the next start no half checkpoint is visible, no data
 // of one is left, and the sandbox runs on and can be checkpointed again.
 func TestCrashMidCheckpoint(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "crashy", Resources: &api.Resources{MemoryMiB: 1024}})
@@ -34,10 +35,9 @@ func TestCrashMidCheckpoint(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	d.kill()
-	// runsc may still be writing the image it was asked for; give it time
-	// to finish or fail, as it would after a real crash.
-	time.Sleep(2 * time.Second)
+	// runsc may still be writing the image it was asked for: it finishes
+	// or fails, as it would after a real crash, before the next start.
+	d.killSettled()
 	d.start()
 
 	cps, err := d.C.ListCheckpoints(ctx, "crashy")
@@ -91,6 +91,7 @@ func TestCrashMidCheckpoint(t *testing.T) {
 // TestBusy: an operation on a sandbox while another runs on it is refused
 // with a conflict, and nothing is lost.
 func TestBusy(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "busy", Resources: &api.Resources{MemoryMiB: 1024}})
@@ -128,6 +129,7 @@ func TestBusy(t *testing.T) {
 // TestLostCheckpointData: a checkpoint whose data was lost while the
 // daemon was down is no longer listed after it starts.
 func TestLostCheckpointData(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "lossy"})

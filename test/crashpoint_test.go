@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +24,7 @@ import (
 )
 
 // TestCrashPoints kills the daemon (SIGKILL) at every named crash point
-// (internal/crash) in turn, on one data dir and one daemon binary built
+// (internal/crash) in turn, on a data dir per shard and one daemon binary built
 // with -tags crashpoints, and checks after each restart that the sandbox
 // the operation was on is as it was before the operation or as after it;
 // that every listed checkpoint has its data, the new ones restore (a fork
@@ -35,6 +36,7 @@ import (
 // operation, and disarmed before it starts again, so one start serves both
 // the recovery of a point and the operation of the next.
 func TestCrashPoints(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	bin := filepath.Join(t.TempDir(), "loam-crashpoints")
 	build := exec.Command("go", "build", "-tags", "crashpoints", "-o", bin, "loam.dev/loam/cmd/loam")
@@ -45,6 +47,23 @@ func TestCrashPoints(t *testing.T) {
 	t.Logf("built loam with crash points in %v", time.Since(start).Round(time.Millisecond))
 	checkReleaseBinary(t, bin)
 
+	// The cases leave the sandbox as they found it, so they are dealt
+	// out to shards, each a daemon of its own, run in parallel
+	// (LOAM_CRASH_SHARDS; 1 runs them all on one daemon, in order).
+	shards := envInt(t, "LOAM_CRASH_SHARDS", 4)
+	for shard := range shards {
+		t.Run(fmt.Sprintf("shard-%d-of-%d", shard+1, shards), func(t *testing.T) {
+			t.Parallel()
+			crashPoints(t, bin, shard, shards)
+		})
+	}
+}
+
+// crashPoints runs the cases of TestCrashPoints whose number is shard
+// modulo shards, on a daemon of its own; every case is named (for the
+// check that each crash point has one) in every shard.
+func crashPoints(t *testing.T, bin string, shard, shards int) {
+	start := time.Now()
 	c := newCrasher(t, bin)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -65,11 +84,16 @@ func TestCrashPoints(t *testing.T) {
 	t.Logf("prepared in %v", time.Since(start).Round(time.Millisecond))
 
 	covered := map[string]bool{}
-	// run runs the case of a point; a point with more than one case names
-	// the others POINT@WHAT.
+	cases := 0
+	// run runs the case of a point, if it is this shard's; a point with
+	// more than one case names the others POINT@WHAT.
 	run := func(point string, f func(t *testing.T)) {
 		base, _, _ := strings.Cut(point, "@")
 		covered[base] = true
+		cases++
+		if (cases-1)%shards != shard {
+			return
+		}
 		t.Run(point, func(t *testing.T) {
 			began := time.Now()
 			f(t)
@@ -342,6 +366,12 @@ func TestCrashPoints(t *testing.T) {
 		})
 	}
 	run("template-delete.renamed", func(t *testing.T) {
+		// Made by the cases above, unless they ran in another shard.
+		if !c.hasTemplate(t, "crashtpl") {
+			if _, err := c.d.C.CreateTemplate(c.ctx, "crashtpl", "main", memCP); err != nil {
+				t.Fatal(err)
+			}
+		}
 		c.crash(t, "template-delete.renamed", func(ctx context.Context) error {
 			return c.d.C.DeleteTemplate(ctx, "crashtpl")
 		})
@@ -506,7 +536,8 @@ func TestCrashPoints(t *testing.T) {
 		}
 	}
 	c.checkAll(t)
-	t.Logf("%d crash points in %v", len(crash.Points), time.Since(start).Round(time.Millisecond))
+	t.Logf("%d crash points, %d cases of %d in this shard, in %v", len(crash.Points), (cases+shards-1-shard)/shards, cases,
+		time.Since(start).Round(time.Millisecond))
 }
 
 // counterScript counts in memory and on disk: a sandbox whose memory and

@@ -13,6 +13,7 @@ import (
 // the daemon reports the use, and checkpoints (memory and disk-only), a
 // restore and forks of the full sandbox work, each disk limited again.
 func TestDiskQuota(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	const limit = 256 // MiB, the least a sandbox may have

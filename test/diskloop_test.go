@@ -29,6 +29,7 @@ const (
 // inside, and the pool must grow by no more than the limit once the
 // checkpoints are gone.
 func TestDiskLimitCheckpointLoop(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	mnt := filepath.Join(d.dataDir, "disk", "mnt")
@@ -89,6 +90,7 @@ func TestDiskLimitCheckpointLoop(t *testing.T) {
 // kept from the checkpoint is limited too (it had no limit at all), the
 // template's data being its base, free as any template's.
 func TestDiskLimitRestoreFork(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src", Resources: &api.Resources{DiskMiB: diskLimit}}); err != nil {

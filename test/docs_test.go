@@ -70,6 +70,7 @@ const docsDir = "../docs"
 // TestTutorial runs every shell block of docs/tutorial.md against a real
 // daemon and compares the output with the page.
 func TestTutorial(t *testing.T) {
+	t.Parallel()
 	page := filepath.Join(docsDir, "tutorial.md")
 	blocks, err := readPage(page, true)
 	if err != nil {
@@ -85,6 +86,7 @@ func TestTutorial(t *testing.T) {
 // TestDocsPages runs the ```console blocks of every other page of the manual,
 // and of the README.
 func TestDocsPages(t *testing.T) {
+	t.Parallel()
 	var pages []string
 	err := filepath.WalkDir(docsDir, func(path string, e os.DirEntry, err error) error {
 		if err != nil {
@@ -476,6 +478,7 @@ func matchLines(want, got []string) bool {
 // TestDocsNormalize holds the comparison to its rules: what differs from
 // run to run compares equal, and nothing else does.
 func TestDocsNormalize(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		want, got []string
@@ -512,6 +515,7 @@ func TestDocsNormalize(t *testing.T) {
 // TestDocsOverwrite: a progress bar cleared on the terminal leaves nothing
 // of itself in what a command printed.
 func TestDocsOverwrite(t *testing.T) {
+	t.Parallel()
 	got := splitOutput("\rcreating scratch  |/| [1s]\r                              \r\rname:        scratch\r\nid: x\r\n")
 	want := []string{"name:        scratch", "id: x"}
 	if diff := compareOutput(want, got); diff != "" {
@@ -524,6 +528,7 @@ func TestDocsOverwrite(t *testing.T) {
 
 // TestDocsSessionParse checks how a block is cut into commands and outputs.
 func TestDocsSessionParse(t *testing.T) {
+	t.Parallel()
 	block := []string{
 		`$ loam run scratch -- sh -c 'a &&`,
 		`    b' </dev/null`,

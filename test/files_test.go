@@ -45,6 +45,7 @@ func readAll(t *testing.T, c *client.Client, sb, path string, opts *client.FileO
 // and the other way round, as the sandbox's user; directories, moves,
 // removals and tar archives; and the errors a user's mistakes get.
 func TestFiles(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C
@@ -181,6 +182,7 @@ func tarWith(t *testing.T, name string) io.Reader {
 // call to the sandbox's own files, never the host's: the sandbox's kernel
 // resolves them.
 func TestFilesNoHostPath(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C
@@ -250,6 +252,7 @@ func TestFilesNoHostPath(t *testing.T) {
 // do, lives through a disk-only checkpoint, and ends with 1011 (an
 // unavailable error) at a memory checkpoint.
 func TestFilesWatchCheckpoint(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C
@@ -381,6 +384,7 @@ func statusKiB(status, field string) int64 {
 // arrives whole both ways, and that neither the daemon nor the agent holds
 // it in memory. It logs the throughput and the peaks of memory.
 func TestFilesLarge(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("1 GiB each way")
 	}
@@ -458,6 +462,7 @@ func TestFilesLarge(t *testing.T) {
 // a symlink in it), and of stdin and stdout; loam files ls, cat, mkdir, mv
 // and rm.
 func TestFilesCLI(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	if _, err := d.C.CreateSandbox(ctxT(t), api.CreateSandbox{Name: "cli"}); err != nil {
 		t.Fatal(err)
@@ -540,6 +545,7 @@ func TestFilesCLI(t *testing.T) {
 // passing for a whole file), an upload fails and leaves neither the file
 // nor a temp file. The sandbox serves files again right after.
 func TestFilesCheckpointCutsCalls(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C
@@ -575,7 +581,11 @@ func TestFilesCheckpointCutsCalls(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(200 * time.Millisecond)
+	// The checkpoint comes once the agent writes the upload: its temp
+	// file is in /home/loam.
+	eventually(t, 20*time.Second, "the upload reaches the agent", func() bool {
+		return strings.Contains(d.run("cut", "ls", "-a", "/home/loam"), "up")
+	})
 
 	if _, err := c.CreateCheckpoint(ctx, "cut", api.CreateCheckpoint{}); err != nil {
 		t.Fatalf("memory checkpoint: %v", err)

@@ -59,6 +59,7 @@ func (d *daemon) sandboxIP(id string) string {
 // TestSecondDaemonOnADataDir: a second `loam serve` on a data dir in use
 // fails at once, naming the first's pid, and touches nothing of it.
 func TestSecondDaemonOnADataDir(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "first"}); err != nil {
@@ -118,6 +119,7 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 // checkpoint, and they restore; so does one whose data dir was moved while
 // the host was down (its containers gone, its disk unmounted).
 func TestDataDirThroughAnotherPath(t *testing.T) {
+	t.Parallel()
 	real, err := os.MkdirTemp("", "loam-e2e-moved-")
 	if err != nil {
 		t.Fatal(err)
@@ -196,6 +198,7 @@ func mustCheckpoint(t *testing.T, d *daemon, sb string, memory bool) *api.Checkp
 // only checkpoints taken from inside can be deleted, never the owner's nor
 // an automatic one.
 func TestInsideCredential(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "guard"}); err != nil {
@@ -248,6 +251,7 @@ func TestInsideCredential(t *testing.T) {
 // token after the checkpoint, the firewall drops traffic between sandboxes,
 // and an agent serves only its own link.
 func TestForkCannotActAsItsSource(t *testing.T) {
+	// Not parallel: it sets ip_forward, a machine-wide sysctl, and puts it back after.
 	const forward = "/proc/sys/net/ipv4/ip_forward"
 	was, err := os.ReadFile(forward)
 	if err != nil {
@@ -313,6 +317,7 @@ func TestForkCannotActAsItsSource(t *testing.T) {
 // TestCrashMidRestore kills the daemon while a restore runs: the restore
 // was recorded before anything changed, and the next start finishes it.
 func TestCrashMidRestore(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "undo", Resources: &api.Resources{MemoryMiB: 1024}})
@@ -340,8 +345,7 @@ func TestCrashMidRestore(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	d.kill()
-	time.Sleep(2 * time.Second) // runsc may still be at work, as after a real crash
+	d.killSettled() // runsc may still be at work, as after a real crash
 	d.start()
 	got, err := d.C.GetSandbox(ctx, "undo")
 	if err != nil || got.State != api.StateRunning {
@@ -362,6 +366,7 @@ func TestCrashMidRestore(t *testing.T) {
 // TestDataDirSecrets: the data dir is root's alone, even one that was made
 // readable by all before; the database is 0600 and holds no agent token.
 func TestDataDirSecrets(t *testing.T) {
+	t.Parallel()
 	dataDir, err := os.MkdirTemp("", "loam-e2e-modes-")
 	if err != nil {
 		t.Fatal(err)
@@ -407,6 +412,7 @@ func TestDataDirSecrets(t *testing.T) {
 // checkpoint lifts it) does not leave the sandbox unlimited: recovery sets
 // it again.
 func TestLimitsAfterACrash(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "capped", Resources: &api.Resources{CPUs: 0.5}})
@@ -441,6 +447,7 @@ func TestLimitsAfterACrash(t *testing.T) {
 // TestNamesFitURLs: a name whose URL label NAME--ORG would be longer than
 // DNS allows is refused.
 func TestNamesFitURLs(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	long := "a" + strings.Repeat("b", 62-len("--default"))

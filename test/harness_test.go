@@ -1,30 +1,35 @@
 // Package test holds loam's end-to-end tests: they build the real loam
 // binary, run `loam serve` as a separate process on a data dir of their own,
 // and drive real gVisor sandboxes through the Go client and the CLI.
+//
+// Every test runs in parallel (t.Parallel): each daemon has its own data
+// dir, subnet (nextSubnet, within LOAM_TEST_NET's /16) and nftables table,
+// and the sandboxes' names are per daemon. A test that changes what is the
+// machine's (a sysctl, a fixed port) is not parallel, and says why in a
+// "Not parallel:" comment; Go runs those first, alone. The tests wait on
+// events, or with eventually for what can only be seen by looking, never
+// by sleeping a while.
 package test
 
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"loam.dev/loam/client"
-	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/launch"
 	"loam.dev/loam/internal/testenv"
 )
 
@@ -158,10 +163,12 @@ type daemon struct {
 	t       testing.TB
 	dataDir string
 	subnet  string
-	cmd     *exec.Cmd
-	// exited is closed when cmd has exited: one goroutine waits for it,
-	// so that launch, stop, kill and the crash tests can all watch.
-	exited chan struct{}
+	// proc is the running daemon; cmd its process (nil once stopped),
+	// exited closed when it has exited, so that stop, kill and the crash
+	// tests can all watch.
+	proc   *launch.Process
+	cmd    *exec.Cmd
+	exited <-chan struct{}
 	log    *syncBuffer
 	URL    string
 	Token  string
@@ -177,14 +184,7 @@ type daemon struct {
 
 // httpClient is a client for the daemon's API: the default one, or one
 // that trusts d.roots.
-func (d *daemon) httpClient() *http.Client {
-	if d.roots == nil {
-		return http.DefaultClient
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{RootCAs: d.roots}
-	return &http.Client{Transport: tr}
-}
+func (d *daemon) httpClient() *http.Client { return d.proc.HTTPClient }
 
 // subnets hands each daemon of this package its own address range, so that
 // two daemons never give out the same addresses. Tests that call
@@ -230,87 +230,39 @@ func (d *daemon) start(extra ...string) {
 
 // errDaemonExited is wrapped by launch's error when the daemon exited
 // before it answered.
-var errDaemonExited = errors.New("the daemon exited before it answered")
+var errDaemonExited = launch.ErrExited
 
-// launch runs `loam serve` and waits until it answers.
-func (d *daemon) launch(extra ...string) error {
-	os.Remove(filepath.Join(d.dataDir, "api_url"))
-	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
-		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
-		"--template-cache", templateCache(),
-		// No test's DNS ever leaves the machine: a closed port here, unless
-		// the test gives its own server (a later flag wins).
-		"--dns-upstream", "127.0.0.1:1",
-		"--disk-size-gib", "8"}, extra...)
+// options are the launcher's options for this daemon, with more flags.
+func (d *daemon) options(extra ...string) launch.Options {
 	bin := daemonBin
 	if d.bin != "" {
 		bin = d.bin
 	}
-	d.cmd = exec.Command(bin, args...)
-	d.cmd.Env = append(append(os.Environ(), "LOAM_TOKEN="), d.env...) // a test's own token file, never the caller's
+	return launch.Options{Bin: bin, DataDir: d.dataDir, Subnet: d.subnet, Runsc: findRunsc(),
+		TemplateCache: templateCache(), DefaultTemplate: "busybox",
+		Args: append([]string{"--disk-size-gib", "8"}, extra...),
+		Env:  d.env, Output: d.log, Roots: d.roots, Timeout: 60 * time.Second}
+}
+
+// launch runs `loam serve` and waits until it answers.
+func (d *daemon) launch(extra ...string) error {
 	d.log = &syncBuffer{}
-	d.cmd.Stdout = d.log
-	d.cmd.Stderr = d.log
-	if err := d.cmd.Start(); err != nil {
-		return err
-	}
-	exited := make(chan struct{})
-	d.exited = exited
-	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(exited) }(d.cmd)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		b, err := os.ReadFile(filepath.Join(d.dataDir, "api_url"))
-		if err == nil {
-			d.URL = strings.TrimSpace(string(b))
-			break
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("%w:\n%s", errDaemonExited, d.log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("daemon did not start:\n%s", d.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	tok, err := os.ReadFile(filepath.Join(d.dataDir, "token"))
+	p, err := launch.Start(context.Background(), d.options(extra...))
 	if err != nil {
-		return err
+		return fmt.Errorf("%w:\n%s", err, d.log.String())
 	}
-	d.Token = strings.TrimSpace(string(tok))
-	hc := d.httpClient()
-	d.C = client.New(d.URL, d.Token)
-	if d.roots != nil {
-		d.C = client.New(d.URL, d.Token, client.WithHTTPClient(hc))
-	}
-	for {
-		resp, err := hc.Get(d.URL + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("daemon does not answer: %v\n%s", err, d.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	d.proc, d.cmd, d.exited = p, p.Cmd, p.Exited()
+	d.URL, d.Token, d.C = p.URL, p.Token, p.Client
 	return nil
 }
 
 // stop ends the daemon process (SIGTERM) and waits for it; its sandboxes
 // keep running.
 func (d *daemon) stop() {
-	if d.cmd == nil || d.cmd.Process == nil {
+	if d.cmd == nil {
 		return
 	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(30 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exited
-	}
+	d.proc.Stop()
 	d.cmd = nil
 }
 
@@ -322,17 +274,12 @@ func (d *daemon) destroy() {
 	if d.t != nil {
 		logf, failed = d.t.Logf, d.t.Failed()
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	if d.cmd != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		sbs, err := d.C.ListSandboxes(ctx, client.ListOptions{})
-		if err == nil {
-			for _, sb := range sbs {
-				if err := d.C.DeleteSandbox(ctx, sb.ID); err != nil {
-					logf("cleanup: deleting %s: %v", sb.Name, err)
-				}
-			}
+		if err := d.proc.DeleteSandboxes(ctx); err != nil {
+			logf("cleanup: %v", err)
 		}
-		cancel()
 		d.stop()
 	}
 	if race := d.races(); race != "" && d.t != nil {
@@ -342,69 +289,21 @@ func (d *daemon) destroy() {
 	if failed || os.Getenv("LOAM_TEST_LOG") != "" {
 		logf("daemon log:\n%s", d.log.String())
 	}
-	// Whatever the API could not delete: containers, namespaces, the pool.
-	deleteContainers(filepath.Join(d.dataDir, "runsc"))
-	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			name, _, _ := strings.Cut(line, " ")
-			if strings.HasPrefix(name, "loam-sb-") && d.ownsNetns(name) {
-				exec.Command("ip", "netns", "del", name).Run()
-			}
-		}
-	}
-	unmountUnder(d.dataDir)
-	os.RemoveAll(d.dataDir)
-	// The daemon leaves its firewall in place when it stops (its sandboxes
-	// outlive it); the test is done with it.
-	if nets, err := network.New(network.Config{Subnet: netip.MustParsePrefix(d.subnet)}); err == nil {
-		if err := nets.Firewall().Remove(context.Background()); err != nil {
-			logf("cleanup: removing the firewall of %s: %v", d.subnet, err)
-		}
+	// Whatever the API could not delete: containers, namespaces, mounts,
+	// the pool, the data dir, and the firewall (the daemon leaves it in
+	// place when it stops, for its sandboxes; the test is done with it).
+	if err := launch.Cleanup(ctx, d.options()); err != nil {
+		logf("cleanup: %v", err)
 	}
 }
 
 // deleteContainers force-deletes every runsc container under runscRoot.
 func deleteContainers(runscRoot string) {
-	out, err := exec.Command(findRunsc(), "--root", runscRoot, "list", "-quiet").Output()
-	if err != nil {
-		return
-	}
-	for _, id := range strings.Fields(string(out)) {
-		exec.Command(findRunsc(), "--root", runscRoot, "delete", "-force", id).Run()
-	}
-}
-
-// ownsNetns tells whether a namespace belongs to this daemon: its sandbox
-// has a directory in the daemon's data dir.
-func (d *daemon) ownsNetns(name string) bool {
-	_, err := os.Stat(filepath.Join(d.dataDir, "sandboxes", strings.TrimPrefix(name, "loam-")))
-	return err == nil
+	launch.DeleteContainers(context.Background(), findRunsc(), runscRoot)
 }
 
 // unmountUnder unmounts every mount below dir and detaches loop devices.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return
-	}
-	var mounts []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
-			mounts = append(mounts, f[1])
-		}
-	}
-	for i := len(mounts) - 1; i >= 0; i-- {
-		exec.Command("umount", "-l", mounts[i]).Run()
-	}
-	if out, err := exec.Command("losetup", "-j", filepath.Join(dir, "disk", "disk.img")).Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			if dev, _, ok := strings.Cut(line, ":"); ok {
-				exec.Command("losetup", "-d", dev).Run()
-			}
-		}
-	}
-}
+func unmountUnder(dir string) { launch.UnmountUnder(context.Background(), dir) }
 
 // startDaemonB is startDaemon for benchmarks.
 func startDaemonB(b *testing.B, extra ...string) *daemon { return startDaemon(b, extra...) }
@@ -449,11 +348,10 @@ func (d *daemon) runB(t testing.TB, sb string, cmd ...string) string {
 
 // kill ends the daemon process with SIGKILL, as a crash would.
 func (d *daemon) kill() {
-	if d.cmd == nil || d.cmd.Process == nil {
+	if d.cmd == nil {
 		return
 	}
-	_ = d.cmd.Process.Kill()
-	<-d.exited
+	d.proc.Kill()
 	d.cmd = nil
 }
 
@@ -474,4 +372,73 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// eventually waits until cond holds, looking every 50 ms, and fails the
+// test after within. It is for what the tests can only see by looking (a
+// process listed by ps, a file a daemon writes): where something sends an
+// event, the tests wait for that instead.
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		<-tick.C
+	}
+}
+
+// killSettled ends the daemon with SIGKILL, as a crash would, and waits
+// until the runsc commands it was running when it died have exited too:
+// they outlive it and finish or fail what they were doing, as after a
+// real crash, and the next daemon must not race them.
+func (d *daemon) killSettled() {
+	d.t.Helper()
+	var kids []int
+	if d.cmd != nil {
+		kids = runscCommands(d.cmd.Process.Pid)
+	}
+	d.kill()
+	eventually(d.t, time.Minute, "the runsc commands of a killed daemon exit", func() bool {
+		for _, pid := range kids {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// runscCommands are the pids of the runsc commands (checkpoint, restore,
+// delete...) that are children of pid; a sandbox's own runsc processes
+// (boot, gofer) are not: they run as long as the sandbox.
+func runscCommands(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var kids []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after
+		// its closing parenthesis.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 2 || f[1] != strconv.Itoa(pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		args := strings.Split(string(cmdline), "\x00")
+		if args[0] == findRunsc() && !slices.Contains(args, "boot") && !slices.Contains(args, "gofer") {
+			kids = append(kids, n)
+		}
+	}
+	return kids
 }

@@ -84,6 +84,7 @@ func hostSide(t *testing.T, sandboxIP string) string {
 }
 
 func TestHostile(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	for _, name := range []string{"hostile", "victim"} {

@@ -30,6 +30,7 @@ var busyboxConfig = v1.Config{
 // it has no libc; a fork of it keeps its image; the image cannot be
 // deleted while they use it; an image naming a user it lacks is invalid.
 func TestImageSandbox(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	reg := imagetest.Registry(t, "alice", "s3cret")
@@ -169,6 +170,7 @@ func checkImageSandbox(t *testing.T, d *daemon, name, own string) {
 // TestImageCLI: loam image login, pull (quiet without a terminal: the id
 // alone), ls, rm and logout against a real daemon and registry.
 func TestImageCLI(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	reg := imagetest.Registry(t, "bob", "pw")
 	ref := reg + "/cli:v1"

@@ -15,6 +15,7 @@ import (
 // TestInside: a sandbox checkpoints itself with the in-sandbox CLI, with a
 // credential that reaches only that sandbox; a fork learns who it is.
 func TestInside(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	self, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "self"})
@@ -108,6 +109,7 @@ func TestInside(t *testing.T) {
 // TestStreamsEnd: a memory checkpoint ends exec streams with 1011 and hangs
 // their commands up; a disk-only one ends nothing.
 func TestStreamsEnd(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "streamy"}); err != nil {
@@ -151,6 +153,7 @@ func TestStreamsEnd(t *testing.T) {
 // next checkpoint fail (it made it 409 limit when both counted against one
 // limit), and the owner's own share is still enforced.
 func TestInsideShare(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, "--checkpoint-limit", "2", "--inside-checkpoint-limit", "2")
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "greedy"}); err != nil {

@@ -138,6 +138,7 @@ func checkpointByID(t *testing.T, d *daemon, sandbox, id string) api.Checkpoint 
 // over stdio: a checkpoint comes before each command and each change, its
 // id is in the result and the log, and restoring to it undoes the step.
 func TestMCPTools(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	m := startMCP(t, d, "--checkpoint-before=exec")
 
@@ -347,6 +348,7 @@ func TestMCPTools(t *testing.T) {
 // TestMCPGuardrails checks --sandboxes, --read-only and
 // --checkpoint-before=write against a real daemon.
 func TestMCPGuardrails(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	for _, name := range []string{"mine", "theirs"} {
@@ -439,6 +441,7 @@ func TestMCPGuardrails(t *testing.T) {
 // stream on the sandbox): the server attaches to it again and returns its
 // whole output and exit code.
 func TestMCPCommandThroughCheckpoint(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	if _, err := d.C.CreateSandbox(ctxT(t), api.CreateSandbox{Name: "busy"}); err != nil {
 		t.Fatal(err)
@@ -474,6 +477,7 @@ func TestMCPCommandThroughCheckpoint(t *testing.T) {
 // TestMCPHTTP serves `loam mcp --listen` and checks that it wants the
 // daemon's token.
 func TestMCPHTTP(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()

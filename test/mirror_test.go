@@ -18,6 +18,7 @@ import (
 // debootstrap is a fake on the daemon's PATH that records its arguments
 // and fails as an unreachable mirror does: no test leaves the machine.
 func TestDebianMirror(t *testing.T) {
+	t.Parallel()
 	bin := t.TempDir()
 	argsFile := filepath.Join(bin, "args")
 	fake := "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + argsFile + "\necho 'E: Failed getting release file' >&2\nexit 1\n"

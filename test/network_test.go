@@ -29,10 +29,17 @@ type world struct {
 	ip, ip2 string // two addresses of the world's
 }
 
+// worldMu is held by the test that has the world: there is one per run
+// (its names and addresses are the run's), and the tests run in parallel.
+var worldMu sync.Mutex
+
 // newWorld makes the world namespace and its veth, removed when the test
-// ends, also on failure.
+// ends, also on failure. A test waits here for the one that has it.
 func newWorld(t *testing.T) *world {
 	t.Helper()
+	worldMu.Lock()
+	// Registered first, so it runs last: after the world's removal.
+	t.Cleanup(worldMu.Unlock)
 	sub := strings.TrimSuffix(testSubnet(251), "0/24") // "10.X.251."
 	// Named after the run's test range, so that two runs at once (see
 	// testSubnet) have a world each.
@@ -159,6 +166,7 @@ func expectFetch(t *testing.T, d *daemon, sb, url string, want bool) {
 }
 
 func TestNetworkEgress(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.serveHTTP(t)
 	d := startDaemon(t)
@@ -328,6 +336,7 @@ func (w *world) serveDNS(t *testing.T) string {
 }
 
 func TestNetworkNames(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.serveHTTP(t)
 	d := startDaemon(t, "--dns-upstream", w.serveDNS(t))
@@ -400,6 +409,7 @@ func TestNetworkNames(t *testing.T) {
 // TestNetworkAfterRestart: a restarted daemon installs its firewall afresh
 // and puts back the policy and the resolver of every sandbox that ran on.
 func TestNetworkAfterRestart(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.serveHTTP(t)
 	dnsAddr := w.serveDNS(t)
@@ -425,6 +435,7 @@ func TestNetworkAfterRestart(t *testing.T) {
 
 // TestNetworkCLI: the policy flags of create, and loam network set/get.
 func TestNetworkCLI(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	if _, errOut, code := d.cli("", "create", "cli", "--egress", "none", "--allow", "PyPI.org", "--allow", "192.0.2.0/24"); code != 0 {
 		t.Fatalf("create: exit %d: %s", code, errOut)

@@ -156,6 +156,7 @@ func output(fs []frame, stream byte) string {
 // the server has and the document lacks, on a route no walk reached, and on
 // a documented field no answer held.
 func TestOpenAPIConformance(t *testing.T) {
+	t.Parallel()
 	// A reserve no host has: warm pools say why they hold back (held).
 	d := startDaemon(t, "--pool-reserve-mib", "100000000")
 	ctx := ctxT(t)

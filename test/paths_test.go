@@ -48,6 +48,7 @@ func tarOf(t *testing.T, mode int64, names ...string) *bytes.Reader {
 // user planted (proj/conf -> /etc) under root's upload of conf/ 0777.
 // Neither may write outside the upload's directory or change /etc.
 func TestPathsUploadSymlinks(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C
@@ -94,6 +95,7 @@ func TestPathsUploadSymlinks(t *testing.T) {
 // gVisor's syscalls are the ones that count (they run on the host's kernel
 // in go test).
 func TestPathsInSandbox(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C
@@ -158,6 +160,7 @@ func readDeepTree(levels int) string {
 // the host reaches only by descriptor, its data dir's path before them;
 // and what cannot be imported is a 4xx naming the entry.
 func TestPathsTemplateRoundTrip(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C

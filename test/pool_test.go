@@ -20,6 +20,7 @@ import (
 // gives the member back; the pool refills; deleting the checkpoint drains
 // it and leaves nothing behind.
 func TestWarmPool(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
@@ -112,6 +113,7 @@ func TestWarmPool(t *testing.T) {
 // for no other resources claims a member, with its services; the pool's
 // size outlives a restart of the daemon, which makes the members again.
 func TestWarmPoolTemplate(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	tpl := func() (*api.Pool, error) { return d.C.TemplatePool(ctx, "busybox") }

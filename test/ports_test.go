@@ -61,6 +61,7 @@ func getThrough(ctx context.Context, c *client.Client, sb string, port int) (str
 // listing shows it and a loopback-only one, never the agent's port; a port
 // stream carries an HTTP request to each; refusals are loam's own errors.
 func TestPorts(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "porty", Template: "base"}); err != nil {
@@ -151,6 +152,7 @@ func TestPorts(t *testing.T) {
 // watches with 1011; a disk-only checkpoint ends neither; a restore ends
 // them too.
 func TestPortStreamsEnd(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "porty", Template: "base"}); err != nil {
@@ -276,6 +278,7 @@ type readResult struct {
 // TestPortsCLI: loam ports lists, loam ports watch watches, loam
 // port-forward forwards.
 func TestPortsCLI(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "porty", Template: "base"}); err != nil {

@@ -32,6 +32,7 @@ import (
 // device's backing file is copied as it is, which is what reached the
 // device. The copy is mounted and a daemon started on it.
 func TestPowerLoss(t *testing.T) {
+	// Not parallel: it turns the kernel's periodic writeback off machine-wide (vm.dirty_*), and a sync by any other test would flush what it means to lose.
 	ctx := ctxT(t)
 	work, err := os.MkdirTemp("", "loam-e2e-power-")
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 // volume, snapshot or checkpoint directory is left over; after the delete,
 // nothing of the sandbox is left.
 func TestRacingLifecycle(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, "--checkpoint-limit", "100")
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "race"})

@@ -19,7 +19,7 @@ import (
 	"loam.dev/loam/client"
 )
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
@@ -29,6 +29,7 @@ func ctxT(t *testing.T) context.Context {
 // with stdout, stderr, stdin and exit codes, env and labels, isolation of
 // two sandboxes, and delete freeing everything.
 func TestSandboxLifecycle(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	c := d.C
@@ -116,10 +117,15 @@ func TestSandboxLifecycle(t *testing.T) {
 		// nohup's way (busybox has no nohup): ignore SIGHUP, then run on.
 		d.run("alpha", "sh", "-c", "(trap '' HUP; exec sleep 1000) >/dev/null 2>&1 &")
 		d.run("alpha", "sh", "-c", "setsid sleep 1001 >/dev/null 2>&1 < /dev/null &")
-		time.Sleep(200 * time.Millisecond)
-		ps := d.run("alpha", "ps")
-		if !strings.Contains(ps, "sleep 1000") || !strings.Contains(ps, "sleep 1001") {
-			t.Fatalf("detached sleeps gone:\n%s", ps)
+		both := func() bool {
+			ps := d.run("alpha", "ps")
+			return strings.Contains(ps, "sleep 1000") && strings.Contains(ps, "sleep 1001")
+		}
+		// Their shells have exited (the execs returned); the sleeps are
+		// seen once they run, and are still there an exec later.
+		eventually(t, 20*time.Second, "the detached sleeps run", both)
+		if !both() {
+			t.Fatalf("detached sleeps gone:\n%s", d.run("alpha", "ps"))
 		}
 	})
 	t.Run("hang up on close", func(t *testing.T) {
@@ -206,17 +212,12 @@ func pidOf(t *testing.T, d *daemon, sb, cmd string) string {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 20s")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	eventually(t, 20*time.Second, "condition", cond)
 }
 
 // TestAPIErrors checks auth and bad input, over plain HTTP as curl sends it.
 func TestAPIErrors(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "taken"}); err != nil {
@@ -282,6 +283,7 @@ func TestAPIErrors(t *testing.T) {
 // TestDaemonRestart: a running sandbox stays running, and usable, when the
 // daemon stops and starts again; its processes are the same ones.
 func TestDaemonRestart(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "keeper"}); err != nil {
@@ -305,6 +307,7 @@ func TestDaemonRestart(t *testing.T) {
 
 // TestCLI runs the CLI as a user would.
 func TestCLI(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	out, errOut, code := d.cli("", "create", "scratch", "--env", "A=1", "--label", "k=v", "--memory", "256Mi")
 	if code != 0 || !strings.Contains(out, "name:        scratch\n") || !strings.Contains(out, "state:       running\n") {
@@ -339,6 +342,7 @@ func TestCLI(t *testing.T) {
 // memory from its cgroup; its CPU time grows while it computes; a sleeping
 // sandbox shows none.
 func TestSandboxUsage(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "busy", Resources: &api.Resources{MemoryMiB: 256}}); err != nil {

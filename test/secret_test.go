@@ -64,6 +64,7 @@ func randomValue(t *testing.T) string {
 // source's secrets, a fork that gives its own has only those; deleting one
 // in use is a conflict unless forced.
 func TestSecrets(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	rec := &recorder{}
 	c := client.New(d.URL, d.Token, client.WithHTTPClient(&http.Client{Transport: rec}))
@@ -235,6 +236,7 @@ func TestSecrets(t *testing.T) {
 // restarts and takes it back (recovery sends the agent its identity, the
 // secrets with it, again).
 func TestSecretsAfterRestart(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -25,6 +25,7 @@ import (
 // daemon's own stops (a checkpoint, a sleep, a restore) never count as a
 // death. It logs how long the daemon took to notice.
 func TestSandboxProcessKilled(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	victim, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "victim"})

@@ -52,6 +52,7 @@ func serviceLogs(t *testing.T, d *daemon, sb, name string) (stdout, stderr strin
 // are readable; stop and start work; a definition the sandbox cannot run is
 // a clear 400; the CLI lists them.
 func TestServices(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svc", Env: map[string]string{"GREETING": "hi"}, Services: []api.Service{
@@ -159,6 +160,7 @@ func TestServices(t *testing.T) {
 // taken (a fresh start), even if it was stopped by hand since, and leaves
 // stopped what was stopped.
 func TestServicesAcrossCheckpoints(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svcp"}); err != nil {
@@ -179,12 +181,20 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 
 	// Following its logs across a memory checkpoint ends with an
 	// interruption, to be read again from the offsets reached.
-	var got bytes.Buffer
+	// web ticks every 100 ms: its first line through the socket says the
+	// following has begun, before the checkpoint is taken.
+	got := &firstWrite{started: make(chan struct{})}
 	followed := make(chan error, 1)
 	go func() {
-		followed <- d.C.ServiceLogs(ctx, "svcp", "web", client.ServiceLogsOptions{Stdout: &got, Stderr: &got, Follow: true})
+		followed <- d.C.ServiceLogs(ctx, "svcp", "web", client.ServiceLogsOptions{Stdout: got, Stderr: got, Follow: true})
 	}()
-	time.Sleep(300 * time.Millisecond)
+	select {
+	case <-got.started:
+	case err := <-followed:
+		t.Fatalf("following web's logs ended before a line: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("following web's logs: no line in 20 s")
+	}
 
 	mem, err := d.C.CreateCheckpoint(ctx, "svcp", api.CreateCheckpoint{})
 	if err != nil {
@@ -272,6 +282,7 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 // its services start again as they were: running ones run, stopped ones
 // stay stopped.
 func TestServicesColdStart(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "cold", Services: []api.Service{

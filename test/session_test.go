@@ -106,6 +106,7 @@ func (f *follower) checkCount(t *testing.T) {
 // disk-only checkpoint ends nothing; a fork and a memory restore have the
 // session running; a disk-only restore has none.
 func TestSessionAcrossCheckpoints(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "sess"}); err != nil {
@@ -221,6 +222,7 @@ func checkRunning(t *testing.T, d *daemon, sb, id string) {
 // TestSessionLifecycle: wait, signal, a process tree killed by DELETE
 // leaves no child, the CLI's commands.
 func TestSessionLifecycle(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "life"}); err != nil {
@@ -316,6 +318,7 @@ func TestSessionLifecycle(t *testing.T) {
 // commit d3d1566), as a sandbox restored from an old checkpoint does: exec
 // works, and sessions are refused with a clear error.
 func TestSessionOldAgent(t *testing.T) {
+	t.Parallel()
 	old := oldAgent(t)
 	d := startDaemon(t, "--agent-binary", old)
 	ctx := ctxT(t)
@@ -426,6 +429,7 @@ func (w *firstByte) Write(p []byte) (int, error) {
 // TestSessionCLI drives sessions through the CLI: exec -d, sessions, logs,
 // attach (and its 1011 ending), kill.
 func TestSessionCLI(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "cli"}); err != nil {

@@ -76,6 +76,7 @@ func alive(t *testing.T, d *daemon, sb, pid string) {
 // daemon restart keeps it asleep; a restore of a sleeping sandbox leaves it
 // running at the checkpoint with an auto-N of its sleeping state.
 func TestSleepWake(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, idleFlags...)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nap", Idle: "2s"})
@@ -185,6 +186,7 @@ func TestSleepWake(t *testing.T) {
 // wakes with its PID; listing sessions, and files, ports and services
 // calls, each wake a sleeping sandbox.
 func TestSleepKeepsSessions(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "sess"}); err != nil {
@@ -234,6 +236,7 @@ func TestSleepKeepsSessions(t *testing.T) {
 // --idle; an exec stream open longer than the idle keeps it awake; "0"
 // never sleeps.
 func TestServeIdle(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, append([]string{"--idle", "1500ms"}, idleFlags...)...)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "dflt"}); err != nil {
@@ -258,6 +261,7 @@ func TestServeIdle(t *testing.T) {
 // sandbox running or asleep, never lost: after a restart an exec answers,
 // and a sandbox found asleep wakes with its processes.
 func TestCrashMidSleep(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "crashy", Resources: &api.Resources{MemoryMiB: 1024}})
@@ -280,8 +284,7 @@ func TestCrashMidSleep(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 		time.Sleep(after)
-		d.kill()
-		time.Sleep(2 * time.Second) // runsc finishes or fails what it was doing
+		d.killSettled() // runsc finishes or fails what it was doing
 		d.start()
 		got, err := d.C.GetSandbox(ctx, "crashy")
 		if err != nil {

@@ -76,6 +76,7 @@ func (l latencies) String() string {
 // Clients that vanish mid-upload (content, archive), or go silent, leave
 // no partial file.
 func TestSlowClients(t *testing.T) {
+	t.Parallel()
 	const writeTimeout = 8 * time.Second
 	d := startDaemon(t, "--write-timeout", writeTimeout.String())
 	ctx := ctxT(t)

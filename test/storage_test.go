@@ -192,6 +192,7 @@ func wantStorage(t *testing.T, what string, err error, says string) {
 // insufficient_storage, the sandbox runs on, nothing partial is left and
 // the store holds no record of it; once space is freed each works.
 func TestDataDirFull(t *testing.T) {
+	t.Parallel()
 	mnt := smallFS(t, 3<<10)
 	data := filepath.Join(mnt, "data")
 	d := startDaemonOn(t, data, "--template-cache", filepath.Join(mnt, "templates"))

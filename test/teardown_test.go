@@ -23,6 +23,7 @@ import (
 // with -y leaves no mount, loop device, network namespace, veth, nftables
 // table, runsc process or cgroup of the data dir, and no data dir.
 func TestTeardown(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	var ids []string

@@ -39,6 +39,7 @@ func findTemplate(t *testing.T, d *daemon, name string) *api.Template {
 // gone; a disk-only one boots fresh with the files; a template in use
 // cannot be deleted, nor can a built-in.
 func TestTemplateFromCheckpoint(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.PutSecret(ctx, "key", "s3cret"); err != nil {
@@ -173,6 +174,7 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 // TestTemplateBuild: loam template build runs the commands in a sandbox,
 // streaming their output, and keeps the result; the sandbox goes.
 func TestTemplateBuild(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	stdout, stderr, code := d.cli("", "template", "build", "tb", "--template", "busybox",
@@ -224,6 +226,7 @@ func TestTemplateBuild(t *testing.T) {
 // imported into another starts sandboxes there that count on; damaged
 // archives are refused and leave nothing.
 func TestTemplateExportImport(t *testing.T) {
+	t.Parallel()
 	d1 := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d1.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
@@ -342,6 +345,7 @@ func craftArchive(t *testing.T, evil string) []byte {
 // template after its restart, and its start removes what the import left,
 // and what a crash between a template's disk and its publication leaves.
 func TestTemplateCrash(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {

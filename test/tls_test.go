@@ -74,6 +74,7 @@ func selfSigned(t *testing.T) (certFile, keyFile string, roots *x509.CertPool) {
 // exec WebSockets, the CLI) over HTTPS only, and loam mcp --listen with
 // them serves MCP over HTTPS, reaching that daemon over HTTPS too.
 func TestTLS(t *testing.T) {
+	t.Parallel()
 	certFile, keyFile, roots := selfSigned(t)
 	dataDir, err := os.MkdirTemp("", "loam-e2e-tls-")
 	if err != nil {

@@ -27,6 +27,7 @@ const tsCheckpointLimit = "4"
 // build (tsc), then node --test, with LOAM_API_URL and LOAM_TOKEN of that
 // daemon. Without node and npm it skips, unless CI=true.
 func TestTypeScriptSDK(t *testing.T) {
+	t.Parallel()
 	needNode(t)
 	dir := tsSDKDir()
 	d := startDaemon(t, "--checkpoint-limit", tsCheckpointLimit)

@@ -23,7 +23,7 @@ import (
 // urlServer is a small server for a sandbox, on python's standard library
 // alone: GET serves /home/loam/site, POST echoes its body, and GET /ws
 // answers a WebSocket handshake and echoes text frames until a close; GET
-// /slow answers "slow" after 1.5 s.
+// /slow creates /tmp/slow-began, then answers "slow" after 1.5 s.
 const urlServer = `import base64, hashlib, http.server, os, socketserver, struct, sys, time
 
 class H(http.server.SimpleHTTPRequestHandler):
@@ -41,6 +41,7 @@ class H(http.server.SimpleHTTPRequestHandler):
         self.wfile.write(out)
     def do_GET(self):
         if self.path == "/slow":
+            open("/tmp/slow-began", "w").close()
             time.sleep(1.5)
             self.send_response(200)
             self.send_header("Content-Length", "5")
@@ -136,6 +137,7 @@ func fetch(ctx context.Context, c *http.Client, method, u string, hdr http.Heade
 // header or once in the query, then in a cookie; a public one takes any;
 // unknown names and servers that do not listen get loam's pages.
 func TestURL(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "web", Template: "base"})
@@ -248,6 +250,7 @@ func TestURL(t *testing.T) {
 // TestURLDuringRestore: requests sent to a sandbox's URL while it is being
 // restored wait, and are answered by the restored machine; none fails.
 func TestURLDuringRestore(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "roll", Template: "base", Public: true})
@@ -272,7 +275,10 @@ func TestURLDuringRestore(t *testing.T) {
 		status, body, _, err := fetch(ctx, c, "GET", sb.URL+"/slow", nil, "")
 		slow <- fmt.Sprintf("%d %q %v", status, body, err)
 	}()
-	time.Sleep(300 * time.Millisecond)
+	eventually(t, 20*time.Second, "the slow request reaches the sandbox's server", func() bool {
+		_, _, code, err := d.C.Output(ctx, "roll", "test", "-e", "/tmp/slow-began")
+		return err == nil && code == 0
+	})
 	restored := make(chan error, 1)
 	go func() {
 		_, err := d.C.RestoreCheckpoint(ctx, "roll", cp.ID)
@@ -418,6 +424,7 @@ func benchGets(b *testing.B, c *http.Client, u string, clients int) {
 // `loam checkpoint ls` does not wake it; an HTTP request through its URL
 // does, and is answered by the server that was running, same PID.
 func TestURLWakesASleepingSandbox(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, idleFlags...)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "dozy", Template: "base", Public: true, Idle: "2s"})
@@ -473,6 +480,7 @@ func TestURLWakesASleepingSandbox(t *testing.T) {
 // its labels and idle time at once, without waking it; bad updates are
 // invalid and change nothing.
 func TestUpdateSandbox(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t)
 	ctx := ctxT(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "upd", Labels: map[string]string{"owner": "docs"}})
