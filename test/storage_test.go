@@ -426,8 +426,9 @@ func TestDataDirFull(t *testing.T) {
 
 	// An image pull: refused at once with the data dir at its reserve;
 	// with room for what the manifest says, but not for what the layers
-	// unpack to (zeros compress to nothing), it fails part-way and leaves
-	// no partial template; with space, the same pull works.
+	// unpack to (zeros compress to nothing), the unpacking refuses the
+	// file that would take it past the free space before writing it, and
+	// leaves no partial template; with space, the same pull works.
 	reg := imagetest.Registry(t, "", "")
 	ref := reg + "/zeros:v1"
 	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t),
@@ -437,7 +438,7 @@ func TestDataDirFull(t *testing.T) {
 	wantStorage(t, "image pull, refused", err, "not enough space in the data dir for an image pull")
 	fill.leave(160 << 20)
 	_, err = d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "img", Image: ref})
-	wantStorage(t, "create from an image that cannot unpack", err, "ran out of space during the pull of")
+	wantStorage(t, "create from an image that cannot unpack", err, "not enough space in the data dir to unpack the image")
 	im, err := d.C.GetImage(ctx, image.ID(ref))
 	if err != nil || im.State != api.ImageError || !strings.Contains(im.Error, "insufficient_storage") {
 		t.Errorf("image after the failed pull: %+v, %v; want state error, insufficient_storage", im, err)
