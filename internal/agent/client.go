@@ -82,8 +82,6 @@ func (c *Client) url(path string) string {
 	return strings.TrimSuffix(c.BaseURL, "/") + path
 }
 
-func (c *Client) header() http.Header { return bearer(c.Token) }
-
 func bearer(token string) http.Header {
 	return http.Header{"Authorization": {"Bearer " + token}}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"loam.dev/loam/internal/atomicfile"
@@ -42,19 +41,4 @@ func (m *Manager) writeHandle(sb *store.Sandbox, ep network.Endpoint) error {
 		return fmt.Errorf("writing handle of %s: %w", sb.ID, err)
 	}
 	return nil
-}
-
-func (m *Manager) readHandle(id string) (*handle, error) {
-	b, err := os.ReadFile(filepath.Join(m.dir(id), "handle.json"))
-	if err != nil {
-		return nil, err
-	}
-	var h handle
-	if err := json.Unmarshal(b, &h); err != nil {
-		return nil, fmt.Errorf("reading handle of %s: %w", id, err)
-	}
-	if h.Version > handleVersion {
-		return nil, fmt.Errorf("handle of %s has version %d, newer than this daemon's %d", id, h.Version, handleVersion)
-	}
-	return &h, nil
 }

@@ -739,19 +739,6 @@ func procMemAvailable() (int64, error) {
 	return -1, sc.Err()
 }
 
-// poolMembers lists a pool's ready members' ids (tests).
-func (m *Manager) poolMembers(key string) []string {
-	m.pools.mu.Lock()
-	defer m.pools.mu.Unlock()
-	var ids []string
-	if p := m.pools.all[key]; p != nil {
-		for _, sb := range p.ready {
-			ids = append(ids, sb.ID)
-		}
-	}
-	return ids
-}
-
 // defaultResources reports whether a create asks for no CPUs or memory of
 // its own: only such a create may take a template pool's member, made with
 // the daemon's defaults (or a memory template's).
