@@ -1,8 +1,5 @@
 package sandbox
 
-// AgentControl is agentControl, for the external tests.
-var AgentControl = agentControl
-
 // Lives is how many sandboxes have a live object (live.go), which holds
 // the lock on their checkpoints and what is known of their agent.
 func (m *Manager) Lives() int {

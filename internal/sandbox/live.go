@@ -97,10 +97,10 @@ type live struct {
 	// began or ended.
 	held   chan struct{}
 	heldAt time.Time
-	// streams and calls are the streams and files calls open on the
-	// sandbox (exec.go, files.go).
+	// streams and calls are the streams and the relayed calls open on
+	// the sandbox (stream.go, relay.go).
 	streams map[*Stream]bool
-	calls   map[*fileCall]bool
+	calls   map[*relayCall]bool
 	// used is when the sandbox was last used (zero: not known yet);
 	// holds counts the Actives open on it, and quiet is closed when they
 	// drop to none (nil while there are none: see drain).

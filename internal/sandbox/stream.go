@@ -115,3 +115,52 @@ func (s *Stream) Close() {
 		close(s.closed)
 	})
 }
+
+// Context is the stream's context: it ends when the Manager ends the
+// stream (its cause says why) or the stream is closed.
+func (s *Stream) Context() context.Context { return s.ctx }
+
+// addStream registers s as a stream of sandbox id, until s is closed.
+func (m *Manager) addStream(id string, s *Stream) {
+	l := m.live(id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.streams == nil {
+		l.streams = map[*Stream]bool{}
+	}
+	l.streams[s] = true
+	s.release = func() { l.removeStream(s) }
+	s.died = func() bool { return l.died() }
+}
+
+func (l *live) removeStream(s *Stream) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.streams, s)
+	l.used = time.Now() // idle time starts when the stream ends
+}
+
+// closeStreams ends every stream of a sandbox with status 1011, cuts its
+// calls in flight that a checkpoint cuts, and closes its spare exec
+// sockets.
+func (m *Manager) closeStreams(id, reason string) {
+	m.dropSpare(id)
+	m.endCalls(id, reason)
+	l := m.peek(id)
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	ss := make([]*Stream, 0, len(l.streams))
+	for s := range l.streams {
+		ss = append(ss, s)
+	}
+	l.mu.Unlock()
+	// Each end waits for its client's socket to be closed (a few seconds
+	// for a client that does not read): end them all at once.
+	var wg sync.WaitGroup
+	for _, s := range ss {
+		wg.Go(func() { s.end(reason) })
+	}
+	wg.Wait()
+}
