@@ -171,10 +171,10 @@ func (c *Call) Stream(conn *websocket.Conn, fromAgent func([]byte) []byte) *Stre
 	return s
 }
 
-// TakeSpare returns an exec socket to the agent opened ahead (spare.go),
-// nil when there is none that can be used.
+// TakeSpare returns an exec socket to the agent opened ahead (see
+// agentconn.Conns), nil when there is none that can be used.
 func (c *Call) TakeSpare() *websocket.Conn {
-	return c.m.takeSpare(c.Sandbox.ID, c.m.agentToken(c.Sandbox))
+	return c.m.conns.TakeSpare(c.Sandbox.ID, c.m.agentToken(c.Sandbox))
 }
 
 // DialExec opens an exec socket to the agent.
@@ -182,9 +182,9 @@ func (c *Call) DialExec(ctx context.Context) (*websocket.Conn, error) {
 	return c.m.agentClient(c.ep, c.m.agentToken(c.Sandbox)).DialExec(ctx)
 }
 
-// OpenSpares has exec sockets opened ahead for the next execs (spare.go).
+// OpenSpares has exec sockets opened ahead for the next execs.
 func (c *Call) OpenSpares() {
-	c.m.openSpare(c.Sandbox.ID, c.ep, c.m.agentToken(c.Sandbox))
+	c.m.conns.OpenSpares(c.Sandbox.ID, c.ep.SandboxIP, c.m.agentToken(c.Sandbox))
 }
 
 // Volume is the host path of the sandbox's disk: where an upload's room
