@@ -2,11 +2,15 @@ package agentconn_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/agentconn"
 )
 
@@ -52,5 +56,50 @@ func TestAgentControl(t *testing.T) {
 			bytes.Contains(out, []byte(`"Error"`)) || bytes.Contains(out, []byte(`"Type"`)) {
 			t.Errorf("%.80s: got %.200s", tc.in, out)
 		}
+	}
+}
+
+// TestMap: the one mapper gives an agent's answer only the meaning the
+// relay's protocol gives its status; any other answer is the agent's own
+// failure (internal, quoted), whatever class or status it claims, 5xx
+// included; no answer is the relay's unavailable; a caller gone gets its
+// own error back.
+func TestMap(t *testing.T) {
+	known := func(ae *agent.Error) error {
+		if ae.Status == 404 {
+			return api.Errorf(api.CodeNotFound, "no such thing")
+		}
+		return nil
+	}
+	noAnswer := func() error { return api.Errorf(api.CodeUnavailable, "the sandbox's agent does not answer") }
+	bg := context.Background()
+	gone, cancel := context.WithCancel(bg)
+	cancel()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want api.Code
+		msg  string
+	}{
+		{"a status the protocol defines", bg, fmt.Errorf("x: %w", &agent.Error{Status: 404, Code: "forbidden", Message: "lies"}), api.CodeNotFound, "no such thing"},
+		{"a 5xx claiming unavailable", bg, &agent.Error{Status: 503, Code: "unavailable", Message: "later"}, api.CodeInternal, "the sandbox's agent failed"},
+		{"a 500 claiming not_found", bg, &agent.Error{Status: 500, Code: "not_found", Message: "x"}, api.CodeInternal, "the sandbox's agent failed"},
+		{"a 401", bg, &agent.Error{Status: 401, Code: "unauthorized"}, api.CodeInternal, "the sandbox's agent failed"},
+		{"no answer", bg, errors.New("connection refused"), api.CodeUnavailable, "does not answer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := agentconn.Map(tc.ctx, tc.err, known, noAnswer)
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Code != tc.want || !strings.Contains(ae.Message, tc.msg) {
+				t.Fatalf("got %v, want %s about %q", err, tc.want, tc.msg)
+			}
+		})
+	}
+	if err := agentconn.Map(gone, context.Canceled, known, noAnswer); err != context.Canceled {
+		t.Errorf("caller gone: got %v, want its own error", err)
+	}
+	if err := agentconn.Map(bg, &agent.Error{Status: 404}, nil, noAnswer); !errors.Is(err, api.ErrInternal) {
+		t.Errorf("no known statuses: got %v, want internal", err)
 	}
 }

@@ -148,8 +148,8 @@ func (m *Manager) peek(id string) *live {
 // its source lock, the deleting operation) finds the sandbox gone.
 func (m *Manager) forgetLive(id string) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	delete(m.lives, id)
+	m.mu.Unlock()
 	m.conns.Forget(id)
 }
 

@@ -153,9 +153,9 @@ type Manager struct {
 	// holds the slots handed out but not yet stored.
 	insertMu sync.Mutex
 	reserved map[int]bool
-	// bg are the goroutines the Manager runs on its own (death
-	// watches; the spare dials are conns'), started by goBG and ended by Close; bgCtx is
-	// cancelled by Close. bgMu orders goBG and Close (closed).
+	// bg are the goroutines the Manager runs on its own (death watches;
+	// the spare dials are conns'), started by goBG and ended by Close;
+	// bgCtx is cancelled by Close. bgMu orders goBG and Close (closed).
 	bgMu   sync.Mutex
 	closed bool
 	// watchers counts the death watches running (for tests).
