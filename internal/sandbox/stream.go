@@ -17,7 +17,7 @@ import (
 // the caller then closes its client's socket with status 1011. The caller
 // calls Close when it is done, whichever side ended first.
 //
-// Inside the package, a Stream with no socket (agent nil) stands for a call
+// A Stream with no socket (agent nil, see Call.Stream) stands for a call
 // in flight that must end as streams do: a session's wait.
 type Stream struct {
 	agent  *websocket.Conn
@@ -53,7 +53,7 @@ func (s *Stream) Agent() *websocket.Conn { return s.agent }
 
 // FromAgent is what the client should get for a text message the agent
 // sent: the message itself, or, where the agent said more than it may (see
-// agentControl), what loam says instead; nil when the client should get
+// agentconn.Control), what loam says instead; nil when the client should get
 // nothing.
 func (s *Stream) FromAgent(data []byte) []byte {
 	if s.fromAgent == nil {
