@@ -52,6 +52,7 @@ type Call struct {
 	m     *Manager
 	l     *live
 	ep    network.Endpoint
+	token string // the sandbox's agent token, as read
 	c     *relayCall
 	start time.Time
 }
@@ -121,7 +122,7 @@ func (m *Manager) tryRelay(ctx context.Context, ref string, need Need) (*Call, e
 	}
 	l.calls[c] = true
 	l.mu.Unlock()
-	return &Call{Sandbox: sb, Agent: m.callClient(sb, ep), Ctx: cctx, m: m, l: l, ep: ep, c: c, start: start}, nil
+	return &Call{Sandbox: sb, Agent: m.callClient(sb, ep), Ctx: cctx, m: m, l: l, ep: ep, token: m.agentToken(sb), c: c, start: start}, nil
 }
 
 // End ends the call: the sandbox's activity, and the call's context. It is
@@ -174,17 +175,17 @@ func (c *Call) Stream(conn *websocket.Conn, fromAgent func([]byte) []byte) *Stre
 // TakeSpare returns an exec socket to the agent opened ahead (see
 // agentconn.Conns), nil when there is none that can be used.
 func (c *Call) TakeSpare() *websocket.Conn {
-	return c.m.conns.TakeSpare(c.Sandbox.ID, c.m.agentToken(c.Sandbox))
+	return c.m.conns.TakeSpare(c.Sandbox.ID, c.token)
 }
 
 // DialExec opens an exec socket to the agent.
 func (c *Call) DialExec(ctx context.Context) (*websocket.Conn, error) {
-	return c.m.agentClient(c.ep, c.m.agentToken(c.Sandbox)).DialExec(ctx)
+	return c.m.agentClient(c.ep, c.token).DialExec(ctx)
 }
 
 // OpenSpares has exec sockets opened ahead for the next execs.
 func (c *Call) OpenSpares() {
-	c.m.conns.OpenSpares(c.Sandbox.ID, c.ep.SandboxIP, c.m.agentToken(c.Sandbox))
+	c.m.conns.OpenSpares(c.Sandbox.ID, c.ep.SandboxIP, c.token)
 }
 
 // Volume is the host path of the sandbox's disk: where an upload's room
