@@ -29,6 +29,7 @@ import (
 	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/guest"
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/proxy"
@@ -112,8 +113,11 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	Manager *sandbox.Manager
-	Token   string
-	URL     string
+	// guest is the guest data plane over Manager: exec, sessions,
+	// services, files and ports relayed to sandboxes' agents.
+	guest *guest.Guest
+	Token string
+	URL   string
 	// closers release what start set up, last first, once the components
 	// have ended.
 	closers []func() error
@@ -382,6 +386,15 @@ func (d *Daemon) openImages(ctx context.Context, p *parts) error {
 	return nil
 }
 
+// sandboxAPI is what the API, the in-sandbox API and the URL front door
+// serve: the core's calls (life cycle, checkpoints, …) answered by the
+// Manager, and the calls into a running sandbox by the guest data plane
+// directly, never through the core.
+type sandboxAPI struct {
+	*sandbox.Manager
+	*guest.Guest
+}
+
 // startManager makes the sandbox manager, takes back the sandboxes a
 // previous daemon left, and reads the warm pools' sizes.
 func (d *Daemon) startManager(ctx context.Context, p *parts) error {
@@ -414,7 +427,8 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Idle:                  cfg.Idle,
 		IdleMin:               cfg.IdleMin,
 		Inside: func(m *sandbox.Manager) sandbox.Insiders {
-			d.inside = server.NewInside(m, p.secret, d.log)
+			d.guest = guest.New(m, d.log)
+			d.inside = server.NewInside(sandboxAPI{m, d.guest}, p.secret, d.log)
 			return d.inside
 		},
 	}, p.store, p.rt, p.pool, p.nets, p.tpl, d.log)
@@ -462,7 +476,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 		return err
 	}
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
-	front := proxy.New(d.Manager, proxy.Config{
+	front := proxy.New(sandboxAPI{d.Manager, d.guest}, proxy.Config{
 		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: p.tls != nil,
 		BodyTimeout: cfg.WriteTimeout,
 	}, d.log)
@@ -473,7 +487,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
-	apiServer := server.New(d.Manager, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con))
+	apiServer := server.New(sandboxAPI{d.Manager, d.guest}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con))
 	limits := d.connLimits()
 	connIdle := cfg.ConnIdleTimeout
 	if connIdle <= 0 {

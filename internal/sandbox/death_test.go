@@ -50,7 +50,7 @@ func TestSandboxProcessDies(t *testing.T) {
 	}
 
 	e.writeVolume(sb.ID, "kept", "yes")
-	st, err := e.m.Exec(e.ctx, "mortal", api.ExecRequest{Cmd: []string{"sleep", "60"}})
+	st, err := e.guest().Exec(e.ctx, "mortal", api.ExecRequest{Cmd: []string{"sleep", "60"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,6 +20,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/agentconn"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
@@ -141,9 +140,9 @@ type Manager struct {
 	// inside is the in-sandbox API; nil serves none.
 	inside Insiders
 
-	// agentHTTP carries every request to every agent. Clients are made per
-	// call (see agentClient), so there is nothing per sandbox to forget.
-	agentHTTP *http.Client
+	// conns are the connections to every sandbox's agent: the transport
+	// every request goes by, and the spare exec sockets.
+	conns *agentconn.Conns
 
 	// mu guards lives, the registry of the sandboxes' live objects
 	// (live.go): everything the daemon knows of one sandbox while it runs
@@ -154,9 +153,9 @@ type Manager struct {
 	// holds the slots handed out but not yet stored.
 	insertMu sync.Mutex
 	reserved map[int]bool
-	// bg are the goroutines the Manager runs on its own (spare dials,
-	// death watches), started by goBG and ended by Close; bgCtx is
-	// cancelled by Close. bgMu orders goBG and Close (closed).
+	// bg are the goroutines the Manager runs on its own (death watches;
+	// the spare dials are conns'), started by goBG and ended by Close;
+	// bgCtx is cancelled by Close. bgMu orders goBG and Close (closed).
 	bgMu   sync.Mutex
 	closed bool
 	// watchers counts the death watches running (for tests).
@@ -209,16 +208,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	bgCtx, bgCancel := context.WithCancelCause(context.Background())
 	m := &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
-		agentHTTP: &http.Client{Transport: &http.Transport{
-			// Never a proxy from the environment: agent traffic stays local.
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 4,
-			IdleConnTimeout:     30 * time.Second,
-			// See agent.Client's send: uploads wait for the agent to
-			// take their token before their body goes.
-			ExpectContinueTimeout: 2 * time.Second,
-		}},
+		conns:     agentconn.NewConns(cfg.AgentPort),
 		lives:     map[string]*live{},
 		reserved:  map[int]bool{},
 		exporting: map[string]int{},
@@ -727,22 +717,17 @@ func (m *Manager) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Clie
 
 // agentClient is a client of the agent at ep that presents token.
 func (m *Manager) agentClient(ep network.Endpoint, token string) *agent.Client {
-	return &agent.Client{
-		BaseURL: "http://" + net.JoinHostPort(ep.SandboxIP.String(), strconv.Itoa(m.cfg.AgentPort)),
-		Token:   token,
-		HTTP:    m.agentHTTP,
-	}
+	return m.conns.Client(ep.SandboxIP, token)
 }
 
 // dropAgentConns closes the idle connections and spare exec sockets to
-// agents, so that none is
-// open into a sandbox whose memory is about to be written or replaced (its
-// agent would wake up holding a dead one). Every sandbox's go, since the
-// pool is shared: the next calls dial afresh, which costs little.
-func (m *Manager) dropAgentConns() {
-	m.agentHTTP.CloseIdleConnections()
-	m.dropSpares()
-}
+// agents, so that none is open into a sandbox whose memory is about to be
+// written or replaced (see agentconn.Conns.DropAll).
+func (m *Manager) dropAgentConns() { m.conns.DropAll() }
+
+// dropSpare closes sandbox id's spare exec sockets and turns away those
+// being opened (see closeStreams).
+func (m *Manager) dropSpare(id string) { m.conns.Drop(id) }
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
 func (m *Manager) Delete(ctx context.Context, ref string) error {

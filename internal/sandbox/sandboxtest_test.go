@@ -26,6 +26,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/guest"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
@@ -509,3 +510,7 @@ func eventually(t testing.TB, what string, cond func() bool) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// guest is the guest data plane over the env's Manager as it is now (it
+// holds no state of its own, so a restart needs no new one).
+func (e *env) guest() *guest.Guest { return guest.New(e.m, testLogger()) }
