@@ -25,7 +25,6 @@ import (
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
-	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/store"
 )
 
@@ -52,14 +51,6 @@ type Insiders interface {
 	Open(id string, addr netip.AddrPort, peer netip.Addr) error
 	Close(id string)
 	Token(id string) string
-}
-
-// Templates knows the templates and makes sure one is in the disk pool.
-type Templates interface {
-	// List lists the templates; Ready tells whether each is built.
-	List(ctx context.Context) []api.Template
-	// Ensure builds the template if needed and imports it into the pool.
-	Ensure(ctx context.Context, name string) error
 }
 
 // Config is the Manager's configuration.
@@ -101,14 +92,13 @@ type Config struct {
 	// Secret is the daemon's key that agent tokens are derived from (see
 	// AgentToken). It must stay the same across restarts of the daemon.
 	Secret []byte
-	// Secrets keeps the secrets sandboxes are given (see secrets.go); nil
-	// for a manager that has none, which refuses creates that name any.
-	Secrets secret.Store
-	// Images pulls the images sandboxes are made from, and Registries
-	// keeps the credentials it pulls with (images.go); nil for a manager
-	// without images, which refuses creates that name one.
-	Images     Images
-	Registries Registries
+	// Secrets gives the values of the secrets sandboxes are given (see
+	// secrets.go); nil for a manager that has none, which refuses creates
+	// that name any.
+	Secrets Secrets
+	// Images pulls the images sandboxes are made from (images.go); nil for
+	// a manager without images, which refuses creates that name one.
+	Images Images
 	// PoolReserveMiB is the host memory warm pools leave to sandboxes
 	// (1024 MiB unless set): a pool fills only while more is available,
 	// and gives members up when less is. MemAvailable reads the host's
@@ -163,17 +153,6 @@ type Manager struct {
 	bg       sync.WaitGroup
 	bgCtx    context.Context
 	bgCancel context.CancelCauseFunc
-	// imageMu keeps an image from being deleted while a create of it is
-	// between its pull and the end of its boot (images.go).
-	imageMu sync.RWMutex
-	// keptMu orders changes to the checkpoint templates (templates.go):
-	// held for writing to publish or delete one, for reading while a
-	// sandbox is made from one or one is exported.
-	keptMu sync.RWMutex
-	// exporting counts the exports in progress of each template, under
-	// exportMu.
-	exportMu  sync.Mutex
-	exporting map[string]int
 	// pools are the warm pools (pool.go).
 	pools pools
 
@@ -208,14 +187,13 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	bgCtx, bgCancel := context.WithCancelCause(context.Background())
 	m := &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
-		conns:     agentconn.NewConns(cfg.AgentPort),
-		lives:     map[string]*live{},
-		reserved:  map[int]bool{},
-		exporting: map[string]int{},
-		pools:     pools{all: map[string]*pool{}},
-		heavy:     newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
-		bgCtx:     bgCtx,
-		bgCancel:  bgCancel,
+		conns:    agentconn.NewConns(cfg.AgentPort),
+		lives:    map[string]*live{},
+		reserved: map[int]bool{},
+		pools:    pools{all: map[string]*pool{}},
+		heavy:    newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
+		bgCtx:    bgCtx,
+		bgCancel: bgCancel,
 	}
 	if cfg.Inside != nil {
 		m.inside = cfg.Inside(m)
@@ -388,7 +366,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 		return m.fork(ctx, req)
 	}
 	if req.Template != "" && req.Image == "" {
-		man, err := m.readKept(req.Template)
+		man, err := m.tpl.Kept(req.Template)
 		if err != nil {
 			return nil, err
 		}
@@ -449,10 +427,8 @@ func (m *Manager) checkTemplate(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Template == "" {
 		sb.Template = m.cfg.DefaultTemplate
 	}
-	for _, t := range m.tpl.List(ctx) {
-		if t.Name == sb.Template {
-			return nil
-		}
+	if m.tpl.Builtin(sb.Template) {
+		return nil
 	}
 	return api.Errorf(api.CodeInvalid, "template: %q does not exist (GET /v1/templates lists them)", sb.Template)
 }

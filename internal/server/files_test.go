@@ -76,7 +76,7 @@ func (f *fakeSandboxes) Watch(ctx context.Context, ref string, q guest.FileQuery
 }
 
 func TestFilesErrorShape(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	get := func(path string) request { return request{method: "GET", path: path} }
 	checkErrors(t, base, []errorCase{
 		{name: "no path", req: get("/v1/sandboxes/box/files"), status: 400, code: api.CodeInvalid, msg: "path: give a path"},
@@ -97,7 +97,7 @@ func TestFilesErrorShape(t *testing.T) {
 }
 
 func TestFilesContent(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	resp, body := do(t, base, testToken, request{method: "GET", path: "/v1/sandboxes/box/files/content?path=/etc/motd"})
 	if resp.StatusCode != http.StatusOK || string(body) != "hello\n" || resp.ContentLength != 6 {
 		t.Errorf("GET content: %d %q (length %d)", resp.StatusCode, body, resp.ContentLength)
