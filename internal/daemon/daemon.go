@@ -29,6 +29,7 @@ import (
 	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/guest"
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/proxy"
@@ -37,6 +38,7 @@ import (
 	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/server"
 	"loam.dev/loam/internal/store/sqlite"
+	"loam.dev/loam/internal/template"
 	"loam.dev/loam/internal/tlsconfig"
 )
 
@@ -112,8 +114,11 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	Manager *sandbox.Manager
-	Token   string
-	URL     string
+	// guest is the guest data plane over Manager: exec, sessions,
+	// services, files and ports relayed to sandboxes' agents.
+	guest *guest.Guest
+	Token string
+	URL   string
 	// closers release what start set up, last first, once the components
 	// have ended.
 	closers []func() error
@@ -143,7 +148,9 @@ type parts struct {
 	pool       disk.Pool
 	rt         *gvisor.Runtime
 	nets       *network.Manager
-	tpl        *templates
+	builtins   *template.Builtins
+	templates  *template.Store
+	catalog    *template.Catalog
 	images     *image.Service
 	registries *image.Credentials
 }
@@ -347,8 +354,8 @@ func (d *Daemon) setUpSandboxing(ctx context.Context, p *parts) error {
 	return nil
 }
 
-// prepareTemplates checks the default template and sets up the catalog of
-// built-in templates.
+// prepareTemplates checks the default template and sets up the templates
+// of this host: the built-in ones and the checkpoint templates.
 func (d *Daemon) prepareTemplates(_ context.Context, p *parts) error {
 	cfg := &d.cfg
 	if cfg.TemplateCache == "" {
@@ -359,7 +366,8 @@ func (d *Daemon) prepareTemplates(_ context.Context, p *parts) error {
 	if _, err := disk.FindTemplate(cfg.DefaultTemplate, tplOpts); err != nil {
 		return fmt.Errorf("--default-template: %w", err)
 	}
-	p.tpl = newTemplates(p.pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
+	p.builtins = template.NewBuiltins(p.pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
+	p.templates = template.NewStore(cfg.DataDir, p.builtins, p.pool, d.log)
 	return nil
 }
 
@@ -373,13 +381,22 @@ func (d *Daemon) openImages(ctx context.Context, p *parts) error {
 	}
 	p.registries = image.NewCredentials(regSecrets)
 	p.images = image.New(image.Config{
-		Records: p.store, Pool: p.pool, CacheDir: filepath.Join(d.cfg.TemplateCache, "images"),
+		Records: p.store, Sandboxes: p.store, Pool: p.pool, CacheDir: filepath.Join(d.cfg.TemplateCache, "images"),
 		Keychain: authn.NewMultiKeychain(p.registries, authn.DefaultKeychain), Log: d.log,
 	})
 	if err := p.images.Sweep(ctx); err != nil {
 		d.log.Error("removing the templates of images that are gone", "err", err)
 	}
 	return nil
+}
+
+// sandboxAPI is what the API, the in-sandbox API and the URL front door
+// serve: the core's calls (life cycle, checkpoints, …) answered by the
+// Manager, and the calls into a running sandbox by the guest data plane
+// directly, never through the core.
+type sandboxAPI struct {
+	*sandbox.Manager
+	*guest.Guest
 }
 
 // startManager makes the sandbox manager, takes back the sandboxes a
@@ -409,15 +426,21 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Secret:                p.secret,
 		Secrets:               p.secrets,
 		Images:                p.images,
-		Registries:            p.registries,
 		InsidePort:            network.DefaultInsidePort,
 		Idle:                  cfg.Idle,
 		IdleMin:               cfg.IdleMin,
 		Inside: func(m *sandbox.Manager) sandbox.Insiders {
-			d.inside = server.NewInside(m, p.secret, d.log)
+			d.guest = guest.New(m, d.log)
+			d.inside = server.NewInside(sandboxAPI{m, d.guest}, p.secret, d.log)
 			return d.inside
 		},
-	}, p.store, p.rt, p.pool, p.nets, p.tpl, d.log)
+	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
+	// The catalog the API serves, over the Manager: templates of
+	// checkpoints are made of its sandboxes' checkpoints.
+	p.catalog = template.New(template.Config{
+		Store: p.templates, Core: d.Manager, Pools: d.Manager, Sandboxes: p.store,
+		Images: p.images, Log: d.log,
+	})
 	// Its spare dials and death watches end before the store closes.
 	d.closers = append(d.closers, d.Manager.Close)
 	if err := d.Manager.Recover(ctx); err != nil {
@@ -446,10 +469,7 @@ func (d *Daemon) startComponents(ctx context.Context, p *parts) error {
 		// The default template is prepared in the background, so that
 		// the first sandbox does not wait for a build; a failure is
 		// logged, and the first create tries again.
-		component{"default template", func(ctx context.Context) error {
-			p.tpl.warm(ctx)
-			return nil
-		}},
+		component{"default template", p.builtins.Run},
 	)
 	return nil
 }
@@ -462,7 +482,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 		return err
 	}
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
-	front := proxy.New(d.Manager, proxy.Config{
+	front := proxy.New(sandboxAPI{d.Manager, d.guest}, proxy.Config{
 		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: p.tls != nil,
 		BodyTimeout: cfg.WriteTimeout,
 	}, d.log)
@@ -473,7 +493,9 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
-	apiServer := server.New(d.Manager, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con))
+	apiServer := server.New(sandboxAPI{d.Manager, d.guest}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
+		server.WithTemplates(p.catalog), server.WithImages(p.images, p.registries),
+		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)))
 	limits := d.connLimits()
 	connIdle := cfg.ConnIdleTimeout
 	if connIdle <= 0 {

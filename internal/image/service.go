@@ -37,9 +37,17 @@ type Records interface {
 	DeleteImage(ctx context.Context, id string) error
 }
 
+// Sandboxes lists the sandboxes (store/sqlite has it): an image that one
+// of them uses is not deleted.
+type Sandboxes interface {
+	ListSandboxes(ctx context.Context, f store.Filter) ([]*store.Sandbox, error)
+}
+
 // Config configures a Service.
 type Config struct {
 	Records Records
+	// Sandboxes are the sandboxes Delete checks; nil checks none.
+	Sandboxes Sandboxes
 	// Pool is where the images' templates are imported; CacheDir is where
 	// they are unpacked first (with the built-in templates' disk.Cache).
 	Pool     disk.Pool
@@ -60,6 +68,11 @@ type Service struct {
 
 	mu      sync.Mutex
 	pulling map[string]*pull // image id -> pull queued or running
+
+	// inUse keeps an image from being deleted while a create of it is
+	// between its pull and the end of its boot: creates hold the read
+	// side (Hold), Delete the write side.
+	inUse sync.RWMutex
 }
 
 // pull is one pull in progress.
@@ -226,6 +239,19 @@ func (s *Service) Lookup(ctx context.Context, ref string) (*Resolved, error) {
 	return resolved(im)
 }
 
+// Hold is Lookup for a create that is about to make a sandbox of ref: the
+// image cannot be deleted (Delete waits) until release is called, once
+// the sandbox is stored. Take it after Ensure, which may take minutes, so
+// that a Delete waiting for it holds up no other create.
+func (s *Service) Hold(ctx context.Context, ref string) (res *Resolved, release func(), err error) {
+	s.inUse.RLock()
+	if res, err = s.Lookup(ctx, ref); err != nil {
+		s.inUse.RUnlock()
+		return nil, nil, err
+	}
+	return res, s.inUse.RUnlock, nil
+}
+
 func resolved(im *store.Image) (*Resolved, error) {
 	switch {
 	case im.State == api.ImageError:
@@ -314,10 +340,34 @@ func (s *Service) Sweep(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// Delete forgets image id (see Remove), unless a sandbox uses it: that is
+// a conflict naming the sandbox. No sandbox of the image appears meanwhile
+// (see Hold).
+func (s *Service) Delete(ctx context.Context, id string) error {
+	s.inUse.Lock()
+	defer s.inUse.Unlock()
+	im, err := s.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if s.cfg.Sandboxes != nil {
+		sbs, err := s.cfg.Sandboxes.ListSandboxes(ctx, store.Filter{})
+		if err != nil {
+			return fmt.Errorf("deleting image %s: %w", id, err)
+		}
+		for _, sb := range sbs {
+			if sb.Image == im.Ref {
+				return api.Errorf(api.CodeConflict, "image %s is used by sandbox %s", im.Ref, sb.Name)
+			}
+		}
+	}
+	return s.Remove(ctx, id)
+}
+
 // Remove forgets an image, by id, and, unless another image has the same
-// digest, its unpacked tree and its template in the pool. Whether a sandbox
-// uses it is the caller's to check (the sandbox manager's): volumes and
-// checkpoints made from it keep their data either way. One being pulled is
+// digest, its unpacked tree and its template in the pool, whether or not a
+// sandbox uses it (Delete checks that): volumes and checkpoints made from
+// it keep their data either way. One being pulled is
 // a conflict.
 func (s *Service) Remove(ctx context.Context, id string) error {
 	s.mu.Lock()

@@ -36,6 +36,7 @@ import (
 
 type fixture struct {
 	svc   *image.Service
+	st    *sqlite.Store
 	pool  disk.Pool
 	creds *image.Credentials
 }
@@ -60,10 +61,10 @@ func newService(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	creds := image.NewCredentials(sealed)
-	svc := image.New(image.Config{Records: st, Pool: pool, CacheDir: filepath.Join(dir, "cache"),
+	svc := image.New(image.Config{Records: st, Sandboxes: st, Pool: pool, CacheDir: filepath.Join(dir, "cache"),
 		Keychain: authn.NewMultiKeychain(creds, authn.DefaultKeychain), Log: slog.New(slog.DiscardHandler)})
 	run(t, svc)
-	return &fixture{svc: svc, pool: pool, creds: creds}
+	return &fixture{svc: svc, st: st, pool: pool, creds: creds}
 }
 
 // run runs svc until the test ends; then it checks that Run returns, with
@@ -208,6 +209,50 @@ func TestPullFromRegistry(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(root, "srv/app")); err != nil || string(got) != "app" {
 		t.Errorf("the volume after its image's removal: %q, %v", got, err)
+	}
+}
+
+// TestDeleteInUse: an image a sandbox uses is not deleted (a conflict
+// naming the sandbox); once none does, it is, and a create's hold on it
+// ends with its release.
+func TestDeleteInUse(t *testing.T) {
+	f := newService(t)
+	ctx := t.Context()
+	reg := imagetest.Registry(t, "", "")
+	ref := reg + "/used:v1"
+	imagetest.Push(t, ref, imagetest.Image(t, appConfig, layers(t)...), "", "")
+	if _, err := f.svc.Pull(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	im := wait(t, f.svc, image.ID(ref))
+	res, release, err := f.svc.Hold(ctx, ref)
+	if err != nil || res.Ref != ref {
+		t.Fatalf("Hold: %+v, %v", res, err)
+	}
+	sb := &store.Sandbox{Sandbox: api.Sandbox{ID: "sb-000000000001", Name: "web", State: api.StateRunning, Image: ref, CreatedAt: store.Now()}}
+	if err := f.st.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	err = f.svc.Delete(ctx, im.ID)
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != api.CodeConflict || ae.Message != "image "+ref+" is used by sandbox web" {
+		t.Fatalf("Delete of an image in use: %v, want a conflict naming web", err)
+	}
+	if _, err := f.svc.Get(ctx, im.ID); err != nil {
+		t.Fatalf("the image after a refused delete: %v", err)
+	}
+	if err := f.st.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.svc.Delete(ctx, im.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.svc.Delete(ctx, im.ID); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("Delete again: %v, want not_found", err)
+	}
+	if _, _, err := f.svc.Hold(ctx, ref); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("Hold of a deleted image: %v, want not_found", err)
 	}
 }
 

@@ -38,7 +38,9 @@ import (
 	"loam.dev/loam/internal/sandbox"
 )
 
-// Targets finds where a sandbox's requests go (sandbox.Manager).
+// Targets finds where a sandbox's requests go: the sandbox core
+// (sandbox.Manager) and, for port streams, the guest data plane (package
+// guest).
 type Targets interface {
 	// HTTPTarget is the sandbox named name, running, waiting while it is
 	// created or restored; not_found when there is none, unavailable

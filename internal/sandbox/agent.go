@@ -8,6 +8,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/agentconn"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/store"
@@ -158,17 +159,9 @@ func (m *Manager) rotateToken(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// publicError is err as the API shows it. An error that an agent answered
-// with is the sandbox's word, not loam's: it becomes an internal error that
-// says the sandbox's agent failed and quotes what it said, never the class
-// the agent chose. Other errors are returned as they are.
-func publicError(err error) error {
-	var ae *agent.Error
-	if err == nil || !errors.As(err, &ae) {
-		return err
-	}
-	return api.Errorf(api.CodeInternal, "the sandbox's agent failed: %s", ae)
-}
+// publicError is err as the API shows it: an agent's answer in it is the
+// sandbox's word, never an API error class (agentconn.Failed).
+func publicError(err error) error { return agentconn.Failed(err) }
 
 // setAgentVersion records the protocol version of the agent sandbox id
 // runs now: learned at every connect, since a restore or a fork may bring

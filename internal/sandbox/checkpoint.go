@@ -9,8 +9,6 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/crash"
@@ -292,7 +290,7 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		// while the sandbox sleeps: no wake, no pause. The wake gives the
 		// agent a new token generation.
 		held = m.sleptGen(sb)
-		if err := linkTree(m.sleepImage(sb.ID), filepath.Join(tmp, memDir)); err != nil {
+		if err := checkpoint.LinkTree(m.sleepImage(sb.ID), filepath.Join(tmp, memDir)); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: keeping its sleep image: %w", sb.Name, err)
 		}
 		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
@@ -481,20 +479,6 @@ func (m *Manager) applyLimits(ctx context.Context, sb *store.Sandbox) error {
 	l := runtime.Limits{CPUs: sb.Resources.CPUs, MemoryMiB: sb.Resources.MemoryMiB}
 	if err := m.rt.SetLimits(ctx, sb.ID, l); err != nil {
 		return fmt.Errorf("setting the limits of %s: %w", sb.ID, err)
-	}
-	return nil
-}
-
-// syncVolume flushes the filesystem a volume lives on, so that a snapshot
-// just taken of it is on disk.
-func syncVolume(path string) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return fmt.Errorf("syncing %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return fmt.Errorf("syncing %s: %w", path, err)
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ func (r pidRuntime) SandboxPid(ctx context.Context, id string) (int, error) {
 // boots it again on its disk, files kept.
 func TestSandboxProcessDies(t *testing.T) {
 	e := newEnv(t)
-	e.m = sandbox.New(e.cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.tpl, testLogger())
+	e.m = sandbox.New(e.cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.shelf, testLogger())
 	if err := e.m.Recover(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestSandboxProcessDies(t *testing.T) {
 	}
 
 	e.writeVolume(sb.ID, "kept", "yes")
-	st, err := e.m.Exec(e.ctx, "mortal", api.ExecRequest{Cmd: []string{"sleep", "60"}})
+	st, err := e.guest().Exec(e.ctx, "mortal", api.ExecRequest{Cmd: []string{"sleep", "60"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestSandboxProcessDies(t *testing.T) {
 // and made again, never handed out.
 func TestPoolMemberDies(t *testing.T) {
 	e := newEnv(t)
-	e.m = sandbox.New(e.cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.tpl, testLogger())
+	e.m = sandbox.New(e.cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.shelf, testLogger())
 	if err := e.m.Recover(e.ctx); err != nil {
 		t.Fatal(err)
 	}

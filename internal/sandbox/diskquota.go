@@ -67,7 +67,7 @@ func (m *Manager) relimitDisk(ctx context.Context, sb *store.Sandbox) {
 // else its template. A restore or a fork keeps the data its checkpoint
 // holds, and so its use: only the template is free.
 func (m *Manager) diskBase(ctx context.Context, sb *store.Sandbox) (disk.Base, error) {
-	if man, err := m.readKept(sb.Template); err != nil {
+	if man, err := m.tpl.Kept(sb.Template); err != nil {
 		return disk.Base{}, err
 	} else if man != nil {
 		return disk.Base{Snapshot: man.Snapshot}, nil

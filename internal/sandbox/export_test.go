@@ -1,8 +1,5 @@
 package sandbox
 
-// AgentControl is agentControl, for the external tests.
-var AgentControl = agentControl
-
 // Lives is how many sandboxes have a live object (live.go), which holds
 // the lock on their checkpoints and what is known of their agent.
 func (m *Manager) Lives() int {
@@ -29,27 +26,9 @@ func (m *Manager) OpWaiters(id string) int {
 // DeathWatchers is how many watches on sandbox processes run (death.go).
 func (m *Manager) DeathWatchers() int { return int(m.watchers.Load()) }
 
-// HasSpare reports whether sandbox id has a spare exec socket (spare.go).
-func (m *Manager) HasSpare(id string) bool {
-	l := m.peek(id)
-	if l == nil {
-		return false
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.spares) > 0
-}
+// HasSpare reports whether sandbox id has a spare exec socket.
+func (m *Manager) HasSpare(id string) bool { return m.conns.Spares(id) > 0 }
 
 // BreakSpares closes sandbox id's spare exec sockets on the daemon's side
 // and leaves them in place, as sockets the agent stopped waiting on.
-func (m *Manager) BreakSpares(id string) {
-	l := m.peek(id)
-	if l == nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, s := range l.spares {
-		s.conn.CloseNow()
-	}
-}
+func (m *Manager) BreakSpares(id string) { m.conns.BreakSpares(id) }

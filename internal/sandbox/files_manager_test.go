@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
-	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/guest"
 )
 
 // The fake runtime runs the real agent on the host: these tests give it
@@ -22,12 +22,12 @@ func TestFilesThroughManager(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(api.CreateSandbox{Name: "files"})
 	p := filepath.Join(t.TempDir(), "a", "b.txt")
-	q := sandbox.FileQuery{Path: p, User: "root"}
+	q := guest.FileQuery{Path: p, User: "root"}
 
-	if _, err := e.m.WriteFile(e.ctx, "files", q, "0600", strings.NewReader("hi"), 2); err != nil {
+	if _, err := e.guest().WriteFile(e.ctx, "files", q, "0600", strings.NewReader("hi"), 2); err != nil {
 		t.Fatalf("WriteFile: %v", err)
 	}
-	r, size, err := e.m.ReadFile(e.ctx, "files", q)
+	r, size, err := e.guest().ReadFile(e.ctx, "files", q)
 	if err != nil {
 		t.Fatalf("ReadFile: %v", err)
 	}
@@ -36,14 +36,14 @@ func TestFilesThroughManager(t *testing.T) {
 	if err != nil || string(b) != "hi" || size != 2 {
 		t.Errorf("read %q (size %d), %v", b, size, err)
 	}
-	_, err = e.m.StatFile(e.ctx, "files", sandbox.FileQuery{Path: p + ".nope", User: "root"}, 0)
+	_, err = e.guest().StatFile(e.ctx, "files", guest.FileQuery{Path: p + ".nope", User: "root"}, 0)
 	var ae *api.Error
 	if !errors.As(err, &ae) || ae.Code != api.CodeNotFound {
 		t.Errorf("a missing file: %v", err)
 	}
 
 	e.m.SetAgentVersion(sb.ID, 2)
-	_, err = e.m.StatFile(e.ctx, "files", q, 0)
+	_, err = e.guest().StatFile(e.ctx, "files", q, 0)
 	if !errors.As(err, &ae) || ae.Code != api.CodeConflict || !strings.Contains(ae.Message, "the files API needs a newer agent") {
 		t.Errorf("with an agent of protocol 2: %v", err)
 	}
@@ -54,7 +54,7 @@ func TestFilesThroughManager(t *testing.T) {
 func TestWatchEndsAtMemoryCheckpoint(t *testing.T) {
 	e := newEnv(t)
 	e.create(api.CreateSandbox{Name: "w"})
-	st, err := e.m.Watch(e.ctx, "w", sandbox.FileQuery{Path: t.TempDir(), User: "root"}, false)
+	st, err := e.guest().Watch(e.ctx, "w", guest.FileQuery{Path: t.TempDir(), User: "root"}, false)
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}

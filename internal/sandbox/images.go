@@ -15,25 +15,16 @@ import (
 )
 
 // Images pulls OCI images and gives sandboxes their templates (package
-// image).
+// image's Service).
 type Images interface {
 	// Ensure pulls ref unless it is pulled, waits for it, and gives its
 	// template and config.
 	Ensure(ctx context.Context, ref string) (*image.Resolved, error)
 	// Lookup gives the template and config of an image pulled already.
 	Lookup(ctx context.Context, ref string) (*image.Resolved, error)
-	Pull(ctx context.Context, ref string) (*api.Image, error)
-	Get(ctx context.Context, id string) (*api.Image, error)
-	List(ctx context.Context) ([]api.Image, error)
-	// Remove forgets an image; whether a sandbox uses it is checked here.
-	Remove(ctx context.Context, id string) error
-}
-
-// Registries keeps the credentials images are pulled with.
-type Registries interface {
-	Login(ctx context.Context, registry string, login api.RegistryLogin) (*api.Registry, error)
-	Logout(ctx context.Context, registry string) error
-	List(ctx context.Context) ([]api.Registry, error)
+	// Hold is Lookup for a create: the image cannot be deleted until
+	// release is called.
+	Hold(ctx context.Context, ref string) (res *image.Resolved, release func(), err error)
 }
 
 // EntrypointService is the service an image's entrypoint and cmd run as.
@@ -41,80 +32,6 @@ const EntrypointService = "entrypoint"
 
 // errNoImages refuses image calls of a manager made without images.
 var errNoImages = api.Errorf(api.CodeUnavailable, "this daemon has no image support")
-
-// PullImage starts pulling an image; the answer is its state now.
-func (m *Manager) PullImage(ctx context.Context, ref string) (*api.Image, error) {
-	if m.cfg.Images == nil {
-		return nil, errNoImages
-	}
-	return m.cfg.Images.Pull(ctx, ref)
-}
-
-// GetImage is one image, with its pull's progress.
-func (m *Manager) GetImage(ctx context.Context, id string) (*api.Image, error) {
-	if m.cfg.Images == nil {
-		return nil, errNoImages
-	}
-	return m.cfg.Images.Get(ctx, id)
-}
-
-// ListImages lists the images.
-func (m *Manager) ListImages(ctx context.Context) ([]api.Image, error) {
-	if m.cfg.Images == nil {
-		return []api.Image{}, nil
-	}
-	return m.cfg.Images.List(ctx)
-}
-
-// DeleteImage forgets an image; a conflict while a sandbox uses it.
-func (m *Manager) DeleteImage(ctx context.Context, id string) error {
-	if m.cfg.Images == nil {
-		return errNoImages
-	}
-	// Creates hold the read side from the end of their pull to the end of
-	// their boot, so no sandbox of the image appears between the check and
-	// the removal.
-	m.imageMu.Lock()
-	defer m.imageMu.Unlock()
-	im, err := m.cfg.Images.Get(ctx, id)
-	if err != nil {
-		return err
-	}
-	sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
-	if err != nil {
-		return fmt.Errorf("deleting image %s: %w", id, err)
-	}
-	for _, sb := range sbs {
-		if sb.Image == im.Ref {
-			return api.Errorf(api.CodeConflict, "image %s is used by sandbox %s", im.Ref, sb.Name)
-		}
-	}
-	return m.cfg.Images.Remove(ctx, id)
-}
-
-// LoginRegistry stores credentials for a registry.
-func (m *Manager) LoginRegistry(ctx context.Context, registry string, login api.RegistryLogin) (*api.Registry, error) {
-	if m.cfg.Registries == nil {
-		return nil, errNoImages
-	}
-	return m.cfg.Registries.Login(ctx, registry, login)
-}
-
-// LogoutRegistry forgets a registry's credentials.
-func (m *Manager) LogoutRegistry(ctx context.Context, registry string) error {
-	if m.cfg.Registries == nil {
-		return errNoImages
-	}
-	return m.cfg.Registries.Logout(ctx, registry)
-}
-
-// ListRegistries lists the registries with credentials.
-func (m *Manager) ListRegistries(ctx context.Context) ([]api.Registry, error) {
-	if m.cfg.Registries == nil {
-		return []api.Registry{}, nil
-	}
-	return m.cfg.Registries.List(ctx)
-}
 
 // prepareImage pulls a create's image (waiting for it) and makes the record
 // follow its config: the image's env under the create's, and its
@@ -131,12 +48,11 @@ func (m *Manager) prepareImage(ctx context.Context, sb *store.Sandbox, req *api.
 	if err != nil {
 		return nil, err
 	}
-	// The lock is taken after the pull, which may take minutes, so that a
-	// delete waiting for it holds up no other create; the image is looked
-	// up again under it, since a delete may have come in between.
-	m.imageMu.RLock()
-	if res, err = m.cfg.Images.Lookup(ctx, res.Ref); err != nil {
-		m.imageMu.RUnlock()
+	// Held after the pull, which may take minutes, so that a delete
+	// waiting for it holds up no other create; the image is looked up
+	// again, since a delete may have come in between.
+	res, release, err := m.cfg.Images.Hold(ctx, res.Ref)
+	if err != nil {
 		return nil, err
 	}
 	sb.Template, sb.Image = "", res.Ref
@@ -147,7 +63,7 @@ func (m *Manager) prepareImage(ctx context.Context, sb *store.Sandbox, req *api.
 		// command exits (a shell, python) leaves the sandbox up for exec.
 		req.Services = append(req.Services, api.Service{Name: EntrypointService, Cmd: cmd, Restart: api.RestartNever})
 	}
-	return m.imageMu.RUnlock, nil
+	return release, nil
 }
 
 // imageEnv is an image's env with the sandbox's own over it.

@@ -13,11 +13,12 @@ import (
 // The concurrency protocol of a sandbox.
 //
 // What the daemon knows of a sandbox only while it runs (the operation on
-// it, the calls it holds back, its streams and calls in flight, its spare
-// exec sockets, the watch on its sandbox process, its last use, its
-// agent's version) is one live object, with a lock of its own: calls to
-// two sandboxes never wait for each other. The Manager's lock guards only
-// the registry that finds a sandbox's live object by id.
+// it, the calls it holds back, its streams and calls in flight, the watch
+// on its sandbox process, its last use, its agent's version) is one live
+// object, with a lock of its own: calls to two sandboxes never wait for
+// each other. The Manager's lock guards only the registry that finds a
+// sandbox's live object by id. Its spare exec sockets are kept with the
+// connections to agents (agentconn.Conns), under their own lock.
 //
 // Waiting is done on channels a live object closes when what is waited
 // for happens: an operation's end (opDone), a hold's release (held), the
@@ -97,22 +98,16 @@ type live struct {
 	// began or ended.
 	held   chan struct{}
 	heldAt time.Time
-	// streams and calls are the streams and files calls open on the
-	// sandbox (exec.go, files.go).
+	// streams and calls are the streams and the relayed calls open on
+	// the sandbox (stream.go, relay.go).
 	streams map[*Stream]bool
-	calls   map[*fileCall]bool
+	calls   map[*relayCall]bool
 	// used is when the sandbox was last used (zero: not known yet);
 	// holds counts the Actives open on it, and quiet is closed when they
 	// drop to none (nil while there are none: see drain).
 	used  time.Time
 	holds int
 	quiet chan struct{}
-	// spares are the exec sockets opened ahead to the sandbox's agent,
-	// opening how many are being opened; a dial begun before the last
-	// drop (dropped) is turned away (spare.go).
-	spares  []*spareExec
-	opening int
-	dropped time.Time
 	// death watches the sandbox's sandbox process (death.go).
 	death *deathWatch
 	// waking is the wake in progress, that concurrent callers wait for.
@@ -153,8 +148,9 @@ func (m *Manager) peek(id string) *live {
 // its source lock, the deleting operation) finds the sandbox gone.
 func (m *Manager) forgetLive(id string) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	delete(m.lives, id)
+	m.mu.Unlock()
+	m.conns.Forget(id)
 }
 
 // begin marks an operation as running on a sandbox, or refuses with a
@@ -337,12 +333,10 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	for _, l := range ls {
 		l.unwatch()
-		l.dropSpares()
 	}
 	m.bg.Wait()
-	// Its idle connections' goroutines go with them.
-	m.agentHTTP.CloseIdleConnections()
-	return nil
+	// The spare dials and the idle connections' goroutines.
+	return m.conns.Close()
 }
 
 // goBG runs f on a goroutine of the Manager's, that Close waits for; after

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -132,5 +131,4 @@ func TestManagerClose(t *testing.T) {
 	if m.goBG(func() {}) {
 		t.Error("goBG ran a goroutine after Close")
 	}
-	m.agentHTTP.Transport.(*http.Transport).CloseIdleConnections()
 }

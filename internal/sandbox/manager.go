@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,11 +20,11 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/agentconn"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime"
-	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/store"
 )
 
@@ -53,14 +51,6 @@ type Insiders interface {
 	Open(id string, addr netip.AddrPort, peer netip.Addr) error
 	Close(id string)
 	Token(id string) string
-}
-
-// Templates knows the templates and makes sure one is in the disk pool.
-type Templates interface {
-	// List lists the templates; Ready tells whether each is built.
-	List(ctx context.Context) []api.Template
-	// Ensure builds the template if needed and imports it into the pool.
-	Ensure(ctx context.Context, name string) error
 }
 
 // Config is the Manager's configuration.
@@ -102,14 +92,13 @@ type Config struct {
 	// Secret is the daemon's key that agent tokens are derived from (see
 	// AgentToken). It must stay the same across restarts of the daemon.
 	Secret []byte
-	// Secrets keeps the secrets sandboxes are given (see secrets.go); nil
-	// for a manager that has none, which refuses creates that name any.
-	Secrets secret.Store
-	// Images pulls the images sandboxes are made from, and Registries
-	// keeps the credentials it pulls with (images.go); nil for a manager
-	// without images, which refuses creates that name one.
-	Images     Images
-	Registries Registries
+	// Secrets gives the values of the secrets sandboxes are given (see
+	// secrets.go); nil for a manager that has none, which refuses creates
+	// that name any.
+	Secrets Secrets
+	// Images pulls the images sandboxes are made from (images.go); nil for
+	// a manager without images, which refuses creates that name one.
+	Images Images
 	// PoolReserveMiB is the host memory warm pools leave to sandboxes
 	// (1024 MiB unless set): a pool fills only while more is available,
 	// and gives members up when less is. MemAvailable reads the host's
@@ -141,9 +130,9 @@ type Manager struct {
 	// inside is the in-sandbox API; nil serves none.
 	inside Insiders
 
-	// agentHTTP carries every request to every agent. Clients are made per
-	// call (see agentClient), so there is nothing per sandbox to forget.
-	agentHTTP *http.Client
+	// conns are the connections to every sandbox's agent: the transport
+	// every request goes by, and the spare exec sockets.
+	conns *agentconn.Conns
 
 	// mu guards lives, the registry of the sandboxes' live objects
 	// (live.go): everything the daemon knows of one sandbox while it runs
@@ -154,9 +143,9 @@ type Manager struct {
 	// holds the slots handed out but not yet stored.
 	insertMu sync.Mutex
 	reserved map[int]bool
-	// bg are the goroutines the Manager runs on its own (spare dials,
-	// death watches), started by goBG and ended by Close; bgCtx is
-	// cancelled by Close. bgMu orders goBG and Close (closed).
+	// bg are the goroutines the Manager runs on its own (death watches;
+	// the spare dials are conns'), started by goBG and ended by Close;
+	// bgCtx is cancelled by Close. bgMu orders goBG and Close (closed).
 	bgMu   sync.Mutex
 	closed bool
 	// watchers counts the death watches running (for tests).
@@ -164,17 +153,6 @@ type Manager struct {
 	bg       sync.WaitGroup
 	bgCtx    context.Context
 	bgCancel context.CancelCauseFunc
-	// imageMu keeps an image from being deleted while a create of it is
-	// between its pull and the end of its boot (images.go).
-	imageMu sync.RWMutex
-	// keptMu orders changes to the checkpoint templates (templates.go):
-	// held for writing to publish or delete one, for reading while a
-	// sandbox is made from one or one is exported.
-	keptMu sync.RWMutex
-	// exporting counts the exports in progress of each template, under
-	// exportMu.
-	exportMu  sync.Mutex
-	exporting map[string]int
 	// pools are the warm pools (pool.go).
 	pools pools
 
@@ -209,23 +187,13 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	bgCtx, bgCancel := context.WithCancelCause(context.Background())
 	m := &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
-		agentHTTP: &http.Client{Transport: &http.Transport{
-			// Never a proxy from the environment: agent traffic stays local.
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 4,
-			IdleConnTimeout:     30 * time.Second,
-			// See agent.Client's send: uploads wait for the agent to
-			// take their token before their body goes.
-			ExpectContinueTimeout: 2 * time.Second,
-		}},
-		lives:     map[string]*live{},
-		reserved:  map[int]bool{},
-		exporting: map[string]int{},
-		pools:     pools{all: map[string]*pool{}},
-		heavy:     newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
-		bgCtx:     bgCtx,
-		bgCancel:  bgCancel,
+		conns:    agentconn.NewConns(cfg.AgentPort),
+		lives:    map[string]*live{},
+		reserved: map[int]bool{},
+		pools:    pools{all: map[string]*pool{}},
+		heavy:    newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
+		bgCtx:    bgCtx,
+		bgCancel: bgCancel,
 	}
 	if cfg.Inside != nil {
 		m.inside = cfg.Inside(m)
@@ -398,7 +366,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 		return m.fork(ctx, req)
 	}
 	if req.Template != "" && req.Image == "" {
-		man, err := m.readKept(req.Template)
+		man, err := m.tpl.Kept(req.Template)
 		if err != nil {
 			return nil, err
 		}
@@ -459,10 +427,8 @@ func (m *Manager) checkTemplate(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Template == "" {
 		sb.Template = m.cfg.DefaultTemplate
 	}
-	for _, t := range m.tpl.List(ctx) {
-		if t.Name == sb.Template {
-			return nil
-		}
+	if m.tpl.Builtin(sb.Template) {
+		return nil
 	}
 	return api.Errorf(api.CodeInvalid, "template: %q does not exist (GET /v1/templates lists them)", sb.Template)
 }
@@ -727,22 +693,17 @@ func (m *Manager) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Clie
 
 // agentClient is a client of the agent at ep that presents token.
 func (m *Manager) agentClient(ep network.Endpoint, token string) *agent.Client {
-	return &agent.Client{
-		BaseURL: "http://" + net.JoinHostPort(ep.SandboxIP.String(), strconv.Itoa(m.cfg.AgentPort)),
-		Token:   token,
-		HTTP:    m.agentHTTP,
-	}
+	return m.conns.Client(ep.SandboxIP, token)
 }
 
 // dropAgentConns closes the idle connections and spare exec sockets to
-// agents, so that none is
-// open into a sandbox whose memory is about to be written or replaced (its
-// agent would wake up holding a dead one). Every sandbox's go, since the
-// pool is shared: the next calls dial afresh, which costs little.
-func (m *Manager) dropAgentConns() {
-	m.agentHTTP.CloseIdleConnections()
-	m.dropSpares()
-}
+// agents, so that none is open into a sandbox whose memory is about to be
+// written or replaced (see agentconn.Conns.DropAll).
+func (m *Manager) dropAgentConns() { m.conns.DropAll() }
+
+// dropSpare closes sandbox id's spare exec sockets and turns away those
+// being opened (see closeStreams).
+func (m *Manager) dropSpare(id string) { m.conns.Drop(id) }
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
 func (m *Manager) Delete(ctx context.Context, ref string) error {

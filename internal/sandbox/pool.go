@@ -17,6 +17,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/atomicfile"
+	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/store"
 )
@@ -298,11 +299,12 @@ func (m *Manager) makeTemplateMember(ctx context.Context, key, name string) (*st
 	if err != nil {
 		return nil, err
 	}
-	m.keptMu.RLock()
-	defer m.keptMu.RUnlock()
-	man, err := m.readKept(name)
+	man, release, err := m.tpl.Use(name)
 	if err != nil {
 		return nil, err
+	}
+	if man != nil {
+		defer release()
 	}
 	if man == nil {
 		if err := m.checkTemplate(ctx, sb); err != nil {
@@ -499,10 +501,10 @@ func (m *Manager) TemplatePool(ctx context.Context, name string) (*api.Pool, err
 
 // poolTemplate checks that a template can have a pool.
 func (m *Manager) poolTemplate(ctx context.Context, name string) error {
-	if m.isBuiltin(ctx, name) {
+	if m.tpl.Builtin(name) {
 		return nil
 	}
-	man, err := m.readKept(name)
+	man, err := m.tpl.Kept(name)
 	if err != nil {
 		return err
 	}
@@ -670,12 +672,12 @@ func (m *Manager) memoryShort(p *pool) string {
 // memberEstimate is what a first member of a pool is expected to hold.
 func (m *Manager) memberEstimate(cfg poolConfig) int64 {
 	if cfg.Checkpoint != "" {
-		if n := treeBytes(filepath.Join(m.checkpointDir(cfg.Sandbox, cfg.Checkpoint), memDir)); n > 0 {
+		if n := checkpoint.TreeBytes(filepath.Join(m.checkpointDir(cfg.Sandbox, cfg.Checkpoint), memDir)); n > 0 {
 			return n
 		}
 	}
 	if cfg.Template != "" {
-		if n := treeBytes(filepath.Join(m.keptDir(), cfg.Template, memDir)); n > 0 {
+		if n := checkpoint.TreeBytes(m.tpl.MemDir(cfg.Template)); n > 0 {
 			return n
 		}
 	}

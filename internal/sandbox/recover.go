@@ -361,7 +361,7 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 			_ = os.Remove(filepath.Join(root, sd.Name()))
 		}
 	}
-	held, err := m.sweepTemplates()
+	owned, err := m.tpl.Sweep()
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
@@ -370,8 +370,8 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 		return errors.Join(append(errs, err)...)
 	}
 	for _, snap := range snaps {
-		if strings.HasPrefix(snap, templateSnapPrefix) {
-			if !held[snap] {
+		if tpl, held := owned(snap); tpl {
+			if !held {
 				m.log.Info("removing unfinished template snapshot", "snapshot", snap)
 				errs = append(errs, m.disks.DeleteSnapshot(ctx, snap))
 			}

@@ -26,11 +26,13 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/guest"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/store/sqlite"
+	"loam.dev/loam/internal/template"
 )
 
 func testLogger() *slog.Logger {
@@ -151,7 +153,7 @@ type fakeTemplates struct {
 	fail error // the next Ensure fails with it
 }
 
-var _ sandbox.Templates = (*fakeTemplates)(nil)
+var _ template.Builder = (*fakeTemplates)(nil)
 
 const tinyTemplate = "tiny"
 
@@ -166,6 +168,8 @@ func (f *fakeTemplates) List(ctx context.Context) []api.Template {
 	ready, _ := f.pool.HasTemplate(ctx, tinyTemplate)
 	return []api.Template{{Name: tinyTemplate, Description: "a few files", Default: true, Ready: ready}}
 }
+
+func (f *fakeTemplates) Has(name string) bool { return name == tinyTemplate }
 
 func (f *fakeTemplates) Ensure(ctx context.Context, name string) error {
 	f.mu.Lock()
@@ -231,7 +235,11 @@ type env struct {
 	rt   *fake.Runtime
 	nets *fakeNetworks
 	tpl  *fakeTemplates
-	m    *sandbox.Manager
+	// shelf holds the templates of the env's Manager (the fake built-ins
+	// and checkpoint templates), cat serves them as the API does.
+	shelf *template.Store
+	cat   *template.Catalog
+	m     *sandbox.Manager
 }
 
 // newEnv makes an env; edit changes the Manager's configuration.
@@ -309,7 +317,8 @@ func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 		}
 		return toks
 	}
-	e.m = sandbox.New(cfg, e.st, e.rt, e.pool, e.nets, e.tpl, testLogger())
+	e.shelf = template.NewStore(cfg.DataDir, e.tpl, e.pool, testLogger())
+	e.newManager()
 	if err := e.m.Recover(ctx); err != nil {
 		t.Fatalf("Recover on an empty data dir: %v", err)
 	}
@@ -319,8 +328,14 @@ func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 // restart replaces the Manager with a new one over the same store, pool,
 // runtime and network, as a restarted daemon, and runs its Recover.
 func (e *env) restart() error {
-	e.m = sandbox.New(e.cfg, e.st, e.rt, e.pool, e.nets, e.tpl, testLogger())
+	e.newManager()
 	return e.m.Recover(e.ctx)
+}
+
+// newManager makes the env's Manager, and the template catalog over it.
+func (e *env) newManager() {
+	e.m = sandbox.New(e.cfg, e.st, e.rt, e.pool, e.nets, e.shelf, testLogger())
+	e.cat = template.New(template.Config{Store: e.shelf, Core: e.m, Pools: e.m, Sandboxes: e.st, Log: testLogger()})
 }
 
 func (e *env) create(req api.CreateSandbox) *api.Sandbox {
@@ -509,3 +524,7 @@ func eventually(t testing.TB, what string, cond func() bool) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// guest is the guest data plane over the env's Manager as it is now (it
+// holds no state of its own, so a restart needs no new one).
+func (e *env) guest() *guest.Guest { return guest.New(e.m, testLogger()) }

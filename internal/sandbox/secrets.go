@@ -14,64 +14,12 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// PutSecret stores a secret's value (PUT /v1/secrets/{name}). Sandboxes
-// that have it get the new value at their next boot, restore or fork.
-func (m *Manager) PutSecret(ctx context.Context, name string, value secret.Value) (*api.Secret, error) {
-	if m.cfg.Secrets == nil {
-		return nil, errNoSecrets
-	}
-	return m.cfg.Secrets.Put(ctx, name, value)
-}
-
-// ListSecrets lists the secrets' names and times.
-func (m *Manager) ListSecrets(ctx context.Context) ([]api.Secret, error) {
-	if m.cfg.Secrets == nil {
-		return []api.Secret{}, nil
-	}
-	return m.cfg.Secrets.List(ctx)
-}
-
-// DeleteSecret deletes a secret. One that a sandbox has is a conflict that
-// names the sandboxes, unless force: then they keep running with the value
-// they were given, and their next boot, restore or fork goes without it.
-func (m *Manager) DeleteSecret(ctx context.Context, name string, force bool) error {
-	if m.cfg.Secrets == nil {
-		return errNoSecrets
-	}
-	if err := secret.CheckName(name); err != nil {
-		return err
-	}
-	// A secret that is gone is not_found even while sandboxes still name
-	// it (a forced delete leaves them naming it): a conflict would send
-	// the caller to delete it again, forever.
-	secs, err := m.cfg.Secrets.List(ctx)
-	if err != nil {
-		return fmt.Errorf("listing secrets: %w", err)
-	}
-	if !slices.ContainsFunc(secs, func(s api.Secret) bool { return s.Name == name }) {
-		return api.Errorf(api.CodeNotFound, "secret %q not found", name)
-	}
-	if !force {
-		sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
-		if err != nil {
-			return err
-		}
-		var users []string
-		for _, sb := range sbs {
-			if slices.Contains(slices.Collect(maps.Values(sb.Secrets)), name) ||
-				slices.Contains(slices.Collect(maps.Values(sb.SecretFiles)), name) {
-				users = append(users, sb.Name)
-			}
-		}
-		if len(users) > 0 {
-			return api.Errorf(api.CodeConflict, "secret %q is used by sandbox %s; force (?force=true, loam secret rm --force) deletes it anyway, and they go without it from their next boot", name, strings.Join(users, ", "))
-		}
-	}
-	if err := m.cfg.Secrets.Delete(ctx, name); err != nil {
-		return err
-	}
-	m.log.Info("secret deleted", "secret", name, "force", force)
-	return nil
+// Secrets gives the values of the secrets sandboxes are given (package
+// secret's Store has it).
+type Secrets interface {
+	// Resolve gives the values of names; a name with no secret is left
+	// out of the map.
+	Resolve(ctx context.Context, names []string) (map[string]secret.Value, error)
 }
 
 // maxSecretRefs bounds the secrets a sandbox has, so that their values fit

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -112,7 +111,7 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 		crash.Point("sleep.image")
 		// The image expects the disk as it was: what the sandbox wrote
 		// to it must be on disk before the image counts.
-		err = syncVolume(m.disks.VolumePath(sb.ID))
+		err = checkpoint.SyncVolume(m.disks.VolumePath(sb.ID))
 	}
 	if err == nil {
 		err = checkpoint.SyncTree(tmp)
@@ -522,46 +521,6 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 // midSleepWait bounds how long recovery waits for the agent of a sandbox
 // whose sleep a crash cut short.
 const midSleepWait = 5 * time.Second
-
-// linkTree makes dst a copy of the directory tree src by hard links (a
-// memory image's files are written once and never changed), or by copies
-// where links cannot be made (another filesystem).
-func linkTree(src, dst string) error {
-	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, path)
-		if err != nil {
-			return err
-		}
-		to := filepath.Join(dst, rel)
-		if d.IsDir() {
-			return os.MkdirAll(to, 0o700)
-		}
-		if err := os.Link(path, to); err == nil {
-			return nil
-		}
-		return copyFile(path, to)
-	})
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
 
 // heldFile, in a sleep dir, holds the token generation the sleeping agent
 // holds: memory checkpoints taken while it sleeps move the sandbox's on.

@@ -98,7 +98,7 @@ func TestSleepWake(t *testing.T) {
 			if i%2 == 0 {
 				_, errs[i] = e.m.Wake(e.ctx, "nap")
 			} else {
-				_, errs[i] = e.m.ListSessions(e.ctx, "nap")
+				_, errs[i] = e.guest().ListSessions(e.ctx, "nap")
 			}
 		})
 	}
@@ -181,7 +181,7 @@ func TestSleepIdle(t *testing.T) {
 		t.Errorf("own slept 5 minutes after it was used")
 	}
 	// An open stream is activity for as long as it is open.
-	st, err := e.m.WatchPorts(e.ctx, "own")
+	st, err := e.guest().WatchPorts(e.ctx, "own")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func TestCallDuringSleep(t *testing.T) {
 	go func() { _, err := e.m.Sleep(e.ctx, "nap"); slept <- err }()
 	<-entered
 	called := make(chan error, 1)
-	go func() { _, err := e.m.ListSessions(e.ctx, "nap"); called <- err }()
+	go func() { _, err := e.guest().ListSessions(e.ctx, "nap"); called <- err }()
 	eventually(t, "waiting for the sleep", func() bool { return e.m.OpWaiters(sb.ID) == 1 })
 	select {
 	case err := <-called:

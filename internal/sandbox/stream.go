@@ -17,7 +17,7 @@ import (
 // the caller then closes its client's socket with status 1011. The caller
 // calls Close when it is done, whichever side ended first.
 //
-// Inside the package, a Stream with no socket (agent nil) stands for a call
+// A Stream with no socket (agent nil, see Call.Stream) stands for a call
 // in flight that must end as streams do: a session's wait.
 type Stream struct {
 	agent  *websocket.Conn
@@ -53,7 +53,7 @@ func (s *Stream) Agent() *websocket.Conn { return s.agent }
 
 // FromAgent is what the client should get for a text message the agent
 // sent: the message itself, or, where the agent said more than it may (see
-// agentControl), what loam says instead; nil when the client should get
+// agentconn.Control), what loam says instead; nil when the client should get
 // nothing.
 func (s *Stream) FromAgent(data []byte) []byte {
 	if s.fromAgent == nil {
@@ -114,4 +114,53 @@ func (s *Stream) Close() {
 		}
 		close(s.closed)
 	})
+}
+
+// Context is the stream's context: it ends when the Manager ends the
+// stream (its cause says why) or the stream is closed.
+func (s *Stream) Context() context.Context { return s.ctx }
+
+// addStream registers s as a stream of sandbox id, until s is closed.
+func (m *Manager) addStream(id string, s *Stream) {
+	l := m.live(id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.streams == nil {
+		l.streams = map[*Stream]bool{}
+	}
+	l.streams[s] = true
+	s.release = func() { l.removeStream(s) }
+	s.died = func() bool { return l.died() }
+}
+
+func (l *live) removeStream(s *Stream) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.streams, s)
+	l.used = time.Now() // idle time starts when the stream ends
+}
+
+// closeStreams ends every stream of a sandbox with status 1011, cuts its
+// calls in flight that a checkpoint cuts, and closes its spare exec
+// sockets.
+func (m *Manager) closeStreams(id, reason string) {
+	m.dropSpare(id)
+	m.endCalls(id, reason)
+	l := m.peek(id)
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	ss := make([]*Stream, 0, len(l.streams))
+	for s := range l.streams {
+		ss = append(ss, s)
+	}
+	l.mu.Unlock()
+	// Each end waits for its client's socket to be closed (a few seconds
+	// for a client that does not read): end them all at once.
+	var wg sync.WaitGroup
+	for _, s := range ss {
+		wg.Go(func() { s.end(reason) })
+	}
+	wg.Wait()
 }

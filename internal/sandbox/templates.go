@@ -2,21 +2,10 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"os"
 	"path/filepath"
-	"regexp"
-	"slices"
-	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
@@ -24,349 +13,29 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// Checkpoint templates: a checkpoint kept under a name, which outlives its
-// sandbox and the checkpoint. Each is a directory
-//
-//	DATA_DIR/checkpoint-templates/<name>/manifest.json   checkpoint.Manifest
-//	DATA_DIR/checkpoint-templates/<name>/mem/            memory image (memory templates)
-//
-// plus the disk pool's read-only snapshot the manifest names
-// (tpl.<name>.<random>). A template is made in a .tmp-… directory beside
-// the others and appears by one rename once its snapshot and files are
-// durable, and goes by one rename before its data is removed, so a crash
-// never leaves a half-made (or half-deleted) template visible: start-up
-// sweeps what such a crash left (see sweepTemplates).
-
-// keptDir is the directory of checkpoint templates.
-func (m *Manager) keptDir() string { return filepath.Join(m.cfg.DataDir, "checkpoint-templates") }
-
-// templateSnapPrefix starts the name of every template's disk snapshot; no
-// checkpoint's snapshot (sandbox id "." checkpoint id) starts with it.
-const templateSnapPrefix = "tpl."
-
-var templateNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-
-// checkTemplateName refuses a name that cannot name a template.
-func checkTemplateName(name string) error {
-	if !templateNameRE.MatchString(name) {
-		return api.Errorf(api.CodeInvalid, "name %q: a template name is 1-63 lower-case letters, digits, '.', '_' and '-', starting with a letter or digit", name)
-	}
-	return nil
-}
-
-// readKept reads the manifest of checkpoint template name; nil when there
-// is none.
-func (m *Manager) readKept(name string) (*checkpoint.Manifest, error) {
-	if checkTemplateName(name) != nil {
-		return nil, nil
-	}
-	b, err := os.ReadFile(filepath.Join(m.keptDir(), name, checkpoint.ManifestEntry))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading template %s: %w", name, err)
-	}
-	var man checkpoint.Manifest
-	if err := json.Unmarshal(b, &man); err != nil {
-		return nil, fmt.Errorf("reading template %s: %w", name, err)
-	}
-	man.Name = name
-	return &man, nil
-}
-
-// listKept reads every checkpoint template, sorted by name.
-func (m *Manager) listKept() ([]*checkpoint.Manifest, error) {
-	entries, err := os.ReadDir(m.keptDir())
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("listing templates: %w", err)
-	}
-	var out []*checkpoint.Manifest
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		man, err := m.readKept(e.Name())
-		if err != nil {
-			return nil, err
-		}
-		if man != nil {
-			out = append(out, man)
-		}
-	}
-	return out, nil
-}
-
-// Templates lists the templates sandboxes can be made from: the built-in
-// ones, then the checkpoint templates, each with how many sandboxes use it.
-func (m *Manager) Templates(ctx context.Context) []api.Template {
-	out := m.tpl.List(ctx)
-	// One listing counts the uses of both: a sandbox of an image is
-	// counted under its image. A warm pool's members are no uses.
-	uses, imageUses := map[string]int{}, map[string]int{}
-	if sbs, err := m.store.ListSandboxes(ctx, store.Filter{}); err == nil {
-		for _, sb := range sbs {
-			if sb.Pool != "" {
-				continue
-			}
-			uses[sb.Template]++
-			if sb.Image != "" {
-				imageUses[sb.Image]++
-			}
-		}
-	} else {
-		m.log.Warn("counting the sandboxes of templates", "err", err)
-	}
-	for i := range out {
-		out[i].Uses = uses[out[i].Name]
-	}
-	kept, err := m.listKept()
-	if err != nil {
-		m.log.Warn("listing checkpoint templates", "err", err)
-	}
-	for _, man := range kept {
-		out = append(out, m.keptView(man, uses[man.Name]))
-	}
-	return append(out, m.imageTemplates(ctx, imageUses)...)
-}
-
-// imageTemplates are the images the daemon pulled, or is pulling, as
-// templates: named by their ref, as a create gives it in "image"; uses
-// counts the sandboxes of each.
-func (m *Manager) imageTemplates(ctx context.Context, uses map[string]int) []api.Template {
-	if m.cfg.Images == nil {
-		return nil
-	}
-	images, err := m.cfg.Images.List(ctx)
-	if err != nil {
-		m.log.Warn("listing images", "err", err)
-		return nil
-	}
-	var out []api.Template
-	for _, im := range images {
-		t := api.Template{
-			Name: im.Ref, Description: "OCI image " + im.Ref, Kind: api.TemplateImage,
-			SizeBytes: im.Size, Uses: uses[im.Ref], CreatedAt: &im.CreatedAt,
-		}
-		if im.Digest != "" {
-			t.Description += " (" + im.Digest + ")"
-		}
-		switch im.State {
-		case api.ImageReady:
-			t.Ready, t.State, t.Progress = true, api.TemplateReady, 100
-		case api.ImageError:
-			t.State, t.Error = api.TemplateFailed, im.Error
-		default:
-			t.State = api.TemplateBuilding
-			if im.Size > 0 {
-				t.Progress = min(int(im.Pulled*100/im.Size), 99)
-			}
-		}
-		out = append(out, t)
-	}
-	return out
-}
-
-func (m *Manager) keptView(man *checkpoint.Manifest, uses int) api.Template {
-	desc := "disk of checkpoint " + man.From + "; boots fresh"
-	if man.Memory {
-		desc = "memory and disk of checkpoint " + man.From + "; processes resume"
-	}
-	created := man.CreatedAt
-	return api.Template{
-		Name: man.Name, Description: desc, Ready: true,
-		Kind: api.TemplateCheckpoint, State: api.TemplateReady, Progress: 100, Memory: man.Memory,
-		SizeBytes: man.SizeBytes, Uses: uses, From: man.From, CreatedAt: &created,
-	}
-}
-
-// isBuiltin reports whether name is a template the daemon provides.
-func (m *Manager) isBuiltin(ctx context.Context, name string) bool {
-	return slices.ContainsFunc(m.tpl.List(ctx), func(t api.Template) bool { return t.Name == name })
-}
-
-// CreateTemplate keeps a checkpoint as template req.Name: a copy-on-write
-// copy of its disk snapshot and hard links to its memory image (which is
-// never written again), so deleting the checkpoint or its sandbox leaves
-// the template whole.
-func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*api.Template, error) {
-	leave, err := m.heavy.enter(ctx, "making a template")
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
-	if err := checkTemplateName(req.Name); err != nil {
-		return nil, err
-	}
-	if err := checkPoolSize(req.Pool); err != nil {
-		return nil, err
-	}
-	src, cp, unlock, err := m.sourceCheckpoint(ctx, req.From)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	ctx = context.WithoutCancel(ctx)
-	man := checkpoint.Manifest{
-		Format: checkpoint.ManifestFormat, Name: req.Name, Memory: cp.Memory,
-		Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
-		From: src.Name + "/" + cp.ID, CreatedAt: store.Now(),
-	}
-	if cp.Memory {
-		man.AgentToken = m.heldToken(cp)
-	}
-	err = m.publishTemplate(ctx, &man, func(tmp, snap string) error {
-		// A writable clone of the checkpoint's disk, frozen again as the
-		// template's own snapshot: on btrfs both are instant.
-		vol := "tplcopy-" + randomHex(6)
-		root, err := m.disks.CloneSnapshot(ctx, snapName(src.ID, cp.ID), vol)
-		if err != nil {
-			return fmt.Errorf("copying the disk: %w", err)
-		}
-		crash.Point("template.volume")
-		// The source's secrets given as files are its own, not the
-		// template's: a sandbox of the template gets those it is given.
-		err = removeSecretFiles(root, src.SecretFiles)
-		if err == nil {
-			err = m.disks.Snapshot(ctx, vol, snap)
-		}
-		if derr := m.disks.DeleteVolume(ctx, vol); err == nil {
-			err = derr
-		}
-		if err != nil {
-			return fmt.Errorf("copying the disk: %w", err)
-		}
-		if cp.Memory {
-			if err := linkTree(filepath.Join(m.checkpointDir(src.ID, cp.ID), memDir), filepath.Join(tmp, memDir)); err != nil {
-				return fmt.Errorf("keeping the memory image: %w", err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	m.log.Info("template made", "template", man.Name, "from", man.From, "memory", man.Memory)
-	if req.Pool > 0 {
-		if _, err := m.setPool(ctx, poolConfig{Template: man.Name, Size: req.Pool}); err != nil {
-			m.log.Error("keeping the new template's pool", "template", man.Name, "err", err)
-		}
-	}
-	v := m.keptView(&man, 0)
-	return &v, nil
-}
-
-// publishTemplate makes template man.Name: fill puts its memory image (if
-// any) in tmp and its disk in snapshot snap, then the manifest is written
-// and all is made durable, and the template appears by one rename. On an
-// error nothing is left.
-func (m *Manager) publishTemplate(ctx context.Context, man *checkpoint.Manifest, fill func(tmp, snap string) error) (err error) {
-	if m.isBuiltin(ctx, man.Name) {
-		return api.Errorf(api.CodeConflict, "template %q exists (a built-in)", man.Name)
-	}
-	if have, err := m.readKept(man.Name); err != nil {
-		return err
-	} else if have != nil {
-		return api.Errorf(api.CodeConflict, "template %q exists", man.Name)
-	}
-	if err := os.MkdirAll(m.keptDir(), 0o700); err != nil {
-		return fmt.Errorf("making template %s: %w", man.Name, err)
-	}
-	tmp, err := os.MkdirTemp(m.keptDir(), ".tmp-"+man.Name+"-")
-	if err != nil {
-		return fmt.Errorf("making template %s: %w", man.Name, err)
-	}
-	snap := templateSnapPrefix + man.Name + "." + randomHex(6)
-	defer func() {
-		if err != nil {
-			os.RemoveAll(tmp)
-			_ = m.disks.DeleteSnapshot(context.WithoutCancel(ctx), snap)
-		}
-	}()
-	if err := fill(tmp, snap); err != nil {
-		return fmt.Errorf("making template %s: %w", man.Name, err)
-	}
-	crash.Point("template.filled")
-	man.Snapshot = snap
-	man.SizeBytes = treeBytes(m.disks.SnapshotPath(snap)) + treeBytes(filepath.Join(tmp, memDir))
-	body, err := json.MarshalIndent(man, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(tmp, checkpoint.ManifestEntry), body, 0o600); err != nil {
-		return fmt.Errorf("making template %s: %w", man.Name, err)
-	}
-	if err := syncVolume(m.disks.SnapshotPath(snap)); err != nil {
-		return err
-	}
-	if err := checkpoint.SyncTree(tmp); err != nil {
-		return err
-	}
-	crash.Point("template.synced")
-	m.keptMu.Lock()
-	defer m.keptMu.Unlock()
-	final := filepath.Join(m.keptDir(), man.Name)
-	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, final, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
-			return api.Errorf(api.CodeConflict, "template %q exists", man.Name)
-		}
-		return fmt.Errorf("making template %s: %w", man.Name, err)
-	}
-	return checkpoint.SyncDirs(m.keptDir(), m.cfg.DataDir)
-}
-
-// DeleteTemplate deletes checkpoint template name, unless a sandbox uses it.
-func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
-	if m.isBuiltin(ctx, name) {
-		return api.Errorf(api.CodeForbidden, "template %s is built in and cannot be deleted", name)
-	}
-	m.keptMu.Lock()
-	defer m.keptMu.Unlock()
-	man, err := m.readKept(name)
-	if err != nil {
-		return err
-	}
-	if man == nil {
-		return api.Errorf(api.CodeNotFound, "template %q not found", name)
-	}
-	sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
-	if err != nil {
-		return fmt.Errorf("counting the sandboxes of template %s: %w", name, err)
-	}
-	var users []string
-	for _, sb := range sbs {
-		if sb.Template == name && sb.Pool == "" {
-			users = append(users, sb.Name)
-		}
-	}
-	if len(users) > 0 {
-		if len(users) == 1 {
-			return api.Errorf(api.CodeConflict, "template %s is used by sandbox %s; delete it first", name, users[0])
-		}
-		return api.Errorf(api.CodeConflict, "template %s is used by sandboxes %s; delete them first", name, strings.Join(users, ", "))
-	}
-	m.exportMu.Lock()
-	exports := m.exporting[name]
-	m.exportMu.Unlock()
-	if exports > 0 {
-		return api.Errorf(api.CodeConflict, "template %s is being exported; try again when the export ends", name)
-	}
-	m.dropPools(ctx, func(c poolConfig) bool { return c.Template == name })
-	// Gone at once by a rename; the data goes after (or at the next start).
-	gone := filepath.Join(m.keptDir(), ".del-"+name+"-"+randomHex(6))
-	if err := os.Rename(filepath.Join(m.keptDir(), name), gone); err != nil {
-		return fmt.Errorf("deleting template %s: %w", name, err)
-	}
-	crash.Point("template-delete.renamed")
-	ctx = context.WithoutCancel(ctx)
-	if err := errors.Join(m.disks.DeleteSnapshot(ctx, man.Snapshot), os.RemoveAll(gone)); err != nil {
-		m.log.Warn("removing template data", "template", name, "err", err)
-	}
-	m.log.Info("template deleted", "template", name)
-	return nil
+// Templates are the templates of this host, as the core makes sandboxes
+// of them (template.Store has it): built-in ones, which Ensure builds, and
+// checkpoint templates, which a sandbox is forked from. The catalog the
+// API serves (package template) is made over the Manager.
+type Templates interface {
+	// Builtin reports whether name is a built-in template.
+	Builtin(name string) bool
+	// Ensure builds built-in template name if needed and imports it into
+	// the disk pool.
+	Ensure(ctx context.Context, name string) error
+	// Kept resolves checkpoint template name to its manifest (its disk
+	// snapshot, memory, resources); nil when there is none.
+	Kept(name string) (*checkpoint.Manifest, error)
+	// Use is Kept for a sandbox being made of the template: it cannot be
+	// deleted until release is called, once the sandbox is stored (and so
+	// counted as a use of it). man is nil when there is no such template.
+	Use(name string) (man *checkpoint.Manifest, release func(), err error)
+	// MemDir is where checkpoint template name keeps its memory image.
+	MemDir(name string) string
+	// Sweep removes what a crash left of templates being made or deleted;
+	// owned tells of a disk snapshot whether it is a template's, and
+	// whether a template holds it.
+	Sweep() (owned func(snap string) (template, held bool), err error)
 }
 
 // createFromTemplate makes a sandbox from checkpoint template man, as a
@@ -392,13 +61,13 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	if man.Memory {
 		sb.Resources = man.Resources
 	}
-	// Held for reading until the sandbox is stored (and counted as a use),
-	// so that the template cannot be deleted under it.
-	m.keptMu.RLock()
-	defer m.keptMu.RUnlock()
-	if again, err := m.readKept(man.Name); err != nil || again == nil {
+	// Held until the sandbox is stored (and counted as a use), so that the
+	// template cannot be deleted under it.
+	again, release, err := m.tpl.Use(man.Name)
+	if err != nil || again == nil {
 		return nil, api.Errorf(api.CodeNotFound, "template %q not found", man.Name)
 	}
+	defer release()
 	if defaultResources(req) {
 		// A memory template gives no services (refused above).
 		if v, ok, err := m.claimMember(ctx, templatePoolKey(man.Name), sb, req.Services); ok {
@@ -446,188 +115,41 @@ func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *chec
 		}
 		return m.bootWith(ctx, sb, false, services)
 	}
-	return m.resumeImage(ctx, sb, filepath.Join(m.keptDir(), man.Name, memDir), man.AgentToken, "template "+man.Name)
+	return m.resumeImage(ctx, sb, m.tpl.MemDir(man.Name), man.AgentToken, "template "+man.Name)
 }
 
-// ExportTemplate writes checkpoint template name to w as one archive (see
-// checkpoint.WriteArchive). The template cannot be deleted meanwhile.
-func (m *Manager) ExportTemplate(ctx context.Context, name string, w io.Writer) error {
-	m.keptMu.RLock()
-	man, err := m.readKept(name)
-	if err == nil && man != nil {
-		// Marked as being read, so that a delete meanwhile is refused,
-		// without holding keptMu for as long as the stream lasts.
-		m.exportMu.Lock()
-		m.exporting[name]++
-		m.exportMu.Unlock()
-		defer func() {
-			m.exportMu.Lock()
-			if m.exporting[name]--; m.exporting[name] == 0 {
-				delete(m.exporting, name)
-			}
-			m.exportMu.Unlock()
-		}()
-	}
-	m.keptMu.RUnlock()
-	if err != nil {
-		return err
-	}
-	if man == nil {
-		if m.isBuiltin(ctx, name) {
-			return api.Errorf(api.CodeInvalid, "template %s is built in: every loam builds it; only checkpoint templates are exported", name)
-		}
-		return api.Errorf(api.CodeNotFound, "template %q not found", name)
-	}
-	mem := ""
-	if man.Memory {
-		mem = filepath.Join(m.keptDir(), name, memDir)
-	}
-	if err := checkpoint.WriteArchive(ctx, w, *man, m.disks.SnapshotPath(man.Snapshot), mem); err != nil {
-		return fmt.Errorf("exporting template %s: %w", name, err)
-	}
-	return nil
+// Heavy takes a slot among the daemon's heavy operations for what (see
+// heavyGate): the template catalog's builds and imports count as heavy.
+func (m *Manager) Heavy(ctx context.Context, what string) (leave func(), err error) {
+	return m.heavy.enter(ctx, what)
 }
 
-// ImportTemplate makes checkpoint template name from an archive written by
-// ExportTemplate (on this host or another). The archive is unpacked into a
-// temporary directory and checked whole before anything is published: a
-// damaged or hostile one is refused (invalid) and leaves nothing.
-func (m *Manager) ImportTemplate(ctx context.Context, name string, r io.Reader) (*api.Template, error) {
-	leave, err := m.heavy.enter(ctx, "importing a template")
+// HoldCheckpoint finds checkpoint from and holds it and its sandbox as a
+// source, as a fork does, until release is called: the template catalog
+// copies it meanwhile.
+func (m *Manager) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*checkpoint.Source, func(), error) {
+	src, cp, unlock, err := m.sourceCheckpoint(ctx, from)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer leave()
-	if err := checkTemplateName(name); err != nil {
-		return nil, err
+	s := &checkpoint.Source{
+		Sandbox: src.Name, SecretFiles: src.SecretFiles, Checkpoint: cp,
+		Snapshot: snapName(src.ID, cp.ID),
 	}
-	if m.isBuiltin(ctx, name) {
-		return nil, api.Errorf(api.CodeConflict, "template %q exists (a built-in)", name)
+	if cp.Memory {
+		s.MemDir = filepath.Join(m.checkpointDir(src.ID, cp.ID), memDir)
+		s.AgentToken = m.heldToken(cp)
 	}
-	if have, err := m.readKept(name); err != nil {
-		return nil, err
-	} else if have != nil {
-		return nil, api.Errorf(api.CodeConflict, "template %q exists", name)
-	}
-	if err := os.MkdirAll(m.keptDir(), 0o700); err != nil {
-		return nil, err
-	}
-	work, err := os.MkdirTemp(m.keptDir(), ".tmp-import-"+name+"-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(work)
-	// The unpacked archive, and then its copy in the disk pool, must leave
-	// room on the data dir's filesystem for everything else.
-	var st unix.Statfs_t
-	if err := unix.Statfs(work, &st); err != nil {
-		return nil, fmt.Errorf("importing template %s: %w", name, err)
-	}
-	room := int64(st.Bavail)*st.Bsize/2 - importReserve
-	if room <= 0 {
-		return nil, api.Errorf(api.CodeLimit, "importing template %s: the data dir's disk is full", name)
-	}
-	man, err := checkpoint.ReadArchive(ctx, r, work, room)
-	if err != nil {
-		return nil, fmt.Errorf("importing template %s: %w", name, err)
-	}
-	if err := checkResources(man.Resources); err != nil {
-		return nil, api.Errorf(api.CodeInvalid, "template archive refused: manifest: %s", err.(*api.Error).Message)
-	}
-	if man.Memory && man.AgentToken == "" {
-		return nil, api.Errorf(api.CodeInvalid, "template archive refused: a memory template without its agent token")
-	}
-	man.Name = name
-	crash.Point("template-import.unpacked")
-	ctx = context.WithoutCancel(ctx)
-	err = m.publishTemplate(ctx, man, func(tmp, snap string) error {
-		if err := m.disks.ImportSnapshot(ctx, snap, filepath.Join(work, checkpoint.DiskEntry)); err != nil {
-			return fmt.Errorf("importing the disk: %w", err)
-		}
-		if man.Memory {
-			if err := os.Rename(filepath.Join(work, checkpoint.MemEntry), filepath.Join(tmp, memDir)); err != nil {
-				return fmt.Errorf("importing the memory image: %w", err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	m.log.Info("template imported", "template", name, "memory", man.Memory, "bytes", man.SizeBytes)
-	v := m.keptView(man, 0)
-	return &v, nil
+	return s, unlock, nil
 }
 
-// importReserve is the space an import leaves free on the data dir's disk.
-const importReserve = 1 << 30
+// CheckResources refuses resources no sandbox may have.
+func (m *Manager) CheckResources(r api.Resources) error { return checkResources(r) }
 
-// sweepTemplates removes what a crash left of templates being made or
-// deleted, and returns the snapshots the published ones hold.
-func (m *Manager) sweepTemplates() (map[string]bool, error) {
-	held := map[string]bool{}
-	entries, err := os.ReadDir(m.keptDir())
-	if errors.Is(err, fs.ErrNotExist) {
-		return held, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("listing templates: %w", err)
-	}
-	var errs []error
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
-			m.log.Info("removing unfinished template data", "path", e.Name())
-			errs = append(errs, os.RemoveAll(filepath.Join(m.keptDir(), e.Name())))
-			continue
-		}
-		man, err := m.readKept(e.Name())
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if man != nil {
-			held[man.Snapshot] = true
-		}
-	}
-	return held, errors.Join(errs...)
-}
+// CheckPoolSize refuses a size no warm pool may have.
+func (m *Manager) CheckPoolSize(size int) error { return checkPoolSize(size) }
 
-// removeSecretFiles removes the files a sandbox's secrets were written to
-// (paths in the sandbox) from its disk at rootDir, never following a link
-// out of it.
-func removeSecretFiles(rootDir string, files map[string]string) error {
-	if len(files) == 0 {
-		return nil
-	}
-	root, err := os.OpenRoot(rootDir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	for p := range files {
-		if err := root.Remove(strings.TrimPrefix(p, "/")); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("removing secret file %s: %w", p, err)
-		}
-	}
-	return nil
-}
-
-// treeBytes is the size of the files under dir (0 when it is missing).
-func treeBytes(dir string) int64 {
-	var n int64
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if info, err := d.Info(); err == nil {
-				n += info.Size()
-			}
-		}
-		return nil
-	})
-	return n
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+// DropTemplatePools drains and removes template name's warm pool.
+func (m *Manager) DropTemplatePools(ctx context.Context, name string) {
+	m.dropPools(ctx, func(c poolConfig) bool { return c.Template == name })
 }

@@ -143,10 +143,10 @@ func FuzzImportTemplate(f *testing.F) {
 	add([]byte("not an archive"))
 
 	// The well-formed seed imports: the refusals below are not blanket.
-	if _, err := e.m.ImportTemplate(f.Context(), "seed-good", bytes.NewReader(good)); err != nil {
+	if _, err := e.cat.Import(f.Context(), "seed-good", bytes.NewReader(good)); err != nil {
 		f.Fatalf("importing a well-formed archive: %v", err)
 	}
-	must(f, e.m.DeleteTemplate(f.Context(), "seed-good"))
+	must(f, e.cat.Delete(f.Context(), "seed-good"))
 
 	kept := filepath.Join(e.cfg.DataDir, "checkpoint-templates")
 	var n atomic.Int64
@@ -163,9 +163,9 @@ func FuzzImportTemplate(f *testing.F) {
 			return s
 		}
 		snapsBefore := snapshots()
-		_, err := e.m.ImportTemplate(t.Context(), name, bytes.NewReader(archive))
+		_, err := e.cat.Import(t.Context(), name, bytes.NewReader(archive))
 		if err == nil {
-			must(t, e.m.DeleteTemplate(t.Context(), name))
+			must(t, e.cat.Delete(t.Context(), name))
 			return
 		}
 		var ae *api.Error

@@ -12,6 +12,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/secret"
+	"loam.dev/loam/internal/template"
 )
 
 // safeComponent reports whether s can be one component of a host path, as
@@ -60,14 +61,14 @@ func FuzzNames(f *testing.F) {
 		if err := CheckOrg(org); err == nil && (!ValidName(org) || MaxNameLen(org) < len("sb-000000000001")) {
 			t.Fatalf("org %q accepted", org)
 		}
-		if err := checkTemplateName(s); err == nil {
+		if err := template.CheckName(s); err == nil {
 			if !safeComponent(s) || strings.HasPrefix(s, ".") || len(s) > 63 {
 				// A leading "." marks a template's unfinished data, which
 				// the sweep at start-up removes.
 				t.Fatalf("template name %q accepted", s)
 			}
 		} else {
-			wantInvalid(t, "checkTemplateName", err)
+			wantInvalid(t, "template.CheckName", err)
 		}
 		if err := checkpoint.CheckName(s); err == nil {
 			if !safeComponent(s) || strings.HasPrefix(s, ".") || len(s) > 63 {

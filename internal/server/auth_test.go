@@ -11,7 +11,7 @@ func TestBearerScheme(t *testing.T) {
 	apis := []struct {
 		name, base, token string
 	}{
-		{"daemon", serve(t, New(newFake(), testToken, discardLog())), testToken},
+		{"daemon", serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...)), testToken},
 		{"inside", serve(t, in.handler("sb-000000000001")), in.Token("sb-000000000001")},
 	}
 	for _, a := range apis {

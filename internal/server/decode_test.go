@@ -61,7 +61,7 @@ func TestExecRequestChecks(t *testing.T) {
 // by api.MaxExecMessage, not 32 MiB: each socket could hold that much of
 // the daemon's memory.
 func TestExecMessageLimit(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	hdr := http.Header{"Authorization": {"Bearer " + testToken}}
 	request := func(size int) []byte {
 		pad := size - len(`{"cmd":["true"],"env":{"PAD":""}}`)

@@ -38,9 +38,47 @@ func newFake() *fakeSandboxes {
 	}}
 }
 
-func (f *fakeSandboxes) Templates(ctx context.Context) []api.Template {
+// fakeServices serves the routes of the services beside the sandboxes
+// (templates, images, registries, secrets) from fakes, the templates'
+// checkpoints from sbs.
+func fakeServices(sbs *fakeSandboxes) []Option {
+	return []Option{WithTemplates(fakeTemplates{sbs}), WithImages(fakeImages{}, fakeRegistries{}), WithSecrets(fakeSecrets{})}
+}
+
+// fakeTemplates is the template catalog, answering as template.Catalog
+// does: an *api.Error for what the caller got wrong.
+type fakeTemplates struct{ sbs *fakeSandboxes }
+
+func (f fakeTemplates) List(ctx context.Context) []api.Template {
 	return []api.Template{{Name: "busybox", Default: true, Ready: true}}
 }
+
+func (f fakeTemplates) Create(ctx context.Context, req api.CreateTemplate) (*api.Template, error) {
+	if req.From == nil {
+		return nil, api.Errorf(api.CodeInvalid, "from: give the sandbox and checkpoint")
+	}
+	if _, err := f.sbs.GetCheckpoint(ctx, req.From.Sandbox, req.From.Checkpoint); err != nil {
+		return nil, err
+	}
+	return &api.Template{Name: req.Name, Ready: true}, nil
+}
+
+func (f fakeTemplates) Delete(ctx context.Context, name string) error {
+	return api.Errorf(api.CodeNotFound, "template %q not found", name)
+}
+
+func (f fakeTemplates) Export(ctx context.Context, name string, w io.Writer) error {
+	return api.Errorf(api.CodeNotFound, "template %q not found", name)
+}
+
+func (f fakeTemplates) Import(ctx context.Context, name string, r io.Reader) (*api.Template, error) {
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return nil, err
+	}
+	return nil, api.Errorf(api.CodeInvalid, "template archive refused")
+}
+
+var _ Templates = fakeTemplates{}
 
 func (f *fakeSandboxes) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
 	return &api.Sandbox{ID: "sb-000000000003", Name: req.Name, State: api.StateRunning}, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/guest"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -20,19 +21,19 @@ import (
 // closes, WriteFile and WriteArchive read theirs to its end, and none of
 // them holds a whole file.
 type Files interface {
-	StatFile(ctx context.Context, ref string, q sandbox.FileQuery, depth int) (*api.FileInfo, error)
+	StatFile(ctx context.Context, ref string, q guest.FileQuery, depth int) (*api.FileInfo, error)
 	// ReadFile returns the file's bytes and their number.
-	ReadFile(ctx context.Context, ref string, q sandbox.FileQuery) (io.ReadCloser, int64, error)
+	ReadFile(ctx context.Context, ref string, q guest.FileQuery) (io.ReadCloser, int64, error)
 	// WriteFile writes body (size bytes, -1 when unknown) atomically; mode
 	// is octal or "" to keep the file's.
-	WriteFile(ctx context.Context, ref string, q sandbox.FileQuery, mode string, body io.Reader, size int64) (*api.FileInfo, error)
+	WriteFile(ctx context.Context, ref string, q guest.FileQuery, mode string, body io.Reader, size int64) (*api.FileInfo, error)
 	Mkdir(ctx context.Context, ref string, req api.MkdirRequest) (*api.FileInfo, error)
 	MoveFile(ctx context.Context, ref string, req api.MoveRequest) (*api.FileInfo, error)
-	RemoveFile(ctx context.Context, ref string, q sandbox.FileQuery, recursive bool) error
-	ReadArchive(ctx context.Context, ref string, q sandbox.FileQuery) (io.ReadCloser, error)
-	WriteArchive(ctx context.Context, ref string, q sandbox.FileQuery, tar io.Reader) error
+	RemoveFile(ctx context.Context, ref string, q guest.FileQuery, recursive bool) error
+	ReadArchive(ctx context.Context, ref string, q guest.FileQuery) (io.ReadCloser, error)
+	WriteArchive(ctx context.Context, ref string, q guest.FileQuery, tar io.Reader) error
 	// Watch returns a stream of api.WatchEvent text messages.
-	Watch(ctx context.Context, ref string, q sandbox.FileQuery, recursive bool) (*sandbox.Stream, error)
+	Watch(ctx context.Context, ref string, q guest.FileQuery, recursive bool) (*sandbox.Stream, error)
 }
 
 func (s *Server) fileRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
@@ -48,8 +49,8 @@ func (s *Server) fileRoutes(v1 func(string, func(http.ResponseWriter, *http.Requ
 }
 
 // fileQuery reads path= and user= of a files request.
-func fileQuery(r *http.Request) (sandbox.FileQuery, error) {
-	q := sandbox.FileQuery{Path: r.URL.Query().Get("path"), User: r.URL.Query().Get("user")}
+func fileQuery(r *http.Request) (guest.FileQuery, error) {
+	q := guest.FileQuery{Path: r.URL.Query().Get("path"), User: r.URL.Query().Get("user")}
 	if err := api.CheckFilePath("path", q.Path); err != nil {
 		return q, err
 	}

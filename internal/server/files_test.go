@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/guest"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -18,7 +19,7 @@ func (f *fakeSandboxes) fileSandbox(ctx context.Context, ref string) error {
 	return err
 }
 
-func (f *fakeSandboxes) StatFile(ctx context.Context, ref string, q sandbox.FileQuery, depth int) (*api.FileInfo, error) {
+func (f *fakeSandboxes) StatFile(ctx context.Context, ref string, q guest.FileQuery, depth int) (*api.FileInfo, error) {
 	if err := f.fileSandbox(ctx, ref); err != nil {
 		return nil, err
 	}
@@ -28,14 +29,14 @@ func (f *fakeSandboxes) StatFile(ctx context.Context, ref string, q sandbox.File
 	return &api.FileInfo{Path: q.Path, Type: api.FileTypeFile, Size: 6, Mode: "0644"}, nil
 }
 
-func (f *fakeSandboxes) ReadFile(ctx context.Context, ref string, q sandbox.FileQuery) (io.ReadCloser, int64, error) {
+func (f *fakeSandboxes) ReadFile(ctx context.Context, ref string, q guest.FileQuery) (io.ReadCloser, int64, error) {
 	if _, err := f.StatFile(ctx, ref, q, 0); err != nil {
 		return nil, 0, err
 	}
 	return io.NopCloser(strings.NewReader("hello\n")), 6, nil
 }
 
-func (f *fakeSandboxes) WriteFile(ctx context.Context, ref string, q sandbox.FileQuery, mode string, body io.Reader, size int64) (*api.FileInfo, error) {
+func (f *fakeSandboxes) WriteFile(ctx context.Context, ref string, q guest.FileQuery, mode string, body io.Reader, size int64) (*api.FileInfo, error) {
 	if err := f.fileSandbox(ctx, ref); err != nil {
 		return nil, err
 	}
@@ -54,20 +55,20 @@ func (f *fakeSandboxes) MoveFile(ctx context.Context, ref string, req api.MoveRe
 	return &api.FileInfo{Path: req.To, Type: api.FileTypeFile, Mode: "0644"}, f.fileSandbox(ctx, ref)
 }
 
-func (f *fakeSandboxes) RemoveFile(ctx context.Context, ref string, q sandbox.FileQuery, recursive bool) error {
+func (f *fakeSandboxes) RemoveFile(ctx context.Context, ref string, q guest.FileQuery, recursive bool) error {
 	_, err := f.StatFile(ctx, ref, q, 0)
 	return err
 }
 
-func (f *fakeSandboxes) ReadArchive(ctx context.Context, ref string, q sandbox.FileQuery) (io.ReadCloser, error) {
+func (f *fakeSandboxes) ReadArchive(ctx context.Context, ref string, q guest.FileQuery) (io.ReadCloser, error) {
 	return nil, api.Errorf(api.CodeNotFound, "no archives in the fake")
 }
 
-func (f *fakeSandboxes) WriteArchive(ctx context.Context, ref string, q sandbox.FileQuery, tar io.Reader) error {
+func (f *fakeSandboxes) WriteArchive(ctx context.Context, ref string, q guest.FileQuery, tar io.Reader) error {
 	return api.Errorf(api.CodeNotFound, "no archives in the fake")
 }
 
-func (f *fakeSandboxes) Watch(ctx context.Context, ref string, q sandbox.FileQuery, recursive bool) (*sandbox.Stream, error) {
+func (f *fakeSandboxes) Watch(ctx context.Context, ref string, q guest.FileQuery, recursive bool) (*sandbox.Stream, error) {
 	if _, err := f.StatFile(ctx, ref, q, 0); err != nil {
 		return nil, err
 	}
@@ -75,7 +76,7 @@ func (f *fakeSandboxes) Watch(ctx context.Context, ref string, q sandbox.FileQue
 }
 
 func TestFilesErrorShape(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	get := func(path string) request { return request{method: "GET", path: path} }
 	checkErrors(t, base, []errorCase{
 		{name: "no path", req: get("/v1/sandboxes/box/files"), status: 400, code: api.CodeInvalid, msg: "path: give a path"},
@@ -96,7 +97,7 @@ func TestFilesErrorShape(t *testing.T) {
 }
 
 func TestFilesContent(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	resp, body := do(t, base, testToken, request{method: "GET", path: "/v1/sandboxes/box/files/content?path=/etc/motd"})
 	if resp.StatusCode != http.StatusOK || string(body) != "hello\n" || resp.ContentLength != 6 {
 		t.Errorf("GET content: %d %q (length %d)", resp.StatusCode, body, resp.ContentLength)

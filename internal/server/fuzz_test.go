@@ -19,35 +19,10 @@ import (
 	"loam.dev/loam/api"
 )
 
-// fuzzSandboxes is the fake with the optional abilities the fuzz targets
-// reach too (templates and pools), answering as the Manager does: an
-// *api.Error for what the caller got wrong.
+// fuzzSandboxes is the fake with the optional ability the fuzz targets
+// reach too (pools), answering as the Manager does: an *api.Error for what
+// the caller got wrong.
 type fuzzSandboxes struct{ *fakeSandboxes }
-
-func (f fuzzSandboxes) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*api.Template, error) {
-	if req.From == nil {
-		return nil, api.Errorf(api.CodeInvalid, "from: give the sandbox and checkpoint")
-	}
-	if _, err := f.GetCheckpoint(ctx, req.From.Sandbox, req.From.Checkpoint); err != nil {
-		return nil, err
-	}
-	return &api.Template{Name: req.Name, Ready: true}, nil
-}
-
-func (f fuzzSandboxes) DeleteTemplate(ctx context.Context, name string) error {
-	return api.Errorf(api.CodeNotFound, "template %q not found", name)
-}
-
-func (f fuzzSandboxes) ExportTemplate(ctx context.Context, name string, w io.Writer) error {
-	return api.Errorf(api.CodeNotFound, "template %q not found", name)
-}
-
-func (f fuzzSandboxes) ImportTemplate(ctx context.Context, name string, r io.Reader) (*api.Template, error) {
-	if _, err := io.Copy(io.Discard, r); err != nil {
-		return nil, err
-	}
-	return nil, api.Errorf(api.CodeInvalid, "template archive refused")
-}
 
 func (f fuzzSandboxes) SetCheckpointPool(ctx context.Context, sandbox, checkpoint string, size int) (*api.Pool, error) {
 	if _, err := f.GetCheckpoint(ctx, sandbox, checkpoint); err != nil {
@@ -68,10 +43,7 @@ func (f fuzzSandboxes) TemplatePool(ctx context.Context, template string) (*api.
 	return f.SetTemplatePool(ctx, template, 0)
 }
 
-var (
-	_ Templates = fuzzSandboxes{}
-	_ Pools     = fuzzSandboxes{}
-)
+var _ Pools = fuzzSandboxes{}
 
 // fuzzBodies are realistic bodies of the routes that take one, the seeds
 // the fuzzer mutates.
@@ -127,7 +99,7 @@ func fuzzServers() (daemon, inside fuzzServer) {
 		// Left open for the whole process: the fuzzing workers call
 		// this once each and run until they are killed.
 		fake := fuzzSandboxes{newFake()}
-		fuzzSrv = fuzzServer{httptest.NewServer(New(fake, testToken, discardLog())).URL, client}
+		fuzzSrv = fuzzServer{httptest.NewServer(New(fake, testToken, discardLog(), fakeServices(fake.fakeSandboxes)...)).URL, client}
 		in := NewInside(fake, []byte("secret"), discardLog())
 		fuzzInner = fuzzServer{httptest.NewServer(in.handler("sb-000000000001")).URL, client}
 	})

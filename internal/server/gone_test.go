@@ -54,7 +54,7 @@ func TestClientGone(t *testing.T) {
 	for _, a := range []struct {
 		name, base, token string
 	}{
-		{"daemon", serve(t, New(slowLookups{newFake()}, testToken, log)), testToken},
+		{"daemon", serve(t, New(slowLookups{newFake()}, testToken, log, fakeServices(newFake())...)), testToken},
 		{"inside", serve(t, in.handler("sb-000000000001")), in.Token("sb-000000000001")},
 	} {
 		t.Run(a.name, func(t *testing.T) {

@@ -7,17 +7,33 @@ import (
 	"loam.dev/loam/api"
 )
 
-// Images is what the server needs for OCI images and the registries they
-// come from. No route returns a registry's password.
+// Images is what the server needs of the image service (image.Service
+// has it).
 type Images interface {
-	PullImage(ctx context.Context, ref string) (*api.Image, error)
-	GetImage(ctx context.Context, id string) (*api.Image, error)
-	ListImages(ctx context.Context) ([]api.Image, error)
-	DeleteImage(ctx context.Context, id string) error
-	LoginRegistry(ctx context.Context, registry string, login api.RegistryLogin) (*api.Registry, error)
-	LogoutRegistry(ctx context.Context, registry string) error
-	ListRegistries(ctx context.Context) ([]api.Registry, error)
+	// Pull starts pulling an image; the answer is its state now.
+	Pull(ctx context.Context, ref string) (*api.Image, error)
+	Get(ctx context.Context, id string) (*api.Image, error)
+	List(ctx context.Context) ([]api.Image, error)
+	// Delete forgets an image; a conflict while a sandbox uses it.
+	Delete(ctx context.Context, id string) error
 }
+
+// Registries keeps the credentials images are pulled with
+// (image.Credentials has it). No route returns a registry's password.
+type Registries interface {
+	Login(ctx context.Context, registry string, login api.RegistryLogin) (*api.Registry, error)
+	Logout(ctx context.Context, registry string) error
+	List(ctx context.Context) ([]api.Registry, error)
+}
+
+// WithImages serves the images and registries routes from images and
+// registries; without it they answer unavailable (and lists are empty).
+func WithImages(images Images, registries Registries) Option {
+	return func(s *Server) { s.images, s.registries = images, registries }
+}
+
+// errNoImages answers the image routes of a server without images.
+var errNoImages = api.Errorf(api.CodeUnavailable, "this daemon has no image support")
 
 func (s *Server) imageRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
 	v1("POST /v1/images", s.pullImage)
@@ -34,7 +50,10 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(w, r, &req); err != nil {
 		return err
 	}
-	im, err := s.sandboxes.PullImage(r.Context(), req.Ref)
+	if s.images == nil {
+		return errNoImages
+	}
+	im, err := s.images.Pull(r.Context(), req.Ref)
 	if err != nil {
 		return err
 	}
@@ -43,7 +62,11 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
-	list, err := s.sandboxes.ListImages(r.Context())
+	list := []api.Image{}
+	var err error
+	if s.images != nil {
+		list, err = s.images.List(r.Context())
+	}
 	if err != nil {
 		return err
 	}
@@ -52,7 +75,10 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
-	im, err := s.sandboxes.GetImage(r.Context(), r.PathValue("image"))
+	if s.images == nil {
+		return errNoImages
+	}
+	im, err := s.images.Get(r.Context(), r.PathValue("image"))
 	if err != nil {
 		return err
 	}
@@ -61,7 +87,10 @@ func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sandboxes.DeleteImage(r.Context(), r.PathValue("image")); err != nil {
+	if s.images == nil {
+		return errNoImages
+	}
+	if err := s.images.Delete(r.Context(), r.PathValue("image")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -76,7 +105,10 @@ func (s *Server) loginRegistry(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(http.MaxBytesReader(w, r.Body, maxBody), &req); err != nil {
 		return errLoginBody
 	}
-	reg, err := s.sandboxes.LoginRegistry(r.Context(), r.PathValue("registry"), req)
+	if s.registries == nil {
+		return errNoImages
+	}
+	reg, err := s.registries.Login(r.Context(), r.PathValue("registry"), req)
 	if err != nil {
 		return err
 	}
@@ -85,7 +117,11 @@ func (s *Server) loginRegistry(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listRegistries(w http.ResponseWriter, r *http.Request) error {
-	list, err := s.sandboxes.ListRegistries(r.Context())
+	list := []api.Registry{}
+	var err error
+	if s.registries != nil {
+		list, err = s.registries.List(r.Context())
+	}
 	if err != nil {
 		return err
 	}
@@ -94,7 +130,10 @@ func (s *Server) listRegistries(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) logoutRegistry(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sandboxes.LogoutRegistry(r.Context(), r.PathValue("registry")); err != nil {
+	if s.registries == nil {
+		return errNoImages
+	}
+	if err := s.registries.Logout(r.Context(), r.PathValue("registry")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

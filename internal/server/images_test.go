@@ -11,42 +11,48 @@ import (
 	"loam.dev/loam/api"
 )
 
-func (f *fakeSandboxes) PullImage(ctx context.Context, ref string) (*api.Image, error) {
+// fakeImages is the image service.
+type fakeImages struct{}
+
+func (fakeImages) Pull(ctx context.Context, ref string) (*api.Image, error) {
 	if ref == "" {
 		return nil, api.Errorf(api.CodeInvalid, "ref: give an image reference")
 	}
 	return &api.Image{ID: "im-1", Ref: ref, State: api.ImagePulling}, nil
 }
 
-func (f *fakeSandboxes) GetImage(ctx context.Context, id string) (*api.Image, error) {
+func (fakeImages) Get(ctx context.Context, id string) (*api.Image, error) {
 	if id != "im-1" {
 		return nil, api.Errorf(api.CodeNotFound, "image %q not found", id)
 	}
 	return &api.Image{ID: id, State: api.ImageReady}, nil
 }
 
-func (f *fakeSandboxes) ListImages(ctx context.Context) ([]api.Image, error) {
+func (fakeImages) List(ctx context.Context) ([]api.Image, error) {
 	return []api.Image{}, nil
 }
 
-func (f *fakeSandboxes) DeleteImage(ctx context.Context, id string) error {
+func (fakeImages) Delete(ctx context.Context, id string) error {
 	return api.Errorf(api.CodeConflict, "image %s is used by sandbox box", id)
 }
 
-func (f *fakeSandboxes) LoginRegistry(ctx context.Context, registry string, login api.RegistryLogin) (*api.Registry, error) {
+// fakeRegistries keeps registry credentials.
+type fakeRegistries struct{}
+
+func (fakeRegistries) Login(ctx context.Context, registry string, login api.RegistryLogin) (*api.Registry, error) {
 	return &api.Registry{Registry: registry, Username: login.Username}, nil
 }
 
-func (f *fakeSandboxes) LogoutRegistry(ctx context.Context, registry string) error { return nil }
+func (fakeRegistries) Logout(ctx context.Context, registry string) error { return nil }
 
-func (f *fakeSandboxes) ListRegistries(ctx context.Context) ([]api.Registry, error) {
+func (fakeRegistries) List(ctx context.Context) ([]api.Registry, error) {
 	return []api.Registry{}, nil
 }
 
 // TestImageRoutes: a pull answers at once with 202; errors keep their
 // classes; a login's malformed body is never quoted (it holds a password).
 func TestImageRoutes(t *testing.T) {
-	srv := httptest.NewServer(New(newFake(), "tok", discardLog()))
+	srv := httptest.NewServer(New(newFake(), "tok", discardLog(), fakeServices(newFake())...))
 	defer srv.Close()
 	for _, tc := range []struct {
 		method, path, body string

@@ -29,7 +29,7 @@ func (f *fakeSandboxes) SetNetwork(ctx context.Context, ref string, p api.Networ
 }
 
 func TestSetNetwork(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	tests := []struct {
 		name, path, body string
 		status           int

@@ -45,7 +45,7 @@ func TestRoutesDocumented(t *testing.T) {
 // TestOpenAPIServed checks that the document is served as it is embedded,
 // as YAML, without a token.
 func TestOpenAPIServed(t *testing.T) {
-	srv := httptest.NewServer(New(newFake(), testToken, discardLog()))
+	srv := httptest.NewServer(New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/v1/openapi.yaml")
 	if err != nil {

@@ -77,7 +77,7 @@ func fakeAgentSocket(ctx context.Context, serve func(context.Context, *websocket
 }
 
 func TestPortErrors(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	get := func(path string) request { return request{method: "GET", path: path} }
 	upgrade := map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
 	checkErrors(t, base, []errorCase{
@@ -100,7 +100,7 @@ func TestPortErrors(t *testing.T) {
 // TestPortStream checks that a port stream carries binary messages both
 // ways and a watch passes the agent's events on.
 func TestPortStream(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	hdr := http.Header{"Authorization": {"Bearer " + testToken}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

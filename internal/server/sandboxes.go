@@ -17,7 +17,6 @@ import (
 
 // Sandboxes is what the server needs of the sandbox manager.
 type Sandboxes interface {
-	Templates(ctx context.Context) []api.Template
 	Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error)
 	List(ctx context.Context, labels map[string]string) ([]api.Sandbox, error)
 	Get(ctx context.Context, ref string) (*api.Sandbox, error)
@@ -36,9 +35,7 @@ type Sandboxes interface {
 	Sessions
 	Services
 	Ports
-	Secrets
 	Network
-	Images
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {

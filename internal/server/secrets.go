@@ -9,13 +9,24 @@ import (
 	"loam.dev/loam/internal/secret"
 )
 
-// Secrets is what the server needs of the secret keeper. No route returns
-// a secret's value.
+// Secrets is what the server needs of the secret keeper (secret.Keeper
+// has it). No route returns a secret's value.
 type Secrets interface {
-	PutSecret(ctx context.Context, name string, value secret.Value) (*api.Secret, error)
-	ListSecrets(ctx context.Context) ([]api.Secret, error)
-	DeleteSecret(ctx context.Context, name string, force bool) error
+	Put(ctx context.Context, name string, value secret.Value) (*api.Secret, error)
+	List(ctx context.Context) ([]api.Secret, error)
+	// Delete deletes a secret; one that a sandbox has is a conflict,
+	// unless force.
+	Delete(ctx context.Context, name string, force bool) error
 }
+
+// WithSecrets serves the secrets routes from secrets; without it they
+// answer unavailable (and the list is empty).
+func WithSecrets(secrets Secrets) Option {
+	return func(s *Server) { s.secrets = secrets }
+}
+
+// errNoSecrets answers the secret routes of a server without secrets.
+var errNoSecrets = api.Errorf(api.CodeUnavailable, "this daemon keeps no secrets")
 
 func (s *Server) secretRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
 	v1("PUT /v1/secrets/{name}", s.putSecret)
@@ -32,7 +43,10 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(http.MaxBytesReader(w, r.Body, maxBody), &req); err != nil {
 		return errSecretBody
 	}
-	sec, err := s.sandboxes.PutSecret(r.Context(), r.PathValue("name"), secret.NewValue(req.Value))
+	if s.secrets == nil {
+		return errNoSecrets
+	}
+	sec, err := s.secrets.Put(r.Context(), r.PathValue("name"), secret.NewValue(req.Value))
 	if err != nil {
 		return err
 	}
@@ -41,7 +55,11 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) error {
-	list, err := s.sandboxes.ListSecrets(r.Context())
+	list := []api.Secret{}
+	var err error
+	if s.secrets != nil {
+		list, err = s.secrets.List(r.Context())
+	}
 	if err != nil {
 		return err
 	}
@@ -57,7 +75,10 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) error {
 			return api.Errorf(api.CodeInvalid, "force: %q is not true or false", f)
 		}
 	}
-	if err := s.sandboxes.DeleteSecret(r.Context(), r.PathValue("name"), force); err != nil {
+	if s.secrets == nil {
+		return errNoSecrets
+	}
+	if err := s.secrets.Delete(r.Context(), r.PathValue("name"), force); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -12,18 +12,21 @@ import (
 	"loam.dev/loam/internal/secret"
 )
 
-func (f *fakeSandboxes) PutSecret(ctx context.Context, name string, value secret.Value) (*api.Secret, error) {
+// fakeSecrets is the secret keeper.
+type fakeSecrets struct{}
+
+func (fakeSecrets) Put(ctx context.Context, name string, value secret.Value) (*api.Secret, error) {
 	if err := secret.CheckName(name); err != nil {
 		return nil, err
 	}
 	return &api.Secret{Name: name}, nil
 }
 
-func (f *fakeSandboxes) ListSecrets(ctx context.Context) ([]api.Secret, error) {
+func (fakeSecrets) List(ctx context.Context) ([]api.Secret, error) {
 	return []api.Secret{}, nil
 }
 
-func (f *fakeSandboxes) DeleteSecret(ctx context.Context, name string, force bool) error {
+func (fakeSecrets) Delete(ctx context.Context, name string, force bool) error {
 	if !force {
 		return api.Errorf(api.CodeConflict, "secret %q is used by sandbox box", name)
 	}
@@ -33,7 +36,7 @@ func (f *fakeSandboxes) DeleteSecret(ctx context.Context, name string, force boo
 // TestSecretBodyNotEchoed: a malformed body's error never quotes it, since
 // the body is the value.
 func TestSecretBodyNotEchoed(t *testing.T) {
-	srv := httptest.NewServer(New(newFake(), "tok", discardLog()))
+	srv := httptest.NewServer(New(newFake(), "tok", discardLog(), fakeServices(newFake())...))
 	defer srv.Close()
 	for _, body := range []string{`{"value":hunter2}`, `{"value":"hunter2","x":1}`, `{"value":["hunter2"]}`, `hunter2`} {
 		req, _ := http.NewRequest(http.MethodPut, srv.URL+"/v1/secrets/db", strings.NewReader(body))

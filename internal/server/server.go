@@ -31,9 +31,15 @@ const maxBody = 1 << 20
 // Server serves the API.
 type Server struct {
 	sandboxes Sandboxes
-	token     string
-	log       *slog.Logger
-	mux       *http.ServeMux
+	// catalog, images, registries and secrets serve their routes; nil
+	// answers unavailable (see WithTemplates, WithImages, WithSecrets).
+	catalog    Templates
+	images     Images
+	registries Registries
+	secrets    Secrets
+	token      string
+	log        *slog.Logger
+	mux        *http.ServeMux
 	// patterns are the patterns handle registered, in order (see Routes).
 	patterns []string
 	// where says which API this is in messages: "" for the daemon's own,

@@ -84,7 +84,7 @@ func labels(n int, key func(i int) string) string {
 }
 
 func TestErrorShape(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	get := func(path string) request { return request{method: "GET", path: path} }
 	upgrade := func(version string) map[string]string {
 		return map[string]string{"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": version}
@@ -180,7 +180,7 @@ func TestErrorShape(t *testing.T) {
 
 func TestLabelFilters(t *testing.T) {
 	fake := newFake()
-	base := serve(t, New(fake, testToken, discardLog()))
+	base := serve(t, New(fake, testToken, discardLog(), fakeServices(fake)...))
 	tests := []struct {
 		name  string
 		path  string
@@ -242,7 +242,7 @@ func TestInsideErrorShape(t *testing.T) {
 // TestSuccess checks that ordinary requests still succeed, exec's
 // WebSocket included.
 func TestSuccess(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	tests := []struct {
 		req    request
 		status int
@@ -273,7 +273,7 @@ func TestSuccess(t *testing.T) {
 // TestExec checks the exec WebSocket still upgrades through the writers
 // that wrap it, and that a first message of the wrong kind is named.
 func TestExec(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	hdr := http.Header{"Authorization": {"Bearer " + testToken}}
 	tests := []struct {
 		name  string
@@ -317,7 +317,7 @@ func TestExec(t *testing.T) {
 // api.WebSocketProtocol and never echoes the token, and that a wrong token,
 // or the subprotocol on a request that is no upgrade, is refused.
 func TestWebSocketTokenSubprotocol(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	ws := "ws" + strings.TrimPrefix(base, "http")
 	tests := []struct {
 		name      string
@@ -371,7 +371,7 @@ func TestWebSocketTokenSubprotocol(t *testing.T) {
 // preflight is answered without one), and read the answer; a call without
 // the token is still refused; the in-sandbox API takes no part.
 func TestCORS(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	origin := map[string]string{"Origin": "https://app.example.com"}
 	resp, _ := do(t, base, testToken, request{method: "OPTIONS", path: "/v1/sandboxes/box", token: "-",
 		header: map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "PATCH", "Access-Control-Request-Headers": "authorization, content-type"}})

@@ -59,7 +59,7 @@ func (f *fakeSandboxes) ServiceLogs(ctx context.Context, sandbox, name string, p
 }
 
 func TestServiceErrors(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	get := func(path string) request { return request{method: "GET", path: path} }
 	const web = "/v1/sandboxes/box/services/web"
 	checkErrors(t, base, []errorCase{
@@ -81,7 +81,7 @@ func TestServiceErrors(t *testing.T) {
 }
 
 func TestServiceSuccess(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	const web = "/v1/sandboxes/box/services/web"
 	for _, tc := range []struct {
 		req    request

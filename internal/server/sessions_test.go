@@ -65,7 +65,7 @@ func (f *fakeSandboxes) AttachSession(ctx context.Context, sandbox, id string, p
 }
 
 func TestSessionErrors(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	get := func(path string) request { return request{method: "GET", path: path} }
 	const sess = "/v1/sandboxes/box/sessions/" + fakeSession
 	checkErrors(t, base, []errorCase{
@@ -84,7 +84,7 @@ func TestSessionErrors(t *testing.T) {
 }
 
 func TestSessionSuccess(t *testing.T) {
-	base := serve(t, New(newFake(), testToken, discardLog()))
+	base := serve(t, New(newFake(), testToken, discardLog(), fakeServices(newFake())...))
 	const sess = "/v1/sandboxes/box/sessions/" + fakeSession
 	for _, tc := range []struct {
 		req    request

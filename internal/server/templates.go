@@ -8,16 +8,23 @@ import (
 	"loam.dev/loam/api"
 )
 
-// Templates is what the server needs to keep checkpoints as templates and
-// move them between hosts. It is an optional ability of Sandboxes, found by
-// a type check: a manager without it answers these routes with unavailable.
+// Templates is what the server needs of the template catalog
+// (template.Catalog has it): list the templates, keep checkpoints as
+// templates and move them between hosts.
 type Templates interface {
-	CreateTemplate(ctx context.Context, req api.CreateTemplate) (*api.Template, error)
-	DeleteTemplate(ctx context.Context, name string) error
-	// ExportTemplate writes the template as one archive to w.
-	ExportTemplate(ctx context.Context, name string, w io.Writer) error
-	// ImportTemplate makes the template from an archive ExportTemplate wrote.
-	ImportTemplate(ctx context.Context, name string, r io.Reader) (*api.Template, error)
+	List(ctx context.Context) []api.Template
+	Create(ctx context.Context, req api.CreateTemplate) (*api.Template, error)
+	Delete(ctx context.Context, name string) error
+	// Export writes the template as one archive to w.
+	Export(ctx context.Context, name string, w io.Writer) error
+	// Import makes the template from an archive Export wrote.
+	Import(ctx context.Context, name string, r io.Reader) (*api.Template, error)
+}
+
+// WithTemplates serves the templates routes from the catalog t; without
+// it the list is empty and the other routes answer unavailable.
+func WithTemplates(t Templates) Option {
+	return func(s *Server) { s.catalog = t }
 }
 
 // ArchiveType is the media type of a template archive (a zstd-compressed tar).
@@ -32,15 +39,19 @@ func (s *Server) templateRoutes(v1 func(string, func(http.ResponseWriter, *http.
 }
 
 func (s *Server) templates() (Templates, error) {
-	t, ok := s.sandboxes.(Templates)
-	if !ok {
+	t := s.catalog
+	if t == nil {
 		return nil, api.Errorf(api.CodeUnavailable, "this server keeps no templates of its own")
 	}
 	return t, nil
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
-	api.WriteJSON(w, http.StatusOK, api.TemplateList{Templates: s.sandboxes.Templates(r.Context())})
+	list := []api.Template{}
+	if s.catalog != nil {
+		list = s.catalog.List(r.Context())
+	}
+	api.WriteJSON(w, http.StatusOK, api.TemplateList{Templates: list})
 	return nil
 }
 
@@ -53,7 +64,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(w, r, &req); err != nil {
 		return err
 	}
-	tpl, err := t.CreateTemplate(r.Context(), req)
+	tpl, err := t.Create(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -66,7 +77,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := t.DeleteTemplate(r.Context(), r.PathValue("template")); err != nil {
+	if err := t.Delete(r.Context(), r.PathValue("template")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -83,7 +94,7 @@ func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) error {
 	}
 	lw := &lazyWriter{w: w, idle: newIdleWriter(w, s.writeTimeout)}
 	defer lw.idle.done()
-	err = t.ExportTemplate(r.Context(), r.PathValue("template"), lw)
+	err = t.Export(r.Context(), r.PathValue("template"), lw)
 	if err != nil && !lw.started {
 		return err
 	}
@@ -127,7 +138,7 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
 	}
 	body := newIdleReader(w, r, s.writeTimeout)
 	defer body.done()
-	tpl, err := t.ImportTemplate(r.Context(), r.PathValue("template"), body)
+	tpl, err := t.Import(r.Context(), r.PathValue("template"), body)
 	if err != nil {
 		return body.clientError(err)
 	}

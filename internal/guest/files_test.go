@@ -1,4 +1,4 @@
-package sandbox
+package guest
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // errors, in loam's words with the agent's quoted; whatever else an agent
 // answers is its own failure, whatever class it claims.
 func TestFileError(t *testing.T) {
-	m := &Manager{log: slog.New(slog.DiscardHandler)}
+	g := &Guest{log: slog.New(slog.DiscardHandler)}
 	sb := &store.Sandbox{Sandbox: api.Sandbox{ID: "sb-1", Name: "box"}}
 	tests := []struct {
 		name string
@@ -34,7 +34,7 @@ func TestFileError(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := m.fileError(context.Background(), sb, "reading", "/x", tt.err)
+			err := g.callError(context.Background(), "", sb, "reading", "/x", tt.err)
 			var ae *api.Error
 			if !errors.As(err, &ae) || ae.Code != tt.code || !strings.Contains(ae.Message, tt.msg) {
 				t.Errorf("got %v, want %s containing %q", err, tt.code, tt.msg)
@@ -42,10 +42,10 @@ func TestFileError(t *testing.T) {
 		})
 	}
 
-	// A call the Manager cut says why, whatever the agent's side saw.
-	ctx, cancel := context.WithCancelCause(context.Background())
-	cancel(&errCallEnded{reason: "the sandbox is being checkpointed"})
-	err := m.fileError(ctx, sb, "reading", "/x", context.Canceled)
+	// A call the core cut says why, whatever the agent's side saw.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := g.callError(ctx, "the sandbox is being checkpointed", sb, "reading", "/x", context.Canceled)
 	var ae *api.Error
 	if !errors.As(err, &ae) || ae.Code != api.CodeUnavailable || !strings.Contains(ae.Message, "cut short: the sandbox is being checkpointed") {
 		t.Errorf("cut call: %v", err)

@@ -1,14 +1,12 @@
-package sandbox
+package guest
 
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
-	"loam.dev/loam/internal/store"
 )
 
 // TestPortEvent: what an agent says on a port watch reaches the client
@@ -63,12 +61,11 @@ func TestPortRefusal(t *testing.T) {
 // TestCheckPorts: a listing passes on only what can be true, and says
 // itself which ports are loopback-only.
 func TestCheckPorts(t *testing.T) {
-	m := &Manager{cfg: Config{AgentPort: agent.DefaultPort}}
 	ok := []api.Port{
 		{Port: 80, Addresses: []string{"0.0.0.0", "::"}, Loopback: true},
 		{Port: 9000, Addresses: []string{"127.0.0.1", "::1"}},
 	}
-	got, err := m.checkPorts(ok)
+	got, err := checkPorts(ok, agent.DefaultPort)
 	if err != nil || got[0].Loopback || !got[1].Loopback {
 		t.Fatalf("got %+v, %v", got, err)
 	}
@@ -83,24 +80,9 @@ func TestCheckPorts(t *testing.T) {
 		{"not an address", api.Port{Port: 80, Addresses: []string{"<script>"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := m.checkPorts([]api.Port{tc.p}); !errors.Is(err, api.ErrInternal) {
+			if _, err := checkPorts([]api.Port{tc.p}, agent.DefaultPort); !errors.Is(err, api.ErrInternal) {
 				t.Fatalf("got %v, want internal", err)
 			}
 		})
-	}
-}
-
-// TestPortsNeedAgent3: a sandbox running an agent older than protocol 3
-// (restored from an old checkpoint) is told so.
-func TestPortsNeedAgent3(t *testing.T) {
-	m := &Manager{}
-	m.setAgentVersion("sb-old", 2)
-	m.setAgentVersion("sb-new", agent.ProtocolVersion)
-	err := m.requireAgent(&store.Sandbox{Sandbox: api.Sandbox{ID: "sb-old", Name: "old"}}, portsVersion, "ports")
-	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "ports needs a newer agent than sandbox old runs (protocol 2, needs 3)") {
-		t.Fatalf("old agent: %v", err)
-	}
-	if err := m.requireAgent(&store.Sandbox{Sandbox: api.Sandbox{ID: "sb-new", Name: "new"}}, portsVersion, "ports"); err != nil {
-		t.Fatalf("current agent: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
-package sandbox
+package guest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,7 +43,7 @@ func TestCheckServiceAnswer(t *testing.T) {
 // TestServiceError: the agent's answers never choose the API's error class
 // by themselves; each status maps to what loam means by it.
 func TestServiceError(t *testing.T) {
-	m := &Manager{log: slog.New(slog.DiscardHandler)}
+	g := &Guest{log: slog.New(slog.DiscardHandler)}
 	sb := &store.Sandbox{}
 	sb.Name, sb.ID = "box", "sb-000000000001"
 	wrap := func(e *agent.Error) error { return fmt.Errorf("calling the agent: %w", e) }
@@ -61,7 +62,7 @@ func TestServiceError(t *testing.T) {
 		{"no answer", "web", errors.New("connection refused"), api.ErrUnavailable, "does not answer"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			err := m.serviceError(sb, tt.service, tt.err)
+			err := g.serviceError(context.Background(), sb, tt.service, tt.err)
 			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("serviceError = %v, want %v about %q", err, tt.want, tt.msg)
 			}

@@ -1,4 +1,4 @@
-package daemon
+package template
 
 import (
 	"context"
@@ -9,9 +9,10 @@ import (
 	"loam.dev/loam/internal/disk"
 )
 
-// templates serves the sandbox manager the built-in templates, built into
-// a cache shared by daemons on this host and imported into this pool.
-type templates struct {
+// Builtins are the built-in templates (kind api.TemplateBuiltin: the base
+// builds), built into a cache shared by daemons on this host and imported
+// into this pool.
+type Builtins struct {
 	pool     disk.Pool
 	cacheDir string
 	def      string
@@ -24,14 +25,16 @@ type templates struct {
 	failed   map[string]string // name -> why its last build failed
 }
 
-func newTemplates(pool disk.Pool, cacheDir, def string, opts disk.TemplateOptions, log *slog.Logger) *templates {
-	return &templates{pool: pool, cacheDir: cacheDir, def: def, opts: opts, log: log,
+// NewBuiltins makes the built-in templates of opts, imported into pool
+// from a build cache in cacheDir; def is the default one.
+func NewBuiltins(pool disk.Pool, cacheDir, def string, opts disk.TemplateOptions, log *slog.Logger) *Builtins {
+	return &Builtins{pool: pool, cacheDir: cacheDir, def: def, opts: opts, log: log,
 		building: map[string]int{}, failed: map[string]string{}}
 }
 
 // List lists the templates; Ready says which are imported already, and
 // Progress how far the others have got.
-func (t *templates) List(ctx context.Context) []api.Template {
+func (t *Builtins) List(ctx context.Context) []api.Template {
 	var out []api.Template
 	for _, tp := range disk.Templates(t.opts) {
 		ready, _ := t.pool.HasTemplate(ctx, tp.Name)
@@ -54,7 +57,7 @@ func (t *templates) List(ctx context.Context) []api.Template {
 }
 
 // progress is a template's Progress in percent.
-func (t *templates) progress(name string, ready bool) int {
+func (t *Builtins) progress(name string, ready bool) int {
 	if ready {
 		return 100
 	}
@@ -65,7 +68,7 @@ func (t *templates) progress(name string, ready bool) int {
 }
 
 // Ensure builds (once per host) and imports (once per pool) a template.
-func (t *templates) Ensure(ctx context.Context, name string) error {
+func (t *Builtins) Ensure(ctx context.Context, name string) error {
 	tp, err := disk.FindTemplate(name, t.opts)
 	if err != nil {
 		return err
@@ -88,16 +91,23 @@ func (t *templates) Ensure(ctx context.Context, name string) error {
 	return err
 }
 
-// warm prepares the default template, so that the first sandbox does not
+// Has reports whether name is a built-in template.
+func (t *Builtins) Has(name string) bool {
+	_, err := disk.FindTemplate(name, t.opts)
+	return err == nil
+}
+
+// Run prepares the default template, so that the first sandbox does not
 // wait for a build; the daemon runs it in the background, as a component
-// (ctx's end cuts a build short). A failure is logged: a create builds the
-// template again.
-func (t *templates) warm(ctx context.Context) {
+// (ctx's end cuts a build short). A failure is logged, not returned: a
+// create builds the template again.
+func (t *Builtins) Run(ctx context.Context) error {
 	if err := t.Ensure(ctx, t.def); err != nil {
 		if ctx.Err() == nil {
 			t.log.Error("preparing the default template", "template", t.def, "err", err)
 		}
-		return
+		return nil
 	}
 	t.log.Info("default template ready", "template", t.def)
+	return nil
 }

@@ -1,4 +1,4 @@
-package sandbox
+package guest
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agentconn"
 )
 
 // canonical fails unless out is nil or exactly what loam writes for the
@@ -53,8 +54,8 @@ func FuzzAgentFrames(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := bytes.Clone(data)
 		var c api.ExecControl
-		if canonical(t, "agentControl", in, agentControl(data), &c) && c.Type == api.ExecError {
-			if c.Error == nil || !(agentErrorCodes[c.Error.Code] || c.Error.Code == api.CodeInternal) || len(c.Error.Message) > maxAgentMessage+200 {
+		if canonical(t, "agentControl", in, agentconn.Control(data), &c) && c.Type == api.ExecError {
+			if c.Error == nil || !(agentconn.MayChoose(c.Error.Code) || c.Error.Code == api.CodeInternal) || len(c.Error.Message) > agentconn.MaxMessage+200 {
 				t.Fatalf("agentControl(%q): an error %+v reaches the client", in, c.Error)
 			}
 		}

@@ -1,4 +1,4 @@
-package sandbox
+package guest
 
 import (
 	"context"
@@ -9,7 +9,8 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
-	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/agentconn"
+	"loam.dev/loam/internal/sandbox"
 )
 
 // portsVersion is the first agent protocol version that knows ports.
@@ -23,56 +24,43 @@ const (
 	maxPortAddresses = 64
 )
 
-// portsSandbox finds a running sandbox whose agent knows ports.
-func (m *Manager) portsSandbox(ctx context.Context, ref string) (*store.Sandbox, *agent.Client, error) {
-	sb, err := m.awake(ctx, ref)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := requireState(sb.Name, sb.State, api.StateRunning); err != nil {
-		return nil, nil, err
-	}
-	if err := m.requireAgent(sb, portsVersion, "ports"); err != nil {
-		return nil, nil, err
-	}
-	ep, err := m.Endpoint(sb)
-	if err != nil {
-		return nil, nil, err
-	}
-	return sb, m.callClient(sb, ep), nil
-}
+var portsNeed = sandbox.Need{Protocol: portsVersion, What: "ports"}
 
 // CheckPorts checks that a sandbox's ports can be watched or streamed to
 // now, before the caller upgrades the connection, so that refusals are
 // plain HTTP errors.
-func (m *Manager) CheckPorts(ctx context.Context, ref string) error {
-	_, _, err := m.portsSandbox(ctx, ref)
+func (g *Guest) CheckPorts(ctx context.Context, ref string) error {
+	c, err := g.core.Relay(ctx, ref, portsNeed)
+	if err == nil {
+		c.End()
+	}
 	return err
 }
 
 // ListPorts lists the TCP ports that something in a running sandbox listens
 // on, by port, leaving out the agent's own.
-func (m *Manager) ListPorts(ctx context.Context, ref string) ([]api.Port, error) {
-	sb, ac, err := m.portsSandbox(ctx, ref)
+func (g *Guest) ListPorts(ctx context.Context, ref string) ([]api.Port, error) {
+	c, err := g.core.Relay(ctx, ref, portsNeed)
 	if err != nil {
 		return nil, err
 	}
-	pl, err := ac.Ports(ctx)
+	defer c.End()
+	pl, err := c.Agent.Ports(c.Ctx)
 	if err != nil {
-		return nil, m.agentFailed(sb, "listing ports", err)
+		return nil, g.agentFailed(c, "listing ports", err, nil)
 	}
-	return m.checkPorts(pl.Ports)
+	return checkPorts(pl.Ports, g.core.AgentPort())
 }
 
 // checkPorts keeps of an agent's listing what can be true: ports in range,
-// not the agent's own, on addresses that are addresses.
-func (m *Manager) checkPorts(ps []api.Port) ([]api.Port, error) {
+// not the agent's own (agentPort), on addresses that are addresses.
+func checkPorts(ps []api.Port, agentPort int) ([]api.Port, error) {
 	if len(ps) > maxPorts {
 		return nil, api.Errorf(api.CodeInternal, "the sandbox's agent listed %d ports", len(ps))
 	}
 	out := make([]api.Port, 0, len(ps))
 	for _, p := range ps {
-		if p.Port < 1 || p.Port > api.MaxPort || p.Port == m.cfg.AgentPort || len(p.Addresses) == 0 || len(p.Addresses) > maxPortAddresses {
+		if p.Port < 1 || p.Port > api.MaxPort || p.Port == agentPort || len(p.Addresses) == 0 || len(p.Addresses) > maxPortAddresses {
 			return nil, api.Errorf(api.CodeInternal, "the sandbox's agent listed a port that cannot be (%d)", p.Port)
 		}
 		loopback := true
@@ -92,18 +80,17 @@ func (m *Manager) checkPorts(ps []api.Port) ([]api.Port, error) {
 // WatchPorts opens a port watch on a running sandbox: a Stream whose text
 // messages are api.PortEvent (see api/ports.go). A memory checkpoint or a
 // restore ends it.
-func (m *Manager) WatchPorts(ctx context.Context, ref string) (*Stream, error) {
-	sb, ac, err := m.portsSandbox(ctx, ref)
+func (g *Guest) WatchPorts(ctx context.Context, ref string) (*sandbox.Stream, error) {
+	c, err := g.core.Relay(ctx, ref, portsNeed)
 	if err != nil {
 		return nil, err
 	}
-	ag, err := ac.DialPortWatch(ctx)
+	defer c.End()
+	ag, err := c.Agent.DialPortWatch(c.Ctx)
 	if err != nil {
-		return nil, m.agentFailed(sb, "opening a port watch", err)
+		return nil, g.agentFailed(c, "opening a port watch", err, nil)
 	}
-	s := newStream(ag, portEvent)
-	m.addStream(sb.ID, s)
-	return s, nil
+	return c.Stream(ag, portEvent), nil
 }
 
 // portEvent passes on an agent's port event as loam writes one, or drops
@@ -122,27 +109,25 @@ func portEvent(data []byte) []byte {
 // fails, before anything is sent to the client, when nothing listens on the
 // port (not_found) or it does not take the connection (unavailable). The
 // agent's own port is forbidden. A memory checkpoint or a restore ends it.
-func (m *Manager) DialPort(ctx context.Context, ref string, port int) (*Stream, error) {
+func (g *Guest) DialPort(ctx context.Context, ref string, port int) (*sandbox.Stream, error) {
 	if port < 1 || port > api.MaxPort {
 		return nil, api.Errorf(api.CodeInvalid, "port %d: give a TCP port, 1 to %d", port, api.MaxPort)
 	}
-	if port == m.cfg.AgentPort {
+	if port == g.core.AgentPort() {
 		return nil, api.Errorf(api.CodeForbidden, "port %d is loam's agent, which serves only loam", port)
 	}
-	sb, ac, err := m.portsSandbox(ctx, ref)
+	c, err := g.core.Relay(ctx, ref, portsNeed)
 	if err != nil {
 		return nil, err
 	}
-	ag, err := ac.DialPort(ctx, port)
+	defer c.End()
+	ag, err := c.Agent.DialPort(c.Ctx, port)
 	if err != nil {
-		if perr := portRefusal(sb.Name, port, err); perr != nil {
-			return nil, perr
-		}
-		return nil, m.agentFailed(sb, "opening a port stream", err)
+		return nil, g.agentFailed(c, "opening a port stream", err, func(ae *agent.Error) error {
+			return portRefusal(c.Sandbox.Name, port, ae)
+		})
 	}
-	s := newStream(ag, dropText)
-	m.addStream(sb.ID, s)
-	return s, nil
+	return c.Stream(ag, dropText), nil
 }
 
 // portRefusal is loam's own error for an agent's refusal of a port stream
@@ -166,14 +151,13 @@ func portRefusal(sandbox string, port int, err error) error {
 // dropText drops every text message: a port stream carries bytes only.
 func dropText([]byte) []byte { return nil }
 
-// agentFailed is the API's error for a call to a sandbox's agent (doing)
-// that failed: the agent's own answer is quoted as an internal error (see
-// publicError); not reaching it is unavailable. The cause is logged.
-func (m *Manager) agentFailed(sb *store.Sandbox, doing string, err error) error {
-	m.log.Warn(doing, "sandbox", sb.ID, "err", err)
-	var ae *agent.Error
-	if errors.As(err, &ae) {
-		return publicError(err)
-	}
-	return api.Errorf(api.CodeUnavailable, "the agent of sandbox %s does not answer", sb.Name)
+// agentFailed is the API's error for a call c to a sandbox's agent
+// (doing) that failed (agentconn.Map): what known says of the agent's
+// answer, or the agent's own answer quoted as an internal error; not
+// reaching it is unavailable. The cause is logged.
+func (g *Guest) agentFailed(c *sandbox.Call, doing string, err error, known func(*agent.Error) error) error {
+	g.log.Warn(doing, "sandbox", c.Sandbox.ID, "err", err)
+	return agentconn.Map(c.Ctx, err, known, func() error {
+		return api.Errorf(api.CodeUnavailable, "the agent of sandbox %s does not answer", c.Sandbox.Name)
+	})
 }

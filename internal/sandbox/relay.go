@@ -1,0 +1,216 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/store"
+)
+
+// The one path to a sandbox's agent. Every call the daemon relays to a
+// sandbox's agent for a user (exec, sessions, services, files, ports,
+// watches; package guest) begins with Relay, which applies the sandbox's
+// holds, checkpoint and sleep semantics the same way to all of them: a
+// sleeping sandbox is woken, a call that comes while a memory checkpoint
+// holds calls waits for it and goes in with the agent's new token, a call
+// in flight counts as the sandbox's activity (idle sleep waits for it),
+// and the calls that ask to be (Need.Cut) are cut by a memory checkpoint
+// or a restore. What the agent answers becomes an API error only through
+// agentconn.Map.
+
+// Need is what a relay needs of a sandbox and its agent.
+type Need struct {
+	// Protocol is the first agent protocol that serves the relay (0: any);
+	// What names the relay in the refusal an older agent gets.
+	Protocol int
+	What     string
+	// Cut has a memory checkpoint or a restore cut the relay while it is
+	// in flight (Call.Ctx ends, Call.Cut says why), so that no connection
+	// into the sandbox is in its memory image: the files calls. Streams are
+	// ended by them whatever Cut says.
+	Cut bool
+}
+
+// Call is one relay in flight to a running sandbox's agent, from Relay to
+// End.
+type Call struct {
+	// Sandbox is the sandbox's record, read once it was awake.
+	Sandbox *store.Sandbox
+	// Agent is a client of its agent, which presents the sandbox's token
+	// and, refused, the one a memory checkpoint moved it on to.
+	Agent *agent.Client
+	// Ctx is the call's context: the caller's, and cut by a checkpoint when
+	// the relay needs it (Need.Cut). End cancels it.
+	Ctx context.Context
+
+	m     *Manager
+	l     *live
+	ep    network.Endpoint
+	token string // the sandbox's agent token, as read
+	c     *relayCall
+	start time.Time
+}
+
+// relayCall is a call registered on its sandbox's live object.
+type relayCall struct {
+	cancel context.CancelCauseFunc
+	cut    bool
+}
+
+// errCallEnded is the cause a call is cut with; its text says why.
+type errCallEnded struct{ reason string }
+
+func (e *errCallEnded) Error() string { return e.reason }
+
+// errHeld is tryRelay's: calls were held (a memory checkpoint began) after
+// the sandbox was read; read it again once they go on.
+var errHeld = errors.New("calls held")
+
+// Relay begins a call to the agent of sandbox ref, which must be running
+// (it is woken if it sleeps) and run an agent that serves need. The caller
+// calls End when the call is over; a Stream it opened lives on.
+func (m *Manager) Relay(ctx context.Context, ref string, need Need) (*Call, error) {
+	for {
+		c, err := m.tryRelay(ctx, ref, need)
+		if !errors.Is(err, errHeld) {
+			return c, err
+		}
+	}
+}
+
+func (m *Manager) tryRelay(ctx context.Context, ref string, need Need) (*Call, error) {
+	// A hold may begin and end (the checkpoint taken, the agent's token
+	// moved on) between the look at the sandbox and the registration
+	// below: the sandbox's live object tells (heldSince), and the sandbox
+	// is read again.
+	start := time.Now()
+	sb, err := m.awake(ctx, ref)
+	if err == nil {
+		err = requireState(sb.Name, sb.State, api.StateRunning)
+	}
+	if err == nil && need.Protocol > 0 {
+		err = m.requireAgent(sb, need.Protocol, need.What)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ep, err := m.Endpoint(sb)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	c := &relayCall{cancel: cancel, cut: need.Cut}
+	l := m.live(sb.ID)
+	l.mu.Lock()
+	// A call registered before a checkpoint holds calls is cut by it (or,
+	// not Cut, carries its token's refresh); one that comes after must wait
+	// (in awake), or it would carry the token read above past the
+	// checkpoint's new one.
+	if l.heldSinceLocked(start) {
+		l.mu.Unlock()
+		cancel(nil)
+		return nil, errHeld
+	}
+	if l.calls == nil {
+		l.calls = map[*relayCall]bool{}
+	}
+	l.calls[c] = true
+	l.mu.Unlock()
+	return &Call{Sandbox: sb, Agent: m.callClient(sb, ep), Ctx: cctx, m: m, l: l, ep: ep, token: m.agentToken(sb), c: c, start: start}, nil
+}
+
+// End ends the call: the sandbox's activity, and the call's context. It is
+// safe to call more than once.
+func (c *Call) End() {
+	c.l.mu.Lock()
+	if c.l.calls[c.c] {
+		delete(c.l.calls, c.c)
+		c.l.used = time.Now()
+	}
+	c.l.mu.Unlock()
+	c.c.cancel(nil)
+}
+
+// Cut is why a checkpoint or a restore cut the call, "" when none did.
+func (c *Call) Cut() string {
+	var ended *errCallEnded
+	if errors.As(context.Cause(c.Ctx), &ended) {
+		return ended.reason
+	}
+	return ""
+}
+
+// Held reports whether calls to the sandbox were held (a memory checkpoint
+// began or ended) since the call began to read the sandbox: what it sent
+// the agent may have gone with the token of before (see guest's Exec).
+func (c *Call) Held() bool {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	return c.l.heldSinceLocked(c.start)
+}
+
+// RequireAgent refuses, with a clear error, a part of the call (what) that
+// needs an agent of protocol min or newer when the sandbox runs an older
+// one.
+func (c *Call) RequireAgent(min int, what string) error {
+	return c.m.requireAgent(c.Sandbox, min, what)
+}
+
+// Stream makes a Stream of conn, a socket to the sandbox's agent (nil for a
+// call that must end as streams do), that a checkpoint, a restore or a
+// delete of the sandbox ends; fromAgent rewrites what the agent sends (see
+// Stream.FromAgent). The stream outlives the call.
+func (c *Call) Stream(conn *websocket.Conn, fromAgent func([]byte) []byte) *Stream {
+	s := newStream(conn, fromAgent)
+	c.m.addStream(c.Sandbox.ID, s)
+	return s
+}
+
+// TakeSpare returns an exec socket to the agent opened ahead (see
+// agentconn.Conns), nil when there is none that can be used.
+func (c *Call) TakeSpare() *websocket.Conn {
+	return c.m.conns.TakeSpare(c.Sandbox.ID, c.token)
+}
+
+// DialExec opens an exec socket to the agent.
+func (c *Call) DialExec(ctx context.Context) (*websocket.Conn, error) {
+	return c.m.agentClient(c.ep, c.token).DialExec(ctx)
+}
+
+// OpenSpares has exec sockets opened ahead for the next execs.
+func (c *Call) OpenSpares() {
+	c.m.conns.OpenSpares(c.Sandbox.ID, c.ep.SandboxIP, c.token)
+}
+
+// Volume is the host path of the sandbox's disk: where an upload's room
+// is looked for.
+func (c *Call) Volume() string { return c.m.disks.VolumePath(c.Sandbox.ID) }
+
+// AgentPort is the TCP port of the agent inside every sandbox: no user's
+// port stream may reach it.
+func (m *Manager) AgentPort() int { return m.cfg.AgentPort }
+
+// endCalls cuts every call in flight to sandbox id that a checkpoint cuts
+// (Need.Cut).
+func (m *Manager) endCalls(id, reason string) {
+	l := m.peek(id)
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.calls {
+		if c.cut {
+			c.cancel(&errCallEnded{reason: reason})
+		}
+	}
+}
+
+// View is the sandbox as the API shows it.
+func (c *Call) View() *api.Sandbox { return c.m.view(c.Sandbox) }

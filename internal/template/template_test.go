@@ -1,0 +1,371 @@
+package template
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/store"
+)
+
+// fakeBuiltins knows one built-in template, "tiny", imported from src.
+type fakeBuiltins struct {
+	pool disk.Pool
+	src  string
+}
+
+func (f fakeBuiltins) List(ctx context.Context) []api.Template {
+	ready, _ := f.pool.HasTemplate(ctx, "tiny")
+	return []api.Template{{Name: "tiny", Default: true, Ready: ready, Kind: api.TemplateBuiltin}}
+}
+
+func (f fakeBuiltins) Ensure(ctx context.Context, name string) error {
+	if name != "tiny" {
+		return disk.ErrNotFound
+	}
+	if ok, err := f.pool.HasTemplate(ctx, name); err != nil || ok {
+		return err
+	}
+	return f.pool.ImportTemplate(ctx, name, f.src)
+}
+
+func (f fakeBuiltins) Has(name string) bool { return name == "tiny" }
+
+// fakeCore holds the checkpoints of srcs, by "sandbox/checkpoint".
+type fakeCore struct {
+	mu   sync.Mutex
+	srcs map[string]*checkpoint.Source
+	held int // checkpoints held now
+}
+
+func (c *fakeCore) Heavy(ctx context.Context, what string) (func(), error) { return func() {}, nil }
+
+func (c *fakeCore) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*checkpoint.Source, func(), error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if from == nil {
+		return nil, nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
+	}
+	src, ok := c.srcs[from.Sandbox+"/"+from.Checkpoint]
+	if !ok {
+		return nil, nil, api.Errorf(api.CodeNotFound, "checkpoint %q not found", from.Checkpoint)
+	}
+	c.held++
+	return src, func() { c.mu.Lock(); c.held--; c.mu.Unlock() }, nil
+}
+
+func (c *fakeCore) CheckResources(r api.Resources) error {
+	if r.CPUs > 64 {
+		return api.Errorf(api.CodeInvalid, "resources.cpus: %g; at most 64", r.CPUs)
+	}
+	return nil
+}
+
+// fakePools records the template pools set and dropped.
+type fakePools struct {
+	mu      sync.Mutex
+	set     map[string]int
+	dropped []string
+}
+
+func (p *fakePools) CheckPoolSize(size int) error {
+	if size < 0 || size > api.MaxPoolSize {
+		return api.Errorf(api.CodeInvalid, "size: %d", size)
+	}
+	return nil
+}
+
+func (p *fakePools) SetTemplatePool(ctx context.Context, name string, size int) (*api.Pool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.set[name] = size
+	return &api.Pool{Size: size}, nil
+}
+
+func (p *fakePools) DropTemplatePools(ctx context.Context, name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dropped = append(p.dropped, name)
+}
+
+// fakeSandboxes are the sandboxes the catalog counts as uses.
+type fakeSandboxes struct {
+	mu  sync.Mutex
+	sbs []*store.Sandbox
+}
+
+func (f *fakeSandboxes) ListSandboxes(ctx context.Context, _ store.Filter) ([]*store.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.sbs), nil
+}
+
+func (f *fakeSandboxes) add(sb *store.Sandbox) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sbs = append(f.sbs, sb)
+}
+
+type fakeImages []api.Image
+
+func (f fakeImages) List(ctx context.Context) ([]api.Image, error) { return f, nil }
+
+type env struct {
+	pool    *disk.Copy
+	store   *Store
+	core    *fakeCore
+	pools   *fakePools
+	sbs     *fakeSandboxes
+	cat     *Catalog
+	dataDir string
+}
+
+// newEnv makes a catalog over a copy pool with the built-in "tiny" and two
+// checkpoints of sandbox "box": v1 (disk only, with a secret file) and m1
+// (memory).
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx := t.Context()
+	pool, err := disk.NewCopy(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	src := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(src, "run", "secrets"), 0o755))
+	must(t, os.WriteFile(filepath.Join(src, "hello.txt"), []byte("hello\n"), 0o644))
+	b := fakeBuiltins{pool: pool, src: src}
+	must(t, b.Ensure(ctx, "tiny"))
+	// The checkpoints' disks: a volume of tiny with a secret file, frozen.
+	root, err := pool.CreateVolume(ctx, "sb-1", "tiny")
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(root, "run", "secrets", "db"), []byte("s3cret"), 0o600))
+	must(t, pool.Snapshot(ctx, "sb-1", "sb-1.v1"))
+	must(t, pool.Snapshot(ctx, "sb-1", "sb-1.m1"))
+	mem := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(mem, "pages.img"), bytes.Repeat([]byte{7}, 3000), 0o600))
+	res := api.Resources{CPUs: 1, MemoryMiB: 256, DiskMiB: 1024}
+	core := &fakeCore{srcs: map[string]*checkpoint.Source{
+		"box/v1": {Sandbox: "box", SecretFiles: map[string]string{"/run/secrets/db": "db"},
+			Checkpoint: &store.Checkpoint{Checkpoint: api.Checkpoint{ID: "v1"}, Template: "tiny", Resources: res},
+			Snapshot:   "sb-1.v1"},
+		"box/m1": {Sandbox: "box", Checkpoint: &store.Checkpoint{Checkpoint: api.Checkpoint{ID: "m1", Memory: true}, Template: "tiny", Resources: res},
+			Snapshot: "sb-1.m1", MemDir: mem, AgentToken: "held-token"},
+	}}
+	e := &env{pool: pool, core: core, pools: &fakePools{set: map[string]int{}}, sbs: &fakeSandboxes{}, dataDir: t.TempDir()}
+	log := slog.New(slog.DiscardHandler)
+	e.store = NewStore(e.dataDir, b, pool, log)
+	e.cat = New(Config{Store: e.store, Core: core, Pools: e.pools, Sandboxes: e.sbs, Log: log,
+		Images: fakeImages{{ID: "im-1", Ref: "alpine:3", State: api.ImageReady, Size: 10, CreatedAt: time.Unix(1, 0)}}})
+	return e
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantCode(t *testing.T, what string, err error, code api.Code, msg string) {
+	t.Helper()
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != code || !strings.Contains(ae.Message, msg) {
+		t.Fatalf("%s: %v, want %s containing %q", what, err, code, msg)
+	}
+}
+
+// TestCatalogCreateDelete: a template of a checkpoint copies its disk
+// without the source's secret files, is listed after the built-ins and
+// before the images, refuses names taken or bad, and is deleted only when
+// no sandbox uses it, leaving no snapshot.
+func TestCatalogCreateDelete(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	tpl, err := e.cat.Create(ctx, api.CreateTemplate{Name: "cold", From: &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}, Pool: 2})
+	must(t, err)
+	if tpl.Kind != api.TemplateCheckpoint || tpl.Memory || tpl.From != "box/v1" || !tpl.Ready {
+		t.Fatalf("made %+v", tpl)
+	}
+	if e.core.held != 0 {
+		t.Fatalf("%d checkpoints still held", e.core.held)
+	}
+	if e.pools.set["cold"] != 2 {
+		t.Fatalf("pools set: %v", e.pools.set)
+	}
+	man, err := e.store.Kept("cold")
+	must(t, err)
+	if man == nil || !strings.HasPrefix(man.Snapshot, snapPrefix+"cold.") || man.Template != "tiny" {
+		t.Fatalf("manifest %+v", man)
+	}
+	snap := e.pool.SnapshotPath(man.Snapshot)
+	if _, err := os.Stat(filepath.Join(snap, "hello.txt")); err != nil {
+		t.Fatalf("the template's disk lacks the checkpoint's files: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(snap, "run", "secrets", "db")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the template kept the source's secret file: %v", err)
+	}
+
+	for _, bad := range []struct {
+		req  api.CreateTemplate
+		code api.Code
+		msg  string
+	}{
+		{api.CreateTemplate{Name: "cold", From: &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}}, api.CodeConflict, `template "cold" exists`},
+		{api.CreateTemplate{Name: "tiny", From: &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}}, api.CodeConflict, "(a built-in)"},
+		{api.CreateTemplate{Name: "Bad/Name", From: &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}}, api.CodeInvalid, "a template name is"},
+		{api.CreateTemplate{Name: "x", From: &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}, Pool: -1}, api.CodeInvalid, "size"},
+		{api.CreateTemplate{Name: "x", From: &api.ForkSource{Sandbox: "box", Checkpoint: "nope"}}, api.CodeNotFound, "nope"},
+	} {
+		_, err := e.cat.Create(ctx, bad.req)
+		wantCode(t, bad.req.Name, err, bad.code, bad.msg)
+	}
+
+	e.sbs.add(&store.Sandbox{Sandbox: api.Sandbox{Name: "w1", Template: "cold"}})
+	e.sbs.add(&store.Sandbox{Sandbox: api.Sandbox{Name: "member", Template: "cold"}, Pool: "template:cold"})
+	e.sbs.add(&store.Sandbox{Sandbox: api.Sandbox{Name: "a1", Image: "alpine:3"}})
+	list := e.cat.List(ctx)
+	var got []string
+	for _, t := range list {
+		got = append(got, t.Kind+":"+t.Name)
+	}
+	if want := []string{"builtin:tiny", "checkpoint:cold", "image:alpine:3"}; !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	if list[1].Uses != 1 || list[2].Uses != 1 || list[2].State != api.TemplateReady {
+		t.Fatalf("uses and states: %+v", list)
+	}
+
+	wantCode(t, "delete used", e.cat.Delete(ctx, "cold"), api.CodeConflict, "used by sandbox w1")
+	wantCode(t, "delete built-in", e.cat.Delete(ctx, "tiny"), api.CodeForbidden, "built in")
+	e.sbs.sbs = nil
+	must(t, e.cat.Delete(ctx, "cold"))
+	if !slices.Equal(e.pools.dropped, []string{"cold"}) {
+		t.Fatalf("pools dropped: %v", e.pools.dropped)
+	}
+	if snaps, _ := e.pool.Snapshots(ctx); slices.ContainsFunc(snaps, func(s string) bool { return strings.HasPrefix(s, snapPrefix) }) {
+		t.Fatalf("a deleted template left its snapshot: %v", snaps)
+	}
+	if entries, _ := os.ReadDir(e.store.dir()); len(entries) != 0 {
+		t.Fatalf("a deleted template left %v", entries)
+	}
+	wantCode(t, "delete again", e.cat.Delete(ctx, "cold"), api.CodeNotFound, `"cold" not found`)
+}
+
+// TestCatalogExportImport: a memory template goes out as one archive and
+// comes back under another name whole, token and memory image included;
+// an export in progress holds off a delete; an archive whose manifest
+// asks for resources no sandbox may have is refused and leaves nothing.
+func TestCatalogExportImport(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	_, err := e.cat.Create(ctx, api.CreateTemplate{Name: "warm", From: &api.ForkSource{Sandbox: "box", Checkpoint: "m1"}})
+	must(t, err)
+	var buf bytes.Buffer
+	must(t, e.cat.Export(ctx, "warm", &buf))
+	wantCode(t, "export built-in", e.cat.Export(ctx, "tiny", &bytes.Buffer{}), api.CodeInvalid, "built in")
+	wantCode(t, "export missing", e.cat.Export(ctx, "nope", &bytes.Buffer{}), api.CodeNotFound, "not found")
+
+	// A delete while an export streams is refused.
+	_, done, err := e.store.exportStart("warm")
+	must(t, err)
+	wantCode(t, "delete while exporting", e.cat.Delete(ctx, "warm"), api.CodeConflict, "being exported")
+	done()
+
+	tpl, err := e.cat.Import(ctx, "moved", bytes.NewReader(buf.Bytes()))
+	must(t, err)
+	if !tpl.Memory || tpl.From != "box/m1" {
+		t.Fatalf("imported %+v", tpl)
+	}
+	man, err := e.store.Kept("moved")
+	must(t, err)
+	if man.AgentToken != "held-token" {
+		t.Fatalf("imported token %q", man.AgentToken)
+	}
+	if b, err := os.ReadFile(filepath.Join(e.store.MemDir("moved"), "pages.img")); err != nil || len(b) != 3000 {
+		t.Fatalf("imported memory image: %d bytes, %v", len(b), err)
+	}
+	_, err = e.cat.Import(ctx, "moved", bytes.NewReader(buf.Bytes()))
+	wantCode(t, "import again", err, api.CodeConflict, `"moved" exists`)
+
+	src := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(src, "hello.txt"), []byte("hello\n"), 0o644))
+	var huge bytes.Buffer
+	must(t, checkpoint.WriteArchive(ctx, &huge, checkpoint.Manifest{Name: "x", Resources: api.Resources{CPUs: 1000}, CreatedAt: time.Unix(1, 0)}, src, ""))
+	snapsBefore, _ := e.pool.Snapshots(ctx)
+	_, err = e.cat.Import(ctx, "huge", bytes.NewReader(huge.Bytes()))
+	wantCode(t, "import huge", err, api.CodeInvalid, "template archive refused: manifest: resources.cpus")
+	if after, _ := e.pool.Snapshots(ctx); !slices.Equal(after, snapsBefore) {
+		t.Fatalf("a refused import changed the snapshots: %v, then %v", snapsBefore, after)
+	}
+	entries, _ := os.ReadDir(e.store.dir())
+	for _, d := range entries {
+		if d.Name() != "warm" && d.Name() != "moved" {
+			t.Fatalf("a refused import left %s", d.Name())
+		}
+	}
+}
+
+// TestStoreSweepAndUse: the sweep at start-up removes a template's
+// unfinished data and tells recovery which template snapshots are held;
+// Use finds only published templates, and holds off a delete until it is
+// released.
+func TestStoreSweepAndUse(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	_, err := e.cat.Create(ctx, api.CreateTemplate{Name: "cold", From: &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}})
+	must(t, err)
+	must(t, os.MkdirAll(filepath.Join(e.store.dir(), ".tmp-half-123"), 0o700))
+	must(t, e.pool.Snapshot(ctx, "sb-1", snapPrefix+"half.abc"))
+	owned, err := e.store.Sweep()
+	must(t, err)
+	if _, err := os.Stat(filepath.Join(e.store.dir(), ".tmp-half-123")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the sweep left unfinished data: %v", err)
+	}
+	man, err := e.store.Kept("cold")
+	must(t, err)
+	for _, c := range []struct {
+		snap           string
+		template, held bool
+	}{{man.Snapshot, true, true}, {snapPrefix + "half.abc", true, false}, {"sb-1.v1", false, false}} {
+		if tpl, held := owned(c.snap); tpl != c.template || held != c.held {
+			t.Errorf("owned(%s) = %v, %v; want %v, %v", c.snap, tpl, held, c.template, c.held)
+		}
+	}
+
+	if man, release, err := e.store.Use("nope"); man != nil || release != nil || err != nil {
+		t.Fatalf("Use(nope) = %v, %v", man, err)
+	}
+	man, release, err := e.store.Use("cold")
+	must(t, err)
+	if man == nil {
+		t.Fatal("Use(cold) found nothing")
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- e.cat.Delete(context.Background(), "cold") }()
+	// Wait until the delete waits for the store's lock (a writer waiting
+	// keeps new readers out), which the use holds.
+	for e.store.mu.TryRLock() {
+		e.store.mu.RUnlock()
+		runtime.Gosched()
+	}
+	select {
+	case err := <-deleted:
+		t.Fatalf("a delete ended while a use held the template: %v", err)
+	default:
+	}
+	release()
+	must(t, <-deleted)
+}
