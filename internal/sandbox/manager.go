@@ -110,12 +110,10 @@ type Config struct {
 	// without images, which refuses creates that name one.
 	Images     Images
 	Registries Registries
-	// PoolReserveMiB is the host memory warm pools leave to sandboxes
-	// (1024 MiB unless set): a pool fills only while more is available,
-	// and gives members up when less is. MemAvailable reads the host's
-	// available memory; nil reads /proc/meminfo.
-	PoolReserveMiB int
-	MemAvailable   func() (int64, error)
+	// Pools makes the warm pools of the Manager being made (package
+	// warmpool); nil keeps none. A constructor, as Inside is: the pools
+	// make their members with the Manager, and it asks them for members.
+	Pools func(*Manager) Pools
 	// MaxSandboxes caps the sandboxes the daemon keeps (see
 	// reserveSandbox); 0 is no cap.
 	MaxSandboxes int
@@ -175,8 +173,8 @@ type Manager struct {
 	// exportMu.
 	exportMu  sync.Mutex
 	exporting map[string]int
-	// pools are the warm pools (pool.go).
-	pools pools
+	// pools are the warm pools (pool.go): Config.Pools's, or noPools.
+	pools Pools
 
 	// heavy and count hold the daemon's caps (caps.go).
 	heavy *heavyGate
@@ -200,9 +198,6 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	if cfg.Scheme == "" {
 		cfg.Scheme = "http"
 	}
-	if cfg.PoolReserveMiB == 0 {
-		cfg.PoolReserveMiB = 1024
-	}
 	if cfg.HeavyWait == 0 {
 		cfg.HeavyWait = DefaultHeavyWait
 	}
@@ -222,13 +217,16 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		lives:     map[string]*live{},
 		reserved:  map[int]bool{},
 		exporting: map[string]int{},
-		pools:     pools{all: map[string]*pool{}},
 		heavy:     newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
 		bgCtx:     bgCtx,
 		bgCancel:  bgCancel,
 	}
 	if cfg.Inside != nil {
 		m.inside = cfg.Inside(m)
+	}
+	m.pools = noPools{m}
+	if cfg.Pools != nil {
+		m.pools = cfg.Pools(m)
 	}
 	return m
 }
@@ -422,7 +420,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	} else if err := m.checkTemplate(ctx, sb); err != nil {
 		return nil, err
 	} else if defaultResources(req) {
-		if v, ok, err := m.claimMember(ctx, templatePoolKey(sb.Template), sb, req.Services); ok {
+		if v, ok, err := m.pools.Claim(ctx, PoolSource{Template: sb.Template}, sb, req.Services); ok {
 			return v, err
 		}
 	}
@@ -765,7 +763,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 // idempotent, so a destroy cut short by a crash is finished at the next start.
 func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Pool == "" {
-		m.dropPools(ctx, func(c poolConfig) bool { return c.Sandbox == sb.ID })
+		m.pools.Forget(ctx, PoolSource{Sandbox: sb.ID})
 	}
 	var errs []error
 	m.unwatchDeath(sb.ID)

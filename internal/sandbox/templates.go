@@ -201,7 +201,7 @@ func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*
 	if err := checkTemplateName(req.Name); err != nil {
 		return nil, err
 	}
-	if err := checkPoolSize(req.Pool); err != nil {
+	if err := CheckPoolSize(req.Pool); err != nil {
 		return nil, err
 	}
 	src, cp, unlock, err := m.sourceCheckpoint(ctx, req.From)
@@ -251,7 +251,7 @@ func (m *Manager) CreateTemplate(ctx context.Context, req api.CreateTemplate) (*
 	}
 	m.log.Info("template made", "template", man.Name, "from", man.From, "memory", man.Memory)
 	if req.Pool > 0 {
-		if _, err := m.setPool(ctx, poolConfig{Template: man.Name, Size: req.Pool}); err != nil {
+		if err := m.pools.Keep(ctx, PoolSource{Template: man.Name}, req.Pool); err != nil {
 			m.log.Error("keeping the new template's pool", "template", man.Name, "err", err)
 		}
 	}
@@ -354,7 +354,7 @@ func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
 	if exports > 0 {
 		return api.Errorf(api.CodeConflict, "template %s is being exported; try again when the export ends", name)
 	}
-	m.dropPools(ctx, func(c poolConfig) bool { return c.Template == name })
+	m.pools.Forget(ctx, PoolSource{Template: name})
 	// Gone at once by a rename; the data goes after (or at the next start).
 	gone := filepath.Join(m.keptDir(), ".del-"+name+"-"+randomHex(6))
 	if err := os.Rename(filepath.Join(m.keptDir(), name), gone); err != nil {
@@ -401,7 +401,7 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	}
 	if defaultResources(req) {
 		// A memory template gives no services (refused above).
-		if v, ok, err := m.claimMember(ctx, templatePoolKey(man.Name), sb, req.Services); ok {
+		if v, ok, err := m.pools.Claim(ctx, PoolSource{Template: man.Name}, sb, req.Services); ok {
 			return v, err
 		}
 	}

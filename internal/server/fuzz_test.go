@@ -127,7 +127,7 @@ func fuzzServers() (daemon, inside fuzzServer) {
 		// Left open for the whole process: the fuzzing workers call
 		// this once each and run until they are killed.
 		fake := fuzzSandboxes{newFake()}
-		fuzzSrv = fuzzServer{httptest.NewServer(New(fake, testToken, discardLog())).URL, client}
+		fuzzSrv = fuzzServer{httptest.NewServer(New(fake, testToken, discardLog(), WithPools(fake))).URL, client}
 		in := NewInside(fake, []byte("secret"), discardLog())
 		fuzzInner = fuzzServer{httptest.NewServer(in.handler("sb-000000000001")).URL, client}
 	})
