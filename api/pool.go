@@ -3,6 +3,14 @@ package api
 // MaxPoolSize is the most members one warm pool may keep.
 const MaxPoolSize = 64
 
+// CheckPoolSize refuses a pool size the API does not allow.
+func CheckPoolSize(size int) error {
+	if size < 0 || size > MaxPoolSize {
+		return Errorf(CodeInvalid, "size: %d; a pool keeps 0 to %d sandboxes", size, MaxPoolSize)
+	}
+	return nil
+}
+
 // Pool is a warm pool: sandboxes the daemon keeps restored from a
 // checkpoint, or booted from a template, ready for a fork or create that
 // matches to claim one. A claimed member takes the request's name, labels,

@@ -40,6 +40,7 @@ import (
 	"loam.dev/loam/internal/store/sqlite"
 	"loam.dev/loam/internal/template"
 	"loam.dev/loam/internal/tlsconfig"
+	"loam.dev/loam/internal/warmpool"
 )
 
 // Config is the daemon's configuration; every field has a flag and an
@@ -125,6 +126,8 @@ type Daemon struct {
 	srv     *http.Server
 	ln      net.Listener
 	inside  *server.Inside
+	// pools are the warm pools, made with the Manager.
+	pools *warmpool.Pools
 	// madeToken is the file of an admin token made by this start, if any.
 	madeToken string
 	// tokenFile is the file the admin token is kept in; empty when it
@@ -420,7 +423,6 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Defaults:              api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		CheckpointLimit:       cfg.CheckpointLimit,
 		InsideCheckpointLimit: cfg.InsideCheckpointLimit,
-		PoolReserveMiB:        cfg.PoolReserveMiB,
 		MaxSandboxes:          cfg.MaxSandboxes,
 		MaxHeavy:              cfg.MaxHeavy,
 		Secret:                p.secret,
@@ -434,11 +436,15 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 			d.inside = server.NewInside(sandboxAPI{m, d.guest}, p.secret, d.log)
 			return d.inside
 		},
+		Pools: func(m *sandbox.Manager) sandbox.Pools {
+			d.pools = warmpool.New(m, warmpool.Config{DataDir: cfg.DataDir, ReserveMiB: cfg.PoolReserveMiB}, d.log)
+			return d.pools
+		},
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
 	// The catalog the API serves, over the Manager: templates of
 	// checkpoints are made of its sandboxes' checkpoints.
 	p.catalog = template.New(template.Config{
-		Store: p.templates, Core: d.Manager, Pools: d.Manager, Sandboxes: p.store,
+		Store: p.templates, Core: d.Manager, Pools: d.pools, Sandboxes: p.store,
 		Images: p.images, Log: d.log,
 	})
 	// Its spare dials and death watches end before the store closes.
@@ -448,7 +454,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 	}
 	// After Recover deleted the members the last daemon left; before the
 	// API, whose changes to the pools are kept, not read over.
-	return d.Manager.LoadPools()
+	return d.pools.Load()
 }
 
 // startComponents runs the daemon's background work (see component).
@@ -462,7 +468,7 @@ func (d *Daemon) startComponents(ctx context.Context, p *parts) error {
 	d.runComponents(ctx,
 		component{"image pulls", p.images.Run},
 		// Filled in the background, after recovery (startManager).
-		component{"warm pools", d.Manager.RunPools},
+		component{"warm pools", d.pools.Run},
 		component{"sandbox logs", logs.Run},
 		// Sandboxes whose idle time has passed go to sleep.
 		component{"idle sleep", idle.Run},
@@ -495,7 +501,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	}
 	apiServer := server.New(sandboxAPI{d.Manager, d.guest}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
 		server.WithTemplates(p.catalog), server.WithImages(p.images, p.registries),
-		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)))
+		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), server.WithPools(d.pools))
 	limits := d.connLimits()
 	connIdle := cfg.ConnIdleTimeout
 	if connIdle <= 0 {

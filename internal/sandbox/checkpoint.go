@@ -99,7 +99,7 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, ref, cpRef string) error
 }
 
 func (m *Manager) removeCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
-	m.dropPools(ctx, func(c poolConfig) bool { return c.Sandbox == sb.ID && c.Checkpoint == cp.ID })
+	m.pools.Forget(ctx, PoolSource{Sandbox: sb.ID, Checkpoint: cp.ID})
 	if err := m.store.DeleteCheckpoint(ctx, sb.ID, cp.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("deleting checkpoint %s of %s: %w", cp.ID, sb.ID, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -256,7 +255,7 @@ func (m *Manager) judgeDeath(l *live, w *deathWatch, how string) {
 	}
 	if sb.Pool != "" {
 		m.log.Warn("warm pool: a member's sandbox process died; deleting it", "sandbox", id, "pool", sb.Pool, "how", how)
-		m.dropDeadMember(ctx, sb)
+		m.pools.Lost(ctx, sb)
 		return
 	}
 	if or, ok := m.rt.(oomRuntime); ok {
@@ -265,27 +264,6 @@ func (m *Manager) judgeDeath(l *live, w *deathWatch, how string) {
 		}
 	}
 	m.brokeDown(ctx, sb, w.pid, how)
-}
-
-// dropDeadMember takes a warm pool's member whose sandbox process died out
-// of its pool, deletes it, and has the pool make another. The caller holds
-// the member's operation, so no claim takes it meanwhile.
-func (m *Manager) dropDeadMember(ctx context.Context, sb *store.Sandbox) {
-	m.pools.mu.Lock()
-	var key string
-	for k, p := range m.pools.all {
-		if i := slices.IndexFunc(p.ready, func(r *store.Sandbox) bool { return r.ID == sb.ID }); i >= 0 {
-			p.ready = slices.Delete(p.ready, i, i+1)
-			key = k
-		}
-	}
-	m.pools.mu.Unlock()
-	m.deleteMember(ctx, sb)
-	if key != "" {
-		m.pools.mu.Lock()
-		m.fillLocked(key)
-		m.pools.mu.Unlock()
-	}
 }
 
 // died reports whether the sandbox's sandbox process has ended

@@ -9,6 +9,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/warmpool"
 )
 
 // pidRuntime is the fake runtime telling the pid of each container's
@@ -101,7 +102,7 @@ func TestSandboxProcessDies(t *testing.T) {
 // TestPoolMemberDies: a warm pool's member whose process dies is deleted
 // and made again, never handed out.
 func TestPoolMemberDies(t *testing.T) {
-	e := newEnv(t)
+	e := newPoolTest(t, warmpool.Config{})
 	e.m = sandbox.New(e.cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.shelf, testLogger())
 	if err := e.m.Recover(e.ctx); err != nil {
 		t.Fatal(err)
@@ -109,7 +110,7 @@ func TestPoolMemberDies(t *testing.T) {
 	runPools(t, e)
 	e.create(api.CreateSandbox{Name: "src"})
 	cp := e.checkpoint("src", true)
-	if _, err := e.m.SetCheckpointPool(e.ctx, "src", cp.ID, 1); err != nil {
+	if _, err := e.pools.SetCheckpointPool(e.ctx, "src", cp.ID, 1); err != nil {
 		t.Fatal(err)
 	}
 	waitReady(t, e, "src", cp.ID, 1)
@@ -126,7 +127,7 @@ func TestPoolMemberDies(t *testing.T) {
 	c.Kill()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		p, err := e.m.CheckpointPool(e.ctx, "src", cp.ID)
+		p, err := e.pools.CheckpointPool(e.ctx, "src", cp.ID)
 		if err != nil {
 			t.Fatal(err)
 		}

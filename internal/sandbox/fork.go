@@ -66,7 +66,7 @@ func (m *Manager) fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 		// A fork of a restricted sandbox is restricted too.
 		sb.Network = src.Network
 	}
-	if v, ok, err := m.claimMember(ctx, checkpointPoolKey(src.ID, cp.ID), sb, nil); ok {
+	if v, ok, err := m.pools.Claim(ctx, PoolSource{Sandbox: src.ID, Checkpoint: cp.ID}, sb, nil); ok {
 		return v, err
 	}
 	end, _ := m.begin(sb, opCreate) // before it is stored: see Create

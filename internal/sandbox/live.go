@@ -319,7 +319,7 @@ var errClosed = errors.New("the sandbox manager is closing")
 // them: the spare exec sockets being opened (and those kept are closed)
 // and the watches on sandbox processes (a death that comes after is
 // judged by the next daemon's Recover). It leaves the sandboxes running,
-// and the pools to ClosePools. Call it once requests have stopped.
+// and the warm pools to their Run. Call it once requests have stopped.
 func (m *Manager) Close() error {
 	m.bgMu.Lock()
 	m.closed = true

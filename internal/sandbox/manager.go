@@ -99,12 +99,10 @@ type Config struct {
 	// Images pulls the images sandboxes are made from (images.go); nil for
 	// a manager without images, which refuses creates that name one.
 	Images Images
-	// PoolReserveMiB is the host memory warm pools leave to sandboxes
-	// (1024 MiB unless set): a pool fills only while more is available,
-	// and gives members up when less is. MemAvailable reads the host's
-	// available memory; nil reads /proc/meminfo.
-	PoolReserveMiB int
-	MemAvailable   func() (int64, error)
+	// Pools makes the warm pools of the Manager being made (package
+	// warmpool); nil keeps none. A constructor, as Inside is: the pools
+	// make their members with the Manager, and it asks them for members.
+	Pools func(*Manager) Pools
 	// MaxSandboxes caps the sandboxes the daemon keeps (see
 	// reserveSandbox); 0 is no cap.
 	MaxSandboxes int
@@ -153,8 +151,8 @@ type Manager struct {
 	bg       sync.WaitGroup
 	bgCtx    context.Context
 	bgCancel context.CancelCauseFunc
-	// pools are the warm pools (pool.go).
-	pools pools
+	// pools are the warm pools (pool.go): Config.Pools's, or noPools.
+	pools Pools
 
 	// heavy and count hold the daemon's caps (caps.go).
 	heavy *heavyGate
@@ -178,9 +176,6 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	if cfg.Scheme == "" {
 		cfg.Scheme = "http"
 	}
-	if cfg.PoolReserveMiB == 0 {
-		cfg.PoolReserveMiB = 1024
-	}
 	if cfg.HeavyWait == 0 {
 		cfg.HeavyWait = DefaultHeavyWait
 	}
@@ -190,13 +185,16 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		conns:    agentconn.NewConns(cfg.AgentPort),
 		lives:    map[string]*live{},
 		reserved: map[int]bool{},
-		pools:    pools{all: map[string]*pool{}},
 		heavy:    newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
 		bgCtx:    bgCtx,
 		bgCancel: bgCancel,
 	}
 	if cfg.Inside != nil {
 		m.inside = cfg.Inside(m)
+	}
+	m.pools = noPools{m}
+	if cfg.Pools != nil {
+		m.pools = cfg.Pools(m)
 	}
 	return m
 }
@@ -390,7 +388,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	} else if err := m.checkTemplate(ctx, sb); err != nil {
 		return nil, err
 	} else if defaultResources(req) {
-		if v, ok, err := m.claimMember(ctx, templatePoolKey(sb.Template), sb, req.Services); ok {
+		if v, ok, err := m.pools.Claim(ctx, PoolSource{Template: sb.Template}, sb, req.Services); ok {
 			return v, err
 		}
 	}
@@ -726,7 +724,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 // idempotent, so a destroy cut short by a crash is finished at the next start.
 func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Pool == "" {
-		m.dropPools(ctx, func(c poolConfig) bool { return c.Sandbox == sb.ID })
+		m.pools.Forget(ctx, PoolSource{Sandbox: sb.ID})
 	}
 	var errs []error
 	m.unwatchDeath(sb.ID)

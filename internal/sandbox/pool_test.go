@@ -11,42 +11,69 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/warmpool"
 )
 
-// poolEnv is an env whose host memory the test sets, with its pools
+// The warm pools (package warmpool) over a whole Manager: they need the
+// env's fakes, so their tests that make, claim and delete members live
+// here; internal/warmpool tests the pools' own rules over a fake core.
+
+// poolTest is an env whose Manager has warm pools, as the daemon's has.
+type poolTest struct {
+	*env
+	// pools are the current Manager's (a restart makes new ones).
+	pools *warmpool.Pools
+}
+
+// newPoolTest makes a poolTest; pc configures the pools (their DataDir is
+// the Manager's).
+func newPoolTest(t *testing.T, pc warmpool.Config) *poolTest {
+	t.Helper()
+	e := &poolTest{}
+	e.env = newEnv(t, func(c *sandbox.Config) {
+		pc.DataDir = c.DataDir
+		c.Pools = func(m *sandbox.Manager) sandbox.Pools {
+			e.pools = warmpool.New(m, pc, testLogger())
+			return e.pools
+		}
+	})
+	return e
+}
+
+// poolEnv is a poolTest whose host memory the test sets, with its pools
 // running until stop.
-func poolEnv(t *testing.T) (e *env, avail *atomic.Int64, stop func()) {
+func poolEnv(t *testing.T) (e *poolTest, avail *atomic.Int64, stop func()) {
 	t.Helper()
 	avail = new(atomic.Int64)
 	avail.Store(64 << 30)
-	e = newEnv(t, func(c *sandbox.Config) {
-		c.PoolReserveMiB = 1024
-		c.MemAvailable = func() (int64, error) { return avail.Load(), nil }
+	e = newPoolTest(t, warmpool.Config{
+		ReserveMiB:   1024,
+		MemAvailable: func() (int64, error) { return avail.Load(), nil },
 	})
 	return e, avail, runPools(t, e)
 }
 
-// runPools loads e's Manager's pools and runs them until the test ends or
-// the returned stop is called, which checks that RunPools returns, with no
-// error, once its ctx has ended.
-func runPools(t *testing.T, e *env) (stop func()) {
+// runPools loads e's pools and runs them until the test ends or the
+// returned stop is called, which checks that Run returns, with no error,
+// once its ctx has ended.
+func runPools(t *testing.T, e *poolTest) (stop func()) {
 	t.Helper()
-	if err := e.m.LoadPools(); err != nil {
+	if err := e.pools.Load(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(e.ctx)
 	ran := make(chan error, 1)
-	m := e.m
-	go func() { ran <- m.RunPools(ctx) }()
+	ps := e.pools
+	go func() { ran <- ps.Run(ctx) }()
 	stop = sync.OnceFunc(func() {
 		cancel()
 		select {
 		case err := <-ran:
 			if err != nil {
-				t.Errorf("RunPools: %v", err)
+				t.Errorf("Run: %v", err)
 			}
 		case <-time.After(30 * time.Second):
-			t.Error("RunPools still running 30 s after its ctx ended")
+			t.Error("the pools' Run still running 30 s after its ctx ended")
 		}
 	})
 	t.Cleanup(stop)
@@ -55,11 +82,11 @@ func runPools(t *testing.T, e *env) (stop func()) {
 
 // waitReady waits until the checkpoint's pool has want members ready (or,
 // for want 0, none), and returns it.
-func waitReady(t *testing.T, e *env, sb, cp string, want int) *api.Pool {
+func waitReady(t *testing.T, e *poolTest, sb, cp string, want int) *api.Pool {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		p, err := e.m.CheckpointPool(e.ctx, sb, cp)
+		p, err := e.pools.CheckpointPool(e.ctx, sb, cp)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,14 +108,14 @@ func TestPoolMemory(t *testing.T) {
 	cp := e.checkpoint("src", true)
 
 	avail.Store(512 << 20) // below the reserve
-	if _, err := e.m.SetCheckpointPool(e.ctx, "src", cp.ID, 2); err != nil {
+	if _, err := e.pools.SetCheckpointPool(e.ctx, "src", cp.ID, 2); err != nil {
 		t.Fatal(err)
 	}
 	// The filler says why it holds back once it has looked: wait for it.
 	var p *api.Pool
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var err error
-		if p, err = e.m.CheckpointPool(e.ctx, "src", cp.ID); err != nil {
+		if p, err = e.pools.CheckpointPool(e.ctx, "src", cp.ID); err != nil {
 			t.Fatal(err)
 		}
 		if p.Held != "" || time.Now().After(deadline) {
@@ -121,7 +148,7 @@ func TestPoolClaim(t *testing.T) {
 	e, _, stop := poolEnv(t)
 	e.create(api.CreateSandbox{Name: "src"})
 	cp := e.checkpoint("src", true)
-	if _, err := e.m.SetCheckpointPool(e.ctx, "src", cp.ID, 1); err != nil {
+	if _, err := e.pools.SetCheckpointPool(e.ctx, "src", cp.ID, 1); err != nil {
 		t.Fatal(err)
 	}
 	waitReady(t, e, "src", cp.ID, 1)
@@ -157,7 +184,7 @@ func TestPoolClaim(t *testing.T) {
 	}
 	waitReady(t, e, "src", cp.ID, 1)
 
-	// A restart: the members are deleted (by RunPools as it ends, or by
+	// A restart: the members are deleted (by Run as it ends, or by
 	// Recover after a crash: the stored member below), the pool made again.
 	stop()
 	crashed := *e.record(f.ID)

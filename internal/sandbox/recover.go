@@ -66,7 +66,7 @@ func (m *Manager) giveUp(ctx context.Context, sb *store.Sandbox, why error) {
 
 func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Pool != "" {
-		// A warm pool's member: made again by RunPools, with a
+		// A warm pool's member: made again by its pool (warmpool), with a
 		// connection of its own, rather than taken back.
 		m.log.Info("deleting a warm pool's member left by the last daemon", "sandbox", sb.ID, "pool", sb.Pool)
 		return m.destroy(ctx, sb)

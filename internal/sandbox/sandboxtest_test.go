@@ -332,11 +332,32 @@ func (e *env) restart() error {
 	return e.m.Recover(e.ctx)
 }
 
-// newManager makes the env's Manager, and the template catalog over it.
+// newManager makes the env's Manager, and the template catalog over it
+// and its warm pools, as the daemon does.
 func (e *env) newManager() {
-	e.m = sandbox.New(e.cfg, e.st, e.rt, e.pool, e.nets, e.shelf, testLogger())
-	e.cat = template.New(template.Config{Store: e.shelf, Core: e.m, Pools: e.m, Sandboxes: e.st, Log: testLogger()})
+	cfg := e.cfg
+	var pools template.Pools = noTemplatePools{}
+	if mk := cfg.Pools; mk != nil {
+		cfg.Pools = func(m *sandbox.Manager) sandbox.Pools {
+			p := mk(m)
+			if tp, ok := p.(template.Pools); ok {
+				pools = tp
+			}
+			return p
+		}
+	}
+	e.m = sandbox.New(cfg, e.st, e.rt, e.pool, e.nets, e.shelf, testLogger())
+	e.cat = template.New(template.Config{Store: e.shelf, Core: e.m, Pools: pools, Sandboxes: e.st, Log: testLogger()})
 }
+
+// noTemplatePools are the template catalog's pools of an env whose
+// Manager has none: a template's pool is never kept.
+type noTemplatePools struct{}
+
+func (noTemplatePools) SetTemplatePool(_ context.Context, name string, size int) (*api.Pool, error) {
+	return &api.Pool{Template: name}, nil
+}
+func (noTemplatePools) DropTemplatePools(context.Context, string) {}
 
 func (e *env) create(req api.CreateSandbox) *api.Sandbox {
 	e.t.Helper()

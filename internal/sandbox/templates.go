@@ -70,7 +70,7 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	defer release()
 	if defaultResources(req) {
 		// A memory template gives no services (refused above).
-		if v, ok, err := m.claimMember(ctx, templatePoolKey(man.Name), sb, req.Services); ok {
+		if v, ok, err := m.pools.Claim(ctx, PoolSource{Template: man.Name}, sb, req.Services); ok {
 			return v, err
 		}
 	}
@@ -145,11 +145,3 @@ func (m *Manager) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*ch
 
 // CheckResources refuses resources no sandbox may have.
 func (m *Manager) CheckResources(r api.Resources) error { return checkResources(r) }
-
-// CheckPoolSize refuses a size no warm pool may have.
-func (m *Manager) CheckPoolSize(size int) error { return checkPoolSize(size) }
-
-// DropTemplatePools drains and removes template name's warm pool.
-func (m *Manager) DropTemplatePools(ctx context.Context, name string) {
-	m.dropPools(ctx, func(c poolConfig) bool { return c.Template == name })
-}

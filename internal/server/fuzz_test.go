@@ -99,7 +99,7 @@ func fuzzServers() (daemon, inside fuzzServer) {
 		// Left open for the whole process: the fuzzing workers call
 		// this once each and run until they are killed.
 		fake := fuzzSandboxes{newFake()}
-		fuzzSrv = fuzzServer{httptest.NewServer(New(fake, testToken, discardLog(), fakeServices(fake.fakeSandboxes)...)).URL, client}
+		fuzzSrv = fuzzServer{httptest.NewServer(New(fake, testToken, discardLog(), append(fakeServices(fake.fakeSandboxes), WithPools(fake))...)).URL, client}
 		in := NewInside(fake, []byte("secret"), discardLog())
 		fuzzInner = fuzzServer{httptest.NewServer(in.handler("sb-000000000001")).URL, client}
 	})

@@ -8,9 +8,8 @@ import (
 )
 
 // Pools is what the server needs to keep warm pools of checkpoints and
-// templates. It is an optional ability of Sandboxes, found by a type check:
-// a manager without it (the in-sandbox API's) answers these routes with
-// unavailable.
+// templates (package warmpool), given with WithPools: a server without it
+// (the in-sandbox API) answers these routes with unavailable.
 type Pools interface {
 	SetCheckpointPool(ctx context.Context, sandbox, checkpoint string, size int) (*api.Pool, error)
 	CheckpointPool(ctx context.Context, sandbox, checkpoint string) (*api.Pool, error)
@@ -26,11 +25,10 @@ func (s *Server) poolRoutes(v1 func(string, func(http.ResponseWriter, *http.Requ
 }
 
 func (s *Server) pools() (Pools, error) {
-	p, ok := s.sandboxes.(Pools)
-	if !ok {
+	if s.warmPools == nil {
 		return nil, api.Errorf(api.CodeUnavailable, "this server keeps no warm pools")
 	}
-	return p, nil
+	return s.warmPools, nil
 }
 
 // getPool answers both routes: a template's pool when the path names a

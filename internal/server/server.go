@@ -51,6 +51,8 @@ type Server struct {
 	// browsers, when set, lets a browser call the API with a session
 	// cookie instead of a token (the web console).
 	browsers BrowserSessions
+	// warmPools, when set, serves the warm pools' routes (see Pools).
+	warmPools Pools
 }
 
 // BrowserSessions authorizes API calls that a browser makes with a session
@@ -85,6 +87,11 @@ func WithWriteTimeout(d time.Duration) Option {
 // that b checks, besides the token (see BrowserSessions).
 func WithBrowserSessions(b BrowserSessions) Option {
 	return func(s *Server) { s.browsers = b }
+}
+
+// WithPools serves the warm pools' routes with p (see Pools).
+func WithPools(p Pools) Option {
+	return func(s *Server) { s.warmPools = p }
 }
 
 // New makes a server over the sandbox manager. Every /v1 call must carry

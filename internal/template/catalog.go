@@ -33,10 +33,8 @@ type Core interface {
 	CheckResources(r api.Resources) error
 }
 
-// Pools are the warm pools of templates (sandbox.Manager has them).
+// Pools are the warm pools of templates (warmpool.Pools has them).
 type Pools interface {
-	// CheckPoolSize refuses a size no pool may have.
-	CheckPoolSize(size int) error
 	// SetTemplatePool sets the size of template name's pool.
 	SetTemplatePool(ctx context.Context, name string, size int) (*api.Pool, error)
 	// DropTemplatePools drains and removes template name's pool.
@@ -187,7 +185,7 @@ func (c *Catalog) Create(ctx context.Context, req api.CreateTemplate) (*api.Temp
 	if err := CheckName(req.Name); err != nil {
 		return nil, err
 	}
-	if err := c.pools.CheckPoolSize(req.Pool); err != nil {
+	if err := api.CheckPoolSize(req.Pool); err != nil {
 		return nil, err
 	}
 	src, release, err := c.core.HoldCheckpoint(ctx, req.From)

@@ -80,13 +80,6 @@ type fakePools struct {
 	dropped []string
 }
 
-func (p *fakePools) CheckPoolSize(size int) error {
-	if size < 0 || size > api.MaxPoolSize {
-		return api.Errorf(api.CodeInvalid, "size: %d", size)
-	}
-	return nil
-}
-
 func (p *fakePools) SetTemplatePool(ctx context.Context, name string, size int) (*api.Pool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
