@@ -317,3 +317,44 @@ func TestKeepAliveOnlyPastTheDoor(t *testing.T) {
 		}
 	}
 }
+
+// drainedBody is a request body the server drained and closed once its
+// bytes were read, as the HTTP/1 server does when the answer's header is
+// written.
+type drainedBody struct{ r io.Reader }
+
+func (b *drainedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		return n, http.ErrBodyReadAfterClose
+	}
+	return n, err
+}
+
+func (b *drainedBody) Close() error { return nil }
+
+// TestBodyDrainedByTheAnswer: the Transport's read past a body's declared
+// length, which the answer's header can make come after the server closed
+// it, is the body's end, not an error that would cut the answer
+// (golang/go#40747). A body cut short, or one of no declared length, still
+// fails.
+func TestBodyDrainedByTheAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		length  int64
+		wantErr error
+	}{
+		{"all of it read", 6, nil},
+		{"cut short", 10, http.ErrBodyReadAfterClose},
+		{"chunked", -1, http.ErrBodyReadAfterClose},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/", nil)
+			r.Body, r.ContentLength = &drainedBody{strings.NewReader("a body")}, tc.length
+			got, err := io.ReadAll(newPacedBody(httptest.NewRecorder(), r, 0))
+			if string(got) != "a body" || err != tc.wantErr {
+				t.Fatalf("read %q, %v; want %q, %v", got, err, "a body", tc.wantErr)
+			}
+		})
+	}
+}
