@@ -186,3 +186,23 @@ func syncPath(path string) error {
 	defer f.Close()
 	return f.Sync()
 }
+
+// MemDir is where a memory checkpoint keeps its memory image, inside its
+// directory (Dir).
+const MemDir = "mem"
+
+// SandboxDir holds the data of sandbox sandboxID's checkpoints, under the
+// daemon's data dir, one directory each (Dir).
+func SandboxDir(dataDir, sandboxID string) string {
+	return filepath.Join(dataDir, "checkpoints", sandboxID)
+}
+
+// Dir holds the data of one checkpoint. It is derived from the ids, never
+// stored, so that the data dir can move (or be reached through another
+// path) without losing a checkpoint.
+func Dir(dataDir, sandboxID, cpID string) string {
+	return filepath.Join(SandboxDir(dataDir, sandboxID), cpID)
+}
+
+// Snapshot is the name of checkpoint cpID's disk snapshot in the disk pool.
+func Snapshot(sandboxID, cpID string) string { return sandboxID + "." + cpID }
