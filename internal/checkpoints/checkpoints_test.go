@@ -334,3 +334,83 @@ func TestDeleteFromInside(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// forkCore is a fakeCore whose source is sandbox box's checkpoint v1, and
+// whose warm pool hands over every fork (pooled, as asked).
+type forkCore struct {
+	*fakeCore
+	src    *store.Sandbox
+	cp     *store.Checkpoint
+	pooled *store.Sandbox // what ClaimPooled was asked for
+}
+
+func (c *forkCore) SourceCheckpoint(_ context.Context, from *api.ForkSource) (*store.Sandbox, *store.Checkpoint, func(), error) {
+	if from.Sandbox != c.src.Name || from.Checkpoint != c.cp.ID {
+		return nil, nil, nil, api.Errorf(api.CodeNotFound, "no checkpoint %+v", from)
+	}
+	unlock := c.LockSource(c.src.ID) // a read lock in the core: counted alike
+	return c.src, c.cp, unlock, nil
+}
+
+func (c *forkCore) NewRecord(_ context.Context, req api.CreateSandbox) (*store.Sandbox, error) {
+	sb := &store.Sandbox{Sandbox: api.Sandbox{ID: "sb-2", Name: req.Name, From: req.From,
+		Resources: api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096}}}
+	if req.Resources != nil && req.Resources.DiskMiB != 0 {
+		sb.Resources.DiskMiB = req.Resources.DiskMiB
+	}
+	sb.Secrets = orNil(req.Secrets)
+	if req.Network != nil {
+		sb.Network = *req.Network
+	}
+	return sb, nil
+}
+
+func (c *forkCore) TakeFromCheckpoint(_ context.Context, sb *store.Sandbox, cp *store.Checkpoint, _ map[string]string) error {
+	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
+	return nil
+}
+
+func (c *forkCore) ClaimPooled(_ context.Context, src *store.Sandbox, cp *store.Checkpoint, want *store.Sandbox) (*api.Sandbox, bool, error) {
+	c.pooled = want
+	return &want.Sandbox, true, nil
+}
+
+// TestForkSeed: a fork takes its template and resources from the
+// checkpoint but keeps its own disk limit, and takes its secrets and
+// network from the source unless it gives its own.
+func TestForkSeed(t *testing.T) {
+	f := newFixture(t, checkpoint.Limits{})
+	restricted := api.NetworkPolicy{Egress: api.EgressNone}
+	src := &store.Sandbox{Sandbox: api.Sandbox{ID: "sb-1", Name: "box", Network: restricted,
+		Secrets: map[string]string{"TOKEN": "gh"}}}
+	cp := &store.Checkpoint{Checkpoint: api.Checkpoint{ID: "v1", Sandbox: "sb-1", Memory: true},
+		Template: "tiny", Resources: api.Resources{CPUs: 2, MemoryMiB: 1024, DiskMiB: 2048}}
+	core := &forkCore{fakeCore: f.core, src: src, cp: cp}
+	s := New(core, Config{DataDir: f.dir}, f.st, nil, f.disks, slog.New(slog.DiscardHandler))
+
+	from := &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}
+	if _, err := s.Fork(f.ctx, api.CreateSandbox{Name: "kid", From: from, Resources: &api.Resources{DiskMiB: 8192}}); err != nil {
+		t.Fatal(err)
+	}
+	got := core.pooled
+	if got.Template != "tiny" || got.Resources != (api.Resources{CPUs: 2, MemoryMiB: 1024, DiskMiB: 8192}) {
+		t.Errorf("fork's template and resources: %q %+v", got.Template, got.Resources)
+	}
+	if got.Secrets["TOKEN"] != "gh" || got.Network.Egress != api.EgressNone {
+		t.Errorf("fork's secrets %v and network %+v: want the source's", got.Secrets, got.Network)
+	}
+	if got.From == nil || *got.From != (api.ForkSource{Sandbox: "box", Checkpoint: "v1"}) {
+		t.Errorf("fork's From = %+v", got.From)
+	}
+	// Its own secrets and network replace the source's.
+	open := api.NetworkPolicy{Egress: api.EgressAll}
+	if _, err := s.Fork(f.ctx, api.CreateSandbox{Name: "kid2", From: from, Secrets: map[string]string{"KEY": "k"}, Network: &open}); err != nil {
+		t.Fatal(err)
+	}
+	if got := core.pooled; got.Secrets["TOKEN"] != "" || got.Secrets["KEY"] != "k" || got.Network.Egress != api.EgressAll {
+		t.Errorf("fork with its own: secrets %v, network %+v", got.Secrets, got.Network)
+	}
+	if _, err := s.Fork(f.ctx, api.CreateSandbox{From: &api.ForkSource{Sandbox: "box", Checkpoint: "v9"}}); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("fork of no checkpoint: %v, want not found", err)
+	}
+}
