@@ -2,7 +2,9 @@
 // how a sandbox runs: ids (v1, v2, … never reused; auto-1, auto-2, … for the
 // automatic ones), generated names, the per-sandbox limit, which automatic
 // checkpoints to prune, and how a checkpoint's data is made durable before
-// its record appears.
+// its record appears, and where a checkpoint's data lives (Dir, Snapshot).
+// It takes no checkpoint itself: package checkpoints, the capability,
+// takes, restores and forks from them over the sandbox core.
 //
 // Terms: a memory checkpoint holds a sandbox's memory and disk, and restoring
 // it resumes its processes; a disk-only checkpoint holds the disk, and
