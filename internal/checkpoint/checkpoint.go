@@ -2,7 +2,9 @@
 // how a sandbox runs: ids (v1, v2, … never reused; auto-1, auto-2, … for the
 // automatic ones), generated names, the per-sandbox limit, which automatic
 // checkpoints to prune, and how a checkpoint's data is made durable before
-// its record appears.
+// its record appears, and where a checkpoint's data lives (Dir, Snapshot).
+// It takes no checkpoint itself: package checkpoints, the capability,
+// takes, restores and forks from them over the sandbox core.
 //
 // Terms: a memory checkpoint holds a sandbox's memory and disk, and restoring
 // it resumes its processes; a disk-only checkpoint holds the disk, and
@@ -186,3 +188,23 @@ func syncPath(path string) error {
 	defer f.Close()
 	return f.Sync()
 }
+
+// MemDir is where a memory checkpoint keeps its memory image, inside its
+// directory (Dir).
+const MemDir = "mem"
+
+// SandboxDir holds the data of sandbox sandboxID's checkpoints, under the
+// daemon's data dir, one directory each (Dir).
+func SandboxDir(dataDir, sandboxID string) string {
+	return filepath.Join(dataDir, "checkpoints", sandboxID)
+}
+
+// Dir holds the data of one checkpoint. It is derived from the ids, never
+// stored, so that the data dir can move (or be reached through another
+// path) without losing a checkpoint.
+func Dir(dataDir, sandboxID, cpID string) string {
+	return filepath.Join(SandboxDir(dataDir, sandboxID), cpID)
+}
+
+// Snapshot is the name of checkpoint cpID's disk snapshot in the disk pool.
+func Snapshot(sandboxID, cpID string) string { return sandboxID + "." + cpID }

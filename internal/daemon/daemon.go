@@ -26,6 +26,8 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/atomicfile"
+	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/checkpoints"
 	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/disk"
@@ -128,6 +130,9 @@ type Daemon struct {
 	inside  *server.Inside
 	// pools are the warm pools, made with the Manager.
 	pools *warmpool.Pools
+	// checkpoints take, restore and fork from checkpoints, made with the
+	// Manager.
+	checkpoints *checkpoints.Service
 	// madeToken is the file of an admin token made by this start, if any.
 	madeToken string
 	// tokenFile is the file the admin token is kept in; empty when it
@@ -394,12 +399,13 @@ func (d *Daemon) openImages(ctx context.Context, p *parts) error {
 }
 
 // sandboxAPI is what the API, the in-sandbox API and the URL front door
-// serve: the core's calls (life cycle, checkpoints, …) answered by the
-// Manager, and the calls into a running sandbox by the guest data plane
-// directly, never through the core.
+// serve: the core's calls (life cycle, sleep, …) answered by the Manager,
+// the checkpoints' by their capability, and the calls into a running
+// sandbox by the guest data plane directly, never through the core.
 type sandboxAPI struct {
 	*sandbox.Manager
 	*guest.Guest
+	*checkpoints.Service
 }
 
 // startManager makes the sandbox manager, takes back the sandboxes a
@@ -414,26 +420,32 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		scheme = "http"
 	}
 	d.Manager = sandbox.New(sandbox.Config{
-		DataDir:               cfg.DataDir,
-		AgentBinary:           cfg.AgentBinary,
-		Domain:                cfg.Domain,
-		Org:                   cfg.Org,
-		Scheme:                scheme,
-		DefaultTemplate:       cfg.DefaultTemplate,
-		Defaults:              api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
-		CheckpointLimit:       cfg.CheckpointLimit,
-		InsideCheckpointLimit: cfg.InsideCheckpointLimit,
-		MaxSandboxes:          cfg.MaxSandboxes,
-		MaxHeavy:              cfg.MaxHeavy,
-		Secret:                p.secret,
-		Secrets:               p.secrets,
-		Images:                p.images,
-		InsidePort:            network.DefaultInsidePort,
-		Idle:                  cfg.Idle,
-		IdleMin:               cfg.IdleMin,
+		DataDir:         cfg.DataDir,
+		AgentBinary:     cfg.AgentBinary,
+		Domain:          cfg.Domain,
+		Org:             cfg.Org,
+		Scheme:          scheme,
+		DefaultTemplate: cfg.DefaultTemplate,
+		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
+		MaxSandboxes:    cfg.MaxSandboxes,
+		MaxHeavy:        cfg.MaxHeavy,
+		Secret:          p.secret,
+		Secrets:         p.secrets,
+		Images:          p.images,
+		InsidePort:      network.DefaultInsidePort,
+		Idle:            cfg.Idle,
+		IdleMin:         cfg.IdleMin,
+		// Made before Inside, which serves them too.
+		Forks: func(m *sandbox.Manager) sandbox.Forks {
+			d.checkpoints = checkpoints.New(m, checkpoints.Config{
+				DataDir: cfg.DataDir,
+				Limits:  checkpoint.Limits{Owner: cfg.CheckpointLimit, Inside: cfg.InsideCheckpointLimit},
+			}, p.store, p.rt, p.pool, d.log)
+			return d.checkpoints
+		},
 		Inside: func(m *sandbox.Manager) sandbox.Insiders {
 			d.guest = guest.New(m, d.log)
-			d.inside = server.NewInside(sandboxAPI{m, d.guest}, p.secret, d.log)
+			d.inside = server.NewInside(sandboxAPI{m, d.guest, d.checkpoints}, p.secret, d.log)
 			return d.inside
 		},
 		Pools: func(m *sandbox.Manager) sandbox.Pools {
@@ -488,7 +500,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 		return err
 	}
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
-	front := proxy.New(sandboxAPI{d.Manager, d.guest}, proxy.Config{
+	front := proxy.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, proxy.Config{
 		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: p.tls != nil,
 		BodyTimeout: cfg.WriteTimeout,
 	}, d.log)
@@ -499,7 +511,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
-	apiServer := server.New(sandboxAPI{d.Manager, d.guest}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
+	apiServer := server.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
 		server.WithTemplates(p.catalog), server.WithImages(p.images, p.registries),
 		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), server.WithPools(d.pools))
 	limits := d.connLimits()

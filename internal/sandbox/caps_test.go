@@ -87,7 +87,7 @@ func TestMaxHeavy(t *testing.T) {
 	<-started
 	memory := false
 	begin := time.Now()
-	_, err := e.m.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{Memory: &memory})
+	_, err := e.cps.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{Memory: &memory})
 	if !errors.Is(err, api.ErrLimit) {
 		t.Fatalf("a checkpoint while the only slot is taken: %v, want limit", err)
 	}
@@ -99,7 +99,7 @@ func TestMaxHeavy(t *testing.T) {
 	// One that comes while the slot is taken, and gets it once it is free.
 	got := make(chan error, 1)
 	go func() {
-		_, err := e.m.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{Memory: &memory})
+		_, err := e.cps.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{Memory: &memory})
 		got <- err
 	}()
 	// Only once it waits for the slot does the test show what it claims.
@@ -112,7 +112,7 @@ func TestMaxHeavy(t *testing.T) {
 		t.Errorf("a checkpoint that waited for the slot: %v", err)
 	}
 	// A failed operation gives its slot back too.
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "busy", "no-such"); err == nil || errors.Is(err, api.ErrLimit) {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "busy", "no-such"); err == nil || errors.Is(err, api.ErrLimit) {
 		t.Errorf("restore of a missing checkpoint: %v, want not found", err)
 	}
 	e.checkpoint("busy", false)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"loam.dev/loam/api"
@@ -16,26 +15,95 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
+// The core's side of checkpoints, restore and fork (package checkpoints
+// takes, lists, deletes and restores them, and forks from them): where a
+// checkpoint's data lives, its removal (which recovery shares), the lock
+// on a sandbox's checkpoints, and the steps that change a sandbox's
+// machine (roll it back, boot a fork). The capability reaches them through
+// the exported methods below and those its Core interface lists; the core
+// asks it for forks (Forks).
+
+// Forks make new sandboxes from checkpoints, as the core's Create asks
+// when a create names a checkpoint (api.CreateSandbox.From).
+type Forks interface {
+	// Fork makes a new, independent sandbox from the checkpoint req.From
+	// names. The caller holds the create's slots (sandbox count, heavy).
+	Fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error)
+}
+
+// noForks are the forks of a Manager made without any: none is made.
+type noForks struct{}
+
+func (noForks) Fork(context.Context, api.CreateSandbox) (*api.Sandbox, error) {
+	return nil, api.Errorf(api.CodeUnavailable, "this daemon makes no forks")
+}
+
 // memDir is where a checkpoint keeps its memory image, inside its directory.
-const memDir = "mem"
+const memDir = checkpoint.MemDir
 
 // checkpointsDir holds the data of a sandbox's checkpoints, one directory each.
 func (m *Manager) checkpointsDir(id string) string {
-	return filepath.Join(m.cfg.DataDir, "checkpoints", id)
+	return checkpoint.SandboxDir(m.cfg.DataDir, id)
 }
 
-// checkpointDir holds the data of one checkpoint. It is derived from the
-// ids, never stored, so that the data dir can move (or be reached through
-// another path) without losing a checkpoint.
+// checkpointDir holds the data of one checkpoint (see checkpoint.Dir).
 func (m *Manager) checkpointDir(sandboxID, cpID string) string {
-	return filepath.Join(m.checkpointsDir(sandboxID), cpID)
+	return checkpoint.Dir(m.cfg.DataDir, sandboxID, cpID)
 }
 
-func cpView(cp *store.Checkpoint) api.Checkpoint { return cp.Checkpoint }
+// Op is an operation a capability outside the core runs on one sandbox at
+// a time (Claim): it is the core's own operation of that name, so that it
+// conflicts with every other, and the API's conflict names it the same.
+type Op int
 
-// findCheckpoint finds a checkpoint of a sandbox by id or name, as a user's
+// The capabilities' operations.
+const (
+	OpCheckpoint Op = iota + 1
+	OpCheckpointDelete
+	OpRestore
+)
+
+func (o Op) operation() operation {
+	switch o {
+	case OpCheckpoint:
+		return opCheckpoint
+	case OpCheckpointDelete:
+		return opCheckpointDelete
+	case OpRestore:
+		return opRestore
+	}
+	return opNone
+}
+
+// Claim finds sandbox ref (a user's not_found when missing) and begins op
+// on it, or refuses with a conflict while another operation runs. The
+// record returned is read after the operation began; end ends it.
+func (m *Manager) Claim(ctx context.Context, ref string, op Op) (sb *store.Sandbox, end func(), err error) {
+	if op.operation() == opNone {
+		return nil, nil, fmt.Errorf("claiming %s: unknown operation %d", ref, op)
+	}
+	return m.claim(ctx, ref, op.operation())
+}
+
+// Lookup finds a sandbox by name or id, as a user's not_found when missing
+// (a warm pool's member is not the API's).
+func (m *Manager) Lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
+	return m.lookup(ctx, ref)
+}
+
+// View is sb as the API shows it.
+func (m *Manager) View(sb *store.Sandbox) *api.Sandbox { return m.view(sb) }
+
+// SetState moves sb to state to (why says why, for an error) and stores
+// it, refusing a transition the state machine does not have. The caller
+// holds sb's operation.
+func (m *Manager) SetState(ctx context.Context, sb *store.Sandbox, to api.State, why string) error {
+	return m.setState(ctx, sb, to, why)
+}
+
+// FindCheckpoint finds a checkpoint of a sandbox by id or name, as a user's
 // not_found when missing.
-func (m *Manager) findCheckpoint(ctx context.Context, sb *store.Sandbox, ref string) (*store.Checkpoint, error) {
+func (m *Manager) FindCheckpoint(ctx context.Context, sb *store.Sandbox, ref string) (*store.Checkpoint, error) {
 	cp, err := m.store.GetCheckpoint(ctx, sb.ID, ref)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, api.Errorf(api.CodeNotFound, "checkpoint %q of sandbox %s not found", ref, sb.Name)
@@ -46,59 +114,10 @@ func (m *Manager) findCheckpoint(ctx context.Context, sb *store.Sandbox, ref str
 	return cp, nil
 }
 
-// ListCheckpoints lists a sandbox's checkpoints, oldest first. It never
-// wakes the sandbox.
-func (m *Manager) ListCheckpoints(ctx context.Context, ref string) ([]api.Checkpoint, error) {
-	sb, err := m.lookup(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
-	if err != nil {
-		return nil, fmt.Errorf("listing checkpoints of %s: %w", sb.ID, err)
-	}
-	out := make([]api.Checkpoint, 0, len(cps))
-	for _, cp := range cps {
-		out = append(out, cpView(cp))
-	}
-	return out, nil
-}
-
-// GetCheckpoint returns one checkpoint. It never wakes the sandbox.
-func (m *Manager) GetCheckpoint(ctx context.Context, ref, cpRef string) (*api.Checkpoint, error) {
-	sb, err := m.lookup(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	cp, err := m.findCheckpoint(ctx, sb, cpRef)
-	if err != nil {
-		return nil, err
-	}
-	v := cpView(cp)
-	return &v, nil
-}
-
-// DeleteCheckpoint deletes one checkpoint: its record first, so that it is
-// gone at once, then its data. It never wakes the sandbox.
-func (m *Manager) DeleteCheckpoint(ctx context.Context, ref, cpRef string) error {
-	sb, end, err := m.claim(ctx, ref, opCheckpointDelete)
-	if err != nil {
-		return err
-	}
-	defer end()
-	cp, err := m.findCheckpoint(ctx, sb, cpRef)
-	if err != nil {
-		return err
-	}
-	if err := checkpoint.CheckDelete(checkpoint.CallerOf(ctx), cp); err != nil {
-		return err
-	}
-	unlock := m.lockSource(sb.ID)
-	defer unlock()
-	return m.removeCheckpoint(context.WithoutCancel(ctx), sb, cp)
-}
-
-func (m *Manager) removeCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+// RemoveCheckpoint deletes checkpoint cp of sb: its pools, then its record,
+// so that it is gone at once, then its data (what is left of that is the
+// next start's sweep). The caller holds sb's checkpoints (LockSource).
+func (m *Manager) RemoveCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
 	m.pools.Forget(ctx, PoolSource{Sandbox: sb.ID, Checkpoint: cp.ID})
 	if err := m.store.DeleteCheckpoint(ctx, sb.ID, cp.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("deleting checkpoint %s of %s: %w", cp.ID, sb.ID, err)
@@ -114,349 +133,56 @@ func (m *Manager) removeCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 	return nil
 }
 
-// CreateCheckpoint takes a checkpoint of a sandbox on request.
-func (m *Manager) CreateCheckpoint(ctx context.Context, ref string, req api.CreateCheckpoint) (*api.Checkpoint, error) {
-	if _, err := m.lookup(ctx, ref); err != nil {
-		return nil, err
-	}
-	leave, err := m.heavy.enter(ctx, "taking a checkpoint")
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
-	if err := checkpoint.CheckComment(req.Comment); err != nil {
-		return nil, err
-	}
-	if req.Name != "" {
-		if err := checkpoint.CheckName(req.Name); err != nil {
-			return nil, err
-		}
-	}
-	memory := req.Memory == nil || *req.Memory
-	sb, end, err := m.claim(ctx, ref, opCheckpoint)
-	if err != nil {
-		return nil, err
-	}
-	defer end()
-	ctx = context.WithoutCancel(ctx)
-	if memory {
-		if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateSleeping); err != nil {
-			return nil, api.Errorf(api.CodeConflict, "sandbox %s is %s: a memory checkpoint needs it running (take a disk-only one with \"memory\":false)", sb.Name, sb.State)
-		}
-	} else if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
-		return nil, err
-	}
-	if err := m.requireCheckpointSpace(sb, memory); err != nil {
-		return nil, err
-	}
-	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
-	if err != nil {
-		return nil, fmt.Errorf("listing checkpoints of %s: %w", sb.ID, err)
-	}
-	if err := checkpoint.CheckLimit(checkpoint.CallerOf(ctx), cps, m.checkpointLimits()); err != nil {
-		return nil, err
-	}
-	name, err := pickName(cps, req.Name)
-	if err != nil {
-		return nil, err
-	}
-	// The id is spent before the work starts, so that a crash part-way can
-	// never hand the same id out twice.
-	sb.CheckpointSeq++
-	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-		return nil, fmt.Errorf("numbering checkpoint of %s: %w", sb.ID, err)
-	}
-	crash.Point("checkpoint.numbered")
-	cp, err := m.takeCheckpoint(ctx, sb, take{
-		id: checkpoint.UserID(sb.CheckpointSeq), name: name, comment: req.Comment,
-		memory: memory, inside: checkpoint.CallerOf(ctx) == checkpoint.Inside,
-	})
-	if err != nil {
-		what := "a disk-only checkpoint"
-		if memory {
-			what = "a memory checkpoint"
-		}
-		return nil, publicError(m.spaceError(err, sb, m.cfg.DataDir, what))
-	}
-	v := cpView(cp)
-	return &v, nil
+// SleepImage is where sleeping sandbox sb keeps its memory image, and the
+// token generation its agent holds in it.
+func (m *Manager) SleepImage(sb *store.Sandbox) (dir string, gen int) {
+	return m.sleepImage(sb.ID), m.sleptGen(sb)
 }
 
-// checkpointLimits is the two shares of a sandbox's checkpoints.
-func (m *Manager) checkpointLimits() checkpoint.Limits {
-	return checkpoint.Limits{Owner: m.cfg.CheckpointLimit, Inside: m.cfg.InsideCheckpointLimit}
-}
-
-// pickName returns the name a new checkpoint gets: the one asked for, if no
-// other checkpoint of the sandbox has it, or a new one.
-func pickName(cps []*store.Checkpoint, want string) (string, error) {
-	taken := map[string]bool{}
-	for _, cp := range cps {
-		taken[cp.Name] = true
-	}
-	if want != "" {
-		if taken[want] {
-			return "", api.Errorf(api.CodeConflict, "checkpoint name %q is in use", want)
-		}
-		return want, nil
-	}
-	for {
-		if n := checkpoint.NewName(); !taken[n] {
-			return n, nil
-		}
-	}
-}
-
-// take says which checkpoint takeCheckpoint takes.
-type take struct {
-	id, name, comment string
-	memory            bool // memory and disk, or the disk alone
-	auto              bool // kept by a restore, not asked for
-	inside            bool // asked for by the sandbox itself (see api.Checkpoint.Inside)
-	// stop leaves a running sandbox stopped by its memory checkpoint (a
-	// restore's automatic one, whose sandbox is replaced next): one
-	// runsc checkpoint, no resume, and no token to hand over.
-	stop bool
-}
-
-// takeCheckpoint writes a checkpoint's data, makes it durable, and only
-// then stores its record. A memory checkpoint pauses the sandbox while its
-// memory image and disk snapshot are taken, and ends its streams first;
-// then the sandbox's agent gets a new token, since the image holds the old,
-// while the image is synced (with t.stop the sandbox stays stopped
-// instead, and the next token is for whatever runs as it next). A disk-only checkpoint of a running
-// sandbox does not pause it: its agent syncs its files, then the disk is
-// snapshotted as it runs.
-func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take) (*store.Checkpoint, error) {
-	id := t.id
-	st := newSteps()
-	defer st.log(ctx, m.log, "checkpoint steps", "sandbox", sb.ID, "checkpoint", id, "memory", t.memory, "stop", t.stop)
-	parent := m.checkpointsDir(sb.ID)
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp(parent, ".tmp-"+id+"-")
-	if err != nil {
-		return nil, err
-	}
-	final := m.checkpointDir(sb.ID, id)
-	snap := snapName(sb.ID, id)
-	// A snapshot by this name that is there already belongs to another
-	// checkpoint: never take it over, nor delete it on the way out.
-	snaps, err := m.disks.Snapshots(ctx)
-	if err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	if slices.Contains(snaps, snap) {
-		os.RemoveAll(tmp)
-		return nil, fmt.Errorf("checkpointing %s: snapshot %s exists already", sb.ID, snap)
-	}
-	st.done("prepare")
-	ok, stopped := false, false
-	defer func() {
-		if !ok {
-			os.RemoveAll(tmp)
-			_ = m.disks.DeleteSnapshot(ctx, snap)
-		}
-		if !ok && stopped && sb.State == api.StateRunning {
-			_ = m.setState(ctx, sb, api.StateError, "stopped for a restore whose automatic checkpoint failed: restore it again")
-		}
-	}()
-	// A memory checkpoint of a running sandbox hands its agent a new token
-	// in the background (rotated); waitToken waits for it, on every way
-	// out, before anything else reads or writes sb.
-	var (
-		rotated   chan error
-		tokenTime time.Duration
-	)
-	waitToken := func() error {
-		if rotated == nil {
-			return nil
-		}
-		err := <-rotated
-		rotated = nil
-		st.took("token", tokenTime)
-		if err != nil {
-			_ = m.setState(ctx, sb, api.StateError, "its agent did not take a new token after a checkpoint: "+err.Error())
-			return fmt.Errorf("checkpointing %s: %w", sb.Name, err)
-		}
-		return nil
-	}
-	defer func() { _ = waitToken() }()
-	held := sb.AgentGen // the generation in the memory image
-	if t.memory && sb.State == api.StateSleeping {
-		// The sleep image is the memory, and the disk does not change
-		// while the sandbox sleeps: no wake, no pause. The wake gives the
-		// agent a new token generation.
-		held = m.sleptGen(sb)
-		if err := checkpoint.LinkTree(m.sleepImage(sb.ID), filepath.Join(tmp, memDir)); err != nil {
-			return nil, fmt.Errorf("checkpointing %s: keeping its sleep image: %w", sb.Name, err)
-		}
-		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
-			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
-		}
-		// The token in the image is not one the sandbox may answer to
-		// once it wakes (or is restored): move it on now.
-		if sb.AgentGen == held {
-			sb.AgentGen++
-			if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-				return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
-			}
-		}
-		crash.Point("checkpoint.asleep")
-	} else if t.memory && t.stop {
-		if err := m.stopInto(ctx, sb, filepath.Join(tmp, memDir), snap, st); err != nil {
-			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
-		}
-		stopped = true
-		crash.Point("restore.auto-image")
-		// The image holds the agent's token, and the agent is stopped:
-		// what runs as this sandbox next (the checkpoint restored, or a
-		// fresh boot after a crash) is handed the next generation. Stored
-		// before the checkpoint is visible, as rotateToken does.
-		sb.AgentGen++
-		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-			return nil, fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
-		}
-		crash.Point("restore.auto-gen")
-		st.done("token")
-	} else if t.memory {
-		why := "the sandbox is being checkpointed"
-		if t.auto {
-			why = "the sandbox is being restored" // the state before a restore
-		}
-		release := m.holdCalls(sb.ID)
-		paused, err := m.freeze(ctx, sb, filepath.Join(tmp, memDir), snap, why, st)
-		if err != nil {
-			release()
-			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
-		}
-		m.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "paused_ms", paused.Milliseconds())
-		crash.Point("checkpoint.frozen")
-		// The agent takes its new token while the image and the disk are
-		// made durable: neither needs the other, and the checkpoint is
-		// published only once both are done. sb is the rotation's alone
-		// until waitToken.
-		rotated = make(chan error, 1)
-		go func() {
-			start := time.Now()
-			err := m.rotateToken(ctx, sb)
-			release()
-			tokenTime = time.Since(start)
-			rotated <- err
-		}()
-	} else {
-		if err := m.syncFiles(ctx, sb); err != nil {
-			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
-		}
-		st.done("agent_sync")
-		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
-			return nil, fmt.Errorf("snapshotting the disk of %s: %w", sb.Name, err)
-		}
-		crash.Point("checkpoint.disk-snapshot")
-		st.done("snapshot")
-	}
-	if err := m.disks.SyncSnapshot(ctx, snap); err != nil {
-		return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
-	}
-	st.done("sync_snapshot")
-	if err := checkpoint.SyncTree(tmp); err != nil {
-		return nil, err
-	}
-	st.done("sync_image")
-	if err := waitToken(); err != nil {
-		return nil, err
-	}
-	st.done("token_wait")
-	crash.Point("checkpoint.synced")
-	// The record is stored next: the rename must be on disk first.
-	if err := checkpoint.Publish(tmp, final, m.cfg.DataDir); err != nil {
-		return nil, fmt.Errorf("keeping checkpoint %s: %w", id, err)
-	}
-	crash.Point("checkpoint.renamed")
-	st.done("publish")
-	cp := &store.Checkpoint{
-		Checkpoint: api.Checkpoint{
-			ID: id, Sandbox: sb.ID, Name: t.name, Comment: t.comment,
-			Memory: t.memory, Auto: t.auto, Inside: t.inside, CreatedAt: store.Now(),
-		},
-		SandboxName: sb.Name, Template: sb.Template, Image: sb.Image, Resources: sb.Resources,
-		AgentGen: held,
-	}
-	if err := m.store.CreateCheckpoint(ctx, cp); err != nil {
-		os.RemoveAll(final)
-		return nil, fmt.Errorf("storing checkpoint %s of %s: %w", id, sb.ID, err)
-	}
-	st.done("record")
-	ok = true
-	return cp, nil
-}
-
-// stopInto takes a running sandbox's memory image and then its disk
-// snapshot with one runsc checkpoint that leaves it stopped, for a restore
-// that replaces it next: no pause and resume around it. A checkpoint that
-// fails leaves the sandbox as it was when it can (running, its limits set
-// again), and says so in its state when it cannot.
-func (m *Manager) stopInto(ctx context.Context, sb *store.Sandbox, imageDir, snap string, st *steps) error {
-	m.closeStreams(sb.ID, "the sandbox is being restored")
+// EndStreams ends the streams and calls in flight to sandbox id (why is
+// what they are told), and drops the agents' idle connections: a
+// checkpoint is about to stop or pause the machine they reach.
+func (m *Manager) EndStreams(id, why string) {
+	m.closeStreams(id, why)
 	m.dropAgentConns()
-	st.done("streams")
-	start := time.Now()
-	// The disk is snapshotted once the sandbox's files are flushed and its
-	// tasks stopped for good (runsc's "synced"): it changes no more, and
-	// its dirty pages are in the image being written, as a paused
-	// sandbox's are. A failure of either leaves the sandbox running if it
-	// still is, and in state error if it stopped.
-	err := m.rt.Checkpoint(ctx, sb.ID, imageDir, runtime.CheckpointOptions{Flushed: func() error {
-		st.done("flush")
-		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
-			return fmt.Errorf("snapshotting the disk: %w", err)
-		}
-		st.done("snapshot")
-		return nil
-	}})
-	if err != nil {
-		return m.afterFailedStop(ctx, sb, err)
-	}
-	st.done("image")
-	m.log.Info("memory checkpoint before a restore", "sandbox", sb.ID, "ms", time.Since(start).Milliseconds())
-	return nil
 }
 
-// afterFailedStop puts a sandbox whose stopping checkpoint failed (err)
-// back to running if it still is (paused: resumed; limits set again), and
-// into state error if it stopped.
-func (m *Manager) afterFailedStop(ctx context.Context, sb *store.Sandbox, err error) error {
-	st, serr := m.rt.State(ctx, sb.ID)
-	// gVisor ends a sandbox whose stopping save failed inside it (a full
-	// disk part-way): it may still look running for a moment. Never call
-	// one running that is on its way out.
-	for i := 0; i < 20 && serr == nil && st == runtime.StatusRunning; i++ {
-		time.Sleep(100 * time.Millisecond)
-		st, serr = m.rt.State(ctx, sb.ID)
-	}
-	if serr == nil && st == runtime.StatusPaused {
-		if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
-			serr = rerr
-		} else {
-			st = runtime.StatusRunning
-		}
-	}
-	if serr != nil || st != runtime.StatusRunning {
-		_ = m.setState(ctx, sb, api.StateError, "stopped by a checkpoint that failed: "+err.Error())
-		return err
-	}
-	return errors.Join(err, m.applyLimits(ctx, sb))
+// HoldCalls makes the calls that come to sandbox id wait until release
+// (see holdCalls): a memory checkpoint holds them until its agent takes
+// its new token.
+func (m *Manager) HoldCalls(id string) (release func()) { return m.holdCalls(id) }
+
+// RotateToken moves running sandbox sb's agent to its token's next
+// generation (see rotateToken): after every memory checkpoint, before the
+// checkpoint is visible.
+func (m *Manager) RotateToken(ctx context.Context, sb *store.Sandbox) error {
+	return m.rotateToken(ctx, sb)
 }
 
-// syncFiles has a running sandbox write back what gVisor holds of its
+// Drain waits, up to a bound, for the requests already passed on through
+// sandbox id's URL to be answered (see drain): a restore replaces the
+// machine next.
+func (m *Manager) Drain(id string) { m.drain(id) }
+
+// SpaceError is err as the API shows a host's disk that is full (see
+// spaceError), for host-side work (what) of sandbox sb in the data dir.
+func (m *Manager) SpaceError(err error, sb *store.Sandbox, what string) error {
+	return m.spaceError(err, sb, m.cfg.DataDir, what)
+}
+
+// CheckpointNeed estimates the bytes a checkpoint of sb writes into the
+// data dir (see checkpointNeed).
+func (m *Manager) CheckpointNeed(sb *store.Sandbox, memory bool) int64 {
+	return m.checkpointNeed(sb, memory)
+}
+
+// SyncFiles has a running sandbox write back what gVisor holds of its
 // files in its own memory, so that a snapshot of its disk taken next, with
 // no pause, holds every write made before it (see agent's serveSync).
 // Other writes reach the host file at once, and the snapshot is atomic.
 // An agent too old to sync (restored from an old checkpoint) is not asked:
 // its snapshot is as consistent as before.
-func (m *Manager) syncFiles(ctx context.Context, sb *store.Sandbox) error {
+func (m *Manager) SyncFiles(ctx context.Context, sb *store.Sandbox) error {
 	if sb.State != api.StateRunning || m.requireAgent(sb, 5, "a sync") != nil {
 		return nil
 	}
@@ -472,6 +198,12 @@ func (m *Manager) syncFiles(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
+// ApplyLimits sets a running sandbox's resource limits again, as its
+// record says (see applyLimits).
+func (m *Manager) ApplyLimits(ctx context.Context, sb *store.Sandbox) error {
+	return m.applyLimits(ctx, sb)
+}
+
 // applyLimits sets a running sandbox's resource limits again, as its
 // record says. Checkpoints and restores lift the CPU quota for speed; every
 // path that may have been cut short while it was lifted calls this.
@@ -483,151 +215,25 @@ func (m *Manager) applyLimits(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// RestoreCheckpoint puts a sandbox back to a checkpoint, in place. It first
-// keeps the current state as an automatic checkpoint, so that the restore
-// can be undone, then records the restore (state restoring, and its
-// target) before it changes anything, so that a restarted daemon finishes
-// a restore cut short.
-func (m *Manager) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*api.Sandbox, error) {
-	leave, err := m.heavy.enter(ctx, "restoring a checkpoint")
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
-	sb, end, err := m.claim(ctx, ref, opRestore)
-	if err != nil {
-		return nil, err
-	}
-	defer end()
-	caller := checkpoint.CallerOf(ctx)
-	ctx = context.WithoutCancel(ctx)
-	cp, err := m.findCheckpoint(ctx, sb, cpRef)
-	if err != nil {
-		return nil, err
-	}
-	if err := requireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
-		return nil, err
-	}
-	st := newSteps()
-	defer st.log(ctx, m.log, "restore steps", "sandbox", sb.ID, "checkpoint", cp.ID)
-	m.drain(sb.ID)
-	unlock := m.lockSource(sb.ID)
-	defer unlock()
-	st.done("drain")
-
-	// The checkpoint's disk is cloned under a staging id while the current
-	// state is kept, and takes the disk's place once that is stored.
-	staging := stagingVolume(sb.ID)
-	staged := make(chan error, 1)
-	go func() {
-		// One a failed clean-up left is of no use.
-		err := m.disks.DeleteVolume(ctx, staging)
-		if err == nil {
-			_, err = m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), staging)
-		}
-		staged <- err
-	}()
-	stagedErr := func() error {
-		if staged == nil {
-			return nil
-		}
-		err := <-staged
-		staged = nil
-		return err
-	}
-	defer func() {
-		// Whatever was not used: never left for the sweep.
-		if err := stagedErr(); err == nil {
-			_ = m.disks.DeleteVolume(ctx, stagingVolume(sb.ID))
-		}
-	}()
-
-	// Keep the current state: memory and disk when running, the disk
-	// otherwise. A sandbox left without a disk by a failed restore has no
-	// state to keep, and must still be restorable.
-	if _, err := os.Stat(m.disks.VolumePath(sb.ID)); err == nil || sb.State != api.StateError {
-		memory := sb.State == api.StateRunning || sb.State == api.StateSleeping
-		if err := m.requireCheckpointSpace(sb, memory); err != nil {
-			return nil, fmt.Errorf("keeping the state before the restore: %w", err)
-		}
-		// A checkpoint that stops the sandbox saves a pause and a resume,
-		// but one that fails part-way leaves nothing running: gVisor
-		// ends a sandbox whose stopping save failed. With the data dir
-		// short of room for twice the estimate, the automatic checkpoint
-		// pauses and resumes instead, so that running out of space
-		// part-way leaves the sandbox running as it was.
-		stop := sb.State == api.StateRunning && m.roomFor(2*m.checkpointNeed(sb, true))
-		sb.AutoSeq++
-		// The target, stored with the automatic checkpoint's number, tells
-		// a restarted daemon that the restore began: it finishes it if
-		// that checkpoint was stored, and knows that a running sandbox
-		// may have been stopped by it if not (see recoverOne).
-		sb.RestoreTarget = cp.ID
-		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-			return nil, fmt.Errorf("numbering automatic checkpoint of %s: %w", sb.ID, err)
-		}
-		crash.Point("restore.numbered")
-		cps, err := m.store.ListCheckpoints(ctx, sb.ID)
-		if err != nil {
-			return nil, err
-		}
-		name, _ := pickName(cps, "")
-		_, err = m.takeCheckpoint(ctx, sb, take{
-			id: checkpoint.AutoID(sb.AutoSeq), name: name, comment: "before restoring " + cp.ID,
-			memory: memory, auto: true, inside: caller == checkpoint.Inside,
-			stop: stop,
-		})
-		if err != nil {
-			// Refused, and left as it was (or in state error, saying why).
-			sb.RestoreTarget = ""
-			_ = m.store.UpdateSandbox(ctx, sb)
-			m.log.Error("keeping the state before a restore", "sandbox", sb.ID, "err", err)
-			return nil, publicError(m.spaceError(fmt.Errorf("keeping the state before the restore: %w", err), sb, m.cfg.DataDir, "the checkpoint a restore keeps first"))
-		}
-		crash.Point("restore.auto-kept")
-		st.done("auto_checkpoint")
-	}
-
-	sb.RestoreTarget = cp.ID
-	if err := m.setState(ctx, sb, api.StateRestoring, ""); err != nil {
-		return nil, err
-	}
-	crash.Point("restore.restoring")
-	start := time.Now()
-	if err := stagedErr(); err != nil {
-		m.log.Warn("cloning the checkpoint's disk ahead", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
-		_ = m.disks.DeleteVolume(ctx, staging)
-		staging = ""
-	}
-	st.done("restoring")
-	if err := m.rollBack(ctx, sb, cp, staging, st); err != nil {
-		m.log.Error("restore failed", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
-		_ = m.setState(ctx, sb, api.StateError, fmt.Sprintf("restoring %s failed: %v", cp.ID, err))
-		return nil, publicError(fmt.Errorf("restoring %s to %s: %w", sb.Name, cp.ID, err))
-	}
-	m.log.Info("restored", "sandbox", sb.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
-	m.pruneAutos(ctx, sb, caller, cp.ID)
-	st.done("prune")
-	return m.view(sb), nil
-}
-
-// stagingVolume is the id under which a restore of sandbox id clones the
-// checkpoint's disk before it drops the current one. Not a sandbox's id:
-// the sweep removes one a crash left.
-func stagingVolume(id string) string { return id + "-restoring" }
-
-// rollBack stops the sandbox, puts its disk back to the checkpoint's, and
-// restores the checkpoint's memory (or boots fresh for a disk-only one).
+// RollBack stops the sandbox, puts its disk back to the checkpoint's, and
+// restores the checkpoint's memory (or boots fresh for a disk-only one):
+// the machine's part of a restore in place, which recovery finishes too.
 // The disk is the volume staged, a clone of the checkpoint's already made,
-// or (staged "") one cloned now.
-func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string, st *steps) error {
+// or (staged "") one cloned now. done, when not nil, is told of each step
+// as it ends (for the restore's timing log).
+func (m *Manager) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string, done func(step string)) error {
+	step := func(name string) {
+		if done != nil {
+			done(name)
+		}
+	}
 	m.closeStreams(sb.ID, "the sandbox is being restored")
 	m.dropAgentConns()
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return fmt.Errorf("stopping: %w", err)
 	}
 	crash.Point("rollback.stopped")
-	st.done("delete")
+	step("delete")
 	if err := m.disks.DeleteVolume(ctx, sb.ID); err != nil {
 		return fmt.Errorf("dropping the disk: %w", err)
 	}
@@ -648,12 +254,12 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
 	crash.Point("rollback.disk-back")
-	st.done("disk")
+	step("disk")
 	if !cp.Memory {
 		return m.boot(ctx, sb, false)
 	}
 	err := m.resume(ctx, sb, cp)
-	st.done("resume")
+	step("resume")
 	return err
 }
 
@@ -688,34 +294,105 @@ func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, 
 	return m.setState(ctx, sb, api.StateRunning, "")
 }
 
-// pruneAutos deletes the oldest automatic checkpoints beyond KeepAuto,
-// sparing keep (the one just restored), of by's share: the owner's
-// restores prune only the owner's, the sandbox's own only its own.
-func (m *Manager) pruneAutos(ctx context.Context, sb *store.Sandbox, by checkpoint.Caller, keep string) {
-	cps, err := m.store.ListCheckpoints(ctx, sb.ID)
-	if err != nil {
-		m.log.Warn("listing checkpoints to prune", "sandbox", sb.ID, "err", err)
-		return
-	}
-	for _, cp := range checkpoint.PruneAutosBy(by, cps, checkpoint.KeepAuto) {
-		if cp.ID == keep {
-			continue
-		}
-		_ = m.removeCheckpoint(ctx, sb, cp)
-	}
-}
-
-// lockSource takes a sandbox's checkpoints for writing (deleting or pruning
-// them, or deleting the sandbox) against forks reading them.
-func (m *Manager) lockSource(id string) func() {
-	l := m.sourceLock(id)
+// LockSource takes sandbox id's checkpoints for writing (deleting or
+// pruning them, or deleting the sandbox) against forks reading them; the
+// func returned lets them go. The lock is the live object's: it goes with
+// it once the sandbox is deleted (forgetLive), and a fork still waiting on
+// the old one finds the sandbox gone once it gets it.
+func (m *Manager) LockSource(id string) (unlock func()) {
+	l := &m.live(id).source
 	l.Lock()
 	return l.Unlock
 }
 
-// rlockSource takes a sandbox's checkpoints for reading: a fork from one.
-func (m *Manager) rlockSource(id string) func() {
-	l := m.sourceLock(id)
+// SourceCheckpoint finds the checkpoint from names (a fork's, a pool's or
+// a template's source) and holds its sandbox as a source, so that neither
+// is deleted while the caller reads it; the caller calls unlock when done.
+func (m *Manager) SourceCheckpoint(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), err error) {
+	if from == nil || from.Sandbox == "" || from.Checkpoint == "" {
+		return nil, nil, nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
+	}
+	if src, err = m.lookup(ctx, from.Sandbox); err != nil {
+		return nil, nil, nil, err
+	}
+	// Read-locked: many forks of one checkpoint may be made at once.
+	l := &m.live(src.ID).source
 	l.RLock()
-	return l.RUnlock
+	unlock = l.RUnlock
+	if cp, err = m.FindCheckpoint(ctx, src, from.Checkpoint); err != nil {
+		unlock()
+		return nil, nil, nil, err
+	}
+	return src, cp, unlock, nil
+}
+
+// NewRecord validates a create request and makes the record it asks for,
+// not stored yet (see Insert).
+func (m *Manager) NewRecord(ctx context.Context, req api.CreateSandbox) (*store.Sandbox, error) {
+	return m.newRecord(ctx, req)
+}
+
+// TakeFromCheckpoint gives a fork's record what it takes from its
+// checkpoint: template, image and resources, and, for a sandbox of an
+// image, the image's env under env (the request's).
+func (m *Manager) TakeFromCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, env map[string]string) error {
+	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
+	if sb.Image == "" {
+		return nil
+	}
+	// The image's env is part of every sandbox of it, a fork's too.
+	if m.cfg.Images == nil {
+		return errNoImages
+	}
+	res, err := m.cfg.Images.Lookup(ctx, sb.Image)
+	if err != nil {
+		return err
+	}
+	sb.Env = imageEnv(res.Config, env)
+	return nil
+}
+
+// ClaimPooled gives want a warm pool's member made from checkpoint cp of
+// sandbox src, if its pool has one ready (see Pools.Claim): ok false
+// says the caller makes the sandbox itself.
+func (m *Manager) ClaimPooled(ctx context.Context, src *store.Sandbox, cp *store.Checkpoint, want *store.Sandbox) (v *api.Sandbox, ok bool, err error) {
+	return m.pools.Claim(ctx, PoolSource{Sandbox: src.ID, Checkpoint: cp.ID}, want, nil)
+}
+
+// Insert stores sb, a new sandbox's record made by NewRecord, with a
+// network slot of its own, under its create operation, begun before it is
+// stored so that no other operation (a delete) runs on it while it boots;
+// end ends the operation. A sandbox that then fails to boot is Destroyed.
+func (m *Manager) Insert(ctx context.Context, sb *store.Sandbox) (end func(), err error) {
+	end, _ = m.begin(sb, opCreate) // the id is new: the claim cannot fail
+	if err := m.insert(ctx, sb); err != nil {
+		end()
+		return nil, err
+	}
+	return end, nil
+}
+
+// Destroy removes everything sandbox sb has, then its record (see destroy).
+func (m *Manager) Destroy(ctx context.Context, sb *store.Sandbox) error { return m.destroy(ctx, sb) }
+
+// BootFork gives a fork a copy of the checkpoint's disk and starts it: from
+// the checkpoint's memory, or fresh on the disk for a disk-only checkpoint.
+func (m *Manager) BootFork(ctx context.Context, sb *store.Sandbox, src *store.Sandbox, cp *store.Checkpoint) error {
+	if _, err := m.disks.CloneSnapshot(ctx, snapName(src.ID, cp.ID), sb.ID); err != nil {
+		return fmt.Errorf("copying the disk: %w", err)
+	}
+	if err := m.limitDisk(ctx, sb); err != nil {
+		return fmt.Errorf("copying the disk: %w", err)
+	}
+	crash.Point("fork.disk")
+	if !cp.Memory {
+		return m.boot(ctx, sb, false)
+	}
+	return m.resume(ctx, sb, cp)
+}
+
+// RequireState refuses, as a user's conflict, a sandbox (named name) that
+// is not in one of the states want: "sandbox x is sleeping".
+func RequireState(name string, have api.State, want ...api.State) error {
+	return requireState(name, have, want...)
 }

@@ -11,9 +11,9 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/runtime/fake"
-	"loam.dev/loam/internal/sandbox"
 )
 
 // TestBusyDuringCheckpoint holds a checkpoint inside the runtime and checks
@@ -33,7 +33,7 @@ func TestBusyDuringCheckpoint(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		cp, cpErr = e.m.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{})
+		cp, cpErr = e.cps.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{})
 	}()
 	<-entered
 
@@ -43,11 +43,11 @@ func TestBusyDuringCheckpoint(t *testing.T) {
 	}{
 		{"delete", func() error { return e.m.Delete(e.ctx, "busy") }},
 		{"checkpoint", func() error {
-			_, err := e.m.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{Memory: ptr(false)})
+			_, err := e.cps.CreateCheckpoint(e.ctx, "busy", api.CreateCheckpoint{Memory: ptr(false)})
 			return err
 		}},
-		{"restore", func() error { _, err := e.m.RestoreCheckpoint(e.ctx, "busy", "v1"); return err }},
-		{"checkpoint delete", func() error { return e.m.DeleteCheckpoint(e.ctx, "busy", "v1") }},
+		{"restore", func() error { _, err := e.cps.RestoreCheckpoint(e.ctx, "busy", "v1"); return err }},
+		{"checkpoint delete", func() error { return e.cps.DeleteCheckpoint(e.ctx, "busy", "v1") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.op()
@@ -60,7 +60,7 @@ func TestBusyDuringCheckpoint(t *testing.T) {
 	if got, err := e.m.Get(e.ctx, "busy"); err != nil || got.State != api.StateRunning {
 		t.Errorf("Get during a checkpoint: %+v, %v", got, err)
 	}
-	if _, err := e.m.ListCheckpoints(e.ctx, "busy"); err != nil {
+	if _, err := e.cps.ListCheckpoints(e.ctx, "busy"); err != nil {
 		t.Errorf("ListCheckpoints during a checkpoint: %v", err)
 	}
 
@@ -91,10 +91,10 @@ func TestCheckpointIDs(t *testing.T) {
 	}
 	take("v1")
 	take("v2")
-	must(t, e.m.DeleteCheckpoint(e.ctx, "ids", "v2"))
+	must(t, e.cps.DeleteCheckpoint(e.ctx, "ids", "v2"))
 	take("v3")
-	must(t, e.m.DeleteCheckpoint(e.ctx, "ids", "v1"))
-	must(t, e.m.DeleteCheckpoint(e.ctx, "ids", "v3"))
+	must(t, e.cps.DeleteCheckpoint(e.ctx, "ids", "v1"))
+	must(t, e.cps.DeleteCheckpoint(e.ctx, "ids", "v3"))
 	take("v4")
 	if ids := e.checkpointIDs("ids"); !slices.Equal(ids, []string{"v4"}) {
 		t.Errorf("checkpoints %v, want [v4]", ids)
@@ -102,16 +102,16 @@ func TestCheckpointIDs(t *testing.T) {
 	if seq := e.record(sb.ID).CheckpointSeq; seq != 4 {
 		t.Errorf("checkpoint seq %d, want 4", seq)
 	}
-	if err := e.m.DeleteCheckpoint(e.ctx, "ids", "v1"); !errors.Is(err, api.ErrNotFound) {
+	if err := e.cps.DeleteCheckpoint(e.ctx, "ids", "v1"); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("deleting a deleted checkpoint: %v, want not_found", err)
 	}
 
 	// Names: given, found by, unique; refused requests spend no id.
-	named, err := e.m.CreateCheckpoint(e.ctx, "ids", api.CreateCheckpoint{Name: "before-upgrade", Comment: "all good", Memory: ptr(false)})
+	named, err := e.cps.CreateCheckpoint(e.ctx, "ids", api.CreateCheckpoint{Name: "before-upgrade", Comment: "all good", Memory: ptr(false)})
 	if err != nil || named.ID != "v5" || named.Name != "before-upgrade" || named.Comment != "all good" || named.Memory || named.Auto || named.Sandbox != sb.ID {
 		t.Fatalf("named checkpoint %+v, %v", named, err)
 	}
-	if got, err := e.m.GetCheckpoint(e.ctx, "ids", "before-upgrade"); err != nil || got.ID != "v5" {
+	if got, err := e.cps.GetCheckpoint(e.ctx, "ids", "before-upgrade"); err != nil || got.ID != "v5" {
 		t.Errorf("GetCheckpoint by name: %+v, %v", got, err)
 	}
 	for _, tc := range []struct {
@@ -125,13 +125,13 @@ func TestCheckpointIDs(t *testing.T) {
 		{"comment on two lines", api.CreateCheckpoint{Comment: "a\nb"}, api.ErrInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := e.m.CreateCheckpoint(e.ctx, "ids", tc.req); !errors.Is(err, tc.want) {
+			if _, err := e.cps.CreateCheckpoint(e.ctx, "ids", tc.req); !errors.Is(err, tc.want) {
 				t.Errorf("CreateCheckpoint(%+v): %v, want %v", tc.req, err, tc.want)
 			}
 		})
 	}
 	take("v6")
-	if _, err := e.m.CreateCheckpoint(e.ctx, "nope", api.CreateCheckpoint{}); !errors.Is(err, api.ErrNotFound) {
+	if _, err := e.cps.CreateCheckpoint(e.ctx, "nope", api.CreateCheckpoint{}); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("checkpoint of a missing sandbox: %v, want not_found", err)
 	}
 }
@@ -153,7 +153,7 @@ func TestCheckpointKinds(t *testing.T) {
 			e := newEnv(t)
 			sb := e.create(api.CreateSandbox{Name: "kinds"})
 			e.writeVolume(sb.ID, "state.txt", "one")
-			cp, err := e.m.CreateCheckpoint(e.ctx, "kinds", api.CreateCheckpoint{Memory: tc.memory})
+			cp, err := e.cps.CreateCheckpoint(e.ctx, "kinds", api.CreateCheckpoint{Memory: tc.memory})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -214,7 +214,7 @@ func TestCheckpointFailure(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(api.CreateSandbox{Name: "flaky"})
 	e.rt.FailNext("checkpoint", errors.New("runsc: boom"))
-	if _, err := e.m.CreateCheckpoint(e.ctx, "flaky", api.CreateCheckpoint{}); err == nil || !strings.Contains(err.Error(), "boom") {
+	if _, err := e.cps.CreateCheckpoint(e.ctx, "flaky", api.CreateCheckpoint{}); err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("CreateCheckpoint: %v, want the runtime's error", err)
 	}
 	if got, want := e.rt.CallsOf(sb.ID), []string{"start", "pause", "checkpoint", "resume", "setlimits"}; !slices.Equal(got, want) {
@@ -242,24 +242,24 @@ func TestCheckpointFailure(t *testing.T) {
 }
 
 func TestCheckpointLimit(t *testing.T) {
-	e := newEnv(t, func(c *sandbox.Config) { c.CheckpointLimit = 2 })
+	e := newEnvLimits(t, checkpoint.Limits{Owner: 2})
 	e.create(api.CreateSandbox{Name: "full"})
 	e.checkpoint("full", false)
 	e.checkpoint("full", false)
-	if _, err := e.m.CreateCheckpoint(e.ctx, "full", api.CreateCheckpoint{Memory: ptr(false)}); !errors.Is(err, api.ErrLimit) {
+	if _, err := e.cps.CreateCheckpoint(e.ctx, "full", api.CreateCheckpoint{Memory: ptr(false)}); !errors.Is(err, api.ErrLimit) {
 		t.Fatalf("third checkpoint: %v, want limit", err)
 	}
 	// Automatic checkpoints do not count, and a restore still takes one.
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "full", "v1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "full", "v1"); err != nil {
 		t.Fatal(err)
 	}
 	if ids := e.checkpointIDs("full"); !slices.Equal(ids, []string{"v1", "v2", "auto-1"}) {
 		t.Errorf("checkpoints %v", ids)
 	}
-	if _, err := e.m.CreateCheckpoint(e.ctx, "full", api.CreateCheckpoint{Memory: ptr(false)}); !errors.Is(err, api.ErrLimit) {
+	if _, err := e.cps.CreateCheckpoint(e.ctx, "full", api.CreateCheckpoint{Memory: ptr(false)}); !errors.Is(err, api.ErrLimit) {
 		t.Errorf("checkpoint after a restore: %v, want limit", err)
 	}
-	must(t, e.m.DeleteCheckpoint(e.ctx, "full", "v1"))
+	must(t, e.cps.DeleteCheckpoint(e.ctx, "full", "v1"))
 	if cp := e.checkpoint("full", false); cp.ID != "v3" {
 		t.Errorf("checkpoint after freeing one: %s, want v3", cp.ID)
 	}
@@ -277,7 +277,7 @@ func TestRestore(t *testing.T) {
 	e.writeVolume(sb.ID, "state.txt", "three")
 	start := len(e.rt.CallsOf(sb.ID))
 
-	got, err := e.m.RestoreCheckpoint(e.ctx, "back", "v1")
+	got, err := e.cps.RestoreCheckpoint(e.ctx, "back", "v1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestRestore(t *testing.T) {
 	if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
 		t.Errorf("disk after restoring v1: %q, want one", s)
 	}
-	auto, err := e.m.GetCheckpoint(e.ctx, "back", "auto-1")
+	auto, err := e.cps.GetCheckpoint(e.ctx, "back", "auto-1")
 	if err != nil || !auto.Auto || !auto.Memory || auto.Comment != "before restoring v1" {
 		t.Errorf("automatic checkpoint %+v, %v", auto, err)
 	}
@@ -306,7 +306,7 @@ func TestRestore(t *testing.T) {
 
 	// A disk-only checkpoint boots fresh on its disk.
 	start = len(e.rt.CallsOf(sb.ID))
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "back", "v2"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "back", "v2"); err != nil {
 		t.Fatal(err)
 	}
 	if calls, want := e.rt.CallsOf(sb.ID)[start:], []string{"checkpoint", "delete", "start"}; !slices.Equal(calls, want) {
@@ -321,7 +321,7 @@ func TestRestore(t *testing.T) {
 	e.agentAnswers(sb.ID)
 
 	// Undo: auto-1 holds the state before the first restore.
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "back", "auto-1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "back", "auto-1"); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.readVolume(sb.ID, "state.txt"); s != "three" {
@@ -330,7 +330,7 @@ func TestRestore(t *testing.T) {
 	if ids := e.checkpointIDs("back"); !slices.Equal(ids, []string{"v1", "v2", "auto-1", "auto-2", "auto-3"}) {
 		t.Errorf("checkpoints %v", ids)
 	}
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "back", "v9"); !errors.Is(err, api.ErrNotFound) {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "back", "v9"); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("restoring a missing checkpoint: %v, want not_found", err)
 	}
 }
@@ -343,7 +343,7 @@ func TestRestorePrunesAutos(t *testing.T) {
 	e.checkpoint("autos", false)
 	restore := func(cp string) {
 		t.Helper()
-		if _, err := e.m.RestoreCheckpoint(e.ctx, "autos", cp); err != nil {
+		if _, err := e.cps.RestoreCheckpoint(e.ctx, "autos", cp); err != nil {
 			t.Fatalf("restoring %s: %v", cp, err)
 		}
 	}
@@ -397,7 +397,7 @@ func TestRestoreFailure(t *testing.T) {
 	sb := e.create(api.CreateSandbox{Name: "mend"})
 	e.checkpoint("mend", true)
 	e.rt.FailNext("restore", errors.New("runsc: boom"))
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "mend", "v1"); err == nil || !strings.Contains(err.Error(), "restoring mend to v1") {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "mend", "v1"); err == nil || !strings.Contains(err.Error(), "restoring mend to v1") {
 		t.Fatalf("RestoreCheckpoint: %v", err)
 	}
 	got, _ := e.m.Get(e.ctx, "mend")
@@ -407,7 +407,7 @@ func TestRestoreFailure(t *testing.T) {
 	if _, err := e.guest().CheckExec(e.ctx, "mend"); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("CheckExec on a sandbox in error: %v, want conflict", err)
 	}
-	if _, err := e.m.CreateCheckpoint(e.ctx, "mend", api.CreateCheckpoint{}); !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), `"memory":false`) {
+	if _, err := e.cps.CreateCheckpoint(e.ctx, "mend", api.CreateCheckpoint{}); !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), `"memory":false`) {
 		t.Errorf("memory checkpoint of a sandbox in error: %v, want a conflict suggesting a disk-only one", err)
 	}
 	if cp := e.checkpoint("mend", false); cp.Memory {
@@ -415,7 +415,7 @@ func TestRestoreFailure(t *testing.T) {
 	}
 
 	start := len(e.rt.CallsOf(sb.ID))
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "mend", "v1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "mend", "v1"); err != nil {
 		t.Fatalf("restoring again: %v", err)
 	}
 	// The sandbox was not running: the automatic checkpoint is of its disk.
@@ -425,7 +425,7 @@ func TestRestoreFailure(t *testing.T) {
 	if ids := e.checkpointIDs("mend"); !slices.Equal(ids, []string{"v1", "auto-1", "v2", "auto-2"}) {
 		t.Errorf("checkpoints %v", ids)
 	}
-	if cp, _ := e.m.GetCheckpoint(e.ctx, "mend", "auto-2"); cp == nil || cp.Memory {
+	if cp, _ := e.cps.GetCheckpoint(e.ctx, "mend", "auto-2"); cp == nil || cp.Memory {
 		t.Errorf("automatic checkpoint of a sandbox in error: %+v", cp)
 	}
 	if got, _ := e.m.Get(e.ctx, "mend"); got.State != api.StateRunning || e.record(sb.ID).Error != "" {
@@ -448,7 +448,7 @@ func TestFork(t *testing.T) {
 			e := newEnv(t)
 			src := e.create(api.CreateSandbox{Name: "src", Resources: &api.Resources{CPUs: 2, MemoryMiB: 1024}, Env: map[string]string{"A": "1"}})
 			e.writeVolume(src.ID, "state.txt", "one")
-			if _, err := e.m.CreateCheckpoint(e.ctx, "src", api.CreateCheckpoint{Name: "golden", Memory: &tc.memory}); err != nil {
+			if _, err := e.cps.CreateCheckpoint(e.ctx, "src", api.CreateCheckpoint{Name: "golden", Memory: &tc.memory}); err != nil {
 				t.Fatal(err)
 			}
 			e.writeVolume(src.ID, "state.txt", "two")
@@ -597,7 +597,7 @@ func TestStaleRecordReusesCheckpointID(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		late, lateErr = e.m.CreateCheckpoint(e.ctx, sb.ID, api.CreateCheckpoint{Memory: ptr(false)})
+		late, lateErr = e.cps.CreateCheckpoint(e.ctx, sb.ID, api.CreateCheckpoint{Memory: ptr(false)})
 	}()
 	<-read
 	e.st.setAfterGet(nil)
@@ -614,7 +614,7 @@ func TestStaleRecordReusesCheckpointID(t *testing.T) {
 	if !slices.Contains(e.snapshots(), sb.ID+".v1") {
 		t.Errorf("v1's disk snapshot is gone: snapshots %v", e.snapshots())
 	}
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "stale", "v1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "stale", "v1"); err != nil {
 		t.Errorf("restoring v1: %v", err)
 	}
 }
@@ -628,7 +628,7 @@ func TestFailedCheckpointSetsLimitsAgain(t *testing.T) {
 			e := newEnv(t)
 			sb := e.create(api.CreateSandbox{Name: "capped", Resources: &api.Resources{CPUs: 0.5, MemoryMiB: 256}})
 			e.rt.FailNext(op, errors.New("injected"))
-			if _, err := e.m.CreateCheckpoint(e.ctx, "capped", api.CreateCheckpoint{}); err == nil {
+			if _, err := e.cps.CreateCheckpoint(e.ctx, "capped", api.CreateCheckpoint{}); err == nil {
 				t.Fatal("the checkpoint succeeded")
 			}
 			calls := e.rt.CallsOf(sb.ID)
@@ -691,7 +691,7 @@ func TestRestoreRefusedWhenKeepingStateFails(t *testing.T) {
 	e.writeVolume(sb.ID, "state.txt", "two")
 	start := len(e.rt.CallsOf(sb.ID))
 	e.rt.FailNext("checkpoint", errors.New("no space for the image"))
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "stay", "v1"); err == nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "stay", "v1"); err == nil {
 		t.Fatal("the restore succeeded without its automatic checkpoint")
 	}
 	if calls, want := e.rt.CallsOf(sb.ID)[start:], []string{"checkpoint", "setlimits"}; !slices.Equal(calls, want) {

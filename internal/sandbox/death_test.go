@@ -27,7 +27,9 @@ func (r pidRuntime) SandboxPid(ctx context.Context, id string) (int, error) {
 // boots it again on its disk, files kept.
 func TestSandboxProcessDies(t *testing.T) {
 	e := newEnv(t)
-	e.m = sandbox.New(e.cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.shelf, testLogger())
+	cfg := e.cfg
+	cfg.Forks = e.forks(pidRuntime{e.rt})
+	e.m = sandbox.New(cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.shelf, testLogger())
 	if err := e.m.Recover(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +41,7 @@ func TestSandboxProcessDies(t *testing.T) {
 	if _, err := e.m.Wake(e.ctx, "mortal"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "mortal", cp.ID); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "mortal", cp.ID); err != nil {
 		t.Fatal(err)
 	}
 	// Each of those ended a container process: once the watches on them
@@ -103,7 +105,9 @@ func TestSandboxProcessDies(t *testing.T) {
 // and made again, never handed out.
 func TestPoolMemberDies(t *testing.T) {
 	e := newPoolTest(t, warmpool.Config{})
-	e.m = sandbox.New(e.cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.shelf, testLogger())
+	cfg := e.cfg
+	cfg.Forks = e.forks(pidRuntime{e.rt})
+	e.m = sandbox.New(cfg, e.st, pidRuntime{e.rt}, e.pool, e.nets, e.shelf, testLogger())
 	if err := e.m.Recover(e.ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -233,7 +233,7 @@ func TestExecSpareSockets(t *testing.T) {
 	echo("three") // the agent holds a new token now
 	waitSpare()
 
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "spare", "v1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "spare", "v1"); err != nil {
 		t.Fatal(err)
 	}
 	if e.m.HasSpare(sb.ID) {

@@ -29,11 +29,11 @@ func TestInsideCannotEraseTheOwnersCheckpoints(t *testing.T) {
 	owners := e.checkpoint("self", true) // v1, the owner's
 	// Two restores by the owner: auto-1 and auto-2 are the owner's undo points.
 	for range 2 {
-		if _, err := e.m.RestoreCheckpoint(e.ctx, "self", owners.ID); err != nil {
+		if _, err := e.cps.RestoreCheckpoint(e.ctx, "self", owners.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
-	mine, err := e.m.CreateCheckpoint(inside, "self", api.CreateCheckpoint{Comment: "from inside"})
+	mine, err := e.cps.CreateCheckpoint(inside, "self", api.CreateCheckpoint{Comment: "from inside"})
 	if err != nil {
 		t.Fatalf("creating a checkpoint from inside: %v", err)
 	}
@@ -41,7 +41,7 @@ func TestInsideCannotEraseTheOwnersCheckpoints(t *testing.T) {
 		t.Errorf("origin of %s (inside) and %s (owner) not recorded", mine.ID, owners.ID)
 	}
 	for _, id := range []string{owners.ID, "auto-1"} {
-		err := e.m.DeleteCheckpoint(inside, "self", id)
+		err := e.cps.DeleteCheckpoint(inside, "self", id)
 		if !errors.Is(err, api.ErrForbidden) {
 			t.Errorf("deleting %s from inside: %v, want forbidden", id, err)
 		}
@@ -49,7 +49,7 @@ func TestInsideCannotEraseTheOwnersCheckpoints(t *testing.T) {
 	// Seven restores from inside: they keep their own automatic
 	// checkpoints, five at most, and never touch the owner's.
 	for range 7 {
-		if _, err := e.m.RestoreCheckpoint(inside, "self", mine.ID); err != nil {
+		if _, err := e.cps.RestoreCheckpoint(inside, "self", mine.ID); err != nil {
 			t.Fatalf("restoring from inside: %v", err)
 		}
 	}
@@ -58,15 +58,15 @@ func TestInsideCannotEraseTheOwnersCheckpoints(t *testing.T) {
 	if !slices.Equal(ids, want) {
 		t.Errorf("checkpoints after restores from inside %v, want %v", ids, want)
 	}
-	if err := e.m.DeleteCheckpoint(inside, "self", "auto-9"); !errors.Is(err, api.ErrForbidden) {
+	if err := e.cps.DeleteCheckpoint(inside, "self", "auto-9"); !errors.Is(err, api.ErrForbidden) {
 		t.Errorf("deleting an automatic checkpoint of its own restore from inside: %v, want forbidden", err)
 	}
-	if err := e.m.DeleteCheckpoint(inside, "self", mine.ID); err != nil {
+	if err := e.cps.DeleteCheckpoint(inside, "self", mine.ID); err != nil {
 		t.Errorf("deleting its own checkpoint from inside: %v", err)
 	}
 	// The owner may delete anything, and an owner's restore prunes any
 	// automatic checkpoint beyond five.
-	if err := e.m.DeleteCheckpoint(e.ctx, "self", "auto-9"); err != nil {
+	if err := e.cps.DeleteCheckpoint(e.ctx, "self", "auto-9"); err != nil {
 		t.Errorf("the owner deleting auto-9: %v", err)
 	}
 }
@@ -76,37 +76,37 @@ func TestInsideCannotEraseTheOwnersCheckpoints(t *testing.T) {
 // never makes its owner's next checkpoint fail; and its restores never push
 // out the owner's automatic checkpoints, nor the owner's restores its own.
 func TestInsideCheckpointsHaveTheirOwnShare(t *testing.T) {
-	e := newEnv(t, func(c *sandbox.Config) { c.CheckpointLimit, c.InsideCheckpointLimit = 2, 3 })
+	e := newEnvLimits(t, checkpoint.Limits{Owner: 2, Inside: 3})
 	e.create(api.CreateSandbox{Name: "greedy"})
 	inside := checkpoint.WithCaller(e.ctx, checkpoint.Inside)
 	disk := api.CreateCheckpoint{Memory: ptr(false)}
 	for i := range 3 {
-		if _, err := e.m.CreateCheckpoint(inside, "greedy", disk); err != nil {
+		if _, err := e.cps.CreateCheckpoint(inside, "greedy", disk); err != nil {
 			t.Fatalf("checkpoint %d from inside: %v", i+1, err)
 		}
 	}
-	_, err := e.m.CreateCheckpoint(inside, "greedy", disk)
+	_, err := e.cps.CreateCheckpoint(inside, "greedy", disk)
 	if !errors.Is(err, api.ErrLimit) || !strings.Contains(err.Error(), "taken from inside") {
 		t.Fatalf("a fourth checkpoint from inside: %v, want limit", err)
 	}
 	for i := range 2 {
-		if _, err := e.m.CreateCheckpoint(e.ctx, "greedy", disk); err != nil {
+		if _, err := e.cps.CreateCheckpoint(e.ctx, "greedy", disk); err != nil {
 			t.Fatalf("the owner's checkpoint %d after the sandbox filled its share: %v", i+1, err)
 		}
 	}
-	if _, err := e.m.CreateCheckpoint(e.ctx, "greedy", disk); !errors.Is(err, api.ErrLimit) {
+	if _, err := e.cps.CreateCheckpoint(e.ctx, "greedy", disk); !errors.Is(err, api.ErrLimit) {
 		t.Fatalf("the owner's third checkpoint: %v, want limit", err)
 	}
 	// The owner's share full, the sandbox's is still full too: deleting one
 	// of its own makes room for it, not for the owner.
-	must(t, e.m.DeleteCheckpoint(inside, "greedy", "v1"))
-	if _, err := e.m.CreateCheckpoint(e.ctx, "greedy", disk); !errors.Is(err, api.ErrLimit) {
+	must(t, e.cps.DeleteCheckpoint(inside, "greedy", "v1"))
+	if _, err := e.cps.CreateCheckpoint(e.ctx, "greedy", disk); !errors.Is(err, api.ErrLimit) {
 		t.Fatalf("the owner's checkpoint after the sandbox deleted one of its own: %v, want limit", err)
 	}
-	if _, err := e.m.CreateCheckpoint(inside, "greedy", disk); err != nil {
+	if _, err := e.cps.CreateCheckpoint(inside, "greedy", disk); err != nil {
 		t.Fatalf("a checkpoint from inside after deleting one: %v", err)
 	}
-	cps, err := e.m.ListCheckpoints(e.ctx, "greedy")
+	cps, err := e.cps.ListCheckpoints(e.ctx, "greedy")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,16 +121,16 @@ func TestInsideCheckpointsHaveTheirOwnShare(t *testing.T) {
 	// Two restores by the owner keep auto-1 and auto-2; six by the sandbox
 	// keep five of their own; the owner's next restore keeps its two.
 	for range 2 {
-		if _, err := e.m.RestoreCheckpoint(e.ctx, "greedy", "v4"); err != nil {
+		if _, err := e.cps.RestoreCheckpoint(e.ctx, "greedy", "v4"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for range 6 {
-		if _, err := e.m.RestoreCheckpoint(inside, "greedy", "v2"); err != nil {
+		if _, err := e.cps.RestoreCheckpoint(inside, "greedy", "v2"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "greedy", "v4"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "greedy", "v4"); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"v2", "v3", "v4", "v5", "v6", "auto-1", "auto-2", "auto-4", "auto-5", "auto-6", "auto-7", "auto-8", "auto-9"}
@@ -177,7 +177,7 @@ func TestAgentErrorsAreNotAPIErrors(t *testing.T) {
 		go srv.Serve(ln)
 		t.Cleanup(func() { srv.Close() })
 	})
-	_, err = e.m.RestoreCheckpoint(e.ctx, "liar", "v1")
+	_, err = e.cps.RestoreCheckpoint(e.ctx, "liar", "v1")
 	var ae *api.Error
 	if !errors.As(err, &ae) || ae.Code != api.CodeInternal {
 		t.Fatalf("restore answered by a hostile agent: %v, want an internal error", err)

@@ -21,6 +21,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/agentconn"
+	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
@@ -68,11 +69,6 @@ type Config struct {
 	DefaultTemplate string
 	// Defaults fills in the resources a create leaves out.
 	Defaults api.Resources
-	// CheckpointLimit is how many checkpoints the owner may take per
-	// sandbox; InsideCheckpointLimit how many a sandbox may take of
-	// itself, apart from those (see checkpoint.Limits). 0 is no limit.
-	CheckpointLimit       int
-	InsideCheckpointLimit int
 	// InsidePort is the port of the in-sandbox API on each sandbox's host
 	// address.
 	InsidePort int
@@ -103,6 +99,11 @@ type Config struct {
 	// warmpool); nil keeps none. A constructor, as Inside is: the pools
 	// make their members with the Manager, and it asks them for members.
 	Pools func(*Manager) Pools
+	// Forks makes the forks of the Manager being made (package
+	// checkpoints, which takes and restores checkpoints too); nil makes
+	// none. A constructor, as Pools is: a fork is made with the Manager,
+	// and the Manager's Create asks for one.
+	Forks func(*Manager) Forks
 	// MaxSandboxes caps the sandboxes the daemon keeps (see
 	// reserveSandbox); 0 is no cap.
 	MaxSandboxes int
@@ -153,6 +154,8 @@ type Manager struct {
 	bgCancel context.CancelCauseFunc
 	// pools are the warm pools (pool.go): Config.Pools's, or noPools.
 	pools Pools
+	// forks make sandboxes from checkpoints: Config.Forks's, or noForks.
+	forks Forks
 
 	// heavy and count hold the daemon's caps (caps.go).
 	heavy *heavyGate
@@ -188,6 +191,11 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		heavy:    newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
 		bgCtx:    bgCtx,
 		bgCancel: bgCancel,
+	}
+	// Before Inside: the in-sandbox API serves the capability too.
+	m.forks = noForks{}
+	if cfg.Forks != nil {
+		m.forks = cfg.Forks(m)
 	}
 	if cfg.Inside != nil {
 		m.inside = cfg.Inside(m)
@@ -361,7 +369,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	}
 	defer leave()
 	if req.From != nil {
-		return m.fork(ctx, req)
+		return m.forks.Fork(ctx, req)
 	}
 	if req.Template != "" && req.Image == "" {
 		man, err := m.tpl.Kept(req.Template)
@@ -711,7 +719,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 	}
 	defer end()
 	ctx = context.WithoutCancel(ctx)
-	unlock := m.lockSource(sb.ID)
+	unlock := m.LockSource(sb.ID)
 	defer unlock()
 	if err := m.setState(ctx, sb, api.StateDeleting, ""); err != nil {
 		return err
@@ -766,7 +774,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("deleting record of sandbox %s: %w", sb.ID, err)
 	}
-	m.forgetSource(sb.ID)
+	m.forgetLive(sb.ID)
 	m.log.Info("sandbox deleted", "sandbox", sb.ID, "name", sb.Name)
 	return nil
 }
@@ -789,7 +797,7 @@ func (m *Manager) deleteCheckpointData(ctx context.Context, id string) error {
 }
 
 // snapName is the disk snapshot of a checkpoint.
-func snapName(sandboxID, cpID string) string { return sandboxID + "." + cpID }
+func snapName(sandboxID, cpID string) string { return checkpoint.Snapshot(sandboxID, cpID) }
 
 // Endpoint is the network endpoint of a sandbox.
 func (m *Manager) Endpoint(sb *store.Sandbox) (network.Endpoint, error) {

@@ -287,7 +287,7 @@ func TestDelete(t *testing.T) {
 	if err := e.m.Delete(e.ctx, "gone"); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("deleting again: %v, want not_found", err)
 	}
-	if _, err := e.m.ListCheckpoints(e.ctx, sb.ID); !errors.Is(err, api.ErrNotFound) {
+	if _, err := e.cps.ListCheckpoints(e.ctx, sb.ID); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("checkpoints of a deleted sandbox: %v, want not_found", err)
 	}
 	// The other sandbox is untouched.
@@ -361,7 +361,7 @@ func TestBusyDuringCreate(t *testing.T) {
 		if sb, err := e.m.Get(e.ctx, "young"); err == nil {
 			state = sb.State
 		}
-		_, cpErr := e.m.CreateCheckpoint(e.ctx, "young", api.CreateCheckpoint{Memory: ptr(false)})
+		_, cpErr := e.cps.CreateCheckpoint(e.ctx, "young", api.CreateCheckpoint{Memory: ptr(false)})
 		errs = append(errs, e.m.Delete(e.ctx, "young"), cpErr)
 	})
 	sb := e.create(api.CreateSandbox{Name: "young"})
@@ -392,7 +392,7 @@ func TestNothingPerSandboxOutlivesIt(t *testing.T) {
 		if _, err := e.m.Create(e.ctx, api.CreateSandbox{Name: name + "-fork", From: &api.ForkSource{Sandbox: name, Checkpoint: "v1"}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.m.RestoreCheckpoint(e.ctx, name, "v1"); err != nil {
+		if _, err := e.cps.RestoreCheckpoint(e.ctx, name, "v1"); err != nil {
 			t.Fatal(err)
 		}
 		must(t, e.m.Delete(e.ctx, name+"-fork"))

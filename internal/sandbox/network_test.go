@@ -78,7 +78,7 @@ func TestNetworkPolicy(t *testing.T) {
 
 	// A fork of a restricted sandbox is restricted; one given a policy
 	// has that one.
-	if _, err := e.m.CreateCheckpoint(e.ctx, "closed", api.CreateCheckpoint{}); err != nil {
+	if _, err := e.cps.CreateCheckpoint(e.ctx, "closed", api.CreateCheckpoint{}); err != nil {
 		t.Fatal(err)
 	}
 	from := &api.ForkSource{Sandbox: "closed", Checkpoint: "v1"}
@@ -102,7 +102,7 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Errorf("SetNetwork returned network %+v, want %+v", sb.Network, changed)
 	}
 	check("closed", changed, changedFW)
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "closed", "v1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "closed", "v1"); err != nil {
 		t.Fatal(err)
 	}
 	check("closed", changed, changedFW)

@@ -57,7 +57,7 @@ type MemoryMeter interface {
 // user's references, as a fork does, and holds it (and its sandbox) until
 // unlock, so that neither is deleted while its pool is set.
 func (m *Manager) PoolCheckpoint(ctx context.Context, ref, cpRef string) (from PoolSource, unlock func(), err error) {
-	src, cp, unlock, err := m.sourceCheckpoint(ctx, &api.ForkSource{Sandbox: ref, Checkpoint: cpRef})
+	src, cp, unlock, err := m.SourceCheckpoint(ctx, &api.ForkSource{Sandbox: ref, Checkpoint: cpRef})
 	if err != nil {
 		return PoolSource{}, nil, err
 	}
@@ -116,7 +116,7 @@ func (m *Manager) MakePoolMember(ctx context.Context, from PoolSource, pool stri
 	if from.Template != "" {
 		return m.makeTemplateMember(ctx, pool, from.Template)
 	}
-	src, cp, unlock, err := m.sourceCheckpoint(ctx, &api.ForkSource{Sandbox: from.Sandbox, Checkpoint: from.Checkpoint})
+	src, cp, unlock, err := m.SourceCheckpoint(ctx, &api.ForkSource{Sandbox: from.Sandbox, Checkpoint: from.Checkpoint})
 	if err != nil {
 		return nil, err
 	}
@@ -125,14 +125,14 @@ func (m *Manager) MakePoolMember(ctx context.Context, from PoolSource, pool stri
 	if err != nil {
 		return nil, err
 	}
-	// A fork's settings (see fork), but no secrets: a member gets those of
-	// the request that claims it.
-	if err := m.takeFromCheckpoint(ctx, sb, cp, nil); err != nil {
+	// A fork's settings (see checkpoints.Service.Fork), but no secrets: a
+	// member gets those of the request that claims it.
+	if err := m.TakeFromCheckpoint(ctx, sb, cp, nil); err != nil {
 		return nil, err
 	}
 	sb.From = &api.ForkSource{Sandbox: src.Name, Checkpoint: cp.ID}
 	sb.Network = src.Network
-	return m.bootMember(ctx, sb, pool, func(ctx context.Context) error { return m.bootFork(ctx, sb, src, cp) })
+	return m.bootMember(ctx, sb, pool, func(ctx context.Context) error { return m.BootFork(ctx, sb, src, cp) })
 }
 
 // makeTemplateMember makes a member of a template's pool: a checkpoint

@@ -290,7 +290,7 @@ func (m *Manager) finishRestore(ctx context.Context, sb *store.Sandbox) error {
 		return m.setState(ctx, sb, api.StateError, fmt.Sprintf("a restore to %s was cut short, and the checkpoint is gone: restore another", target))
 	}
 	m.log.Info("finishing interrupted restore", "sandbox", sb.ID, "checkpoint", target)
-	if err := m.rollBack(ctx, sb, cp, "", nil); err != nil {
+	if err := m.RollBack(ctx, sb, cp, "", nil); err != nil {
 		return fmt.Errorf("finishing the restore to %s: %w", target, err)
 	}
 	return nil
@@ -430,7 +430,7 @@ func (m *Manager) dropBrokenCheckpoints(ctx context.Context) error {
 			}
 			m.log.Error("checkpoint data is missing; dropping the checkpoint", "sandbox", sb.ID, "checkpoint", cp.ID,
 				"image_missing", statErr != nil, "snapshot_missing", !have[snapName(sb.ID, cp.ID)], "path", data)
-			errs = append(errs, m.removeCheckpoint(ctx, sb, cp))
+			errs = append(errs, m.RemoveCheckpoint(ctx, sb, cp))
 		}
 	}
 	return errors.Join(errs...)

@@ -184,7 +184,7 @@ func TestRecover(t *testing.T) {
 	t.Run("paused container is resumed", func(t *testing.T) {
 		e := newEnv(t)
 		sb := e.create(api.CreateSandbox{Name: "frozen"})
-		crashAt(e, "checkpoint", func() { _, _ = e.m.CreateCheckpoint(e.ctx, "frozen", api.CreateCheckpoint{}) })
+		crashAt(e, "checkpoint", func() { _, _ = e.cps.CreateCheckpoint(e.ctx, "frozen", api.CreateCheckpoint{}) })
 		if c, _ := e.rt.Get(sb.ID); c.Status != runtime.StatusPaused {
 			t.Fatalf("before the restart the container is %s", c.Status)
 		}
@@ -280,7 +280,7 @@ func TestRecoverSweeps(t *testing.T) {
 		t.Errorf("keep's container was touched: %v", got)
 	}
 	e.agentAnswers(keep.ID)
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "keep", "v1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "keep", "v1"); err != nil {
 		t.Errorf("restoring v1 after the sweep: %v", err)
 	}
 }
@@ -339,7 +339,7 @@ func TestRecoverFinishesInterruptedRestore(t *testing.T) {
 						goruntime.Goexit()
 					}
 				})
-				_, _ = e.m.RestoreCheckpoint(e.ctx, "undo", "v1")
+				_, _ = e.cps.RestoreCheckpoint(e.ctx, "undo", "v1")
 			})
 			if seen == nil || seen.State != api.StateRestoring {
 				t.Fatalf("during the restore the sandbox is %+v, want restoring", seen)
@@ -398,7 +398,7 @@ func TestRecoverRestoreCutWhileKeepingState(t *testing.T) {
 				} else {
 					e.rt.SetAfter(stop)
 				}
-				_, _ = e.m.RestoreCheckpoint(e.ctx, "keep", "v1")
+				_, _ = e.cps.RestoreCheckpoint(e.ctx, "keep", "v1")
 				t.Errorf("no crash")
 			}()
 			<-done
@@ -451,7 +451,7 @@ func TestRecoverRestoreCutWhileKeepingState(t *testing.T) {
 				e.agentAnswers(sb.ID)
 			}
 			// The restore can be asked for again, and undone.
-			if _, err := e.m.RestoreCheckpoint(e.ctx, "keep", "v1"); err != nil {
+			if _, err := e.cps.RestoreCheckpoint(e.ctx, "keep", "v1"); err != nil {
 				t.Fatal(err)
 			}
 			if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
@@ -472,7 +472,7 @@ func TestRecoverRestoreWithoutItsCheckpoint(t *testing.T) {
 	e.checkpoint("lost", false)
 	e.writeVolume(sb.ID, "state.txt", "two")
 	e.checkpoint("lost", true)
-	crashAt(e, "delete", func() { _, _ = e.m.RestoreCheckpoint(e.ctx, "lost", "v2") })
+	crashAt(e, "delete", func() { _, _ = e.cps.RestoreCheckpoint(e.ctx, "lost", "v2") })
 	e.rt.SetHook(nil)
 	must(t, e.st.DeleteCheckpoint(e.ctx, sb.ID, "v2"))
 
@@ -481,7 +481,7 @@ func TestRecoverRestoreWithoutItsCheckpoint(t *testing.T) {
 	if rec.State != api.StateError || !strings.Contains(rec.Error, "v2") {
 		t.Fatalf("after recovery: state %s, error %q", rec.State, rec.Error)
 	}
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "lost", "v1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "lost", "v1"); err != nil {
 		t.Fatalf("restoring another checkpoint: %v", err)
 	}
 	if s := e.readVolume(sb.ID, "state.txt"); s != "one" {
@@ -512,7 +512,7 @@ func TestCheckpointsSurviveAMovedDataDir(t *testing.T) {
 		t.Fatalf("checkpoints after the move %v, want [v1 v2]", ids)
 	}
 	e.writeVolume(sb.ID, "state.txt", "two")
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "mover", "v1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "mover", "v1"); err != nil {
 		t.Fatalf("restoring v1 after the move: %v", err)
 	}
 	if s := e.readVolume(sb.ID, "state.txt"); s != "one" {

@@ -25,9 +25,12 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/checkpoints"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/guest"
 	"loam.dev/loam/internal/network"
+	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/store"
@@ -240,10 +243,20 @@ type env struct {
 	shelf *template.Store
 	cat   *template.Catalog
 	m     *sandbox.Manager
+	// limits are the checkpoints' (newEnvLimits); cps the current
+	// Manager's checkpoints, made with it as the daemon's are.
+	limits checkpoint.Limits
+	cps    *checkpoints.Service
 }
 
 // newEnv makes an env; edit changes the Manager's configuration.
 func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
+	t.Helper()
+	return newEnvLimits(t, checkpoint.Limits{Owner: 10}, edit...)
+}
+
+// newEnvLimits is newEnv whose checkpoints have limits.
+func newEnvLimits(t testing.TB, limits checkpoint.Limits, edit ...func(*sandbox.Config)) *env {
 	t.Helper()
 	// Registered first, so run last: once the Manager is closed and the
 	// env torn down, no goroutine the test started is left (the
@@ -295,7 +308,6 @@ func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 		Scheme:          "https",
 		DefaultTemplate: tinyTemplate,
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
-		CheckpointLimit: 10,
 		BootTimeout:     20 * time.Second,
 		Secret:          []byte("test secret"),
 	}
@@ -304,11 +316,12 @@ func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 	}
 	e = &env{
 		t: t, ctx: ctx, cfg: cfg,
-		st:   &hookStore{Store: st},
-		pool: pool,
-		rt:   fake.New(t),
-		nets: nets,
-		tpl:  &fakeTemplates{pool: pool, src: makeTinyTree(t)},
+		st:     &hookStore{Store: st},
+		pool:   pool,
+		rt:     fake.New(t),
+		nets:   nets,
+		tpl:    &fakeTemplates{pool: pool, src: makeTinyTree(t)},
+		limits: limits,
 	}
 	e.rt.Tokens = func(id string) []string {
 		var toks []string
@@ -346,8 +359,20 @@ func (e *env) newManager() {
 			return p
 		}
 	}
+	if cfg.Forks == nil {
+		cfg.Forks = e.forks(e.rt)
+	}
 	e.m = sandbox.New(cfg, e.st, e.rt, e.pool, e.nets, e.shelf, testLogger())
 	e.cat = template.New(template.Config{Store: e.shelf, Core: e.m, Pools: pools, Sandboxes: e.st, Log: testLogger()})
+}
+
+// forks makes the checkpoints of a Manager over runtime rt, as the
+// daemon's, and makes them the env's (e.cps).
+func (e *env) forks(rt runtime.Runtime) func(*sandbox.Manager) sandbox.Forks {
+	return func(m *sandbox.Manager) sandbox.Forks {
+		e.cps = checkpoints.New(m, checkpoints.Config{DataDir: e.cfg.DataDir, Limits: e.limits}, e.st, rt, e.pool, testLogger())
+		return e.cps
+	}
 }
 
 // noTemplatePools are the template catalog's pools of an env whose
@@ -370,7 +395,7 @@ func (e *env) create(req api.CreateSandbox) *api.Sandbox {
 
 func (e *env) checkpoint(ref string, memory bool) *api.Checkpoint {
 	e.t.Helper()
-	cp, err := e.m.CreateCheckpoint(e.ctx, ref, api.CreateCheckpoint{Memory: &memory})
+	cp, err := e.cps.CreateCheckpoint(e.ctx, ref, api.CreateCheckpoint{Memory: &memory})
 	if err != nil {
 		e.t.Fatalf("CreateCheckpoint(%s, memory=%v): %v", ref, memory, err)
 	}
@@ -480,7 +505,7 @@ func (e *env) volumes() []string {
 // checkpointIDs lists the ids of sandbox ref's checkpoints, oldest first.
 func (e *env) checkpointIDs(ref string) []string {
 	e.t.Helper()
-	cps, err := e.m.ListCheckpoints(e.ctx, ref)
+	cps, err := e.cps.ListCheckpoints(e.ctx, ref)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func TestSleepWake(t *testing.T) {
 	}
 	disk := e.checkpoint("nap", false)
 	mem := e.checkpoint("nap", true)
-	if _, err := e.m.ListCheckpoints(e.ctx, "nap"); err != nil {
+	if _, err := e.cps.ListCheckpoints(e.ctx, "nap"); err != nil {
 		t.Fatal(err)
 	}
 	e.sleeping(sb.ID)
@@ -115,7 +115,7 @@ func TestSleepWake(t *testing.T) {
 
 	// The checkpoints taken asleep restore.
 	for _, cp := range []*api.Checkpoint{disk, mem} {
-		if got, err := e.m.RestoreCheckpoint(e.ctx, "nap", cp.ID); err != nil || got.State != api.StateRunning {
+		if got, err := e.cps.RestoreCheckpoint(e.ctx, "nap", cp.ID); err != nil || got.State != api.StateRunning {
 			t.Fatalf("restore %s: %+v %v", cp.ID, got, err)
 		}
 		e.agentAnswers(sb.ID)
@@ -134,7 +134,7 @@ func TestRestoreSleeping(t *testing.T) {
 	if _, err := e.m.Sleep(e.ctx, "nap"); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := e.m.RestoreCheckpoint(e.ctx, "nap", "v1"); err != nil || got.State != api.StateRunning {
+	if got, err := e.cps.RestoreCheckpoint(e.ctx, "nap", "v1"); err != nil || got.State != api.StateRunning {
 		t.Fatalf("restore: %+v %v", got, err)
 	}
 	e.awake(sb.ID)
@@ -144,7 +144,7 @@ func TestRestoreSleeping(t *testing.T) {
 	if auto := e.cpRecord(sb.ID, "auto-1"); !auto.Memory {
 		t.Errorf("auto-1 of a sleeping sandbox is not a memory checkpoint")
 	}
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "nap", "auto-1"); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "nap", "auto-1"); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.readVolume(sb.ID, "state.txt"); s != "two" {

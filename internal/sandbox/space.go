@@ -25,23 +25,6 @@ func (m *Manager) checkpointNeed(sb *store.Sandbox, memory bool) int64 {
 	return int64(sb.Resources.MemoryMiB) << 20
 }
 
-// requireCheckpointSpace refuses a checkpoint of sb up front when the data
-// dir cannot hold it: better a clear refusal now than a sandbox paused
-// while runsc writes an image that cannot fit.
-func (m *Manager) requireCheckpointSpace(sb *store.Sandbox, memory bool) error {
-	what := "a disk-only checkpoint"
-	if memory {
-		what = "a memory checkpoint"
-	}
-	return disk.RequireSpace(m.cfg.DataDir, what, m.checkpointNeed(sb, memory))
-}
-
-// roomFor reports whether the data dir has need bytes free beside the
-// reserve (true when that cannot be read: the work then fails on its own).
-func (m *Manager) roomFor(need int64) bool {
-	return disk.RequireSpace(m.cfg.DataDir, "", need) == nil
-}
-
 // spaceError is disk.SpaceError for host-side work (what) of sandbox sb
 // that failed with err, with the cause logged. An error the sandbox's
 // agent answered with is never the host's: a sandbox whose own disk is

@@ -128,7 +128,7 @@ func (m *Manager) Heavy(ctx context.Context, what string) (leave func(), err err
 // source, as a fork does, until release is called: the template catalog
 // copies it meanwhile.
 func (m *Manager) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*checkpoint.Source, func(), error) {
-	src, cp, unlock, err := m.sourceCheckpoint(ctx, from)
+	src, cp, unlock, err := m.SourceCheckpoint(ctx, from)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -56,7 +56,7 @@ func TestHTTPTarget(t *testing.T) {
 		// The request must be held by the restore before it goes on.
 		eventually(t, "holding the request", func() bool { return e.m.OpWaiters(sb.ID) == 1 })
 	})
-	if _, err := e.m.RestoreCheckpoint(e.ctx, "web", cp.ID); err != nil {
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "web", cp.ID); err != nil {
 		t.Fatal(err)
 	}
 	restored := time.Now()
