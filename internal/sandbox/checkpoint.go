@@ -289,8 +289,8 @@ func (m *Manager) takeCheckpoint(ctx context.Context, sb *store.Sandbox, t take)
 		// The sleep image is the memory, and the disk does not change
 		// while the sandbox sleeps: no wake, no pause. The wake gives the
 		// agent a new token generation.
-		held = m.sleptGen(sb)
-		if err := checkpoint.LinkTree(m.sleepImage(sb.ID), filepath.Join(tmp, memDir)); err != nil {
+		held = m.sleepImages.HeldGen(sb.ID, sb.AgentGen)
+		if err := checkpoint.LinkTree(m.sleepImages.Image(sb.ID), filepath.Join(tmp, memDir)); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: keeping its sleep image: %w", sb.Name, err)
 		}
 		if err := m.disks.Snapshot(ctx, sb.ID, snap); err != nil {
@@ -634,7 +634,7 @@ func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	crash.Point("rollback.disk-dropped")
 	// A sleep image is of the disk just dropped (a restore of a sleeping
 	// sandbox kept it as its automatic checkpoint): never wake on it.
-	if err := m.dropSleepImage(sb.ID); err != nil {
+	if err := m.sleepImages.Drop(sb.ID); err != nil {
 		return fmt.Errorf("dropping the sleep image: %w", err)
 	}
 	if staged != "" {

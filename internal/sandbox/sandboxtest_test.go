@@ -30,6 +30,7 @@ import (
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/sleep"
 	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/store/sqlite"
 	"loam.dev/loam/internal/template"
@@ -240,6 +241,9 @@ type env struct {
 	shelf *template.Store
 	cat   *template.Catalog
 	m     *sandbox.Manager
+	// sleep is the current Manager's sleep capability (a restart makes
+	// another), as the daemon's: its images, and idle sleep over it.
+	sleep *sleep.Sleeper
 }
 
 // newEnv makes an env; edit changes the Manager's configuration.
@@ -298,6 +302,11 @@ func newEnv(t testing.TB, edit ...func(*sandbox.Config)) *env {
 		CheckpointLimit: 10,
 		BootTimeout:     20 * time.Second,
 		Secret:          []byte("test secret"),
+		// As the daemon does: the sleep capability, made with the Manager.
+		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {
+			e.sleep = sleep.New(m, e.st, sleep.Config{DataDir: dataDir}, testLogger())
+			return e.sleep
+		},
 	}
 	for _, f := range edit {
 		f(&cfg)
