@@ -322,13 +322,7 @@ func TestIdleComponent(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- idle.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.record(sb.ID).State != api.StateSleeping {
-		if time.Now().After(deadline) {
-			t.Fatal("not asleep after 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(t, "asleep", func() bool { return e.record(sb.ID).State == api.StateSleeping })
 	cancel()
 	select {
 	case err := <-done:
