@@ -39,6 +39,7 @@ import (
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/server"
+	"loam.dev/loam/internal/sleep"
 	"loam.dev/loam/internal/store/sqlite"
 	"loam.dev/loam/internal/template"
 	"loam.dev/loam/internal/tlsconfig"
@@ -133,6 +134,9 @@ type Daemon struct {
 	// checkpoints take, restore and fork from checkpoints, made with the
 	// Manager.
 	checkpoints *checkpoints.Service
+	// sleep is the sleep capability (images, idle sleep), made with the
+	// Manager.
+	sleep *sleep.Sleeper
 	// madeToken is the file of an admin token made by this start, if any.
 	madeToken string
 	// tokenFile is the file the admin token is kept in; empty when it
@@ -433,7 +437,6 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Secrets:         p.secrets,
 		Images:          p.images,
 		InsidePort:      network.DefaultInsidePort,
-		Idle:            cfg.Idle,
 		IdleMin:         cfg.IdleMin,
 		// Made before Inside, which serves them too.
 		Forks: func(m *sandbox.Manager) sandbox.Forks {
@@ -451,6 +454,10 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Pools: func(m *sandbox.Manager) sandbox.Pools {
 			d.pools = warmpool.New(m, warmpool.Config{DataDir: cfg.DataDir, ReserveMiB: cfg.PoolReserveMiB}, d.log)
 			return d.pools
+		},
+		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {
+			d.sleep = sleep.New(m, p.store, sleep.Config{DataDir: cfg.DataDir, Idle: cfg.Idle, Every: cfg.IdleEvery}, d.log)
+			return d.sleep
 		},
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
 	// The catalog the API serves, over the Manager: templates of
@@ -476,14 +483,13 @@ func (d *Daemon) startComponents(ctx context.Context, p *parts) error {
 		Bundles: filepath.Join(d.cfg.DataDir, "sandboxes", "*", "bundle"),
 		Logger:  d.log,
 	}
-	idle := sandbox.NewIdle(d.Manager, d.cfg.IdleEvery)
 	d.runComponents(ctx,
 		component{"image pulls", p.images.Run},
 		// Filled in the background, after recovery (startManager).
 		component{"warm pools", d.pools.Run},
 		component{"sandbox logs", logs.Run},
 		// Sandboxes whose idle time has passed go to sleep.
-		component{"idle sleep", idle.Run},
+		component{"idle sleep", d.sleep.Run},
 		// The default template is prepared in the background, so that
 		// the first sandbox does not wait for a build; a failure is
 		// logged, and the first create tries again.

@@ -136,7 +136,7 @@ func (m *Manager) RemoveCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 // SleepImage is where sleeping sandbox sb keeps its memory image, and the
 // token generation its agent holds in it.
 func (m *Manager) SleepImage(sb *store.Sandbox) (dir string, gen int) {
-	return m.sleepImage(sb.ID), m.sleptGen(sb)
+	return m.sleepImages.Image(sb.ID), m.sleepImages.HeldGen(sb.ID, sb.AgentGen)
 }
 
 // EndStreams ends the streams and calls in flight to sandbox id (why is
@@ -240,7 +240,7 @@ func (m *Manager) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	crash.Point("rollback.disk-dropped")
 	// A sleep image is of the disk just dropped (a restore of a sleeping
 	// sandbox kept it as its automatic checkpoint): never wake on it.
-	if err := m.dropSleepImage(sb.ID); err != nil {
+	if err := m.sleepImages.Drop(sb.ID); err != nil {
 		return fmt.Errorf("dropping the sleep image: %w", err)
 	}
 	if staged != "" {

@@ -25,7 +25,7 @@ import (
 // last active request's end (quiet). Where a caller must tell whether
 // something happened while it read the sandbox's record (an operation
 // ended, calls were held), it notes the time before the read and asks the
-// live object whether it changed since (endedSince, heldSince).
+// live object whether it changed since (endedSince, heldSinceLocked).
 
 // operation is an operation that runs on one sandbox at a time (begin). Its
 // String is how the API's conflict names it ("sandbox x is busy: a

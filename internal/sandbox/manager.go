@@ -79,9 +79,6 @@ type Config struct {
 	Inside func(*Manager) Insiders
 	// BootTimeout bounds how long a sandbox's agent may take to answer.
 	BootTimeout time.Duration
-	// Idle is how long a sandbox that says no idle of its own may go
-	// without activity before it sleeps; 0 is never.
-	Idle time.Duration
 	// IdleMin is the shortest idle a sandbox may ask for (1m unless a test
 	// sets it shorter).
 	IdleMin time.Duration
@@ -104,6 +101,10 @@ type Config struct {
 	// none. A constructor, as Pools is: a fork is made with the Manager,
 	// and the Manager's Create asks for one.
 	Forks func(*Manager) Forks
+	// Sleep makes the sleep images of the Manager being made (package
+	// sleep); nil keeps none, and no sandbox sleeps. A constructor, as
+	// Pools is: idle sleep asks the Manager, and it asks for the images.
+	Sleep func(*Manager) SleepImages
 	// MaxSandboxes caps the sandboxes the daemon keeps (see
 	// reserveSandbox); 0 is no cap.
 	MaxSandboxes int
@@ -156,6 +157,8 @@ type Manager struct {
 	pools Pools
 	// forks make sandboxes from checkpoints: Config.Forks's, or noForks.
 	forks Forks
+	// sleepImages are the sleep images (sleep.go): Config.Sleep's, or noSleep.
+	sleepImages SleepImages
 
 	// heavy and count hold the daemon's caps (caps.go).
 	heavy *heavyGate
@@ -203,6 +206,10 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	m.pools = noPools{m}
 	if cfg.Pools != nil {
 		m.pools = cfg.Pools(m)
+	}
+	m.sleepImages = noSleep{}
+	if cfg.Sleep != nil {
+		m.sleepImages = cfg.Sleep(m)
 	}
 	return m
 }

@@ -71,11 +71,10 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		m.log.Info("deleting a warm pool's member left by the last daemon", "sandbox", sb.ID, "pool", sb.Pool)
 		return m.destroy(ctx, sb)
 	}
-	if _, err := os.Stat(m.droppedSleep(sb.ID)); err == nil {
+	if swept, err := m.sleepImages.Sweep(sb.ID); err != nil {
+		return err
+	} else if swept {
 		m.log.Info("removing the rest of a dropped sleep image", "sandbox", sb.ID)
-		if err := os.RemoveAll(m.droppedSleep(sb.ID)); err != nil {
-			return err
-		}
 	}
 	cutRestore := false
 	if sb.RestoreTarget != "" && sb.State != api.StateRestoring {

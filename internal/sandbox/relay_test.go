@@ -28,7 +28,7 @@ func TestRelay(t *testing.T) {
 	if c.Sandbox.State != api.StateRunning || c.Agent == nil {
 		t.Fatalf("Relay gave %+v", c.Sandbox)
 	}
-	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(time.Hour)))
+	must(t, e.sleep.SleepIdle(e.ctx, time.Now().Add(time.Hour)))
 	if e.record(sb.ID).State != api.StateRunning {
 		t.Fatal("slept with a call in flight")
 	}
@@ -37,7 +37,7 @@ func TestRelay(t *testing.T) {
 	if c.Ctx.Err() == nil {
 		t.Error("a call's context outlived its End")
 	}
-	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(2*time.Minute)))
+	must(t, e.sleep.SleepIdle(e.ctx, time.Now().Add(2*time.Minute)))
 	e.sleeping(sb.ID)
 
 	cut, err := e.m.Relay(e.ctx, "r", sandbox.Need{Cut: true})

@@ -33,6 +33,7 @@ import (
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/runtime/fake"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/sleep"
 	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/store/sqlite"
 	"loam.dev/loam/internal/template"
@@ -247,6 +248,9 @@ type env struct {
 	// Manager's checkpoints, made with it as the daemon's are.
 	limits checkpoint.Limits
 	cps    *checkpoints.Service
+	// sleep is the current Manager's sleep capability (a restart makes
+	// another), as the daemon's: its images, and idle sleep over it.
+	sleep *sleep.Sleeper
 }
 
 // newEnv makes an env; edit changes the Manager's configuration.
@@ -310,6 +314,11 @@ func newEnvLimits(t testing.TB, limits checkpoint.Limits, edit ...func(*sandbox.
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		BootTimeout:     20 * time.Second,
 		Secret:          []byte("test secret"),
+		// As the daemon does: the sleep capability, made with the Manager.
+		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {
+			e.sleep = sleep.New(m, e.st, sleep.Config{DataDir: dataDir}, testLogger())
+			return e.sleep
+		},
 	}
 	for _, f := range edit {
 		f(&cfg)

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"loam.dev/loam/api"
@@ -33,30 +30,57 @@ import (
 // sleeping, so a crash part-way leaves the sandbox running (its container
 // still there, or booted again on its disk) or asleep, never lost; see
 // recoverSleeping.
+//
+// The core keeps what is the state machine's: a sleep and a wake are
+// operations on the sandbox, a call that needs it running wakes it (awake,
+// one wake however many callers), and its activity is on its live object
+// (idle.go). The images on disk and idle sleep are package sleep's: the
+// core asks it for the images (SleepImages, given as Config.Sleep), idle
+// sleep asks the core (IdleFor, SleepIfIdle).
 
-// sleepDir is where a sandbox keeps its sleep image while it sleeps.
-func (m *Manager) sleepDir(id string) string { return filepath.Join(m.dir(id), "sleep") }
-
-// sleepImage is the memory image of a sleeping sandbox.
-func (m *Manager) sleepImage(id string) string { return filepath.Join(m.sleepDir(id), memDir) }
-
-// droppedSleep is where a sleep image goes to be removed: it leaves the
-// sleep dir by one rename, so that a crash never leaves half an image
-// where a restart would take it for one.
-func (m *Manager) droppedSleep(id string) string { return filepath.Join(m.dir(id), ".sleep-dropped") }
-
-// dropSleepImage removes sandbox id's sleep dir, if it has one: gone at
-// once by a rename, then removed.
-func (m *Manager) dropSleepImage(id string) error {
-	gone := m.droppedSleep(id)
-	if err := os.RemoveAll(gone); err != nil {
-		return err
-	}
-	if err := os.Rename(m.sleepDir(id), gone); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return os.RemoveAll(gone)
+// SleepImages keeps the memory images of sleeping sandboxes (package
+// sleep keeps them on disk; the core orders the calls on one sandbox under
+// its operation). An image is made durable before the sandbox counts as
+// asleep, and dropped before a woken sandbox counts as running.
+type SleepImages interface {
+	// Dir is sandbox id's sleep dir: there from the start of a sleep until
+	// the sandbox runs again; an unfinished image is in a temporary dir of
+	// it (Dir/.tmp-*/mem, see resumeLeft).
+	Dir(id string) string
+	// Image is the durable memory image of sleeping sandbox id; Has
+	// reports whether there is one.
+	Image(id string) string
+	Has(id string) (bool, error)
+	// Begin makes sandbox id's sleep dir afresh and returns where the
+	// runtime writes the image; Commit makes that image, written, durable
+	// and sandbox id's, holding token generation gen.
+	Begin(id string) (img string, err error)
+	Commit(id, img string, gen int) error
+	// Drop removes sandbox id's sleep dir at once (by a rename); Sweep
+	// removes what a Drop a crash cut short left, and reports whether
+	// there was any.
+	Drop(id string) error
+	Sweep(id string) (bool, error)
+	// HeldGen is the token generation the agent in sandbox id's image
+	// holds, fallback when it says none.
+	HeldGen(id string, fallback int) int
 }
+
+// noSleep are the sleep images of a Manager made without any: no sandbox
+// sleeps, none has an image.
+type noSleep struct{}
+
+// errNoSleep is noSleep's refusal of a sleep.
+var errNoSleep = api.Errorf(api.CodeUnavailable, "this daemon does not put sandboxes to sleep")
+
+func (noSleep) Dir(string) string                { return "" }
+func (noSleep) Image(string) string              { return "" }
+func (noSleep) Has(string) (bool, error)         { return false, nil }
+func (noSleep) Begin(string) (string, error)     { return "", errNoSleep }
+func (noSleep) Commit(string, string, int) error { return errNoSleep }
+func (noSleep) Drop(string) error                { return nil }
+func (noSleep) Sweep(string) (bool, error)       { return false, nil }
+func (noSleep) HeldGen(_ string, gen int) int    { return gen }
 
 // Sleep puts a running sandbox to sleep now. Sleeping a sleeping sandbox
 // is not an error.
@@ -88,24 +112,16 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	start := time.Now()
-	dir := m.sleepDir(sb.ID)
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.MkdirTemp(dir, ".tmp-")
+	img, err := m.sleepImages.Begin(sb.ID)
 	if err != nil {
 		return err
 	}
 	m.closeStreams(sb.ID, "the sandbox is going to sleep")
 	m.dropAgentConns()
 	if err := m.rt.Pause(ctx, sb.ID); err != nil {
-		os.RemoveAll(tmp)
+		_ = m.sleepImages.Drop(sb.ID)
 		return fmt.Errorf("pausing: %w", err)
 	}
-	img := filepath.Join(tmp, memDir)
 	err = m.rt.Checkpoint(ctx, sb.ID, img, runtime.CheckpointOptions{})
 	if err == nil {
 		crash.Point("sleep.image")
@@ -114,19 +130,10 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 		err = checkpoint.SyncVolume(m.disks.VolumePath(sb.ID))
 	}
 	if err == nil {
-		err = checkpoint.SyncTree(tmp)
-	}
-	if err == nil {
-		err = writeFileSync(filepath.Join(dir, heldFile), []byte(strconv.Itoa(sb.AgentGen)))
-	}
-	if err == nil {
-		err = os.Rename(img, m.sleepImage(sb.ID))
-	}
-	if err == nil {
-		err = checkpoint.SyncTree(dir)
+		err = m.sleepImages.Commit(sb.ID, img, sb.AgentGen)
 	}
 	if err != nil {
-		os.RemoveAll(dir)
+		_ = m.sleepImages.Drop(sb.ID)
 		// Still there, paused, or stopped by a checkpoint that failed
 		// late: resume it, or boot it again on its disk.
 		if rerr := m.rt.Resume(ctx, sb.ID); rerr == nil {
@@ -139,8 +146,6 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 		}
 		return fmt.Errorf("writing the sleep image (booted again on its disk): %w", err)
 	}
-	crash.Point("sleep.durable")
-	os.RemoveAll(tmp)
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		// The image is durable: the sandbox sleeps; recovery or the wake
 		// deletes what is left of the container.
@@ -212,24 +217,13 @@ func (m *Manager) Use(ctx context.Context, ref string) (*api.Sandbox, error) {
 	return m.view(sb), nil
 }
 
-// Hold is Use for work that lasts, such as a WebSocket or a long response
-// through the sandbox's URL: the sandbox counts as active until release is
-// called (as an open stream does), and its idle time starts again then.
-// Release must be called once; calling it again does nothing.
-func (m *Manager) Hold(ctx context.Context, ref string) (sb *api.Sandbox, release func(), err error) {
-	sb, err = m.Use(ctx, ref)
-	if err != nil {
-		return nil, nil, err
-	}
-	return sb, m.Active(sb.ID), nil
-}
-
 // Active marks sandbox id (an id, not a name) active until release is
-// called, without waking it or reading its record: it is Hold for a caller
-// that has just found the sandbox running, such as the URL front door
-// after HTTPTarget, which holds every request it passes on for as long as
-// the request, its response or its WebSocket lasts. Release must be called
-// once; calling it again does nothing.
+// called, as an open stream does, without waking it or reading its record:
+// it is for a caller that has just found the sandbox running (Use, or
+// HTTPTarget), such as the URL front door, which holds every request it
+// passes on for as long as the request, its response or its WebSocket
+// lasts. The sandbox's idle time starts again at the release. Release must
+// be called once; calling it again does nothing.
 func (m *Manager) Active(id string) (release func()) {
 	return m.live(id).activate()
 }
@@ -325,20 +319,10 @@ func (m *Manager) holdCalls(id string) (release func()) {
 	}
 }
 
-// heldSince reports whether calls to sandbox id are held now, or a hold
-// began or ended at or after t: a call that read the sandbox's record
-// after t may carry the agent's token of before the hold (see Exec).
-func (m *Manager) heldSince(id string, t time.Time) bool {
-	l := m.peek(id)
-	if l == nil {
-		return false
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.heldSinceLocked(t)
-}
-
-// heldSinceLocked is heldSince with l.mu held.
+// heldSinceLocked reports whether calls to the sandbox are held now, or a
+// hold began or ended at or after t: a call that read the sandbox's record
+// after t may carry the agent's token of before the hold (see Relay). The
+// caller holds l.mu.
 func (l *live) heldSinceLocked(t time.Time) bool {
 	return l.held != nil || !l.heldAt.IsZero() && !l.heldAt.Before(t)
 }
@@ -374,7 +358,7 @@ func (m *Manager) wakeOne(ctx context.Context, id string) error {
 // checkpoint taken while it slept holds the same image.
 func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	start := time.Now()
-	holds := []string{AgentToken(m.cfg.Secret, sb.ID, m.sleptGen(sb))}
+	holds := []string{AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen))}
 	if sb.LegacyAgentToken != "" {
 		holds = append(holds, sb.LegacyAgentToken)
 	}
@@ -388,7 +372,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 		return fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 	}
 	crash.Point("wake.numbered")
-	if err := m.rt.Restore(ctx, m.spec(ctx, sb, ep), m.sleepImage(sb.ID)); err != nil {
+	if err := m.rt.Restore(ctx, m.spec(ctx, sb, ep), m.sleepImages.Image(sb.ID)); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return fmt.Errorf("restoring memory: %w", err)
 	}
@@ -405,7 +389,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	// this one has run, and written its disk, since the image was taken.
 	// A crash between the two leaves it sleeping with its container
 	// running, which recoverSleeping takes back.
-	if err := m.dropSleepImage(sb.ID); err != nil {
+	if err := m.sleepImages.Drop(sb.ID); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return fmt.Errorf("removing the sleep image: %w", err)
 	}
@@ -416,15 +400,6 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	m.log.Info("awake", "sandbox", sb.ID, "runtime_ms", restored.Sub(start).Milliseconds(),
 		"ms", time.Since(start).Milliseconds())
 	return nil
-}
-
-// hasSleepImage reports whether sandbox id has a durable sleep image.
-func (m *Manager) hasSleepImage(id string) (bool, error) {
-	_, err := os.Stat(m.sleepImage(id))
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	return err == nil, err
 }
 
 // recoverSleeping takes back a sandbox whose record says sleeping: one
@@ -438,7 +413,7 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 		if err != nil {
 			return err
 		}
-		holds := append(m.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleptGen(sb)))
+		holds := append(m.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen)))
 		if err := m.takeBack(ctx, sb, ep, holds...); err == nil {
 			m.log.Info("finishing interrupted wake", "sandbox", sb.ID)
 			if err := m.applyLimits(ctx, sb); err != nil {
@@ -447,13 +422,13 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 			if err := m.setState(ctx, sb, api.StateRunning, ""); err != nil {
 				return err
 			}
-			return m.dropSleepImage(sb.ID)
+			return m.sleepImages.Drop(sb.ID)
 		}
 	}
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return err
 	}
-	ok, err := m.hasSleepImage(sb.ID)
+	ok, err := m.sleepImages.Has(sb.ID)
 	if err != nil {
 		return err
 	}
@@ -474,10 +449,10 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 // (not yet synced and renamed), as before the sleep, or, if that image is
 // not whole, booted again on its disk. It reports whether it dealt with sb.
 func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool, error) {
-	if _, err := os.Stat(m.sleepDir(sb.ID)); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(m.sleepImages.Dir(sb.ID)); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
-	ok, err := m.hasSleepImage(sb.ID)
+	ok, err := m.sleepImages.Has(sb.ID)
 	if err != nil {
 		return true, err
 	}
@@ -500,7 +475,7 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 		cancel()
 		if err == nil {
 			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
-			return true, errors.Join(m.applyLimits(ctx, sb), os.RemoveAll(m.sleepDir(sb.ID)))
+			return true, errors.Join(m.applyLimits(ctx, sb), m.sleepImages.Drop(sb.ID))
 		}
 	}
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
@@ -508,10 +483,10 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 	}
 	// Stopped by the checkpoint that writes the image: started again from
 	// that image if it is whole, else booted on its disk.
-	if m.resumeLeft(ctx, sb, m.sleepDir(sb.ID), opSleep) {
-		return true, os.RemoveAll(m.sleepDir(sb.ID))
+	if m.resumeLeft(ctx, sb, m.sleepImages.Dir(sb.ID), opSleep) {
+		return true, m.sleepImages.Drop(sb.ID)
 	}
-	if err := os.RemoveAll(m.sleepDir(sb.ID)); err != nil {
+	if err := m.sleepImages.Drop(sb.ID); err != nil {
 		return true, err
 	}
 	m.log.Warn("a sleep was cut short and stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
@@ -521,37 +496,3 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 // midSleepWait bounds how long recovery waits for the agent of a sandbox
 // whose sleep a crash cut short.
 const midSleepWait = 5 * time.Second
-
-// heldFile, in a sleep dir, holds the token generation the sleeping agent
-// holds: memory checkpoints taken while it sleeps move the sandbox's on.
-const heldFile = "held"
-
-// sleptGen is the token generation in sb's sleep image.
-func (m *Manager) sleptGen(sb *store.Sandbox) int {
-	b, err := os.ReadFile(filepath.Join(m.sleepDir(sb.ID), heldFile))
-	if err != nil {
-		return sb.AgentGen
-	}
-	gen, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return sb.AgentGen
-	}
-	return gen
-}
-
-// writeFileSync writes a small file and syncs it.
-func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}

@@ -12,6 +12,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/sleep"
 )
 
 // sleeping checks that sandbox id sleeps: its state, no container, and a
@@ -157,7 +158,9 @@ func TestRestoreSleeping(t *testing.T) {
 // daemon's default) has passed without activity; Use starts it again; an
 // open stream is activity; "0" never sleeps.
 func TestSleepIdle(t *testing.T) {
-	e := newEnv(t, func(c *sandbox.Config) { c.Idle = time.Hour })
+	e := newEnv(t)
+	// Idle sleep with a default idle, over the env's Manager.
+	idle := sleep.New(e.m, e.st, sleep.Config{DataDir: e.cfg.DataDir, Idle: time.Hour}, testLogger())
 	dflt := e.create(api.CreateSandbox{Name: "dflt"})
 	own := e.create(api.CreateSandbox{Name: "own", Idle: "10m"})
 	never := e.create(api.CreateSandbox{Name: "never", Idle: "0"})
@@ -166,8 +169,8 @@ func TestSleepIdle(t *testing.T) {
 	}
 	now := time.Now()
 	// The first look starts each sandbox's clock.
-	must(t, e.m.SleepIdle(e.ctx, now))
-	must(t, e.m.SleepIdle(e.ctx, now.Add(11*time.Minute)))
+	must(t, idle.SleepIdle(e.ctx, now))
+	must(t, idle.SleepIdle(e.ctx, now.Add(11*time.Minute)))
 	e.sleeping(own.ID)
 	if e.record(dflt.ID).State != api.StateRunning {
 		t.Errorf("dflt slept before its hour")
@@ -176,7 +179,7 @@ func TestSleepIdle(t *testing.T) {
 	if got, err := e.m.Use(e.ctx, "own"); err != nil || got.State != api.StateRunning {
 		t.Fatalf("Use: %+v %v", got, err)
 	}
-	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(5*time.Minute)))
+	must(t, idle.SleepIdle(e.ctx, time.Now().Add(5*time.Minute)))
 	if e.record(own.ID).State != api.StateRunning {
 		t.Errorf("own slept 5 minutes after it was used")
 	}
@@ -185,12 +188,12 @@ func TestSleepIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(2*time.Hour)))
+	must(t, idle.SleepIdle(e.ctx, time.Now().Add(2*time.Hour)))
 	if e.record(own.ID).State != api.StateRunning {
 		t.Errorf("own slept with a stream open")
 	}
 	st.Close()
-	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(3*time.Hour)))
+	must(t, idle.SleepIdle(e.ctx, time.Now().Add(3*time.Hour)))
 	e.sleeping(own.ID)
 	e.sleeping(dflt.ID)
 	if e.record(never.ID).State != api.StateRunning {
@@ -314,18 +317,12 @@ func TestCallDuringSleep(t *testing.T) {
 func TestIdleComponent(t *testing.T) {
 	e := newEnv(t, func(c *sandbox.Config) { c.IdleMin = 10 * time.Millisecond })
 	sb := e.create(api.CreateSandbox{Name: "nap", Idle: "200ms"})
-	idle := sandbox.NewIdle(e.m, 20*time.Millisecond)
+	idle := sleep.New(e.m, e.st, sleep.Config{DataDir: e.cfg.DataDir, Every: 20 * time.Millisecond}, testLogger())
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- idle.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.record(sb.ID).State != api.StateSleeping {
-		if time.Now().After(deadline) {
-			t.Fatal("not asleep after 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(t, "asleep", func() bool { return e.record(sb.ID).State == api.StateSleeping })
 	cancel()
 	select {
 	case err := <-done:
@@ -344,7 +341,7 @@ func TestIdleEndedAtStart(t *testing.T) {
 	e := newEnv(t, func(c *sandbox.Config) { c.IdleMin = time.Millisecond })
 	sb := e.create(api.CreateSandbox{Name: "late", Idle: "1ms"})
 	time.Sleep(5 * time.Millisecond) // past its idle: a round would put it to sleep
-	idle := sandbox.NewIdle(e.m, time.Millisecond)
+	idle := sleep.New(e.m, e.st, sleep.Config{DataDir: e.cfg.DataDir, Every: time.Millisecond}, testLogger())
 	ctx, cancel := context.WithCancel(e.ctx)
 	cancel()
 	done := make(chan error, 1)
@@ -360,29 +357,30 @@ func TestIdleEndedAtStart(t *testing.T) {
 	}
 }
 
-// TestHold: Hold wakes a sleeping sandbox and keeps it awake until
-// released, as a connection through its URL would.
+// TestHold: a sandbox woken by Use is kept awake by Active until released,
+// as the URL front door holds a connection through its URL.
 func TestHold(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(api.CreateSandbox{Name: "web", Idle: "1m"})
 	if _, err := e.m.Sleep(e.ctx, "web"); err != nil {
 		t.Fatal(err)
 	}
-	got, release, err := e.m.Hold(e.ctx, "web")
+	got, err := e.m.Use(e.ctx, "web")
 	if err != nil || got.State != api.StateRunning {
-		t.Fatalf("Hold: %+v %v", got, err)
+		t.Fatalf("Use: %+v %v", got, err)
 	}
+	release := e.m.Active(got.ID)
 	e.awake(sb.ID)
-	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(time.Hour)))
+	must(t, e.sleep.SleepIdle(e.ctx, time.Now().Add(time.Hour)))
 	if e.record(sb.ID).State != api.StateRunning {
 		t.Fatal("slept while held")
 	}
 	release()
 	release()
-	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(30*time.Second)))
+	must(t, e.sleep.SleepIdle(e.ctx, time.Now().Add(30*time.Second)))
 	if e.record(sb.ID).State != api.StateRunning {
 		t.Fatal("slept 30 s after the hold ended, with an idle of 1m")
 	}
-	must(t, e.m.SleepIdle(e.ctx, time.Now().Add(2*time.Minute)))
+	must(t, e.sleep.SleepIdle(e.ctx, time.Now().Add(2*time.Minute)))
 	e.sleeping(sb.ID)
 }
