@@ -406,7 +406,8 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 // whose wake a crash cut short after its container was restored is taken
 // back running; otherwise it stays asleep on its image, or, with the image
 // lost, boots again on its disk.
-func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error {
+func (r *recovery) recoverSleeping(ctx context.Context, sb *store.Sandbox) error {
+	m := r.m
 	st, err := m.rt.State(ctx, sb.ID)
 	if err == nil && st == runtime.StatusRunning {
 		ep, err := m.Endpoint(sb)
@@ -448,7 +449,8 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 // else it is started again from the image that checkpoint left unfinished
 // (not yet synced and renamed), as before the sleep, or, if that image is
 // not whole, booted again on its disk. It reports whether it dealt with sb.
-func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool, error) {
+func (r *recovery) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool, error) {
+	m := r.m
 	if _, err := os.Stat(m.sleepImages.Dir(sb.ID)); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -483,7 +485,7 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 	}
 	// Stopped by the checkpoint that writes the image: started again from
 	// that image if it is whole, else booted on its disk.
-	if m.resumeLeft(ctx, sb, m.sleepImages.Dir(sb.ID), opSleep) {
+	if r.resumeLeft(ctx, sb, m.sleepImages.Dir(sb.ID), opSleep) {
 		return true, m.sleepImages.Drop(sb.ID)
 	}
 	if err := m.sleepImages.Drop(sb.ID); err != nil {
