@@ -78,7 +78,7 @@ func (m *Manager) connectAgent(ctx context.Context, sb *store.Sandbox, ep networ
 		m.log.Warn("the agent of a sandbox taken back refused its identity; it keeps the one the last daemon gave it", "sandbox", sb.ID, "err", err)
 	}
 	// Started, restored or taken back: a sandbox process to watch.
-	m.watchDeath(ctx, sb.ID)
+	m.deaths.watch(ctx, sb.ID)
 	return nil
 }
 

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"loam.dev/loam/api"
@@ -143,16 +142,10 @@ type Manager struct {
 	// holds the slots handed out but not yet stored.
 	insertMu sync.Mutex
 	reserved map[int]bool
-	// bg are the goroutines the Manager runs on its own (death watches;
-	// the spare dials are conns'), started by goBG and ended by Close;
-	// bgCtx is cancelled by Close. bgMu orders goBG and Close (closed).
-	bgMu   sync.Mutex
-	closed bool
-	// watchers counts the death watches running (for tests).
-	watchers atomic.Int32
-	bg       sync.WaitGroup
-	bgCtx    context.Context
-	bgCancel context.CancelCauseFunc
+	// deaths watches the sandboxes' processes (death.go): the goroutines
+	// the Manager runs on its own (the spare dials are conns'), ended by
+	// Close.
+	deaths *deaths
 	// pools are the warm pools (pool.go): Config.Pools's, or noPools.
 	pools Pools
 	// forks make sandboxes from checkpoints: Config.Forks's, or noForks.
@@ -185,16 +178,14 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	if cfg.HeavyWait == 0 {
 		cfg.HeavyWait = DefaultHeavyWait
 	}
-	bgCtx, bgCancel := context.WithCancelCause(context.Background())
 	m := &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
 		conns:    agentconn.NewConns(cfg.AgentPort),
 		lives:    map[string]*live{},
 		reserved: map[int]bool{},
 		heavy:    newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
-		bgCtx:    bgCtx,
-		bgCancel: bgCancel,
 	}
+	m.deaths = newDeaths(m)
 	// Before Inside: the in-sandbox API serves the capability too.
 	m.forks = noForks{}
 	if cfg.Forks != nil {
@@ -742,7 +733,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 		m.pools.Forget(ctx, PoolSource{Sandbox: sb.ID})
 	}
 	var errs []error
-	m.unwatchDeath(sb.ID)
+	m.deaths.unwatch(sb.ID)
 	m.closeStreams(sb.ID, "the sandbox was deleted")
 	if m.inside != nil {
 		m.inside.Close(sb.ID)
