@@ -142,6 +142,9 @@ type Manager struct {
 	// holds the slots handed out but not yet stored.
 	insertMu sync.Mutex
 	reserved map[int]bool
+	// agents is the link to the sandboxes' agents (agent.go): their
+	// tokens, the connect after every boot, their protocol version.
+	agents *agentLink
 	// deaths watches the sandboxes' processes (death.go): the goroutines
 	// the Manager runs on its own (the spare dials are conns'), ended by
 	// Close.
@@ -185,6 +188,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		reserved: map[int]bool{},
 		heavy:    newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
 	}
+	m.agents = &agentLink{m: m}
 	m.deaths = newDeaths(m)
 	// Before Inside: the in-sandbox API serves the capability too.
 	m.forks = noForks{}

@@ -152,7 +152,7 @@ func (r *recovery) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			if err := r.m.applyNetwork(ctx, sb); err != nil {
 				return err
 			}
-			if err := r.m.takeBack(ctx, sb, ep, r.m.recoveryTokens(sb)...); err != nil {
+			if err := r.m.agents.takeBack(ctx, sb, ep, r.m.agents.recoveryTokens(sb)...); err != nil {
 				return err
 			}
 			if sb.State != api.StateRunning {
@@ -224,7 +224,7 @@ func (r *recovery) recoverStoppedForRestore(ctx context.Context, sb *store.Sandb
 	}
 	if ep, eerr := r.m.Endpoint(sb); err == nil && st == runtime.StatusRunning && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
-		err := r.m.takeBack(cctx, sb, ep, r.m.recoveryTokens(sb)...)
+		err := r.m.agents.takeBack(cctx, sb, ep, r.m.agents.recoveryTokens(sb)...)
 		cancel()
 		if err == nil {
 			r.m.log.Info("a restore was cut short before it stopped the sandbox; the sandbox runs on", "sandbox", sb.ID)
@@ -273,7 +273,7 @@ func (r *recovery) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string
 	// is not moved on here; connect hands the agent the current token.
 	// That keeps the record as it was, so that a crash in here is
 	// recovered the same way again.
-	holds := r.m.recoveryTokens(sb)
+	holds := r.m.agents.recoveryTokens(sb)
 	start := time.Now()
 	err := func() error {
 		ep, err := r.m.prepare(ctx, sb)
@@ -284,7 +284,7 @@ func (r *recovery) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string
 			return fmt.Errorf("restoring memory: %w", err)
 		}
 		crash.Point("recover.resumed")
-		return r.m.takeBack(ctx, sb, ep, holds...)
+		return r.m.agents.takeBack(ctx, sb, ep, holds...)
 	}()
 	if err != nil {
 		r.m.log.Warn(what.String()+" was cut short after it stopped the sandbox, and the image it wrote does not restore",

@@ -378,7 +378,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	}
 	crash.Point("wake.restored")
 	restored := time.Now()
-	if err := m.takeBack(ctx, sb, ep, holds...); err != nil {
+	if err := m.agents.takeBack(ctx, sb, ep, holds...); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return err
 	}
@@ -414,8 +414,8 @@ func (r *recovery) recoverSleeping(ctx context.Context, sb *store.Sandbox) error
 		if err != nil {
 			return err
 		}
-		holds := append(m.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen)))
-		if err := m.takeBack(ctx, sb, ep, holds...); err == nil {
+		holds := append(m.agents.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen)))
+		if err := m.agents.takeBack(ctx, sb, ep, holds...); err == nil {
 			m.log.Info("finishing interrupted wake", "sandbox", sb.ID)
 			if err := m.applyLimits(ctx, sb); err != nil {
 				return err
@@ -473,7 +473,7 @@ func (r *recovery) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool
 	}
 	if ep, eerr := m.Endpoint(sb); err == nil && st != runtime.StatusStopped && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
-		err = m.takeBack(cctx, sb, ep, m.recoveryTokens(sb)...)
+		err = m.agents.takeBack(cctx, sb, ep, m.agents.recoveryTokens(sb)...)
 		cancel()
 		if err == nil {
 			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
