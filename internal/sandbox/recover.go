@@ -59,7 +59,7 @@ func (r *recovery) run(ctx context.Context) error {
 		if ep, err := m.Endpoint(sb); err == nil {
 			r.keep = append(r.keep, ep)
 		}
-		m.relimitDisk(ctx, sb)
+		m.machine.relimitDisk(ctx, sb)
 	}
 	// The firewall kept every policy through the restart (so sandboxes
 	// that ran on kept their egress): drop those of sandboxes now gone.
@@ -168,7 +168,7 @@ func (r *recovery) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			return err
 		}
 		r.m.log.Info("sandbox container gone; booting it again", "sandbox", sb.ID)
-		return r.m.boot(ctx, sb, false)
+		return r.m.machine.boot(ctx, sb, false)
 	}
 	return nil
 }
@@ -238,7 +238,7 @@ func (r *recovery) recoverStoppedForRestore(ctx context.Context, sb *store.Sandb
 		return nil
 	}
 	r.m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
-	return r.m.boot(ctx, sb, false)
+	return r.m.machine.boot(ctx, sb, false)
 }
 
 // resumeLeft starts a sandbox that a crash left stopped by a memory
@@ -276,11 +276,11 @@ func (r *recovery) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string
 	holds := r.m.agents.recoveryTokens(sb)
 	start := time.Now()
 	err := func() error {
-		ep, err := r.m.prepare(ctx, sb)
+		ep, err := r.m.machine.prepare(ctx, sb)
 		if err != nil {
 			return err
 		}
-		if err := r.m.rt.Restore(ctx, r.m.spec(ctx, sb, ep), newest); err != nil {
+		if err := r.m.rt.Restore(ctx, r.m.machine.spec(ctx, sb, ep), newest); err != nil {
 			return fmt.Errorf("restoring memory: %w", err)
 		}
 		crash.Point("recover.resumed")

@@ -438,7 +438,7 @@ func (r *recovery) recoverSleeping(ctx context.Context, sb *store.Sandbox) error
 		return nil
 	}
 	m.log.Error("the sleep image is gone; booting the sandbox again on its disk", "sandbox", sb.ID)
-	return m.boot(ctx, sb, false)
+	return m.machine.boot(ctx, sb, false)
 }
 
 // recoverMidSleep is for a sandbox whose record says running and that has
@@ -492,7 +492,7 @@ func (r *recovery) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool
 		return true, err
 	}
 	m.log.Warn("a sleep was cut short and stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
-	return true, m.boot(ctx, sb, false)
+	return true, m.machine.boot(ctx, sb, false)
 }
 
 // midSleepWait bounds how long recovery waits for the agent of a sandbox
