@@ -559,7 +559,7 @@ func (mc *machine) spec(ctx context.Context, sb *store.Sandbox, ep network.Endpo
 		AgentBinary: m.cfg.AgentBinary,
 		Env: append([]string{
 			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-			"LOAM_AGENT_TOKEN=" + m.agentToken(sb),
+			"LOAM_AGENT_TOKEN=" + m.agents.token(sb),
 			"LOAM_AGENT_LISTEN=:" + strconv.Itoa(m.cfg.AgentPort),
 		}, env...),
 		CPUs:      sb.Resources.CPUs,
@@ -614,7 +614,7 @@ func (mc *machine) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, 
 		return fmt.Errorf("starting: %w", err)
 	}
 	crash.Point("boot.started")
-	if err := m.connect(ctx, sb, ep, m.agentToken(sb)); err != nil {
+	if err := m.agents.connect(ctx, sb, ep, m.agents.token(sb)); err != nil {
 		return err
 	}
 	crash.Point("boot.connected")
