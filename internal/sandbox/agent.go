@@ -14,13 +14,28 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
+// agentLink is the core's link to its sandboxes' agents: the tokens an
+// agent answers to (derived from the daemon's secret, never stored), the
+// connect after every boot, restore, wake or restart of the daemon (wait
+// for it, hand it its own token, tell it who it is), the token's rotation
+// after a memory checkpoint, and the protocol version it speaks. It is a
+// unit of its own because every way a sandbox comes up ends in it, and its
+// rules (which tokens a crash may leave an agent with, what a sandbox taken
+// back may ignore) hold for all of them alike. The connections themselves
+// are agentconn's; what a connect sets in motion in the rest of the core
+// (the in-sandbox API, the secrets, the watch on the sandbox process) it
+// asks of the Manager.
+type agentLink struct {
+	m *Manager
+}
+
 // connect waits for a sandbox's agent, which answers to one of holds (the
 // token it was started with after a boot, the checkpoint's after a restore
 // or a fork; a recovery tries the ones a crash may have left it with),
 // hands it the sandbox's own token if it holds another, and tells it who it
 // is: the sandbox's id and name and where its in-sandbox API is.
-func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
-	return m.connectAgent(ctx, sb, ep, false, holds)
+func (a *agentLink) connect(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
+	return a.dial(ctx, sb, ep, false, holds)
 }
 
 // takeBack is connect for a sandbox whose agent comes back with this
@@ -34,11 +49,13 @@ func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.End
 // answers 500) keeps the one it has, and the sandbox is taken back all the
 // same: a sandbox's disk full is the sandbox's state, not a reason to lose
 // it. A restore or a fork is not this: its memory may name another.
-func (m *Manager) takeBack(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
-	return m.connectAgent(ctx, sb, ep, true, holds)
+func (a *agentLink) takeBack(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
+	return a.dial(ctx, sb, ep, true, holds)
 }
 
-func (m *Manager) connectAgent(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, takingBack bool, holds []string) error {
+// dial is connect (takingBack false) and takeBack (true).
+func (a *agentLink) dial(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, takingBack bool, holds []string) error {
+	m := a.m
 	// Connections made before a restore lead to a sandbox that is gone.
 	m.dropAgentConns()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
@@ -56,8 +73,8 @@ func (m *Manager) connectAgent(ctx context.Context, sb *store.Sandbox, ep networ
 			return fmt.Errorf("waiting for the agent of %s: %w", sb.ID, err)
 		}
 	}
-	m.setAgentVersion(sb.ID, health.Version)
-	if own := m.agentToken(sb); ac.Token != own {
+	a.setVersion(sb.ID, health.Version)
+	if own := a.token(sb); ac.Token != own {
 		if err := ac.RotateToken(ctx, own); err != nil {
 			return fmt.Errorf("handing the agent of %s its token: %w", sb.ID, err)
 		}
@@ -70,7 +87,7 @@ func (m *Manager) connectAgent(ctx context.Context, sb *store.Sandbox, ep networ
 			return fmt.Errorf("forgetting the stored agent token of %s: %w", sb.ID, err)
 		}
 	}
-	if err := m.identify(ctx, sb, ep, ac); err != nil {
+	if err := a.identify(ctx, sb, ep, ac); err != nil {
 		var ae *agent.Error
 		if !takingBack || !errors.As(err, &ae) {
 			return err
@@ -78,7 +95,7 @@ func (m *Manager) connectAgent(ctx context.Context, sb *store.Sandbox, ep networ
 		m.log.Warn("the agent of a sandbox taken back refused its identity; it keeps the one the last daemon gave it", "sandbox", sb.ID, "err", err)
 	}
 	// Started, restored or taken back: a sandbox process to watch.
-	m.watchDeath(ctx, sb.ID)
+	m.deaths.watch(ctx, sb.ID)
 	return nil
 }
 
@@ -86,7 +103,8 @@ func (m *Manager) connectAgent(ctx context.Context, sb *store.Sandbox, ep networ
 // sandbox's id and name, its env and secrets, and where its in-sandbox API
 // is (served from here on). A warm pool's member that is claimed needs
 // only this: its agent is up and holds its token.
-func (m *Manager) identify(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, ac *agent.Client) error {
+func (a *agentLink) identify(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, ac *agent.Client) error {
+	m := a.m
 	if m.inside == nil {
 		return nil
 	}
@@ -120,12 +138,12 @@ func (m *Manager) identify(ctx context.Context, sb *store.Sandbox, ep network.En
 
 // recoveryTokens are the tokens a running sandbox's agent may hold after a
 // crash of the daemon: its own; the one before, if the crash came between
-// storing a new generation and handing it over (see rotateToken); the one
+// storing a new generation and handing it over (see rotate); the one
 // an older loam stored.
-func (m *Manager) recoveryTokens(sb *store.Sandbox) []string {
-	toks := []string{m.agentToken(sb)}
+func (a *agentLink) recoveryTokens(sb *store.Sandbox) []string {
+	toks := []string{a.token(sb)}
 	if sb.AgentGen > 0 {
-		toks = append(toks, AgentToken(m.cfg.Secret, sb.ID, sb.AgentGen-1))
+		toks = append(toks, AgentToken(a.m.cfg.Secret, sb.ID, sb.AgentGen-1))
 	}
 	if sb.LegacyAgentToken != "" {
 		toks = append(toks, sb.LegacyAgentToken)
@@ -133,18 +151,19 @@ func (m *Manager) recoveryTokens(sb *store.Sandbox) []string {
 	return toks
 }
 
-// rotateToken moves a running sandbox's agent to the next generation of its
+// rotate moves a running sandbox's agent to the next generation of its
 // token. It runs after every memory checkpoint, before the checkpoint is
 // visible: the image holds the token the agent had, which every restore and
 // fork of it wakes up with, and that must not be one the source answers to.
 // The new generation is stored first, so that a crash in between leaves the
 // agent with a token recovery tries (see recoveryTokens).
-func (m *Manager) rotateToken(ctx context.Context, sb *store.Sandbox) error {
+func (a *agentLink) rotate(ctx context.Context, sb *store.Sandbox) error {
+	m := a.m
 	ep, err := m.Endpoint(sb)
 	if err != nil {
 		return err
 	}
-	old := m.agentToken(sb)
+	old := a.token(sb)
 	sb.AgentGen++
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		sb.AgentGen--
@@ -153,7 +172,7 @@ func (m *Manager) rotateToken(ctx context.Context, sb *store.Sandbox) error {
 	crash.Point("token.stored")
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	if err := m.agentClient(ep, old).RotateToken(ctx, m.agentToken(sb)); err != nil {
+	if err := m.agentClient(ep, old).RotateToken(ctx, a.token(sb)); err != nil {
 		return fmt.Errorf("handing the agent of %s a new token: %w", sb.ID, err)
 	}
 	return nil
@@ -163,22 +182,22 @@ func (m *Manager) rotateToken(ctx context.Context, sb *store.Sandbox) error {
 // sandbox's word, never an API error class (agentconn.Failed).
 func publicError(err error) error { return agentconn.Failed(err) }
 
-// setAgentVersion records the protocol version of the agent sandbox id
+// setVersion records the protocol version of the agent sandbox id
 // runs now: learned at every connect, since a restore or a fork may bring
 // back an older agent with the checkpoint's memory.
-func (m *Manager) setAgentVersion(id string, v int) {
-	l := m.live(id)
+func (a *agentLink) setVersion(id string, v int) {
+	l := a.m.live(id)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.agentVersion = v
 }
 
-// requireAgent refuses, with a clear error, an operation (what) that needs
+// require refuses, with a clear error, an operation (what) that needs
 // an agent of protocol version min or newer when sandbox sb runs an older
 // one.
-func (m *Manager) requireAgent(sb *store.Sandbox, min int, what string) error {
+func (a *agentLink) require(sb *store.Sandbox, min int, what string) error {
 	v := 0
-	if l := m.peek(sb.ID); l != nil {
+	if l := a.m.peek(sb.ID); l != nil {
 		l.mu.Lock()
 		v = l.agentVersion
 		l.mu.Unlock()
@@ -189,4 +208,27 @@ func (m *Manager) requireAgent(sb *store.Sandbox, min int, what string) error {
 		return nil
 	}
 	return api.Errorf(api.CodeConflict, "%s needs a newer agent than sandbox %s runs (protocol %d, needs %d): it was restored or forked from a checkpoint taken by an older loam; a fresh boot (a disk-only checkpoint restored, or a new sandbox) runs the current agent", what, sb.Name, v, min)
+}
+
+// The Manager's names for the agent link's calls that checkpoint.go,
+// pool.go and templates.go make; they go once those call m.agents.
+
+// connect is agentLink.connect.
+func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
+	return m.agents.connect(ctx, sb, ep, holds...)
+}
+
+// identify is agentLink.identify.
+func (m *Manager) identify(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, ac *agent.Client) error {
+	return m.agents.identify(ctx, sb, ep, ac)
+}
+
+// rotateToken is agentLink.rotate.
+func (m *Manager) rotateToken(ctx context.Context, sb *store.Sandbox) error {
+	return m.agents.rotate(ctx, sb)
+}
+
+// requireAgent is agentLink.require.
+func (m *Manager) requireAgent(sb *store.Sandbox, min int, what string) error {
+	return m.agents.require(sb, min, what)
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,6 +51,63 @@ type oomRuntime interface {
 	OOMKills(id string) (int64, error)
 }
 
+// deaths watches the sandbox processes of the Manager's running sandboxes
+// and judges their ends. It is a unit of its own because it is the work
+// the Manager does in the background: it owns the goroutines that wait on
+// the pidfds (each watch's state is its sandbox's live object's), and
+// close ends them and waits for them. Judging an end is an operation on
+// the sandbox like any other, through the Manager.
+type deaths struct {
+	m *Manager
+	// ctx is cancelled by close; mu orders goBG and close (closed).
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+	// waiting counts the watches waiting on a process (for tests).
+	waiting atomic.Int32
+}
+
+// errClosed is the cause the watches are cancelled with.
+var errClosed = errors.New("the sandbox manager is closing")
+
+func newDeaths(m *Manager) *deaths {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &deaths{m: m, ctx: ctx, cancel: cancel}
+}
+
+// goBG runs f on a goroutine that close waits for; after close it runs
+// nothing and returns false.
+func (d *deaths) goBG(f func()) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	d.wg.Go(f)
+	return true
+}
+
+// close ends every watch (closing its pidfd) and waits for the goroutines:
+// a death that comes after is judged by the next daemon's Recover.
+func (d *deaths) close() {
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	d.cancel(errClosed)
+	d.m.mu.Lock()
+	ls := make([]*live, 0, len(d.m.lives))
+	for _, l := range d.m.lives {
+		ls = append(ls, l)
+	}
+	d.m.mu.Unlock()
+	for _, l := range ls {
+		l.unwatch()
+	}
+	d.wg.Wait()
+}
+
 // deathWatch is the watch on one sandbox process.
 type deathWatch struct {
 	pid  int
@@ -57,11 +116,12 @@ type deathWatch struct {
 	ooms int64
 }
 
-// watchDeath starts watching the sandbox process of sandbox id, which has
+// watch starts watching the sandbox process of sandbox id, which has
 // just been started, restored or taken back, replacing the watch on the
 // process it ran before. A runtime that cannot tell the pid is not
 // watched.
-func (m *Manager) watchDeath(ctx context.Context, id string) {
+func (d *deaths) watch(ctx context.Context, id string) {
+	m := d.m
 	pr, ok := m.rt.(pidRuntime)
 	if !ok {
 		return
@@ -92,14 +152,14 @@ func (m *Manager) watchDeath(ctx context.Context, id string) {
 		old.file.Close()
 	}
 	// Close ends the watch (closing its pidfd) and waits for it.
-	if !m.goBG(func() { m.awaitDeath(l, w) }) && w.file != nil {
+	if !d.goBG(func() { d.await(l, w) }) && w.file != nil {
 		l.unwatch()
 	}
 }
 
-// unwatchDeath ends the watch on sandbox id, which is going away.
-func (m *Manager) unwatchDeath(id string) {
-	if l := m.peek(id); l != nil {
+// unwatch ends the watch on sandbox id, which is going away.
+func (d *deaths) unwatch(id string) {
+	if l := d.m.peek(id); l != nil {
 		l.unwatch()
 	}
 }
@@ -122,10 +182,10 @@ func (l *live) watching(w *deathWatch) bool {
 	return l.death == w
 }
 
-// awaitDeath waits for w's process to end, then judges the end.
-func (m *Manager) awaitDeath(l *live, w *deathWatch) {
-	m.watchers.Add(1)
-	defer m.watchers.Add(-1)
+// await waits for w's process to end, then judges the end.
+func (d *deaths) await(l *live, w *deathWatch) {
+	d.waiting.Add(1)
+	defer d.waiting.Add(-1)
 	how := "ended"
 	if w.file != nil {
 		rc, err := w.file.SyscallConn()
@@ -139,10 +199,10 @@ func (m *Manager) awaitDeath(l *live, w *deathWatch) {
 		}
 		_ = rc.Control(func(fd uintptr) { how = exitHow(int(fd), w.pid) })
 	}
-	if m.bgCtx.Err() != nil {
+	if d.ctx.Err() != nil {
 		return // the Manager is closing: the next daemon judges it
 	}
-	m.judgeDeath(l, w, how)
+	d.judge(l, w, how)
 }
 
 // exited reports whether the process of pidfd fd has exited.
@@ -210,11 +270,12 @@ func describeExit(ws syscall.WaitStatus) string {
 	return "ended"
 }
 
-// judgeDeath runs once w's process has ended: when no operation of the
+// judge runs once w's process has ended: when no operation of the
 // daemon's is left that could have ended it on purpose and the sandbox
 // still runs on it, the sandbox is broken. The watch stays in place until
 // the judgement is done, for died.
-func (m *Manager) judgeDeath(l *live, w *deathWatch, how string) {
+func (d *deaths) judge(l *live, w *deathWatch, how string) {
+	m := d.m
 	ctx := context.Background()
 	id := l.id
 	defer func() {
@@ -263,7 +324,7 @@ func (m *Manager) judgeDeath(l *live, w *deathWatch, how string) {
 			how += " when it ran out of memory"
 		}
 	}
-	m.brokeDown(ctx, sb, w.pid, how)
+	d.brokeDown(ctx, sb, w.pid, how)
 }
 
 // died reports whether the sandbox's sandbox process has ended
@@ -301,7 +362,8 @@ const diedWait = 300 * time.Millisecond
 // boot on its disk (Wake). The caller holds the sandbox's operation. The
 // state changes last, so that a user who sees it finds the sandbox free
 // for a restore or a wake.
-func (m *Manager) brokeDown(ctx context.Context, sb *store.Sandbox, pid int, how string) {
+func (d *deaths) brokeDown(ctx context.Context, sb *store.Sandbox, pid int, how string) {
+	m := d.m
 	reason := fmt.Sprintf("its sandbox process (pid %d) %s outside loam's control; restore a checkpoint, or wake it to boot it again on its disk", pid, how)
 	m.log.Error("sandbox died", "sandbox", sb.ID, "name", sb.Name, "reason", reason)
 	// Its agent's sockets lead nowhere now: without this they would hang.

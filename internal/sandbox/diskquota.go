@@ -15,12 +15,13 @@ import (
 // made from a template: a new volume starts with no limit), or again after
 // a restart. A pool that cannot limit volumes is no error: the sandbox's
 // view then says the limit is not enforced (see diskUse).
-func (m *Manager) limitDisk(ctx context.Context, sb *store.Sandbox) error {
+func (mc *machine) limitDisk(ctx context.Context, sb *store.Sandbox) error {
+	m := mc.m
 	l, ok := m.disks.(disk.Limiter)
 	if !ok || sb.Resources.DiskMiB <= 0 {
 		return nil
 	}
-	base, err := m.diskBase(ctx, sb)
+	base, err := mc.diskBase(ctx, sb)
 	if err != nil {
 		return fmt.Errorf("limiting the disk of %s: %w", sb.ID, err)
 	}
@@ -36,7 +37,8 @@ func (m *Manager) limitDisk(ctx context.Context, sb *store.Sandbox) error {
 // a restored or forked sandbox runs on a new volume with a quota of its
 // own. The counters are read live, so a limit set after the start (a warm
 // sandbox claimed, a restore's new volume) shows as soon as it is set.
-func (m *Manager) diskQuota(ctx context.Context, sb *store.Sandbox) string {
+func (mc *machine) diskQuota(ctx context.Context, sb *store.Sandbox) string {
+	m := mc.m
 	l, ok := m.disks.(disk.Limiter)
 	if !ok {
 		return ""
@@ -52,11 +54,12 @@ func (m *Manager) diskQuota(ctx context.Context, sb *store.Sandbox) string {
 // relimitDisk sets a recovered sandbox's disk limit again: a crash may
 // have come between a restore's new volume and its limit, and a pool whose
 // quotas were switched to classic qgroups lost every limit.
-func (m *Manager) relimitDisk(ctx context.Context, sb *store.Sandbox) {
+func (mc *machine) relimitDisk(ctx context.Context, sb *store.Sandbox) {
+	m := mc.m
 	if sb.State == api.StateDeleting || sb.State == api.StateCreating {
 		return
 	}
-	if err := m.limitDisk(ctx, sb); err != nil && !errors.Is(err, disk.ErrNotFound) {
+	if err := mc.limitDisk(ctx, sb); err != nil && !errors.Is(err, disk.ErrNotFound) {
 		m.log.Warn("limiting a recovered sandbox's disk", "sandbox", sb.ID, "err", err)
 	}
 }
@@ -66,7 +69,8 @@ func (m *Manager) relimitDisk(ctx context.Context, sb *store.Sandbox) {
 // the sandbox it was forked from) was made from, else its image's template,
 // else its template. A restore or a fork keeps the data its checkpoint
 // holds, and so its use: only the template is free.
-func (m *Manager) diskBase(ctx context.Context, sb *store.Sandbox) (disk.Base, error) {
+func (mc *machine) diskBase(ctx context.Context, sb *store.Sandbox) (disk.Base, error) {
+	m := mc.m
 	if man, err := m.tpl.Kept(sb.Template); err != nil {
 		return disk.Base{}, err
 	} else if man != nil {
@@ -87,13 +91,14 @@ func (m *Manager) diskBase(ctx context.Context, sb *store.Sandbox) (disk.Base, e
 // pool keeps no counters, and enforced is true only when the sandbox's
 // volume really has a limit (not on the copy pool, btrfs without quotas,
 // or a volume made before quotas were turned on).
-func (m *Manager) diskUse(ctx context.Context, sb *store.Sandbox) *api.DiskUse {
+func (mc *machine) diskUse(ctx context.Context, sb *store.Sandbox) *api.DiskUse {
+	m := mc.m
 	d := &api.DiskUse{LimitMiB: sb.Resources.DiskMiB}
 	l, ok := m.disks.(disk.Limiter)
 	if !ok {
 		return d
 	}
-	base, err := m.diskBase(ctx, sb)
+	base, err := mc.diskBase(ctx, sb)
 	if err != nil {
 		m.log.Warn("finding the template of a disk", "sandbox", sb.ID, "err", err)
 		return d

@@ -2,4 +2,4 @@ package sandbox
 
 // SetAgentVersion makes the Manager believe sandbox id runs an agent of
 // protocol v, as one restored from an old checkpoint would.
-func (m *Manager) SetAgentVersion(id string, v int) { m.setAgentVersion(id, v) }
+func (m *Manager) SetAgentVersion(id string, v int) { m.agents.setVersion(id, v) }

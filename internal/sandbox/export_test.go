@@ -24,7 +24,7 @@ func (m *Manager) OpWaiters(id string) int {
 }
 
 // DeathWatchers is how many watches on sandbox processes run (death.go).
-func (m *Manager) DeathWatchers() int { return int(m.watchers.Load()) }
+func (m *Manager) DeathWatchers() int { return int(m.deaths.waiting.Load()) }
 
 // HasSpare reports whether sandbox id has a spare exec socket.
 func (m *Manager) HasSpare(id string) bool { return m.conns.Spares(id) > 0 }

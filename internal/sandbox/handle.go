@@ -26,7 +26,9 @@ type handle struct {
 	AgentPort int    `json:"agent_port"`
 }
 
-func (m *Manager) writeHandle(sb *store.Sandbox, ep network.Endpoint) error {
+// writeHandle writes sb's handle, for its network at ep.
+func (mc *machine) writeHandle(sb *store.Sandbox, ep network.Endpoint) error {
+	m := mc.m
 	h := handle{
 		Version: handleVersion, ID: sb.ID, Rootfs: m.disks.VolumePath(sb.ID),
 		Netns: ep.Netns, SandboxIP: ep.SandboxIP.String(), AgentPort: m.cfg.AgentPort,
@@ -37,7 +39,7 @@ func (m *Manager) writeHandle(sb *store.Sandbox, ep network.Endpoint) error {
 	}
 	// Not durable: a handle serves a restarted daemon to take back sandboxes
 	// that still run, and none runs after a power loss.
-	if err := atomicfile.Replace(filepath.Join(m.dir(sb.ID), "handle.json"), bytes.NewReader(b), 0o600); err != nil {
+	if err := atomicfile.Replace(filepath.Join(mc.dir(sb.ID), "handle.json"), bytes.NewReader(b), 0o600); err != nil {
 		return fmt.Errorf("writing handle of %s: %w", sb.ID, err)
 	}
 	return nil

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -312,41 +311,13 @@ func (l *live) wake(ctx context.Context, do func() error) error {
 	return w.err
 }
 
-// errClosed is the cause the Manager's background work is cancelled with.
-var errClosed = errors.New("the sandbox manager is closing")
-
 // Close ends the goroutines the Manager runs on its own and waits for
 // them: the spare exec sockets being opened (and those kept are closed)
 // and the watches on sandbox processes (a death that comes after is
 // judged by the next daemon's Recover). It leaves the sandboxes running,
 // and the warm pools to their Run. Call it once requests have stopped.
 func (m *Manager) Close() error {
-	m.bgMu.Lock()
-	m.closed = true
-	m.bgMu.Unlock()
-	m.bgCancel(errClosed)
-	m.mu.Lock()
-	ls := make([]*live, 0, len(m.lives))
-	for _, l := range m.lives {
-		ls = append(ls, l)
-	}
-	m.mu.Unlock()
-	for _, l := range ls {
-		l.unwatch()
-	}
-	m.bg.Wait()
+	m.deaths.close()
 	// The spare dials and the idle connections' goroutines.
 	return m.conns.Close()
-}
-
-// goBG runs f on a goroutine of the Manager's, that Close waits for; after
-// Close it runs nothing and returns false.
-func (m *Manager) goBG(f func()) bool {
-	m.bgMu.Lock()
-	defer m.bgMu.Unlock()
-	if m.closed {
-		return false
-	}
-	m.bg.Go(f)
-	return true
 }

@@ -108,13 +108,13 @@ func TestLiveWakeOnce(t *testing.T) {
 	}
 }
 
-// TestManagerClose: Close waits for the goroutines begun with goBG, and
+// TestManagerClose: Close waits for the goroutines begun with deaths.goBG, and
 // none begins after it.
 func TestManagerClose(t *testing.T) {
 	m := New(Config{}, nil, nil, nil, nil, nil, nil)
 	ended := make(chan struct{})
-	if !m.goBG(func() {
-		<-m.bgCtx.Done()
+	if !m.deaths.goBG(func() {
+		<-m.deaths.ctx.Done()
 		time.Sleep(10 * time.Millisecond)
 		close(ended)
 	}) {
@@ -128,7 +128,7 @@ func TestManagerClose(t *testing.T) {
 	default:
 		t.Fatal("Close returned before its goroutine ended")
 	}
-	if m.goBG(func() {}) {
+	if m.deaths.goBG(func() {}) {
 		t.Error("goBG ran a goroutine after Close")
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"loam.dev/loam/api"
@@ -143,16 +142,16 @@ type Manager struct {
 	// holds the slots handed out but not yet stored.
 	insertMu sync.Mutex
 	reserved map[int]bool
-	// bg are the goroutines the Manager runs on its own (death watches;
-	// the spare dials are conns'), started by goBG and ended by Close;
-	// bgCtx is cancelled by Close. bgMu orders goBG and Close (closed).
-	bgMu   sync.Mutex
-	closed bool
-	// watchers counts the death watches running (for tests).
-	watchers atomic.Int32
-	bg       sync.WaitGroup
-	bgCtx    context.Context
-	bgCancel context.CancelCauseFunc
+	// agents is the link to the sandboxes' agents (agent.go): their
+	// tokens, the connect after every boot, their protocol version.
+	agents *agentLink
+	// machine makes what a sandbox runs on (its dir, disk limit,
+	// network, spec) and boots it (manager.go, diskquota.go, handle.go).
+	machine *machine
+	// deaths watches the sandboxes' processes (death.go): the goroutines
+	// the Manager runs on its own (the spare dials are conns'), ended by
+	// Close.
+	deaths *deaths
 	// pools are the warm pools (pool.go): Config.Pools's, or noPools.
 	pools Pools
 	// forks make sandboxes from checkpoints: Config.Forks's, or noForks.
@@ -185,16 +184,16 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	if cfg.HeavyWait == 0 {
 		cfg.HeavyWait = DefaultHeavyWait
 	}
-	bgCtx, bgCancel := context.WithCancelCause(context.Background())
 	m := &Manager{
 		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
 		conns:    agentconn.NewConns(cfg.AgentPort),
 		lives:    map[string]*live{},
 		reserved: map[int]bool{},
 		heavy:    newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
-		bgCtx:    bgCtx,
-		bgCancel: bgCancel,
 	}
+	m.agents = &agentLink{m: m}
+	m.machine = &machine{m: m}
+	m.deaths = newDeaths(m)
 	// Before Inside: the in-sandbox API serves the capability too.
 	m.forks = noForks{}
 	if cfg.Forks != nil {
@@ -257,7 +256,7 @@ func (m *Manager) Get(ctx context.Context, ref string) (*api.Sandbox, error) {
 		return nil, err
 	}
 	v := m.view(sb)
-	v.Disk = m.diskUse(ctx, sb)
+	v.Disk = m.machine.diskUse(ctx, sb)
 	v.Usage = m.usage(sb)
 	return v, nil
 }
@@ -299,7 +298,7 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.San
 			continue
 		}
 		v := m.view(sb)
-		v.Disk = m.diskUse(ctx, sb)
+		v.Disk = m.machine.diskUse(ctx, sb)
 		v.Usage = m.usage(sb)
 		out = append(out, *v)
 	}
@@ -419,7 +418,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	// only leave more to clean up.
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
-	if err := m.bootWith(ctx, sb, true, req.Services); err != nil {
+	if err := m.machine.bootWith(ctx, sb, true, req.Services); err != nil {
 		m.log.Error("create failed", "sandbox", sb.ID, "err", err)
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
@@ -534,34 +533,45 @@ func orEmpty(m map[string]string) map[string]string {
 // maxNameLen is the longest name a sandbox may have under this daemon's org.
 func (m *Manager) maxNameLen() int { return MaxNameLen(m.cfg.Org) }
 
+// machine is how a sandbox runs on this host: its own directory and the
+// handle in it, its disk and the disk's limit, its network made ready, the
+// runtime's spec of its container, and a boot on its disk. It is a unit of
+// its own because a create, a wake, a restore, a fork and a recovery all
+// make a sandbox's machine the same way, whatever the operation around it
+// (which, with the sandbox's state, stays the Manager's).
+type machine struct {
+	m *Manager
+}
+
 // dir is the sandbox's own directory on the host.
-func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.DataDir, "sandboxes", id) }
+func (mc *machine) dir(id string) string { return filepath.Join(mc.m.cfg.DataDir, "sandboxes", id) }
 
 // spec is the runtime spec of a sandbox; env is more of the agent's
 // environment (its image's defaults, for a fresh boot).
-func (m *Manager) spec(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, env ...string) runtime.Spec {
+func (mc *machine) spec(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, env ...string) runtime.Spec {
+	m := mc.m
 	return runtime.Spec{
 		ID:          sb.ID,
-		BundleDir:   filepath.Join(m.dir(sb.ID), "bundle"),
+		BundleDir:   filepath.Join(mc.dir(sb.ID), "bundle"),
 		Rootfs:      m.disks.VolumePath(sb.ID),
 		Netns:       ep.Netns,
 		Hostname:    sb.Name,
 		AgentBinary: m.cfg.AgentBinary,
 		Env: append([]string{
 			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-			"LOAM_AGENT_TOKEN=" + m.agentToken(sb),
+			"LOAM_AGENT_TOKEN=" + m.agents.token(sb),
 			"LOAM_AGENT_LISTEN=:" + strconv.Itoa(m.cfg.AgentPort),
 		}, env...),
 		CPUs:      sb.Resources.CPUs,
 		MemoryMiB: sb.Resources.MemoryMiB,
-		DiskQuota: m.diskQuota(ctx, sb),
+		DiskQuota: mc.diskQuota(ctx, sb),
 	}
 }
 
 // boot starts a sandbox fresh on its disk (making the disk from the
 // template when fresh is true) and waits for its agent.
-func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
-	return m.bootWith(ctx, sb, fresh, nil)
+func (mc *machine) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
+	return mc.bootWith(ctx, sb, fresh, nil)
 }
 
 // bootWith is boot for a create that gives services: they are defined and
@@ -569,7 +579,8 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error
 // leaves a sandbox still creating, which recovery deletes (as before the
 // create), never one running without them. A service the sandbox cannot
 // run is the client's mistake (see startServicesOrDelete), told as it is.
-func (m *Manager) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, services []api.Service) error {
+func (mc *machine) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, services []api.Service) error {
+	m := mc.m
 	agentEnv, err := m.imageAgentEnv(ctx, sb)
 	if err != nil {
 		return err
@@ -590,20 +601,20 @@ func (m *Manager) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, s
 		if err := personalize(root, sb.Name); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
-		if err := m.limitDisk(ctx, sb); err != nil {
+		if err := mc.limitDisk(ctx, sb); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
 		crash.Point("boot.disk")
 	}
-	ep, err := m.prepare(ctx, sb)
+	ep, err := mc.prepare(ctx, sb)
 	if err != nil {
 		return err
 	}
-	if err := m.rt.Start(ctx, m.spec(ctx, sb, ep, agentEnv...)); err != nil {
+	if err := m.rt.Start(ctx, mc.spec(ctx, sb, ep, agentEnv...)); err != nil {
 		return fmt.Errorf("starting: %w", err)
 	}
 	crash.Point("boot.started")
-	if err := m.connect(ctx, sb, ep, m.agentToken(sb)); err != nil {
+	if err := m.agents.connect(ctx, sb, ep, m.agents.token(sb)); err != nil {
 		return err
 	}
 	crash.Point("boot.connected")
@@ -651,12 +662,13 @@ func personalize(rootDir, name string) error {
 // prepare makes what a sandbox's container needs before it starts or is
 // restored: its directory first (start-up sweeps leftovers by it), then its
 // network, configured afresh, and its handle.
-func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpoint, error) {
+func (mc *machine) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpoint, error) {
+	m := mc.m
 	ep, err := m.Endpoint(sb)
 	if err != nil {
 		return ep, err
 	}
-	if err := os.MkdirAll(filepath.Join(m.dir(sb.ID), "bundle"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(mc.dir(sb.ID), "bundle"), 0o700); err != nil {
 		return ep, err
 	}
 	if err := m.nets.Create(ctx, ep); err != nil {
@@ -670,7 +682,7 @@ func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpo
 		return ep, err
 	}
 	crash.Point("prepare.policy")
-	return ep, m.writeHandle(sb, ep)
+	return ep, mc.writeHandle(sb, ep)
 }
 
 // callClient is a client of sandbox sb's agent at ep for a user's call:
@@ -742,7 +754,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 		m.pools.Forget(ctx, PoolSource{Sandbox: sb.ID})
 	}
 	var errs []error
-	m.unwatchDeath(sb.ID)
+	m.deaths.unwatch(sb.ID)
 	m.closeStreams(sb.ID, "the sandbox was deleted")
 	if m.inside != nil {
 		m.inside.Close(sb.ID)
@@ -769,7 +781,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 		errs = append(errs, err)
 	}
 	crash.Point("destroy.checkpoints")
-	for _, dir := range []string{m.dir(sb.ID), m.checkpointsDir(sb.ID)} {
+	for _, dir := range []string{m.machine.dir(sb.ID), m.checkpointsDir(sb.ID)} {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}
@@ -809,4 +821,32 @@ func snapName(sandboxID, cpID string) string { return checkpoint.Snapshot(sandbo
 // Endpoint is the network endpoint of a sandbox.
 func (m *Manager) Endpoint(sb *store.Sandbox) (network.Endpoint, error) {
 	return m.nets.Endpoint(sb.ID, sb.NetIndex)
+}
+
+// The Manager's names for the machine's calls that checkpoint.go, pool.go
+// and templates.go make; they go once those call m.machine.
+
+// spec is machine.spec.
+func (m *Manager) spec(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, env ...string) runtime.Spec {
+	return m.machine.spec(ctx, sb, ep, env...)
+}
+
+// boot is machine.boot.
+func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
+	return m.machine.boot(ctx, sb, fresh)
+}
+
+// bootWith is machine.bootWith.
+func (m *Manager) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, services []api.Service) error {
+	return m.machine.bootWith(ctx, sb, fresh, services)
+}
+
+// prepare is machine.prepare.
+func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpoint, error) {
+	return m.machine.prepare(ctx, sb)
+}
+
+// limitDisk is machine.limitDisk.
+func (m *Manager) limitDisk(ctx context.Context, sb *store.Sandbox) error {
+	return m.machine.limitDisk(ctx, sb)
 }

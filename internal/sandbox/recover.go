@@ -24,26 +24,46 @@ import (
 // create or delete cut short is finished (rolled back or completed); and
 // disks, networks and directories no record points at are removed.
 func (m *Manager) Recover(ctx context.Context) error {
+	r := &recovery{m: m, known: map[string]bool{}}
+	return r.run(ctx)
+}
+
+// recovery is one pass of Recover, at the daemon's start and before any
+// request: it walks the records and takes back, finishes or gives up on
+// each sandbox, then sweeps what no record points at. It is a type of its
+// own because it runs once, with state of its own (which sandboxes it
+// found), through steps no request ever takes; the Manager keeps the
+// operations (boot, connect, setState, destroy) it dispatches to.
+type recovery struct {
+	m *Manager
+	// known are the sandboxes that had a record when the pass began: the
+	// sweep removes disks and directories of any other. keep are the
+	// network endpoints of those whose egress policies the firewall keeps.
+	known map[string]bool
+	keep  []network.Endpoint
+}
+
+// run is the pass: every record, then the sweep.
+func (r *recovery) run(ctx context.Context) error {
+	m := r.m
 	sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
 	if err != nil {
 		return fmt.Errorf("listing sandboxes: %w", err)
 	}
-	known := map[string]bool{}
-	var keep []network.Endpoint
 	for _, sb := range sbs {
-		known[sb.ID] = true
-		if err := m.recoverOne(ctx, sb); err != nil {
+		r.known[sb.ID] = true
+		if err := r.recoverOne(ctx, sb); err != nil {
 			m.log.Error("recovering sandbox", "sandbox", sb.ID, "err", err)
-			m.giveUp(ctx, sb, err)
+			r.giveUp(ctx, sb, err)
 		}
 		if ep, err := m.Endpoint(sb); err == nil {
-			keep = append(keep, ep)
+			r.keep = append(r.keep, ep)
 		}
-		m.relimitDisk(ctx, sb)
+		m.machine.relimitDisk(ctx, sb)
 	}
 	// The firewall kept every policy through the restart (so sandboxes
 	// that ran on kept their egress): drop those of sandboxes now gone.
-	return errors.Join(m.nets.PrunePolicies(ctx, keep), m.sweep(ctx, known))
+	return errors.Join(m.nets.PrunePolicies(ctx, r.keep), r.sweep(ctx))
 }
 
 // giveUp deals with a sandbox that recovery could not take back (why): a
@@ -52,34 +72,34 @@ func (m *Manager) Recover(ctx context.Context) error {
 // error, saying why and that a wake boots it again on its disk (its files
 // are kept; its processes start afresh). A sandbox being deleted stays
 // so, for the next delete.
-func (m *Manager) giveUp(ctx context.Context, sb *store.Sandbox, why error) {
+func (r *recovery) giveUp(ctx context.Context, sb *store.Sandbox, why error) {
 	stopped := "its container was stopped"
-	if err := m.rt.Delete(ctx, sb.ID); err != nil {
-		m.log.Error("stopping the container of a sandbox that was not taken back", "sandbox", sb.ID, "err", err)
+	if err := r.m.rt.Delete(ctx, sb.ID); err != nil {
+		r.m.log.Error("stopping the container of a sandbox that was not taken back", "sandbox", sb.ID, "err", err)
 		stopped = "stopping its container failed too"
 	}
 	if sb.State == api.StateDeleting || !canTransition(sb.State, api.StateError) {
 		return
 	}
-	_ = m.setState(ctx, sb, api.StateError, fmt.Sprintf("not taken back after the daemon restarted (%s; %s): wake boots it again on its disk", why, stopped))
+	_ = r.m.setState(ctx, sb, api.StateError, fmt.Sprintf("not taken back after the daemon restarted (%s; %s): wake boots it again on its disk", why, stopped))
 }
 
-func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
+func (r *recovery) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	if sb.Pool != "" {
 		// A warm pool's member: made again by its pool (warmpool), with a
 		// connection of its own, rather than taken back.
-		m.log.Info("deleting a warm pool's member left by the last daemon", "sandbox", sb.ID, "pool", sb.Pool)
-		return m.destroy(ctx, sb)
+		r.m.log.Info("deleting a warm pool's member left by the last daemon", "sandbox", sb.ID, "pool", sb.Pool)
+		return r.m.destroy(ctx, sb)
 	}
-	if swept, err := m.sleepImages.Sweep(sb.ID); err != nil {
+	if swept, err := r.m.sleepImages.Sweep(sb.ID); err != nil {
 		return err
 	} else if swept {
-		m.log.Info("removing the rest of a dropped sleep image", "sandbox", sb.ID)
+		r.m.log.Info("removing the rest of a dropped sleep image", "sandbox", sb.ID)
 	}
 	cutRestore := false
 	if sb.RestoreTarget != "" && sb.State != api.StateRestoring {
 		// A restore cut short while it kept the state.
-		if kept, err := m.finishKeptRestore(ctx, sb); kept || err != nil {
+		if kept, err := r.finishKeptRestore(ctx, sb); kept || err != nil {
 			return err
 		}
 		cutRestore = sb.State == api.StateRunning
@@ -87,30 +107,30 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 	switch sb.State {
 	case api.StateCreating, api.StateDeleting:
 		// The client of a create cut short got no sandbox; a delete was asked for.
-		m.log.Info("finishing interrupted operation", "sandbox", sb.ID, "state", sb.State)
-		return m.destroy(ctx, sb)
+		r.m.log.Info("finishing interrupted operation", "sandbox", sb.ID, "state", sb.State)
+		return r.m.destroy(ctx, sb)
 	case api.StateRestoring:
-		return m.finishRestore(ctx, sb)
+		return r.finishRestore(ctx, sb)
 	case api.StateSleeping:
-		return m.recoverSleeping(ctx, sb)
+		return r.recoverSleeping(ctx, sb)
 	case api.StateRunning, api.StateError:
 		if cutRestore {
-			return m.recoverStoppedForRestore(ctx, sb)
+			return r.recoverStoppedForRestore(ctx, sb)
 		}
 		if sb.State == api.StateRunning {
-			if done, err := m.recoverMidSleep(ctx, sb); done || err != nil {
+			if done, err := r.recoverMidSleep(ctx, sb); done || err != nil {
 				return err
 			}
 		}
-		st, err := m.rt.State(ctx, sb.ID)
+		st, err := r.m.rt.State(ctx, sb.ID)
 		if err == nil && st == runtime.StatusPaused {
 			// A crash while a checkpoint had it paused.
-			m.log.Info("resuming sandbox left paused", "sandbox", sb.ID)
-			if rerr := m.rt.Resume(ctx, sb.ID); rerr != nil {
+			r.m.log.Info("resuming sandbox left paused", "sandbox", sb.ID)
+			if rerr := r.m.rt.Resume(ctx, sb.ID); rerr != nil {
 				// The runtime's held checkpoint resumes it too, when the
 				// daemon that held it goes (runtime.HeldCheckpointer):
 				// it may have come first.
-				if st, err = m.rt.State(ctx, sb.ID); err != nil || st != runtime.StatusRunning {
+				if st, err = r.m.rt.State(ctx, sb.ID); err != nil || st != runtime.StatusRunning {
 					return fmt.Errorf("resuming: %w", rerr)
 				}
 			}
@@ -120,35 +140,35 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		case err == nil && st == runtime.StatusRunning:
 			// A crash may have come while the limits were lifted (a
 			// checkpoint or restore lifts the CPU quota): set them again.
-			if err := m.applyLimits(ctx, sb); err != nil {
+			if err := r.m.applyLimits(ctx, sb); err != nil {
 				return err
 			}
-			ep, err := m.Endpoint(sb)
+			ep, err := r.m.Endpoint(sb)
 			if err != nil {
 				return err
 			}
 			// The daemon's start installed the firewall afresh, without
 			// the policies of the sandboxes that ran on.
-			if err := m.applyNetwork(ctx, sb); err != nil {
+			if err := r.m.applyNetwork(ctx, sb); err != nil {
 				return err
 			}
-			if err := m.takeBack(ctx, sb, ep, m.recoveryTokens(sb)...); err != nil {
+			if err := r.m.agents.takeBack(ctx, sb, ep, r.m.agents.recoveryTokens(sb)...); err != nil {
 				return err
 			}
 			if sb.State != api.StateRunning {
-				return m.setState(ctx, sb, api.StateRunning, "")
+				return r.m.setState(ctx, sb, api.StateRunning, "")
 			}
-			m.log.Info("sandbox taken back", "sandbox", sb.ID, "name", sb.Name)
+			r.m.log.Info("sandbox taken back", "sandbox", sb.ID, "name", sb.Name)
 			return nil
 		case err != nil && !errors.Is(err, runtime.ErrNotExist):
 			return fmt.Errorf("reading container state: %w", err)
 		}
 		// The container is gone or dead: boot again on the sandbox's disk.
-		if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		if err := r.m.rt.Delete(ctx, sb.ID); err != nil {
 			return err
 		}
-		m.log.Info("sandbox container gone; booting it again", "sandbox", sb.ID)
-		return m.boot(ctx, sb, false)
+		r.m.log.Info("sandbox container gone; booting it again", "sandbox", sb.ID)
+		return r.m.machine.boot(ctx, sb, false)
 	}
 	return nil
 }
@@ -161,29 +181,29 @@ func (m *Manager) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 // the sandbox is as before it, but for a running one, which the
 // checkpoint that keeps its state may have stopped (see
 // recoverStoppedForRestore).
-func (m *Manager) finishKeptRestore(ctx context.Context, sb *store.Sandbox) (kept bool, err error) {
+func (r *recovery) finishKeptRestore(ctx context.Context, sb *store.Sandbox) (kept bool, err error) {
 	target := sb.RestoreTarget
-	auto, err := m.store.GetCheckpoint(ctx, sb.ID, checkpoint.AutoID(sb.AutoSeq))
+	auto, err := r.m.store.GetCheckpoint(ctx, sb.ID, checkpoint.AutoID(sb.AutoSeq))
 	switch {
 	case err == nil && auto.Auto:
-		if _, err := m.store.GetCheckpoint(ctx, sb.ID, target); err == nil {
-			m.log.Info("a restore was cut short after keeping the state; finishing it",
+		if _, err := r.m.store.GetCheckpoint(ctx, sb.ID, target); err == nil {
+			r.m.log.Info("a restore was cut short after keeping the state; finishing it",
 				"sandbox", sb.ID, "checkpoint", target, "kept", auto.ID)
-			if err := m.setState(ctx, sb, api.StateRestoring, ""); err != nil {
+			if err := r.m.setState(ctx, sb, api.StateRestoring, ""); err != nil {
 				return true, err
 			}
 			sb.RestoreTarget = target
-			if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			if err := r.m.store.UpdateSandbox(ctx, sb); err != nil {
 				return true, fmt.Errorf("recording the restore of %s: %w", sb.ID, err)
 			}
-			return true, m.finishRestore(ctx, sb)
+			return true, r.finishRestore(ctx, sb)
 		}
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return true, fmt.Errorf("looking up the automatic checkpoint of %s: %w", sb.ID, err)
 	}
-	m.log.Info("a restore was cut short before its state was kept; forgetting it", "sandbox", sb.ID, "checkpoint", target)
+	r.m.log.Info("a restore was cut short before its state was kept; forgetting it", "sandbox", sb.ID, "checkpoint", target)
 	sb.RestoreTarget = ""
-	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+	if err := r.m.store.UpdateSandbox(ctx, sb); err != nil {
 		return true, fmt.Errorf("forgetting the restore of %s: %w", sb.ID, err)
 	}
 	return false, nil
@@ -196,29 +216,29 @@ func (m *Manager) finishKeptRestore(ctx context.Context, sb *store.Sandbox) (kep
 // that had: runsc goes on reporting a stopped container as running for a
 // while), the memory is lost; the disk was not touched, and the sandbox
 // boots again on it. The restore can be asked for again.
-func (m *Manager) recoverStoppedForRestore(ctx context.Context, sb *store.Sandbox) error {
-	st, err := m.rt.State(ctx, sb.ID)
+func (r *recovery) recoverStoppedForRestore(ctx context.Context, sb *store.Sandbox) error {
+	st, err := r.m.rt.State(ctx, sb.ID)
 	if err == nil && st == runtime.StatusPaused {
-		_ = m.rt.Resume(ctx, sb.ID)
+		_ = r.m.rt.Resume(ctx, sb.ID)
 		st = runtime.StatusRunning
 	}
-	if ep, eerr := m.Endpoint(sb); err == nil && st == runtime.StatusRunning && eerr == nil {
+	if ep, eerr := r.m.Endpoint(sb); err == nil && st == runtime.StatusRunning && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
-		err := m.takeBack(cctx, sb, ep, m.recoveryTokens(sb)...)
+		err := r.m.agents.takeBack(cctx, sb, ep, r.m.agents.recoveryTokens(sb)...)
 		cancel()
 		if err == nil {
-			m.log.Info("a restore was cut short before it stopped the sandbox; the sandbox runs on", "sandbox", sb.ID)
-			return errors.Join(m.applyLimits(ctx, sb), m.applyNetwork(ctx, sb))
+			r.m.log.Info("a restore was cut short before it stopped the sandbox; the sandbox runs on", "sandbox", sb.ID)
+			return errors.Join(r.m.applyLimits(ctx, sb), r.m.applyNetwork(ctx, sb))
 		}
 	}
-	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+	if err := r.m.rt.Delete(ctx, sb.ID); err != nil {
 		return err
 	}
-	if m.resumeLeft(ctx, sb, m.checkpointsDir(sb.ID), opRestore) {
+	if r.resumeLeft(ctx, sb, r.m.checkpointsDir(sb.ID), opRestore) {
 		return nil
 	}
-	m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
-	return m.boot(ctx, sb, false)
+	r.m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
+	return r.m.machine.boot(ctx, sb, false)
 }
 
 // resumeLeft starts a sandbox that a crash left stopped by a memory
@@ -230,7 +250,7 @@ func (m *Manager) recoverStoppedForRestore(ctx context.Context, sb *store.Sandbo
 // fails to restore; false then says the caller must boot the sandbox on
 // its disk. The image itself is removed by the sweep or the caller: the
 // restore reads it whole before it answers (no -background).
-func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string, what operation) bool {
+func (r *recovery) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string, what operation) bool {
 	imgs, _ := filepath.Glob(filepath.Join(dir, ".tmp-*", memDir))
 	if len(imgs) == 0 {
 		return false
@@ -253,26 +273,26 @@ func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string,
 	// is not moved on here; connect hands the agent the current token.
 	// That keeps the record as it was, so that a crash in here is
 	// recovered the same way again.
-	holds := m.recoveryTokens(sb)
+	holds := r.m.agents.recoveryTokens(sb)
 	start := time.Now()
 	err := func() error {
-		ep, err := m.prepare(ctx, sb)
+		ep, err := r.m.machine.prepare(ctx, sb)
 		if err != nil {
 			return err
 		}
-		if err := m.rt.Restore(ctx, m.spec(ctx, sb, ep), newest); err != nil {
+		if err := r.m.rt.Restore(ctx, r.m.machine.spec(ctx, sb, ep), newest); err != nil {
 			return fmt.Errorf("restoring memory: %w", err)
 		}
 		crash.Point("recover.resumed")
-		return m.takeBack(ctx, sb, ep, holds...)
+		return r.m.agents.takeBack(ctx, sb, ep, holds...)
 	}()
 	if err != nil {
-		m.log.Warn(what.String()+" was cut short after it stopped the sandbox, and the image it wrote does not restore",
+		r.m.log.Warn(what.String()+" was cut short after it stopped the sandbox, and the image it wrote does not restore",
 			"sandbox", sb.ID, "image", newest, "err", err)
-		_ = m.rt.Delete(ctx, sb.ID)
+		_ = r.m.rt.Delete(ctx, sb.ID)
 		return false
 	}
-	m.log.Info(what.String()+" was cut short after it stopped the sandbox; resumed from the image it wrote",
+	r.m.log.Info(what.String()+" was cut short after it stopped the sandbox; resumed from the image it wrote",
 		"sandbox", sb.ID, "image", newest, "ms", time.Since(start).Milliseconds())
 	return true
 }
@@ -281,15 +301,15 @@ func (m *Manager) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string,
 // for it, and the sandbox may be half rolled back. When the checkpoint is
 // gone too, the sandbox is left in state error, saying why, for the user to
 // restore to another.
-func (m *Manager) finishRestore(ctx context.Context, sb *store.Sandbox) error {
+func (r *recovery) finishRestore(ctx context.Context, sb *store.Sandbox) error {
 	target := sb.RestoreTarget
-	cp, err := m.store.GetCheckpoint(ctx, sb.ID, target)
+	cp, err := r.m.store.GetCheckpoint(ctx, sb.ID, target)
 	if err != nil {
-		m.log.Error("a restore was cut short and its checkpoint is gone", "sandbox", sb.ID, "checkpoint", target, "err", err)
-		return m.setState(ctx, sb, api.StateError, fmt.Sprintf("a restore to %s was cut short, and the checkpoint is gone: restore another", target))
+		r.m.log.Error("a restore was cut short and its checkpoint is gone", "sandbox", sb.ID, "checkpoint", target, "err", err)
+		return r.m.setState(ctx, sb, api.StateError, fmt.Sprintf("a restore to %s was cut short, and the checkpoint is gone: restore another", target))
 	}
-	m.log.Info("finishing interrupted restore", "sandbox", sb.ID, "checkpoint", target)
-	if err := m.RollBack(ctx, sb, cp, "", nil); err != nil {
+	r.m.log.Info("finishing interrupted restore", "sandbox", sb.ID, "checkpoint", target)
+	if err := r.m.RollBack(ctx, sb, cp, "", nil); err != nil {
 		return fmt.Errorf("finishing the restore to %s: %w", target, err)
 	}
 	return nil
@@ -297,53 +317,53 @@ func (m *Manager) finishRestore(ctx context.Context, sb *store.Sandbox) error {
 
 // sweep removes disks, network namespaces and sandbox directories that no
 // record points at: what a crash between two steps can leave.
-func (m *Manager) sweep(ctx context.Context, known map[string]bool) error {
+func (r *recovery) sweep(ctx context.Context) error {
 	var errs []error
-	vols, err := m.disks.Volumes(ctx)
+	vols, err := r.m.disks.Volumes(ctx)
 	if err != nil {
 		errs = append(errs, err)
 	}
 	for _, v := range vols {
-		if !known[v] {
-			m.log.Info("removing orphaned disk", "volume", v)
-			errs = append(errs, m.disks.DeleteVolume(ctx, v))
+		if !r.known[v] {
+			r.m.log.Info("removing orphaned disk", "volume", v)
+			errs = append(errs, r.m.disks.DeleteVolume(ctx, v))
 		}
 	}
 	// A sandbox's directory is made before its network and container, so
 	// one without a record marks what a crashed create or delete left.
 	// (Namespaces of other daemons on this host are not ours to touch.)
-	entries, _ := os.ReadDir(filepath.Join(m.cfg.DataDir, "sandboxes"))
+	entries, _ := os.ReadDir(filepath.Join(r.m.cfg.DataDir, "sandboxes"))
 	for _, e := range entries {
 		id := e.Name()
-		if known[id] {
+		if r.known[id] {
 			continue
 		}
-		m.log.Info("removing leftovers of sandbox", "sandbox", id)
-		errs = append(errs, m.rt.Delete(ctx, id))
-		if ep, err := m.nets.Endpoint(id, 0); err == nil {
-			errs = append(errs, m.nets.Delete(ctx, ep))
+		r.m.log.Info("removing leftovers of sandbox", "sandbox", id)
+		errs = append(errs, r.m.rt.Delete(ctx, id))
+		if ep, err := r.m.nets.Endpoint(id, 0); err == nil {
+			errs = append(errs, r.m.nets.Delete(ctx, ep))
 		}
-		errs = append(errs, os.RemoveAll(filepath.Join(m.cfg.DataDir, "sandboxes", id)))
+		errs = append(errs, os.RemoveAll(filepath.Join(r.m.cfg.DataDir, "sandboxes", id)))
 	}
-	errs = append(errs, m.sweepCheckpoints(ctx))
+	errs = append(errs, r.sweepCheckpoints(ctx))
 	return errors.Join(errs...)
 }
 
 // sweepCheckpoints removes checkpoint data no record points at: what a
 // crash while a checkpoint was being taken (or deleted) leaves. A record is
 // written only after its data is durable, so such data was never visible.
-func (m *Manager) sweepCheckpoints(ctx context.Context) error {
-	if err := m.dropBrokenCheckpoints(ctx); err != nil {
+func (r *recovery) sweepCheckpoints(ctx context.Context) error {
+	if err := r.dropBrokenCheckpoints(ctx); err != nil {
 		return err
 	}
 	var errs []error
-	root := filepath.Join(m.cfg.DataDir, "checkpoints")
+	root := filepath.Join(r.m.cfg.DataDir, "checkpoints")
 	sbDirs, _ := os.ReadDir(root)
 	for _, sd := range sbDirs {
 		cpDirs, _ := os.ReadDir(filepath.Join(root, sd.Name()))
 		for _, cd := range cpDirs {
 			path := filepath.Join(root, sd.Name(), cd.Name())
-			cp, err := m.store.GetCheckpoint(ctx, sd.Name(), cd.Name())
+			cp, err := r.m.store.GetCheckpoint(ctx, sd.Name(), cd.Name())
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
 				errs = append(errs, err)
 				continue
@@ -353,37 +373,37 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 			if err == nil && cp.ID == cd.Name() {
 				continue
 			}
-			m.log.Info("removing unfinished checkpoint data", "path", path)
+			r.m.log.Info("removing unfinished checkpoint data", "path", path)
 			errs = append(errs, os.RemoveAll(path))
 		}
-		if len(cpDirs) == 0 || !m.known(ctx, sd.Name()) {
+		if len(cpDirs) == 0 || !r.stored(ctx, sd.Name()) {
 			_ = os.Remove(filepath.Join(root, sd.Name()))
 		}
 	}
-	owned, err := m.tpl.Sweep()
+	owned, err := r.m.tpl.Sweep()
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	snaps, err := m.disks.Snapshots(ctx)
+	snaps, err := r.m.disks.Snapshots(ctx)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	for _, snap := range snaps {
 		if tpl, held := owned(snap); tpl {
 			if !held {
-				m.log.Info("removing unfinished template snapshot", "snapshot", snap)
-				errs = append(errs, m.disks.DeleteSnapshot(ctx, snap))
+				r.m.log.Info("removing unfinished template snapshot", "snapshot", snap)
+				errs = append(errs, r.m.disks.DeleteSnapshot(ctx, snap))
 			}
 			continue
 		}
 		sbID, cpID, ok := strings.Cut(snap, ".")
 		if ok {
-			if _, err := m.store.GetCheckpoint(ctx, sbID, cpID); !errors.Is(err, store.ErrNotFound) {
+			if _, err := r.m.store.GetCheckpoint(ctx, sbID, cpID); !errors.Is(err, store.ErrNotFound) {
 				continue
 			}
 		}
-		m.log.Info("removing unfinished checkpoint snapshot", "snapshot", snap)
-		errs = append(errs, m.disks.DeleteSnapshot(ctx, snap))
+		r.m.log.Info("removing unfinished checkpoint snapshot", "snapshot", snap)
+		errs = append(errs, r.m.disks.DeleteSnapshot(ctx, snap))
 	}
 	return errors.Join(errs...)
 }
@@ -394,8 +414,8 @@ func (m *Manager) sweepCheckpoints(ctx context.Context) error {
 // there counts as gone: any other error reading it (a data dir on a disk
 // that is not mounted yet, a permission) keeps the checkpoint, and fails
 // the recovery loudly instead.
-func (m *Manager) dropBrokenCheckpoints(ctx context.Context) error {
-	snaps, err := m.disks.Snapshots(ctx)
+func (r *recovery) dropBrokenCheckpoints(ctx context.Context) error {
+	snaps, err := r.m.disks.Snapshots(ctx)
 	if err != nil {
 		return err
 	}
@@ -403,19 +423,19 @@ func (m *Manager) dropBrokenCheckpoints(ctx context.Context) error {
 	for _, s := range snaps {
 		have[s] = true
 	}
-	sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
+	sbs, err := r.m.store.ListSandboxes(ctx, store.Filter{})
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, sb := range sbs {
-		cps, err := m.store.ListCheckpoints(ctx, sb.ID)
+		cps, err := r.m.store.ListCheckpoints(ctx, sb.ID)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		for _, cp := range cps {
-			data := m.checkpointDir(sb.ID, cp.ID)
+			data := r.m.checkpointDir(sb.ID, cp.ID)
 			if cp.Memory {
 				data = filepath.Join(data, memDir)
 			}
@@ -427,15 +447,17 @@ func (m *Manager) dropBrokenCheckpoints(ctx context.Context) error {
 			case statErr == nil && have[snapName(sb.ID, cp.ID)]:
 				continue
 			}
-			m.log.Error("checkpoint data is missing; dropping the checkpoint", "sandbox", sb.ID, "checkpoint", cp.ID,
+			r.m.log.Error("checkpoint data is missing; dropping the checkpoint", "sandbox", sb.ID, "checkpoint", cp.ID,
 				"image_missing", statErr != nil, "snapshot_missing", !have[snapName(sb.ID, cp.ID)], "path", data)
-			errs = append(errs, m.RemoveCheckpoint(ctx, sb, cp))
+			errs = append(errs, r.m.RemoveCheckpoint(ctx, sb, cp))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (m *Manager) known(ctx context.Context, id string) bool {
-	_, err := m.store.GetSandbox(ctx, id)
+// stored reports whether sandbox id has a record now (the pass may have
+// deleted some it found).
+func (r *recovery) stored(ctx context.Context, id string) bool {
+	_, err := r.m.store.GetSandbox(ctx, id)
 	return err == nil
 }

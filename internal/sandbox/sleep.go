@@ -378,7 +378,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	}
 	crash.Point("wake.restored")
 	restored := time.Now()
-	if err := m.takeBack(ctx, sb, ep, holds...); err != nil {
+	if err := m.agents.takeBack(ctx, sb, ep, holds...); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return err
 	}
@@ -406,15 +406,16 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 // whose wake a crash cut short after its container was restored is taken
 // back running; otherwise it stays asleep on its image, or, with the image
 // lost, boots again on its disk.
-func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error {
+func (r *recovery) recoverSleeping(ctx context.Context, sb *store.Sandbox) error {
+	m := r.m
 	st, err := m.rt.State(ctx, sb.ID)
 	if err == nil && st == runtime.StatusRunning {
 		ep, err := m.Endpoint(sb)
 		if err != nil {
 			return err
 		}
-		holds := append(m.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen)))
-		if err := m.takeBack(ctx, sb, ep, holds...); err == nil {
+		holds := append(m.agents.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen)))
+		if err := m.agents.takeBack(ctx, sb, ep, holds...); err == nil {
 			m.log.Info("finishing interrupted wake", "sandbox", sb.ID)
 			if err := m.applyLimits(ctx, sb); err != nil {
 				return err
@@ -437,7 +438,7 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 		return nil
 	}
 	m.log.Error("the sleep image is gone; booting the sandbox again on its disk", "sandbox", sb.ID)
-	return m.boot(ctx, sb, false)
+	return m.machine.boot(ctx, sb, false)
 }
 
 // recoverMidSleep is for a sandbox whose record says running and that has
@@ -448,7 +449,8 @@ func (m *Manager) recoverSleeping(ctx context.Context, sb *store.Sandbox) error 
 // else it is started again from the image that checkpoint left unfinished
 // (not yet synced and renamed), as before the sleep, or, if that image is
 // not whole, booted again on its disk. It reports whether it dealt with sb.
-func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool, error) {
+func (r *recovery) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool, error) {
+	m := r.m
 	if _, err := os.Stat(m.sleepImages.Dir(sb.ID)); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -471,7 +473,7 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 	}
 	if ep, eerr := m.Endpoint(sb); err == nil && st != runtime.StatusStopped && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
-		err = m.takeBack(cctx, sb, ep, m.recoveryTokens(sb)...)
+		err = m.agents.takeBack(cctx, sb, ep, m.agents.recoveryTokens(sb)...)
 		cancel()
 		if err == nil {
 			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
@@ -483,14 +485,14 @@ func (m *Manager) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool,
 	}
 	// Stopped by the checkpoint that writes the image: started again from
 	// that image if it is whole, else booted on its disk.
-	if m.resumeLeft(ctx, sb, m.sleepImages.Dir(sb.ID), opSleep) {
+	if r.resumeLeft(ctx, sb, m.sleepImages.Dir(sb.ID), opSleep) {
 		return true, m.sleepImages.Drop(sb.ID)
 	}
 	if err := m.sleepImages.Drop(sb.ID); err != nil {
 		return true, err
 	}
 	m.log.Warn("a sleep was cut short and stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
-	return true, m.boot(ctx, sb, false)
+	return true, m.machine.boot(ctx, sb, false)
 }
 
 // midSleepWait bounds how long recovery waits for the agent of a sandbox

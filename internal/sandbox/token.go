@@ -22,18 +22,25 @@ func AgentToken(secret []byte, id string, gen int) string {
 	return hex.EncodeToString(mac.Sum(nil))
 }
 
-// agentToken is the token sb's agent answers to now. (One made by a loam
+// token is the token sb's agent answers to now. (One made by a loam
 // that stored tokens answers to sb.LegacyAgentToken until its first
 // connect hands it this one; see recoveryTokens.)
-func (m *Manager) agentToken(sb *store.Sandbox) string {
-	return AgentToken(m.cfg.Secret, sb.ID, sb.AgentGen)
+func (a *agentLink) token(sb *store.Sandbox) string {
+	return AgentToken(a.m.cfg.Secret, sb.ID, sb.AgentGen)
 }
 
 // heldToken is the token the agent held when cp was taken: the one a
 // restore or fork of cp wakes up holding.
-func (m *Manager) heldToken(cp *store.Checkpoint) string {
+func (a *agentLink) heldToken(cp *store.Checkpoint) string {
 	if cp.LegacyAgentToken != "" {
 		return cp.LegacyAgentToken
 	}
-	return AgentToken(m.cfg.Secret, cp.Sandbox, cp.AgentGen)
+	return AgentToken(a.m.cfg.Secret, cp.Sandbox, cp.AgentGen)
 }
+
+// agentToken is agentLink.token, for the callers in checkpoint.go, pool.go
+// and relay.go.
+func (m *Manager) agentToken(sb *store.Sandbox) string { return m.agents.token(sb) }
+
+// heldToken is agentLink.heldToken, for checkpoint.go and templates.go.
+func (m *Manager) heldToken(cp *store.Checkpoint) string { return m.agents.heldToken(cp) }
