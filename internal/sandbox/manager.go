@@ -726,7 +726,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 	}
 	defer end()
 	ctx = context.WithoutCancel(ctx)
-	unlock := m.LockSource(sb.ID)
+	unlock := m.lockSource(sb.ID)
 	defer unlock()
 	if err := m.setState(ctx, sb, api.StateDeleting, ""); err != nil {
 		return err

@@ -36,7 +36,7 @@ import (
 // one wake however many callers), and its activity is on its live object
 // (idle.go). The images on disk and idle sleep are package sleep's: the
 // core asks it for the images (SleepImages, given as Config.Sleep), idle
-// sleep asks the core (IdleFor, SleepIfIdle).
+// sleep asks the core (IdleCore).
 
 // SleepImages keeps the memory images of sleeping sandboxes (package
 // sleep keeps them on disk; the core orders the calls on one sandbox under

@@ -19,7 +19,7 @@ func (m *Manager) checkpointNeed(sb *store.Sandbox, memory bool) int64 {
 	if !memory || sb.State != api.StateRunning {
 		return 0
 	}
-	if n := m.ContainerMemory(sb.ID); n > 0 {
+	if n := m.containerMemory(sb.ID); n > 0 {
 		return n
 	}
 	return int64(sb.Resources.MemoryMiB) << 20

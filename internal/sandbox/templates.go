@@ -16,7 +16,7 @@ import (
 // Templates are the templates of this host, as the core makes sandboxes
 // of them (template.Store has it): built-in ones, which Ensure builds, and
 // checkpoint templates, which a sandbox is forked from. The catalog the
-// API serves (package template) is made over the Manager.
+// API serves (package template) is made over TemplateCore.
 type Templates interface {
 	// Builtin reports whether name is a built-in template.
 	Builtin(name string) bool
@@ -118,17 +118,29 @@ func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *chec
 	return m.resumeImage(ctx, sb, m.tpl.MemDir(man.Name), man.AgentToken, "template "+man.Name)
 }
 
+// TemplateCore is the core as the template catalog (package template)
+// sees it (it implements template.Core): what making a template of a
+// checkpoint needs, a heavy slot and a held checkpoint. It is a type of its
+// own, not methods of the Manager, because only the catalog copies a
+// checkpoint out of the core; the Manager keeps what the API and several
+// capabilities share. Make it with NewTemplateCore; the daemon gives it to
+// template.New.
+type TemplateCore struct{ m *Manager }
+
+// NewTemplateCore is the template catalog's side of m.
+func NewTemplateCore(m *Manager) *TemplateCore { return &TemplateCore{m: m} }
+
 // Heavy takes a slot among the daemon's heavy operations for what (see
 // heavyGate): the template catalog's builds and imports count as heavy.
-func (m *Manager) Heavy(ctx context.Context, what string) (leave func(), err error) {
-	return m.heavy.enter(ctx, what)
+func (t *TemplateCore) Heavy(ctx context.Context, what string) (leave func(), err error) {
+	return t.m.heavy.enter(ctx, what)
 }
 
 // HoldCheckpoint finds checkpoint from and holds it and its sandbox as a
 // source, as a fork does, until release is called: the template catalog
 // copies it meanwhile.
-func (m *Manager) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*checkpoint.Source, func(), error) {
-	src, cp, unlock, err := m.SourceCheckpoint(ctx, from)
+func (t *TemplateCore) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*checkpoint.Source, func(), error) {
+	src, cp, unlock, err := t.m.sourceCheckpoint(ctx, from)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -137,11 +149,11 @@ func (m *Manager) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*ch
 		Snapshot: snapName(src.ID, cp.ID),
 	}
 	if cp.Memory {
-		s.MemDir = filepath.Join(m.checkpointDir(src.ID, cp.ID), memDir)
-		s.AgentToken = m.heldToken(cp)
+		s.MemDir = filepath.Join(t.m.checkpointDir(src.ID, cp.ID), memDir)
+		s.AgentToken = t.m.heldToken(cp)
 	}
 	return s, unlock, nil
 }
 
 // CheckResources refuses resources no sandbox may have.
-func (m *Manager) CheckResources(r api.Resources) error { return checkResources(r) }
+func (t *TemplateCore) CheckResources(r api.Resources) error { return checkResources(r) }
