@@ -447,7 +447,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 			return d.checkpoints
 		},
 		Inside: func(m *sandbox.Manager) sandbox.Insiders {
-			d.guest = guest.New(m, d.log)
+			d.guest = guest.New(sandbox.NewGuestCore(m), d.log)
 			d.inside = server.NewInside(sandboxAPI{m, d.guest, d.checkpoints}, p.secret, d.log)
 			return d.inside
 		},

@@ -192,9 +192,26 @@ func (c *Call) OpenSpares() {
 // is looked for.
 func (c *Call) Volume() string { return c.m.disks.VolumePath(c.Sandbox.ID) }
 
+// GuestCore is the core as the guest data plane (package guest) sees it
+// (it implements guest.Core): the one entry point to a sandbox's agent
+// (Relay, the Manager's: its holds, checkpoint and sleep semantics are
+// the core's) and the agent's own port, which no user's call may reach.
+// It is a type of its own so that what only the data plane asks is not
+// part of the Manager's surface. Make it with NewGuestCore; the daemon
+// gives it to guest.New.
+type GuestCore struct{ m *Manager }
+
+// NewGuestCore is the guest data plane's side of m.
+func NewGuestCore(m *Manager) *GuestCore { return &GuestCore{m: m} }
+
+// Relay begins a call to the agent of sandbox ref (see Manager.Relay).
+func (g *GuestCore) Relay(ctx context.Context, ref string, need Need) (*Call, error) {
+	return g.m.Relay(ctx, ref, need)
+}
+
 // AgentPort is the TCP port of the agent inside every sandbox: no user's
 // port stream may reach it.
-func (m *Manager) AgentPort() int { return m.cfg.AgentPort }
+func (g *GuestCore) AgentPort() int { return g.m.cfg.AgentPort }
 
 // endCalls cuts every call in flight to sandbox id that a checkpoint cuts
 // (Need.Cut).

@@ -391,6 +391,7 @@ var (
 	_ warmpool.Core    = (*sandbox.PoolCore)(nil)
 	_ template.Core    = (*sandbox.TemplateCore)(nil)
 	_ sleep.Core       = (*sandbox.IdleCore)(nil)
+	_ guest.Core       = (*sandbox.GuestCore)(nil)
 )
 
 // noTemplatePools are the template catalog's pools of an env whose
@@ -591,4 +592,4 @@ func eventually(t testing.TB, what string, cond func() bool) {
 
 // guest is the guest data plane over the env's Manager as it is now (it
 // holds no state of its own, so a restart needs no new one).
-func (e *env) guest() *guest.Guest { return guest.New(e.m, testLogger()) }
+func (e *env) guest() *guest.Guest { return guest.New(sandbox.NewGuestCore(e.m), testLogger()) }
