@@ -34,7 +34,7 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// Core is what the checkpoints need of the sandbox core (*sandbox.Manager).
+// Core is what the checkpoints need of the sandbox core (sandbox.CheckpointCore has it).
 // A sandbox is the core's record (store.Sandbox); every method that
 // changes one needs its operation held (Claim or Insert).
 type Core interface {

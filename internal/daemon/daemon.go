@@ -440,30 +440,30 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		IdleMin:         cfg.IdleMin,
 		// Made before Inside, which serves them too.
 		Forks: func(m *sandbox.Manager) sandbox.Forks {
-			d.checkpoints = checkpoints.New(m, checkpoints.Config{
+			d.checkpoints = checkpoints.New(sandbox.NewCheckpointCore(m), checkpoints.Config{
 				DataDir: cfg.DataDir,
 				Limits:  checkpoint.Limits{Owner: cfg.CheckpointLimit, Inside: cfg.InsideCheckpointLimit},
 			}, p.store, p.rt, p.pool, d.log)
 			return d.checkpoints
 		},
 		Inside: func(m *sandbox.Manager) sandbox.Insiders {
-			d.guest = guest.New(m, d.log)
+			d.guest = guest.New(sandbox.NewGuestCore(m), d.log)
 			d.inside = server.NewInside(sandboxAPI{m, d.guest, d.checkpoints}, p.secret, d.log)
 			return d.inside
 		},
 		Pools: func(m *sandbox.Manager) sandbox.Pools {
-			d.pools = warmpool.New(m, warmpool.Config{DataDir: cfg.DataDir, ReserveMiB: cfg.PoolReserveMiB}, d.log)
+			d.pools = warmpool.New(sandbox.NewPoolCore(m), warmpool.Config{DataDir: cfg.DataDir, ReserveMiB: cfg.PoolReserveMiB}, d.log)
 			return d.pools
 		},
 		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {
-			d.sleep = sleep.New(m, p.store, sleep.Config{DataDir: cfg.DataDir, Idle: cfg.Idle, Every: cfg.IdleEvery}, d.log)
+			d.sleep = sleep.New(sandbox.NewIdleCore(m), p.store, sleep.Config{DataDir: cfg.DataDir, Idle: cfg.Idle, Every: cfg.IdleEvery}, d.log)
 			return d.sleep
 		},
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
-	// The catalog the API serves, over the Manager: templates of
-	// checkpoints are made of its sandboxes' checkpoints.
+	// The catalog the API serves, over the Manager's template side:
+	// templates of checkpoints are made of its sandboxes' checkpoints.
 	p.catalog = template.New(template.Config{
-		Store: p.templates, Core: d.Manager, Pools: d.pools, Sandboxes: p.store,
+		Store: p.templates, Core: sandbox.NewTemplateCore(d.Manager), Pools: d.pools, Sandboxes: p.store,
 		Images: p.images, Log: d.log,
 	})
 	// Its spare dials and death watches end before the store closes.

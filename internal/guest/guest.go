@@ -15,7 +15,8 @@ import (
 	"loam.dev/loam/internal/sandbox"
 )
 
-// Core is what the guest data plane needs of the sandbox core.
+// Core is what the guest data plane needs of the sandbox core
+// (sandbox.GuestCore has it).
 type Core interface {
 	// Relay begins a call to the agent of running sandbox ref (woken if
 	// it sleeps), whose agent serves need; the caller ends it.

@@ -18,7 +18,9 @@ import (
 // agent answers to (derived from the daemon's secret, never stored), the
 // connect after every boot, restore, wake or restart of the daemon (wait
 // for it, hand it its own token, tell it who it is), the token's rotation
-// after a memory checkpoint, and the protocol version it speaks. It is a
+// after a memory checkpoint, the protocol version it speaks, the clients
+// and spare exec sockets the core holds to it (dropped when its machine
+// changes), and the services a create asks it to start. It is a
 // unit of its own because every way a sandbox comes up ends in it, and its
 // rules (which tokens a crash may leave an agent with, what a sandbox taken
 // back may ignore) hold for all of them alike. The connections themselves
@@ -57,13 +59,13 @@ func (a *agentLink) takeBack(ctx context.Context, sb *store.Sandbox, ep network.
 func (a *agentLink) dial(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, takingBack bool, holds []string) error {
 	m := a.m
 	// Connections made before a restore lead to a sandbox that is gone.
-	m.dropAgentConns()
+	m.agents.dropAgentConns()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	var ac *agent.Client
 	var health agent.Health
 	for i, tok := range holds {
-		ac = m.agentClient(ep, tok)
+		ac = m.agents.agentClient(ep, tok)
 		var err error
 		health, err = ac.WaitReady(ctx)
 		if err == nil {
@@ -172,7 +174,7 @@ func (a *agentLink) rotate(ctx context.Context, sb *store.Sandbox) error {
 	crash.Point("token.stored")
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	if err := m.agentClient(ep, old).RotateToken(ctx, a.token(sb)); err != nil {
+	if err := m.agents.agentClient(ep, old).RotateToken(ctx, a.token(sb)); err != nil {
 		return fmt.Errorf("handing the agent of %s a new token: %w", sb.ID, err)
 	}
 	return nil
@@ -208,27 +210,4 @@ func (a *agentLink) require(sb *store.Sandbox, min int, what string) error {
 		return nil
 	}
 	return api.Errorf(api.CodeConflict, "%s needs a newer agent than sandbox %s runs (protocol %d, needs %d): it was restored or forked from a checkpoint taken by an older loam; a fresh boot (a disk-only checkpoint restored, or a new sandbox) runs the current agent", what, sb.Name, v, min)
-}
-
-// The Manager's names for the agent link's calls that checkpoint.go,
-// pool.go and templates.go make; they go once those call m.agents.
-
-// connect is agentLink.connect.
-func (m *Manager) connect(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
-	return m.agents.connect(ctx, sb, ep, holds...)
-}
-
-// identify is agentLink.identify.
-func (m *Manager) identify(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, ac *agent.Client) error {
-	return m.agents.identify(ctx, sb, ep, ac)
-}
-
-// rotateToken is agentLink.rotate.
-func (m *Manager) rotateToken(ctx context.Context, sb *store.Sandbox) error {
-	return m.agents.rotate(ctx, sb)
-}
-
-// requireAgent is agentLink.require.
-func (m *Manager) requireAgent(sb *store.Sandbox, min int, what string) error {
-	return m.agents.require(sb, min, what)
 }

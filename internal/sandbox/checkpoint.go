@@ -20,8 +20,8 @@ import (
 // checkpoint's data lives, its removal (which recovery shares), the lock
 // on a sandbox's checkpoints, and the steps that change a sandbox's
 // machine (roll it back, boot a fork). The capability reaches them through
-// the exported methods below and those its Core interface lists; the core
-// asks it for forks (Forks).
+// CheckpointCore, which implements its Core interface; the core asks it
+// for forks (Forks).
 
 // Forks make new sandboxes from checkpoints, as the core's Create asks
 // when a create names a checkpoint (api.CreateSandbox.From).
@@ -38,16 +38,76 @@ func (noForks) Fork(context.Context, api.CreateSandbox) (*api.Sandbox, error) {
 	return nil, api.Errorf(api.CodeUnavailable, "this daemon makes no forks")
 }
 
+// CheckpointCore is the core as package checkpoints sees it (it implements
+// checkpoints.Core): the steps of taking, restoring and forking that need
+// the core's state (operations, holds, streams, the machine), and nothing
+// else. It is a type of its own, not methods of the Manager, so that what
+// only the checkpoints use is not part of the core's own surface, and the
+// Manager keeps what the API and several capabilities share. Make it with
+// NewCheckpointCore; the daemon gives it to checkpoints.New.
+type CheckpointCore struct{ m *Manager }
+
+// NewCheckpointCore is the checkpoints' side of m.
+func NewCheckpointCore(m *Manager) *CheckpointCore { return &CheckpointCore{m: m} }
+
+// Heavy takes a slot among the daemon's heavy operations for what (see
+// heavyGate): checkpoints, restores and forks count as heavy.
+func (c *CheckpointCore) Heavy(ctx context.Context, what string) (leave func(), err error) {
+	return c.m.heavy.enter(ctx, what)
+}
+
+// FindCheckpoint finds a checkpoint of a sandbox by id or name, as a user's
+// not_found when missing.
+func (c *CheckpointCore) FindCheckpoint(ctx context.Context, sb *store.Sandbox, ref string) (*store.Checkpoint, error) {
+	return c.m.findCheckpoint(ctx, sb, ref)
+}
+
+// RemoveCheckpoint deletes checkpoint cp of sb (see Manager.RemoveCheckpoint,
+// which recovery shares). The caller holds sb's checkpoints (LockSource).
+func (c *CheckpointCore) RemoveCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+	return c.m.RemoveCheckpoint(ctx, sb, cp)
+}
+
+// LockSource takes sandbox id's checkpoints for writing against forks
+// reading them (see lockSource); the func returned lets them go.
+func (c *CheckpointCore) LockSource(id string) (unlock func()) { return c.m.lockSource(id) }
+
+// RollBack replaces sb's machine with checkpoint cp's, as a restore in
+// place does (see Manager.RollBack, which recovery shares).
+func (c *CheckpointCore) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string, done func(step string)) error {
+	return c.m.RollBack(ctx, sb, cp, staged, done)
+}
+
+// SourceCheckpoint finds the checkpoint from names and holds it and its
+// sandbox as a fork's source until unlock (see sourceCheckpoint).
+func (c *CheckpointCore) SourceCheckpoint(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), err error) {
+	return c.m.sourceCheckpoint(ctx, from)
+}
+
+// TakeFromCheckpoint gives a fork's record what it takes from its
+// checkpoint (see takeFromCheckpoint).
+func (c *CheckpointCore) TakeFromCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, env map[string]string) error {
+	return c.m.takeFromCheckpoint(ctx, sb, cp, env)
+}
+
+// BootFork gives a fork a copy of the checkpoint's disk and starts it (see
+// bootFork).
+func (c *CheckpointCore) BootFork(ctx context.Context, sb, src *store.Sandbox, cp *store.Checkpoint) error {
+	return c.m.machine.bootFork(ctx, sb, src, cp)
+}
+
 // memDir is where a checkpoint keeps its memory image, inside its directory.
 const memDir = checkpoint.MemDir
 
 // checkpointsDir holds the data of a sandbox's checkpoints, one directory each.
-func (m *Manager) checkpointsDir(id string) string {
+func (mc *machine) checkpointsDir(id string) string {
+	m := mc.m
 	return checkpoint.SandboxDir(m.cfg.DataDir, id)
 }
 
 // checkpointDir holds the data of one checkpoint (see checkpoint.Dir).
-func (m *Manager) checkpointDir(sandboxID, cpID string) string {
+func (mc *machine) checkpointDir(sandboxID, cpID string) string {
+	m := mc.m
 	return checkpoint.Dir(m.cfg.DataDir, sandboxID, cpID)
 }
 
@@ -78,32 +138,32 @@ func (o Op) operation() operation {
 // Claim finds sandbox ref (a user's not_found when missing) and begins op
 // on it, or refuses with a conflict while another operation runs. The
 // record returned is read after the operation began; end ends it.
-func (m *Manager) Claim(ctx context.Context, ref string, op Op) (sb *store.Sandbox, end func(), err error) {
+func (c *CheckpointCore) Claim(ctx context.Context, ref string, op Op) (sb *store.Sandbox, end func(), err error) {
 	if op.operation() == opNone {
 		return nil, nil, fmt.Errorf("claiming %s: unknown operation %d", ref, op)
 	}
-	return m.claim(ctx, ref, op.operation())
+	return c.m.claim(ctx, ref, op.operation())
 }
 
 // Lookup finds a sandbox by name or id, as a user's not_found when missing
 // (a warm pool's member is not the API's).
-func (m *Manager) Lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
-	return m.lookup(ctx, ref)
+func (c *CheckpointCore) Lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
+	return c.m.lookup(ctx, ref)
 }
 
 // View is sb as the API shows it.
-func (m *Manager) View(sb *store.Sandbox) *api.Sandbox { return m.view(sb) }
+func (c *CheckpointCore) View(sb *store.Sandbox) *api.Sandbox { return c.m.view(sb) }
 
 // SetState moves sb to state to (why says why, for an error) and stores
 // it, refusing a transition the state machine does not have. The caller
 // holds sb's operation.
-func (m *Manager) SetState(ctx context.Context, sb *store.Sandbox, to api.State, why string) error {
-	return m.setState(ctx, sb, to, why)
+func (c *CheckpointCore) SetState(ctx context.Context, sb *store.Sandbox, to api.State, why string) error {
+	return c.m.setState(ctx, sb, to, why)
 }
 
-// FindCheckpoint finds a checkpoint of a sandbox by id or name, as a user's
+// findCheckpoint finds a checkpoint of a sandbox by id or name, as a user's
 // not_found when missing.
-func (m *Manager) FindCheckpoint(ctx context.Context, sb *store.Sandbox, ref string) (*store.Checkpoint, error) {
+func (m *Manager) findCheckpoint(ctx context.Context, sb *store.Sandbox, ref string) (*store.Checkpoint, error) {
 	cp, err := m.store.GetCheckpoint(ctx, sb.ID, ref)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, api.Errorf(api.CodeNotFound, "checkpoint %q of sandbox %s not found", ref, sb.Name)
@@ -116,7 +176,7 @@ func (m *Manager) FindCheckpoint(ctx context.Context, sb *store.Sandbox, ref str
 
 // RemoveCheckpoint deletes checkpoint cp of sb: its pools, then its record,
 // so that it is gone at once, then its data (what is left of that is the
-// next start's sweep). The caller holds sb's checkpoints (LockSource).
+// next start's sweep). The caller holds sb's checkpoints (lockSource).
 func (m *Manager) RemoveCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
 	m.pools.Forget(ctx, PoolSource{Sandbox: sb.ID, Checkpoint: cp.ID})
 	if err := m.store.DeleteCheckpoint(ctx, sb.ID, cp.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -125,7 +185,7 @@ func (m *Manager) RemoveCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 	crash.Point("checkpoint-delete.record")
 	err := errors.Join(
 		m.disks.DeleteSnapshot(ctx, snapName(sb.ID, cp.ID)),
-		os.RemoveAll(m.checkpointDir(sb.ID, cp.ID)))
+		os.RemoveAll(m.machine.checkpointDir(sb.ID, cp.ID)))
 	if err != nil {
 		// The record is gone; the next start sweeps what is left.
 		m.log.Warn("removing checkpoint data", "sandbox", sb.ID, "checkpoint", cp.ID, "err", err)
@@ -135,45 +195,45 @@ func (m *Manager) RemoveCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 
 // SleepImage is where sleeping sandbox sb keeps its memory image, and the
 // token generation its agent holds in it.
-func (m *Manager) SleepImage(sb *store.Sandbox) (dir string, gen int) {
-	return m.sleepImages.Image(sb.ID), m.sleepImages.HeldGen(sb.ID, sb.AgentGen)
+func (c *CheckpointCore) SleepImage(sb *store.Sandbox) (dir string, gen int) {
+	return c.m.sleepImages.Image(sb.ID), c.m.sleepImages.HeldGen(sb.ID, sb.AgentGen)
 }
 
 // EndStreams ends the streams and calls in flight to sandbox id (why is
 // what they are told), and drops the agents' idle connections: a
 // checkpoint is about to stop or pause the machine they reach.
-func (m *Manager) EndStreams(id, why string) {
-	m.closeStreams(id, why)
-	m.dropAgentConns()
+func (c *CheckpointCore) EndStreams(id, why string) {
+	c.m.closeStreams(id, why)
+	c.m.agents.dropAgentConns()
 }
 
 // HoldCalls makes the calls that come to sandbox id wait until release
 // (see holdCalls): a memory checkpoint holds them until its agent takes
 // its new token.
-func (m *Manager) HoldCalls(id string) (release func()) { return m.holdCalls(id) }
+func (c *CheckpointCore) HoldCalls(id string) (release func()) { return c.m.holdCalls(id) }
 
 // RotateToken moves running sandbox sb's agent to its token's next
 // generation (see rotateToken): after every memory checkpoint, before the
 // checkpoint is visible.
-func (m *Manager) RotateToken(ctx context.Context, sb *store.Sandbox) error {
-	return m.rotateToken(ctx, sb)
+func (c *CheckpointCore) RotateToken(ctx context.Context, sb *store.Sandbox) error {
+	return c.m.agents.rotate(ctx, sb)
 }
 
 // Drain waits, up to a bound, for the requests already passed on through
 // sandbox id's URL to be answered (see drain): a restore replaces the
 // machine next.
-func (m *Manager) Drain(id string) { m.drain(id) }
+func (c *CheckpointCore) Drain(id string) { c.m.drain(id) }
 
 // SpaceError is err as the API shows a host's disk that is full (see
 // spaceError), for host-side work (what) of sandbox sb in the data dir.
-func (m *Manager) SpaceError(err error, sb *store.Sandbox, what string) error {
-	return m.spaceError(err, sb, m.cfg.DataDir, what)
+func (c *CheckpointCore) SpaceError(err error, sb *store.Sandbox, what string) error {
+	return c.m.machine.spaceError(err, sb, c.m.cfg.DataDir, what)
 }
 
 // CheckpointNeed estimates the bytes a checkpoint of sb writes into the
 // data dir (see checkpointNeed).
-func (m *Manager) CheckpointNeed(sb *store.Sandbox, memory bool) int64 {
-	return m.checkpointNeed(sb, memory)
+func (c *CheckpointCore) CheckpointNeed(sb *store.Sandbox, memory bool) int64 {
+	return c.m.machine.checkpointNeed(sb, memory)
 }
 
 // SyncFiles has a running sandbox write back what gVisor holds of its
@@ -182,17 +242,17 @@ func (m *Manager) CheckpointNeed(sb *store.Sandbox, memory bool) int64 {
 // Other writes reach the host file at once, and the snapshot is atomic.
 // An agent too old to sync (restored from an old checkpoint) is not asked:
 // its snapshot is as consistent as before.
-func (m *Manager) SyncFiles(ctx context.Context, sb *store.Sandbox) error {
-	if sb.State != api.StateRunning || m.requireAgent(sb, 5, "a sync") != nil {
+func (c *CheckpointCore) SyncFiles(ctx context.Context, sb *store.Sandbox) error {
+	if sb.State != api.StateRunning || c.m.agents.require(sb, 5, "a sync") != nil {
 		return nil
 	}
-	ep, err := m.Endpoint(sb)
+	ep, err := c.m.Endpoint(sb)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.m.cfg.BootTimeout)
 	defer cancel()
-	if err := m.agentClient(ep, m.agentToken(sb)).Sync(ctx); err != nil {
+	if err := c.m.agents.agentClient(ep, c.m.agents.token(sb)).Sync(ctx); err != nil {
 		return fmt.Errorf("syncing its files: %w", err)
 	}
 	return nil
@@ -200,14 +260,15 @@ func (m *Manager) SyncFiles(ctx context.Context, sb *store.Sandbox) error {
 
 // ApplyLimits sets a running sandbox's resource limits again, as its
 // record says (see applyLimits).
-func (m *Manager) ApplyLimits(ctx context.Context, sb *store.Sandbox) error {
-	return m.applyLimits(ctx, sb)
+func (c *CheckpointCore) ApplyLimits(ctx context.Context, sb *store.Sandbox) error {
+	return c.m.machine.applyLimits(ctx, sb)
 }
 
 // applyLimits sets a running sandbox's resource limits again, as its
 // record says. Checkpoints and restores lift the CPU quota for speed; every
 // path that may have been cut short while it was lifted calls this.
-func (m *Manager) applyLimits(ctx context.Context, sb *store.Sandbox) error {
+func (mc *machine) applyLimits(ctx context.Context, sb *store.Sandbox) error {
+	m := mc.m
 	l := runtime.Limits{CPUs: sb.Resources.CPUs, MemoryMiB: sb.Resources.MemoryMiB}
 	if err := m.rt.SetLimits(ctx, sb.ID, l); err != nil {
 		return fmt.Errorf("setting the limits of %s: %w", sb.ID, err)
@@ -228,7 +289,7 @@ func (m *Manager) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 		}
 	}
 	m.closeStreams(sb.ID, "the sandbox is being restored")
-	m.dropAgentConns()
+	m.agents.dropAgentConns()
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		return fmt.Errorf("stopping: %w", err)
 	}
@@ -250,15 +311,15 @@ func (m *Manager) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	} else if _, err := m.disks.CloneSnapshot(ctx, snapName(sb.ID, cp.ID), sb.ID); err != nil {
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
-	if err := m.limitDisk(ctx, sb); err != nil {
+	if err := m.machine.limitDisk(ctx, sb); err != nil {
 		return fmt.Errorf("putting the disk back: %w", err)
 	}
 	crash.Point("rollback.disk-back")
 	step("disk")
 	if !cp.Memory {
-		return m.boot(ctx, sb, false)
+		return m.machine.boot(ctx, sb, false)
 	}
-	err := m.resume(ctx, sb, cp)
+	err := m.machine.resume(ctx, sb, cp)
 	step("resume")
 	return err
 }
@@ -266,26 +327,28 @@ func (m *Manager) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 // resume starts a sandbox from a memory checkpoint's image, on the disk
 // already in place, and waits for its agent. The agent wakes up holding the
 // token it had when the checkpoint was taken; it is given the sandbox's own.
-func (m *Manager) resume(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
-	return m.resumeImage(ctx, sb, filepath.Join(m.checkpointDir(cp.Sandbox, cp.ID), memDir), m.heldToken(cp), cp.ID)
+func (mc *machine) resume(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+	m := mc.m
+	return m.machine.resumeImage(ctx, sb, filepath.Join(m.machine.checkpointDir(cp.Sandbox, cp.ID), memDir), m.agents.heldToken(cp), cp.ID)
 }
 
 // resumeImage starts a sandbox from the memory image in imageDir, whose
 // agent holds token held, on the disk already in place; what names the
 // image in logs.
-func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, held, what string) error {
+func (mc *machine) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, held, what string) error {
+	m := mc.m
 	prep := time.Now()
-	ep, err := m.prepare(ctx, sb)
+	ep, err := m.machine.prepare(ctx, sb)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	if err := m.rt.Restore(ctx, m.spec(ctx, sb, ep), imageDir); err != nil {
+	if err := m.rt.Restore(ctx, m.machine.spec(ctx, sb, ep), imageDir); err != nil {
 		return fmt.Errorf("restoring memory: %w", err)
 	}
 	crash.Point("resume.restored")
 	restored := time.Now()
-	if err := m.connect(ctx, sb, ep, held); err != nil {
+	if err := m.agents.connect(ctx, sb, ep, held); err != nil {
 		return err
 	}
 	crash.Point("resume.connected")
@@ -294,21 +357,21 @@ func (m *Manager) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, 
 	return m.setState(ctx, sb, api.StateRunning, "")
 }
 
-// LockSource takes sandbox id's checkpoints for writing (deleting or
+// lockSource takes sandbox id's checkpoints for writing (deleting or
 // pruning them, or deleting the sandbox) against forks reading them; the
 // func returned lets them go. The lock is the live object's: it goes with
 // it once the sandbox is deleted (forgetLive), and a fork still waiting on
 // the old one finds the sandbox gone once it gets it.
-func (m *Manager) LockSource(id string) (unlock func()) {
+func (m *Manager) lockSource(id string) (unlock func()) {
 	l := &m.live(id).source
 	l.Lock()
 	return l.Unlock
 }
 
-// SourceCheckpoint finds the checkpoint from names (a fork's, a pool's or
+// sourceCheckpoint finds the checkpoint from names (a fork's, a pool's or
 // a template's source) and holds its sandbox as a source, so that neither
 // is deleted while the caller reads it; the caller calls unlock when done.
-func (m *Manager) SourceCheckpoint(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), err error) {
+func (m *Manager) sourceCheckpoint(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), err error) {
 	if from == nil || from.Sandbox == "" || from.Checkpoint == "" {
 		return nil, nil, nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
 	}
@@ -319,7 +382,7 @@ func (m *Manager) SourceCheckpoint(ctx context.Context, from *api.ForkSource) (s
 	l := &m.live(src.ID).source
 	l.RLock()
 	unlock = l.RUnlock
-	if cp, err = m.FindCheckpoint(ctx, src, from.Checkpoint); err != nil {
+	if cp, err = m.findCheckpoint(ctx, src, from.Checkpoint); err != nil {
 		unlock()
 		return nil, nil, nil, err
 	}
@@ -328,14 +391,14 @@ func (m *Manager) SourceCheckpoint(ctx context.Context, from *api.ForkSource) (s
 
 // NewRecord validates a create request and makes the record it asks for,
 // not stored yet (see Insert).
-func (m *Manager) NewRecord(ctx context.Context, req api.CreateSandbox) (*store.Sandbox, error) {
-	return m.newRecord(ctx, req)
+func (c *CheckpointCore) NewRecord(ctx context.Context, req api.CreateSandbox) (*store.Sandbox, error) {
+	return c.m.newRecord(ctx, req)
 }
 
-// TakeFromCheckpoint gives a fork's record what it takes from its
+// takeFromCheckpoint gives a fork's record what it takes from its
 // checkpoint: template, image and resources, and, for a sandbox of an
 // image, the image's env under env (the request's).
-func (m *Manager) TakeFromCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, env map[string]string) error {
+func (m *Manager) takeFromCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, env map[string]string) error {
 	sb.Template, sb.Image, sb.Resources = cp.Template, cp.Image, cp.Resources
 	if sb.Image == "" {
 		return nil
@@ -355,17 +418,17 @@ func (m *Manager) TakeFromCheckpoint(ctx context.Context, sb *store.Sandbox, cp 
 // ClaimPooled gives want a warm pool's member made from checkpoint cp of
 // sandbox src, if its pool has one ready (see Pools.Claim): ok false
 // says the caller makes the sandbox itself.
-func (m *Manager) ClaimPooled(ctx context.Context, src *store.Sandbox, cp *store.Checkpoint, want *store.Sandbox) (v *api.Sandbox, ok bool, err error) {
-	return m.pools.Claim(ctx, PoolSource{Sandbox: src.ID, Checkpoint: cp.ID}, want, nil)
+func (c *CheckpointCore) ClaimPooled(ctx context.Context, src *store.Sandbox, cp *store.Checkpoint, want *store.Sandbox) (v *api.Sandbox, ok bool, err error) {
+	return c.m.pools.Claim(ctx, PoolSource{Sandbox: src.ID, Checkpoint: cp.ID}, want, nil)
 }
 
 // Insert stores sb, a new sandbox's record made by NewRecord, with a
 // network slot of its own, under its create operation, begun before it is
 // stored so that no other operation (a delete) runs on it while it boots;
 // end ends the operation. A sandbox that then fails to boot is Destroyed.
-func (m *Manager) Insert(ctx context.Context, sb *store.Sandbox) (end func(), err error) {
-	end, _ = m.begin(sb, opCreate) // the id is new: the claim cannot fail
-	if err := m.insert(ctx, sb); err != nil {
+func (c *CheckpointCore) Insert(ctx context.Context, sb *store.Sandbox) (end func(), err error) {
+	end, _ = c.m.begin(sb, opCreate) // the id is new: the claim cannot fail
+	if err := c.m.insert(ctx, sb); err != nil {
 		end()
 		return nil, err
 	}
@@ -373,22 +436,25 @@ func (m *Manager) Insert(ctx context.Context, sb *store.Sandbox) (end func(), er
 }
 
 // Destroy removes everything sandbox sb has, then its record (see destroy).
-func (m *Manager) Destroy(ctx context.Context, sb *store.Sandbox) error { return m.destroy(ctx, sb) }
+func (c *CheckpointCore) Destroy(ctx context.Context, sb *store.Sandbox) error {
+	return c.m.destroy(ctx, sb)
+}
 
-// BootFork gives a fork a copy of the checkpoint's disk and starts it: from
+// bootFork gives a fork a copy of the checkpoint's disk and starts it: from
 // the checkpoint's memory, or fresh on the disk for a disk-only checkpoint.
-func (m *Manager) BootFork(ctx context.Context, sb *store.Sandbox, src *store.Sandbox, cp *store.Checkpoint) error {
+func (mc *machine) bootFork(ctx context.Context, sb *store.Sandbox, src *store.Sandbox, cp *store.Checkpoint) error {
+	m := mc.m
 	if _, err := m.disks.CloneSnapshot(ctx, snapName(src.ID, cp.ID), sb.ID); err != nil {
 		return fmt.Errorf("copying the disk: %w", err)
 	}
-	if err := m.limitDisk(ctx, sb); err != nil {
+	if err := m.machine.limitDisk(ctx, sb); err != nil {
 		return fmt.Errorf("copying the disk: %w", err)
 	}
 	crash.Point("fork.disk")
 	if !cp.Memory {
-		return m.boot(ctx, sb, false)
+		return m.machine.boot(ctx, sb, false)
 	}
-	return m.resume(ctx, sb, cp)
+	return m.machine.resume(ctx, sb, cp)
 }
 
 // RequireState refuses, as a user's conflict, a sandbox (named name) that

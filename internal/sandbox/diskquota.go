@@ -77,7 +77,7 @@ func (mc *machine) diskBase(ctx context.Context, sb *store.Sandbox) (disk.Base, 
 		return disk.Base{Snapshot: man.Snapshot}, nil
 	}
 	if sb.Image != "" {
-		tpl, err := m.imageTemplate(ctx, sb)
+		tpl, err := m.machine.imageTemplate(ctx, sb)
 		if err != nil {
 			return disk.Base{}, err
 		}

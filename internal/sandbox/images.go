@@ -37,7 +37,8 @@ var errNoImages = api.Errorf(api.CodeUnavailable, "this daemon has no image supp
 // follow its config: the image's env under the create's, and its
 // entrypoint and cmd as a service unless the create defines one of that
 // name. The returned func must be called once the record is stored.
-func (m *Manager) prepareImage(ctx context.Context, sb *store.Sandbox, req *api.CreateSandbox) (func(), error) {
+func (mc *machine) prepareImage(ctx context.Context, sb *store.Sandbox, req *api.CreateSandbox) (func(), error) {
+	m := mc.m
 	if req.Template != "" {
 		return nil, api.Errorf(api.CodeInvalid, "give a template or an image, not both")
 	}
@@ -80,7 +81,8 @@ func imageEnv(cfg api.ImageConfig, own map[string]string) map[string]string {
 
 // imageAgentEnv is what a sandbox's agent is told of its image: the
 // default user and directory of exec and services.
-func (m *Manager) imageAgentEnv(ctx context.Context, sb *store.Sandbox) ([]string, error) {
+func (mc *machine) imageAgentEnv(ctx context.Context, sb *store.Sandbox) ([]string, error) {
+	m := mc.m
 	if sb.Image == "" {
 		return nil, nil
 	}
@@ -103,7 +105,8 @@ func (m *Manager) imageAgentEnv(ctx context.Context, sb *store.Sandbox) ([]strin
 }
 
 // imageTemplate is the template of a sandbox's image.
-func (m *Manager) imageTemplate(ctx context.Context, sb *store.Sandbox) (string, error) {
+func (mc *machine) imageTemplate(ctx context.Context, sb *store.Sandbox) (string, error) {
+	m := mc.m
 	if m.cfg.Images == nil {
 		return "", errNoImages
 	}

@@ -115,7 +115,7 @@ type live struct {
 	// last connect found it, 0 before one.
 	agentVersion int
 	// source orders the sandbox's checkpoints: held for writing to delete
-	// or prune them, for reading while a fork reads one (LockSource).
+	// or prune them, for reading while a fork reads one (lockSource).
 	source sync.RWMutex
 }
 

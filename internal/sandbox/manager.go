@@ -394,7 +394,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 		return nil, err
 	}
 	if req.Image != "" {
-		done, err := m.prepareImage(ctx, sb, &req)
+		done, err := m.machine.prepareImage(ctx, sb, &req)
 		if err != nil {
 			return nil, err
 		}
@@ -534,8 +534,11 @@ func orEmpty(m map[string]string) map[string]string {
 func (m *Manager) maxNameLen() int { return MaxNameLen(m.cfg.Org) }
 
 // machine is how a sandbox runs on this host: its own directory and the
-// handle in it, its disk and the disk's limit, its network made ready, the
-// runtime's spec of its container, and a boot on its disk. It is a unit of
+// handle in it, where its checkpoints' files are, its disk, the disk's
+// limit and the space a checkpoint of it needs, its network made ready, an
+// image's root made ready, the runtime's spec of its container and its
+// resource limits, and a boot on its disk: fresh, from a template's or a
+// checkpoint's memory (a fork), or a resume of a paused one. It is a unit of
 // its own because a create, a wake, a restore, a fork and a recovery all
 // make a sandbox's machine the same way, whatever the operation around it
 // (which, with the sandbox's state, stays the Manager's).
@@ -581,14 +584,14 @@ func (mc *machine) boot(ctx context.Context, sb *store.Sandbox, fresh bool) erro
 // run is the client's mistake (see startServicesOrDelete), told as it is.
 func (mc *machine) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, services []api.Service) error {
 	m := mc.m
-	agentEnv, err := m.imageAgentEnv(ctx, sb)
+	agentEnv, err := m.machine.imageAgentEnv(ctx, sb)
 	if err != nil {
 		return err
 	}
 	if fresh {
 		tpl := sb.Template
 		if sb.Image != "" {
-			if tpl, err = m.imageTemplate(ctx, sb); err != nil {
+			if tpl, err = m.machine.imageTemplate(ctx, sb); err != nil {
 				return err
 			}
 		} else if err := m.tpl.Ensure(ctx, sb.Template); err != nil {
@@ -618,7 +621,7 @@ func (mc *machine) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, 
 		return err
 	}
 	crash.Point("boot.connected")
-	if err := m.startServices(ctx, sb, services); err != nil {
+	if err := m.agents.startServices(ctx, sb, services); err != nil {
 		return err
 	}
 	if len(services) > 0 {
@@ -689,8 +692,9 @@ func (mc *machine) prepare(ctx context.Context, sb *store.Sandbox) (network.Endp
 // it presents the sandbox's token and, refused, the one the agent holds
 // once a memory checkpoint that moved it on is done (see agent.Client's
 // Refresh).
-func (m *Manager) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Client {
-	ac := m.agentClient(ep, m.agentToken(sb))
+func (a *agentLink) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Client {
+	m := a.m
+	ac := m.agents.agentClient(ep, m.agents.token(sb))
 	id := sb.ID
 	ac.Refresh = func(ctx context.Context) []string {
 		if held := m.live(id).heldOn(); held != nil {
@@ -707,7 +711,7 @@ func (m *Manager) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Clie
 		// The stored generation, then the one before: the agent may not
 		// have taken the new one yet. Both are this sandbox's own, sent
 		// only to its own address.
-		toks := []string{m.agentToken(now)}
+		toks := []string{m.agents.token(now)}
 		if now.AgentGen > 0 {
 			toks = append(toks, AgentToken(m.cfg.Secret, now.ID, now.AgentGen-1))
 		}
@@ -717,18 +721,19 @@ func (m *Manager) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Clie
 }
 
 // agentClient is a client of the agent at ep that presents token.
-func (m *Manager) agentClient(ep network.Endpoint, token string) *agent.Client {
+func (a *agentLink) agentClient(ep network.Endpoint, token string) *agent.Client {
+	m := a.m
 	return m.conns.Client(ep.SandboxIP, token)
 }
 
 // dropAgentConns closes the idle connections and spare exec sockets to
 // agents, so that none is open into a sandbox whose memory is about to be
 // written or replaced (see agentconn.Conns.DropAll).
-func (m *Manager) dropAgentConns() { m.conns.DropAll() }
+func (a *agentLink) dropAgentConns() { a.m.conns.DropAll() }
 
 // dropSpare closes sandbox id's spare exec sockets and turns away those
 // being opened (see closeStreams).
-func (m *Manager) dropSpare(id string) { m.conns.Drop(id) }
+func (a *agentLink) dropSpare(id string) { a.m.conns.Drop(id) }
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
 func (m *Manager) Delete(ctx context.Context, ref string) error {
@@ -738,7 +743,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 	}
 	defer end()
 	ctx = context.WithoutCancel(ctx)
-	unlock := m.LockSource(sb.ID)
+	unlock := m.lockSource(sb.ID)
 	defer unlock()
 	if err := m.setState(ctx, sb, api.StateDeleting, ""); err != nil {
 		return err
@@ -781,7 +786,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 		errs = append(errs, err)
 	}
 	crash.Point("destroy.checkpoints")
-	for _, dir := range []string{m.machine.dir(sb.ID), m.checkpointsDir(sb.ID)} {
+	for _, dir := range []string{m.machine.dir(sb.ID), m.machine.checkpointsDir(sb.ID)} {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}
@@ -810,7 +815,7 @@ func (m *Manager) deleteCheckpointData(ctx context.Context, id string) error {
 		if err := m.disks.DeleteSnapshot(ctx, snapName(id, cp.ID)); err != nil {
 			errs = append(errs, err)
 		}
-		errs = append(errs, os.RemoveAll(m.checkpointDir(id, cp.ID)))
+		errs = append(errs, os.RemoveAll(m.machine.checkpointDir(id, cp.ID)))
 	}
 	return errors.Join(errs...)
 }
@@ -821,32 +826,4 @@ func snapName(sandboxID, cpID string) string { return checkpoint.Snapshot(sandbo
 // Endpoint is the network endpoint of a sandbox.
 func (m *Manager) Endpoint(sb *store.Sandbox) (network.Endpoint, error) {
 	return m.nets.Endpoint(sb.ID, sb.NetIndex)
-}
-
-// The Manager's names for the machine's calls that checkpoint.go, pool.go
-// and templates.go make; they go once those call m.machine.
-
-// spec is machine.spec.
-func (m *Manager) spec(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, env ...string) runtime.Spec {
-	return m.machine.spec(ctx, sb, ep, env...)
-}
-
-// boot is machine.boot.
-func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
-	return m.machine.boot(ctx, sb, fresh)
-}
-
-// bootWith is machine.bootWith.
-func (m *Manager) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, services []api.Service) error {
-	return m.machine.bootWith(ctx, sb, fresh, services)
-}
-
-// prepare is machine.prepare.
-func (m *Manager) prepare(ctx context.Context, sb *store.Sandbox) (network.Endpoint, error) {
-	return m.machine.prepare(ctx, sb)
-}
-
-// limitDisk is machine.limitDisk.
-func (m *Manager) limitDisk(ctx context.Context, sb *store.Sandbox) error {
-	return m.machine.limitDisk(ctx, sb)
 }

@@ -17,14 +17,14 @@ import (
 // The core's side of warm pools (package warmpool keeps them): a pool's
 // member is a sandbox in every way but that the API does not show it (its
 // record's Pool names its pool). The core makes, deletes and hands over
-// members when the pools ask (the exported methods below), and asks the
+// members when the pools ask (PoolCore, below), and asks the
 // pools for a member when a create or fork matches one (Pools).
 
 // Pools are the warm pools as the core sees them: sandboxes made ahead of
 // time that a create or fork may take instead of booting or restoring one.
 type Pools interface {
 	// Claim gives want a member made from what from names, if its pool has
-	// one ready (handed over by ClaimPoolMember). ok is false when the
+	// one ready (handed over by PoolCore.ClaimPoolMember). ok is false when the
 	// caller should make the sandbox itself; otherwise v is the sandbox
 	// made, or err why the create failed.
 	Claim(ctx context.Context, from PoolSource, want *store.Sandbox, services []api.Service) (v *api.Sandbox, ok bool, err error)
@@ -53,11 +53,26 @@ type MemoryMeter interface {
 	MemoryBytes(id string) (int64, error)
 }
 
+// PoolCore is the core as package warmpool sees it (it implements
+// warmpool.Core): making a pool's members, handing one over to a create,
+// and deleting them. It is a type of its own, not methods of the Manager,
+// because only the pools make and hand over members: the core's own
+// surface keeps what the API and several capabilities share. Make it with
+// NewPoolCore; the daemon gives it to warmpool.New.
+type PoolCore struct{ m *Manager }
+
+// NewPoolCore is the warm pools' side of m.
+func NewPoolCore(m *Manager) *PoolCore { return &PoolCore{m: m} }
+
+// ContainerMemory is the host memory member id holds, 0 if unknown (see
+// containerMemory).
+func (p *PoolCore) ContainerMemory(id string) int64 { return p.m.machine.containerMemory(id) }
+
 // PoolCheckpoint finds the checkpoint a pool of forks is made from, by the
 // user's references, as a fork does, and holds it (and its sandbox) until
 // unlock, so that neither is deleted while its pool is set.
-func (m *Manager) PoolCheckpoint(ctx context.Context, ref, cpRef string) (from PoolSource, unlock func(), err error) {
-	src, cp, unlock, err := m.SourceCheckpoint(ctx, &api.ForkSource{Sandbox: ref, Checkpoint: cpRef})
+func (p *PoolCore) PoolCheckpoint(ctx context.Context, ref, cpRef string) (from PoolSource, unlock func(), err error) {
+	src, cp, unlock, err := p.m.sourceCheckpoint(ctx, &api.ForkSource{Sandbox: ref, Checkpoint: cpRef})
 	if err != nil {
 		return PoolSource{}, nil, err
 	}
@@ -66,11 +81,11 @@ func (m *Manager) PoolCheckpoint(ctx context.Context, ref, cpRef string) (from P
 
 // PoolTemplate checks that template name can have a pool: a built-in
 // template or a checkpoint template (an image cannot).
-func (m *Manager) PoolTemplate(ctx context.Context, name string) error {
-	if m.tpl.Builtin(name) {
+func (p *PoolCore) PoolTemplate(ctx context.Context, name string) error {
+	if p.m.tpl.Builtin(name) {
 		return nil
 	}
-	man, err := m.tpl.Kept(name)
+	man, err := p.m.tpl.Kept(name)
 	if err != nil {
 		return err
 	}
@@ -82,22 +97,23 @@ func (m *Manager) PoolTemplate(ctx context.Context, name string) error {
 
 // MemoryImageBytes is the size of the memory image a member of from is
 // restored from (a checkpoint's or a memory template's), 0 if none.
-func (m *Manager) MemoryImageBytes(from PoolSource) int64 {
+func (p *PoolCore) MemoryImageBytes(from PoolSource) int64 {
 	if from.Checkpoint != "" {
-		if n := checkpoint.TreeBytes(filepath.Join(m.checkpointDir(from.Sandbox, from.Checkpoint), memDir)); n > 0 {
+		if n := checkpoint.TreeBytes(filepath.Join(p.m.machine.checkpointDir(from.Sandbox, from.Checkpoint), memDir)); n > 0 {
 			return n
 		}
 	}
 	if from.Template != "" {
-		if n := checkpoint.TreeBytes(m.tpl.MemDir(from.Template)); n > 0 {
+		if n := checkpoint.TreeBytes(p.m.tpl.MemDir(from.Template)); n > 0 {
 			return n
 		}
 	}
 	return 0
 }
 
-// ContainerMemory is the host memory container id holds, 0 if unknown.
-func (m *Manager) ContainerMemory(id string) int64 {
+// containerMemory is the host memory container id holds, 0 if unknown.
+func (mc *machine) containerMemory(id string) int64 {
+	m := mc.m
 	mm, ok := m.rt.(MemoryMeter)
 	if !ok {
 		return 0
@@ -112,38 +128,38 @@ func (m *Manager) ContainerMemory(id string) int64 {
 // MakePoolMember makes one member of pool (the name its record keeps), from
 // what from names, stored and running, or nothing. An error that is
 // api.ErrNotFound says from is gone.
-func (m *Manager) MakePoolMember(ctx context.Context, from PoolSource, pool string) (*store.Sandbox, error) {
+func (p *PoolCore) MakePoolMember(ctx context.Context, from PoolSource, pool string) (*store.Sandbox, error) {
 	if from.Template != "" {
-		return m.makeTemplateMember(ctx, pool, from.Template)
+		return p.makeTemplateMember(ctx, pool, from.Template)
 	}
-	src, cp, unlock, err := m.SourceCheckpoint(ctx, &api.ForkSource{Sandbox: from.Sandbox, Checkpoint: from.Checkpoint})
+	src, cp, unlock, err := p.m.sourceCheckpoint(ctx, &api.ForkSource{Sandbox: from.Sandbox, Checkpoint: from.Checkpoint})
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	sb, err := m.newRecord(ctx, api.CreateSandbox{})
+	sb, err := p.m.newRecord(ctx, api.CreateSandbox{})
 	if err != nil {
 		return nil, err
 	}
 	// A fork's settings (see checkpoints.Service.Fork), but no secrets: a
 	// member gets those of the request that claims it.
-	if err := m.TakeFromCheckpoint(ctx, sb, cp, nil); err != nil {
+	if err := p.m.takeFromCheckpoint(ctx, sb, cp, nil); err != nil {
 		return nil, err
 	}
 	sb.From = &api.ForkSource{Sandbox: src.Name, Checkpoint: cp.ID}
 	sb.Network = src.Network
-	return m.bootMember(ctx, sb, pool, func(ctx context.Context) error { return m.BootFork(ctx, sb, src, cp) })
+	return p.bootMember(ctx, sb, pool, func(ctx context.Context) error { return p.m.machine.bootFork(ctx, sb, src, cp) })
 }
 
 // makeTemplateMember makes a member of a template's pool: a checkpoint
 // template's sandbox (see createFromTemplate) or a built-in template's,
 // with the daemon's default resources.
-func (m *Manager) makeTemplateMember(ctx context.Context, pool, name string) (*store.Sandbox, error) {
-	sb, err := m.newRecord(ctx, api.CreateSandbox{Template: name})
+func (p *PoolCore) makeTemplateMember(ctx context.Context, pool, name string) (*store.Sandbox, error) {
+	sb, err := p.m.newRecord(ctx, api.CreateSandbox{Template: name})
 	if err != nil {
 		return nil, err
 	}
-	man, release, err := m.tpl.Use(name)
+	man, release, err := p.m.tpl.Use(name)
 	if err != nil {
 		return nil, err
 	}
@@ -151,30 +167,30 @@ func (m *Manager) makeTemplateMember(ctx context.Context, pool, name string) (*s
 		defer release()
 	}
 	if man == nil {
-		if err := m.checkTemplate(ctx, sb); err != nil {
+		if err := p.m.checkTemplate(ctx, sb); err != nil {
 			return nil, err
 		}
-		return m.bootMember(ctx, sb, pool, func(ctx context.Context) error { return m.boot(ctx, sb, true) })
+		return p.bootMember(ctx, sb, pool, func(ctx context.Context) error { return p.m.machine.boot(ctx, sb, true) })
 	}
 	sb.Template, sb.Image = man.Name, man.Image
 	if man.Memory {
 		sb.Resources = man.Resources
 	}
-	return m.bootMember(ctx, sb, pool, func(ctx context.Context) error { return m.bootTemplate(ctx, sb, man, nil) })
+	return p.bootMember(ctx, sb, pool, func(ctx context.Context) error { return p.m.machine.bootTemplate(ctx, sb, man, nil) })
 }
 
 // bootMember stores sb as a member of pool and boots it; a member that
 // fails to boot is deleted.
-func (m *Manager) bootMember(ctx context.Context, sb *store.Sandbox, pool string, boot func(context.Context) error) (*store.Sandbox, error) {
+func (p *PoolCore) bootMember(ctx context.Context, sb *store.Sandbox, pool string, boot func(context.Context) error) (*store.Sandbox, error) {
 	sb.Pool = pool
-	end, _ := m.begin(sb, opCreate)
+	end, _ := p.m.begin(sb, opCreate)
 	defer end()
-	if err := m.insert(ctx, sb); err != nil {
+	if err := p.m.insert(ctx, sb); err != nil {
 		return nil, err
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := boot(ctx); err != nil {
-		m.DeletePoolMember(ctx, sb)
+		p.DeletePoolMember(ctx, sb)
 		return nil, publicError(err)
 	}
 	return sb, nil
@@ -182,9 +198,9 @@ func (m *Manager) bootMember(ctx context.Context, sb *store.Sandbox, pool string
 
 // DeletePoolMember deletes a member that is not (or no longer) in a pool;
 // a failure is logged.
-func (m *Manager) DeletePoolMember(ctx context.Context, sb *store.Sandbox) {
-	if err := m.destroy(ctx, sb); err != nil {
-		m.log.Error("warm pool: deleting a member", "sandbox", sb.ID, "err", err)
+func (p *PoolCore) DeletePoolMember(ctx context.Context, sb *store.Sandbox) {
+	if err := p.m.destroy(ctx, sb); err != nil {
+		p.m.log.Error("warm pool: deleting a member", "sandbox", sb.ID, "err", err)
 	}
 }
 
@@ -198,7 +214,7 @@ func (m *Manager) DeletePoolMember(ctx context.Context, sb *store.Sandbox) {
 //     caller makes the sandbox the slow way;
 //   - not used, err set: the request is refused (a name in use), and the
 //     member is whole, for its pool to keep.
-func (m *Manager) ClaimPoolMember(ctx context.Context, pool string, member, want *store.Sandbox, services []api.Service) (v *api.Sandbox, used bool, err error) {
+func (p *PoolCore) ClaimPoolMember(ctx context.Context, pool string, member, want *store.Sandbox, services []api.Service) (v *api.Sandbox, used bool, err error) {
 	start := time.Now()
 	claimed := *want
 	claimed.ID, claimed.NetIndex, claimed.AgentGen = member.ID, member.NetIndex, member.AgentGen
@@ -207,62 +223,62 @@ func (m *Manager) ClaimPoolMember(ctx context.Context, pool string, member, want
 	// before the create), never one running without its services.
 	claimed.State, claimed.Pool = api.StateCreating, ""
 	claimed.CreatedAt = store.Now()
-	end, err := m.begin(&claimed, opCreate)
+	end, err := p.m.begin(&claimed, opCreate)
 	if err != nil {
 		// A member has no operations; this one is being deleted.
 		return nil, false, nil
 	}
 	defer end()
 	ctx = context.WithoutCancel(ctx)
-	if err := m.store.UpdateSandbox(ctx, &claimed); err != nil {
+	if err := p.m.store.UpdateSandbox(ctx, &claimed); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil, false, api.Errorf(api.CodeConflict, "name %q is in use", claimed.Name)
 		}
-		m.log.Error("warm pool: claiming a member", "pool", pool, "sandbox", member.ID, "err", err)
-		m.DeletePoolMember(ctx, member)
+		p.m.log.Error("warm pool: claiming a member", "pool", pool, "sandbox", member.ID, "err", err)
+		p.DeletePoolMember(ctx, member)
 		return nil, false, nil
 	}
 	crash.Point("pool.claimed")
 	// From here on it is the user's sandbox: a failure is the request's,
 	// as a failed boot or restore is.
 	fail := func(err error) (*api.Sandbox, bool, error) {
-		m.log.Error("warm pool: handing over a member failed", "sandbox", claimed.ID, "err", err)
-		if derr := m.destroy(ctx, &claimed); derr != nil {
-			m.log.Error("cleaning up after a failed claim", "sandbox", claimed.ID, "err", derr)
+		p.m.log.Error("warm pool: handing over a member failed", "sandbox", claimed.ID, "err", err)
+		if derr := p.m.destroy(ctx, &claimed); derr != nil {
+			p.m.log.Error("cleaning up after a failed claim", "sandbox", claimed.ID, "err", derr)
 		}
 		return nil, true, publicError(fmt.Errorf("creating sandbox %s: %w", claimed.Name, err))
 	}
 	stored := time.Now()
-	ep, err := m.Endpoint(&claimed)
+	ep, err := p.m.Endpoint(&claimed)
 	if err != nil {
 		return fail(err)
 	}
 	if !reflect.DeepEqual(claimed.Network, member.Network) {
-		if err := m.applyNetwork(ctx, &claimed); err != nil {
+		if err := p.m.applyNetwork(ctx, &claimed); err != nil {
 			return fail(err)
 		}
 	}
 	if claimed.Resources.DiskMiB != member.Resources.DiskMiB {
-		if err := m.limitDisk(ctx, &claimed); err != nil {
+		if err := p.m.machine.limitDisk(ctx, &claimed); err != nil {
 			return fail(err)
 		}
 	}
 	networked := time.Now()
-	if err := m.identify(ctx, &claimed, ep, m.agentClient(ep, m.agentToken(&claimed))); err != nil {
+	if err := p.m.agents.identify(ctx, &claimed, ep, p.m.agents.agentClient(ep, p.m.agents.token(&claimed))); err != nil {
 		return fail(err)
 	}
-	if err := m.startServicesOrDelete(ctx, &claimed, services); err != nil {
+	if err := p.m.startServicesOrDelete(ctx, &claimed, services); err != nil {
 		return nil, true, err
 	}
-	if err := m.setState(ctx, &claimed, api.StateRunning, ""); err != nil {
+	if err := p.m.setState(ctx, &claimed, api.StateRunning, ""); err != nil {
 		return fail(err)
 	}
-	m.touch(claimed.ID)
+	p.m.touch(claimed.ID)
 	*want = claimed
-	m.log.Info("sandbox made from a warm pool", "sandbox", claimed.ID, "name", claimed.Name, "pool", pool,
+	p.m.log.Info("sandbox made from a warm pool", "sandbox", claimed.ID, "name", claimed.Name, "pool", pool,
 		"ms", time.Since(start).Milliseconds(), "store_ms", stored.Sub(start).Milliseconds(),
 		"network_ms", networked.Sub(stored).Milliseconds(), "agent_ms", time.Since(networked).Milliseconds())
-	return m.view(&claimed), true, nil
+	return p.m.view(&claimed), true, nil
 }
 
 // noPools are the pools of a Manager made without any: none has a member,
@@ -275,7 +291,7 @@ func (noPools) Claim(context.Context, PoolSource, *store.Sandbox, []api.Service)
 func (noPools) Keep(context.Context, PoolSource, int) error { return nil }
 func (noPools) Forget(context.Context, PoolSource)          {}
 func (p noPools) Lost(ctx context.Context, member *store.Sandbox) {
-	p.m.DeletePoolMember(ctx, member)
+	NewPoolCore(p.m).DeletePoolMember(ctx, member)
 }
 
 // defaultResources reports whether a create asks for no CPUs or memory of

@@ -33,7 +33,7 @@ func newPoolTest(t *testing.T, pc warmpool.Config) *poolTest {
 	e.env = newEnv(t, func(c *sandbox.Config) {
 		pc.DataDir = c.DataDir
 		c.Pools = func(m *sandbox.Manager) sandbox.Pools {
-			e.pools = warmpool.New(m, pc, testLogger())
+			e.pools = warmpool.New(sandbox.NewPoolCore(m), pc, testLogger())
 			return e.pools
 		}
 	})

@@ -140,7 +140,7 @@ func (r *recovery) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 		case err == nil && st == runtime.StatusRunning:
 			// A crash may have come while the limits were lifted (a
 			// checkpoint or restore lifts the CPU quota): set them again.
-			if err := r.m.applyLimits(ctx, sb); err != nil {
+			if err := r.m.machine.applyLimits(ctx, sb); err != nil {
 				return err
 			}
 			ep, err := r.m.Endpoint(sb)
@@ -228,13 +228,13 @@ func (r *recovery) recoverStoppedForRestore(ctx context.Context, sb *store.Sandb
 		cancel()
 		if err == nil {
 			r.m.log.Info("a restore was cut short before it stopped the sandbox; the sandbox runs on", "sandbox", sb.ID)
-			return errors.Join(r.m.applyLimits(ctx, sb), r.m.applyNetwork(ctx, sb))
+			return errors.Join(r.m.machine.applyLimits(ctx, sb), r.m.applyNetwork(ctx, sb))
 		}
 	}
 	if err := r.m.rt.Delete(ctx, sb.ID); err != nil {
 		return err
 	}
-	if r.resumeLeft(ctx, sb, r.m.checkpointsDir(sb.ID), opRestore) {
+	if r.resumeLeft(ctx, sb, r.m.machine.checkpointsDir(sb.ID), opRestore) {
 		return nil
 	}
 	r.m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
@@ -435,7 +435,7 @@ func (r *recovery) dropBrokenCheckpoints(ctx context.Context) error {
 			continue
 		}
 		for _, cp := range cps {
-			data := r.m.checkpointDir(sb.ID, cp.ID)
+			data := r.m.machine.checkpointDir(sb.ID, cp.ID)
 			if cp.Memory {
 				data = filepath.Join(data, memDir)
 			}

@@ -95,7 +95,7 @@ func (m *Manager) tryRelay(ctx context.Context, ref string, need Need) (*Call, e
 		err = requireState(sb.Name, sb.State, api.StateRunning)
 	}
 	if err == nil && need.Protocol > 0 {
-		err = m.requireAgent(sb, need.Protocol, need.What)
+		err = m.agents.require(sb, need.Protocol, need.What)
 	}
 	if err != nil {
 		return nil, err
@@ -122,7 +122,7 @@ func (m *Manager) tryRelay(ctx context.Context, ref string, need Need) (*Call, e
 	}
 	l.calls[c] = true
 	l.mu.Unlock()
-	return &Call{Sandbox: sb, Agent: m.callClient(sb, ep), Ctx: cctx, m: m, l: l, ep: ep, token: m.agentToken(sb), c: c, start: start}, nil
+	return &Call{Sandbox: sb, Agent: m.agents.callClient(sb, ep), Ctx: cctx, m: m, l: l, ep: ep, token: m.agents.token(sb), c: c, start: start}, nil
 }
 
 // End ends the call: the sandbox's activity, and the call's context. It is
@@ -159,7 +159,7 @@ func (c *Call) Held() bool {
 // needs an agent of protocol min or newer when the sandbox runs an older
 // one.
 func (c *Call) RequireAgent(min int, what string) error {
-	return c.m.requireAgent(c.Sandbox, min, what)
+	return c.m.agents.require(c.Sandbox, min, what)
 }
 
 // Stream makes a Stream of conn, a socket to the sandbox's agent (nil for a
@@ -180,7 +180,7 @@ func (c *Call) TakeSpare() *websocket.Conn {
 
 // DialExec opens an exec socket to the agent.
 func (c *Call) DialExec(ctx context.Context) (*websocket.Conn, error) {
-	return c.m.agentClient(c.ep, c.token).DialExec(ctx)
+	return c.m.agents.agentClient(c.ep, c.token).DialExec(ctx)
 }
 
 // OpenSpares has exec sockets opened ahead for the next execs.
@@ -192,9 +192,26 @@ func (c *Call) OpenSpares() {
 // is looked for.
 func (c *Call) Volume() string { return c.m.disks.VolumePath(c.Sandbox.ID) }
 
+// GuestCore is the core as the guest data plane (package guest) sees it
+// (it implements guest.Core): the one entry point to a sandbox's agent
+// (Relay, the Manager's: its holds, checkpoint and sleep semantics are
+// the core's) and the agent's own port, which no user's call may reach.
+// It is a type of its own so that what only the data plane asks is not
+// part of the Manager's surface. Make it with NewGuestCore; the daemon
+// gives it to guest.New.
+type GuestCore struct{ m *Manager }
+
+// NewGuestCore is the guest data plane's side of m.
+func NewGuestCore(m *Manager) *GuestCore { return &GuestCore{m: m} }
+
+// Relay begins a call to the agent of sandbox ref (see Manager.Relay).
+func (g *GuestCore) Relay(ctx context.Context, ref string, need Need) (*Call, error) {
+	return g.m.Relay(ctx, ref, need)
+}
+
 // AgentPort is the TCP port of the agent inside every sandbox: no user's
 // port stream may reach it.
-func (m *Manager) AgentPort() int { return m.cfg.AgentPort }
+func (g *GuestCore) AgentPort() int { return g.m.cfg.AgentPort }
 
 // endCalls cuts every call in flight to sandbox id that a checkpoint cuts
 // (Need.Cut).

@@ -37,6 +37,7 @@ import (
 	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/store/sqlite"
 	"loam.dev/loam/internal/template"
+	"loam.dev/loam/internal/warmpool"
 )
 
 func testLogger() *slog.Logger {
@@ -316,7 +317,7 @@ func newEnvLimits(t testing.TB, limits checkpoint.Limits, edit ...func(*sandbox.
 		Secret:          []byte("test secret"),
 		// As the daemon does: the sleep capability, made with the Manager.
 		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {
-			e.sleep = sleep.New(m, e.st, sleep.Config{DataDir: dataDir}, testLogger())
+			e.sleep = sleep.New(sandbox.NewIdleCore(m), e.st, sleep.Config{DataDir: dataDir}, testLogger())
 			return e.sleep
 		},
 	}
@@ -372,17 +373,26 @@ func (e *env) newManager() {
 		cfg.Forks = e.forks(e.rt)
 	}
 	e.m = sandbox.New(cfg, e.st, e.rt, e.pool, e.nets, e.shelf, testLogger())
-	e.cat = template.New(template.Config{Store: e.shelf, Core: e.m, Pools: pools, Sandboxes: e.st, Log: testLogger()})
+	e.cat = template.New(template.Config{Store: e.shelf, Core: sandbox.NewTemplateCore(e.m), Pools: pools, Sandboxes: e.st, Log: testLogger()})
 }
 
 // forks makes the checkpoints of a Manager over runtime rt, as the
 // daemon's, and makes them the env's (e.cps).
 func (e *env) forks(rt runtime.Runtime) func(*sandbox.Manager) sandbox.Forks {
 	return func(m *sandbox.Manager) sandbox.Forks {
-		e.cps = checkpoints.New(m, checkpoints.Config{DataDir: e.cfg.DataDir, Limits: e.limits}, e.st, rt, e.pool, testLogger())
+		e.cps = checkpoints.New(sandbox.NewCheckpointCore(m), checkpoints.Config{DataDir: e.cfg.DataDir, Limits: e.limits}, e.st, rt, e.pool, testLogger())
 		return e.cps
 	}
 }
+
+// Each capability's side of the core implements exactly what it takes.
+var (
+	_ checkpoints.Core = (*sandbox.CheckpointCore)(nil)
+	_ warmpool.Core    = (*sandbox.PoolCore)(nil)
+	_ template.Core    = (*sandbox.TemplateCore)(nil)
+	_ sleep.Core       = (*sandbox.IdleCore)(nil)
+	_ guest.Core       = (*sandbox.GuestCore)(nil)
+)
 
 // noTemplatePools are the template catalog's pools of an env whose
 // Manager has none: a template's pool is never kept.
@@ -582,4 +592,4 @@ func eventually(t testing.TB, what string, cond func() bool) {
 
 // guest is the guest data plane over the env's Manager as it is now (it
 // holds no state of its own, so a restart needs no new one).
-func (e *env) guest() *guest.Guest { return guest.New(e.m, testLogger()) }
+func (e *env) guest() *guest.Guest { return guest.New(sandbox.NewGuestCore(e.m), testLogger()) }

@@ -102,7 +102,7 @@ func (m *Manager) secretValues(ctx context.Context, sb *store.Sandbox) (env, fil
 	if m.cfg.Secrets == nil || len(sb.Secrets)+len(sb.SecretFiles) == 0 {
 		return nil, nil, nil
 	}
-	if err := m.requireAgent(sb, secretsProtocol, "secrets"); err != nil {
+	if err := m.agents.require(sb, secretsProtocol, "secrets"); err != nil {
 		// Not a reason to fail a restore or fork: the sandbox goes
 		// without, as after a forced delete, and a fresh boot has them.
 		m.log.Warn("the sandbox's agent is too old for secrets; it goes without them", "sandbox", sb.ID)

@@ -34,7 +34,8 @@ func checkServices(defs []api.Service) error {
 // sandbox's agent answers. A definition the agent cannot run (no such
 // user, directory or program) is a 400 whose text is passed on, as on
 // exec; anything else is mapped as every relay's answer (agentconn.Map).
-func (m *Manager) startServices(ctx context.Context, sb *store.Sandbox, defs []api.Service) error {
+func (a *agentLink) startServices(ctx context.Context, sb *store.Sandbox, defs []api.Service) error {
+	m := a.m
 	if len(defs) == 0 {
 		return nil
 	}
@@ -42,7 +43,7 @@ func (m *Manager) startServices(ctx context.Context, sb *store.Sandbox, defs []a
 	if err != nil {
 		return err
 	}
-	ac := m.callClient(sb, ep)
+	ac := m.agents.callClient(sb, ep)
 	for _, def := range defs {
 		if _, _, err := ac.PutService(ctx, def); err != nil {
 			return agentconn.Map(ctx, err, func(ae *agent.Error) error {
@@ -63,7 +64,7 @@ func (m *Manager) startServices(ctx context.Context, sb *store.Sandbox, defs []a
 // service the sandbox cannot run (no such user, program) is the client's
 // mistake, told as it is; the sandbox is not kept.
 func (m *Manager) startServicesOrDelete(ctx context.Context, sb *store.Sandbox, defs []api.Service) error {
-	err := m.startServices(ctx, sb, defs)
+	err := m.agents.startServices(ctx, sb, defs)
 	if err == nil {
 		return nil
 	}

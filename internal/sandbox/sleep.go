@@ -36,7 +36,7 @@ import (
 // one wake however many callers), and its activity is on its live object
 // (idle.go). The images on disk and idle sleep are package sleep's: the
 // core asks it for the images (SleepImages, given as Config.Sleep), idle
-// sleep asks the core (IdleFor, SleepIfIdle).
+// sleep asks the core (IdleCore).
 
 // SleepImages keeps the memory images of sleeping sandboxes (package
 // sleep keeps them on disk; the core orders the calls on one sandbox under
@@ -98,7 +98,7 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
 	}
 	m.drain(sb.ID)
 	if err := m.sleep(context.WithoutCancel(ctx), sb); err != nil {
-		return nil, publicError(m.spaceError(fmt.Errorf("putting %s to sleep: %w", sb.Name, err), sb, m.cfg.DataDir, "a sleep"))
+		return nil, publicError(m.machine.spaceError(fmt.Errorf("putting %s to sleep: %w", sb.Name, err), sb, m.cfg.DataDir, "a sleep"))
 	}
 	return m.view(sb), nil
 }
@@ -108,7 +108,7 @@ func (m *Manager) Sleep(ctx context.Context, ref string) (*api.Sandbox, error) {
 func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 	// Its image is a memory checkpoint's: refused before the pause when
 	// the data dir cannot hold it, the sandbox running on.
-	if err := disk.RequireSpace(m.cfg.DataDir, "a sleep image", m.checkpointNeed(sb, true)); err != nil {
+	if err := disk.RequireSpace(m.cfg.DataDir, "a sleep image", m.machine.checkpointNeed(sb, true)); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -117,7 +117,7 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	m.closeStreams(sb.ID, "the sandbox is going to sleep")
-	m.dropAgentConns()
+	m.agents.dropAgentConns()
 	if err := m.rt.Pause(ctx, sb.ID); err != nil {
 		_ = m.sleepImages.Drop(sb.ID)
 		return fmt.Errorf("pausing: %w", err)
@@ -137,10 +137,10 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 		// Still there, paused, or stopped by a checkpoint that failed
 		// late: resume it, or boot it again on its disk.
 		if rerr := m.rt.Resume(ctx, sb.ID); rerr == nil {
-			return errors.Join(fmt.Errorf("writing the sleep image: %w", err), m.applyLimits(ctx, sb))
+			return errors.Join(fmt.Errorf("writing the sleep image: %w", err), m.machine.applyLimits(ctx, sb))
 		}
 		_ = m.rt.Delete(ctx, sb.ID)
-		if berr := m.boot(ctx, sb, false); berr != nil {
+		if berr := m.machine.boot(ctx, sb, false); berr != nil {
 			_ = m.setState(ctx, sb, api.StateError, "a sleep failed and it did not boot again: "+berr.Error())
 			return errors.Join(err, berr)
 		}
@@ -194,7 +194,7 @@ func (m *Manager) bootAgain(ctx context.Context, id string) (*api.Sandbox, error
 	}
 	ctx = context.WithoutCancel(ctx)
 	_ = m.rt.Delete(ctx, sb.ID) // what is left of the container
-	if err := m.boot(ctx, sb, false); err != nil {
+	if err := m.machine.boot(ctx, sb, false); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		_ = m.setState(ctx, sb, api.StateError, "booting it again on its disk failed: "+err.Error())
 		return nil, publicError(fmt.Errorf("booting %s again on its disk: %w", sb.Name, err))
@@ -363,7 +363,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 		holds = append(holds, sb.LegacyAgentToken)
 	}
 	_ = m.rt.Delete(ctx, sb.ID) // what a crash may have left
-	ep, err := m.prepare(ctx, sb)
+	ep, err := m.machine.prepare(ctx, sb)
 	if err != nil {
 		return err
 	}
@@ -372,7 +372,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 		return fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 	}
 	crash.Point("wake.numbered")
-	if err := m.rt.Restore(ctx, m.spec(ctx, sb, ep), m.sleepImages.Image(sb.ID)); err != nil {
+	if err := m.rt.Restore(ctx, m.machine.spec(ctx, sb, ep), m.sleepImages.Image(sb.ID)); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return fmt.Errorf("restoring memory: %w", err)
 	}
@@ -417,7 +417,7 @@ func (r *recovery) recoverSleeping(ctx context.Context, sb *store.Sandbox) error
 		holds := append(m.agents.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen)))
 		if err := m.agents.takeBack(ctx, sb, ep, holds...); err == nil {
 			m.log.Info("finishing interrupted wake", "sandbox", sb.ID)
-			if err := m.applyLimits(ctx, sb); err != nil {
+			if err := m.machine.applyLimits(ctx, sb); err != nil {
 				return err
 			}
 			if err := m.setState(ctx, sb, api.StateRunning, ""); err != nil {
@@ -477,7 +477,7 @@ func (r *recovery) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool
 		cancel()
 		if err == nil {
 			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
-			return true, errors.Join(m.applyLimits(ctx, sb), m.sleepImages.Drop(sb.ID))
+			return true, errors.Join(m.machine.applyLimits(ctx, sb), m.sleepImages.Drop(sb.ID))
 		}
 	}
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {

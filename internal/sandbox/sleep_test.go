@@ -160,7 +160,7 @@ func TestRestoreSleeping(t *testing.T) {
 func TestSleepIdle(t *testing.T) {
 	e := newEnv(t)
 	// Idle sleep with a default idle, over the env's Manager.
-	idle := sleep.New(e.m, e.st, sleep.Config{DataDir: e.cfg.DataDir, Idle: time.Hour}, testLogger())
+	idle := sleep.New(sandbox.NewIdleCore(e.m), e.st, sleep.Config{DataDir: e.cfg.DataDir, Idle: time.Hour}, testLogger())
 	dflt := e.create(api.CreateSandbox{Name: "dflt"})
 	own := e.create(api.CreateSandbox{Name: "own", Idle: "10m"})
 	never := e.create(api.CreateSandbox{Name: "never", Idle: "0"})
@@ -317,7 +317,7 @@ func TestCallDuringSleep(t *testing.T) {
 func TestIdleComponent(t *testing.T) {
 	e := newEnv(t, func(c *sandbox.Config) { c.IdleMin = 10 * time.Millisecond })
 	sb := e.create(api.CreateSandbox{Name: "nap", Idle: "200ms"})
-	idle := sleep.New(e.m, e.st, sleep.Config{DataDir: e.cfg.DataDir, Every: 20 * time.Millisecond}, testLogger())
+	idle := sleep.New(sandbox.NewIdleCore(e.m), e.st, sleep.Config{DataDir: e.cfg.DataDir, Every: 20 * time.Millisecond}, testLogger())
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	done := make(chan error, 1)
@@ -341,7 +341,7 @@ func TestIdleEndedAtStart(t *testing.T) {
 	e := newEnv(t, func(c *sandbox.Config) { c.IdleMin = time.Millisecond })
 	sb := e.create(api.CreateSandbox{Name: "late", Idle: "1ms"})
 	time.Sleep(5 * time.Millisecond) // past its idle: a round would put it to sleep
-	idle := sleep.New(e.m, e.st, sleep.Config{DataDir: e.cfg.DataDir, Every: time.Millisecond}, testLogger())
+	idle := sleep.New(sandbox.NewIdleCore(e.m), e.st, sleep.Config{DataDir: e.cfg.DataDir, Every: time.Millisecond}, testLogger())
 	ctx, cancel := context.WithCancel(e.ctx)
 	cancel()
 	done := make(chan error, 1)

@@ -15,11 +15,12 @@ import (
 // container holds (its cgroup's usage, page cache included), or its memory
 // limit when that cannot be read. A sleeping sandbox's image is linked, not
 // written, and a disk snapshot is copy-on-write: they need the reserve only.
-func (m *Manager) checkpointNeed(sb *store.Sandbox, memory bool) int64 {
+func (mc *machine) checkpointNeed(sb *store.Sandbox, memory bool) int64 {
+	m := mc.m
 	if !memory || sb.State != api.StateRunning {
 		return 0
 	}
-	if n := m.ContainerMemory(sb.ID); n > 0 {
+	if n := m.machine.containerMemory(sb.ID); n > 0 {
 		return n
 	}
 	return int64(sb.Resources.MemoryMiB) << 20
@@ -29,7 +30,8 @@ func (m *Manager) checkpointNeed(sb *store.Sandbox, memory bool) int64 {
 // that failed with err, with the cause logged. An error the sandbox's
 // agent answered with is never the host's: a sandbox whose own disk is
 // full says so in words too, and is the sandbox's business.
-func (m *Manager) spaceError(err error, sb *store.Sandbox, dir, what string) error {
+func (mc *machine) spaceError(err error, sb *store.Sandbox, dir, what string) error {
+	m := mc.m
 	var ae *agent.Error
 	if err == nil || errors.As(err, &ae) || !disk.IsNoSpace(err) {
 		return err

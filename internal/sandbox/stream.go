@@ -144,7 +144,7 @@ func (l *live) removeStream(s *Stream) {
 // calls in flight that a checkpoint cuts, and closes its spare exec
 // sockets.
 func (m *Manager) closeStreams(id, reason string) {
-	m.dropSpare(id)
+	m.agents.dropSpare(id)
 	m.endCalls(id, reason)
 	l := m.peek(id)
 	if l == nil {

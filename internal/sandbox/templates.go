@@ -16,7 +16,7 @@ import (
 // Templates are the templates of this host, as the core makes sandboxes
 // of them (template.Store has it): built-in ones, which Ensure builds, and
 // checkpoint templates, which a sandbox is forked from. The catalog the
-// API serves (package template) is made over the Manager.
+// API serves (package template) is made over TemplateCore.
 type Templates interface {
 	// Builtin reports whether name is a built-in template.
 	Builtin(name string) bool
@@ -82,7 +82,7 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	crash.Point("template-sandbox.stored")
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
-	if err = m.bootTemplate(ctx, sb, man, req.Services); err != nil {
+	if err = m.machine.bootTemplate(ctx, sb, man, req.Services); err != nil {
 		m.log.Error("create from template failed", "sandbox", sb.ID, "template", man.Name, "err", err)
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
@@ -99,12 +99,13 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 
 // bootTemplate makes a sandbox from checkpoint template man, with services
 // (a disk-only template's: a memory template's are on its disk).
-func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *checkpoint.Manifest, services []api.Service) error {
+func (mc *machine) bootTemplate(ctx context.Context, sb *store.Sandbox, man *checkpoint.Manifest, services []api.Service) error {
+	m := mc.m
 	root, err := m.disks.CloneSnapshot(ctx, man.Snapshot, sb.ID)
 	if err != nil {
 		return fmt.Errorf("copying the template's disk: %w", err)
 	}
-	if err := m.limitDisk(ctx, sb); err != nil {
+	if err := m.machine.limitDisk(ctx, sb); err != nil {
 		return fmt.Errorf("copying the template's disk: %w", err)
 	}
 	crash.Point("template-sandbox.disk")
@@ -113,22 +114,34 @@ func (m *Manager) bootTemplate(ctx context.Context, sb *store.Sandbox, man *chec
 		if err := personalize(root, sb.Name); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
-		return m.bootWith(ctx, sb, false, services)
+		return m.machine.bootWith(ctx, sb, false, services)
 	}
-	return m.resumeImage(ctx, sb, m.tpl.MemDir(man.Name), man.AgentToken, "template "+man.Name)
+	return m.machine.resumeImage(ctx, sb, m.tpl.MemDir(man.Name), man.AgentToken, "template "+man.Name)
 }
+
+// TemplateCore is the core as the template catalog (package template)
+// sees it (it implements template.Core): what making a template of a
+// checkpoint needs, a heavy slot and a held checkpoint. It is a type of its
+// own, not methods of the Manager, because only the catalog copies a
+// checkpoint out of the core; the Manager keeps what the API and several
+// capabilities share. Make it with NewTemplateCore; the daemon gives it to
+// template.New.
+type TemplateCore struct{ m *Manager }
+
+// NewTemplateCore is the template catalog's side of m.
+func NewTemplateCore(m *Manager) *TemplateCore { return &TemplateCore{m: m} }
 
 // Heavy takes a slot among the daemon's heavy operations for what (see
 // heavyGate): the template catalog's builds and imports count as heavy.
-func (m *Manager) Heavy(ctx context.Context, what string) (leave func(), err error) {
-	return m.heavy.enter(ctx, what)
+func (t *TemplateCore) Heavy(ctx context.Context, what string) (leave func(), err error) {
+	return t.m.heavy.enter(ctx, what)
 }
 
 // HoldCheckpoint finds checkpoint from and holds it and its sandbox as a
 // source, as a fork does, until release is called: the template catalog
 // copies it meanwhile.
-func (m *Manager) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*checkpoint.Source, func(), error) {
-	src, cp, unlock, err := m.SourceCheckpoint(ctx, from)
+func (t *TemplateCore) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*checkpoint.Source, func(), error) {
+	src, cp, unlock, err := t.m.sourceCheckpoint(ctx, from)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -137,11 +150,11 @@ func (m *Manager) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*ch
 		Snapshot: snapName(src.ID, cp.ID),
 	}
 	if cp.Memory {
-		s.MemDir = filepath.Join(m.checkpointDir(src.ID, cp.ID), memDir)
-		s.AgentToken = m.heldToken(cp)
+		s.MemDir = filepath.Join(t.m.machine.checkpointDir(src.ID, cp.ID), memDir)
+		s.AgentToken = t.m.agents.heldToken(cp)
 	}
 	return s, unlock, nil
 }
 
 // CheckResources refuses resources no sandbox may have.
-func (m *Manager) CheckResources(r api.Resources) error { return checkResources(r) }
+func (t *TemplateCore) CheckResources(r api.Resources) error { return checkResources(r) }

@@ -37,10 +37,3 @@ func (a *agentLink) heldToken(cp *store.Checkpoint) string {
 	}
 	return AgentToken(a.m.cfg.Secret, cp.Sandbox, cp.AgentGen)
 }
-
-// agentToken is agentLink.token, for the callers in checkpoint.go, pool.go
-// and relay.go.
-func (m *Manager) agentToken(sb *store.Sandbox) string { return m.agents.token(sb) }
-
-// heldToken is agentLink.heldToken, for checkpoint.go and templates.go.
-func (m *Manager) heldToken(cp *store.Checkpoint) string { return m.agents.heldToken(cp) }

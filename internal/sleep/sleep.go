@@ -23,7 +23,7 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// Core is what idle sleep needs of the sandbox core (*sandbox.Manager).
+// Core is what idle sleep needs of the sandbox core (sandbox.IdleCore has it).
 type Core interface {
 	// IdleFor is how long sandbox id has gone without activity at now: 0
 	// while a call, a stream or a hold is open on it, and the first time

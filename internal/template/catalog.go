@@ -19,7 +19,7 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// Core is what the catalog needs of the sandbox core (sandbox.Manager has
+// Core is what the catalog needs of the sandbox core (sandbox.TemplateCore has
 // it) to make a template of a checkpoint.
 type Core interface {
 	// Heavy takes a slot among the daemon's heavy operations for what

@@ -55,7 +55,7 @@ const (
 	poolQuiet = 300 * time.Millisecond
 )
 
-// Core is what the pools need of the sandbox core (*sandbox.Manager): to
+// Core is what the pools need of the sandbox core (sandbox.PoolCore): to
 // find what members are made from, and to make, hand over and delete them.
 type Core interface {
 	// PoolCheckpoint finds the checkpoint the user's references name and
@@ -69,7 +69,7 @@ type Core interface {
 	MakePoolMember(ctx context.Context, from sandbox.PoolSource, pool string) (*store.Sandbox, error)
 	DeletePoolMember(ctx context.Context, member *store.Sandbox)
 	// ClaimPoolMember makes member the sandbox want describes; used says
-	// whether the member was taken (see sandbox.Manager.ClaimPoolMember).
+	// whether the member was taken (see sandbox.PoolCore.ClaimPoolMember).
 	ClaimPoolMember(ctx context.Context, pool string, member, want *store.Sandbox, services []api.Service) (v *api.Sandbox, used bool, err error)
 	// ContainerMemory is the host memory a member holds (0 if unknown);
 	// MemoryImageBytes the size of the memory image one of from is
@@ -323,7 +323,7 @@ func (ps *Pools) fill(ctx context.Context, key string) {
 }
 
 // Claim gives want a member of from's pool, if it has one ready: the core
-// makes it the sandbox want describes (sandbox.Manager.ClaimPoolMember).
+// makes it the sandbox want describes (sandbox.PoolCore.ClaimPoolMember).
 // ok is false when there was no member to take, or the one taken was no
 // good: the caller then makes the sandbox the slow way. A name in use is
 // the caller's conflict, and the member goes back.
