@@ -14,6 +14,10 @@ import (
 	"loam.dev/loam/client"
 )
 
+// checkpointCommands take, list, restore and delete a sandbox's
+// checkpoints, fork a sandbox from one, and size a checkpoint's warm pool.
+type checkpointCommands struct{ *app }
+
 // envSandbox names the sandbox a command runs in; the daemon sets it inside
 // every sandbox, so `loam checkpoint create` there needs no name.
 const envSandbox = "LOAM_SANDBOX"
@@ -54,7 +58,7 @@ func (a *app) sandboxArgs(args []string, rest ...string) (string, []string, erro
 		strings.ToLower(rest[n-1]), strings.Join(rest, " "))
 }
 
-func (a *app) checkpointCmd() *cobra.Command {
+func (ck *checkpointCommands) checkpointCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "checkpoint",
 		Short: "Take, list, restore and delete checkpoints",
@@ -64,17 +68,17 @@ sandbox's memory and disk, so processes come back running where they were; a
 disk-only one holds the disk, and comes back as a fresh boot on it.`,
 	}
 	cmd.AddCommand(
-		a.checkpointCreateCmd(),
-		a.checkpointLsCmd(),
-		a.checkpointGetCmd(),
-		a.checkpointRmCmd(),
-		a.checkpointRestoreCmd(),
-		a.checkpointPoolCmd(),
+		ck.checkpointCreateCmd(),
+		ck.checkpointLsCmd(),
+		ck.checkpointGetCmd(),
+		ck.checkpointRmCmd(),
+		ck.checkpointRestoreCmd(),
+		ck.checkpointPoolCmd(),
 	)
 	return cmd
 }
 
-func (a *app) checkpointCreateCmd() *cobra.Command {
+func (ck *checkpointCommands) checkpointCreateCmd() *cobra.Command {
 	var (
 		req      api.CreateCheckpoint
 		diskOnly bool
@@ -89,7 +93,7 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 		Example: `  loam checkpoint create scratch --comment 'site up, state v1'`,
 		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, _, err := a.sandboxArgs(args)
+			sandbox, _, err := ck.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
@@ -97,7 +101,7 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 				memory := false
 				req.Memory = &memory
 			}
-			c, err := a.connect()
+			c, err := ck.connect()
 			if err != nil {
 				return err
 			}
@@ -106,9 +110,9 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, cp)
+				return printJSON(ck.stdout, cp)
 			}
-			_, err = fmt.Fprintln(a.stdout, cp.ID)
+			_, err = fmt.Fprintln(ck.stdout, cp.ID)
 			return err
 		},
 	}
@@ -120,7 +124,7 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 	return cmd
 }
 
-func (a *app) checkpointLsCmd() *cobra.Command {
+func (ck *checkpointCommands) checkpointLsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:     "ls [SANDBOX]",
@@ -128,11 +132,11 @@ func (a *app) checkpointLsCmd() *cobra.Command {
 		Short:   "List a sandbox's checkpoints, oldest first",
 		Args:    cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, _, err := a.sandboxArgs(args)
+			sandbox, _, err := ck.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
-			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Checkpoint, error) {
+			return list(cmd.Context(), ck.app, asJSON, func(ctx context.Context, c *client.Client) ([]api.Checkpoint, error) {
 				return c.ListCheckpoints(ctx, sandbox)
 			}, checkpointListing)
 		},
@@ -148,18 +152,18 @@ var checkpointListing = listing[api.Checkpoint]{
 	},
 }
 
-func (a *app) checkpointGetCmd() *cobra.Command {
+func (ck *checkpointCommands) checkpointGetCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "get [SANDBOX] CHECKPOINT",
 		Short: "Show a checkpoint",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, "CHECKPOINT")
+			sandbox, rest, err := ck.sandboxArgs(args, "CHECKPOINT")
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := ck.connect()
 			if err != nil {
 				return err
 			}
@@ -168,16 +172,16 @@ func (a *app) checkpointGetCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, cp)
+				return printJSON(ck.stdout, cp)
 			}
-			return writeCheckpoint(a.stdout, cp)
+			return writeCheckpoint(ck.stdout, cp)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checkpoint as JSON")
 	return cmd
 }
 
-func (a *app) checkpointRmCmd() *cobra.Command {
+func (ck *checkpointCommands) checkpointRmCmd() *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{
 		Use:     "rm [SANDBOX] CHECKPOINT",
@@ -187,15 +191,15 @@ func (a *app) checkpointRmCmd() *cobra.Command {
 first; elsewhere it needs --yes.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, "CHECKPOINT")
+			sandbox, rest, err := ck.sandboxArgs(args, "CHECKPOINT")
 			if err != nil {
 				return err
 			}
 			ref := rest[0]
-			if err := a.confirm(yes, fmt.Sprintf("delete checkpoint %s of %s", ref, sandbox)); err != nil {
+			if err := ck.confirm(yes, fmt.Sprintf("delete checkpoint %s of %s", ref, sandbox)); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := ck.connect()
 			if err != nil {
 				return err
 			}
@@ -206,7 +210,7 @@ first; elsewhere it needs --yes.`,
 	return cmd
 }
 
-func (a *app) checkpointRestoreCmd() *cobra.Command {
+func (ck *checkpointCommands) checkpointRestoreCmd() *cobra.Command {
 	var yes, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "restore [SANDBOX] CHECKPOINT",
@@ -217,15 +221,15 @@ undone. Every exec session on the sandbox ends. On a terminal restore asks
 first; elsewhere it needs --yes.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, "CHECKPOINT")
+			sandbox, rest, err := ck.sandboxArgs(args, "CHECKPOINT")
 			if err != nil {
 				return err
 			}
 			ref := rest[0]
-			if err := a.confirm(yes, fmt.Sprintf("restore %s to checkpoint %s", sandbox, ref)); err != nil {
+			if err := ck.confirm(yes, fmt.Sprintf("restore %s to checkpoint %s", sandbox, ref)); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := ck.connect()
 			if err != nil {
 				return err
 			}
@@ -234,9 +238,9 @@ first; elsewhere it needs --yes.`,
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb)
+				return printJSON(ck.stdout, sb)
 			}
-			_, err = fmt.Fprintf(a.stdout, "%s\t%s\n", sb.Name, sb.State)
+			_, err = fmt.Fprintf(ck.stdout, "%s\t%s\n", sb.Name, sb.State)
 			return err
 		},
 	}

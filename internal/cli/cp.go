@@ -41,7 +41,7 @@ func parseCpArg(s string) remote {
 	return remote{sandbox: name, path: p}
 }
 
-func (a *app) cpCmd() *cobra.Command {
+func (gc *guestCommands) cpCmd() *cobra.Command {
 	var (
 		user string
 		mode string
@@ -71,15 +71,15 @@ that would land outside DST are refused.`,
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
 			opts := &client.FileOptions{User: user, Mode: m}
 			if dst.sandbox != "" {
-				return a.copyIn(cmd.Context(), c, src.path, dst, opts)
+				return gc.copyIn(cmd.Context(), c, src.path, dst, opts)
 			}
-			return a.copyOut(cmd.Context(), c, src, dst.path, opts)
+			return gc.copyOut(cmd.Context(), c, src, dst.path, opts)
 		},
 	}
 	userFlag(cmd, &user)
@@ -88,7 +88,7 @@ that would land outside DST are refused.`,
 }
 
 // copyIn copies the local src (a file, a directory, or - for stdin) to dst.
-func (a *app) copyIn(ctx context.Context, c *client.Client, src string, dst remote, opts *client.FileOptions) error {
+func (gc *guestCommands) copyIn(ctx context.Context, c *client.Client, src string, dst remote, opts *client.FileOptions) error {
 	target, err := c.StatFile(ctx, dst.sandbox, dst.path, opts)
 	var ae *api.Error
 	switch {
@@ -101,9 +101,9 @@ func (a *app) copyIn(ctx context.Context, c *client.Client, src string, dst remo
 		if target != nil && target.Type == api.FileTypeDir {
 			return fmt.Errorf("%s:%s is a directory: name the file to write stdin to", dst.sandbox, dst.path)
 		}
-		p := a.startProgress(copyDesc(dst), -1, true)
+		p := gc.startProgress(copyDesc(dst), -1, true)
 		defer p.end()
-		_, err := c.WriteFile(ctx, dst.sandbox, dst.path, io.TeeReader(a.stdin, p), opts)
+		_, err := c.WriteFile(ctx, dst.sandbox, dst.path, io.TeeReader(gc.stdin, p), opts)
 		return err
 	}
 	fi, err := os.Stat(src)
@@ -121,17 +121,17 @@ func (a *app) copyIn(ctx context.Context, c *client.Client, src string, dst remo
 			return err
 		}
 		defer f.Close()
-		bar := a.startProgress(copyDesc(dst), fi.Size(), true)
+		bar := gc.startProgress(copyDesc(dst), fi.Size(), true)
 		defer bar.end()
 		_, err = c.WriteFile(ctx, dst.sandbox, p, statReader{io.TeeReader(f, bar), f}, opts)
 		return err
 	}
 	// The tar's size, known beforehand only on a terminal that shows it.
 	size := int64(-1)
-	if a.progressOut() != nil {
+	if gc.progressOut() != nil {
 		size = tarSize(src)
 	}
-	bar := a.startProgress(copyDesc(dst), size, true)
+	bar := gc.startProgress(copyDesc(dst), size, true)
 	defer bar.end()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeLocalTar(pw, src)) }()
@@ -239,7 +239,7 @@ func writeLocalTar(w io.Writer, dir string) error {
 
 // copyOut copies src (a file or directory of a sandbox) to the local dst,
 // or a file to stdout for -.
-func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst string, opts *client.FileOptions) error {
+func (gc *guestCommands) copyOut(ctx context.Context, c *client.Client, src remote, dst string, opts *client.FileOptions) error {
 	info, err := c.StatFile(ctx, src.sandbox, src.path, opts)
 	if err != nil {
 		return err
@@ -254,7 +254,7 @@ func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst str
 		}
 		defer r.Close()
 		// stdout holds the data, so it is no terminal and no bar is drawn.
-		_, err = io.Copy(a.stdout, r)
+		_, err = io.Copy(gc.stdout, r)
 		return err
 	}
 	if st, err := os.Stat(dst); err == nil && st.IsDir() {
@@ -266,7 +266,7 @@ func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst str
 			return err
 		}
 		defer r.Close()
-		bar := a.startProgress(copyDesc(remote{path: dst}), info.Size, true)
+		bar := gc.startProgress(copyDesc(remote{path: dst}), info.Size, true)
 		defer bar.end()
 		// Whole or not at all, so that a cut transfer leaves no half file;
 		// not fsynced, as cp does not.
@@ -277,7 +277,7 @@ func (a *app) copyOut(ctx context.Context, c *client.Client, src remote, dst str
 		return err
 	}
 	defer r.Close()
-	bar := a.startProgress(copyDesc(remote{path: dst}), -1, true)
+	bar := gc.startProgress(copyDesc(remote{path: dst}), -1, true)
 	defer bar.end()
 	return extractLocal(io.TeeReader(r, bar), dst)
 }

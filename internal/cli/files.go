@@ -15,7 +15,7 @@ import (
 	"loam.dev/loam/client"
 )
 
-func (a *app) filesCmd() *cobra.Command {
+func (gc *guestCommands) filesCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "files",
 		Short: "List, read, remove, make and move files in a sandbox",
@@ -24,7 +24,7 @@ resolved inside it: no path or symlink reaches the host. Every command acts
 as the sandbox's user, loam, unless --user names another (--user root).
 To copy files and directories in and out, use 'loam cp'.`,
 	}
-	cmd.AddCommand(a.filesLsCmd(), a.filesCatCmd(), a.filesRmCmd(), a.filesMkdirCmd(), a.filesMvCmd())
+	cmd.AddCommand(gc.filesLsCmd(), gc.filesCatCmd(), gc.filesRmCmd(), gc.filesMkdirCmd(), gc.filesMvCmd())
 	return cmd
 }
 
@@ -33,7 +33,7 @@ func userFlag(cmd *cobra.Command, user *string) {
 	cmd.Flags().StringVarP(user, "user", "u", "", "the sandbox user to act as (default loam)")
 }
 
-func (a *app) filesLsCmd() *cobra.Command {
+func (gc *guestCommands) filesLsCmd() *cobra.Command {
 	var (
 		opts   client.FileOptions
 		asJSON bool
@@ -46,7 +46,7 @@ func (a *app) filesLsCmd() *cobra.Command {
   loam files ls scratch /etc --depth 2 --json`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -55,9 +55,9 @@ func (a *app) filesLsCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, info)
+				return printJSON(gc.stdout, info)
 			}
-			t := newTable(a.stdout, "TYPE", "MODE", "SIZE", "MODIFIED", "PATH")
+			t := newTable(gc.stdout, "TYPE", "MODE", "SIZE", "MODIFIED", "PATH")
 			rows := []api.FileInfo{*info}
 			if info.Type == api.FileTypeDir {
 				rows = flatten(info.Entries)
@@ -73,7 +73,7 @@ func (a *app) filesLsCmd() *cobra.Command {
 				return err
 			}
 			if info.Truncated {
-				fmt.Fprintf(a.stderr, "loam: the listing stops at %d entries\n", api.MaxFileEntries)
+				fmt.Fprintf(gc.stderr, "loam: the listing stops at %d entries\n", api.MaxFileEntries)
 			}
 			return nil
 		},
@@ -96,7 +96,7 @@ func flatten(entries []api.FileInfo) []api.FileInfo {
 	return out
 }
 
-func (a *app) filesCatCmd() *cobra.Command {
+func (gc *guestCommands) filesCatCmd() *cobra.Command {
 	var opts client.FileOptions
 	cmd := &cobra.Command{
 		Use:   "cat SANDBOX PATH...",
@@ -107,7 +107,7 @@ func (a *app) filesCatCmd() *cobra.Command {
   loam files cat web /var/log/app.log --offset 1048576 --length 4096`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -116,7 +116,7 @@ func (a *app) filesCatCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				_, err = io.Copy(a.stdout, r)
+				_, err = io.Copy(gc.stdout, r)
 				r.Close()
 				if err != nil {
 					return err
@@ -131,7 +131,7 @@ func (a *app) filesCatCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) filesRmCmd() *cobra.Command {
+func (gc *guestCommands) filesRmCmd() *cobra.Command {
 	var (
 		opts client.FileOptions
 		yes  bool
@@ -147,10 +147,10 @@ hold. On a terminal rm asks first; elsewhere it needs --yes.`,
 			if opts.Recursive {
 				what = "remove, with all they hold, " + strings.Join(args[1:], " ") + " in " + args[0]
 			}
-			if err := a.confirm(yes, what); err != nil {
+			if err := gc.confirm(yes, what); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -168,7 +168,7 @@ hold. On a terminal rm asks first; elsewhere it needs --yes.`,
 	return cmd
 }
 
-func (a *app) filesMkdirCmd() *cobra.Command {
+func (gc *guestCommands) filesMkdirCmd() *cobra.Command {
 	var (
 		opts client.FileOptions
 		mode string
@@ -183,7 +183,7 @@ func (a *app) filesMkdirCmd() *cobra.Command {
 				return err
 			}
 			opts.Mode = m
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -222,7 +222,7 @@ func parseMode(s string) (fs.FileMode, error) {
 	return mode, nil
 }
 
-func (a *app) filesMvCmd() *cobra.Command {
+func (gc *guestCommands) filesMvCmd() *cobra.Command {
 	var opts client.FileOptions
 	cmd := &cobra.Command{
 		Use:   "mv SANDBOX FROM TO",
@@ -230,7 +230,7 @@ func (a *app) filesMvCmd() *cobra.Command {
 		Long:  `Rename FROM to TO, replacing a file at TO; into a directory TO when TO is one.`,
 		Args:  cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -247,7 +247,7 @@ func (a *app) filesMvCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) watchCmd() *cobra.Command {
+func (gc *guestCommands) watchCmd() *cobra.Command {
 	var (
 		opts   client.FileOptions
 		asJSON bool
@@ -263,7 +263,7 @@ restore of the sandbox ends it with an error.`,
 		Example: `  loam watch scratch /home/loam/app -r`,
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -282,9 +282,9 @@ restore of the sandbox ends it with an error.`,
 					return err
 				}
 				if asJSON {
-					err = printJSONLine(a.stdout, ev)
+					err = printJSONLine(gc.stdout, ev)
 				} else {
-					_, err = fmt.Fprintf(a.stdout, "%s %s\n", ev.Type, ev.Path)
+					_, err = fmt.Fprintf(gc.stdout, "%s %s\n", ev.Type, ev.Path)
 				}
 				if err != nil {
 					return err

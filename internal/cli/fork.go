@@ -6,7 +6,7 @@ import (
 	"loam.dev/loam/api"
 )
 
-func (a *app) forkCmd() *cobra.Command {
+func (ck *checkpointCommands) forkCmd() *cobra.Command {
 	var (
 		req            api.CreateSandbox
 		env, labels    []string
@@ -42,7 +42,7 @@ Without NEWNAME the daemon picks a name.`,
 			if req.SecretFiles, err = parseKV("secret-file", files); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := ck.connect()
 			if err != nil {
 				return err
 			}
@@ -52,9 +52,9 @@ Without NEWNAME the daemon picks a name.`,
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb)
+				return printJSON(ck.stdout, sb)
 			}
-			return writeSandbox(a.stdout, sb)
+			return writeSandbox(ck.stdout, sb)
 		},
 	}
 	f := cmd.Flags()

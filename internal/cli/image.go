@@ -17,7 +17,11 @@ import (
 	"loam.dev/loam/client"
 )
 
-func (a *app) imageCmd() *cobra.Command {
+// imageCommands pull, list and delete the OCI images templates are built
+// from, and keep the credentials of the registries they come from.
+type imageCommands struct{ *app }
+
+func (ic *imageCommands) imageCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image",
 		Short: "Pull OCI images that sandboxes are made from",
@@ -31,11 +35,11 @@ REF is a registry reference (python:3.12-slim, ghcr.io/o/app:1,
 localhost:5000/app@sha256:…) or an absolute path on the daemon's host to an
 OCI layout directory or a 'docker save' tarball.`,
 	}
-	cmd.AddCommand(a.imagePullCmd(), a.imageLsCmd(), a.imageRmCmd(), a.imageLoginCmd(), a.imageLogoutCmd())
+	cmd.AddCommand(ic.imagePullCmd(), ic.imageLsCmd(), ic.imageRmCmd(), ic.imageLoginCmd(), ic.imageLogoutCmd())
 	return cmd
 }
 
-func (a *app) imagePullCmd() *cobra.Command {
+func (ic *imageCommands) imagePullCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "pull REF",
@@ -48,7 +52,7 @@ the image's id when it is done.`,
   loam image pull /srv/images/app.tar`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := ic.connect()
 			if err != nil {
 				return err
 			}
@@ -56,14 +60,14 @@ the image's id when it is done.`,
 			if err != nil {
 				return err
 			}
-			im, err = a.waitPull(cmd.Context(), c, im)
+			im, err = ic.waitPull(cmd.Context(), c, im)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, im)
+				return printJSON(ic.stdout, im)
 			}
-			fmt.Fprintln(a.stdout, im.ID)
+			fmt.Fprintln(ic.stdout, im.ID)
 			return nil
 		},
 	}
@@ -73,11 +77,11 @@ the image's id when it is done.`,
 
 // waitPull waits for a pull to end, with a progress bar on stderr when
 // stdout is a terminal (stdout stays for the answer).
-func (a *app) waitPull(ctx context.Context, c *client.Client, im *api.Image) (*api.Image, error) {
+func (ic *imageCommands) waitPull(ctx context.Context, c *client.Client, im *api.Image) (*api.Image, error) {
 	var bar *progressbar.ProgressBar
-	if a.stdoutTerminal() {
+	if ic.stdoutTerminal() {
 		bar = progressbar.NewOptions64(-1,
-			progressbar.OptionSetWriter(a.stderr),
+			progressbar.OptionSetWriter(ic.stderr),
 			progressbar.OptionSetDescription("pulling "+im.Ref),
 			progressbar.OptionShowBytes(true),
 			progressbar.OptionClearOnFinish(),
@@ -104,12 +108,12 @@ func (a *app) waitPull(ctx context.Context, c *client.Client, im *api.Image) (*a
 }
 
 // stdoutTerminal tells whether stdout is a terminal, for decorations.
-func (a *app) stdoutTerminal() bool {
-	f, ok := a.stdout.(*os.File)
+func (ic *imageCommands) stdoutTerminal() bool {
+	f, ok := ic.stdout.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-func (a *app) imageLsCmd() *cobra.Command {
+func (ic *imageCommands) imageLsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:     "ls",
@@ -117,7 +121,7 @@ func (a *app) imageLsCmd() *cobra.Command {
 		Short:   "List images",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Image, error) {
+			return list(cmd.Context(), ic.app, asJSON, func(ctx context.Context, c *client.Client) ([]api.Image, error) {
 				return c.ListImages(ctx)
 			}, listing[api.Image]{
 				header: []string{"ID", "REF", "STATE", "SIZE", "DIGEST", "CREATED"},
@@ -160,7 +164,7 @@ func shortDigest(d string) string {
 	return d
 }
 
-func (a *app) imageRmCmd() *cobra.Command {
+func (ic *imageCommands) imageRmCmd() *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{
 		Use:   "rm ID",
@@ -168,10 +172,10 @@ func (a *app) imageRmCmd() *cobra.Command {
 		Long:  `Delete an image (by id, as loam image ls shows it). One that a sandbox uses is refused.`,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := a.confirm(yes, "delete image "+args[0]); err != nil {
+			if err := ic.confirm(yes, "delete image "+args[0]); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := ic.connect()
 			if err != nil {
 				return err
 			}
@@ -182,7 +186,7 @@ func (a *app) imageRmCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) imageLoginCmd() *cobra.Command {
+func (ic *imageCommands) imageLoginCmd() *cobra.Command {
 	var user string
 	var passwordStdin bool
 	cmd := &cobra.Command{
@@ -201,16 +205,16 @@ config file (~/.docker/config.json of the user running loam serve).`,
 				return errors.New("give the user name with -u")
 			}
 			var password string
-			if f, ok := a.stdin.(*os.File); ok && !passwordStdin && a.interactive() {
-				fmt.Fprintf(a.stderr, "Password for %s at %s: ", user, args[0])
+			if f, ok := ic.stdin.(*os.File); ok && !passwordStdin && ic.interactive() {
+				fmt.Fprintf(ic.stderr, "Password for %s at %s: ", user, args[0])
 				b, err := term.ReadPassword(int(f.Fd()))
-				fmt.Fprintln(a.stderr)
+				fmt.Fprintln(ic.stderr)
 				if err != nil {
 					return fmt.Errorf("reading the password: %w", err)
 				}
 				password = string(b)
 			} else if passwordStdin {
-				b, err := io.ReadAll(io.LimitReader(a.stdin, 64<<10))
+				b, err := io.ReadAll(io.LimitReader(ic.stdin, 64<<10))
 				if err != nil {
 					return fmt.Errorf("reading the password from stdin: %w", err)
 				}
@@ -218,7 +222,7 @@ config file (~/.docker/config.json of the user running loam serve).`,
 			} else {
 				return errors.New("no terminal to ask for the password: give --password-stdin")
 			}
-			c, err := a.connect()
+			c, err := ic.connect()
 			if err != nil {
 				return err
 			}
@@ -231,13 +235,13 @@ config file (~/.docker/config.json of the user running loam serve).`,
 	return cmd
 }
 
-func (a *app) imageLogoutCmd() *cobra.Command {
+func (ic *imageCommands) imageLogoutCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "logout REGISTRY",
 		Short: "Forget a registry's credentials",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := ic.connect()
 			if err != nil {
 				return err
 			}

@@ -32,16 +32,16 @@ func (n *networkFlags) policy(f *pflag.FlagSet) *api.NetworkPolicy {
 	return &api.NetworkPolicy{Egress: n.egress, Allow: n.allow, Deny: n.deny}
 }
 
-func (a *app) networkCmd() *cobra.Command {
+func (lc *sandboxCommands) networkCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "network",
 		Short: "Show or change a sandbox's network policy",
 	}
-	cmd.AddCommand(a.networkSetCmd(), a.networkGetCmd())
+	cmd.AddCommand(lc.networkSetCmd(), lc.networkGetCmd())
 	return cmd
 }
 
-func (a *app) networkSetCmd() *cobra.Command {
+func (lc *sandboxCommands) networkSetCmd() *cobra.Command {
 	var (
 		n      networkFlags
 		asJSON bool
@@ -56,7 +56,7 @@ default, no allow or deny entries.`,
   loam network set scratch --egress all --deny 192.0.2.0/24`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := lc.connect()
 			if err != nil {
 				return err
 			}
@@ -66,9 +66,9 @@ default, no allow or deny entries.`,
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb.Network)
+				return printJSON(lc.stdout, sb.Network)
 			}
-			return writeNetwork(a.stdout, sb.Network)
+			return writeNetwork(lc.stdout, sb.Network)
 		},
 	}
 	n.add(cmd.Flags())
@@ -76,14 +76,14 @@ default, no allow or deny entries.`,
 	return cmd
 }
 
-func (a *app) networkGetCmd() *cobra.Command {
+func (lc *sandboxCommands) networkGetCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "get SANDBOX",
 		Short: "Show a sandbox's network policy",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := lc.connect()
 			if err != nil {
 				return err
 			}
@@ -92,9 +92,9 @@ func (a *app) networkGetCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb.Network)
+				return printJSON(lc.stdout, sb.Network)
 			}
-			return writeNetwork(a.stdout, sb.Network)
+			return writeNetwork(lc.stdout, sb.Network)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the policy as JSON")

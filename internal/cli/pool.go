@@ -75,8 +75,8 @@ func printPool(w io.Writer, p *api.Pool) error {
 	return err
 }
 
-func (a *app) checkpointPoolCmd() *cobra.Command {
-	return a.poolCmd("pool SANDBOX CHECKPOINT [SIZE]",
+func (ck *checkpointCommands) checkpointPoolCmd() *cobra.Command {
+	return ck.poolCmd("pool SANDBOX CHECKPOINT [SIZE]",
 		"Keep a warm pool of forks of a checkpoint, or show it",
 		`Keep SIZE forks of the checkpoint restored ahead of time, so that a fork of it
 (loam fork) takes one and answers at once instead of waiting for a restore;
@@ -93,8 +93,8 @@ to spare. Deleting the checkpoint drains its pool.`,
 		})
 }
 
-func (a *app) templatePoolCmd() *cobra.Command {
-	return a.poolCmd("pool TEMPLATE [SIZE]",
+func (tc *templateCommands) templatePoolCmd() *cobra.Command {
+	return tc.poolCmd("pool TEMPLATE [SIZE]",
 		"Keep a warm pool of sandboxes of a template, or show it",
 		`Keep SIZE sandboxes of the template made ahead of time (a built-in template's
 with the daemon's default resources), so that a create of it that asks for no

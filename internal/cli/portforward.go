@@ -17,7 +17,7 @@ import (
 	"loam.dev/loam/client"
 )
 
-func (a *app) portForwardCmd() *cobra.Command {
+func (gc *guestCommands) portForwardCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "port-forward SANDBOX [LOCAL:]REMOTE",
 		Short: "Forward a local port to a port inside a sandbox",
@@ -36,7 +36,7 @@ again once it is running.`,
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -46,17 +46,17 @@ again once it is running.`,
 				return err
 			}
 			if !slices.ContainsFunc(ps, func(p api.Port) bool { return p.Port == remote }) {
-				fmt.Fprintf(a.stderr, "loam: nothing listens on port %d in %s yet; connections will fail until something does\n", remote, sb)
+				fmt.Fprintf(gc.stderr, "loam: nothing listens on port %d in %s yet; connections will fail until something does\n", remote, sb)
 			}
 			ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(local)))
 			if err != nil {
 				return fmt.Errorf("listening for port-forward: %w", err)
 			}
 			defer ln.Close()
-			fmt.Fprintf(a.stdout, "Forwarding from %s -> %s:%d\n", ln.Addr(), sb, remote)
+			fmt.Fprintf(gc.stdout, "Forwarding from %s -> %s:%d\n", ln.Addr(), sb, remote)
 			return forward(ctx, ln, func(ctx context.Context) (net.Conn, error) {
 				return c.DialPort(ctx, sb, remote)
-			}, a.stderr)
+			}, gc.stderr)
 		},
 	}
 	return cmd

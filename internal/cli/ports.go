@@ -14,7 +14,7 @@ import (
 	"loam.dev/loam/client"
 )
 
-func (a *app) portsCmd() *cobra.Command {
+func (gc *guestCommands) portsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "ports [SANDBOX]",
@@ -26,11 +26,11 @@ loopback is reachable through 'loam port-forward' but from nowhere else.`,
   loam ports watch scratch`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, _, err := a.sandboxArgs(args)
+			sb, _, err := gc.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
-			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Port, error) {
+			return list(cmd.Context(), gc.app, asJSON, func(ctx context.Context, c *client.Client) ([]api.Port, error) {
 				return c.ListPorts(ctx, sb)
 			}, listing[api.Port]{
 				header: []string{"PORT", "ADDRESSES", "LOOPBACK"},
@@ -41,11 +41,11 @@ loopback is reachable through 'loam port-forward' but from nowhere else.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the ports as a JSON array")
-	cmd.AddCommand(a.portsWatchCmd())
+	cmd.AddCommand(gc.portsWatchCmd())
 	return cmd
 }
 
-func (a *app) portsWatchCmd() *cobra.Command {
+func (gc *guestCommands) portsWatchCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "watch [SANDBOX]",
@@ -56,11 +56,11 @@ interrupted. A memory checkpoint or a restore of the sandbox ends the
 watch (exit status 1).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, _, err := a.sandboxArgs(args)
+			sb, _, err := gc.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -70,9 +70,9 @@ watch (exit status 1).`,
 				}
 				if asJSON {
 					b, _ := json.Marshal(ev)
-					_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+					_, err = fmt.Fprintf(gc.stdout, "%s\n", b)
 				} else {
-					_, err = fmt.Fprintf(a.stdout, "%s %d\n", ev.Type, ev.Port)
+					_, err = fmt.Fprintf(gc.stdout, "%s %d\n", ev.Type, ev.Port)
 				}
 				if err != nil {
 					return err

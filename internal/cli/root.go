@@ -36,7 +36,12 @@ func (e *ExitError) Error() string {
 func (e *ExitError) Unwrap() error { return e.Err }
 
 // app is what every command works with: the streams, the way to reach the
-// daemon and the terminal checks, all replaceable in tests.
+// daemon and the terminal checks, all replaceable in tests. Its methods are
+// the helpers commands share (the sandbox an argument names, confirmation
+// prompts, progress) and the few commands of no capability (bench, mcp,
+// version); each capability's commands are on a type of their own that
+// embeds it (sandboxCommands, checkpointCommands, guestCommands,
+// templateCommands, imageCommands, secretCommands), wired in newRoot.
 type app struct {
 	stdin  io.Reader
 	stdout io.Writer
@@ -91,34 +96,43 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())
 	})
+	// Each capability's commands live on a type of their own; all share a.
+	var (
+		sandboxes   = &sandboxCommands{a}
+		checkpoints = &checkpointCommands{a}
+		guest       = &guestCommands{a}
+		templates   = &templateCommands{a}
+		images      = &imageCommands{a}
+		secrets     = &secretCommands{a}
+	)
 	root.AddCommand(
-		a.createCmd(),
-		a.lsCmd(),
-		a.getCmd(),
-		a.rmCmd(),
-		a.updateCmd(),
-		a.runCmd(),
-		a.templatesCmd(),
-		a.templateCmd(),
-		a.checkpointCmd(),
-		a.forkCmd(),
-		a.sleepCmd(),
-		a.wakeCmd(),
-		a.filesCmd(),
-		a.cpCmd(),
-		a.watchCmd(),
-		a.execCmd(),
-		a.attachCmd(),
-		a.sessionsCmd(),
-		a.logsCmd(),
-		a.killCmd(),
-		a.serviceCmd(),
-		a.portsCmd(),
-		a.portForwardCmd(),
-		a.secretCmd(),
-		a.imageCmd(),
-		a.urlCmd(),
-		a.networkCmd(),
+		sandboxes.createCmd(),
+		sandboxes.lsCmd(),
+		sandboxes.getCmd(),
+		sandboxes.rmCmd(),
+		sandboxes.updateCmd(),
+		sandboxes.runCmd(),
+		templates.templatesCmd(),
+		templates.templateCmd(),
+		checkpoints.checkpointCmd(),
+		checkpoints.forkCmd(),
+		sandboxes.sleepCmd(),
+		sandboxes.wakeCmd(),
+		guest.filesCmd(),
+		guest.cpCmd(),
+		guest.watchCmd(),
+		guest.execCmd(),
+		guest.attachCmd(),
+		guest.sessionsCmd(),
+		guest.logsCmd(),
+		guest.killCmd(),
+		guest.serviceCmd(),
+		guest.portsCmd(),
+		guest.portForwardCmd(),
+		secrets.secretCmd(),
+		images.imageCmd(),
+		sandboxes.urlCmd(),
+		sandboxes.networkCmd(),
 		a.benchCmd(),
 		a.mcpCmd(),
 		a.versionCmd(),

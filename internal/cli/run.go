@@ -22,7 +22,7 @@ const (
 	exitNotStarted = 126
 )
 
-func (a *app) runCmd() *cobra.Command {
+func (lc *sandboxCommands) runCmd() *cobra.Command {
 	var (
 		opts client.ExecOptions
 		env  []string
@@ -46,12 +46,12 @@ terminal's size.`,
 			if opts.Env, err = parseKV("env", env); err != nil {
 				return err
 			}
-			opts.Stdin, opts.Stdout, opts.Stderr = a.stdin, a.stdout, a.stderr
-			c, err := a.connect()
+			opts.Stdin, opts.Stdout, opts.Stderr = lc.stdin, lc.stdout, lc.stderr
+			c, err := lc.connect()
 			if err != nil {
 				return err
 			}
-			if a.localTerminal {
+			if lc.localTerminal {
 				detach, err := attachTerminal(&opts)
 				if err != nil {
 					return err

@@ -11,7 +11,12 @@ import (
 	"loam.dev/loam/client"
 )
 
-func (a *app) createCmd() *cobra.Command {
+// sandboxCommands are a sandbox's life cycle: create, list, get, update,
+// delete, run, sleep and wake, its network policy and its URL. They share
+// the app's client, streams and prompts through the embedded *app.
+type sandboxCommands struct{ *app }
+
+func (lc *sandboxCommands) createCmd() *cobra.Command {
 	var (
 		req              api.CreateSandbox
 		env, labels      []string
@@ -62,7 +67,7 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 					}
 				}
 			}
-			c, err := a.connect()
+			c, err := lc.connect()
 			if err != nil {
 				return err
 			}
@@ -73,16 +78,16 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 			if req.Image != "" {
 				from = req.Image
 			}
-			end := a.watchCreate(cmd.Context(), c, req.Name, from)
+			end := lc.watchCreate(cmd.Context(), c, req.Name, from)
 			sb, err := c.CreateSandbox(cmd.Context(), req)
 			end()
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb)
+				return printJSON(lc.stdout, sb)
 			}
-			return writeSandbox(a.stdout, sb)
+			return writeSandbox(lc.stdout, sb)
 		},
 	}
 	f := cmd.Flags()
@@ -103,7 +108,7 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 	return cmd
 }
 
-func (a *app) lsCmd() *cobra.Command {
+func (lc *sandboxCommands) lsCmd() *cobra.Command {
 	var (
 		labels []string
 		asJSON bool
@@ -119,7 +124,7 @@ func (a *app) lsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Sandbox, error) {
+			return list(cmd.Context(), lc.app, asJSON, func(ctx context.Context, c *client.Client) ([]api.Sandbox, error) {
 				return c.ListSandboxes(ctx, client.ListOptions{Labels: sel})
 			}, listing[api.Sandbox]{
 				header: []string{"NAME", "ID", "STATE", "TEMPLATE", "CREATED"},
@@ -138,14 +143,14 @@ func (a *app) lsCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) getCmd() *cobra.Command {
+func (lc *sandboxCommands) getCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "get NAME",
 		Short: "Show a sandbox",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := lc.connect()
 			if err != nil {
 				return err
 			}
@@ -154,16 +159,16 @@ func (a *app) getCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb)
+				return printJSON(lc.stdout, sb)
 			}
-			return writeSandbox(a.stdout, sb)
+			return writeSandbox(lc.stdout, sb)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }
 
-func (a *app) updateCmd() *cobra.Command {
+func (lc *sandboxCommands) updateCmd() *cobra.Command {
 	var (
 		labels   []string
 		idle     string
@@ -210,7 +215,7 @@ sleeping sandbox. Its network policy is changed with loam network set.`,
 			if f.Changed("public") {
 				req.Public = &public
 			}
-			c, err := a.connect()
+			c, err := lc.connect()
 			if err != nil {
 				return err
 			}
@@ -219,9 +224,9 @@ sleeping sandbox. Its network policy is changed with loam network set.`,
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, sb)
+				return printJSON(lc.stdout, sb)
 			}
-			return writeSandbox(a.stdout, sb)
+			return writeSandbox(lc.stdout, sb)
 		},
 	}
 	f := cmd.Flags()
@@ -233,7 +238,7 @@ sleeping sandbox. Its network policy is changed with loam network set.`,
 	return cmd
 }
 
-func (a *app) rmCmd() *cobra.Command {
+func (lc *sandboxCommands) rmCmd() *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{
 		Use:     "rm NAME...",
@@ -247,10 +252,10 @@ checkpoints carry on. On a terminal rm asks first; elsewhere it needs --yes.`,
 			if len(args) > 1 {
 				what = "sandboxes " + strings.Join(args, ", ")
 			}
-			if err := a.confirm(yes, "delete "+what); err != nil {
+			if err := lc.confirm(yes, "delete "+what); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := lc.connect()
 			if err != nil {
 				return err
 			}
@@ -261,7 +266,7 @@ checkpoints carry on. On a terminal rm asks first; elsewhere it needs --yes.`,
 					if len(args) == 1 {
 						return err
 					}
-					fmt.Fprintf(a.stderr, "loam: %s\n", message(err))
+					fmt.Fprintf(lc.stderr, "loam: %s\n", message(err))
 					failed = true
 				}
 			}

@@ -15,7 +15,11 @@ import (
 	"loam.dev/loam/client"
 )
 
-func (a *app) secretCmd() *cobra.Command {
+// secretCommands set, list and delete the secrets the daemon hands to
+// sandboxes.
+type secretCommands struct{ *app }
+
+func (sc *secretCommands) secretCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "secret",
 		Short: "Store secrets that sandboxes get as env or files",
@@ -23,11 +27,11 @@ func (a *app) secretCmd() *cobra.Command {
 that name them at create (loam create --secret ENV=NAME, --secret-file
 PATH=NAME). No command or API call shows a secret's value.`,
 	}
-	cmd.AddCommand(a.secretSetCmd(), a.secretLsCmd(), a.secretRmCmd())
+	cmd.AddCommand(sc.secretSetCmd(), sc.secretLsCmd(), sc.secretRmCmd())
 	return cmd
 }
 
-func (a *app) secretSetCmd() *cobra.Command {
+func (sc *secretCommands) secretSetCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "set NAME",
 		Short: "Store a secret, its value read from stdin or a prompt",
@@ -41,11 +45,11 @@ boot, restore or fork.`,
   loam secret set api-key < key.txt`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			value, err := a.readSecretValue(args[0])
+			value, err := sc.readSecretValue(args[0])
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := sc.connect()
 			if err != nil {
 				return err
 			}
@@ -57,17 +61,17 @@ boot, restore or fork.`,
 
 // readSecretValue reads a value from a prompt without echo when stdin is a
 // terminal, else all of stdin, less one trailing newline.
-func (a *app) readSecretValue(name string) (string, error) {
-	if f, ok := a.stdin.(*os.File); ok && a.interactive() {
-		fmt.Fprintf(a.stderr, "Value of %s: ", name)
+func (sc *secretCommands) readSecretValue(name string) (string, error) {
+	if f, ok := sc.stdin.(*os.File); ok && sc.interactive() {
+		fmt.Fprintf(sc.stderr, "Value of %s: ", name)
 		b, err := term.ReadPassword(int(f.Fd()))
-		fmt.Fprintln(a.stderr)
+		fmt.Fprintln(sc.stderr)
 		if err != nil {
 			return "", fmt.Errorf("reading the value: %w", err)
 		}
 		return string(b), nil
 	}
-	b, err := io.ReadAll(io.LimitReader(a.stdin, api.MaxSecretSize+2))
+	b, err := io.ReadAll(io.LimitReader(sc.stdin, api.MaxSecretSize+2))
 	if err != nil {
 		return "", fmt.Errorf("reading the value from stdin: %w", err)
 	}
@@ -82,7 +86,7 @@ func (a *app) readSecretValue(name string) (string, error) {
 	return string(b), nil
 }
 
-func (a *app) secretLsCmd() *cobra.Command {
+func (sc *secretCommands) secretLsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:     "ls",
@@ -90,7 +94,7 @@ func (a *app) secretLsCmd() *cobra.Command {
 		Short:   "List secrets (names and times, never values)",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Secret, error) {
+			return list(cmd.Context(), sc.app, asJSON, func(ctx context.Context, c *client.Client) ([]api.Secret, error) {
 				return c.ListSecrets(ctx)
 			}, listing[api.Secret]{
 				header: []string{"NAME", "CREATED", "UPDATED"},
@@ -104,7 +108,7 @@ func (a *app) secretLsCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) secretRmCmd() *cobra.Command {
+func (sc *secretCommands) secretRmCmd() *cobra.Command {
 	var yes, force bool
 	cmd := &cobra.Command{
 		Use:   "rm NAME",
@@ -114,10 +118,10 @@ then they keep running with the value they have, and go without it from their
 next boot, restore or fork.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := a.confirm(yes, "delete secret "+args[0]); err != nil {
+			if err := sc.confirm(yes, "delete secret "+args[0]); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := sc.connect()
 			if err != nil {
 				return err
 			}

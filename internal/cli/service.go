@@ -16,7 +16,7 @@ import (
 // The service commands: loam service ls|add|start|stop|restart|rm|logs
 // (see api/service.go).
 
-func (a *app) serviceCmd() *cobra.Command {
+func (gc *guestCommands) serviceCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "service",
 		Aliases: []string{"services"},
@@ -28,18 +28,18 @@ sandbox's disk: they go with checkpoints and forks, and start again when the
 sandbox boots fresh. A stopped service stays stopped until started.`,
 	}
 	cmd.AddCommand(
-		a.serviceLsCmd(),
-		a.serviceAddCmd(),
-		a.serviceActionCmd(api.ServiceStart, "Start a service", "Start a service (and keep it to start on the sandbox's next fresh boot)."),
-		a.serviceActionCmd(api.ServiceStop, "Stop a service", "Stop a service: SIGTERM to its process group, SIGKILL after 10s. It stays\nstopped, on the sandbox's next fresh boot too, until started."),
-		a.serviceActionCmd(api.ServiceRestart, "Restart a service", "Stop a service if it runs, and start it again."),
-		a.serviceRmCmd(),
-		a.serviceLogsCmd(),
+		gc.serviceLsCmd(),
+		gc.serviceAddCmd(),
+		gc.serviceActionCmd(api.ServiceStart, "Start a service", "Start a service (and keep it to start on the sandbox's next fresh boot)."),
+		gc.serviceActionCmd(api.ServiceStop, "Stop a service", "Stop a service: SIGTERM to its process group, SIGKILL after 10s. It stays\nstopped, on the sandbox's next fresh boot too, until started."),
+		gc.serviceActionCmd(api.ServiceRestart, "Restart a service", "Stop a service if it runs, and start it again."),
+		gc.serviceRmCmd(),
+		gc.serviceLogsCmd(),
 	)
 	return cmd
 }
 
-func (a *app) serviceLsCmd() *cobra.Command {
+func (gc *guestCommands) serviceLsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:     "ls [SANDBOX]",
@@ -47,11 +47,11 @@ func (a *app) serviceLsCmd() *cobra.Command {
 		Short:   "List a sandbox's services",
 		Args:    cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, _, err := a.sandboxArgs(args)
+			sandbox, _, err := gc.sandboxArgs(args)
 			if err != nil {
 				return err
 			}
-			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.ServiceStatus, error) {
+			return list(cmd.Context(), gc.app, asJSON, func(ctx context.Context, c *client.Client) ([]api.ServiceStatus, error) {
 				return c.ListServices(ctx, sandbox)
 			}, listing[api.ServiceStatus]{
 				header: []string{"NAME", "STATE", "PID", "RESTARTS", "EXIT", "RESTART", "CMD"},
@@ -76,7 +76,7 @@ func (a *app) serviceLsCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) serviceAddCmd() *cobra.Command {
+func (gc *guestCommands) serviceAddCmd() *cobra.Command {
 	var (
 		def    api.Service
 		env    []string
@@ -94,7 +94,7 @@ stopped and replaced.`,
 			if dash < 0 || dash == len(args) {
 				return errors.New(`no command given: put it after "--"`)
 			}
-			sandbox, rest, err := a.sandboxArgs(args[:dash], "NAME")
+			sandbox, rest, err := gc.sandboxArgs(args[:dash], "NAME")
 			if err != nil {
 				return err
 			}
@@ -105,7 +105,7 @@ stopped and replaced.`,
 			if def.Env, err = parseKV("env", env); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -114,7 +114,7 @@ stopped and replaced.`,
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, s)
+				return printJSON(gc.stdout, s)
 			}
 			return nil
 		},
@@ -131,18 +131,18 @@ stopped and replaced.`,
 	return cmd
 }
 
-func (a *app) serviceActionCmd(action, short, long string) *cobra.Command {
+func (gc *guestCommands) serviceActionCmd(action, short, long string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   action + " [SANDBOX] NAME",
 		Short: short,
 		Long:  long,
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, "NAME")
+			sandbox, rest, err := gc.sandboxArgs(args, "NAME")
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -160,7 +160,7 @@ func (a *app) serviceActionCmd(action, short, long string) *cobra.Command {
 	return cmd
 }
 
-func (a *app) serviceRmCmd() *cobra.Command {
+func (gc *guestCommands) serviceRmCmd() *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{
 		Use:     "rm [SANDBOX] NAME",
@@ -170,14 +170,14 @@ func (a *app) serviceRmCmd() *cobra.Command {
 elsewhere it needs --yes.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, "NAME")
+			sandbox, rest, err := gc.sandboxArgs(args, "NAME")
 			if err != nil {
 				return err
 			}
-			if err := a.confirm(yes, fmt.Sprintf("delete service %s of %s", rest[0], sandbox)); err != nil {
+			if err := gc.confirm(yes, fmt.Sprintf("delete service %s of %s", rest[0], sandbox)); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -188,7 +188,7 @@ elsewhere it needs --yes.`,
 	return cmd
 }
 
-func (a *app) serviceLogsCmd() *cobra.Command {
+func (gc *guestCommands) serviceLogsCmd() *cobra.Command {
 	var follow bool
 	cmd := &cobra.Command{
 		Use:   "logs [-f] [SANDBOX] NAME",
@@ -197,16 +197,16 @@ func (a *app) serviceLogsCmd() *cobra.Command {
 on stdout, its stderr on stderr; 1 MiB of each). With -f, then follow it.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sandbox, rest, err := a.sandboxArgs(args, "NAME")
+			sandbox, rest, err := gc.sandboxArgs(args, "NAME")
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
 			err = c.ServiceLogs(cmd.Context(), sandbox, rest[0], client.ServiceLogsOptions{
-				Stdout: a.stdout, Stderr: a.stderr, Follow: follow,
+				Stdout: gc.stdout, Stderr: gc.stderr, Follow: follow,
 			})
 			if errors.Is(err, client.ErrInterrupted) {
 				return fmt.Errorf("%w; the service runs on: loam service logs -f %s %s follows it again", err, sandbox, rest[0])

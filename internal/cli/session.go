@@ -19,10 +19,16 @@ import (
 	"loam.dev/loam/client"
 )
 
+// guestCommands reach inside a running sandbox through its agent: exec,
+// attach and sessions (this file), services (service.go), files, cp and
+// watch (files.go, cp.go), and ports and port forwarding (ports.go,
+// portforward.go).
+type guestCommands struct{ *app }
+
 // The session commands: exec, attach, sessions, logs and kill (see
 // api/session.go).
 
-func (a *app) execCmd() *cobra.Command {
+func (gc *guestCommands) execCmd() *cobra.Command {
 	var (
 		req        api.ExecRequest
 		env        []string
@@ -60,11 +66,11 @@ session. With --sig-proxy, Ctrl-C and SIGTERM go to the command instead.`,
 			if req.TTY {
 				// A terminal always takes input: it is how a person types.
 				req.Stdin = true
-				if ws, ok := windowSize(); ok && a.localTerminal {
+				if ws, ok := windowSize(); ok && gc.localTerminal {
 					req.Rows, req.Cols = ws.Rows, ws.Cols
 				}
 			}
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -73,10 +79,10 @@ session. With --sig-proxy, Ctrl-C and SIGTERM go to the command instead.`,
 				return err
 			}
 			if detach {
-				_, err := fmt.Fprintln(a.stdout, ss.ID)
+				_, err := fmt.Fprintln(gc.stdout, ss.ID)
 				return err
 			}
-			return a.attach(cmd.Context(), c, sandbox, ss, req.Stdin, sigProxy)
+			return gc.attach(cmd.Context(), c, sandbox, ss, req.Stdin, sigProxy)
 		},
 	}
 	cmd.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
@@ -114,7 +120,7 @@ func parseBytes(s string) (int, error) {
 	return n * mult, nil
 }
 
-func (a *app) attachCmd() *cobra.Command {
+func (gc *guestCommands) attachCmd() *cobra.Command {
 	var sigProxy bool
 	cmd := &cobra.Command{
 		Use:   "attach SANDBOX SESSION",
@@ -131,7 +137,7 @@ and SIGTERM are passed on to the session's process group instead (as
   loam attach --sig-proxy scratch s-k3v9c0q2x7ab   # Ctrl-C interrupts the command`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
@@ -139,7 +145,7 @@ and SIGTERM are passed on to the session's process group instead (as
 			if err != nil {
 				return err
 			}
-			return a.attach(cmd.Context(), c, args[0], ss, a.terminalIn(), sigProxy)
+			return gc.attach(cmd.Context(), c, args[0], ss, gc.terminalIn(), sigProxy)
 		},
 	}
 	cmd.Flags().BoolVar(&sigProxy, "sig-proxy", false, sigProxyUsage)
@@ -149,9 +155,9 @@ and SIGTERM are passed on to the session's process group instead (as
 // terminalIn reports whether this process reads a terminal: only then does
 // attach send its input, so that a script's empty stdin never closes a
 // session's stdin for everyone (or types ^D into its terminal).
-func (a *app) terminalIn() bool {
-	f, ok := a.stdin.(*os.File)
-	return ok && a.localTerminal && term.IsTerminal(int(f.Fd()))
+func (gc *guestCommands) terminalIn() bool {
+	f, ok := gc.stdin.(*os.File)
+	return ok && gc.localTerminal && term.IsTerminal(int(f.Fd()))
 }
 
 // ctrlP and ctrlQ, typed in a row, detach, as in docker.
@@ -169,16 +175,16 @@ const sigProxyUsage = "pass SIGINT (Ctrl-C) and SIGTERM on to the session's proc
 // session: Ctrl-P Ctrl-Q, and SIGINT, SIGTERM or SIGHUP to this process,
 // detach; with sigProxy, SIGINT and SIGTERM are passed on to the session
 // instead.
-func (a *app) attach(ctx context.Context, c *client.Client, sandbox string, ss *api.Session, withStdin, sigProxy bool) error {
+func (gc *guestCommands) attach(ctx context.Context, c *client.Client, sandbox string, ss *api.Session, withStdin, sigProxy bool) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	detach := func() { cancel(errDetached) }
-	opts := client.AttachOptions{Stdout: a.stdout, Stderr: a.stderr}
+	opts := client.AttachOptions{Stdout: gc.stdout, Stderr: gc.stderr}
 	if withStdin {
-		opts.Stdin = &detachReader{r: a.stdin, ctx: ctx, detach: detach}
+		opts.Stdin = &detachReader{r: gc.stdin, ctx: ctx, detach: detach}
 	}
-	if a.localTerminal {
-		undo, err := a.attachTerminal(ctx, ss.TTY, withStdin, sigProxy, detach, &opts)
+	if gc.localTerminal {
+		undo, err := gc.attachTerminal(ctx, ss.TTY, withStdin, sigProxy, detach, &opts)
 		if err != nil {
 			return err
 		}
@@ -188,7 +194,7 @@ func (a *app) attach(ctx context.Context, c *client.Client, sandbox string, ss *
 	again := fmt.Sprintf("loam attach %s %s", sandbox, ss.ID)
 	switch {
 	case errors.Is(context.Cause(ctx), errDetached):
-		fmt.Fprintf(a.stderr, "\r\ndetached from %s; it runs on (%s attaches again)\r\n", ss.ID, again)
+		fmt.Fprintf(gc.stderr, "\r\ndetached from %s; it runs on (%s attaches again)\r\n", ss.ID, again)
 		return nil
 	case errors.Is(err, client.ErrInterrupted):
 		reason := "the sandbox was checkpointed or restored"
@@ -212,7 +218,7 @@ func (a *app) attach(ctx context.Context, c *client.Client, sandbox string, ss *
 // SIGTERM and SIGHUP detach, except that with sigProxy SIGINT and SIGTERM
 // go to the session as "INT" and "TERM". The function returned undoes it
 // all.
-func (a *app) attachTerminal(ctx context.Context, tty, withStdin, sigProxy bool, detach func(), opts *client.AttachOptions) (undo func(), err error) {
+func (gc *guestCommands) attachTerminal(ctx context.Context, tty, withStdin, sigProxy bool, detach func(), opts *client.AttachOptions) (undo func(), err error) {
 	var undos []func()
 	undo = func() {
 		for i := len(undos) - 1; i >= 0; i-- {
@@ -227,7 +233,7 @@ func (a *app) attachTerminal(ctx context.Context, tty, withStdin, sigProxy bool,
 		}
 		undos = append(undos, restore)
 		opts.Resize = withFirst(ctx, client.WindowSize{Rows: eo.Rows, Cols: eo.Cols}, eo.Resize)
-	} else if f, ok := a.stdin.(*os.File); ok && withStdin && term.IsTerminal(int(f.Fd())) {
+	} else if f, ok := gc.stdin.(*os.File); ok && withStdin && term.IsTerminal(int(f.Fd())) {
 		restore, err := detachKeysMode(int(f.Fd()))
 		if err != nil {
 			return nil, err
@@ -363,7 +369,7 @@ func (d *detachReader) Read(p []byte) (int, error) {
 	return k, err
 }
 
-func (a *app) sessionsCmd() *cobra.Command {
+func (gc *guestCommands) sessionsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "sessions SANDBOX",
@@ -372,7 +378,7 @@ func (a *app) sessionsCmd() *cobra.Command {
 have exited.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Session, error) {
+			return list(cmd.Context(), gc.app, asJSON, func(ctx context.Context, c *client.Client) ([]api.Session, error) {
 				return c.ListSessions(ctx, args[0])
 			}, listing[api.Session]{
 				header: []string{"ID", "STATE", "EXIT", "PID", "DETACHABLE", "STARTED", "CMD"},
@@ -390,7 +396,7 @@ have exited.`,
 	return cmd
 }
 
-func (a *app) logsCmd() *cobra.Command {
+func (gc *guestCommands) logsCmd() *cobra.Command {
 	var follow bool
 	cmd := &cobra.Command{
 		Use:   "logs [-f] SANDBOX SESSION",
@@ -399,12 +405,12 @@ func (a *app) logsCmd() *cobra.Command {
 its stderr on stderr). With -f, then follow it until the command exits.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}
 			_, err = c.Attach(cmd.Context(), args[0], args[1], client.AttachOptions{
-				Stdout: a.stdout, Stderr: a.stderr, NoFollow: !follow,
+				Stdout: gc.stdout, Stderr: gc.stderr, NoFollow: !follow,
 			})
 			if errors.Is(err, client.ErrInterrupted) {
 				return fmt.Errorf("%w; the session runs on: loam logs -f %s %s follows it again", err, args[0], args[1])
@@ -416,7 +422,7 @@ its stderr on stderr). With -f, then follow it until the command exits.`,
 	return cmd
 }
 
-func (a *app) killCmd() *cobra.Command {
+func (gc *guestCommands) killCmd() *cobra.Command {
 	var (
 		sig  string
 		tree bool
@@ -432,7 +438,7 @@ included, and forget the session.`,
   loam kill --rm scratch s-1a2b3c4d5e6f`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := gc.connect()
 			if err != nil {
 				return err
 			}

@@ -14,13 +14,17 @@ import (
 	"loam.dev/loam/client"
 )
 
-func (a *app) templatesCmd() *cobra.Command {
-	cmd := a.templateLsCmd()
+// templateCommands list, build, export, import and delete the templates
+// sandboxes are made from, and size a template's warm pool.
+type templateCommands struct{ *app }
+
+func (tc *templateCommands) templatesCmd() *cobra.Command {
+	cmd := tc.templateLsCmd()
 	cmd.Use = "templates"
 	return cmd
 }
 
-func (a *app) templateLsCmd() *cobra.Command {
+func (tc *templateCommands) templateLsCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:     "ls",
@@ -28,7 +32,7 @@ func (a *app) templateLsCmd() *cobra.Command {
 		Short:   "List the templates sandboxes can be made from",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return list(cmd.Context(), a, asJSON, func(ctx context.Context, c *client.Client) ([]api.Template, error) {
+			return list(cmd.Context(), tc.app, asJSON, func(ctx context.Context, c *client.Client) ([]api.Template, error) {
 				return c.Templates(ctx)
 			}, listing[api.Template]{
 				header: []string{"NAME", "DEFAULT", "READY", "KIND", "STATE", "SIZE", "USES", "DESCRIPTION"},
@@ -50,7 +54,7 @@ func (a *app) templateLsCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) templateCmd() *cobra.Command {
+func (tc *templateCommands) templateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "template",
 		Short: "Keep checkpoints as templates, build, export and import them",
@@ -59,8 +63,8 @@ a checkpoint kept under a name. A sandbox made from a memory template
 (loam create --template NAME) starts with the template's processes running,
 like a fork; from a disk-only one it boots fresh on a copy of its disk.`,
 	}
-	cmd.AddCommand(a.templateLsCmd(), a.templateCreateCmd(), a.templateBuildCmd(), a.templateRmCmd(),
-		a.templateExportCmd(), a.templateImportCmd(), a.templatePoolCmd())
+	cmd.AddCommand(tc.templateLsCmd(), tc.templateCreateCmd(), tc.templateBuildCmd(), tc.templateRmCmd(),
+		tc.templateExportCmd(), tc.templateImportCmd(), tc.templatePoolCmd())
 	return cmd
 }
 
@@ -73,7 +77,7 @@ func splitSource(from string) (string, string, error) {
 	return sb, cp, nil
 }
 
-func (a *app) templateCreateCmd() *cobra.Command {
+func (tc *templateCommands) templateCreateCmd() *cobra.Command {
 	var (
 		from string
 		pool int
@@ -89,7 +93,7 @@ func (a *app) templateCreateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := tc.connect()
 			if err != nil {
 				return err
 			}
@@ -97,7 +101,7 @@ func (a *app) templateCreateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(a.stdout, tpl.Name)
+			fmt.Fprintln(tc.stdout, tpl.Name)
 			return nil
 		},
 	}
@@ -107,7 +111,7 @@ func (a *app) templateCreateCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) templateRmCmd() *cobra.Command {
+func (tc *templateCommands) templateRmCmd() *cobra.Command {
 	var yes bool
 	cmd := &cobra.Command{
 		Use:   "rm NAME...",
@@ -115,10 +119,10 @@ func (a *app) templateRmCmd() *cobra.Command {
 		Long:  "Delete templates made from checkpoints. One that a sandbox uses is refused; built-in ones cannot be deleted.",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := a.confirm(yes, "delete template "+strings.Join(args, ", ")); err != nil {
+			if err := tc.confirm(yes, "delete template "+strings.Join(args, ", ")); err != nil {
 				return err
 			}
-			c, err := a.connect()
+			c, err := tc.connect()
 			if err != nil {
 				return err
 			}
@@ -133,7 +137,7 @@ func (a *app) templateRmCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) templateExportCmd() *cobra.Command {
+func (tc *templateCommands) templateExportCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "export NAME > FILE",
 		Short: "Write a template to stdout as one archive",
@@ -143,21 +147,21 @@ checksums. loam template import loads it on another machine.`,
 		Example: "  loam template export warm > warm.tar.zst",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if f, ok := a.stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			if f, ok := tc.stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 				return fmt.Errorf("stdout is a terminal: send the archive to a file (loam template export %s > %s.tar.zst)", args[0], args[0])
 			}
-			c, err := a.connect()
+			c, err := tc.connect()
 			if err != nil {
 				return err
 			}
-			_, err = c.ExportTemplate(cmd.Context(), args[0], a.stdout)
+			_, err = c.ExportTemplate(cmd.Context(), args[0], tc.stdout)
 			return err
 		},
 	}
 	return cmd
 }
 
-func (a *app) templateImportCmd() *cobra.Command {
+func (tc *templateCommands) templateImportCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "import NAME < FILE",
 		Short:   "Make a template from an archive on stdin",
@@ -165,22 +169,22 @@ func (a *app) templateImportCmd() *cobra.Command {
 		Example: "  loam template import warm < warm.tar.zst",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := tc.connect()
 			if err != nil {
 				return err
 			}
-			tpl, err := c.ImportTemplate(cmd.Context(), args[0], a.stdin)
+			tpl, err := c.ImportTemplate(cmd.Context(), args[0], tc.stdin)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(a.stdout, tpl.Name)
+			fmt.Fprintln(tc.stdout, tpl.Name)
 			return nil
 		},
 	}
 	return cmd
 }
 
-func (a *app) templateBuildCmd() *cobra.Command {
+func (tc *templateCommands) templateBuildCmd() *cobra.Command {
 	var (
 		image, base string
 		runs        []string
@@ -210,11 +214,11 @@ as template NAME, and delete the sandbox. A command that fails stops the build.`
 				}
 				req.Services = append(req.Services, api.Service{Name: name, Cmd: []string{"sh", "-c", command}})
 			}
-			c, err := a.connect()
+			c, err := tc.connect()
 			if err != nil {
 				return err
 			}
-			return a.build(cmd.Context(), c, args[0], req, runs, memory)
+			return tc.build(cmd.Context(), c, args[0], req, runs, memory)
 		},
 	}
 	f := cmd.Flags()
@@ -228,8 +232,8 @@ as template NAME, and delete the sandbox. A command that fails stops the build.`
 
 // build runs `loam template build`. The builder sandbox is deleted however
 // the build ends.
-func (a *app) build(ctx context.Context, c *client.Client, name string, req api.CreateSandbox, runs []string, memory bool) (err error) {
-	fmt.Fprintf(a.stderr, "loam: creating a sandbox to build template %s\n", name)
+func (tc *templateCommands) build(ctx context.Context, c *client.Client, name string, req api.CreateSandbox, runs []string, memory bool) (err error) {
+	fmt.Fprintf(tc.stderr, "loam: creating a sandbox to build template %s\n", name)
 	sb, err := c.CreateSandbox(ctx, req)
 	if err != nil {
 		return fmt.Errorf("building template %s: %w", name, err)
@@ -240,8 +244,8 @@ func (a *app) build(ctx context.Context, c *client.Client, name string, req api.
 		}
 	}()
 	for _, run := range runs {
-		fmt.Fprintf(a.stderr, "loam: run %s\n", run)
-		code, err := c.Exec(ctx, sb.ID, client.ExecOptions{Cmd: []string{"sh", "-c", run}, Stdout: a.stdout, Stderr: a.stderr})
+		fmt.Fprintf(tc.stderr, "loam: run %s\n", run)
+		code, err := c.Exec(ctx, sb.ID, client.ExecOptions{Cmd: []string{"sh", "-c", run}, Stdout: tc.stdout, Stderr: tc.stderr})
 		if err != nil {
 			return fmt.Errorf("building template %s: %w", name, err)
 		}
@@ -249,7 +253,7 @@ func (a *app) build(ctx context.Context, c *client.Client, name string, req api.
 			return fmt.Errorf("building template %s: %q exited with status %d", name, run, code)
 		}
 	}
-	fmt.Fprintf(a.stderr, "loam: taking a checkpoint\n")
+	fmt.Fprintf(tc.stderr, "loam: taking a checkpoint\n")
 	cp, err := c.CreateCheckpoint(ctx, sb.ID, api.CreateCheckpoint{Memory: &memory, Comment: "template " + name})
 	if err != nil {
 		return fmt.Errorf("building template %s: %w", name, err)
@@ -258,6 +262,6 @@ func (a *app) build(ctx context.Context, c *client.Client, name string, req api.
 	if err != nil {
 		return fmt.Errorf("building template %s: %w", name, err)
 	}
-	fmt.Fprintln(a.stdout, tpl.Name)
+	fmt.Fprintln(tc.stdout, tpl.Name)
 	return nil
 }

@@ -6,7 +6,7 @@ import (
 	"loam.dev/loam/client"
 )
 
-func (a *app) urlCmd() *cobra.Command {
+func (lc *sandboxCommands) urlCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "url NAME",
@@ -19,7 +19,7 @@ then keeps it in a cookie for that URL.`,
   curl -H "X-Loam-Access-Token: $(loam url web --json | jq -r .access_token)" http://web--default.localhost:7070/`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.connect()
+			c, err := lc.connect()
 			if err != nil {
 				return err
 			}
@@ -32,9 +32,9 @@ then keeps it in a cookie for that URL.`,
 				return err
 			}
 			if asJSON {
-				return printJSON(a.stdout, at)
+				return printJSON(lc.stdout, at)
 			}
-			b := &block{w: a.stdout}
+			b := &block{w: lc.stdout}
 			b.line("url", at.URL)
 			b.line("access", access(sb.Public))
 			b.line("token", at.AccessToken)
