@@ -16,20 +16,28 @@ type Checkpoints interface {
 	RestoreCheckpoint(ctx context.Context, sandbox, ref string) (*api.Sandbox, error)
 }
 
-func (s *Server) checkpointRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("POST /v1/sandboxes/{sandbox}/checkpoints", s.createCheckpoint)
-	v1("GET /v1/sandboxes/{sandbox}/checkpoints", s.listCheckpoints)
-	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", s.getCheckpoint)
-	v1("DELETE /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", s.deleteCheckpoint)
-	v1("POST /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/restore", s.restoreCheckpoint)
+// checkpointRoutes serves a sandbox's checkpoints: take, list, get, delete
+// and restore them. Both the daemon's API and the in-sandbox API register
+// them (see Inside).
+type checkpointRoutes struct {
+	checkpoints Checkpoints
 }
 
-func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request) error {
+// register adds the checkpoint routes with v1.
+func (cr *checkpointRoutes) register(v1 addRoute) {
+	v1("POST /v1/sandboxes/{sandbox}/checkpoints", cr.createCheckpoint)
+	v1("GET /v1/sandboxes/{sandbox}/checkpoints", cr.listCheckpoints)
+	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", cr.getCheckpoint)
+	v1("DELETE /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", cr.deleteCheckpoint)
+	v1("POST /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/restore", cr.restoreCheckpoint)
+}
+
+func (cr *checkpointRoutes) createCheckpoint(w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateCheckpoint
 	if err := decodeOptional(w, r, &req); err != nil {
 		return err
 	}
-	cp, err := s.sandboxes.CreateCheckpoint(r.Context(), r.PathValue("sandbox"), req)
+	cp, err := cr.checkpoints.CreateCheckpoint(r.Context(), r.PathValue("sandbox"), req)
 	if err != nil {
 		return err
 	}
@@ -37,8 +45,8 @@ func (s *Server) createCheckpoint(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) error {
-	cps, err := s.sandboxes.ListCheckpoints(r.Context(), r.PathValue("sandbox"))
+func (cr *checkpointRoutes) listCheckpoints(w http.ResponseWriter, r *http.Request) error {
+	cps, err := cr.checkpoints.ListCheckpoints(r.Context(), r.PathValue("sandbox"))
 	if err != nil {
 		return err
 	}
@@ -46,8 +54,8 @@ func (s *Server) listCheckpoints(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) getCheckpoint(w http.ResponseWriter, r *http.Request) error {
-	cp, err := s.sandboxes.GetCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"))
+func (cr *checkpointRoutes) getCheckpoint(w http.ResponseWriter, r *http.Request) error {
+	cp, err := cr.checkpoints.GetCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"))
 	if err != nil {
 		return err
 	}
@@ -55,16 +63,16 @@ func (s *Server) getCheckpoint(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sandboxes.DeleteCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint")); err != nil {
+func (cr *checkpointRoutes) deleteCheckpoint(w http.ResponseWriter, r *http.Request) error {
+	if err := cr.checkpoints.DeleteCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
-func (s *Server) restoreCheckpoint(w http.ResponseWriter, r *http.Request) error {
-	sb, err := s.sandboxes.RestoreCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"))
+func (cr *checkpointRoutes) restoreCheckpoint(w http.ResponseWriter, r *http.Request) error {
+	sb, err := cr.checkpoints.RestoreCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"))
 	if err != nil {
 		return err
 	}

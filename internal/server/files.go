@@ -25,7 +25,7 @@ type Files interface {
 	// ReadFile returns the file's bytes and their number.
 	ReadFile(ctx context.Context, ref string, q guest.FileQuery) (io.ReadCloser, int64, error)
 	// WriteFile writes body (size bytes, -1 when unknown) atomically; mode
-	// is octal or "" to keep the file's.
+	// is octal or "" to keep the file'gr.
 	WriteFile(ctx context.Context, ref string, q guest.FileQuery, mode string, body io.Reader, size int64) (*api.FileInfo, error)
 	Mkdir(ctx context.Context, ref string, req api.MkdirRequest) (*api.FileInfo, error)
 	MoveFile(ctx context.Context, ref string, req api.MoveRequest) (*api.FileInfo, error)
@@ -36,16 +36,17 @@ type Files interface {
 	Watch(ctx context.Context, ref string, q guest.FileQuery, recursive bool) (*sandbox.Stream, error)
 }
 
-func (s *Server) fileRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("GET /v1/sandboxes/{sandbox}/files", s.statFile)
-	v1("DELETE /v1/sandboxes/{sandbox}/files", s.removeFile)
-	v1("GET /v1/sandboxes/{sandbox}/files/content", s.readFile)
-	v1("PUT /v1/sandboxes/{sandbox}/files/content", s.writeFile)
-	v1("POST /v1/sandboxes/{sandbox}/files/mkdir", s.mkdir)
-	v1("POST /v1/sandboxes/{sandbox}/files/move", s.moveFile)
-	v1("GET /v1/sandboxes/{sandbox}/files/archive", s.readArchive)
-	v1("PUT /v1/sandboxes/{sandbox}/files/archive", s.writeArchive)
-	v1("GET /v1/sandboxes/{sandbox}/files/watch", s.watch)
+// registerFiles adds the file routes with v1.
+func (gr *guestRoutes) registerFiles(v1 addRoute) {
+	v1("GET /v1/sandboxes/{sandbox}/files", gr.statFile)
+	v1("DELETE /v1/sandboxes/{sandbox}/files", gr.removeFile)
+	v1("GET /v1/sandboxes/{sandbox}/files/content", gr.readFile)
+	v1("PUT /v1/sandboxes/{sandbox}/files/content", gr.writeFile)
+	v1("POST /v1/sandboxes/{sandbox}/files/mkdir", gr.mkdir)
+	v1("POST /v1/sandboxes/{sandbox}/files/move", gr.moveFile)
+	v1("GET /v1/sandboxes/{sandbox}/files/archive", gr.readArchive)
+	v1("PUT /v1/sandboxes/{sandbox}/files/archive", gr.writeArchive)
+	v1("GET /v1/sandboxes/{sandbox}/files/watch", gr.watch)
 }
 
 // fileQuery reads path= and user= of a files request.
@@ -69,7 +70,7 @@ func boolParam(r *http.Request, name string) (bool, error) {
 	}
 }
 
-func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) statFile(w http.ResponseWriter, r *http.Request) error {
 	q, err := fileQuery(r)
 	if err != nil {
 		return err
@@ -80,7 +81,7 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
 			return api.Errorf(api.CodeInvalid, "depth: %q is not a number from 0 to %d", d, api.MaxFileDepth)
 		}
 	}
-	info, err := s.sandboxes.StatFile(r.Context(), r.PathValue("sandbox"), q, depth)
+	info, err := gr.guest.StatFile(r.Context(), r.PathValue("sandbox"), q, depth)
 	if err != nil {
 		return err
 	}
@@ -88,7 +89,7 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) removeFile(w http.ResponseWriter, r *http.Request) error {
 	q, err := fileQuery(r)
 	if err != nil {
 		return err
@@ -97,7 +98,7 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.sandboxes.RemoveFile(r.Context(), r.PathValue("sandbox"), q, recursive); err != nil {
+	if err := gr.guest.RemoveFile(r.Context(), r.PathValue("sandbox"), q, recursive); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -107,7 +108,7 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) error {
 // readFile streams a file's bytes with their length. A transfer cut once
 // under way (a memory checkpoint) can only end short: the client sees fewer
 // bytes than Content-Length.
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) readFile(w http.ResponseWriter, r *http.Request) error {
 	q, err := fileQuery(r)
 	if err != nil {
 		return err
@@ -119,7 +120,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	if rng != (api.ReadRange{Length: -1}) {
 		q.Range = &rng
 	}
-	body, size, err := s.sandboxes.ReadFile(r.Context(), r.PathValue("sandbox"), q)
+	body, size, err := gr.guest.ReadFile(r.Context(), r.PathValue("sandbox"), q)
 	if err != nil {
 		return err
 	}
@@ -132,22 +133,22 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	iw := newIdleWriter(w, s.writeTimeout)
+	iw := newIdleWriter(w, gr.writeTimeout)
 	defer iw.done()
 	if _, err := io.Copy(iw, body); err != nil && !clientGone(r) {
-		s.log.Warn("file download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
+		gr.log.Warn("file download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
 	}
 	return nil
 }
 
-func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) writeFile(w http.ResponseWriter, r *http.Request) error {
 	q, err := fileQuery(r)
 	if err != nil {
 		return err
 	}
-	body := newIdleReader(w, r, s.writeTimeout)
+	body := newIdleReader(w, r, gr.writeTimeout)
 	defer body.done()
-	info, err := s.sandboxes.WriteFile(r.Context(), r.PathValue("sandbox"), q, r.URL.Query().Get("mode"), body, r.ContentLength)
+	info, err := gr.guest.WriteFile(r.Context(), r.PathValue("sandbox"), q, r.URL.Query().Get("mode"), body, r.ContentLength)
 	if err != nil {
 		return body.clientError(err)
 	}
@@ -155,12 +156,12 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) mkdir(w http.ResponseWriter, r *http.Request) error {
 	var req api.MkdirRequest
 	if err := decode(w, r, &req); err != nil {
 		return err
 	}
-	info, err := s.sandboxes.Mkdir(r.Context(), r.PathValue("sandbox"), req)
+	info, err := gr.guest.Mkdir(r.Context(), r.PathValue("sandbox"), req)
 	if err != nil {
 		return err
 	}
@@ -168,12 +169,12 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) moveFile(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) moveFile(w http.ResponseWriter, r *http.Request) error {
 	var req api.MoveRequest
 	if err := decode(w, r, &req); err != nil {
 		return err
 	}
-	info, err := s.sandboxes.MoveFile(r.Context(), r.PathValue("sandbox"), req)
+	info, err := gr.guest.MoveFile(r.Context(), r.PathValue("sandbox"), req)
 	if err != nil {
 		return err
 	}
@@ -184,12 +185,12 @@ func (s *Server) moveFile(w http.ResponseWriter, r *http.Request) error {
 // readArchive streams a tar of a directory. A transfer cut once under way
 // aborts the connection, so that the client never takes a short tar for a
 // whole one.
-func (s *Server) readArchive(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) readArchive(w http.ResponseWriter, r *http.Request) error {
 	q, err := fileQuery(r)
 	if err != nil {
 		return err
 	}
-	body, err := s.sandboxes.ReadArchive(r.Context(), r.PathValue("sandbox"), q)
+	body, err := gr.guest.ReadArchive(r.Context(), r.PathValue("sandbox"), q)
 	if err != nil {
 		return err
 	}
@@ -199,23 +200,23 @@ func (s *Server) readArchive(w http.ResponseWriter, r *http.Request) error {
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	iw := newIdleWriter(w, s.writeTimeout)
+	iw := newIdleWriter(w, gr.writeTimeout)
 	defer iw.done()
 	if _, err := io.Copy(iw, body); err != nil && !clientGone(r) {
-		s.log.Warn("archive download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
+		gr.log.Warn("archive download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
 		panic(http.ErrAbortHandler)
 	}
 	return nil
 }
 
-func (s *Server) writeArchive(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) writeArchive(w http.ResponseWriter, r *http.Request) error {
 	q, err := fileQuery(r)
 	if err != nil {
 		return err
 	}
-	body := newIdleReader(w, r, s.writeTimeout)
+	body := newIdleReader(w, r, gr.writeTimeout)
 	defer body.done()
-	if err := s.sandboxes.WriteArchive(r.Context(), r.PathValue("sandbox"), q, body); err != nil {
+	if err := gr.guest.WriteArchive(r.Context(), r.PathValue("sandbox"), q, body); err != nil {
 		return body.clientError(err)
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -225,7 +226,7 @@ func (s *Server) writeArchive(w http.ResponseWriter, r *http.Request) error {
 // watch upgrades to a watch WebSocket of api.WatchEvent text messages.
 // The watch is set up first, so that a missing path or sandbox is a plain
 // HTTP error; then the handshake (426 without the upgrade).
-func (s *Server) watch(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) watch(w http.ResponseWriter, r *http.Request) error {
 	q, err := fileQuery(r)
 	if err != nil {
 		return err
@@ -235,7 +236,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ctx := r.Context()
-	st, err := s.sandboxes.Watch(ctx, r.PathValue("sandbox"), q, recursive)
+	st, err := gr.guest.Watch(ctx, r.PathValue("sandbox"), q, recursive)
 	if err != nil {
 		return err
 	}
@@ -252,6 +253,6 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) error {
 		return api.Errorf(api.CodeForStatus(hw.status), "files/watch: %s", strings.TrimSpace(hw.msg.String()))
 	}
 	defer c.CloseNow()
-	proxyStream(ctx, c, st, s.writeTimeout)
+	proxyStream(ctx, c, st, gr.writeTimeout)
 	return nil
 }

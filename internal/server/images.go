@@ -35,25 +35,35 @@ func WithImages(images Images, registries Registries) Option {
 // errNoImages answers the image routes of a server without images.
 var errNoImages = api.Errorf(api.CodeUnavailable, "this daemon has no image support")
 
-func (s *Server) imageRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("POST /v1/images", s.pullImage)
-	v1("GET /v1/images", s.listImages)
-	v1("GET /v1/images/{image}", s.getImage)
-	v1("DELETE /v1/images/{image}", s.deleteImage)
-	v1("PUT /v1/registries/{registry}", s.loginRegistry)
-	v1("GET /v1/registries", s.listRegistries)
-	v1("DELETE /v1/registries/{registry}", s.logoutRegistry)
+// imageRoutes serves the images sandboxes are made from, and the registry
+// credentials they are pulled with.
+type imageRoutes struct {
+	// images and registries are nil on a server without image support
+	// (see WithImages).
+	images     Images
+	registries Registries
 }
 
-func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
+// register adds the image and registry routes with v1.
+func (ir *imageRoutes) register(v1 addRoute) {
+	v1("POST /v1/images", ir.pullImage)
+	v1("GET /v1/images", ir.listImages)
+	v1("GET /v1/images/{image}", ir.getImage)
+	v1("DELETE /v1/images/{image}", ir.deleteImage)
+	v1("PUT /v1/registries/{registry}", ir.loginRegistry)
+	v1("GET /v1/registries", ir.listRegistries)
+	v1("DELETE /v1/registries/{registry}", ir.logoutRegistry)
+}
+
+func (ir *imageRoutes) pullImage(w http.ResponseWriter, r *http.Request) error {
 	var req api.PullImage
 	if err := decode(w, r, &req); err != nil {
 		return err
 	}
-	if s.images == nil {
+	if ir.images == nil {
 		return errNoImages
 	}
-	im, err := s.images.Pull(r.Context(), req.Ref)
+	im, err := ir.images.Pull(r.Context(), req.Ref)
 	if err != nil {
 		return err
 	}
@@ -61,11 +71,11 @@ func (s *Server) pullImage(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
+func (ir *imageRoutes) listImages(w http.ResponseWriter, r *http.Request) error {
 	list := []api.Image{}
 	var err error
-	if s.images != nil {
-		list, err = s.images.List(r.Context())
+	if ir.images != nil {
+		list, err = ir.images.List(r.Context())
 	}
 	if err != nil {
 		return err
@@ -74,11 +84,11 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
-	if s.images == nil {
+func (ir *imageRoutes) getImage(w http.ResponseWriter, r *http.Request) error {
+	if ir.images == nil {
 		return errNoImages
 	}
-	im, err := s.images.Get(r.Context(), r.PathValue("image"))
+	im, err := ir.images.Get(r.Context(), r.PathValue("image"))
 	if err != nil {
 		return err
 	}
@@ -86,11 +96,11 @@ func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) error {
-	if s.images == nil {
+func (ir *imageRoutes) deleteImage(w http.ResponseWriter, r *http.Request) error {
+	if ir.images == nil {
 		return errNoImages
 	}
-	if err := s.images.Delete(r.Context(), r.PathValue("image")); err != nil {
+	if err := ir.images.Delete(r.Context(), r.PathValue("image")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -100,15 +110,15 @@ func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) error {
 // errLoginBody never quotes the body: it holds a password.
 var errLoginBody = api.Errorf(api.CodeInvalid, `body: must be a JSON object {"username":"…","password":"…"}`)
 
-func (s *Server) loginRegistry(w http.ResponseWriter, r *http.Request) error {
+func (ir *imageRoutes) loginRegistry(w http.ResponseWriter, r *http.Request) error {
 	var req api.RegistryLogin
 	if err := decodeJSON(http.MaxBytesReader(w, r.Body, maxBody), &req); err != nil {
 		return errLoginBody
 	}
-	if s.registries == nil {
+	if ir.registries == nil {
 		return errNoImages
 	}
-	reg, err := s.registries.Login(r.Context(), r.PathValue("registry"), req)
+	reg, err := ir.registries.Login(r.Context(), r.PathValue("registry"), req)
 	if err != nil {
 		return err
 	}
@@ -116,11 +126,11 @@ func (s *Server) loginRegistry(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) listRegistries(w http.ResponseWriter, r *http.Request) error {
+func (ir *imageRoutes) listRegistries(w http.ResponseWriter, r *http.Request) error {
 	list := []api.Registry{}
 	var err error
-	if s.registries != nil {
-		list, err = s.registries.List(r.Context())
+	if ir.registries != nil {
+		list, err = ir.registries.List(r.Context())
 	}
 	if err != nil {
 		return err
@@ -129,11 +139,11 @@ func (s *Server) listRegistries(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) logoutRegistry(w http.ResponseWriter, r *http.Request) error {
-	if s.registries == nil {
+func (ir *imageRoutes) logoutRegistry(w http.ResponseWriter, r *http.Request) error {
+	if ir.registries == nil {
 		return errNoImages
 	}
-	if err := s.registries.Logout(r.Context(), r.PathValue("registry")); err != nil {
+	if err := ir.registries.Logout(r.Context(), r.PathValue("registry")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

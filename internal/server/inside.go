@@ -183,8 +183,8 @@ func (in *Inside) handler(id string) http.Handler {
 			}
 		})
 	}
-	v1("GET /v1/sandboxes/{sandbox}", s.getSandbox)
-	s.checkpointRoutes(v1)
+	v1("GET /v1/sandboxes/{sandbox}", (&sandboxRoutes{sandboxes: in.sandboxes}).getSandbox)
+	(&checkpointRoutes{checkpoints: in.sandboxes}).register(v1)
 	return s
 }
 

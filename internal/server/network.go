@@ -17,16 +17,13 @@ type Network interface {
 	SetNetwork(ctx context.Context, ref string, p api.NetworkPolicy) (*api.Sandbox, error)
 }
 
-func (s *Server) networkRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("PUT /v1/sandboxes/{sandbox}/network", s.setNetwork)
-}
-
-func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
+// setNetwork replaces a sandbox's network policy (PUT …/network).
+func (sr *sandboxRoutes) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	var p api.NetworkPolicy
 	if err := decode(w, r, &p); err != nil {
 		return err
 	}
-	sb, err := s.sandboxes.SetNetwork(r.Context(), r.PathValue("sandbox"), p)
+	sb, err := sr.sandboxes.SetNetwork(r.Context(), r.PathValue("sandbox"), p)
 	if err != nil {
 		return err
 	}

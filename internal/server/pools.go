@@ -17,24 +17,32 @@ type Pools interface {
 	TemplatePool(ctx context.Context, template string) (*api.Pool, error)
 }
 
-func (s *Server) poolRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", s.getPool)
-	v1("PUT /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", s.setPool)
-	v1("GET /v1/templates/{template}/pool", s.getPool)
-	v1("PUT /v1/templates/{template}/pool", s.setPool)
+// poolRoutes serves the warm pools of checkpoints and templates: read and
+// set a pool's size.
+type poolRoutes struct {
+	// warmPools is nil on a server without pools (see WithPools).
+	warmPools Pools
 }
 
-func (s *Server) pools() (Pools, error) {
-	if s.warmPools == nil {
+// register adds the pool routes with v1.
+func (pr *poolRoutes) register(v1 addRoute) {
+	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", pr.getPool)
+	v1("PUT /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", pr.setPool)
+	v1("GET /v1/templates/{template}/pool", pr.getPool)
+	v1("PUT /v1/templates/{template}/pool", pr.setPool)
+}
+
+func (pr *poolRoutes) pools() (Pools, error) {
+	if pr.warmPools == nil {
 		return nil, api.Errorf(api.CodeUnavailable, "this server keeps no warm pools")
 	}
-	return s.warmPools, nil
+	return pr.warmPools, nil
 }
 
 // getPool answers both routes: a template's pool when the path names a
-// template, else a checkpoint's.
-func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.pools()
+// template, else a checkpoint'pr.
+func (pr *poolRoutes) getPool(w http.ResponseWriter, r *http.Request) error {
+	p, err := pr.pools()
 	if err != nil {
 		return err
 	}
@@ -51,8 +59,8 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) setPool(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.pools()
+func (pr *poolRoutes) setPool(w http.ResponseWriter, r *http.Request) error {
+	p, err := pr.pools()
 	if err != nil {
 		return err
 	}

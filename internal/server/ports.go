@@ -31,14 +31,15 @@ type Ports interface {
 // writes); a little more is let through.
 const portMessageLimit = 4 * api.MaxPortMessage
 
-func (s *Server) portRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("GET /v1/sandboxes/{sandbox}/ports", s.listPorts)
-	v1("GET /v1/sandboxes/{sandbox}/ports/watch", s.watchPorts)
-	v1("GET /v1/sandboxes/{sandbox}/ports/{port}/stream", s.portStream)
+// registerPorts adds the port routes with v1.
+func (gr *guestRoutes) registerPorts(v1 addRoute) {
+	v1("GET /v1/sandboxes/{sandbox}/ports", gr.listPorts)
+	v1("GET /v1/sandboxes/{sandbox}/ports/watch", gr.watchPorts)
+	v1("GET /v1/sandboxes/{sandbox}/ports/{port}/stream", gr.portStream)
 }
 
-func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
-	ps, err := s.sandboxes.ListPorts(r.Context(), r.PathValue("sandbox"))
+func (gr *guestRoutes) listPorts(w http.ResponseWriter, r *http.Request) error {
+	ps, err := gr.guest.ListPorts(r.Context(), r.PathValue("sandbox"))
 	if err != nil {
 		return err
 	}
@@ -48,26 +49,26 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
 
 // watchPorts upgrades to a port watch. As with exec, refusals about the
 // sandbox come first, then those about the handshake.
-func (s *Server) watchPorts(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) watchPorts(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("sandbox")
-	if err := s.sandboxes.CheckPorts(r.Context(), ref); err != nil {
+	if err := gr.guest.CheckPorts(r.Context(), ref); err != nil {
 		return err
 	}
 	if err := wantUpgrade(w, r, "ports/watch"); err != nil {
 		return err
 	}
-	st, err := s.sandboxes.WatchPorts(r.Context(), ref)
+	st, err := gr.guest.WatchPorts(r.Context(), ref)
 	if err != nil {
 		return err
 	}
-	return s.proxyPorts(w, r, st, "ports/watch")
+	return gr.proxyPorts(w, r, st, "ports/watch")
 }
 
 // portStream upgrades to a port stream. The connection to the port is made
 // before the upgrade, so that a port nothing listens on is a plain 404.
-func (s *Server) portStream(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) portStream(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("sandbox")
-	if err := s.sandboxes.CheckPorts(r.Context(), ref); err != nil {
+	if err := gr.guest.CheckPorts(r.Context(), ref); err != nil {
 		return err
 	}
 	port, err := strconv.Atoi(r.PathValue("port"))
@@ -77,11 +78,11 @@ func (s *Server) portStream(w http.ResponseWriter, r *http.Request) error {
 	if err := wantUpgrade(w, r, "ports/{port}/stream"); err != nil {
 		return err
 	}
-	st, err := s.sandboxes.DialPort(r.Context(), ref, port)
+	st, err := gr.guest.DialPort(r.Context(), ref, port)
 	if err != nil {
 		return err
 	}
-	return s.proxyPorts(w, r, st, "ports/{port}/stream")
+	return gr.proxyPorts(w, r, st, "ports/{port}/stream")
 }
 
 // wantUpgrade refuses, before anything is opened in the sandbox, a request
@@ -97,7 +98,7 @@ func wantUpgrade(w http.ResponseWriter, r *http.Request, what string) error {
 
 // proxyPorts accepts the client's socket and proxies st to it; st is
 // closed whatever happens.
-func (s *Server) proxyPorts(w http.ResponseWriter, r *http.Request, st *sandbox.Stream, what string) error {
+func (gr *guestRoutes) proxyPorts(w http.ResponseWriter, r *http.Request, st *sandbox.Stream, what string) error {
 	hw := &handshakeWriter{ResponseWriter: w}
 	c, err := websocket.Accept(hw, r, acceptOptions)
 	if err != nil {
@@ -109,6 +110,6 @@ func (s *Server) proxyPorts(w http.ResponseWriter, r *http.Request, st *sandbox.
 	}
 	defer c.CloseNow()
 	c.SetReadLimit(portMessageLimit)
-	proxyStream(r.Context(), c, st, s.writeTimeout)
+	proxyStream(r.Context(), c, st, gr.writeTimeout)
 	return nil
 }

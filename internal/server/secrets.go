@@ -28,25 +28,33 @@ func WithSecrets(secrets Secrets) Option {
 // errNoSecrets answers the secret routes of a server without secrets.
 var errNoSecrets = api.Errorf(api.CodeUnavailable, "this daemon keeps no secrets")
 
-func (s *Server) secretRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("PUT /v1/secrets/{name}", s.putSecret)
-	v1("GET /v1/secrets", s.listSecrets)
-	v1("DELETE /v1/secrets/{name}", s.deleteSecret)
+// secretRoutes serves the secrets sandboxes may be given: put, list and
+// delete them, never read their values.
+type secretRoutes struct {
+	// secrets is nil on a server without secrets (see WithSecrets).
+	secrets Secrets
+}
+
+// register adds the secret routes with v1.
+func (sc *secretRoutes) register(v1 addRoute) {
+	v1("PUT /v1/secrets/{name}", sc.putSecret)
+	v1("GET /v1/secrets", sc.listSecrets)
+	v1("DELETE /v1/secrets/{name}", sc.deleteSecret)
 }
 
 // errSecretBody never quotes the body: encoding/json's own messages can
 // hold a piece of it, which here is the value.
 var errSecretBody = api.Errorf(api.CodeInvalid, `body: must be a JSON object {"value":"…"} whose value is a string`)
 
-func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) error {
+func (sc *secretRoutes) putSecret(w http.ResponseWriter, r *http.Request) error {
 	var req api.PutSecret
 	if err := decodeJSON(http.MaxBytesReader(w, r.Body, maxBody), &req); err != nil {
 		return errSecretBody
 	}
-	if s.secrets == nil {
+	if sc.secrets == nil {
 		return errNoSecrets
 	}
-	sec, err := s.secrets.Put(r.Context(), r.PathValue("name"), secret.NewValue(req.Value))
+	sec, err := sc.secrets.Put(r.Context(), r.PathValue("name"), secret.NewValue(req.Value))
 	if err != nil {
 		return err
 	}
@@ -54,11 +62,11 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) error {
+func (sc *secretRoutes) listSecrets(w http.ResponseWriter, r *http.Request) error {
 	list := []api.Secret{}
 	var err error
-	if s.secrets != nil {
-		list, err = s.secrets.List(r.Context())
+	if sc.secrets != nil {
+		list, err = sc.secrets.List(r.Context())
 	}
 	if err != nil {
 		return err
@@ -67,7 +75,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) error {
+func (sc *secretRoutes) deleteSecret(w http.ResponseWriter, r *http.Request) error {
 	force := false
 	if f := r.URL.Query().Get("force"); f != "" {
 		var err error
@@ -75,10 +83,10 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) error {
 			return api.Errorf(api.CodeInvalid, "force: %q is not true or false", f)
 		}
 	}
-	if s.secrets == nil {
+	if sc.secrets == nil {
 		return errNoSecrets
 	}
-	if err := s.secrets.Delete(r.Context(), r.PathValue("name"), force); err != nil {
+	if err := sc.secrets.Delete(r.Context(), r.PathValue("name"), force); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

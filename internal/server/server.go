@@ -120,26 +120,21 @@ func (s *Server) routes() {
 	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 		s.handle(pattern, s.auth(h))
 	}
-	s.templateRoutes(v1)
-	v1("POST /v1/sandboxes", s.createSandbox)
-	v1("GET /v1/sandboxes", s.listSandboxes)
-	v1("GET /v1/sandboxes/{sandbox}", s.getSandbox)
-	v1("DELETE /v1/sandboxes/{sandbox}", s.deleteSandbox)
-	v1("PATCH /v1/sandboxes/{sandbox}", s.updateSandbox)
-	v1("GET /v1/sandboxes/{sandbox}/access-token", s.accessToken)
-	v1("GET /v1/sandboxes/{sandbox}/exec", s.exec)
-	v1("POST /v1/sandboxes/{sandbox}/sleep", s.sleepSandbox)
-	v1("POST /v1/sandboxes/{sandbox}/wake", s.wakeSandbox)
-	s.checkpointRoutes(v1)
-	s.fileRoutes(v1)
-	s.sessionRoutes(v1)
-	s.serviceRoutes(v1)
-	s.portRoutes(v1)
-	s.secretRoutes(v1)
-	s.networkRoutes(v1)
-	s.imageRoutes(v1)
-	s.poolRoutes(v1)
+	// Each capability's routes are a type of their own, holding only the
+	// services they use; the Server keeps what they share (the mux, auth,
+	// error answers).
+	(&templateRoutes{catalog: s.catalog, log: s.log, writeTimeout: s.writeTimeout}).register(v1)
+	(&sandboxRoutes{sandboxes: s.sandboxes}).register(v1)
+	(&checkpointRoutes{checkpoints: s.sandboxes}).register(v1)
+	(&guestRoutes{guest: s.sandboxes, log: s.log, writeTimeout: s.writeTimeout}).register(v1)
+	(&secretRoutes{secrets: s.secrets}).register(v1)
+	(&imageRoutes{images: s.images, registries: s.registries}).register(v1)
+	(&poolRoutes{warmPools: s.warmPools}).register(v1)
 }
+
+// addRoute registers an API handler for a pattern ("METHOD /path"); the
+// Server's adds its auth and error answers.
+type addRoute func(pattern string, h func(http.ResponseWriter, *http.Request) error)
 
 // endpoint is a handler the API registered. Any other handler the mux
 // returns is one of its own answers, which route replaces.

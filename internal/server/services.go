@@ -24,20 +24,21 @@ type Services interface {
 	ServiceLogs(ctx context.Context, sandbox, name string, p api.AttachParams) (*sandbox.Stream, error)
 }
 
-func (s *Server) serviceRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("GET /v1/sandboxes/{sandbox}/services", s.listServices)
-	v1("PUT /v1/sandboxes/{sandbox}/services/{service}", s.putService)
-	v1("GET /v1/sandboxes/{sandbox}/services/{service}", s.getService)
-	v1("DELETE /v1/sandboxes/{sandbox}/services/{service}", s.deleteService)
-	v1("GET /v1/sandboxes/{sandbox}/services/{service}/logs", s.serviceLogs)
+// registerServices adds the service routes with v1.
+func (gr *guestRoutes) registerServices(v1 addRoute) {
+	v1("GET /v1/sandboxes/{sandbox}/services", gr.listServices)
+	v1("PUT /v1/sandboxes/{sandbox}/services/{service}", gr.putService)
+	v1("GET /v1/sandboxes/{sandbox}/services/{service}", gr.getService)
+	v1("DELETE /v1/sandboxes/{sandbox}/services/{service}", gr.deleteService)
+	v1("GET /v1/sandboxes/{sandbox}/services/{service}/logs", gr.serviceLogs)
 	for _, action := range []string{api.ServiceStart, api.ServiceStop, api.ServiceRestart} {
 		v1("POST /v1/sandboxes/{sandbox}/services/{service}/"+action, func(w http.ResponseWriter, r *http.Request) error {
-			return s.serviceAction(w, r, action)
+			return gr.serviceAction(w, r, action)
 		})
 	}
 }
 
-func (s *Server) putService(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) putService(w http.ResponseWriter, r *http.Request) error {
 	var def api.Service
 	if err := decode(w, r, &def); err != nil {
 		return err
@@ -52,7 +53,7 @@ func (s *Server) putService(w http.ResponseWriter, r *http.Request) error {
 	if err := api.CheckService(&def); err != nil {
 		return err
 	}
-	st, created, err := s.sandboxes.PutService(r.Context(), r.PathValue("sandbox"), def)
+	st, created, err := gr.guest.PutService(r.Context(), r.PathValue("sandbox"), def)
 	if err != nil {
 		return err
 	}
@@ -64,8 +65,8 @@ func (s *Server) putService(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) listServices(w http.ResponseWriter, r *http.Request) error {
-	l, err := s.sandboxes.ListServices(r.Context(), r.PathValue("sandbox"))
+func (gr *guestRoutes) listServices(w http.ResponseWriter, r *http.Request) error {
+	l, err := gr.guest.ListServices(r.Context(), r.PathValue("sandbox"))
 	if err != nil {
 		return err
 	}
@@ -73,8 +74,8 @@ func (s *Server) listServices(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) getService(w http.ResponseWriter, r *http.Request) error {
-	st, err := s.sandboxes.GetService(r.Context(), r.PathValue("sandbox"), r.PathValue("service"))
+func (gr *guestRoutes) getService(w http.ResponseWriter, r *http.Request) error {
+	st, err := gr.guest.GetService(r.Context(), r.PathValue("sandbox"), r.PathValue("service"))
 	if err != nil {
 		return err
 	}
@@ -82,8 +83,8 @@ func (s *Server) getService(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) serviceAction(w http.ResponseWriter, r *http.Request, action string) error {
-	st, err := s.sandboxes.ServiceAction(r.Context(), r.PathValue("sandbox"), r.PathValue("service"), action)
+func (gr *guestRoutes) serviceAction(w http.ResponseWriter, r *http.Request, action string) error {
+	st, err := gr.guest.ServiceAction(r.Context(), r.PathValue("sandbox"), r.PathValue("service"), action)
 	if err != nil {
 		return err
 	}
@@ -91,8 +92,8 @@ func (s *Server) serviceAction(w http.ResponseWriter, r *http.Request, action st
 	return nil
 }
 
-func (s *Server) deleteService(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sandboxes.DeleteService(r.Context(), r.PathValue("sandbox"), r.PathValue("service")); err != nil {
+func (gr *guestRoutes) deleteService(w http.ResponseWriter, r *http.Request) error {
+	if err := gr.guest.DeleteService(r.Context(), r.PathValue("sandbox"), r.PathValue("service")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -102,14 +103,14 @@ func (s *Server) deleteService(w http.ResponseWriter, r *http.Request) error {
 // serviceLogs upgrades to a socket of a service's logs: "offset" messages
 // and output frames as on an attach socket (api/session.go), from offset
 // and stderr_offset; follow=false ends it once what was buffered is sent.
-func (s *Server) serviceLogs(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) serviceLogs(w http.ResponseWriter, r *http.Request) error {
 	p, err := attachParams(r)
 	if err != nil {
 		return err
 	}
-	st, err := s.sandboxes.ServiceLogs(r.Context(), r.PathValue("sandbox"), r.PathValue("service"), p)
+	st, err := gr.guest.ServiceLogs(r.Context(), r.PathValue("sandbox"), r.PathValue("service"), p)
 	if err != nil {
 		return err
 	}
-	return s.acceptStream(w, r, st)
+	return gr.acceptStream(w, r, st)
 }

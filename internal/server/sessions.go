@@ -26,17 +26,18 @@ type Sessions interface {
 	AttachSession(ctx context.Context, sandbox, id string, p api.AttachParams) (*sandbox.Stream, error)
 }
 
-func (s *Server) sessionRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("POST /v1/sandboxes/{sandbox}/sessions", s.createSession)
-	v1("GET /v1/sandboxes/{sandbox}/sessions", s.listSessions)
-	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}", s.getSession)
-	v1("DELETE /v1/sandboxes/{sandbox}/sessions/{session}", s.deleteSession)
-	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}/attach", s.attachSession)
-	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/wait", s.waitSession)
-	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/signal", s.signalSession)
+// registerSessions adds the session routes with v1.
+func (gr *guestRoutes) registerSessions(v1 addRoute) {
+	v1("POST /v1/sandboxes/{sandbox}/sessions", gr.createSession)
+	v1("GET /v1/sandboxes/{sandbox}/sessions", gr.listSessions)
+	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}", gr.getSession)
+	v1("DELETE /v1/sandboxes/{sandbox}/sessions/{session}", gr.deleteSession)
+	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}/attach", gr.attachSession)
+	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/wait", gr.waitSession)
+	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/signal", gr.signalSession)
 }
 
-func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) createSession(w http.ResponseWriter, r *http.Request) error {
 	var req api.ExecRequest
 	if err := decode(w, r, &req); err != nil {
 		return err
@@ -44,7 +45,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return api.Errorf(api.CodeInvalid, "cmd: give the command to run")
 	}
-	ss, err := s.sandboxes.CreateSession(r.Context(), r.PathValue("sandbox"), req)
+	ss, err := gr.guest.CreateSession(r.Context(), r.PathValue("sandbox"), req)
 	if err != nil {
 		return err
 	}
@@ -52,8 +53,8 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
-	ss, err := s.sandboxes.ListSessions(r.Context(), r.PathValue("sandbox"))
+func (gr *guestRoutes) listSessions(w http.ResponseWriter, r *http.Request) error {
+	ss, err := gr.guest.ListSessions(r.Context(), r.PathValue("sandbox"))
 	if err != nil {
 		return err
 	}
@@ -61,8 +62,8 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
-	ss, err := s.sandboxes.GetSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"))
+func (gr *guestRoutes) getSession(w http.ResponseWriter, r *http.Request) error {
+	ss, err := gr.guest.GetSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"))
 	if err != nil {
 		return err
 	}
@@ -70,8 +71,8 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) waitSession(w http.ResponseWriter, r *http.Request) error {
-	ss, err := s.sandboxes.WaitSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"))
+func (gr *guestRoutes) waitSession(w http.ResponseWriter, r *http.Request) error {
+	ss, err := gr.guest.WaitSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"))
 	if err != nil {
 		return err
 	}
@@ -79,20 +80,20 @@ func (s *Server) waitSession(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) signalSession(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) signalSession(w http.ResponseWriter, r *http.Request) error {
 	var req api.SignalSession
 	if err := decode(w, r, &req); err != nil {
 		return err
 	}
-	if err := s.sandboxes.SignalSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), req); err != nil {
+	if err := gr.guest.SignalSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), req); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
-func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sandboxes.DeleteSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session")); err != nil {
+func (gr *guestRoutes) deleteSession(w http.ResponseWriter, r *http.Request) error {
+	if err := gr.guest.DeleteSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -115,16 +116,16 @@ func offsetParam(r *http.Request, name string) (*int64, error) {
 // attachSession upgrades to an attach socket (see api/session.go). As with
 // exec, what can be refused before the upgrade is an HTTP error: the
 // sandbox, the session, then the handshake.
-func (s *Server) attachSession(w http.ResponseWriter, r *http.Request) error {
+func (gr *guestRoutes) attachSession(w http.ResponseWriter, r *http.Request) error {
 	p, err := attachParams(r)
 	if err != nil {
 		return err
 	}
-	st, err := s.sandboxes.AttachSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), p)
+	st, err := gr.guest.AttachSession(r.Context(), r.PathValue("sandbox"), r.PathValue("session"), p)
 	if err != nil {
 		return err
 	}
-	return s.acceptStream(w, r, st)
+	return gr.acceptStream(w, r, st)
 }
 
 // attachParams reads where an attach socket (or a service's logs) starts:
@@ -154,7 +155,7 @@ func attachParams(r *http.Request) (api.AttachParams, error) {
 
 // acceptStream upgrades the client's request and proxies st to it. A
 // refused handshake is an HTTP error, in the API's shape.
-func (s *Server) acceptStream(w http.ResponseWriter, r *http.Request, st *sandbox.Stream) error {
+func (gr *guestRoutes) acceptStream(w http.ResponseWriter, r *http.Request, st *sandbox.Stream) error {
 	hw := &handshakeWriter{ResponseWriter: w}
 	c, err := websocket.Accept(hw, r, acceptOptions)
 	if err != nil {
@@ -166,6 +167,6 @@ func (s *Server) acceptStream(w http.ResponseWriter, r *http.Request, st *sandbo
 	// limit is what each socket may cost the daemon; the agent takes no
 	// more anyway.
 	c.SetReadLimit(api.MaxExecMessage)
-	proxyStream(r.Context(), c, st, s.writeTimeout)
+	proxyStream(r.Context(), c, st, gr.writeTimeout)
 	return nil
 }

@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
+	"time"
 
 	"loam.dev/loam/api"
 )
@@ -30,33 +32,44 @@ func WithTemplates(t Templates) Option {
 // ArchiveType is the media type of a template archive (a zstd-compressed tar).
 const ArchiveType = "application/zstd"
 
-func (s *Server) templateRoutes(v1 func(string, func(http.ResponseWriter, *http.Request) error)) {
-	v1("GET /v1/templates", s.listTemplates)
-	v1("POST /v1/templates", s.createTemplate)
-	v1("DELETE /v1/templates/{template}", s.deleteTemplate)
-	v1("GET /v1/templates/{template}/export", s.exportTemplate)
-	v1("PUT /v1/templates/{template}/import", s.importTemplate)
+// templateRoutes serves the template catalog: list, create and delete
+// templates, and move them between hosts as archives.
+type templateRoutes struct {
+	// catalog is nil on a server without templates (see WithTemplates).
+	catalog Templates
+	log     *slog.Logger
+	// writeTimeout is the server's (see WithWriteTimeout).
+	writeTimeout time.Duration
 }
 
-func (s *Server) templates() (Templates, error) {
-	t := s.catalog
+// register adds the template routes with v1.
+func (tr *templateRoutes) register(v1 addRoute) {
+	v1("GET /v1/templates", tr.listTemplates)
+	v1("POST /v1/templates", tr.createTemplate)
+	v1("DELETE /v1/templates/{template}", tr.deleteTemplate)
+	v1("GET /v1/templates/{template}/export", tr.exportTemplate)
+	v1("PUT /v1/templates/{template}/import", tr.importTemplate)
+}
+
+func (tr *templateRoutes) templates() (Templates, error) {
+	t := tr.catalog
 	if t == nil {
 		return nil, api.Errorf(api.CodeUnavailable, "this server keeps no templates of its own")
 	}
 	return t, nil
 }
 
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
+func (tr *templateRoutes) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	list := []api.Template{}
-	if s.catalog != nil {
-		list = s.catalog.List(r.Context())
+	if tr.catalog != nil {
+		list = tr.catalog.List(r.Context())
 	}
 	api.WriteJSON(w, http.StatusOK, api.TemplateList{Templates: list})
 	return nil
 }
 
-func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
-	t, err := s.templates()
+func (tr *templateRoutes) createTemplate(w http.ResponseWriter, r *http.Request) error {
+	t, err := tr.templates()
 	if err != nil {
 		return err
 	}
@@ -72,8 +85,8 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
-	t, err := s.templates()
+func (tr *templateRoutes) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	t, err := tr.templates()
 	if err != nil {
 		return err
 	}
@@ -87,12 +100,12 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 // exportTemplate streams the archive. An error found before the first byte
 // is sent is an ordinary error response; one after it can only cut the
 // stream short, which the archive's checksums make sure an import notices.
-func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) error {
-	t, err := s.templates()
+func (tr *templateRoutes) exportTemplate(w http.ResponseWriter, r *http.Request) error {
+	t, err := tr.templates()
 	if err != nil {
 		return err
 	}
-	lw := &lazyWriter{w: w, idle: newIdleWriter(w, s.writeTimeout)}
+	lw := &lazyWriter{w: w, idle: newIdleWriter(w, tr.writeTimeout)}
 	defer lw.idle.done()
 	err = t.Export(r.Context(), r.PathValue("template"), lw)
 	if err != nil && !lw.started {
@@ -100,7 +113,7 @@ func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err != nil {
 		if !clientGone(r) {
-			s.log.Error("template export cut short", "request_id", RequestID(r.Context()), "err", err)
+			tr.log.Error("template export cut short", "request_id", RequestID(r.Context()), "err", err)
 		}
 		panic(http.ErrAbortHandler) // the client must see a broken stream, not an end
 	}
@@ -131,12 +144,12 @@ func (l *lazyWriter) Write(p []byte) (int, error) {
 	return l.idle.Write(p)
 }
 
-func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) error {
-	t, err := s.templates()
+func (tr *templateRoutes) importTemplate(w http.ResponseWriter, r *http.Request) error {
+	t, err := tr.templates()
 	if err != nil {
 		return err
 	}
-	body := newIdleReader(w, r, s.writeTimeout)
+	body := newIdleReader(w, r, tr.writeTimeout)
 	defer body.done()
 	tpl, err := t.Import(r.Context(), r.PathValue("template"), body)
 	if err != nil {
