@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -245,12 +246,47 @@ func TestServeIdle(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "never", Idle: "0"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, code, err := d.C.Output(ctx, "dflt", "sleep", "4"); err != nil || code != 0 {
-		t.Fatalf("sleep 4: %d %v", code, err)
+	// The exec's command runs 6 s, so it cannot end before start+6s: a
+	// look answered before then, and more than the idle (plus a round of
+	// idle sleep) after start, falls inside the exec, when the sandbox
+	// must be running. Looks are no activity. A look answered later
+	// proves nothing (the idle may have passed since the exec ended, on a
+	// loaded host long before the client hears of it).
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, _, code, err := d.C.Output(ctx, "dflt", "sleep", "6")
+		if err == nil && code != 0 {
+			err = fmt.Errorf("exit code %d", code)
+		}
+		done <- err
+	}()
+	looks := 0
+	for ended := false; !ended; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("sleep 6: %v", err)
+			}
+			ended = true
+		case <-time.After(200 * time.Millisecond):
+			if time.Since(start) < 2500*time.Millisecond {
+				continue
+			}
+			sb, err := d.C.GetSandbox(ctx, "dflt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if time.Since(start) >= 6*time.Second {
+				continue
+			}
+			looks++
+			if sb.State != api.StateRunning {
+				t.Fatalf("%s while a 6 s exec runs, %v after it began, with an idle of 1.5 s", sb.State, time.Since(start).Round(time.Millisecond))
+			}
+		}
 	}
-	if sb, _ := d.C.GetSandbox(ctx, "dflt"); sb.State != api.StateRunning {
-		t.Fatalf("asleep right after a 4 s exec with an idle of 1.5 s: %s", sb.State)
-	}
+	t.Logf("%d looks inside the exec found the sandbox running", looks)
 	waitState(t, d, "dflt", api.StateSleeping)
 	if sb, _ := d.C.GetSandbox(ctx, "never"); sb.State != api.StateRunning {
 		t.Errorf("a sandbox with idle 0 is %s", sb.State)
