@@ -126,6 +126,7 @@ func TestHostile(t *testing.T) {
 	var targets []target
 	u, _ := url.Parse(d.URL)
 	targets = append(targets, target{what: "the daemon's API at its listen address", addr: u.Host})
+	hostIPs := hostIPv4s(t, d.subnet)
 	for _, p := range d.daemonPorts(t) {
 		if p == network.DefaultInsidePort || p == 53 {
 			// The in-sandbox API and the resolver, served on each
@@ -136,11 +137,11 @@ func TestHostile(t *testing.T) {
 		targets = append(targets,
 			target{what: "the daemon on the sandbox's gateway", addr: net.JoinHostPort(gateway, strconv.Itoa(p))},
 			target{what: "the host's loopback through the gateway", addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(p))})
-		for _, ip := range hostIPv4s(t, d.subnet) {
+		for _, ip := range hostIPs {
 			targets = append(targets, target{what: "the daemon on a host address", addr: net.JoinHostPort(ip, strconv.Itoa(p))})
 		}
 	}
-	for _, ip := range hostIPv4s(t, d.subnet) {
+	for _, ip := range hostIPs {
 		if ip == gateway {
 			continue
 		}

@@ -10,8 +10,7 @@ import (
 // debug log line that says where its time went: each step's milliseconds
 // since the one before, in order. It costs a time.Now per step, so it is
 // always on; the line is written only when the log takes debug records.
-// The zero value is not ready: use newSteps. (The core times its own
-// operations, sleep and wake, the same way.)
+// The zero value is not ready: use newSteps.
 type steps struct {
 	start, last time.Time
 	attrs       []any
