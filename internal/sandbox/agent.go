@@ -27,6 +27,10 @@ import (
 // are agentconn's; what a connect sets in motion in the rest of the core
 // (the in-sandbox API, the secrets, the watch on the sandbox process) it
 // asks of the Manager.
+//
+// Every call it makes to an agent runs inside the operation that holds the
+// sandbox, and goes through within (relay.go), which checks that it does:
+// its methods that call the agent take that operation.
 type agentLink struct {
 	m *Manager
 }
