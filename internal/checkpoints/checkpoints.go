@@ -64,12 +64,14 @@ type Core interface {
 	// before its machine is paused or stopped; HoldCalls makes new calls
 	// wait until release; RotateToken hands its agent the next token
 	// generation; SyncFiles has its agent write back cached file data;
-	// ApplyLimits sets its resource limits again.
+	// ApplyLimits sets its resource limits again. RotateToken and SyncFiles
+	// call the agent from inside op, the operation sb was claimed for,
+	// which the core checks (a call from outside it is refused).
 	SleepImage(sb *store.Sandbox) (dir string, gen int)
 	EndStreams(id, why string)
 	HoldCalls(id string) (release func())
-	RotateToken(ctx context.Context, sb *store.Sandbox) error
-	SyncFiles(ctx context.Context, sb *store.Sandbox) error
+	RotateToken(ctx context.Context, sb *store.Sandbox, op sandbox.Op) error
+	SyncFiles(ctx context.Context, sb *store.Sandbox, op sandbox.Op) error
 	ApplyLimits(ctx context.Context, sb *store.Sandbox) error
 	// CheckpointNeed estimates the bytes a checkpoint of sb writes into
 	// the data dir; SpaceError is err as the API shows a full data dir.
@@ -240,6 +242,7 @@ func (s *Service) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	cp, err := s.take(ctx, sb, take{
 		id: checkpoint.UserID(sb.CheckpointSeq), name: name, comment: req.Comment,
 		memory: memory, inside: checkpoint.CallerOf(ctx) == checkpoint.Inside,
+		op: sandbox.OpCheckpoint,
 	})
 	if err != nil {
 		what := "a disk-only checkpoint"

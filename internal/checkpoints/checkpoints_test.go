@@ -116,7 +116,7 @@ func (c *fakeCore) CheckpointNeed(*store.Sandbox, bool) int64 { return 0 }
 func (c *fakeCore) SpaceError(err error, _ *store.Sandbox, _ string) error { return err }
 
 // SyncFiles has nothing to sync: the fake's sandboxes never run.
-func (c *fakeCore) SyncFiles(ctx context.Context, sb *store.Sandbox) error {
+func (c *fakeCore) SyncFiles(ctx context.Context, sb *store.Sandbox, op sandbox.Op) error {
 	if sb.State == api.StateRunning {
 		return errors.New("fake core: no agent to sync")
 	}

@@ -106,7 +106,7 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		_, err = s.take(ctx, sb, take{
 			id: checkpoint.AutoID(sb.AutoSeq), name: name, comment: "before restoring " + cp.ID,
 			memory: memory, auto: true, inside: caller == checkpoint.Inside,
-			stop: stop,
+			stop: stop, op: sandbox.OpRestore,
 		})
 		if err != nil {
 			// Refused, and left as it was (or in state error, saying why).

@@ -14,6 +14,7 @@ import (
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/runtime"
+	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/store"
 )
 
@@ -27,6 +28,9 @@ type take struct {
 	// restore's automatic one, whose sandbox is replaced next): one
 	// runsc checkpoint, no resume, and no token to hand over.
 	stop bool
+	// op is the operation the caller claimed the sandbox for: a call the
+	// checkpoint makes to its agent is made for it.
+	op sandbox.Op
 }
 
 // requireSpace refuses a checkpoint of sb up front when the data dir
@@ -169,13 +173,13 @@ func (s *Service) take(ctx context.Context, sb *store.Sandbox, t take) (*store.C
 		rotated = make(chan error, 1)
 		go func() {
 			start := time.Now()
-			err := s.core.RotateToken(ctx, sb)
+			err := s.core.RotateToken(ctx, sb, t.op)
 			release()
 			tokenTime = time.Since(start)
 			rotated <- err
 		}()
 	} else {
-		if err := s.core.SyncFiles(ctx, sb); err != nil {
+		if err := s.core.SyncFiles(ctx, sb, t.op); err != nil {
 			return nil, fmt.Errorf("checkpointing %s: %w", sb.Name, err)
 		}
 		st.done("agent_sync")

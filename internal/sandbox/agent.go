@@ -27,6 +27,10 @@ import (
 // are agentconn's; what a connect sets in motion in the rest of the core
 // (the in-sandbox API, the secrets, the watch on the sandbox process) it
 // asks of the Manager.
+//
+// Every call it makes to an agent runs inside the operation that holds the
+// sandbox, and goes through within (relay.go), which checks that it does:
+// its methods that call the agent take that operation.
 type agentLink struct {
 	m *Manager
 }
@@ -35,9 +39,10 @@ type agentLink struct {
 // token it was started with after a boot, the checkpoint's after a restore
 // or a fork; a recovery tries the ones a crash may have left it with),
 // hands it the sandbox's own token if it holds another, and tells it who it
-// is: the sandbox's id and name and where its in-sandbox API is.
-func (a *agentLink) connect(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
-	return a.dial(ctx, sb, ep, false, holds)
+// is: the sandbox's id and name and where its in-sandbox API is. op is
+// the operation that holds the sandbox and connects it (see within).
+func (a *agentLink) connect(ctx context.Context, sb *store.Sandbox, op operation, ep network.Endpoint, holds ...string) error {
+	return a.dial(ctx, sb, op, ep, false, holds)
 }
 
 // takeBack is connect for a sandbox whose agent comes back with this
@@ -51,23 +56,27 @@ func (a *agentLink) connect(ctx context.Context, sb *store.Sandbox, ep network.E
 // answers 500) keeps the one it has, and the sandbox is taken back all the
 // same: a sandbox's disk full is the sandbox's state, not a reason to lose
 // it. A restore or a fork is not this: its memory may name another.
-func (a *agentLink) takeBack(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, holds ...string) error {
-	return a.dial(ctx, sb, ep, true, holds)
+func (a *agentLink) takeBack(ctx context.Context, sb *store.Sandbox, op operation, ep network.Endpoint, holds ...string) error {
+	return a.dial(ctx, sb, op, ep, true, holds)
 }
 
-// dial is connect (takingBack false) and takeBack (true).
-func (a *agentLink) dial(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, takingBack bool, holds []string) error {
+// dial is connect (takingBack false) and takeBack (true). Every call it
+// makes goes through within, for op.
+func (a *agentLink) dial(ctx context.Context, sb *store.Sandbox, op operation, ep network.Endpoint, takingBack bool, holds []string) error {
 	m := a.m
 	// Connections made before a restore lead to a sandbox that is gone.
 	m.agents.dropAgentConns()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
-	var ac *agent.Client
+	var c *Call
 	var health agent.Health
 	for i, tok := range holds {
-		ac = m.agents.agentClient(ep, tok)
 		var err error
-		health, err = ac.WaitReady(ctx)
+		if c, err = a.within(ctx, sb, op, ep, tok); err != nil {
+			return fmt.Errorf("waiting for the agent of %s: %w", sb.ID, err)
+		}
+		defer c.End()
+		health, err = c.Agent.WaitReady(c.Ctx)
 		if err == nil {
 			break
 		}
@@ -75,12 +84,20 @@ func (a *agentLink) dial(ctx context.Context, sb *store.Sandbox, ep network.Endp
 			return fmt.Errorf("waiting for the agent of %s: %w", sb.ID, err)
 		}
 	}
+	if c == nil {
+		return fmt.Errorf("waiting for the agent of %s: no token to present", sb.ID)
+	}
 	a.setVersion(sb.ID, health.Version)
-	if own := a.token(sb); ac.Token != own {
-		if err := ac.RotateToken(ctx, own); err != nil {
+	if own := a.token(sb); c.token != own {
+		if err := c.Agent.RotateToken(c.Ctx, own); err != nil {
 			return fmt.Errorf("handing the agent of %s its token: %w", sb.ID, err)
 		}
-		ac.Token = own
+		// The agent answers to its own token alone from here on.
+		var err error
+		if c, err = a.within(ctx, sb, op, ep, own); err != nil {
+			return fmt.Errorf("handing the agent of %s its token: %w", sb.ID, err)
+		}
+		defer c.End()
 	}
 	if sb.LegacyAgentToken != "" {
 		// The agent holds a derived token now; the stored one is of no use.
@@ -89,7 +106,7 @@ func (a *agentLink) dial(ctx context.Context, sb *store.Sandbox, ep network.Endp
 			return fmt.Errorf("forgetting the stored agent token of %s: %w", sb.ID, err)
 		}
 	}
-	if err := a.identify(ctx, sb, ep, ac); err != nil {
+	if err := a.identify(c.Ctx, sb, ep, c.Agent); err != nil {
 		var ae *agent.Error
 		if !takingBack || !errors.As(err, &ae) {
 			return err
@@ -101,10 +118,10 @@ func (a *agentLink) dial(ctx context.Context, sb *store.Sandbox, ep network.Endp
 	return nil
 }
 
-// identify tells the agent at ep, reached through ac, who it is: the
-// sandbox's id and name, its env and secrets, and where its in-sandbox API
-// is (served from here on). A warm pool's member that is claimed needs
-// only this: its agent is up and holds its token.
+// identify tells the agent at ep, reached through ac (a Call's, from
+// within), who it is: the sandbox's id and name, its env and secrets, and
+// where its in-sandbox API is (served from here on). A warm pool's member
+// that is claimed needs only this: its agent is up and holds its token.
 func (a *agentLink) identify(ctx context.Context, sb *store.Sandbox, ep network.Endpoint, ac *agent.Client) error {
 	m := a.m
 	if m.inside == nil {
@@ -158,23 +175,30 @@ func (a *agentLink) recoveryTokens(sb *store.Sandbox) []string {
 // visible: the image holds the token the agent had, which every restore and
 // fork of it wakes up with, and that must not be one the source answers to.
 // The new generation is stored first, so that a crash in between leaves the
-// agent with a token recovery tries (see recoveryTokens).
-func (a *agentLink) rotate(ctx context.Context, sb *store.Sandbox) error {
+// agent with a token recovery tries (see recoveryTokens). op is the
+// operation that holds the sandbox: the checkpoint, or the restore that
+// keeps the state before it.
+func (a *agentLink) rotate(ctx context.Context, sb *store.Sandbox, op operation) error {
 	m := a.m
 	ep, err := m.Endpoint(sb)
 	if err != nil {
 		return err
 	}
-	old := a.token(sb)
+	// Refused before the generation moves on, if op does not hold sb.
+	c, err := a.within(ctx, sb, op, ep, a.token(sb))
+	if err != nil {
+		return fmt.Errorf("handing the agent of %s a new token: %w", sb.ID, err)
+	}
+	defer c.End()
 	sb.AgentGen++
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		sb.AgentGen--
 		return fmt.Errorf("numbering the agent token of %s: %w", sb.ID, err)
 	}
 	crash.Point("token.stored")
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	ctx, cancel := context.WithTimeout(c.Ctx, m.cfg.BootTimeout)
 	defer cancel()
-	if err := m.agents.agentClient(ep, old).RotateToken(ctx, a.token(sb)); err != nil {
+	if err := c.Agent.RotateToken(ctx, a.token(sb)); err != nil {
 		return fmt.Errorf("handing the agent of %s a new token: %w", sb.ID, err)
 	}
 	return nil

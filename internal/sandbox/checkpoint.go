@@ -73,9 +73,10 @@ func (c *CheckpointCore) RemoveCheckpoint(ctx context.Context, sb *store.Sandbox
 func (c *CheckpointCore) LockSource(id string) (unlock func()) { return c.m.lockSource(id) }
 
 // RollBack replaces sb's machine with checkpoint cp's, as a restore in
-// place does (see Manager.RollBack, which recovery shares).
+// place does (see rollBack, which recovery shares). The caller holds sb's
+// restore operation (Claim with OpRestore).
 func (c *CheckpointCore) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string, done func(step string)) error {
-	return c.m.RollBack(ctx, sb, cp, staged, done)
+	return c.m.rollBack(ctx, sb, opRestore, cp, staged, done)
 }
 
 // SourceCheckpoint finds the checkpoint from names and holds it and its
@@ -213,10 +214,12 @@ func (c *CheckpointCore) EndStreams(id, why string) {
 func (c *CheckpointCore) HoldCalls(id string) (release func()) { return c.m.holdCalls(id) }
 
 // RotateToken moves running sandbox sb's agent to its token's next
-// generation (see rotateToken): after every memory checkpoint, before the
-// checkpoint is visible.
-func (c *CheckpointCore) RotateToken(ctx context.Context, sb *store.Sandbox) error {
-	return c.m.agents.rotate(ctx, sb)
+// generation (see rotate): after every memory checkpoint, before the
+// checkpoint is visible. op is the operation the caller claimed sb for
+// (a checkpoint, or the restore that keeps the state before it): the
+// proof the core's door to the agent asks for (see within).
+func (c *CheckpointCore) RotateToken(ctx context.Context, sb *store.Sandbox, op Op) error {
+	return c.m.agents.rotate(ctx, sb, op.operation())
 }
 
 // Drain waits, up to a bound, for the requests already passed on through
@@ -241,8 +244,9 @@ func (c *CheckpointCore) CheckpointNeed(sb *store.Sandbox, memory bool) int64 {
 // no pause, holds every write made before it (see agent's serveSync).
 // Other writes reach the host file at once, and the snapshot is atomic.
 // An agent too old to sync (restored from an old checkpoint) is not asked:
-// its snapshot is as consistent as before.
-func (c *CheckpointCore) SyncFiles(ctx context.Context, sb *store.Sandbox) error {
+// its snapshot is as consistent as before. op is the operation the caller
+// claimed sb for, as for RotateToken.
+func (c *CheckpointCore) SyncFiles(ctx context.Context, sb *store.Sandbox, op Op) error {
 	if sb.State != api.StateRunning || c.m.agents.require(sb, 5, "a sync") != nil {
 		return nil
 	}
@@ -250,9 +254,14 @@ func (c *CheckpointCore) SyncFiles(ctx context.Context, sb *store.Sandbox) error
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.m.cfg.BootTimeout)
+	call, err := c.m.agents.within(ctx, sb, op.operation(), ep, c.m.agents.token(sb))
+	if err != nil {
+		return fmt.Errorf("syncing its files: %w", err)
+	}
+	defer call.End()
+	ctx, cancel := context.WithTimeout(call.Ctx, c.m.cfg.BootTimeout)
 	defer cancel()
-	if err := c.m.agents.agentClient(ep, c.m.agents.token(sb)).Sync(ctx); err != nil {
+	if err := call.Agent.Sync(ctx); err != nil {
 		return fmt.Errorf("syncing its files: %w", err)
 	}
 	return nil
@@ -276,13 +285,14 @@ func (mc *machine) applyLimits(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// RollBack stops the sandbox, puts its disk back to the checkpoint's, and
+// rollBack stops the sandbox, puts its disk back to the checkpoint's, and
 // restores the checkpoint's memory (or boots fresh for a disk-only one):
-// the machine's part of a restore in place, which recovery finishes too.
+// the machine's part of a restore in place, which recovery finishes too;
+// op is the operation that holds the sandbox (a restore, or recovery).
 // The disk is the volume staged, a clone of the checkpoint's already made,
 // or (staged "") one cloned now. done, when not nil, is told of each step
 // as it ends (for the restore's timing log).
-func (m *Manager) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, staged string, done func(step string)) error {
+func (m *Manager) rollBack(ctx context.Context, sb *store.Sandbox, op operation, cp *store.Checkpoint, staged string, done func(step string)) error {
 	step := func(name string) {
 		if done != nil {
 			done(name)
@@ -317,9 +327,9 @@ func (m *Manager) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 	crash.Point("rollback.disk-back")
 	step("disk")
 	if !cp.Memory {
-		return m.machine.boot(ctx, sb, false)
+		return m.machine.boot(ctx, sb, op, false)
 	}
-	err := m.machine.resume(ctx, sb, cp)
+	err := m.machine.resume(ctx, sb, op, cp)
 	step("resume")
 	return err
 }
@@ -327,15 +337,15 @@ func (m *Manager) RollBack(ctx context.Context, sb *store.Sandbox, cp *store.Che
 // resume starts a sandbox from a memory checkpoint's image, on the disk
 // already in place, and waits for its agent. The agent wakes up holding the
 // token it had when the checkpoint was taken; it is given the sandbox's own.
-func (mc *machine) resume(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+func (mc *machine) resume(ctx context.Context, sb *store.Sandbox, op operation, cp *store.Checkpoint) error {
 	m := mc.m
-	return m.machine.resumeImage(ctx, sb, filepath.Join(m.machine.checkpointDir(cp.Sandbox, cp.ID), memDir), m.agents.heldToken(cp), cp.ID)
+	return m.machine.resumeImage(ctx, sb, op, filepath.Join(m.machine.checkpointDir(cp.Sandbox, cp.ID), memDir), m.agents.heldToken(cp), cp.ID)
 }
 
 // resumeImage starts a sandbox from the memory image in imageDir, whose
 // agent holds token held, on the disk already in place; what names the
-// image in logs.
-func (mc *machine) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir, held, what string) error {
+// image in logs; op is the operation that holds the sandbox.
+func (mc *machine) resumeImage(ctx context.Context, sb *store.Sandbox, op operation, imageDir, held, what string) error {
 	m := mc.m
 	prep := time.Now()
 	ep, err := m.machine.prepare(ctx, sb)
@@ -348,7 +358,7 @@ func (mc *machine) resumeImage(ctx context.Context, sb *store.Sandbox, imageDir,
 	}
 	crash.Point("resume.restored")
 	restored := time.Now()
-	if err := m.agents.connect(ctx, sb, ep, held); err != nil {
+	if err := m.agents.connect(ctx, sb, op, ep, held); err != nil {
 		return err
 	}
 	crash.Point("resume.connected")
@@ -451,10 +461,12 @@ func (mc *machine) bootFork(ctx context.Context, sb *store.Sandbox, src *store.S
 		return fmt.Errorf("copying the disk: %w", err)
 	}
 	crash.Point("fork.disk")
+	// A fork boots under its create (CheckpointCore.Insert, or a warm
+	// pool's member's).
 	if !cp.Memory {
-		return m.machine.boot(ctx, sb, false)
+		return m.machine.boot(ctx, sb, opCreate, false)
 	}
-	return m.machine.resume(ctx, sb, cp)
+	return m.machine.resume(ctx, sb, opCreate, cp)
 }
 
 // RequireState refuses, as a user's conflict, a sandbox (named name) that

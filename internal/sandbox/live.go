@@ -45,6 +45,7 @@ const (
 	opUpdate
 	opNetwork
 	opDeath
+	opRecover
 )
 
 var opNames = [...]string{
@@ -60,6 +61,7 @@ var opNames = [...]string{
 	opUpdate:           "an update",
 	opNetwork:          "network change",
 	opDeath:            "a check of its sandbox process",
+	opRecover:          "a recovery",
 }
 
 // String is the operation as a user reads it in a conflict.

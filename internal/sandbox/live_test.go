@@ -32,6 +32,7 @@ func TestOperationNames(t *testing.T) {
 		{opUpdate, "an update", false},
 		{opNetwork, "network change", false},
 		{opDeath, "a check of its sandbox process", false},
+		{opRecover, "a recovery", false},
 	} {
 		if got := tc.op.String(); got != tc.name {
 			t.Errorf("operation %d reads %q, want %q", tc.op, got, tc.name)

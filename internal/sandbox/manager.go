@@ -418,7 +418,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	// only leave more to clean up.
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
-	if err := m.machine.bootWith(ctx, sb, true, req.Services); err != nil {
+	if err := m.machine.bootWith(ctx, sb, opCreate, true, req.Services); err != nil {
 		m.log.Error("create failed", "sandbox", sb.ID, "err", err)
 		if derr := m.destroy(ctx, sb); derr != nil {
 			m.log.Error("cleaning up after failed create", "sandbox", sb.ID, "err", derr)
@@ -572,9 +572,10 @@ func (mc *machine) spec(ctx context.Context, sb *store.Sandbox, ep network.Endpo
 }
 
 // boot starts a sandbox fresh on its disk (making the disk from the
-// template when fresh is true) and waits for its agent.
-func (mc *machine) boot(ctx context.Context, sb *store.Sandbox, fresh bool) error {
-	return mc.bootWith(ctx, sb, fresh, nil)
+// template when fresh is true) and waits for its agent, for op, the
+// operation that holds the sandbox.
+func (mc *machine) boot(ctx context.Context, sb *store.Sandbox, op operation, fresh bool) error {
+	return mc.bootWith(ctx, sb, op, fresh, nil)
 }
 
 // bootWith is boot for a create that gives services: they are defined and
@@ -582,7 +583,7 @@ func (mc *machine) boot(ctx context.Context, sb *store.Sandbox, fresh bool) erro
 // leaves a sandbox still creating, which recovery deletes (as before the
 // create), never one running without them. A service the sandbox cannot
 // run is the client's mistake (see startServicesOrDelete), told as it is.
-func (mc *machine) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, services []api.Service) error {
+func (mc *machine) bootWith(ctx context.Context, sb *store.Sandbox, op operation, fresh bool, services []api.Service) error {
 	m := mc.m
 	agentEnv, err := m.machine.imageAgentEnv(ctx, sb)
 	if err != nil {
@@ -617,11 +618,11 @@ func (mc *machine) bootWith(ctx context.Context, sb *store.Sandbox, fresh bool, 
 		return fmt.Errorf("starting: %w", err)
 	}
 	crash.Point("boot.started")
-	if err := m.agents.connect(ctx, sb, ep, m.agents.token(sb)); err != nil {
+	if err := m.agents.connect(ctx, sb, op, ep, m.agents.token(sb)); err != nil {
 		return err
 	}
 	crash.Point("boot.connected")
-	if err := m.agents.startServices(ctx, sb, services); err != nil {
+	if err := m.agents.startServices(ctx, sb, op, services); err != nil {
 		return err
 	}
 	if len(services) > 0 {
@@ -686,44 +687,6 @@ func (mc *machine) prepare(ctx context.Context, sb *store.Sandbox) (network.Endp
 	}
 	crash.Point("prepare.policy")
 	return ep, mc.writeHandle(sb, ep)
-}
-
-// callClient is a client of sandbox sb's agent at ep for a user's call:
-// it presents the sandbox's token and, refused, the one the agent holds
-// once a memory checkpoint that moved it on is done (see agent.Client's
-// Refresh).
-func (a *agentLink) callClient(sb *store.Sandbox, ep network.Endpoint) *agent.Client {
-	m := a.m
-	ac := m.agents.agentClient(ep, m.agents.token(sb))
-	id := sb.ID
-	ac.Refresh = func(ctx context.Context) []string {
-		if held := m.live(id).heldOn(); held != nil {
-			select {
-			case <-held:
-			case <-ctx.Done():
-				return nil
-			}
-		}
-		now, err := m.store.GetSandbox(ctx, id)
-		if err != nil {
-			return nil
-		}
-		// The stored generation, then the one before: the agent may not
-		// have taken the new one yet. Both are this sandbox's own, sent
-		// only to its own address.
-		toks := []string{m.agents.token(now)}
-		if now.AgentGen > 0 {
-			toks = append(toks, AgentToken(m.cfg.Secret, now.ID, now.AgentGen-1))
-		}
-		return toks
-	}
-	return ac
-}
-
-// agentClient is a client of the agent at ep that presents token.
-func (a *agentLink) agentClient(ep network.Endpoint, token string) *agent.Client {
-	m := a.m
-	return m.conns.Client(ep.SandboxIP, token)
 }
 
 // dropAgentConns closes the idle connections and spare exec sockets to

@@ -170,7 +170,7 @@ func (p *PoolCore) makeTemplateMember(ctx context.Context, pool, name string) (*
 		if err := p.m.checkTemplate(ctx, sb); err != nil {
 			return nil, err
 		}
-		return p.bootMember(ctx, sb, pool, func(ctx context.Context) error { return p.m.machine.boot(ctx, sb, true) })
+		return p.bootMember(ctx, sb, pool, func(ctx context.Context) error { return p.m.machine.boot(ctx, sb, opCreate, true) })
 	}
 	sb.Template, sb.Image = man.Name, man.Image
 	if man.Memory {
@@ -264,7 +264,13 @@ func (p *PoolCore) ClaimPoolMember(ctx context.Context, pool string, member, wan
 		}
 	}
 	networked := time.Now()
-	if err := p.m.agents.identify(ctx, &claimed, ep, p.m.agents.agentClient(ep, p.m.agents.token(&claimed))); err != nil {
+	c, err := p.m.agents.within(ctx, &claimed, opCreate, ep, p.m.agents.token(&claimed))
+	if err != nil {
+		return fail(err)
+	}
+	err = p.m.agents.identify(c.Ctx, &claimed, ep, c.Agent)
+	c.End()
+	if err != nil {
 		return fail(err)
 	}
 	if err := p.m.startServicesOrDelete(ctx, &claimed, services); err != nil {

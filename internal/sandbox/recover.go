@@ -52,18 +52,37 @@ func (r *recovery) run(ctx context.Context) error {
 	}
 	for _, sb := range sbs {
 		r.known[sb.ID] = true
-		if err := r.recoverOne(ctx, sb); err != nil {
-			m.log.Error("recovering sandbox", "sandbox", sb.ID, "err", err)
-			r.giveUp(ctx, sb, err)
-		}
+		r.recoverHeld(ctx, sb)
 		if ep, err := m.Endpoint(sb); err == nil {
 			r.keep = append(r.keep, ep)
 		}
-		m.machine.relimitDisk(ctx, sb)
 	}
 	// The firewall kept every policy through the restart (so sandboxes
 	// that ran on kept their egress): drop those of sandboxes now gone.
 	return errors.Join(m.nets.PrunePolicies(ctx, r.keep), r.sweep(ctx))
+}
+
+// recoverHeld recovers sb under an operation of its own, opRecover, as
+// every other change to a sandbox runs under one: what recovery asks of
+// the sandbox's agent goes through the core's door for operations
+// (within), which checks that the caller holds the sandbox, and a death
+// watch that a takeBack starts judges the sandbox only once recovery is
+// done with it. Recovery runs before any request is served, so no other
+// operation can hold the sandbox; one that does (a Recover called on a
+// Manager that serves) is left the sandbox, and recovery says so.
+func (r *recovery) recoverHeld(ctx context.Context, sb *store.Sandbox) {
+	m := r.m
+	end, err := m.begin(sb, opRecover)
+	if err != nil {
+		m.log.Error("not recovering a sandbox another operation holds", "sandbox", sb.ID, "err", err)
+		return
+	}
+	defer end()
+	if err := r.recoverOne(ctx, sb); err != nil {
+		m.log.Error("recovering sandbox", "sandbox", sb.ID, "err", err)
+		r.giveUp(ctx, sb, err)
+	}
+	m.machine.relimitDisk(ctx, sb)
 }
 
 // giveUp deals with a sandbox that recovery could not take back (why): a
@@ -152,7 +171,7 @@ func (r *recovery) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			if err := r.m.applyNetwork(ctx, sb); err != nil {
 				return err
 			}
-			if err := r.m.agents.takeBack(ctx, sb, ep, r.m.agents.recoveryTokens(sb)...); err != nil {
+			if err := r.m.agents.takeBack(ctx, sb, opRecover, ep, r.m.agents.recoveryTokens(sb)...); err != nil {
 				return err
 			}
 			if sb.State != api.StateRunning {
@@ -168,7 +187,7 @@ func (r *recovery) recoverOne(ctx context.Context, sb *store.Sandbox) error {
 			return err
 		}
 		r.m.log.Info("sandbox container gone; booting it again", "sandbox", sb.ID)
-		return r.m.machine.boot(ctx, sb, false)
+		return r.m.machine.boot(ctx, sb, opRecover, false)
 	}
 	return nil
 }
@@ -224,7 +243,7 @@ func (r *recovery) recoverStoppedForRestore(ctx context.Context, sb *store.Sandb
 	}
 	if ep, eerr := r.m.Endpoint(sb); err == nil && st == runtime.StatusRunning && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
-		err := r.m.agents.takeBack(cctx, sb, ep, r.m.agents.recoveryTokens(sb)...)
+		err := r.m.agents.takeBack(cctx, sb, opRecover, ep, r.m.agents.recoveryTokens(sb)...)
 		cancel()
 		if err == nil {
 			r.m.log.Info("a restore was cut short before it stopped the sandbox; the sandbox runs on", "sandbox", sb.ID)
@@ -238,7 +257,7 @@ func (r *recovery) recoverStoppedForRestore(ctx context.Context, sb *store.Sandb
 		return nil
 	}
 	r.m.log.Warn("a restore was cut short after it stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
-	return r.m.machine.boot(ctx, sb, false)
+	return r.m.machine.boot(ctx, sb, opRecover, false)
 }
 
 // resumeLeft starts a sandbox that a crash left stopped by a memory
@@ -284,7 +303,7 @@ func (r *recovery) resumeLeft(ctx context.Context, sb *store.Sandbox, dir string
 			return fmt.Errorf("restoring memory: %w", err)
 		}
 		crash.Point("recover.resumed")
-		return r.m.agents.takeBack(ctx, sb, ep, holds...)
+		return r.m.agents.takeBack(ctx, sb, opRecover, ep, holds...)
 	}()
 	if err != nil {
 		r.m.log.Warn(what.String()+" was cut short after it stopped the sandbox, and the image it wrote does not restore",
@@ -309,7 +328,7 @@ func (r *recovery) finishRestore(ctx context.Context, sb *store.Sandbox) error {
 		return r.m.setState(ctx, sb, api.StateError, fmt.Sprintf("a restore to %s was cut short, and the checkpoint is gone: restore another", target))
 	}
 	r.m.log.Info("finishing interrupted restore", "sandbox", sb.ID, "checkpoint", target)
-	if err := r.m.RollBack(ctx, sb, cp, "", nil); err != nil {
+	if err := r.m.rollBack(ctx, sb, opRecover, cp, "", nil); err != nil {
 		return fmt.Errorf("finishing the restore to %s: %w", target, err)
 	}
 	return nil

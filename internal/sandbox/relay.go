@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/coder/websocket"
@@ -13,16 +14,28 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// The one path to a sandbox's agent. Every call the daemon relays to a
-// sandbox's agent for a user (exec, sessions, services, files, ports,
-// watches; package guest) begins with Relay, which applies the sandbox's
-// holds, checkpoint and sleep semantics the same way to all of them: a
-// sleeping sandbox is woken, a call that comes while a memory checkpoint
-// holds calls waits for it and goes in with the agent's new token, a call
-// in flight counts as the sandbox's activity (idle sleep waits for it),
-// and the calls that ask to be (Need.Cut) are cut by a memory checkpoint
-// or a restore. What the agent answers becomes an API error only through
-// agentconn.Map.
+// The one path to a sandbox's agent. Nothing in the core dials an agent
+// but through one of the two doors here, which make the same *Call, with
+// the same client, token and registration rules:
+//
+//   - Relay, a user's call (exec, sessions, services, files, ports,
+//     watches; package guest). It applies the sandbox's holds, checkpoint
+//     and sleep semantics the same way to all of them: a sleeping sandbox
+//     is woken, a call that comes while a memory checkpoint holds calls
+//     waits for it and goes in with the agent's new token, a call in
+//     flight counts as the sandbox's activity (idle sleep waits for it),
+//     and the calls that ask to be (Need.Cut) are cut by a memory
+//     checkpoint or a restore.
+//   - agentLink.within, the core's own call made inside the operation
+//     that holds the sandbox (begin): the connect after a boot, a restore
+//     or a wake with the token the agent holds then, its identity, its
+//     token's rotation, a checkpoint's sync, a create's services. It
+//     cannot go through Relay, which waits for that very operation (it
+//     would wait for itself), so it takes the operation as proof instead,
+//     and refuses a caller whose operation does not hold the sandbox.
+//
+// What the agent answers becomes an API error only through agentconn.Map
+// (publicError for a failed operation).
 
 // Need is what a relay needs of a sandbox and its agent.
 type Need struct {
@@ -122,11 +135,106 @@ func (m *Manager) tryRelay(ctx context.Context, ref string, need Need) (*Call, e
 	}
 	l.calls[c] = true
 	l.mu.Unlock()
-	return &Call{Sandbox: sb, Agent: m.agents.callClient(sb, ep), Ctx: cctx, m: m, l: l, ep: ep, token: m.agents.token(sb), c: c, start: start}, nil
+	return m.agents.newCall(cctx, sb, l, ep, m.agents.token(sb), true, c, start), nil
 }
 
-// End ends the call: the sandbox's activity, and the call's context. It is
-// safe to call more than once.
+// within begins a call to the agent of sandbox sb at ep, presenting token,
+// for the operation op that holds the sandbox and runs the call: the
+// core's own calls (see the two doors above). op is the caller's proof: a
+// sandbox not in op now (another operation, or none) is refused with an
+// internal error, never reached, since a call from outside its operation
+// could race a restore, a sleep or a delete the way a user's call may not.
+//
+// It neither waits for held calls nor wakes the sandbox: the operation is
+// what holds them, and waiting would be waiting for itself. The call is
+// not registered on the live object: it is not a user's activity (it
+// must not keep a sandbox from its idle sleep), and no checkpoint cuts it,
+// since only the operation that runs it could take one. Its client
+// presents token alone, with no refresh: the operation chose it (the one
+// the agent holds before a rotation, say) and no hold moves it on
+// meanwhile.
+func (a *agentLink) within(ctx context.Context, sb *store.Sandbox, op operation, ep network.Endpoint, token string) (*Call, error) {
+	l := a.m.peek(sb.ID)
+	have := opNone
+	if l != nil {
+		have, _ = l.current()
+	}
+	if op == opNone || have != op {
+		return nil, &outsideOpError{id: sb.ID, want: op, have: have}
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	return a.newCall(cctx, sb, l, ep, token, false, &relayCall{cancel: cancel}, time.Now()), nil
+}
+
+// outsideOpError is within's refusal of a call made by an operation that
+// does not hold the sandbox: a fault of the core's, an internal error to
+// the API.
+type outsideOpError struct {
+	id         string
+	want, have operation
+}
+
+func (e *outsideOpError) Error() string {
+	have := e.have.String()
+	if e.have == opNone {
+		have = "no operation"
+	}
+	return fmt.Sprintf("a call to the agent of %s for %q while %s holds the sandbox", e.id, e.want.String(), have)
+}
+
+// Is makes the refusal an api.ErrInternal.
+func (e *outsideOpError) Is(target error) bool { return target == api.ErrInternal }
+
+// newCall is the one place a Call is made, for both doors: its client of
+// the agent at ep presenting token (for a user's call, refreshing it
+// across a memory checkpoint's rotation; see refreshing), and its
+// registration c on live object l, which the door made (Relay registers
+// it, within does not).
+func (a *agentLink) newCall(ctx context.Context, sb *store.Sandbox, l *live, ep network.Endpoint, token string, user bool, c *relayCall, start time.Time) *Call {
+	ac := a.agentClient(ep, token)
+	if user {
+		a.refreshing(ac, sb.ID)
+	}
+	return &Call{Sandbox: sb, Agent: ac, Ctx: ctx, m: a.m, l: l, ep: ep, token: token, c: c, start: start}
+}
+
+// refreshing has ac, a client for a user's call to sandbox id's agent,
+// present, when refused, the token the agent holds once a memory
+// checkpoint that moved it on is done (see agent.Client's Refresh).
+func (a *agentLink) refreshing(ac *agent.Client, id string) {
+	m := a.m
+	ac.Refresh = func(ctx context.Context) []string {
+		if held := m.live(id).heldOn(); held != nil {
+			select {
+			case <-held:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		now, err := m.store.GetSandbox(ctx, id)
+		if err != nil {
+			return nil
+		}
+		// The stored generation, then the one before: the agent may not
+		// have taken the new one yet. Both are this sandbox's own, sent
+		// only to its own address.
+		toks := []string{a.token(now)}
+		if now.AgentGen > 0 {
+			toks = append(toks, AgentToken(m.cfg.Secret, now.ID, now.AgentGen-1))
+		}
+		return toks
+	}
+}
+
+// agentClient is a client of the agent at ep that presents token: the
+// connections are agentconn's. Only the doors above (and a Call's own
+// sockets) use it.
+func (a *agentLink) agentClient(ep network.Endpoint, token string) *agent.Client {
+	return a.m.conns.Client(ep.SandboxIP, token)
+}
+
+// End ends the call: the sandbox's activity (a user's call only: see
+// within), and the call's context. It is safe to call more than once.
 func (c *Call) End() {
 	c.l.mu.Lock()
 	if c.l.calls[c.c] {

@@ -34,7 +34,8 @@ func checkServices(defs []api.Service) error {
 // sandbox's agent answers. A definition the agent cannot run (no such
 // user, directory or program) is a 400 whose text is passed on, as on
 // exec; anything else is mapped as every relay's answer (agentconn.Map).
-func (a *agentLink) startServices(ctx context.Context, sb *store.Sandbox, defs []api.Service) error {
+// op is the create that holds the sandbox (see within).
+func (a *agentLink) startServices(ctx context.Context, sb *store.Sandbox, op operation, defs []api.Service) error {
 	m := a.m
 	if len(defs) == 0 {
 		return nil
@@ -43,9 +44,13 @@ func (a *agentLink) startServices(ctx context.Context, sb *store.Sandbox, defs [
 	if err != nil {
 		return err
 	}
-	ac := m.agents.callClient(sb, ep)
+	c, err := a.within(ctx, sb, op, ep, a.token(sb))
+	if err != nil {
+		return err
+	}
+	defer c.End()
 	for _, def := range defs {
-		if _, _, err := ac.PutService(ctx, def); err != nil {
+		if _, _, err := c.Agent.PutService(c.Ctx, def); err != nil {
 			return agentconn.Map(ctx, err, func(ae *agent.Error) error {
 				if ae.Status == http.StatusBadRequest && api.Code(ae.Code) == api.CodeInvalid {
 					return api.Errorf(api.CodeInvalid, "service %s of %s: %s", def.Name, sb.Name, ae.Message)
@@ -62,9 +67,10 @@ func (a *agentLink) startServices(ctx context.Context, sb *store.Sandbox, defs [
 
 // startServicesOrDelete starts a new sandbox's services (a create's). A
 // service the sandbox cannot run (no such user, program) is the client's
-// mistake, told as it is; the sandbox is not kept.
+// mistake, told as it is; the sandbox is not kept. The caller holds sb's
+// create operation.
 func (m *Manager) startServicesOrDelete(ctx context.Context, sb *store.Sandbox, defs []api.Service) error {
-	err := m.agents.startServices(ctx, sb, defs)
+	err := m.agents.startServices(ctx, sb, opCreate, defs)
 	if err == nil {
 		return nil
 	}

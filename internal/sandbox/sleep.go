@@ -140,7 +140,7 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 			return errors.Join(fmt.Errorf("writing the sleep image: %w", err), m.machine.applyLimits(ctx, sb))
 		}
 		_ = m.rt.Delete(ctx, sb.ID)
-		if berr := m.machine.boot(ctx, sb, false); berr != nil {
+		if berr := m.machine.boot(ctx, sb, opSleep, false); berr != nil {
 			_ = m.setState(ctx, sb, api.StateError, "a sleep failed and it did not boot again: "+berr.Error())
 			return errors.Join(err, berr)
 		}
@@ -194,7 +194,7 @@ func (m *Manager) bootAgain(ctx context.Context, id string) (*api.Sandbox, error
 	}
 	ctx = context.WithoutCancel(ctx)
 	_ = m.rt.Delete(ctx, sb.ID) // what is left of the container
-	if err := m.machine.boot(ctx, sb, false); err != nil {
+	if err := m.machine.boot(ctx, sb, opBoot, false); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		_ = m.setState(ctx, sb, api.StateError, "booting it again on its disk failed: "+err.Error())
 		return nil, publicError(fmt.Errorf("booting %s again on its disk: %w", sb.Name, err))
@@ -378,7 +378,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	}
 	crash.Point("wake.restored")
 	restored := time.Now()
-	if err := m.agents.takeBack(ctx, sb, ep, holds...); err != nil {
+	if err := m.agents.takeBack(ctx, sb, opWake, ep, holds...); err != nil {
 		_ = m.rt.Delete(ctx, sb.ID)
 		return err
 	}
@@ -415,7 +415,7 @@ func (r *recovery) recoverSleeping(ctx context.Context, sb *store.Sandbox) error
 			return err
 		}
 		holds := append(m.agents.recoveryTokens(sb), AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen)))
-		if err := m.agents.takeBack(ctx, sb, ep, holds...); err == nil {
+		if err := m.agents.takeBack(ctx, sb, opRecover, ep, holds...); err == nil {
 			m.log.Info("finishing interrupted wake", "sandbox", sb.ID)
 			if err := m.machine.applyLimits(ctx, sb); err != nil {
 				return err
@@ -438,7 +438,7 @@ func (r *recovery) recoverSleeping(ctx context.Context, sb *store.Sandbox) error
 		return nil
 	}
 	m.log.Error("the sleep image is gone; booting the sandbox again on its disk", "sandbox", sb.ID)
-	return m.machine.boot(ctx, sb, false)
+	return m.machine.boot(ctx, sb, opRecover, false)
 }
 
 // recoverMidSleep is for a sandbox whose record says running and that has
@@ -473,7 +473,7 @@ func (r *recovery) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool
 	}
 	if ep, eerr := m.Endpoint(sb); err == nil && st != runtime.StatusStopped && eerr == nil {
 		cctx, cancel := context.WithTimeout(ctx, midSleepWait)
-		err = m.agents.takeBack(cctx, sb, ep, m.agents.recoveryTokens(sb)...)
+		err = m.agents.takeBack(cctx, sb, opRecover, ep, m.agents.recoveryTokens(sb)...)
 		cancel()
 		if err == nil {
 			m.log.Info("a sleep was cut short; the sandbox runs on", "sandbox", sb.ID)
@@ -492,7 +492,7 @@ func (r *recovery) recoverMidSleep(ctx context.Context, sb *store.Sandbox) (bool
 		return true, err
 	}
 	m.log.Warn("a sleep was cut short and stopped the sandbox; booting it again on its disk", "sandbox", sb.ID)
-	return true, m.machine.boot(ctx, sb, false)
+	return true, m.machine.boot(ctx, sb, opRecover, false)
 }
 
 // midSleepWait bounds how long recovery waits for the agent of a sandbox

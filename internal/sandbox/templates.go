@@ -98,7 +98,8 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 }
 
 // bootTemplate makes a sandbox from checkpoint template man, with services
-// (a disk-only template's: a memory template's are on its disk).
+// (a disk-only template's: a memory template's are on its disk), under its
+// create operation (a create's, or a warm pool's member's).
 func (mc *machine) bootTemplate(ctx context.Context, sb *store.Sandbox, man *checkpoint.Manifest, services []api.Service) error {
 	m := mc.m
 	root, err := m.disks.CloneSnapshot(ctx, man.Snapshot, sb.ID)
@@ -114,9 +115,9 @@ func (mc *machine) bootTemplate(ctx context.Context, sb *store.Sandbox, man *che
 		if err := personalize(root, sb.Name); err != nil {
 			return fmt.Errorf("making disk: %w", err)
 		}
-		return m.machine.bootWith(ctx, sb, false, services)
+		return m.machine.bootWith(ctx, sb, opCreate, false, services)
 	}
-	return m.machine.resumeImage(ctx, sb, m.tpl.MemDir(man.Name), man.AgentToken, "template "+man.Name)
+	return m.machine.resumeImage(ctx, sb, opCreate, m.tpl.MemDir(man.Name), man.AgentToken, "template "+man.Name)
 }
 
 // TemplateCore is the core as the template catalog (package template)
