@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // ptyAttach is a `loam attach` (or another loam command) run on a new
@@ -31,9 +32,9 @@ type ptyAttach struct {
 	mode *unix.Termios
 }
 
-func startOnPty(t *testing.T, d *daemon, args ...string) *ptyAttach {
+func startOnPty(t *testing.T, d *harness.Daemon, args ...string) *ptyAttach {
 	t.Helper()
-	p := &ptyAttach{cmd: exec.Command(loamBin, args...), done: make(chan error, 1), read: make(chan struct{})}
+	p := &ptyAttach{cmd: exec.Command(harness.LoamBin, args...), done: make(chan error, 1), read: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token, "TERM=dumb")
 	tty, err := pty.StartWithSize(p.cmd, &pty.Winsize{Rows: 24, Cols: 80})
 	if err != nil {
@@ -99,8 +100,8 @@ func (p *ptyAttach) wait(t *testing.T) int {
 // the terminal's mode comes back. Only --sig-proxy passes Ctrl-C on.
 func TestAttachLeave(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "att"}); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestAttachLeave(t *testing.T) {
 		if tty {
 			args = []string{"exec", "-d", "-t", "att", "--", "sh", "-c", loop}
 		}
-		out, errOut, code := d.cli("", args...)
+		out, errOut, code := d.CLI("", args...)
 		id := strings.TrimSpace(out)
 		if code != 0 || !api.ValidSessionID(id) {
 			t.Fatalf("exec -d: %d %q %q", code, out, errOut)
@@ -177,9 +178,9 @@ func TestAttachLeave(t *testing.T) {
 	// detaches too.
 	t.Run("sigterm without a terminal", func(t *testing.T) {
 		id := sessions[false]
-		cmd := exec.Command(loamBin, "attach", "att", id)
+		cmd := exec.Command(harness.LoamBin, "attach", "att", id)
 		cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
-		var out, errOut syncBuffer
+		var out, errOut harness.SyncBuffer
 		cmd.Stdout, cmd.Stderr = &out, &errOut
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

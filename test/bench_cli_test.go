@@ -13,6 +13,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/bench"
+	"loam.dev/loam/test/harness"
 )
 
 // TestBenchCLI runs `loam bench` with its smallest settings against a real
@@ -22,11 +23,11 @@ import (
 // internal/bench's TestRunFailsOnChecksumMismatch and TestVerify.
 func TestBenchCLI(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, "--checkpoint-limit", "100")
+	d := harness.StartDaemon(t, "--checkpoint-limit", "100")
 	plot := filepath.Join(t.TempDir(), "bench.svg")
-	cmd := exec.Command(loamBin, "bench", "--sizes", "16", "--reps", "1", "--ops", "create,exec,checkpoint,fork",
-		"--templates", "busybox", "--runsc", findRunsc(), "--template-cache", templateCache(),
-		"--data-dir", d.dataDir, "--json", "--plot", plot)
+	cmd := exec.Command(harness.LoamBin, "bench", "--sizes", "16", "--reps", "1", "--ops", "create,exec,checkpoint,fork",
+		"--templates", "busybox", "--runsc", harness.Runsc(), "--template-cache", harness.TemplateCache(),
+		"--data-dir", d.DataDir, "--json", "--plot", plot)
 	// The raw driver's state goes under TMPDIR: it must be empty after.
 	tmp := t.TempDir()
 	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token, "TMPDIR="+tmp)
@@ -87,7 +88,7 @@ func TestBenchCLI(t *testing.T) {
 // saying so, once one byte of it changed. A fast wrong answer fails a run.
 func TestBenchChecker(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	ctx := t.Context()
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "chk"}); err != nil {
 		t.Fatal(err)
@@ -106,8 +107,8 @@ func TestBenchChecker(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	d.run("chk", loam, "bench", "check")
-	d.run("chk", "sh", "-c", "printf x | dd of=/dev/shm/blob bs=1 seek=1000 conv=notrunc 2>/dev/null")
+	d.Run("chk", loam, "bench", "check")
+	d.Run("chk", "sh", "-c", "printf x | dd of=/dev/shm/blob bs=1 seek=1000 conv=notrunc 2>/dev/null")
 	_, errOut, code, err := d.C.Output(ctx, "chk", loam, "bench", "check")
 	if err != nil || code == 0 || !strings.Contains(string(errOut), "checksum mismatch") {
 		t.Fatalf("check of changed memory: code %d, err %v, stderr %q", code, err, errOut)

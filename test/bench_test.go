@@ -15,6 +15,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // The benchmarks report what the issues ask to measure; they never pass or
@@ -28,7 +29,7 @@ import (
 // BenchmarkCreate: time to create a sandbox from a cached template, and
 // time for `loam run NAME -- true` through the Go client and the CLI.
 func BenchmarkCreate(b *testing.B) {
-	d := startDaemonB(b)
+	d := harness.StartDaemonB(b)
 	ctx := context.Background()
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "warm"}); err != nil {
 		b.Fatal(err)
@@ -45,7 +46,7 @@ func BenchmarkCreate(b *testing.B) {
 	})
 	b.Run("cli-run-true", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
-			if _, errOut, code := d.cli("", "run", "warm", "--", "true"); code != 0 {
+			if _, errOut, code := d.CLI("", "run", "warm", "--", "true"); code != 0 {
 				b.Fatal(errOut)
 			}
 		}
@@ -71,7 +72,7 @@ func BenchmarkCreate(b *testing.B) {
 // target is the median, and a mean is pulled up by the few slow ones a
 // shared host gives).
 func BenchmarkExecRoundTrip(b *testing.B) {
-	d := startDaemonB(b)
+	d := harness.StartDaemonB(b)
 	ctx := context.Background()
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "warm"}); err != nil {
 		b.Fatal(err)
@@ -91,7 +92,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 // BenchmarkDiskCheckpoint: a disk-only checkpoint of a running sandbox
 // through the API (a sync through its agent, then a snapshot; no pause).
 func BenchmarkDiskCheckpoint(b *testing.B) {
-	d := startDaemonB(b, "--checkpoint-limit", "1000")
+	d := harness.StartDaemonB(b, "--checkpoint-limit", "1000")
 	ctx := context.Background()
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "warm"}); err != nil {
 		b.Fatal(err)
@@ -111,7 +112,7 @@ func BenchmarkDiskCheckpoint(b *testing.B) {
 
 // benchCreate creates (and, untimed, deletes) sandboxes of a template that
 // is built and imported already.
-func benchCreate(b *testing.B, d *daemon, tpl string) {
+func benchCreate(b *testing.B, d *harness.Daemon, tpl string) {
 	ctx := context.Background()
 	// The first sandbox of a template imports it into the pool: not timed.
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "warm-" + tpl, Template: tpl}); err != nil && !errors.Is(err, api.ErrConflict) {
@@ -142,14 +143,14 @@ var pausedRE = regexp.MustCompile(`msg="memory checkpoint" sandbox=(sb-\w+) chec
 var restoredRE = regexp.MustCompile(`msg=restored sandbox=(sb-\w+) checkpoint=(\S+) ms=(\d+)`)
 
 func benchCheckpoint(b *testing.B, mib int) {
-	d := startDaemonB(b, "--checkpoint-limit", "1000")
+	d := harness.StartDaemonB(b, "--checkpoint-limit", "1000")
 	ctx := context.Background()
 	src, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src", Resources: &api.Resources{MemoryMiB: mib + 1024}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	// Incompressible memory: random bytes in /dev/shm, a memory-backed tmpfs.
-	d.runB(b, "src", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
+	d.RunB(b, "src", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
 	var pauses, checkpoints, restores, restoreCalls, forks []time.Duration
 	var size int64
 	for i := 0; i < b.N; i++ {
@@ -160,7 +161,7 @@ func benchCheckpoint(b *testing.B, mib int) {
 		}
 		checkpoints = append(checkpoints, time.Since(start))
 		pauses = append(pauses, logged(b, d, pausedRE, cp.ID))
-		size = dirSize(filepath.Join(d.dataDir, "checkpoints", src.ID, cp.ID))
+		size = dirSize(filepath.Join(d.DataDir, "checkpoints", src.ID, cp.ID))
 
 		start = time.Now()
 		if _, err := d.C.RestoreCheckpoint(ctx, "src", cp.ID); err != nil {
@@ -203,7 +204,7 @@ func benchCheckpoint(b *testing.B, mib int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		d.runB(b, f.ID, "true")
+		d.RunB(b, f.ID, "true")
 		defer d.C.DeleteSandbox(ctx, f.ID)
 	}
 	time.Sleep(time.Second)
@@ -217,9 +218,9 @@ func benchCheckpoint(b *testing.B, mib int) {
 }
 
 // logged finds the duration the daemon logged for a checkpoint.
-func logged(b *testing.B, d *daemon, re *regexp.Regexp, cp string) time.Duration {
+func logged(b *testing.B, d *harness.Daemon, re *regexp.Regexp, cp string) time.Duration {
 	for range 50 {
-		for _, m := range re.FindAllStringSubmatch(d.log.String(), -1) {
+		for _, m := range re.FindAllStringSubmatch(d.Log.String(), -1) {
 			if m[2] == cp {
 				ms, _ := strconv.Atoi(m[3])
 				return time.Duration(ms) * time.Millisecond

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -17,28 +15,8 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
-
-// curl sends a request as the seed's curl lines do and returns the status
-// and body.
-func (d *daemon) curl(method, path, body string) (int, string) {
-	d.t.Helper()
-	req, err := http.NewRequest(method, d.URL+path, strings.NewReader(body))
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+d.Token)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
 
 var (
 	cpJSON   = regexp.MustCompile(`^\{"id":"(v\d+)","sandbox":"(sb-[a-z0-9]{12})","name":"checkpoint-[0-9a-f]{6}","comment":"([^"]*)","memory":(true|false),"auto":false,"inside":false,"created_at":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"\}\n$`)
@@ -51,30 +29,30 @@ var (
 // process runs), auto-1 is listed, and a fork of v1 runs the same process.
 func TestSeedStory(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
-	out, errOut, code := d.cli("", "create", "scratch", "--template", "base")
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
+	out, errOut, code := d.CLI("", "create", "scratch", "--template", "base")
 	if code != 0 {
 		t.Fatalf("create: %d %s %s", code, out, errOut)
 	}
-	d.run("scratch", "sh", "-c", `mkdir -p /home/loam/site && echo hello > /home/loam/site/index.html && echo v1 > /home/loam/state.txt &&
+	d.Run("scratch", "sh", "-c", `mkdir -p /home/loam/site && echo hello > /home/loam/site/index.html && echo v1 > /home/loam/state.txt &&
 		nohup python3 -m http.server 8080 --directory /home/loam/site >/dev/null 2>&1 &`)
 	waitFor(t, func() bool {
 		_, _, code, _ := d.C.Output(ctx, "scratch", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/')")
 		return code == 0
 	})
-	pidBefore := d.run("scratch", "pgrep", "-a", "python3")
+	pidBefore := d.Run("scratch", "pgrep", "-a", "python3")
 	if !strings.HasSuffix(pidBefore, " python3 -m http.server 8080 --directory /home/loam/site\n") {
 		t.Fatalf("server: %q", pidBefore)
 	}
 
 	// $ loam checkpoint create scratch --comment 'site up, state v1'
-	out, errOut, code = d.cli("", "checkpoint", "create", "scratch", "--comment", "site up, state v1")
+	out, errOut, code = d.CLI("", "checkpoint", "create", "scratch", "--comment", "site up, state v1")
 	if code != 0 || out != "v1\n" {
 		t.Fatalf("checkpoint create: %d %q %q", code, out, errOut)
 	}
 	// curl … /checkpoints -d '{"comment":"disk only","memory":false}'
-	status, body := d.curl("POST", "/v1/sandboxes/scratch/checkpoints", `{"comment":"disk only","memory":false}`)
+	status, body := d.Curl("POST", "/v1/sandboxes/scratch/checkpoints", `{"comment":"disk only","memory":false}`)
 	m := cpJSON.FindStringSubmatch(body)
 	if status != 201 || m == nil || m[1] != "v2" || m[3] != "disk only" || m[4] != "false" {
 		t.Fatalf("disk-only checkpoint: %d %s", status, body)
@@ -82,7 +60,7 @@ func TestSeedStory(t *testing.T) {
 	sbID := m[2]
 
 	// $ loam checkpoint ls scratch
-	out, _, code = d.cli("", "checkpoint", "ls", "scratch")
+	out, _, code = d.CLI("", "checkpoint", "ls", "scratch")
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if code != 0 || len(lines) != 3 || !lsHeader.MatchString(lines[0]) ||
 		!regexp.MustCompile(`^v1  memory  no    \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  site up, state v1$`).MatchString(lines[1]) ||
@@ -90,7 +68,7 @@ func TestSeedStory(t *testing.T) {
 		t.Fatalf("checkpoint ls:\n%s", out)
 	}
 	// curl … /checkpoints/v1
-	status, body = d.curl("GET", "/v1/sandboxes/scratch/checkpoints/v1", "")
+	status, body = d.Curl("GET", "/v1/sandboxes/scratch/checkpoints/v1", "")
 	if m := cpJSON.FindStringSubmatch(body); status != 200 || m == nil || m[1] != "v1" || m[2] != sbID || m[3] != "site up, state v1" || m[4] != "true" {
 		t.Fatalf("get v1: %d %s", status, body)
 	}
@@ -101,17 +79,17 @@ func TestSeedStory(t *testing.T) {
 	if out, _, code, _ := d.C.Output(ctx, "scratch", "pgrep", "-a", "python3"); code != 1 {
 		t.Fatalf("the server still runs: %q", out)
 	}
-	out, errOut, code = d.cli("", "checkpoint", "restore", "-y", "scratch", "v1")
+	out, errOut, code = d.CLI("", "checkpoint", "restore", "-y", "scratch", "v1")
 	if code != 0 || out != "scratch\trunning\n" {
 		t.Fatalf("restore: %d %q %q", code, out, errOut)
 	}
-	got := d.run("scratch", "sh", "-c", "cat /home/loam/state.txt; pgrep -a python3")
+	got := d.Run("scratch", "sh", "-c", "cat /home/loam/state.txt; pgrep -a python3")
 	if got != "v1\n"+pidBefore {
 		t.Fatalf("after restore: %q, want v1 and %q", got, pidBefore)
 	}
-	d.run("scratch", "python3", "-c", "import urllib.request; assert urllib.request.urlopen('http://127.0.0.1:8080/').read() == b'hello\\n'")
+	d.Run("scratch", "python3", "-c", "import urllib.request; assert urllib.request.urlopen('http://127.0.0.1:8080/').read() == b'hello\\n'")
 
-	out, _, _ = d.cli("", "checkpoint", "ls", "scratch")
+	out, _, _ = d.CLI("", "checkpoint", "ls", "scratch")
 	lines = strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if len(lines) != 4 || !regexp.MustCompile(`^auto-1  memory  yes   \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  before restoring v1$`).MatchString(lines[3]) ||
 		!strings.HasPrefix(lines[1], "v1      memory  no    ") {
@@ -119,50 +97,50 @@ func TestSeedStory(t *testing.T) {
 	}
 
 	// $ curl -X DELETE …/checkpoints/v2 → 204; loam checkpoint rm scratch auto-1
-	if status, body := d.curl("DELETE", "/v1/sandboxes/scratch/checkpoints/v2", ""); status != 204 || body != "" {
+	if status, body := d.Curl("DELETE", "/v1/sandboxes/scratch/checkpoints/v2", ""); status != 204 || body != "" {
 		t.Fatalf("delete v2: %d %q", status, body)
 	}
-	if out, errOut, code := d.cli("", "checkpoint", "rm", "-y", "scratch", "auto-1"); code != 0 || out != "" {
+	if out, errOut, code := d.CLI("", "checkpoint", "rm", "-y", "scratch", "auto-1"); code != 0 || out != "" {
 		t.Fatalf("rm auto-1: %d %q %q", code, out, errOut)
 	}
-	if status, body := d.curl("GET", "/v1/sandboxes/scratch/checkpoints/v2", ""); status != 404 || !strings.Contains(body, `"code":"not_found"`) {
+	if status, body := d.Curl("GET", "/v1/sandboxes/scratch/checkpoints/v2", ""); status != 404 || !strings.Contains(body, `"code":"not_found"`) {
 		t.Fatalf("get deleted v2: %d %s", status, body)
 	}
 
 	// Forks: a disk-only one over curl, a memory one with the CLI.
-	status, body = d.curl("POST", "/v1/sandboxes", `{"name":"scratch-disk","from":{"sandbox":"scratch","checkpoint":"v1"},"template":"base"}`)
+	status, body = d.Curl("POST", "/v1/sandboxes", `{"name":"scratch-disk","from":{"sandbox":"scratch","checkpoint":"v1"},"template":"base"}`)
 	if status != 400 || body != `{"error":{"code":"invalid","message":"a fork takes its template or image and its resources from the checkpoint; don't give them"}}`+"\n" {
 		t.Fatalf("fork with template: %d %s", status, body)
 	}
-	out, errOut, code = d.cli("", "fork", "scratch", "v1", "scratch-copy")
+	out, errOut, code = d.CLI("", "fork", "scratch", "v1", "scratch-copy")
 	if code != 0 || !regexp.MustCompile(`^name:        scratch-copy\nid:          sb-[a-z0-9]{12}\nstate:       running\nurl:         http://scratch-copy--default\.localhost:7070\n`).MatchString(out) {
 		t.Fatalf("fork: %d %q %q", code, out, errOut)
 	}
-	if got := d.run("scratch-copy", "pgrep", "-a", "python3"); got != pidBefore {
+	if got := d.Run("scratch-copy", "pgrep", "-a", "python3"); got != pidBefore {
 		t.Fatalf("fork runs %q, want %q", got, pidBefore)
 	}
-	d.run("scratch-copy", "python3", "-c", "import urllib.request; assert urllib.request.urlopen('http://127.0.0.1:8080/').read() == b'hello\\n'")
+	d.Run("scratch-copy", "python3", "-c", "import urllib.request; assert urllib.request.urlopen('http://127.0.0.1:8080/').read() == b'hello\\n'")
 	// The fork is independent of its source.
-	d.run("scratch-copy", "sh", "-c", "echo fork > /home/loam/state.txt")
-	if got := d.run("scratch", "cat", "/home/loam/state.txt"); got != "v1\n" {
+	d.Run("scratch-copy", "sh", "-c", "echo fork > /home/loam/state.txt")
+	if got := d.Run("scratch", "cat", "/home/loam/state.txt"); got != "v1\n" {
 		t.Fatalf("source sees the fork's write: %q", got)
 	}
 	if err := d.C.DeleteSandbox(ctx, "scratch"); err != nil {
 		t.Fatal(err)
 	}
-	if got := d.run("scratch-copy", "sh", "-c", "cat /home/loam/state.txt; pgrep -a python3"); got != "fork\n"+pidBefore {
+	if got := d.Run("scratch-copy", "sh", "-c", "cat /home/loam/state.txt; pgrep -a python3"); got != "fork\n"+pidBefore {
 		t.Fatalf("fork after its source is gone: %q", got)
 	}
 }
 
 // counter starts a process that counts in memory (and writes each number
 // to /tmp/count, a file outside the checkpointed home).
-func counter(t *testing.T, d *daemon, sb string) {
-	d.run(sb, "sh", "-c", `i=0; while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.05; done >/dev/null 2>&1 &`)
+func counter(t *testing.T, d *harness.Daemon, sb string) {
+	d.Run(sb, "sh", "-c", `i=0; while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.05; done >/dev/null 2>&1 &`)
 	waitFor(t, func() bool { return readCount(t, d, sb) > 0 })
 }
 
-func readCount(t *testing.T, d *daemon, sb string) int {
+func readCount(t *testing.T, d *harness.Daemon, sb string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, _, _, err := d.C.Output(ctx, sb, "cat", "/tmp/count")
@@ -174,7 +152,7 @@ func readCount(t *testing.T, d *daemon, sb string) int {
 }
 
 // counts checks the counter moves on from at least from.
-func counts(t *testing.T, d *daemon, sb string, from int) int {
+func counts(t *testing.T, d *harness.Daemon, sb string, from int) int {
 	t.Helper()
 	var n int
 	waitFor(t, func() bool { n = readCount(t, d, sb); return n > from })
@@ -185,8 +163,8 @@ func counts(t *testing.T, d *daemon, sb string, from int) int {
 // a checkpoint, a restore and forks; the source keeps running unharmed.
 func TestCounter(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "count"}); err != nil {
 		t.Fatal(err)
 	}
@@ -246,29 +224,29 @@ func TestCounter(t *testing.T) {
 // are never reused; the limit; 404s; many changes then a restore.
 func TestDiskOnlyAndIDs(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, "--checkpoint-limit", "3")
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, "--checkpoint-limit", "3")
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "disky"}); err != nil {
 		t.Fatal(err)
 	}
 	counter(t, d, "disky")
-	d.run("disky", "sh", "-c", "echo one > /home/loam/f")
+	d.Run("disky", "sh", "-c", "echo one > /home/loam/f")
 	f := false
 	cp, err := d.C.CreateCheckpoint(ctx, "disky", api.CreateCheckpoint{Memory: &f, Comment: "files"})
 	if err != nil || cp.ID != "v1" || cp.Memory {
 		t.Fatalf("%v %+v", err, cp)
 	}
 	for i := range 20 {
-		d.run("disky", "sh", "-c", fmt.Sprintf("echo change-%d > /home/loam/f; echo %d > /home/loam/extra-%d", i, i, i))
+		d.Run("disky", "sh", "-c", fmt.Sprintf("echo change-%d > /home/loam/f; echo %d > /home/loam/extra-%d", i, i, i))
 	}
 	if _, err := d.C.RestoreCheckpoint(ctx, "disky", "v1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := d.run("disky", "sh", "-c", "cat /home/loam/f; ls /home/loam"); got != "one\nf\n" {
+	if got := d.Run("disky", "sh", "-c", "cat /home/loam/f; ls /home/loam"); got != "one\nf\n" {
 		t.Fatalf("after disk-only restore: %q", got)
 	}
 	// A fresh boot: the counter of before is not running.
-	if ps := d.run("disky", "ps", "-o", "args"); strings.Contains(ps, "count.tmp") {
+	if ps := d.Run("disky", "ps", "-o", "args"); strings.Contains(ps, "count.tmp") {
 		t.Fatalf("after a disk-only restore the counter of before runs:\n%s", ps)
 	}
 	// The auto checkpoint taken before that restore was a memory one.
@@ -311,17 +289,17 @@ func TestDiskOnlyAndIDs(t *testing.T) {
 		{"GET", "/v1/sandboxes/nope/checkpoints"},
 		{"POST", "/v1/sandboxes/nope/checkpoints"},
 	} {
-		status, body := d.curl(tc.method, tc.path, "")
+		status, body := d.Curl(tc.method, tc.path, "")
 		var eb api.ErrorBody
 		if json.Unmarshal([]byte(body), &eb); status != 404 || eb.Error == nil || eb.Error.Code != api.CodeNotFound {
 			t.Errorf("%s %s: %d %s", tc.method, tc.path, status, body)
 		}
 	}
-	status, body := d.curl("POST", "/v1/sandboxes", `{"name":"x","from":{"sandbox":"disky","checkpoint":"v9"}}`)
+	status, body := d.Curl("POST", "/v1/sandboxes", `{"name":"x","from":{"sandbox":"disky","checkpoint":"v9"}}`)
 	if status != 404 {
 		t.Errorf("fork of a missing checkpoint: %d %s", status, body)
 	}
-	status, body = d.curl("POST", "/v1/sandboxes/disky/checkpoints", `{"name":"v7"}`)
+	status, body = d.Curl("POST", "/v1/sandboxes/disky/checkpoints", `{"name":"v7"}`)
 	if status != 400 {
 		t.Errorf("a name like an id: %d %s", status, body)
 	}
@@ -335,8 +313,8 @@ func TestDiskOnlyAndIDs(t *testing.T) {
 // GET /v1/templates lists both templates.
 func TestAutoPrune(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	tpls, err := d.C.Templates(ctx)
 	if err != nil || len(tpls) != 2 || tpls[0].Name != "base" || tpls[1].Name != "busybox" || !tpls[1].Default {
 		t.Fatalf("templates: %v %+v", err, tpls)
@@ -364,7 +342,7 @@ func TestAutoPrune(t *testing.T) {
 	if got := strings.Join(ids, " "); got != "v1 auto-3 auto-4 auto-5 auto-6 auto-7" {
 		t.Fatalf("checkpoints after 7 restores: %s", got)
 	}
-	snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "*"))
+	snaps, _ := filepath.Glob(filepath.Join(d.DataDir, "disk", "mnt", "snapshots", "*"))
 	if len(snaps) != 6 {
 		t.Errorf("%d snapshots for 6 checkpoints: %v", len(snaps), snaps)
 	}
@@ -380,15 +358,15 @@ func TestAutoPrune(t *testing.T) {
 // the memory wrote, one taken after a resume holds lines it did not.
 func TestMemoryCheckpointDiskAgrees(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "seq"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("seq", "sh", "-c", `cd /home/loam && (i=0; while :; do i=$((i+1)); echo $i >>seq; done) >/dev/null 2>&1 & echo $! >/home/loam/pid`)
+	d.Run("seq", "sh", "-c", `cd /home/loam && (i=0; while :; do i=$((i+1)); echo $i >>seq; done) >/dev/null 2>&1 & echo $! >/home/loam/pid`)
 	lines := func(sb string) int {
 		t.Helper()
-		n, _ := strconv.Atoi(strings.TrimSpace(d.run(sb, "sh", "-c", "wc -l </home/loam/seq")))
+		n, _ := strconv.Atoi(strings.TrimSpace(d.Run(sb, "sh", "-c", "wc -l </home/loam/seq")))
 		return n
 	}
 	// check lets the writer in sandbox sb go on, stops it, and checks its
@@ -397,7 +375,7 @@ func TestMemoryCheckpointDiskAgrees(t *testing.T) {
 		t.Helper()
 		from := lines(sb)
 		waitFor(t, func() bool { return lines(sb) > from+10 })
-		out := d.run(sb, "sh", "-c", `p=$(cat /home/loam/pid); kill $p; while kill -0 $p 2>/dev/null; do sleep 0.01; done; awk 'NR != $1 {print "line " NR " is " $1; exit 1} END {print NR}' /home/loam/seq`)
+		out := d.Run(sb, "sh", "-c", `p=$(cat /home/loam/pid); kill $p; while kill -0 $p 2>/dev/null; do sleep 0.01; done; awk 'NR != $1 {print "line " NR " is " $1; exit 1} END {print NR}' /home/loam/seq`)
 		if _, err := strconv.Atoi(strings.TrimSpace(out)); err != nil {
 			t.Errorf("%s: the file is not 1..n: %q", sb, out)
 		}

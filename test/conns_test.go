@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // openFDs is how many files process pid has open.
@@ -51,16 +52,16 @@ func TestConnectionFlood(t *testing.T) {
 	}
 	// By environment, not flags, so that a daemon that predates them
 	// still starts (and fails the test, rather than refusing a flag).
-	d := &daemon{t: t, dataDir: dataDir, subnet: nextSubnet(), env: []string{
+	d := &harness.Daemon{T: t, DataDir: dataDir, Subnet: harness.NextSubnet(), Env: []string{
 		"LOAM_CONN_IDLE_TIMEOUT=" + idle.String(),
 		fmt.Sprint("LOAM_MAX_CONNS=", maxConns),
 		fmt.Sprint("LOAM_MAX_CONNS_PER_CLIENT=", perClient),
 	}}
-	d.start()
-	t.Cleanup(func() { d.destroy() })
+	d.Start()
+	t.Cleanup(func() { d.Destroy() })
 	t.Parallel()
 	addr := strings.TrimPrefix(d.URL, "http://")
-	pid := d.cmd.Process.Pid
+	pid := d.Cmd.Process.Pid
 	base := openFDs(t, pid)
 
 	// An authenticated connection is kept alive, until the idle timeout.
@@ -228,7 +229,7 @@ func rawGet(t *testing.T, c net.Conn, path, token string) *http.Response {
 // was a 500 internal with a level=ERROR line: a client could fill the
 // daemon's log at will.)
 func TestClientGone(t *testing.T) {
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	t.Parallel()
 	addr := strings.TrimPrefix(d.URL, "http://")
 	var (
@@ -267,7 +268,7 @@ func TestClientGone(t *testing.T) {
 			t.Errorf("%d half-closed requests were answered %q", n, status)
 		}
 	}
-	for line := range strings.SplitSeq(d.log.String(), "\n") {
+	for line := range strings.SplitSeq(d.Log.String(), "\n") {
 		if strings.Contains(line, "level=ERROR") {
 			t.Errorf("the daemon logged an error: %s", line)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // dfUse is what df says of a sandbox's /, in bytes.
@@ -24,9 +25,9 @@ type dfUse struct{ size, used, avail int64 }
 // sandbox with the default limit (4 GiB) sees that.
 func TestDiskLimitDF(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
-	mnt := filepath.Join(d.dataDir, "disk", "mnt")
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
+	mnt := filepath.Join(d.DataDir, "disk", "mnt")
 	const mib = 1 << 20
 	for _, req := range []api.CreateSandbox{
 		{Name: "df", Resources: &api.Resources{DiskMiB: diskLimit}},
@@ -128,9 +129,9 @@ func TestDiskLimitDF(t *testing.T) {
 }
 
 // df is what df -P says of / in sandbox sb.
-func df(t *testing.T, d *daemon, sb string) dfUse {
+func df(t *testing.T, d *harness.Daemon, sb string) dfUse {
 	t.Helper()
-	out := d.run(sb, "df", "-P", "-k", "/")
+	out := d.Run(sb, "df", "-P", "-k", "/")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	f := strings.Fields(lines[len(lines)-1])
 	if len(lines) < 2 || len(f) < 4 {

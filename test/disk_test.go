@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // TestDiskQuota is resources.disk_mib on real sandboxes: one that writes
@@ -14,8 +15,8 @@ import (
 // restore and forks of the full sandbox work, each disk limited again.
 func TestDiskQuota(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	const limit = 256 // MiB, the least a sandbox may have
 	for _, name := range []string{"full", "next"} {
 		req := api.CreateSandbox{Name: name}
@@ -42,7 +43,7 @@ func TestDiskQuota(t *testing.T) {
 	if errb, code := fill("next", "big", limit+44); code != 0 {
 		t.Fatalf("the neighbour's dd of %d MiB: code %d, %q", limit+44, code, errb)
 	}
-	d.run("full", "true") // the full sandbox still answers
+	d.Run("full", "true") // the full sandbox still answers
 
 	// Checkpoints of the full sandbox; taking one commits the filesystem,
 	// so the counters are current after it.
@@ -59,7 +60,7 @@ func TestDiskQuota(t *testing.T) {
 		*u.UsedBytes < (limit-4)<<20 || *u.UsedBytes > limit<<20 {
 		t.Errorf("full sandbox's disk %+v, want about %d MiB used of %d, enforced", derefDisk(u), limit, limit)
 	}
-	out, errOut, code := d.cli("", "get", "full")
+	out, errOut, code := d.CLI("", "get", "full")
 	if code != 0 || !strings.Contains(out, "Mi used of 256Mi\n") {
 		t.Errorf("loam get full: %d %q %q; want the disk's use", code, out, errOut)
 	}
@@ -68,7 +69,7 @@ func TestDiskQuota(t *testing.T) {
 	if _, err := d.C.RestoreCheckpoint(ctx, "full", "v1"); err != nil {
 		t.Fatalf("restoring the full sandbox: %v", err)
 	}
-	if got := d.run("full", "sh", "-c", "wc -c < /home/loam/big"); strings.TrimSpace(got) == "0" {
+	if got := d.Run("full", "sh", "-c", "wc -c < /home/loam/big"); strings.TrimSpace(got) == "0" {
 		t.Errorf("restored file is empty")
 	}
 	if errb, code := fill("full", "again", limit+44); code == 0 || !strings.Contains(errb, "No space left on device") {

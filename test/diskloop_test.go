@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // diskLimit is the disk limit of the sandboxes below, in MiB (the least a
@@ -30,9 +31,9 @@ const (
 // checkpoints are gone.
 func TestDiskLimitCheckpointLoop(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
-	mnt := filepath.Join(d.dataDir, "disk", "mnt")
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
+	mnt := filepath.Join(d.DataDir, "disk", "mnt")
 	before := poolUsed(t, mnt)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "loop", Resources: &api.Resources{DiskMiB: diskLimit}}); err != nil {
 		t.Fatal(err)
@@ -42,18 +43,18 @@ func TestDiskLimitCheckpointLoop(t *testing.T) {
 		if full := code != 0; full != (round > 1) || (full && !strings.Contains(errb, "No space left on device")) {
 			t.Errorf("round %d: dd of %d MiB: code %d, %q; want it whole in round 1 only, then No space left on device", round, chunk, code, errb)
 		}
-		cp := strings.TrimSpace(d.run("loop", "loam", "checkpoint", "create", "--disk-only"))
+		cp := strings.TrimSpace(d.Run("loop", "loam", "checkpoint", "create", "--disk-only"))
 		// A file deleted after the checkpoint (a full disk takes no new
 		// one) is back once the restore is done.
-		d.run("loop", "rm", "/home/loam/data1")
+		d.Run("loop", "rm", "/home/loam/data1")
 		// The restore stops the sandbox, and the exec stream with it: run
 		// it from a process of its own, and wait for the disk to be back.
-		d.run("loop", "sh", "-c", "setsid loam checkpoint restore -y "+cp+" </dev/null >/dev/null 2>&1 &")
+		d.Run("loop", "sh", "-c", "setsid loam checkpoint restore -y "+cp+" </dev/null >/dev/null 2>&1 &")
 		waitFor(t, func() bool {
 			_, _, code, err := d.C.Output(ctx, "loop", "test", "-e", "/home/loam/data1")
 			return err == nil && code == 0
 		})
-		d.run("loop", "loam", "checkpoint", "rm", "-y", cp)
+		d.Run("loop", "loam", "checkpoint", "rm", "-y", cp)
 	}
 	if errb, code := fillDisk(t, d, "loop", "more", 8); code == 0 || !strings.Contains(errb, "No space left on device") {
 		t.Errorf("dd of 8 MiB more after the loop: code %d, %q; want No space left on device", code, errb)
@@ -91,8 +92,8 @@ func TestDiskLimitCheckpointLoop(t *testing.T) {
 // template's data being its base, free as any template's.
 func TestDiskLimitRestoreFork(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src", Resources: &api.Resources{DiskMiB: diskLimit}}); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +137,7 @@ func TestDiskLimitRestoreFork(t *testing.T) {
 
 // fillDisk writes mib MiB of zeros to /home/loam/file in sandbox sb with
 // dd, which stops at the first error, and returns dd's stderr and exit code.
-func fillDisk(t *testing.T, d *daemon, sb, file string, mib int) (string, int) {
+func fillDisk(t *testing.T, d *harness.Daemon, sb, file string, mib int) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -151,9 +152,9 @@ func fillDisk(t *testing.T, d *daemon, sb, file string, mib int) (string, int) {
 // useAndDu is sandbox sb's disk use as the daemon reports it, brought up to
 // date by a checkpoint (which commits the filesystem, and is deleted
 // again), and what du counts on its disk inside, in bytes.
-func useAndDu(t *testing.T, d *daemon, sb string) (used, du int64) {
+func useAndDu(t *testing.T, d *harness.Daemon, sb string) (used, du int64) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := harness.Ctx(t)
 	memory := false
 	cp, err := d.C.CreateCheckpoint(ctx, sb, api.CreateCheckpoint{Memory: &memory})
 	if err != nil {
@@ -169,7 +170,7 @@ func useAndDu(t *testing.T, d *daemon, sb string) (used, du int64) {
 	if s.Disk == nil || s.Disk.UsedBytes == nil || !s.Disk.Enforced {
 		t.Fatalf("%s: disk %+v, want its use, enforced", sb, derefDisk(s.Disk))
 	}
-	out, errb, code := d.runAs("root", sb, "du", "-skx", "/")
+	out, errb, code := runAs(d, "root", sb, "du", "-skx", "/")
 	if code != 0 {
 		t.Fatalf("du inside %s: code %d, %q", sb, code, errb)
 	}

@@ -62,6 +62,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"loam.dev/loam/test/harness"
 )
 
 // docsDir is the manual, from this package's directory.
@@ -79,7 +80,7 @@ func TestTutorial(t *testing.T) {
 	if len(blocks) == 0 {
 		t.Fatalf("%s has no shell blocks", page)
 	}
-	d := startDaemon(t, "--default-template", "base")
+	d := harness.StartDaemon(t, "--default-template", "base")
 	runBlocks(t, d, page, blocks)
 }
 
@@ -117,7 +118,7 @@ func TestDocsPages(t *testing.T) {
 		rel, _ := filepath.Rel(docsDir, page)
 		rel = strings.TrimPrefix(rel, "../") // the README
 		t.Run(rel, func(t *testing.T) {
-			d := startDaemon(t, "--default-template", "base")
+			d := harness.StartDaemon(t, "--default-template", "base")
 			runBlocks(t, d, page, blocks)
 		})
 	}
@@ -239,10 +240,10 @@ func shellComplete(cmd string) bool {
 
 // runBlocks runs a page's blocks in order, one command at a time, and fails
 // the test at the first command whose output is not the page's.
-func runBlocks(t *testing.T, d *daemon, page string, blocks [][]docStep) {
+func runBlocks(t *testing.T, d *harness.Daemon, page string, blocks [][]docStep) {
 	t.Helper()
 	work := t.TempDir()
-	path := filepath.Dir(loamBin) + string(os.PathListSeparator) + os.Getenv("PATH")
+	path := filepath.Dir(harness.LoamBin) + string(os.PathListSeparator) + os.Getenv("PATH")
 	env := append(os.Environ(), "PATH="+path, "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token, "TERM=dumb")
 	for _, steps := range blocks {
 		for _, s := range steps {

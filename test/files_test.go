@@ -18,21 +18,13 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
-
-// apiCode is the code of the *api.Error err wraps, or "".
-func apiCode(err error) api.Code {
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return ae.Code
-	}
-	return ""
-}
 
 // readAll reads a file of a sandbox over the API.
 func readAll(t *testing.T, c *client.Client, sb, path string, opts *client.FileOptions) (string, error) {
 	t.Helper()
-	r, err := c.ReadFile(ctxT(t), sb, path, opts)
+	r, err := c.ReadFile(harness.Ctx(t), sb, path, opts)
 	if err != nil {
 		return "", err
 	}
@@ -46,8 +38,8 @@ func readAll(t *testing.T, c *client.Client, sb, path string, opts *client.FileO
 // removals and tar archives; and the errors a user's mistakes get.
 func TestFiles(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "f"}); err != nil {
 		t.Fatal(err)
@@ -60,10 +52,10 @@ func TestFiles(t *testing.T) {
 	if info.Size != 13 || info.Mode != "0640" || info.Type != api.FileTypeFile {
 		t.Errorf("WriteFile answered %+v", info)
 	}
-	if got := d.run("f", "sh", "-c", "cat /home/loam/in/note.txt; stat -c '%U %G %a' /home/loam/in/note.txt /home/loam/in"); got != "from the API\nloam loam 640\nloam loam 755\n" {
+	if got := d.Run("f", "sh", "-c", "cat /home/loam/in/note.txt; stat -c '%U %G %a' /home/loam/in/note.txt /home/loam/in"); got != "from the API\nloam loam 640\nloam loam 755\n" {
 		t.Errorf("in the sandbox: %q", got)
 	}
-	d.run("f", "sh", "-c", "mkdir -p /home/loam/out/sub && echo from the sandbox > /home/loam/out/sub/a.txt && ln -s sub/a.txt /home/loam/out/link")
+	d.Run("f", "sh", "-c", "mkdir -p /home/loam/out/sub && echo from the sandbox > /home/loam/out/sub/a.txt && ln -s sub/a.txt /home/loam/out/link")
 	if got, err := readAll(t, c, "f", "/home/loam/out/sub/a.txt", nil); err != nil || got != "from the sandbox\n" {
 		t.Errorf("ReadFile: %q, %v", got, err)
 	}
@@ -76,11 +68,11 @@ func TestFiles(t *testing.T) {
 			t.Errorf("ReadFile offset %d length %d: %q, %v; want %q", rc.offset, rc.length, got, err, rc.want)
 		}
 	}
-	if _, err := readAll(t, c, "f", "/home/loam/out/sub/a.txt", &client.FileOptions{Offset: -1}); apiCode(err) != api.CodeInvalid {
+	if _, err := readAll(t, c, "f", "/home/loam/out/sub/a.txt", &client.FileOptions{Offset: -1}); harness.APICode(err) != api.CodeInvalid {
 		t.Errorf("ReadFile offset -1: %v, want invalid", err)
 	}
 	for _, q := range []string{"length=-1", "offset=x", "length=1.5"} {
-		code, body := d.curl("GET", "/v1/sandboxes/f/files/content?path=/home/loam/out/sub/a.txt&"+q, "")
+		code, body := d.Curl("GET", "/v1/sandboxes/f/files/content?path=/home/loam/out/sub/a.txt&"+q, "")
 		if code != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid"`) {
 			t.Errorf("GET content with %s: %d %s, want 400 invalid", q, code, body)
 		}
@@ -100,16 +92,16 @@ func TestFiles(t *testing.T) {
 	if _, err := c.MoveFile(ctx, "f", "/home/loam/in/note.txt", "/home/loam/made/deep/note.txt", nil); err != nil {
 		t.Fatalf("MoveFile: %v", err)
 	}
-	if got := d.run("f", "cat", "/home/loam/made/deep/note.txt"); got != "from the API\n" {
+	if got := d.Run("f", "cat", "/home/loam/made/deep/note.txt"); got != "from the API\n" {
 		t.Errorf("after the move: %q", got)
 	}
-	if err := c.RemoveFile(ctx, "f", "/home/loam/made", nil); apiCode(err) != api.CodeConflict {
+	if err := c.RemoveFile(ctx, "f", "/home/loam/made", nil); harness.APICode(err) != api.CodeConflict {
 		t.Errorf("removing a full directory: %v, want conflict", err)
 	}
 	if err := c.RemoveFile(ctx, "f", "/home/loam/made", &client.FileOptions{Recursive: true}); err != nil {
 		t.Errorf("RemoveFile: %v", err)
 	}
-	if _, err := c.StatFile(ctx, "f", "/home/loam/made", nil); apiCode(err) != api.CodeNotFound {
+	if _, err := c.StatFile(ctx, "f", "/home/loam/made", nil); harness.APICode(err) != api.CodeNotFound {
 		t.Errorf("stat after remove: %v, want not_found", err)
 	}
 
@@ -126,7 +118,7 @@ func TestFiles(t *testing.T) {
 	if err := c.WriteArchive(ctx, "f", "/home/loam/copy", bytes.NewReader(tarball), nil); err != nil {
 		t.Fatalf("WriteArchive: %v", err)
 	}
-	if got := d.run("f", "sh", "-c", "cat /home/loam/copy/link; stat -c %U /home/loam/copy/sub/a.txt"); got != "from the sandbox\nloam\n" {
+	if got := d.Run("f", "sh", "-c", "cat /home/loam/copy/link; stat -c %U /home/loam/copy/sub/a.txt"); got != "from the sandbox\nloam\n" {
 		t.Errorf("extracted: %q", got)
 	}
 
@@ -139,7 +131,7 @@ func TestFiles(t *testing.T) {
 		{"relative path", func() error { _, err := c.StatFile(ctx, "f", "home", nil); return err }(), api.CodeInvalid},
 		{"a directory's content", func() error { _, err := readAll(t, c, "f", "/home/loam", nil); return err }(), api.CodeInvalid},
 		{"loam reads root's", func() error {
-			d.runAs("root", "f", "sh", "-c", "echo s3cret > /etc/secret && chmod 600 /etc/secret")
+			runAs(d, "root", "f", "sh", "-c", "echo s3cret > /etc/secret && chmod 600 /etc/secret")
 			_, err := readAll(t, c, "f", "/etc/secret", nil)
 			return err
 		}(), api.CodeForbidden},
@@ -151,11 +143,11 @@ func TestFiles(t *testing.T) {
 		{"no such sandbox", func() error { _, err := c.StatFile(ctx, "nope", "/", nil); return err }(), api.CodeNotFound},
 		{"tar entry outside", c.WriteArchive(ctx, "f", "/home/loam/x", tarWith(t, "../../etc/evil"), &client.FileOptions{User: "root"}), api.CodeInvalid},
 	} {
-		if code := apiCode(tc.err); code != tc.code {
+		if code := harness.APICode(tc.err); code != tc.code {
 			t.Errorf("%s: %v, want %s", tc.name, tc.err, tc.code)
 		}
 	}
-	if _, _, code := d.runAs("root", "f", "test", "-e", "/etc/evil"); code == 0 {
+	if _, _, code := runAs(d, "root", "f", "test", "-e", "/etc/evil"); code == 0 {
 		t.Error("a tar entry landed outside its directory")
 	}
 	// root may.
@@ -183,8 +175,8 @@ func tarWith(t *testing.T, name string) io.Reader {
 // resolves them.
 func TestFilesNoHostPath(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "s"}); err != nil {
 		t.Fatal(err)
@@ -196,19 +188,19 @@ func TestFilesNoHostPath(t *testing.T) {
 	}
 	up := strings.Repeat("../", 12)
 	// The busybox image has no /etc/shadow: give the sandbox one, root's.
-	d.runAs("root", "s", "sh", "-c", "[ -e /etc/shadow ] || { echo 'root:sandbox:0:0:::::' > /etc/shadow; chmod 600 /etc/shadow; }")
-	d.runAs("root", "s", "sh", "-c", "ln -s /etc/shadow /home/loam/shadow && ln -s "+marker+" /home/loam/marker && ln -s "+up+strings.TrimPrefix(hostDir, "/")+" /home/loam/up && ln -s "+up+"etc /home/loam/etc")
+	runAs(d, "root", "s", "sh", "-c", "[ -e /etc/shadow ] || { echo 'root:sandbox:0:0:::::' > /etc/shadow; chmod 600 /etc/shadow; }")
+	runAs(d, "root", "s", "sh", "-c", "ln -s /etc/shadow /home/loam/shadow && ln -s "+marker+" /home/loam/marker && ln -s "+up+strings.TrimPrefix(hostDir, "/")+" /home/loam/up && ln -s "+up+"etc /home/loam/etc")
 	root := &client.FileOptions{User: "root"}
 
 	// The sandbox's /etc/shadow, as root in it sees it; loam may not.
-	inside, _, _ := d.runAs("root", "s", "cat", "/etc/shadow")
+	inside, _, _ := runAs(d, "root", "s", "cat", "/etc/shadow")
 	if got, err := readAll(t, c, "s", "/home/loam/shadow", root); err != nil || got != inside {
 		t.Errorf("shadow through a symlink: %q, %v; the sandbox's is %q", got, err, inside)
 	}
 	if host, _ := os.ReadFile("/etc/shadow"); len(host) > 0 && inside == string(host) {
 		t.Fatal("the sandbox's /etc/shadow is the host's")
 	}
-	if _, err := readAll(t, c, "s", "/home/loam/shadow", nil); apiCode(err) != api.CodeForbidden {
+	if _, err := readAll(t, c, "s", "/home/loam/shadow", nil); harness.APICode(err) != api.CodeForbidden {
 		t.Errorf("loam reads shadow: %v, want forbidden", err)
 	}
 	if got, err := readAll(t, c, "s", "/home/loam/etc/shadow", root); err != nil || got != inside {
@@ -216,22 +208,22 @@ func TestFilesNoHostPath(t *testing.T) {
 	}
 	// The host's paths do not exist in the sandbox.
 	for _, p := range []string{"/home/loam/marker", "/home/loam/up/marker", marker} {
-		if got, err := readAll(t, c, "s", p, root); apiCode(err) != api.CodeNotFound {
+		if got, err := readAll(t, c, "s", p, root); harness.APICode(err) != api.CodeNotFound {
 			t.Errorf("reading %s: %q, %v; want not_found", p, got, err)
 		}
 	}
 	// Writes, moves and removals through them touch the sandbox's files.
 	// up leads nowhere in the sandbox: its parent cannot be made (as
 	// mkdir -p finds, a dangling symlink is in the way).
-	if _, err := c.WriteFile(ctx, "s", "/home/loam/up/marker", strings.NewReader("overwritten"), root); apiCode(err) != api.CodeConflict {
+	if _, err := c.WriteFile(ctx, "s", "/home/loam/up/marker", strings.NewReader("overwritten"), root); harness.APICode(err) != api.CodeConflict {
 		t.Errorf("writing through ../: %v, want conflict", err)
 	}
 	if _, err := c.WriteFile(ctx, "s", "/home/loam/marker", strings.NewReader("overwritten"), root); err != nil {
 		t.Errorf("writing over a symlink: %v", err)
 	}
 	_ = c.RemoveFile(ctx, "s", "/home/loam/up", &client.FileOptions{User: "root", Recursive: true})
-	d.run("s", "touch", "/home/loam/tomove")
-	if _, err := c.MoveFile(ctx, "s", "/home/loam/tomove", marker, root); apiCode(err) != api.CodeNotFound {
+	d.Run("s", "touch", "/home/loam/tomove")
+	if _, err := c.MoveFile(ctx, "s", "/home/loam/tomove", marker, root); harness.APICode(err) != api.CodeNotFound {
 		t.Errorf("moving to a host path: %v, want not_found (its directory is not in the sandbox)", err)
 	}
 	if err := c.WriteArchive(ctx, "s", hostDir, tarWith(t, "marker"), root); err != nil {
@@ -243,7 +235,7 @@ func TestFilesNoHostPath(t *testing.T) {
 	if des, _ := os.ReadDir(hostDir); len(des) != 1 {
 		t.Fatalf("the host's directory holds %d entries", len(des))
 	}
-	if got := d.run("s", "cat", "/home/loam/marker"); got != "overwritten" {
+	if got := d.Run("s", "cat", "/home/loam/marker"); got != "overwritten" {
 		t.Errorf("the sandbox's /home/loam/marker: %q", got)
 	}
 }
@@ -253,13 +245,13 @@ func TestFilesNoHostPath(t *testing.T) {
 // unavailable error) at a memory checkpoint.
 func TestFilesWatchCheckpoint(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "w"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("w", "mkdir", "-p", "/home/loam/proj/src")
+	d.Run("w", "mkdir", "-p", "/home/loam/proj/src")
 	w, err := c.Watch(ctx, "w", "/home/loam/proj", &client.FileOptions{Recursive: true})
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
@@ -279,10 +271,10 @@ func TestFilesWatchCheckpoint(t *testing.T) {
 			}
 		}
 	}
-	d.run("w", "sh", "-c", "echo x > /home/loam/proj/src/a.go")
+	d.Run("w", "sh", "-c", "echo x > /home/loam/proj/src/a.go")
 	expect(api.WatchEvent{Type: api.WatchCreate, Path: "/home/loam/proj/src/a.go"})
 	expect(api.WatchEvent{Type: api.WatchWrite, Path: "/home/loam/proj/src/a.go"})
-	d.run("w", "mv", "/home/loam/proj/src/a.go", "/home/loam/proj/b.go")
+	d.Run("w", "mv", "/home/loam/proj/src/a.go", "/home/loam/proj/b.go")
 	expect(api.WatchEvent{Type: api.WatchRename, Path: "/home/loam/proj/src/a.go"})
 	expect(api.WatchEvent{Type: api.WatchCreate, Path: "/home/loam/proj/b.go"})
 
@@ -290,7 +282,7 @@ func TestFilesWatchCheckpoint(t *testing.T) {
 	if _, err := c.CreateCheckpoint(ctx, "w", api.CreateCheckpoint{Memory: &no}); err != nil {
 		t.Fatalf("disk-only checkpoint: %v", err)
 	}
-	d.run("w", "rm", "/home/loam/proj/b.go")
+	d.Run("w", "rm", "/home/loam/proj/b.go")
 	expect(api.WatchEvent{Type: api.WatchRemove, Path: "/home/loam/proj/b.go"})
 
 	if _, err := c.CreateCheckpoint(ctx, "w", api.CreateCheckpoint{}); err != nil {
@@ -304,7 +296,7 @@ func TestFilesWatchCheckpoint(t *testing.T) {
 			t.Logf("event before the end: %+v", ev)
 			continue
 		}
-		if !errors.Is(err, client.ErrWatchEnded) || apiCode(err) != api.CodeUnavailable {
+		if !errors.Is(err, client.ErrWatchEnded) || harness.APICode(err) != api.CodeUnavailable {
 			t.Fatalf("after a memory checkpoint: %v, want ErrWatchEnded with unavailable", err)
 		}
 		break
@@ -315,7 +307,7 @@ func TestFilesWatchCheckpoint(t *testing.T) {
 		t.Fatalf("Watch after the checkpoint: %v", err)
 	}
 	defer w2.Close()
-	d.run("w", "touch", "/home/loam/proj/c")
+	d.Run("w", "touch", "/home/loam/proj/c")
 	if ev, err := w2.Next(ctx); err != nil || ev.Path != "/home/loam/proj/c" {
 		t.Errorf("after the checkpoint: %+v, %v", ev, err)
 	}
@@ -330,7 +322,7 @@ func TestFilesWatchCheckpoint(t *testing.T) {
 			t.Logf("event before the restore: %+v", ev)
 			continue
 		}
-		if !errors.Is(err, client.ErrWatchEnded) || apiCode(err) != api.CodeUnavailable {
+		if !errors.Is(err, client.ErrWatchEnded) || harness.APICode(err) != api.CodeUnavailable {
 			t.Fatalf("after a restore: %v, want ErrWatchEnded with unavailable", err)
 		}
 		break
@@ -389,14 +381,14 @@ func TestFilesLarge(t *testing.T) {
 		t.Skip("1 GiB each way")
 	}
 	const size = 1 << 30
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "big"}); err != nil {
 		t.Fatal(err)
 	}
 	daemonRSS := func() int64 {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(d.cmd.Process.Pid) + "/status")
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(d.Cmd.Process.Pid) + "/status")
 		return statusKiB(string(b), "VmRSS")
 	}
 	agentRSS := func() int64 {
@@ -437,7 +429,7 @@ func TestFilesLarge(t *testing.T) {
 		return err
 	})
 	want := hex.EncodeToString(sent.Sum(nil))
-	if got := strings.Fields(d.run("big", "sha256sum", "/home/loam/big")); len(got) == 0 || got[0] != want {
+	if got := strings.Fields(d.Run("big", "sha256sum", "/home/loam/big")); len(got) == 0 || got[0] != want {
 		t.Fatalf("in the sandbox: %v, sent %s", got, want)
 	}
 	got := sha256.New()
@@ -463,13 +455,13 @@ func TestFilesLarge(t *testing.T) {
 // and rm.
 func TestFilesCLI(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	if _, err := d.C.CreateSandbox(ctxT(t), api.CreateSandbox{Name: "cli"}); err != nil {
+	d := harness.StartDaemon(t)
+	if _, err := d.C.CreateSandbox(harness.Ctx(t), api.CreateSandbox{Name: "cli"}); err != nil {
 		t.Fatal(err)
 	}
 	cli := func(in string, args ...string) string {
 		t.Helper()
-		out, errOut, code := d.cli(in, args...)
+		out, errOut, code := d.CLI(in, args...)
 		if code != 0 {
 			t.Fatalf("loam %v: exit %d: %s", args, code, errOut)
 		}
@@ -488,13 +480,13 @@ func TestFilesCLI(t *testing.T) {
 	if got := cli("", "files", "cat", "cli", "/home/loam/site/index.html", "--offset", "1", "--length", "2"); got != "h1" {
 		t.Errorf("loam files cat --offset 1 --length 2: %q", got)
 	}
-	if got := d.run("cli", "sh", "-c", "cat /home/loam/site/home.html; stat -c '%U %a' /home/loam/site/css/a.css"); got != "<h1>hi</h1>\nloam 600\n" {
+	if got := d.Run("cli", "sh", "-c", "cat /home/loam/site/home.html; stat -c '%U %a' /home/loam/site/css/a.css"); got != "<h1>hi</h1>\nloam 600\n" {
 		t.Errorf("copied in: %q", got)
 	}
 	// Into an existing directory: as DST/NAME.
 	cli("", "cp", filepath.Join(site, "index.html"), "cli:/home/loam")
 	cli("hello stdin\n", "cp", "-", "cli:/home/loam/stdin.txt")
-	if got := d.run("cli", "cat", "/home/loam/index.html", "/home/loam/stdin.txt"); got != "<h1>hi</h1>\nhello stdin\n" {
+	if got := d.Run("cli", "cat", "/home/loam/index.html", "/home/loam/stdin.txt"); got != "<h1>hi</h1>\nhello stdin\n" {
 		t.Errorf("copied in: %q", got)
 	}
 
@@ -525,17 +517,17 @@ func TestFilesCLI(t *testing.T) {
 	}
 	cli("", "files", "mkdir", "cli", "/home/loam/a/b")
 	cli("", "files", "mv", "cli", "/home/loam/stdin.txt", "/home/loam/a/b")
-	if got := d.run("cli", "cat", "/home/loam/a/b/stdin.txt"); got != "hello stdin\n" {
+	if got := d.Run("cli", "cat", "/home/loam/a/b/stdin.txt"); got != "hello stdin\n" {
 		t.Errorf("after mv: %q", got)
 	}
-	if _, errOut, code := d.cli("", "files", "rm", "cli", "/home/loam/a"); code == 0 || !strings.Contains(errOut, "--yes") {
+	if _, errOut, code := d.CLI("", "files", "rm", "cli", "/home/loam/a"); code == 0 || !strings.Contains(errOut, "--yes") {
 		t.Errorf("rm without a terminal or --yes: %d %q", code, errOut)
 	}
-	if _, errOut, code := d.cli("", "files", "rm", "-y", "cli", "/home/loam/a"); code == 0 || !strings.Contains(errOut, "recursive") {
+	if _, errOut, code := d.CLI("", "files", "rm", "-y", "cli", "/home/loam/a"); code == 0 || !strings.Contains(errOut, "recursive") {
 		t.Errorf("rm of a full directory: %d %q", code, errOut)
 	}
 	cli("", "files", "rm", "-r", "-y", "cli", "/home/loam/a")
-	if _, errOut, code := d.cli("", "files", "cat", "cli", "/home/loam/a/b/stdin.txt"); code == 0 || !strings.Contains(errOut, "not found") {
+	if _, errOut, code := d.CLI("", "files", "cat", "cli", "/home/loam/a/b/stdin.txt"); code == 0 || !strings.Contains(errOut, "not found") {
 		t.Errorf("cat after rm: %d %q", code, errOut)
 	}
 }
@@ -546,13 +538,13 @@ func TestFilesCLI(t *testing.T) {
 // nor a temp file. The sandbox serves files again right after.
 func TestFilesCheckpointCutsCalls(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "cut"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("cut", "sh", "-c", "head -c 268435456 /dev/zero > /home/loam/z")
+	d.Run("cut", "sh", "-c", "head -c 268435456 /dev/zero > /home/loam/z")
 
 	r, err := c.ReadFile(ctx, "cut", "/home/loam/z", nil)
 	if err != nil {
@@ -583,8 +575,8 @@ func TestFilesCheckpointCutsCalls(t *testing.T) {
 	}()
 	// The checkpoint comes once the agent writes the upload: its temp
 	// file is in /home/loam.
-	eventually(t, 20*time.Second, "the upload reaches the agent", func() bool {
-		return strings.Contains(d.run("cut", "ls", "-a", "/home/loam"), "up")
+	harness.Eventually(t, 20*time.Second, "the upload reaches the agent", func() bool {
+		return strings.Contains(d.Run("cut", "ls", "-a", "/home/loam"), "up")
 	})
 
 	if _, err := c.CreateCheckpoint(ctx, "cut", api.CreateCheckpoint{}); err != nil {
@@ -611,7 +603,7 @@ func TestFilesCheckpointCutsCalls(t *testing.T) {
 	// The agent removes its temp file once it sees the body end, which
 	// may come a moment after the daemon answered.
 	for i := 0; ; i++ {
-		got := d.run("cut", "ls", "-a", "/home/loam")
+		got := d.Run("cut", "ls", "-a", "/home/loam")
 		if !strings.Contains(got, "up") {
 			break
 		}

@@ -15,6 +15,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // TestFullDiskRestart: a sandbox whose disk is full (a normal state: its
@@ -26,20 +27,20 @@ import (
 // 500; and no runsc container runs that the daemon does not list running.
 func TestFullDiskRestart(t *testing.T) {
 	t.Parallel()
-	var d *daemon
+	var d *harness.Daemon
 	old := os.Getenv("LOAM_TEST_UPGRADE_FROM")
 	if old == "" {
-		d = startDaemon(t)
+		d = harness.StartDaemon(t)
 	} else {
 		dataDir, err := os.MkdirTemp("", "loam-e2e-")
 		if err != nil {
 			t.Fatal(err)
 		}
-		d = &daemon{t: t, dataDir: dataDir, subnet: nextSubnet(), bin: old}
-		t.Cleanup(func() { d.destroy() })
-		d.start()
+		d = &harness.Daemon{T: t, DataDir: dataDir, Subnet: harness.NextSubnet(), Bin: old}
+		t.Cleanup(func() { d.Destroy() })
+		d.Start()
 	}
-	ctx := ctxT(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "full", Resources: &api.Resources{DiskMiB: 256}})
 	if err != nil {
 		t.Fatal(err)
@@ -52,14 +53,14 @@ func TestFullDiskRestart(t *testing.T) {
 	if err != nil || code == 0 || !strings.Contains(out.String(), "No space left on device") {
 		t.Fatalf("filling the disk: code %d, %v, %q; want No space left on device", code, err, out.String())
 	}
-	d.bin = "" // the restarts run this loam
+	d.Bin = "" // the restarts run this loam
 
 	check := func(when string) {
 		t.Helper()
 		got, err := d.C.GetSandbox(ctx, "full")
 		if err != nil || got.State != api.StateRunning {
 			t.Errorf("%s: sandbox %+v, %v; want running", when, got, err)
-			d.unmanagedContainers(when)
+			unmanagedContainers(d, when)
 			t.FailNow()
 		}
 		o, e, code, err := d.C.Output(ctx, "full", "cat", "/var/lib/loam/sandbox")
@@ -81,16 +82,16 @@ func TestFullDiskRestart(t *testing.T) {
 		if !errors.Is(err, api.ErrInsufficientStorage) && (old == "" || !errors.Is(err, api.ErrConflict)) {
 			t.Errorf("%s: writing a file on the full disk: %v; want insufficient_storage", when, err)
 		}
-		d.unmanagedContainers(when)
+		unmanagedContainers(d, when)
 	}
 	check("before any restart")
 
-	d.stop()
-	d.start()
+	d.Stop()
+	d.Start()
 	check("after a graceful restart")
 
-	d.kill()
-	d.start()
+	d.Kill()
+	d.Start()
 	check("after a crash")
 
 	if _, err := d.C.Sleep(ctx, "full"); err != nil {
@@ -105,21 +106,21 @@ func TestFullDiskRestart(t *testing.T) {
 // unmanagedContainers fails the test if a runsc container of the daemon
 // runs that the daemon does not list as a running sandbox: one it lost
 // track of (when says at which step).
-func (d *daemon) unmanagedContainers(when string) {
-	d.t.Helper()
-	b, err := exec.Command(findRunsc(), "--root", filepath.Join(d.dataDir, "runsc"), "list", "-format", "json").Output()
+func unmanagedContainers(d *harness.Daemon, when string) {
+	d.T.Helper()
+	b, err := exec.Command(harness.Runsc(), "--root", filepath.Join(d.DataDir, "runsc"), "list", "-format", "json").Output()
 	if err != nil {
-		d.t.Fatalf("%s: runsc list: %v", when, err)
+		d.T.Fatalf("%s: runsc list: %v", when, err)
 	}
 	var cs []struct{ ID, Status string }
 	if err := json.Unmarshal(b, &cs); err != nil {
-		d.t.Fatalf("%s: runsc list: %v: %s", when, err, b)
+		d.T.Fatalf("%s: runsc list: %v: %s", when, err, b)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sbs, err := d.C.ListSandboxes(ctx, client.ListOptions{})
 	if err != nil {
-		d.t.Fatal(err)
+		d.T.Fatal(err)
 	}
 	running := map[string]bool{}
 	for _, sb := range sbs {
@@ -127,7 +128,7 @@ func (d *daemon) unmanagedContainers(when string) {
 	}
 	for _, c := range cs {
 		if c.Status != "stopped" && !running[c.ID] {
-			d.t.Errorf("%s: runsc container %s is %s, and the daemon does not list it running", when, c.ID, c.Status)
+			d.T.Errorf("%s: runsc container %s is %s, and the daemon does not list it running", when, c.ID, c.Status)
 		}
 	}
 }

@@ -23,35 +23,36 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/test/harness"
 )
 
 // runAs runs a command in a sandbox as user and returns its stdout, stderr
 // and exit code.
-func (d *daemon) runAs(user, sb string, cmd ...string) (string, string, int) {
-	d.t.Helper()
+func runAs(d *harness.Daemon, user, sb string, cmd ...string) (string, string, int) {
+	d.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var o, e bytes.Buffer
 	code, err := d.C.Exec(ctx, sb, client.ExecOptions{Cmd: cmd, User: user, Stdout: &o, Stderr: &e})
 	if err != nil {
-		d.t.Fatalf("run %v as %s in %s: %v", cmd, user, sb, err)
+		d.T.Fatalf("run %v as %s in %s: %v", cmd, user, sb, err)
 	}
 	return o.String(), e.String(), code
 }
 
 // sandboxIP is the address of a sandbox's end of its network, from the
 // handle the daemon keeps.
-func (d *daemon) sandboxIP(id string) string {
-	d.t.Helper()
-	b, err := os.ReadFile(filepath.Join(d.dataDir, "sandboxes", id, "handle.json"))
+func sandboxIP(d *harness.Daemon, id string) string {
+	d.T.Helper()
+	b, err := os.ReadFile(filepath.Join(d.DataDir, "sandboxes", id, "handle.json"))
 	if err != nil {
-		d.t.Fatal(err)
+		d.T.Fatal(err)
 	}
 	var h struct {
 		SandboxIP string `json:"sandbox_ip"`
 	}
 	if err := json.Unmarshal(b, &h); err != nil {
-		d.t.Fatal(err)
+		d.T.Fatal(err)
 	}
 	return h.SandboxIP
 }
@@ -60,16 +61,16 @@ func (d *daemon) sandboxIP(id string) string {
 // fails at once, naming the first's pid, and touches nothing of it.
 func TestSecondDaemonOnADataDir(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "first"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("first", "sh", "-c", "echo kept > /home/loam/f")
+	d.Run("first", "sh", "-c", "echo kept > /home/loam/f")
 	// On another port, so that only the lock can stop it.
-	cmd := exec.Command(daemonBin, "serve", "--listen", "127.0.0.1:0", "--data-dir", d.dataDir,
-		"--subnet", d.subnet, "--runsc", findRunsc(), "--default-template", "busybox",
-		"--template-cache", templateCache(), "--disk-size-gib", "8")
+	cmd := exec.Command(harness.DaemonBin, "serve", "--listen", "127.0.0.1:0", "--data-dir", d.DataDir,
+		"--subnet", d.Subnet, "--runsc", harness.Runsc(), "--default-template", "busybox",
+		"--template-cache", harness.TemplateCache(), "--disk-size-gib", "8")
 	cmd.Env = append(os.Environ(), "LOAM_TOKEN=")
 	done := make(chan struct{})
 	var out []byte
@@ -82,7 +83,7 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 		<-done
 		t.Fatalf("a second daemon on the same data dir kept running:\n%s", out)
 	}
-	want := fmt.Sprintf("used by another loam daemon (pid %d)", d.cmd.Process.Pid)
+	want := fmt.Sprintf("used by another loam daemon (pid %d)", d.Cmd.Process.Pid)
 	if err == nil || !strings.Contains(string(out), want) {
 		t.Errorf("second daemon: %v\n%s\nwant an error saying %q", err, out, want)
 	}
@@ -90,7 +91,7 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 	if err != nil || sb.State != api.StateRunning {
 		t.Fatalf("the first daemon's sandbox after the second daemon: %v %+v", err, sb)
 	}
-	if got := d.run("first", "cat", "/home/loam/f"); got != "kept\n" {
+	if got := d.Run("first", "cat", "/home/loam/f"); got != "kept\n" {
 		t.Errorf("file %q", got)
 	}
 	if _, err := d.C.CreateCheckpoint(ctx, "first", api.CreateCheckpoint{}); err != nil {
@@ -101,9 +102,9 @@ func TestSecondDaemonOnADataDir(t *testing.T) {
 	// port before it opens or recovers anything there.
 	other := t.TempDir()
 	port := strings.TrimPrefix(d.URL, "http://")
-	out, err = exec.Command(daemonBin, "serve", "--listen", port, "--data-dir", other,
-		"--subnet", testSubnet(251), "--runsc", findRunsc(), "--default-template", "busybox",
-		"--template-cache", templateCache(), "--disk-size-gib", "8").CombinedOutput()
+	out, err = exec.Command(harness.DaemonBin, "serve", "--listen", port, "--data-dir", other,
+		"--subnet", harness.Subnet(251), "--runsc", harness.Runsc(), "--default-template", "busybox",
+		"--template-cache", harness.TemplateCache(), "--disk-size-gib", "8").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "listening on "+port) {
 		t.Errorf("a daemon on a taken port: %v\n%s", err, out)
 	}
@@ -129,34 +130,34 @@ func TestDataDirThroughAnotherPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.Remove(link)
-	d := &daemon{t: t, dataDir: link, subnet: nextSubnet()}
-	d.start()
-	t.Cleanup(func() { d.dataDir = real; d.destroy() })
-	d.dataDir = link
-	ctx := ctxT(t)
+	d := &harness.Daemon{T: t, DataDir: link, Subnet: harness.NextSubnet()}
+	d.Start()
+	t.Cleanup(func() { d.DataDir = real; d.Destroy() })
+	d.DataDir = link
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "mover"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("mover", "sh", "-c", "echo one > /home/loam/f")
+	d.Run("mover", "sh", "-c", "echo one > /home/loam/f")
 	mustCheckpoint(t, d, "mover", true)
 	mustCheckpoint(t, d, "mover", false)
-	d.stop()
+	d.Stop()
 	if err := os.Remove(link); err != nil {
 		t.Fatal(err)
 	}
-	d.dataDir = real
-	d.start()
+	d.DataDir = real
+	d.Start()
 	cps, err := d.C.ListCheckpoints(ctx, "mover")
 	if err != nil || len(cps) != 2 {
-		t.Fatalf("checkpoints after the data dir moved: %v %+v\n%s", err, cps, d.log.String())
+		t.Fatalf("checkpoints after the data dir moved: %v %+v\n%s", err, cps, d.Log.String())
 	}
 	restoreBoth := func(when string) {
-		d.run("mover", "sh", "-c", "echo two > /home/loam/f")
+		d.Run("mover", "sh", "-c", "echo two > /home/loam/f")
 		for _, id := range []string{"v1", "v2"} {
 			if _, err := d.C.RestoreCheckpoint(ctx, "mover", id); err != nil {
 				t.Fatalf("%s: restoring %s: %v", when, id, err)
 			}
-			if got := d.run("mover", "cat", "/home/loam/f"); got != "one\n" {
+			if got := d.Run("mover", "cat", "/home/loam/f"); got != "one\n" {
 				t.Errorf("%s: after restoring %s: %q", when, id, got)
 			}
 		}
@@ -164,19 +165,19 @@ func TestDataDirThroughAnotherPath(t *testing.T) {
 	restoreBoth("through the real path")
 
 	// The host goes down; the data dir moves.
-	d.stop()
-	deleteContainers(filepath.Join(d.dataDir, "runsc"))
-	unmountUnder(d.dataDir)
+	d.Stop()
+	harness.DeleteContainers(filepath.Join(d.DataDir, "runsc"))
+	harness.UnmountUnder(d.DataDir)
 	moved := real + ".moved"
 	if err := os.Rename(real, moved); err != nil {
 		t.Fatal(err)
 	}
 	real = moved
-	d.dataDir = moved
-	d.start()
+	d.DataDir = moved
+	d.Start()
 	cps, err = d.C.ListCheckpoints(ctx, "mover")
 	if err != nil || len(cps) != 4 { // v1, v2 and the autos of the two restores
-		t.Fatalf("checkpoints after the data dir moved: %v %+v\n%s", err, cps, d.log.String())
+		t.Fatalf("checkpoints after the data dir moved: %v %+v\n%s", err, cps, d.Log.String())
 	}
 	if got, err := d.C.GetSandbox(ctx, "mover"); err != nil || got.State != api.StateRunning {
 		t.Fatalf("after the move: %v %+v", err, got)
@@ -184,9 +185,9 @@ func TestDataDirThroughAnotherPath(t *testing.T) {
 	restoreBoth("after the move")
 }
 
-func mustCheckpoint(t *testing.T, d *daemon, sb string, memory bool) *api.Checkpoint {
+func mustCheckpoint(t *testing.T, d *harness.Daemon, sb string, memory bool) *api.Checkpoint {
 	t.Helper()
-	cp, err := d.C.CreateCheckpoint(ctxT(t), sb, api.CreateCheckpoint{Memory: &memory})
+	cp, err := d.C.CreateCheckpoint(harness.Ctx(t), sb, api.CreateCheckpoint{Memory: &memory})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,8 +200,8 @@ func mustCheckpoint(t *testing.T, d *daemon, sb string, memory bool) *api.Checkp
 // an automatic one.
 func TestInsideCredential(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "guard"}); err != nil {
 		t.Fatal(err)
 	}
@@ -208,34 +209,34 @@ func TestInsideCredential(t *testing.T) {
 	if _, err := d.C.RestoreCheckpoint(ctx, "guard", owners.ID); err != nil { // makes auto-1
 		t.Fatal(err)
 	}
-	if out, _, _ := d.runAs("root", "guard", "stat", "-c", "%a %u", "/var/lib/loam/token"); out != "600 0\n" {
+	if out, _, _ := runAs(d, "root", "guard", "stat", "-c", "%a %u", "/var/lib/loam/token"); out != "600 0\n" {
 		t.Errorf("token file mode and owner %q, want 600 0", out)
 	}
-	if _, _, code := d.runAs("loam", "guard", "cat", "/var/lib/loam/token"); code == 0 {
+	if _, _, code := runAs(d, "loam", "guard", "cat", "/var/lib/loam/token"); code == 0 {
 		t.Error("the sandbox's user can read the token")
 	}
-	if out, errOut, code := d.runAs("loam", "guard", "loam", "checkpoint", "create", "--disk-only", "--comment", "mine"); code != 0 || out != "v2\n" {
+	if out, errOut, code := runAs(d, "loam", "guard", "loam", "checkpoint", "create", "--disk-only", "--comment", "mine"); code != 0 || out != "v2\n" {
 		t.Fatalf("checkpoint from inside as the sandbox's user: %d %q %q", code, out, errOut)
 	}
 	for _, id := range []string{owners.ID, "auto-1"} {
-		_, errOut, code := d.runAs("loam", "guard", "loam", "checkpoint", "rm", "-y", id)
+		_, errOut, code := runAs(d, "loam", "guard", "loam", "checkpoint", "rm", "-y", id)
 		if code == 0 || !strings.Contains(errOut, "inside the sandbox") {
 			t.Errorf("deleting %s from inside: %d %q", id, code, errOut)
 		}
-		_, errOut, code = d.runAs("root", "guard", "loam", "checkpoint", "rm", "-y", id)
+		_, errOut, code = runAs(d, "root", "guard", "loam", "checkpoint", "rm", "-y", id)
 		if code == 0 || !strings.Contains(errOut, "inside the sandbox") {
 			t.Errorf("deleting %s from inside as root: %d %q", id, code, errOut)
 		}
 	}
 	// Another user of the sandbox (a web server's, say) gets nothing.
-	if _, errOut, code := d.runAs("root", "guard", "sh", "-c", "echo 'www:x:33:33:www:/:/bin/sh' >> /etc/passwd"); code != 0 {
+	if _, errOut, code := runAs(d, "root", "guard", "sh", "-c", "echo 'www:x:33:33:www:/:/bin/sh' >> /etc/passwd"); code != 0 {
 		t.Fatalf("adding a user: %q", errOut)
 	}
-	_, errOut, code := d.runAs("www", "guard", "loam", "checkpoint", "ls")
+	_, errOut, code := runAs(d, "www", "guard", "loam", "checkpoint", "ls")
 	if code == 0 || !strings.Contains(errOut, "only root and the sandbox's user") {
 		t.Errorf("checkpoint ls as uid 65534: %d %q", code, errOut)
 	}
-	if _, errOut, code := d.runAs("loam", "guard", "loam", "checkpoint", "rm", "-y", "v2"); code != 0 {
+	if _, errOut, code := runAs(d, "loam", "guard", "loam", "checkpoint", "rm", "-y", "v2"); code != 0 {
 		t.Errorf("deleting its own checkpoint from inside: %d %q", code, errOut)
 	}
 	cps, err := d.C.ListCheckpoints(ctx, "guard")
@@ -262,8 +263,8 @@ func TestForkCannotActAsItsSource(t *testing.T) {
 	}
 	t.Cleanup(func() { os.WriteFile(forward, was, 0o644) })
 
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	src, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "source"})
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +274,7 @@ func TestForkCannotActAsItsSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What root in the fork can read: the token its agent was started with.
-	environ, _, code := d.runAs("root", "fork", "cat", "/proc/1/environ")
+	environ, _, code := runAs(d, "root", "fork", "cat", "/proc/1/environ")
 	var leaked string
 	for _, kv := range strings.Split(environ, "\x00") {
 		if v, ok := strings.CutPrefix(kv, "LOAM_AGENT_TOKEN="); ok {
@@ -283,7 +284,7 @@ func TestForkCannotActAsItsSource(t *testing.T) {
 	if code != 0 || leaked == "" {
 		t.Fatalf("no agent token in the fork's /proc/1/environ (%d)", code)
 	}
-	srcAgent := "http://" + d.sandboxIP(src.ID) + ":" + strconv.Itoa(agent.DefaultPort) + "/healthz"
+	srcAgent := "http://" + sandboxIP(d, src.ID) + ":" + strconv.Itoa(agent.DefaultPort) + "/healthz"
 
 	// From the host, where the daemon talks to agents from: the source
 	// refuses the token its checkpoint holds.
@@ -298,18 +299,18 @@ func TestForkCannotActAsItsSource(t *testing.T) {
 		t.Errorf("the source's agent answered the token of its checkpoint with %d, want 401", resp.StatusCode)
 	}
 	// From the fork: nothing gets through.
-	out, errOut, code := d.runAs("root", "fork", "timeout", "5", "wget", "-q", "-O-", "-T", "3",
+	out, errOut, code := runAs(d, "root", "fork", "timeout", "5", "wget", "-q", "-O-", "-T", "3",
 		"--header", "Authorization: Bearer "+leaked, srcAgent)
 	if code == 0 {
 		t.Errorf("root in the fork reached its source's agent: %q", out)
 	}
 	t.Logf("from the fork: %d %q", code, errOut)
 	// Nor the daemon's API on the host.
-	if _, _, code := d.runAs("root", "fork", "timeout", "5", "wget", "-q", "-O-", "-T", "3", d.URL+"/healthz"); code == 0 {
+	if _, _, code := runAs(d, "root", "fork", "timeout", "5", "wget", "-q", "-O-", "-T", "3", d.URL+"/healthz"); code == 0 {
 		t.Error("a sandbox reached the daemon's API")
 	}
 	// The source still works, with its own token.
-	if got := d.run("source", "echo", "ok"); got != "ok\n" {
+	if got := d.Run("source", "echo", "ok"); got != "ok\n" {
 		t.Errorf("source: %q", got)
 	}
 }
@@ -318,20 +319,20 @@ func TestForkCannotActAsItsSource(t *testing.T) {
 // was recorded before anything changed, and the next start finishes it.
 func TestCrashMidRestore(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "undo", Resources: &api.Resources{MemoryMiB: 1024}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("undo", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=256 2>/dev/null; echo one > /home/loam/f")
-	d.run("undo", "sh", "-c", "setsid sh -c 'echo $$ > /home/loam/loop.pid; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &")
+	d.Run("undo", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=256 2>/dev/null; echo one > /home/loam/f")
+	d.Run("undo", "sh", "-c", "setsid sh -c 'echo $$ > /home/loam/loop.pid; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &")
 	waitFor(t, func() bool {
-		_, _, code := d.runAs("loam", "undo", "test", "-s", "/home/loam/loop.pid")
+		_, _, code := runAs(d, "loam", "undo", "test", "-s", "/home/loam/loop.pid")
 		return code == 0
 	})
 	mustCheckpoint(t, d, "undo", true)
-	d.run("undo", "sh", "-c", "echo two > /home/loam/f; kill $(cat /home/loam/loop.pid)")
+	d.Run("undo", "sh", "-c", "echo two > /home/loam/f; kill $(cat /home/loam/loop.pid)")
 
 	go d.C.RestoreCheckpoint(context.Background(), "undo", "v1")
 	deadline := time.Now().Add(60 * time.Second)
@@ -345,17 +346,17 @@ func TestCrashMidRestore(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	d.killSettled() // runsc may still be at work, as after a real crash
-	d.start()
+	d.KillSettled() // runsc may still be at work, as after a real crash
+	d.Start()
 	got, err := d.C.GetSandbox(ctx, "undo")
 	if err != nil || got.State != api.StateRunning {
-		t.Fatalf("after the crash: %v %+v\n%s", err, got, d.log.String())
+		t.Fatalf("after the crash: %v %+v\n%s", err, got, d.Log.String())
 	}
-	if out := d.run("undo", "cat", "/home/loam/f"); out != "one\n" {
+	if out := d.Run("undo", "cat", "/home/loam/f"); out != "one\n" {
 		t.Errorf("file after the finished restore: %q", out)
 	}
-	if _, _, code := d.runAs("loam", "undo", "sh", "-c", "kill -0 $(cat /home/loam/loop.pid)"); code != 0 {
-		t.Errorf("the checkpoint's process is not running: %s", d.run("undo", "ps"))
+	if _, _, code := runAs(d, "loam", "undo", "sh", "-c", "kill -0 $(cat /home/loam/loop.pid)"); code != 0 {
+		t.Errorf("the checkpoint's process is not running: %s", d.Run("undo", "ps"))
 	}
 	if cps, _ := d.C.ListCheckpoints(ctx, "undo"); len(cps) != 2 {
 		t.Errorf("checkpoints %+v, want v1 and auto-1", cps)
@@ -374,15 +375,15 @@ func TestDataDirSecrets(t *testing.T) {
 	if err := os.Chmod(dataDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{t: t, dataDir: dataDir, subnet: nextSubnet()}
-	d.start()
-	t.Cleanup(d.destroy)
-	ctx := ctxT(t)
+	d := &harness.Daemon{T: t, DataDir: dataDir, Subnet: harness.NextSubnet()}
+	d.Start()
+	t.Cleanup(d.Destroy)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "secret"}); err != nil {
 		t.Fatal(err)
 	}
 	mustCheckpoint(t, d, "secret", true)
-	environ, _, _ := d.runAs("root", "secret", "cat", "/proc/1/environ")
+	environ, _, _ := runAs(d, "root", "secret", "cat", "/proc/1/environ")
 	for name, want := range map[string]os.FileMode{"": 0o700, "loam.db": 0o600, "loam.db-wal": 0o600, "token": 0o600, "secret": 0o600} {
 		st, err := os.Stat(filepath.Join(dataDir, name))
 		if err != nil {
@@ -391,7 +392,7 @@ func TestDataDirSecrets(t *testing.T) {
 			t.Errorf("%q has mode %v, want %v", name, st.Mode().Perm(), want)
 		}
 	}
-	if !strings.Contains(d.log.String(), "tightened the mode") {
+	if !strings.Contains(d.Log.String(), "tightened the mode") {
 		t.Error("no log line about tightening the data dir's mode")
 	}
 	var token string
@@ -413,8 +414,8 @@ func TestDataDirSecrets(t *testing.T) {
 // it again.
 func TestLimitsAfterACrash(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "capped", Resources: &api.Resources{CPUs: 0.5}})
 	if err != nil {
 		t.Fatal(err)
@@ -434,11 +435,11 @@ func TestLimitsAfterACrash(t *testing.T) {
 	if q := quota(); q != 50000 {
 		t.Fatalf("quota %d, want 50000", q)
 	}
-	d.kill()
+	d.Kill()
 	if err := os.WriteFile(files[0], []byte("-1"), 0); err != nil { // lifted, as mid-checkpoint
 		t.Fatal(err)
 	}
-	d.start()
+	d.Start()
 	if q := quota(); q != 50000 {
 		t.Errorf("quota after recovery %d, want 50000", q)
 	}
@@ -448,8 +449,8 @@ func TestLimitsAfterACrash(t *testing.T) {
 // DNS allows is refused.
 func TestNamesFitURLs(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	long := "a" + strings.Repeat("b", 62-len("--default"))
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: long + "c"}); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("a name of %d characters: %v, want invalid", len(long)+1, err)

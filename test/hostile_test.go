@@ -23,16 +23,17 @@ import (
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/network"
+	"loam.dev/loam/test/harness"
 )
 
 // daemonPorts are the TCP ports the daemon process listens on, from ss.
-func (d *daemon) daemonPorts(t *testing.T) []int {
+func daemonPorts(d *harness.Daemon, t *testing.T) []int {
 	t.Helper()
 	out, err := exec.Command("ss", "-Htlnp").Output()
 	if err != nil {
 		t.Fatalf("ss: %v", err)
 	}
-	pid := "pid=" + strconv.Itoa(d.cmd.Process.Pid) + ","
+	pid := "pid=" + strconv.Itoa(d.Cmd.Process.Pid) + ","
 	seen := map[int]bool{}
 	var ports []int
 	for _, line := range strings.Split(string(out), "\n") {
@@ -98,8 +99,8 @@ func hostSide(t *testing.T, sandboxIP string) string {
 
 func TestHostile(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	for _, name := range []string{"hostile", "victim"} {
 		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name}); err != nil {
 			t.Fatal(err)
@@ -107,12 +108,12 @@ func TestHostile(t *testing.T) {
 	}
 	hostile, _ := d.C.GetSandbox(ctx, "hostile")
 	victim, _ := d.C.GetSandbox(ctx, "victim")
-	hostileIP, victimIP := d.sandboxIP(hostile.ID), d.sandboxIP(victim.ID)
+	hostileIP, victimIP := sandboxIP(d, hostile.ID), sandboxIP(d, victim.ID)
 	gateway := hostSide(t, hostileIP)
 
 	// The victim serves on a port of its own, and its agent on 7071.
-	d.runAs("root", "victim", "sh", "-c", "mkdir -p /srv && echo victim > /srv/index.html && busybox httpd -p 8080 -h /srv")
-	if got := d.run("victim", "wget", "-q", "-O-", "http://127.0.0.1:8080/"); got != "victim\n" {
+	runAs(d, "root", "victim", "sh", "-c", "mkdir -p /srv && echo victim > /srv/index.html && busybox httpd -p 8080 -h /srv")
+	if got := d.Run("victim", "wget", "-q", "-O-", "http://127.0.0.1:8080/"); got != "victim\n" {
 		t.Fatalf("the victim's own server: %q", got)
 	}
 
@@ -126,8 +127,8 @@ func TestHostile(t *testing.T) {
 	var targets []target
 	u, _ := url.Parse(d.URL)
 	targets = append(targets, target{what: "the daemon's API at its listen address", addr: u.Host})
-	hostIPs := hostIPv4s(t, d.subnet)
-	for _, p := range d.daemonPorts(t) {
+	hostIPs := hostIPv4s(t, d.Subnet)
+	for _, p := range daemonPorts(d, t) {
 		if p == network.DefaultInsidePort || p == 53 {
 			// The in-sandbox API and the resolver, served on each
 			// sandbox's gateway on purpose: the first is checked below,
@@ -174,7 +175,7 @@ func TestHostile(t *testing.T) {
 		fmt.Fprintf(&script, "(n=$(printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' | timeout 5 nc -w 3 %s %s 2>/dev/null | wc -c); echo %d $n) &\n", host, port, i)
 	}
 	script.WriteString("wait\n")
-	out, errOut, code := d.runAs("root", "hostile", "sh", "-c", script.String())
+	out, errOut, code := runAs(d, "root", "hostile", "sh", "-c", script.String())
 	if code != 0 {
 		t.Fatalf("the connect script: %d %q", code, errOut)
 	}
@@ -194,18 +195,18 @@ func TestHostile(t *testing.T) {
 	}
 	t.Logf("%d addresses tried from inside", len(targets))
 	// The probe works: it hears what the sandbox may reach (its own server).
-	if out, _, _ := d.runAs("root", "victim", "sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 5 nc -w 3 127.0.0.1 8080 | wc -c"); strings.TrimSpace(out) == "0" {
+	if out, _, _ := runAs(d, "root", "victim", "sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 5 nc -w 3 127.0.0.1 8080 | wc -c"); strings.TrimSpace(out) == "0" {
 		t.Fatalf("the probe hears nothing from a server it should reach: %q", out)
 	}
 
 	// The in-sandbox API answers about the sandbox itself only.
 	inside := "http://" + net.JoinHostPort(gateway, strconv.Itoa(network.DefaultInsidePort))
-	if out, _, code := d.runAs("root", "hostile", "sh", "-c", `wget -q -O- --header "Authorization: Bearer $(cat /var/lib/loam/token)" `+inside+"/v1/sandboxes/hostile"); code != 0 || !strings.Contains(out, hostile.ID) {
+	if out, _, code := runAs(d, "root", "hostile", "sh", "-c", `wget -q -O- --header "Authorization: Bearer $(cat /var/lib/loam/token)" `+inside+"/v1/sandboxes/hostile"); code != 0 || !strings.Contains(out, hostile.ID) {
 		t.Fatalf("the in-sandbox API about itself: %d %q", code, out)
 	}
 	for _, path := range []string{"/v1/sandboxes/victim", "/v1/sandboxes/" + victim.ID, "/v1/sandboxes",
 		"/v1/sandboxes/victim/checkpoints", "/v1/sandboxes/" + victim.ID + "/access-token", "/v1/templates", "/v1/secrets"} {
-		out, _, code := d.runAs("root", "hostile", "sh", "-c", `wget -q -O- --header "Authorization: Bearer $(cat /var/lib/loam/token)" `+inside+path)
+		out, _, code := runAs(d, "root", "hostile", "sh", "-c", `wget -q -O- --header "Authorization: Bearer $(cat /var/lib/loam/token)" `+inside+path)
 		if code == 0 || strings.Contains(out, victim.ID) || strings.Contains(out, "victim") {
 			t.Errorf("the in-sandbox API gave %s: %d %q", path, code, out)
 		}
@@ -217,7 +218,7 @@ func TestHostile(t *testing.T) {
 	if err := os.WriteFile(marker, []byte("host secret"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d.runAs("root", "hostile", "sh", "-c", "ln -s "+hostDir+" /home/loam/hostdir && ln -s "+marker+" /home/loam/hostfile")
+	runAs(d, "root", "hostile", "sh", "-c", "ln -s "+hostDir+" /home/loam/hostdir && ln -s "+marker+" /home/loam/hostfile")
 	root := &client.FileOptions{User: "root", Recursive: true}
 	leaks := func(what string, r io.Reader, err error) {
 		t.Helper()

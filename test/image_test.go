@@ -7,22 +7,11 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/image/imagetest"
+	"loam.dev/loam/test/harness"
 )
-
-// busyboxConfig is the config of the walks' and tests' image: no libc, no
-// Debian, a user of its own, a working dir, env and an entrypoint.
-var busyboxConfig = v1.Config{
-	Env:        []string{"PATH=/bin", "GREETING=from-image"},
-	WorkingDir: "/srv",
-	User:       "app",
-	Entrypoint: []string{"/bin/sh", "-c"},
-	Cmd:        []string{`echo "$GREETING as $(id -un) in $(pwd)" > /srv/started; exec sleep 100000`},
-}
 
 // TestImageSandbox: a sandbox from a private registry's image (logged in
 // with loam's own credentials, pulled by the create itself) follows the
@@ -31,13 +20,13 @@ var busyboxConfig = v1.Config{
 // deleted while they use it; an image naming a user it lacks is invalid.
 func TestImageSandbox(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	reg := imagetest.Registry(t, "alice", "s3cret")
 	ref := reg + "/bb:v1"
 	// Three layers: busybox, a file in app's home, then a whiteout of an
 	// applet and an opaque home with a new file.
-	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t),
+	imagetest.Push(t, ref, imagetest.Image(t, imagetest.BusyboxConfig, imagetest.Busybox(t),
 		imagetest.Layer(t, imagetest.Entry{Name: "home/app/old", Body: []byte("old"), UID: 1500, GID: 1500}),
 		imagetest.Layer(t,
 			imagetest.Entry{Name: "bin/.wh.vi"},
@@ -96,7 +85,7 @@ func TestImageSandbox(t *testing.T) {
 		t.Errorf("deleting the image once unused: %v", err)
 	}
 
-	ghost := busyboxConfig
+	ghost := imagetest.BusyboxConfig
 	ghost.User = "ghost"
 	imagetest.Push(t, reg+"/ghost:v1", imagetest.Image(t, ghost, imagetest.Busybox(t)), "alice", "s3cret")
 	_, err = d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "ghost", Image: reg + "/ghost:v1"})
@@ -110,13 +99,13 @@ func TestImageSandbox(t *testing.T) {
 	// loam template build from an image (pulled again, since it was
 	// deleted): the template keeps what --run made, and is listed beside
 	// the image, which is listed as a template too.
-	if out, errOut, code := d.cli("", "template", "build", "imgtpl", "--image", ref, "--run", "echo built > /home/app/built"); code != 0 {
+	if out, errOut, code := d.CLI("", "template", "build", "imgtpl", "--image", ref, "--run", "echo built > /home/app/built"); code != 0 {
 		t.Fatalf("template build --image: %d %q %q", code, out, errOut)
 	}
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "from-imgtpl", Template: "imgtpl"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := d.run("from-imgtpl", "cat", "/home/app/built"); got != "built\n" {
+	if got := d.Run("from-imgtpl", "cat", "/home/app/built"); got != "built\n" {
 		t.Errorf("a sandbox of the built template: /home/app/built = %q", got)
 	}
 	tpls, err := d.C.Templates(ctx)
@@ -132,20 +121,20 @@ func TestImageSandbox(t *testing.T) {
 	}
 }
 
-// checkImageSandbox checks that a sandbox of busyboxConfig runs as its
+// checkImageSandbox checks that a sandbox of imagetest.BusyboxConfig runs as its
 // image says, with own as the variable OWN its create gave.
-func checkImageSandbox(t *testing.T, d *daemon, name, own string) {
+func checkImageSandbox(t *testing.T, d *harness.Daemon, name, own string) {
 	t.Helper()
-	if got := d.run(name, "sh", "-c", `echo "$(id -un) $(pwd) $GREETING $OWN"`); got != "app /srv from-image "+own+"\n" {
+	if got := d.Run(name, "sh", "-c", `echo "$(id -un) $(pwd) $GREETING $OWN"`); got != "app /srv from-image "+own+"\n" {
 		t.Errorf("%s: exec saw %q, want the image's user, dir and env, and the create's", name, got)
 	}
-	if got := d.run(name, "id", "-un"); got != "app\n" {
+	if got := d.Run(name, "id", "-un"); got != "app\n" {
 		t.Errorf("%s: id -un = %q", name, got)
 	}
 	waitService(t, d, name, "entrypoint", "running", running)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		out, _, code, err := d.C.Output(ctxT(t), name, "cat", "/srv/started")
+		out, _, code, err := d.C.Output(harness.Ctx(t), name, "cat", "/srv/started")
 		if err == nil && code == 0 {
 			if string(out) != "from-image as app in /srv\n" {
 				t.Errorf("%s: the entrypoint wrote %q", name, out)
@@ -158,11 +147,11 @@ func checkImageSandbox(t *testing.T, d *daemon, name, own string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	// The layers' whiteouts and opaque directory, seen from inside.
-	if got := d.run(name, "sh", "-c", `ls -A /home/app; test -e /bin/vi || echo no-vi; stat -c %U /home/app/note`); got != "note\nno-vi\napp\n" {
+	if got := d.Run(name, "sh", "-c", `ls -A /home/app; test -e /bin/vi || echo no-vi; stat -c %U /home/app/note`); got != "note\nno-vi\napp\n" {
 		t.Errorf("%s: the layers give %q, want home/app with note alone (app's), and no vi", name, got)
 	}
 	// Not Debian, no libc: the agent is what runs.
-	if out, _, code, _ := d.C.Output(ctxT(t), name, "ls", "/lib", "/usr"); code == 0 {
+	if out, _, code, _ := d.C.Output(harness.Ctx(t), name, "ls", "/lib", "/usr"); code == 0 {
 		t.Errorf("%s: /lib or /usr exists (%q); the image should have neither", name, out)
 	}
 }
@@ -171,32 +160,32 @@ func checkImageSandbox(t *testing.T, d *daemon, name, own string) {
 // alone), ls, rm and logout against a real daemon and registry.
 func TestImageCLI(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	reg := imagetest.Registry(t, "bob", "pw")
 	ref := reg + "/cli:v1"
-	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t)), "bob", "pw")
+	imagetest.Push(t, ref, imagetest.Image(t, imagetest.BusyboxConfig, imagetest.Busybox(t)), "bob", "pw")
 
-	if _, stderr, code := d.cli("", "image", "pull", ref); code == 0 || !strings.Contains(stderr, "401") {
+	if _, stderr, code := d.CLI("", "image", "pull", ref); code == 0 || !strings.Contains(stderr, "401") {
 		t.Errorf("pull before login: code %d, stderr %q; want a failure saying 401", code, stderr)
 	}
-	if _, stderr, code := d.cli("pw\n", "image", "login", reg, "-u", "bob", "--password-stdin"); code != 0 {
+	if _, stderr, code := d.CLI("pw\n", "image", "login", reg, "-u", "bob", "--password-stdin"); code != 0 {
 		t.Fatalf("login: %d %s", code, stderr)
 	}
-	out, stderr, code := d.cli("", "image", "pull", ref)
+	out, stderr, code := d.CLI("", "image", "pull", ref)
 	if code != 0 || out != image.ID(ref)+"\n" || stderr != "" {
 		t.Fatalf("pull: code %d, stdout %q, stderr %q; want the id alone", code, out, stderr)
 	}
-	out, _, _ = d.cli("", "image", "ls")
+	out, _, _ = d.CLI("", "image", "ls")
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.Contains(lines[1], ref) || !strings.Contains(lines[1], "ready") {
 		t.Errorf("ls:\n%s", out)
 	}
-	if _, stderr, code := d.cli("", "image", "rm", image.ID(ref)); code == 0 || !strings.Contains(stderr, "-y") {
+	if _, stderr, code := d.CLI("", "image", "rm", image.ID(ref)); code == 0 || !strings.Contains(stderr, "-y") {
 		t.Errorf("rm without a terminal or -y: %d %q", code, stderr)
 	}
-	if _, stderr, code := d.cli("", "image", "rm", "-y", image.ID(ref)); code != 0 {
+	if _, stderr, code := d.CLI("", "image", "rm", "-y", image.ID(ref)); code != 0 {
 		t.Errorf("rm -y: %d %q", code, stderr)
 	}
-	if _, stderr, code := d.cli("", "image", "logout", reg); code != 0 {
+	if _, stderr, code := d.CLI("", "image", "logout", reg); code != 0 {
 		t.Errorf("logout: %d %q", code, stderr)
 	}
 }
@@ -205,11 +194,11 @@ func TestImageCLI(t *testing.T) {
 // sandbox (its agent answering, its entrypoint service started) for an
 // image pulled already.
 func BenchmarkCreateFromImage(b *testing.B) {
-	d := startDaemonB(b)
+	d := harness.StartDaemonB(b)
 	ctx := b.Context()
 	reg := imagetest.Registry(b, "", "")
 	ref := reg + "/bench:v1"
-	imagetest.Push(b, ref, imagetest.Image(b, busyboxConfig, imagetest.Busybox(b)), "", "")
+	imagetest.Push(b, ref, imagetest.Image(b, imagetest.BusyboxConfig, imagetest.Busybox(b)), "", "")
 	im, err := d.C.PullImage(ctx, ref)
 	if err != nil {
 		b.Fatal(err)

@@ -10,14 +10,15 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // TestInside: a sandbox checkpoints itself with the in-sandbox CLI, with a
 // credential that reaches only that sandbox; a fork learns who it is.
 func TestInside(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	self, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "self"})
 	if err != nil {
 		t.Fatal(err)
@@ -25,17 +26,17 @@ func TestInside(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "other"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := d.run("self", "loam", "checkpoint", "create", "--disk-only", "--comment", "from inside"); got != "v1\n" {
+	if got := d.Run("self", "loam", "checkpoint", "create", "--disk-only", "--comment", "from inside"); got != "v1\n" {
 		t.Fatalf("inside disk-only checkpoint printed %q", got)
 	}
 	// A memory checkpoint ends exec streams, so run it detached, as a
 	// program in the sandbox would.
-	d.run("self", "sh", "-c", "setsid sh -c 'loam checkpoint create --comment mem > /tmp/out 2>&1' </dev/null >/dev/null 2>&1 &")
+	d.Run("self", "sh", "-c", "setsid sh -c 'loam checkpoint create --comment mem > /tmp/out 2>&1' </dev/null >/dev/null 2>&1 &")
 	waitFor(t, func() bool {
 		out, _, _, _ := d.C.Output(ctx, "self", "cat", "/tmp/out")
 		return string(out) == "v2\n"
 	})
-	ls := d.run("self", "loam", "checkpoint", "ls")
+	ls := d.Run("self", "loam", "checkpoint", "ls")
 	if !strings.Contains(ls, "v1  disk    no") || !strings.Contains(ls, "v2  memory  no") {
 		t.Fatalf("inside ls:\n%s", ls)
 	}
@@ -65,8 +66,8 @@ func TestInside(t *testing.T) {
 	// The in-sandbox API answers its own sandbox only: even with the
 	// sandbox's token, a caller elsewhere (here, the host) is cut off as
 	// soon as it connects.
-	apiURL := strings.TrimSpace(d.run("self", "cat", "/var/lib/loam/api_url"))
-	token, _, _ := d.runAs("root", "self", "cat", "/var/lib/loam/token")
+	apiURL := strings.TrimSpace(d.Run("self", "cat", "/var/lib/loam/api_url"))
+	token, _, _ := runAs(d, "root", "self", "cat", "/var/lib/loam/token")
 	token = strings.TrimSpace(token)
 	req, _ := http.NewRequest("GET", apiURL+"/v1/sandboxes/self/checkpoints", nil)
 	req.Header.Set("Authorization", "Bearer "+token)
@@ -83,7 +84,7 @@ func TestInside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := d.run("self-fork", "cat", "/var/lib/loam/sandbox"); got != fork.ID+"\n" {
+	if got := d.Run("self-fork", "cat", "/var/lib/loam/sandbox"); got != fork.ID+"\n" {
 		t.Fatalf("fork thinks it is %q, it is %s", got, fork.ID)
 	}
 	// Its name is its own too, in the kernel and on its disk, for a fork
@@ -93,12 +94,12 @@ func TestInside(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range []*api.Sandbox{fork, diskFork} {
-		got := d.run(f.Name, "sh", "-c", "hostname; cat /etc/hostname; grep -c "+f.Name+" /etc/hosts")
+		got := d.Run(f.Name, "sh", "-c", "hostname; cat /etc/hostname; grep -c "+f.Name+" /etc/hosts")
 		if want := f.Name + "\n" + f.Name + "\n1\n"; got != want {
 			t.Errorf("fork %s: hostname, /etc/hostname and hosts lines %q, want %q", f.Name, got, want)
 		}
 	}
-	if got := d.run("self-fork", "loam", "checkpoint", "create", "--disk-only"); got != "v1\n" {
+	if got := d.Run("self-fork", "loam", "checkpoint", "create", "--disk-only"); got != "v1\n" {
 		t.Fatalf("checkpoint inside the fork: %q", got)
 	}
 	if cps, _ := d.C.ListCheckpoints(ctx, "self-fork"); len(cps) != 1 {
@@ -110,8 +111,8 @@ func TestInside(t *testing.T) {
 // their commands up; a disk-only one ends nothing.
 func TestStreamsEnd(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "streamy"}); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestStreamsEnd(t *testing.T) {
 			_, err := d.C.Exec(context.Background(), "streamy", client.ExecOptions{Cmd: []string{"sleep", cmd}})
 			done <- err
 		}()
-		waitFor(t, func() bool { return strings.Contains(d.run("streamy", "ps", "-o", "args"), "sleep "+cmd) })
+		waitFor(t, func() bool { return strings.Contains(d.Run("streamy", "ps", "-o", "args"), "sleep "+cmd) })
 		return done
 	}
 	done := start("5001")
@@ -145,7 +146,7 @@ func TestStreamsEnd(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a memory checkpoint did not end the exec")
 	}
-	waitFor(t, func() bool { return !strings.Contains(d.run("streamy", "ps", "-o", "args"), "sleep 5001") })
+	waitFor(t, func() bool { return !strings.Contains(d.Run("streamy", "ps", "-o", "args"), "sleep 5001") })
 }
 
 // TestInsideShare: checkpoints a sandbox takes of itself count against a
@@ -154,15 +155,15 @@ func TestStreamsEnd(t *testing.T) {
 // limit), and the owner's own share is still enforced.
 func TestInsideShare(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, "--checkpoint-limit", "2", "--inside-checkpoint-limit", "2")
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, "--checkpoint-limit", "2", "--inside-checkpoint-limit", "2")
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "greedy"}); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
-		d.run("greedy", "loam", "checkpoint", "create", "--disk-only", "--comment", "mine")
+		d.Run("greedy", "loam", "checkpoint", "create", "--disk-only", "--comment", "mine")
 	}
-	_, errOut, code := d.runAs("root", "greedy", "loam", "checkpoint", "create", "--disk-only")
+	_, errOut, code := runAs(d, "root", "greedy", "loam", "checkpoint", "create", "--disk-only")
 	if code == 0 || !strings.Contains(errOut, "taken from inside") {
 		t.Fatalf("a third checkpoint from inside: %d %q, want the inside share's limit", code, errOut)
 	}

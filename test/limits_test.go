@@ -15,13 +15,14 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // latency is the median of a neighbour's exec round trip and of the API's
 // list of sandboxes over n tries.
 type latency struct{ exec, list time.Duration }
 
-func measure(t *testing.T, d *daemon, neighbour string, n int) latency {
+func measure(t *testing.T, d *harness.Daemon, neighbour string, n int) latency {
 	t.Helper()
 	var execs, lists []time.Duration
 	for range n {
@@ -99,8 +100,8 @@ func (w *firstWrite) String() string {
 // measures it).
 func TestLimitsContainHostile(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "neighbour"}); err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +179,7 @@ func TestLimitsContainHostile(t *testing.T) {
 	}
 	// The sandbox's user kills all its processes (kill is the shell's own:
 	// it needs no fork).
-	d.runAs("loam", "hostile", "sh", "-c", "kill -9 -1")
+	runAs(d, "loam", "hostile", "sh", "-c", "kill -9 -1")
 
 	// A memory hog past its 256 MiB: killed, or its sandbox is. On this
 	// platform the host's memory cgroup kills the whole sandbox process;
@@ -220,7 +221,7 @@ func TestLimitsContainHostile(t *testing.T) {
 	if alive("memory hog") {
 		// Held at its limit and cut at its deadline: anything of it left
 		// goes before the next test.
-		d.runAs("root", "hostile", "sh", "-c", "pkill -9 -u loam; true")
+		runAs(d, "root", "hostile", "sh", "-c", "pkill -9 -u loam; true")
 	} else {
 		sb, err := d.C.GetSandbox(ctx, "hostile")
 		if err != nil {
@@ -286,7 +287,7 @@ func TestLimitsContainHostile(t *testing.T) {
 	if !alive("stdout flood") {
 		t.Error("the sandbox of the stdout flood does not answer")
 	}
-	d.runAs("root", "hostile", "sh", "-c", "pkill yes; true")
+	runAs(d, "root", "hostile", "sh", "-c", "pkill yes; true")
 	within("after all", measure(t, d, "neighbour", 10))
 }
 
@@ -303,8 +304,8 @@ func tail(s string, n int) string {
 // again once the first is deleted.
 func TestMaxSandboxesCap(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, "--max-sandboxes", "1", "--max-heavy", "2")
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, "--max-sandboxes", "1", "--max-heavy", "2")
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "one"}); err != nil {
 		t.Fatal(err)
 	}
@@ -312,10 +313,10 @@ func TestMaxSandboxesCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "two"})
-	if apiCode(err) != api.CodeLimit || !strings.Contains(err.Error(), "--max-sandboxes") {
+	if harness.APICode(err) != api.CodeLimit || !strings.Contains(err.Error(), "--max-sandboxes") {
 		t.Fatalf("a second sandbox under --max-sandboxes 1: %v, want limit", err)
 	}
-	if out, errOut, code := d.cli("", "create", "two"); code == 0 || !strings.Contains(errOut, "at most 1 sandboxes") {
+	if out, errOut, code := d.CLI("", "create", "two"); code == 0 || !strings.Contains(errOut, "at most 1 sandboxes") {
 		t.Errorf("loam create beyond the cap: %d %q %q", code, out, errOut)
 	}
 	if err := d.C.DeleteSandbox(ctx, "one"); err != nil {
@@ -331,15 +332,15 @@ func TestMaxSandboxesCap(t *testing.T) {
 // sandbox floods its stdout to a slow reader. ns/op is the exec under the
 // flood; rest-ns/exec the same exec measured before it.
 func BenchmarkNeighbourUnderFlood(b *testing.B) {
-	d := startDaemonB(b)
-	ctx := ctxT(b)
+	d := harness.StartDaemonB(b)
+	ctx := harness.Ctx(b)
 	for _, name := range []string{"neighbour", "hostile"} {
 		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name}); err != nil {
 			b.Fatal(err)
 		}
 	}
 	exec := func() {
-		d.runB(b, "neighbour", "echo", "ok")
+		d.RunB(b, "neighbour", "echo", "ok")
 	}
 	const rest = 20
 	start := time.Now()

@@ -6,6 +6,7 @@ import (
 
 	"loam.dev/loam/api"
 	imcp "loam.dev/loam/internal/mcp"
+	"loam.dev/loam/test/harness"
 )
 
 // BenchmarkMCPRunCommand measures what a guardrail costs an agent: one
@@ -13,7 +14,7 @@ import (
 // with a disk-only checkpoint before it, and with a memory one (the
 // server's own pruning to --checkpoint-keep included).
 func BenchmarkMCPRunCommand(b *testing.B) {
-	d := startDaemonB(b)
+	d := harness.StartDaemonB(b)
 	if _, err := d.C.CreateSandbox(context.Background(), api.CreateSandbox{Name: "bench"}); err != nil {
 		b.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
 	imcp "loam.dev/loam/internal/mcp"
+	"loam.dev/loam/test/harness"
 )
 
 // The MCP server is driven as an agent's MCP client drives it: the Go SDK's
@@ -29,16 +30,16 @@ import (
 // mcpServer is a `loam mcp` process and a client session to it.
 type mcpServer struct {
 	cs  *sdk.ClientSession
-	log *syncBuffer // its stderr
+	log *harness.SyncBuffer // its stderr
 }
 
 // startMCP runs `loam mcp args…` for d over stdio and connects to it; it
 // ends with the test.
-func startMCP(t testing.TB, d *daemon, args ...string) *mcpServer {
+func startMCP(t testing.TB, d *harness.Daemon, args ...string) *mcpServer {
 	t.Helper()
-	cmd := exec.Command(loamBin, append([]string{"mcp"}, args...)...)
+	cmd := exec.Command(harness.LoamBin, append([]string{"mcp"}, args...)...)
 	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
-	m := &mcpServer{log: &syncBuffer{}}
+	m := &mcpServer{log: &harness.SyncBuffer{}}
 	cmd.Stderr = m.log
 	cs, err := sdk.NewClient(&sdk.Implementation{Name: "loam-test", Version: "0"}, nil).
 		Connect(mcpCtx(t), &sdk.CommandTransport{Command: cmd}, nil)
@@ -95,7 +96,7 @@ func (m *mcpServer) fails(t *testing.T, tool string, args map[string]any, want s
 func (m *mcpServer) tools(t *testing.T) []*sdk.Tool {
 	t.Helper()
 	var tools []*sdk.Tool
-	for tool, err := range m.cs.Tools(ctxT(t), nil) {
+	for tool, err := range m.cs.Tools(harness.Ctx(t), nil) {
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,9 +126,9 @@ func resultText(res *sdk.CallToolResult) string {
 }
 
 // checkpointByID is sandbox's checkpoint id, read from the daemon.
-func checkpointByID(t *testing.T, d *daemon, sandbox, id string) api.Checkpoint {
+func checkpointByID(t *testing.T, d *harness.Daemon, sandbox, id string) api.Checkpoint {
 	t.Helper()
-	cp, err := d.C.GetCheckpoint(ctxT(t), sandbox, id)
+	cp, err := d.C.GetCheckpoint(harness.Ctx(t), sandbox, id)
 	if err != nil {
 		t.Fatalf("checkpoint %s of %s: %v", id, sandbox, err)
 	}
@@ -139,7 +140,7 @@ func checkpointByID(t *testing.T, d *daemon, sandbox, id string) api.Checkpoint 
 // id is in the result and the log, and restoring to it undoes the step.
 func TestMCPTools(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	m := startMCP(t, d, "--checkpoint-before=exec")
 
 	names := []string{}
@@ -198,7 +199,7 @@ func TestMCPTools(t *testing.T) {
 		t.Errorf("the timed-out call took %s", el)
 	}
 	waitFor(t, func() bool {
-		out := d.run("agent", "ps")
+		out := d.Run("agent", "ps")
 		return !strings.Contains(out, "sleep 300")
 	})
 
@@ -277,7 +278,7 @@ func TestMCPTools(t *testing.T) {
 	if killed.Checkpoint == "" {
 		t.Errorf("kill_session took no checkpoint: %+v", killed)
 	}
-	waitFor(t, func() bool { return !strings.Contains(d.run("agent", "ps"), "sleep 600") })
+	waitFor(t, func() bool { return !strings.Contains(d.Run("agent", "ps"), "sleep 600") })
 
 	// Checkpoints: take one; list them (the server kept its newest five,
 	// --checkpoint-keep's default, so the first exec's is gone); restore to
@@ -337,7 +338,7 @@ func TestMCPTools(t *testing.T) {
 
 	// delete_sandbox.
 	m.ok(t, "delete_sandbox", map[string]any{"sandbox": "agent-fork"}, nil)
-	if _, err := d.C.GetSandbox(ctxT(t), "agent-fork"); err == nil {
+	if _, err := d.C.GetSandbox(harness.Ctx(t), "agent-fork"); err == nil {
 		t.Error("delete_sandbox left the sandbox")
 	}
 	if strings.Contains(m.log.String(), "panic") {
@@ -349,8 +350,8 @@ func TestMCPTools(t *testing.T) {
 // --checkpoint-before=write against a real daemon.
 func TestMCPGuardrails(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	for _, name := range []string{"mine", "theirs"} {
 		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name}); err != nil {
 			t.Fatal(err)
@@ -442,8 +443,8 @@ func TestMCPGuardrails(t *testing.T) {
 // whole output and exit code.
 func TestMCPCommandThroughCheckpoint(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	if _, err := d.C.CreateSandbox(ctxT(t), api.CreateSandbox{Name: "busy"}); err != nil {
+	d := harness.StartDaemon(t)
+	if _, err := d.C.CreateSandbox(harness.Ctx(t), api.CreateSandbox{Name: "busy"}); err != nil {
 		t.Fatal(err)
 	}
 	m := startMCP(t, d, "--checkpoint-before=write", "--checkpoint-memory")
@@ -456,7 +457,7 @@ func TestMCPCommandThroughCheckpoint(t *testing.T) {
 		}
 		done <- res
 	}()
-	waitFor(t, func() bool { return strings.Contains(d.run("busy", "ps"), "sleep 3") })
+	waitFor(t, func() bool { return strings.Contains(d.Run("busy", "ps"), "sleep 3") })
 	var wrote imcp.FileOutput
 	m.ok(t, "write_file", map[string]any{"sandbox": "busy", "path": "/home/loam/mid", "content": "x"}, &wrote)
 	if cp := checkpointByID(t, d, "busy", wrote.Checkpoint); !cp.Memory {
@@ -478,12 +479,12 @@ func TestMCPCommandThroughCheckpoint(t *testing.T) {
 // daemon's token.
 func TestMCPHTTP(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx, cancel := context.WithCancel(ctxT(t))
+	d := harness.StartDaemon(t)
+	ctx, cancel := context.WithCancel(harness.Ctx(t))
 	defer cancel()
-	cmd := exec.CommandContext(ctx, loamBin, "mcp", "--listen", "127.0.0.1:0")
+	cmd := exec.CommandContext(ctx, harness.LoamBin, "mcp", "--listen", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
-	log := &syncBuffer{}
+	log := &harness.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = io.Discard, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -556,7 +557,7 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // mcpEndpoint waits for loam mcp --listen to log the URL it serves at, of
 // scheme (http or https), and returns it.
-func mcpEndpoint(t *testing.T, log *syncBuffer, scheme string) string {
+func mcpEndpoint(t *testing.T, log *harness.SyncBuffer, scheme string) string {
 	t.Helper()
 	urlRE := regexp.MustCompile(`url=(` + scheme + `://\S+/mcp)`)
 	var endpoint string

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // TestDebianMirror: the daemon builds base from the mirror it is given
@@ -27,21 +28,21 @@ func TestDebianMirror(t *testing.T) {
 	}
 	const mirror = "http://127.0.0.1:9/debian"
 	env := []string{"PATH=" + bin + ":" + os.Getenv("PATH"), "LOAM_DEBIAN_MIRROR=" + mirror}
-	newDaemon := func(cache string) *daemon {
+	newDaemon := func(cache string) *harness.Daemon {
 		dataDir, err := os.MkdirTemp("", "loam-e2e-")
 		if err != nil {
 			t.Fatal(err)
 		}
-		d := &daemon{t: t, dataDir: dataDir, subnet: nextSubnet(), env: env}
-		d.start("--default-template", "base", "--template-cache", cache)
-		t.Cleanup(func() { d.destroy() })
+		d := &harness.Daemon{T: t, DataDir: dataDir, Subnet: harness.NextSubnet(), Env: env}
+		d.Start("--default-template", "base", "--template-cache", cache)
+		t.Cleanup(func() { d.Destroy() })
 		return d
 	}
 
 	// No base in the cache: the daemon starts building it at once, from
 	// the mirror.
 	d := newDaemon(t.TempDir())
-	ctx := ctxT(t)
+	ctx := harness.Ctx(t)
 	var base api.Template
 	waitFor(t, func() bool {
 		tpls, err := d.C.Templates(ctx)
@@ -65,15 +66,15 @@ func TestDebianMirror(t *testing.T) {
 	if a := strings.Fields(string(args)); len(a) == 0 || a[len(a)-1] != mirror {
 		t.Errorf("debootstrap ran with %q, want the mirror %s last", a, mirror)
 	}
-	d.destroy()
+	d.Destroy()
 	os.Remove(argsFile)
 
 	// Offline: a tree put in the cache under base's key is imported, and
 	// debootstrap is not run. (The busybox tree stands in for a base built
 	// elsewhere: what matters is that it is taken as base.)
-	busybox, _ := filepath.Glob(filepath.Join(templateCache(), "busybox-*"))
+	busybox, _ := filepath.Glob(filepath.Join(harness.TemplateCache(), "busybox-*"))
 	if len(busybox) == 0 {
-		t.Fatalf("no busybox template in %s to stand in for base", templateCache())
+		t.Fatalf("no busybox template in %s to stand in for base", harness.TemplateCache())
 	}
 	cache := t.TempDir()
 	if out, err := exec.Command("cp", "-a", busybox[0], filepath.Join(cache, "base-4e8ff98926d0")).CombinedOutput(); err != nil {
@@ -83,7 +84,7 @@ func TestDebianMirror(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "offline", Template: "base"}); err != nil {
 		t.Fatalf("a sandbox of base from a copied tree: %v", err)
 	}
-	d.run("offline", "true")
+	d.Run("offline", "true")
 	if _, err := os.Stat(argsFile); err == nil {
 		t.Error("debootstrap ran although base's tree was in the cache")
 	}

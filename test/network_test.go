@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // world is a network namespace that stands for the internet: a veth from
@@ -40,7 +41,7 @@ func newWorld(t *testing.T) *world {
 	worldMu.Lock()
 	// Registered first, so it runs last: after the world's removal.
 	t.Cleanup(worldMu.Unlock)
-	sub := strings.TrimSuffix(testSubnet(251), "0/24") // "10.X.251."
+	sub := strings.TrimSuffix(harness.Subnet(251), "0/24") // "10.X.251."
 	// Named after the run's test range, so that two runs at once (see
 	// testSubnet) have a world each.
 	octet := strings.Split(sub, ".")[1]
@@ -145,9 +146,9 @@ func (w *world) serveHTTP(t *testing.T) {
 // fetchInside runs wget in a sandbox (busybox's wget crashes with -T, so timeout
 // bounds it) and returns what it got, or "" when it
 // could not connect.
-func fetchInside(t *testing.T, d *daemon, sb, url string) string {
+func fetchInside(t *testing.T, d *harness.Daemon, sb, url string) string {
 	t.Helper()
-	out, errOut, code := d.runAs("", sb, "sh", "-c", `rm -f /tmp/f; timeout 3 wget -q -O /tmp/f "$0" && cat /tmp/f`, url)
+	out, errOut, code := runAs(d, "", sb, "sh", "-c", `rm -f /tmp/f; timeout 3 wget -q -O /tmp/f "$0" && cat /tmp/f`, url)
 	if code != 0 {
 		t.Logf("from %s, wget %s: exit %d: %s", sb, url, code, errOut)
 		return ""
@@ -157,7 +158,7 @@ func fetchInside(t *testing.T, d *daemon, sb, url string) string {
 
 // expectFetch fails the test unless fetching url from sb works exactly
 // when want is true.
-func expectFetch(t *testing.T, d *daemon, sb, url string, want bool) {
+func expectFetch(t *testing.T, d *harness.Daemon, sb, url string, want bool) {
 	t.Helper()
 	got := fetchInside(t, d, sb, url)
 	if (got != "") != want {
@@ -169,7 +170,7 @@ func TestNetworkEgress(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.serveHTTP(t)
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	ctx := context.Background()
 	create := func(name string, p *api.NetworkPolicy) *api.Sandbox {
 		t.Helper()
@@ -210,11 +211,11 @@ func TestNetworkEgress(t *testing.T) {
 		fmt.Fprint(w, "host\n")
 	}))
 	hostPort := hostLn.Addr().(*net.TCPAddr).Port
-	gw := strings.TrimSuffix(d.sandboxIP(open.ID), "2") + "1" // the sandbox's host address
+	gw := strings.TrimSuffix(sandboxIP(d, open.ID), "2") + "1" // the sandbox's host address
 	apiPort := d.URL[strings.LastIndex(d.URL, ":")+1:]
 	// A web server in the closed sandbox, for the others to try.
-	d.run("closed", "sh", "-c", "mkdir -p /tmp/www && echo peer > /tmp/www/index.html && httpd -p 9000 -h /tmp/www")
-	peer := fmt.Sprintf("http://%s:9000/", d.sandboxIP(closed.ID))
+	d.Run("closed", "sh", "-c", "mkdir -p /tmp/www && echo peer > /tmp/www/index.html && httpd -p 9000 -h /tmp/www")
+	peer := fmt.Sprintf("http://%s:9000/", sandboxIP(d, closed.ID))
 	targets := map[string]string{
 		"gw":   fmt.Sprintf("http://%s:%d/", gw, hostPort),
 		"host": fmt.Sprintf("http://%s:%d/", w.hostIP, hostPort),
@@ -233,7 +234,7 @@ func TestNetworkEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	reaches("some", "host")
-	if _, err := d.C.SetNetwork(ctx, "some", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{w.ip, d.sandboxIP(closed.ID)}}); err != nil {
+	if _, err := d.C.SetNetwork(ctx, "some", api.NetworkPolicy{Egress: api.EgressNone, Allow: []string{w.ip, sandboxIP(d, closed.ID)}}); err != nil {
 		t.Fatal(err)
 	}
 	reaches("some", "peer")
@@ -286,7 +287,7 @@ func TestNetworkEgress(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		script := `wget -q -O /tmp/ticks http://` + w.ip + `/ticks & sleep 2; wc -l </tmp/ticks; sleep 3; wc -l </tmp/ticks; sleep 1; wc -l </tmp/ticks; kill %1`
-		out, _, code = d.runAs("", "open", "sh", "-c", script)
+		out, _, code = runAs(d, "", "open", "sh", "-c", script)
 	}()
 	time.Sleep(2500 * time.Millisecond)
 	if _, err := d.C.SetNetwork(ctx, "open", api.NetworkPolicy{Egress: api.EgressNone}); err != nil {
@@ -339,7 +340,7 @@ func TestNetworkNames(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.serveHTTP(t)
-	d := startDaemon(t, "--dns-upstream", w.serveDNS(t))
+	d := harness.StartDaemon(t, "--dns-upstream", w.serveDNS(t))
 	ctx := context.Background()
 	create := func(name string, p *api.NetworkPolicy) {
 		t.Helper()
@@ -366,7 +367,7 @@ func TestNetworkNames(t *testing.T) {
 	// The name's address is open, the one the sandbox was given: a.
 	expectFetch(t, d, "named", "http://"+w.ip+"/", true)
 	expectFetch(t, d, "denied", a, false)
-	if out, _, code := d.runAs("", "denied", "nslookup", "a.world.test"); code == 0 {
+	if out, _, code := runAs(d, "", "denied", "nslookup", "a.world.test"); code == 0 {
 		t.Errorf("denied: nslookup a.world.test succeeded: %s", out)
 	}
 	// The address of a denied name is closed too, once the resolver knows
@@ -413,7 +414,7 @@ func TestNetworkAfterRestart(t *testing.T) {
 	w := newWorld(t)
 	w.serveHTTP(t)
 	dnsAddr := w.serveDNS(t)
-	d := startDaemon(t, "--dns-upstream", dnsAddr)
+	d := harness.StartDaemon(t, "--dns-upstream", dnsAddr)
 	ctx := context.Background()
 	for name, p := range map[string]*api.NetworkPolicy{
 		"open":  nil,
@@ -425,8 +426,8 @@ func TestNetworkAfterRestart(t *testing.T) {
 	}
 	a, b := "http://a.world.test/", "http://b.world.test/"
 	expectFetch(t, d, "named", a, true)
-	d.stop()
-	d.start("--dns-upstream", dnsAddr)
+	d.Stop()
+	d.Start("--dns-upstream", dnsAddr)
 	expectFetch(t, d, "open", b, true)
 	expectFetch(t, d, "named", a, true)
 	expectFetch(t, d, "named", b, false)
@@ -436,19 +437,19 @@ func TestNetworkAfterRestart(t *testing.T) {
 // TestNetworkCLI: the policy flags of create, and loam network set/get.
 func TestNetworkCLI(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	if _, errOut, code := d.cli("", "create", "cli", "--egress", "none", "--allow", "PyPI.org", "--allow", "192.0.2.0/24"); code != 0 {
+	d := harness.StartDaemon(t)
+	if _, errOut, code := d.CLI("", "create", "cli", "--egress", "none", "--allow", "PyPI.org", "--allow", "192.0.2.0/24"); code != 0 {
 		t.Fatalf("create: exit %d: %s", code, errOut)
 	}
 	want := "egress:      none\nallow:       pypi.org,192.0.2.0/24\ndeny:        -\n"
-	if out, errOut, code := d.cli("", "network", "get", "cli"); code != 0 || out != want {
+	if out, errOut, code := d.CLI("", "network", "get", "cli"); code != 0 || out != want {
 		t.Errorf("network get: exit %d %q %s, want %q", code, out, errOut, want)
 	}
 	want = "egress:      all\nallow:       -\ndeny:        *.example.com\n"
-	if out, errOut, code := d.cli("", "network", "set", "cli", "--deny", "*.example.com"); code != 0 || out != want {
+	if out, errOut, code := d.CLI("", "network", "set", "cli", "--deny", "*.example.com"); code != 0 || out != want {
 		t.Errorf("network set: exit %d %q %s, want %q", code, out, errOut, want)
 	}
-	if _, errOut, code := d.cli("", "network", "set", "cli", "--egress", "some"); code == 0 || !strings.Contains(errOut, "neither") {
+	if _, errOut, code := d.CLI("", "network", "set", "cli", "--egress", "some"); code == 0 || !strings.Contains(errOut, "neither") {
 		t.Errorf("network set --egress some: exit %d: %s", code, errOut)
 	}
 }

@@ -17,13 +17,14 @@ import (
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/image/imagetest"
 	"loam.dev/loam/internal/server"
+	"loam.dev/loam/test/harness"
 )
 
 // walker sends a conformance walk's requests to a daemon and checks every
 // answer against the document.
 type walker struct {
 	t *testing.T
-	d *daemon
+	d *harness.Daemon
 	c *conformance
 }
 
@@ -158,8 +159,8 @@ func output(fs []frame, stream byte) string {
 func TestOpenAPIConformance(t *testing.T) {
 	t.Parallel()
 	// A reserve no host has: warm pools say why they hold back (held).
-	d := startDaemon(t, "--pool-reserve-mib", "100000000")
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, "--pool-reserve-mib", "100000000")
+	ctx := harness.Ctx(t)
 	w := &walker{t: t, d: d, c: newConformance(t)}
 
 	t.Run("daemon", func(t *testing.T) { w.t = t; walkDaemon(w) })
@@ -397,8 +398,8 @@ func walkFiles(ctx context.Context, w *walker) {
 	}
 	w.errorCode(req{route: "GET " + content, path: sb + "/files/content?path=/home/loam/nope"}, api.CodeNotFound)
 	w.errorCode(req{route: "PUT " + content, path: sb + "/files/content?path=relative", body: "x", ctype: "application/octet-stream"}, api.CodeInvalid)
-	w.d.run("scratch", "ln", "-s", "a.txt", "/home/loam/notes/link")
-	w.d.run("scratch", "python3", "-c", "import os\nos.mkdir('/tmp/many')\nfor i in range(10001): open('/tmp/many/%d' % i, 'w').close()")
+	w.d.Run("scratch", "ln", "-s", "a.txt", "/home/loam/notes/link")
+	w.d.Run("scratch", "python3", "-c", "import os\nos.mkdir('/tmp/many')\nfor i in range(10001): open('/tmp/many/%d' % i, 'w').close()")
 	var info api.FileInfo
 	w.json(req{route: "GET " + files, path: sb + "/files?path=/home/loam/notes&depth=2"}, 200, &info)
 	if len(info.Entries) != 2 || info.Entries[1].Target != "a.txt" {
@@ -636,7 +637,7 @@ func walkCheckpoints(ctx context.Context, w *walker) {
 func walkImages(w *walker) {
 	reg := imagetest.Registry(w.t, "alice", "s3cret")
 	ref := reg + "/bb:v1"
-	imagetest.Push(w.t, ref, imagetest.Image(w.t, busyboxConfig, imagetest.Busybox(w.t)), "alice", "s3cret")
+	imagetest.Push(w.t, ref, imagetest.Image(w.t, imagetest.BusyboxConfig, imagetest.Busybox(w.t)), "alice", "s3cret")
 	regRoute, regPath := "/v1/registries/{registry}", "/v1/registries/"+reg
 	w.call(req{route: "PUT " + regRoute, path: regPath, body: `{"username":"alice","password":"s3cret"}`}, 200)
 	w.errorCode(req{route: "PUT " + regRoute, path: regPath, body: `{"username":"alice"`}, api.CodeInvalid)

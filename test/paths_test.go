@@ -13,6 +13,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // tarOf makes a tar of entries: a name ending in / is a directory, one
@@ -49,8 +50,8 @@ func tarOf(t *testing.T, mode int64, names ...string) *bytes.Reader {
 // Neither may write outside the upload's directory or change /etc.
 func TestPathsUploadSymlinks(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "p"}); err != nil {
 		t.Fatal(err)
@@ -58,26 +59,26 @@ func TestPathsUploadSymlinks(t *testing.T) {
 	root := &client.FileOptions{User: "root"}
 
 	err := c.WriteArchive(ctx, "p", "/home/loam/up", tarOf(t, 0o644, "d->../../..", "d/tmp/x"), root)
-	if apiCode(err) != api.CodeInvalid {
+	if harness.APICode(err) != api.CodeInvalid {
 		t.Errorf("tar through its own climbing symlink: %v, want invalid", err)
 	}
-	if out, _, code := d.runAs("root", "p", "ls", "-la", "/tmp/x"); code == 0 {
+	if out, _, code := runAs(d, "root", "p", "ls", "-la", "/tmp/x"); code == 0 {
 		t.Errorf("the tar wrote /tmp/x: %s", out)
 	}
 
-	d.run("p", "sh", "-c", "mkdir -p /home/loam/proj && ln -s /etc /home/loam/proj/conf")
-	before := d.run("p", "stat", "-c", "%a %U", "/etc")
+	d.Run("p", "sh", "-c", "mkdir -p /home/loam/proj && ln -s /etc /home/loam/proj/conf")
+	before := d.Run("p", "stat", "-c", "%a %U", "/etc")
 	err = c.WriteArchive(ctx, "p", "/home/loam/proj", tarOf(t, 0o777, "conf/", "conf/app.ini"), root)
-	if apiCode(err) != api.CodeInvalid {
+	if harness.APICode(err) != api.CodeInvalid {
 		t.Errorf("root's upload through the user's symlink: %v, want invalid", err)
 	}
-	if after := d.run("p", "stat", "-c", "%a %U", "/etc"); after != before {
+	if after := d.Run("p", "stat", "-c", "%a %U", "/etc"); after != before {
 		t.Errorf("/etc was %q, is %q after root's upload", before, after)
 	}
-	if out, _, code := d.runAs("root", "p", "ls", "-la", "/etc/app.ini"); code == 0 {
+	if out, _, code := runAs(d, "root", "p", "ls", "-la", "/etc/app.ini"); code == 0 {
 		t.Errorf("root's upload wrote /etc/app.ini: %s", out)
 	}
-	if _, _, code := d.runAs("loam", "p", "touch", "/etc/owned"); code == 0 {
+	if _, _, code := runAs(d, "loam", "p", "touch", "/etc/owned"); code == 0 {
 		t.Error("the sandbox's user can write /etc")
 	}
 	// The planted link is the user's: a file entry at its name replaces
@@ -85,7 +86,7 @@ func TestPathsUploadSymlinks(t *testing.T) {
 	if err := c.WriteArchive(ctx, "p", "/home/loam/proj", tarOf(t, 0o755, "src/", "src/main.go"), root); err != nil {
 		t.Errorf("an innocent upload: %v", err)
 	}
-	if got := d.run("p", "cat", "/home/loam/proj/src/main.go"); got != "x" {
+	if got := d.Run("p", "cat", "/home/loam/proj/src/main.go"); got != "x" {
 		t.Errorf("src/main.go: %q", got)
 	}
 }
@@ -96,8 +97,8 @@ func TestPathsUploadSymlinks(t *testing.T) {
 // in go test).
 func TestPathsInSandbox(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "k"}); err != nil {
 		t.Fatal(err)
@@ -124,7 +125,7 @@ func TestPathsInSandbox(t *testing.T) {
 			if _, err := c.WriteFile(ctx, "k", in, f, &client.FileOptions{User: "root", Mode: 0o755}); err != nil {
 				t.Fatal(err)
 			}
-			out, errb, code := d.runAs("root", "k", in, "-test.run", tc.run, "-test.v", "-test.count=1")
+			out, errb, code := runAs(d, "root", "k", in, "-test.run", tc.run, "-test.v", "-test.count=1")
 			if code != 0 || !strings.Contains(out, "\nPASS") {
 				t.Fatalf("%s inside the sandbox: exit %d\n%s\n%s", tc.pkg, code, out, errb)
 			}
@@ -161,17 +162,17 @@ func readDeepTree(levels int) string {
 // and what cannot be imported is a 4xx naming the entry.
 func TestPathsTemplateRoundTrip(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
 		t.Fatal(err)
 	}
 	// near: 4046 bytes to f. far: the same 20 levels moved beneath 6
 	// more, 5262 bytes (no shell goes there by cd: they are moved there).
-	d.run("src", "sh", "-c", "cd /home/loam && ln -s ../../../etc up && mkdir near far far2 && cd near && "+deepTree(20, "near"))
-	d.run("src", "sh", "-c", "cd /home/loam/far2 && "+deepTree(20, "far"))
-	d.run("src", "sh", "-c", "cd /home/loam/far && "+deepTree(6, "b")+" && mv /home/loam/far2 /home/loam/far/"+chain(6)+"/")
+	d.Run("src", "sh", "-c", "cd /home/loam && ln -s ../../../etc up && mkdir near far far2 && cd near && "+deepTree(20, "near"))
+	d.Run("src", "sh", "-c", "cd /home/loam/far2 && "+deepTree(20, "far"))
+	d.Run("src", "sh", "-c", "cd /home/loam/far && "+deepTree(6, "b")+" && mv /home/loam/far2 /home/loam/far/"+chain(6)+"/")
 	noMemory := false
 	if _, err := c.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Name: "cp", Memory: &noMemory}); err != nil {
 		t.Fatal(err)
@@ -189,17 +190,17 @@ func TestPathsTemplateRoundTrip(t *testing.T) {
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "dst", Template: "back"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := d.run("dst", "readlink", "/home/loam/up"); got != "../../../etc\n" {
+	if got := d.Run("dst", "readlink", "/home/loam/up"); got != "../../../etc\n" {
 		t.Errorf("/home/loam/up -> %q", got)
 	}
-	if got := d.run("dst", "sh", "-c", "cd /home/loam/up && pwd -P"); got != "/etc\n" {
+	if got := d.Run("dst", "sh", "-c", "cd /home/loam/up && pwd -P"); got != "/etc\n" {
 		t.Errorf("/home/loam/up leads to %q, want /etc", got)
 	}
-	if got := d.run("dst", "sh", "-c", "cd /home/loam/near && "+readDeepTree(20)); got != "near\n" {
+	if got := d.Run("dst", "sh", "-c", "cd /home/loam/near && "+readDeepTree(20)); got != "near\n" {
 		t.Errorf("the path near PATH_MAX: %q", got)
 	}
-	d.run("dst", "sh", "-c", "mv /home/loam/far/"+chain(6)+"/far2 /home/loam/far2")
-	if got := d.run("dst", "sh", "-c", "cd /home/loam/far2 && "+readDeepTree(20)); got != "far\n" {
+	d.Run("dst", "sh", "-c", "mv /home/loam/far/"+chain(6)+"/far2 /home/loam/far2")
+	if got := d.Run("dst", "sh", "-c", "cd /home/loam/far2 && "+readDeepTree(20)); got != "far\n" {
 		t.Errorf("the path past PATH_MAX: %q", got)
 	}
 

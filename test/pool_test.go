@@ -11,6 +11,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // TestWarmPool is a checkpoint's warm pool on real sandboxes: members are
@@ -21,12 +22,12 @@ import (
 // it and leaves nothing behind.
 func TestWarmPool(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("src", "sh", "-c", "echo 41 > /dev/shm/n")
+	d.Run("src", "sh", "-c", "echo 41 > /dev/shm/n")
 	if _, err := d.C.CreateSession(ctx, "src", api.ExecRequest{Cmd: []string{"sleep", "3600"}, Detachable: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func TestWarmPool(t *testing.T) {
 		t.Errorf("the pool set: %+v", p)
 	}
 	waitPool(t, func() (*api.Pool, error) { return d.C.CheckpointPool(ctx, "src", cp.ID) }, 2)
-	if out, errOut, code := d.cli("", "checkpoint", "pool", "src", cp.ID); code != 0 || !strings.HasPrefix(out, "2 of 2 ready, 0 starting, ") {
+	if out, errOut, code := d.CLI("", "checkpoint", "pool", "src", cp.ID); code != 0 || !strings.HasPrefix(out, "2 of 2 ready, 0 starting, ") {
 		t.Errorf("loam checkpoint pool: %d %q %q", code, out, errOut)
 	}
 	if p, _ := d.C.CheckpointPool(ctx, "src", cp.ID); p.MemoryBytes <= 0 {
@@ -64,7 +65,7 @@ func TestWarmPool(t *testing.T) {
 	if f.Name != "f1" || f.Labels["team"] != "a" || f.State != api.StateRunning || f.From == nil || f.From.Checkpoint != cp.ID {
 		t.Errorf("the fork from the pool: %+v", f)
 	}
-	if got := d.run("f1", "sh", "-c", `echo "$(hostname) $GREETING $(cat /dev/shm/n) $(cat /var/lib/loam/sandbox_name)"`); got != "f1 hi 41 f1\n" {
+	if got := d.Run("f1", "sh", "-c", `echo "$(hostname) $GREETING $(cat /dev/shm/n) $(cat /var/lib/loam/sandbox_name)"`); got != "f1 hi 41 f1\n" {
 		t.Errorf("in the fork: %q, want its name, its env, the checkpoint's memory", got)
 	}
 	if ss, err := d.C.ListSessions(ctx, "f1"); err != nil || !slices.ContainsFunc(ss, func(s api.Session) bool {
@@ -73,7 +74,7 @@ func TestWarmPool(t *testing.T) {
 		t.Errorf("the fork's sessions: %v %v; want the checkpoint's sleep running", ss, err)
 	}
 	// The in-sandbox API acts on the fork, not on a member or the source.
-	if got := d.run("f1", "loam", "checkpoint", "create", "--disk-only"); got != "v1\n" {
+	if got := d.Run("f1", "loam", "checkpoint", "create", "--disk-only"); got != "v1\n" {
 		t.Errorf("a checkpoint from inside the fork: %q", got)
 	}
 	if cps, err := d.C.ListCheckpoints(ctx, "f1"); err != nil || len(cps) != 1 {
@@ -104,7 +105,7 @@ func TestWarmPool(t *testing.T) {
 		t.Errorf("the pool of a deleted checkpoint: %v, want not found", err)
 	}
 	waitFor(t, func() bool { return sandboxDirs(t, d) == 2 })
-	if got := d.run("f1", "cat", "/dev/shm/n"); got != "41\n" {
+	if got := d.Run("f1", "cat", "/dev/shm/n"); got != "41\n" {
 		t.Errorf("the fork after its pool was drained: %q", got)
 	}
 }
@@ -114,13 +115,13 @@ func TestWarmPool(t *testing.T) {
 // size outlives a restart of the daemon, which makes the members again.
 func TestWarmPoolTemplate(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	tpl := func() (*api.Pool, error) { return d.C.TemplatePool(ctx, "busybox") }
 	if _, err := d.C.SetTemplatePool(ctx, "nope", 1); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("a pool of a template that does not exist: %v, want not found", err)
 	}
-	if out, errOut, code := d.cli("", "template", "pool", "busybox", "1"); code != 0 || !strings.Contains(out, " of 1 ready") {
+	if out, errOut, code := d.CLI("", "template", "pool", "busybox", "1"); code != 0 || !strings.Contains(out, " of 1 ready") {
 		t.Fatalf("loam template pool busybox 1: %d %q %q", code, out, errOut)
 	}
 	waitPool(t, tpl, 1)
@@ -132,12 +133,12 @@ func TestWarmPoolTemplate(t *testing.T) {
 	if sb.Template != "busybox" {
 		t.Errorf("template %q", sb.Template)
 	}
-	if got := d.run("t1", "sh", "-c", `echo "$(hostname) $X"`); got != "t1 y\n" {
+	if got := d.Run("t1", "sh", "-c", `echo "$(hostname) $X"`); got != "t1 y\n" {
 		t.Errorf("in the sandbox from the pool: %q", got)
 	}
 	// The agent renamed the sandbox with CAP_SYS_ADMIN, which it keeps to
 	// itself: root's processes have none of it.
-	if out, _, code := d.runAs("root", "t1", "sh", "-c", "grep CapBnd /proc/self/status; hostname other"); code == 0 {
+	if out, _, code := runAs(d, "root", "t1", "sh", "-c", "grep CapBnd /proc/self/status; hostname other"); code == 0 {
 		t.Errorf("root in the sandbox renamed it (%q): CAP_SYS_ADMIN reached a user's process", out)
 	}
 	if svc, err := d.C.GetService(ctx, "t1", "web"); err != nil || svc.Name != "web" {
@@ -155,8 +156,8 @@ func TestWarmPoolTemplate(t *testing.T) {
 		t.Errorf("after a create with its own resources: %+v", p)
 	}
 
-	d.stop()
-	d.start()
+	d.Stop()
+	d.Start()
 	waitPool(t, tpl, 1)
 	// t1, t2 and one member: the last daemon's member was deleted.
 	if got := sandboxDirs(t, d); got != 3 {
@@ -185,9 +186,9 @@ func waitPool(t *testing.T, get func() (*api.Pool, error), want int) {
 }
 
 // sandboxIDs are the ids of the sandboxes on the host, members included.
-func sandboxIDs(t *testing.T, d *daemon) map[string]bool {
+func sandboxIDs(t *testing.T, d *harness.Daemon) map[string]bool {
 	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(d.dataDir, "sandboxes"))
+	entries, err := os.ReadDir(filepath.Join(d.DataDir, "sandboxes"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,9 +200,9 @@ func sandboxIDs(t *testing.T, d *daemon) map[string]bool {
 }
 
 // sandboxDirs counts the sandboxes on the host, members included.
-func sandboxDirs(t *testing.T, d *daemon) int {
+func sandboxDirs(t *testing.T, d *harness.Daemon) int {
 	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(d.dataDir, "sandboxes"))
+	entries, err := os.ReadDir(filepath.Join(d.DataDir, "sandboxes"))
 	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}

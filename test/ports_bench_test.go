@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // portBenchMiB is how much a throughput iteration moves through a port
@@ -58,13 +59,13 @@ serve(9000, source)
 // each way, beside a connection straight to the sandbox's address (what
 // the sandbox's network and the Python servers allow).
 func BenchmarkPortStream(b *testing.B) {
-	d := startDaemonB(b)
+	d := harness.StartDaemonB(b)
 	ctx := context.Background()
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "bench", Template: "base"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	d.runB(b, "bench", "sh", "-c", `mkdir -p /home/loam/site && echo hello > /home/loam/site/index.html &&
+	d.RunB(b, "bench", "sh", "-c", `mkdir -p /home/loam/site && echo hello > /home/loam/site/index.html &&
 		nohup python3 -m http.server 8080 --directory /home/loam/site >/dev/null 2>&1 &
 		cat > /home/loam/bulk.py <<'PY'`+bulkServer+`PY
 		nohup python3 /home/loam/bulk.py >/dev/null 2>&1 &`)
@@ -111,7 +112,7 @@ func BenchmarkPortStream(b *testing.B) {
 	})
 	b.Run("http-get", func(b *testing.B) { get(b, httpThrough(d.C, "bench", 8080)) })
 	b.Run("http-get-direct", func(b *testing.B) {
-		addr := net.JoinHostPort(d.sandboxIP(sb.ID), "8080")
+		addr := net.JoinHostPort(sandboxIP(d, sb.ID), "8080")
 		get(b, &http.Client{Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
@@ -123,7 +124,7 @@ func BenchmarkPortStream(b *testing.B) {
 		return func() (net.Conn, error) { return d.C.DialPort(ctx, "bench", port) }
 	}
 	direct := func(port int) func() (net.Conn, error) {
-		addr := net.JoinHostPort(d.sandboxIP(sb.ID), strconv.Itoa(port))
+		addr := net.JoinHostPort(sandboxIP(d, sb.ID), strconv.Itoa(port))
 		return func() (net.Conn, error) { return net.Dial("tcp", addr) }
 	}
 	b.Run("download", func(b *testing.B) { benchDownload(b, stream(9000)) })

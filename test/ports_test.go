@@ -17,17 +17,18 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/test/harness"
 )
 
 // serveSite starts python's http.server in sandbox sb on port, serving a
 // page that says hello, bound to bind ("" for every address).
-func serveSite(t *testing.T, d *daemon, sb string, port int, bind string) {
+func serveSite(t *testing.T, d *harness.Daemon, sb string, port int, bind string) {
 	t.Helper()
 	args := ""
 	if bind != "" {
 		args = " --bind " + bind
 	}
-	d.run(sb, "sh", "-c", `mkdir -p /home/loam/site && echo hello > /home/loam/site/index.html &&
+	d.Run(sb, "sh", "-c", `mkdir -p /home/loam/site && echo hello > /home/loam/site/index.html &&
 		nohup python3 -m http.server `+strconv.Itoa(port)+args+` --directory /home/loam/site >/dev/null 2>&1 &`)
 }
 
@@ -62,8 +63,8 @@ func getThrough(ctx context.Context, c *client.Client, sb string, port int) (str
 // stream carries an HTTP request to each; refusals are loam's own errors.
 func TestPorts(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "porty", Template: "base"}); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestPorts(t *testing.T) {
 		t.Errorf("DialPort to a missing sandbox: %v", err)
 	}
 
-	d.run("porty", "pkill", "-f", "http.server 9090")
+	d.Run("porty", "pkill", "-f", "http.server 9090")
 	wantEvent(api.PortEvent{Type: api.PortClose, Port: 9090})
 }
 
@@ -153,8 +154,8 @@ func TestPorts(t *testing.T) {
 // them too.
 func TestPortStreamsEnd(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "porty", Template: "base"}); err != nil {
 		t.Fatal(err)
 	}
@@ -279,26 +280,26 @@ type readResult struct {
 // port-forward forwards.
 func TestPortsCLI(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "porty", Template: "base"}); err != nil {
 		t.Fatal(err)
 	}
 	serveSite(t, d, "porty", 8080, "127.0.0.1")
 	waitFor(t, func() bool {
-		out, _, code := d.cli("", "ports", "porty")
+		out, _, code := d.CLI("", "ports", "porty")
 		return code == 0 && strings.Contains(out, "8080")
 	})
-	out, errOut, code := d.cli("", "ports", "porty")
+	out, errOut, code := d.CLI("", "ports", "porty")
 	if want := "PORT  ADDRESSES  LOOPBACK\n8080  127.0.0.1  yes\n"; code != 0 || out != want {
 		t.Fatalf("loam ports: exit %d, stderr %q, stdout:\n%s\nwant:\n%s", code, errOut, out, want)
 	}
-	out, _, code = d.cli("", "ports", "porty", "--json")
+	out, _, code = d.CLI("", "ports", "porty", "--json")
 	if want := `"loopback": true`; code != 0 || !strings.Contains(out, want) {
 		t.Fatalf("loam ports --json: exit %d, %s", code, out)
 	}
 
-	watch := exec.Command(loamBin, "ports", "watch", "porty")
+	watch := exec.Command(harness.LoamBin, "ports", "watch", "porty")
 	watch.Env = append(watch.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
 	wout, err := watch.StdoutPipe()
 	if err != nil {
@@ -314,7 +315,7 @@ func TestPortsCLI(t *testing.T) {
 		t.Fatalf("loam ports watch: %q, %v", line, err)
 	}
 
-	pf := exec.Command(loamBin, "port-forward", "porty", "0:8080")
+	pf := exec.Command(harness.LoamBin, "port-forward", "porty", "0:8080")
 	pf.Env = append(pf.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
 	stdout, err := pf.StdoutPipe()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // TestRacingLifecycle has many clients race checkpoint, restore, fork,
@@ -26,13 +27,13 @@ import (
 // nothing of the sandbox is left.
 func TestRacingLifecycle(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, "--checkpoint-limit", "100")
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, "--checkpoint-limit", "100")
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "race"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("race", "sh", "-c", "echo v0 > mark")
+	d.Run("race", "sh", "-c", "echo v0 > mark")
 	if _, err := d.C.CreateCheckpoint(ctx, "race", api.CreateCheckpoint{Name: "base"}); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestRacingLifecycle(t *testing.T) {
 			continue
 		}
 		restored++
-		if out := d.run("race", "cat", "mark"); strings.TrimSpace(out) != "v0" {
+		if out := d.Run("race", "cat", "mark"); strings.TrimSpace(out) != "v0" {
 			t.Errorf("after restoring %s, mark is %q", cp.ID, out)
 		}
 	}
@@ -217,9 +218,9 @@ func TestRacingLifecycle(t *testing.T) {
 // checkLeftovers checks that the daemon holds for sandbox id exactly the
 // checkpoints cps (data directories and disk snapshots, no temp
 // directories) and no sandbox, volume or snapshot of a fork.
-func checkLeftovers(t *testing.T, d *daemon, id string, cps []api.Checkpoint) {
+func checkLeftovers(t *testing.T, d *harness.Daemon, id string, cps []api.Checkpoint) {
 	t.Helper()
-	sbs, err := d.C.ListSandboxes(ctxT(t), client.ListOptions{})
+	sbs, err := d.C.ListSandboxes(harness.Ctx(t), client.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,10 +249,10 @@ func checkLeftovers(t *testing.T, d *daemon, id string, cps []api.Checkpoint) {
 		sort.Strings(out)
 		return out
 	}
-	if got := ls(filepath.Join(d.dataDir, "checkpoints", id)); !slices.Equal(got, ids) {
+	if got := ls(filepath.Join(d.DataDir, "checkpoints", id)); !slices.Equal(got, ids) {
 		t.Errorf("checkpoint directories %v; want %v", got, ids)
 	}
-	pool := filepath.Join(d.dataDir, "disk", "mnt")
+	pool := filepath.Join(d.DataDir, "disk", "mnt")
 	var snaps []string
 	for _, s := range ls(filepath.Join(pool, "snapshots")) {
 		snaps = append(snaps, strings.TrimPrefix(s, id+"."))

@@ -17,21 +17,16 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // TestSandboxLifecycle drives the core through the Go client: create, run
 // with stdout, stderr, stdin and exit codes, env and labels, isolation of
 // two sandboxes, and delete freeing everything.
 func TestSandboxLifecycle(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	c := d.C
 
 	a, err := c.CreateSandbox(ctx, api.CreateSandbox{
@@ -54,7 +49,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 
 	t.Run("big env", func(t *testing.T) {
-		if out := d.run("alpha", "sh", "-c", "echo ${#BIG}"); out != "100000\n" {
+		if out := d.Run("alpha", "sh", "-c", "echo ${#BIG}"); out != "100000\n" {
 			t.Errorf("BIG has %q characters", out)
 		}
 	})
@@ -78,13 +73,13 @@ func TestSandboxLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("hostname", func(t *testing.T) {
-		got := d.run("alpha", "sh", "-c", "hostname; cat /etc/hostname; grep -c alpha /etc/hosts; grep -c '^nameserver 169.254.53.53$' /etc/resolv.conf || true")
+		got := d.Run("alpha", "sh", "-c", "hostname; cat /etc/hostname; grep -c alpha /etc/hosts; grep -c '^nameserver 169.254.53.53$' /etc/resolv.conf || true")
 		if got != "alpha\nalpha\n1\n1\n" { // resolv.conf names the daemon's resolver
 			t.Fatalf("got %q", got)
 		}
 	})
 	t.Run("user env dir", func(t *testing.T) {
-		got := d.run("alpha", "sh", "-c", `echo "$(id -u) $HOME $GREETING $(pwd)"`)
+		got := d.Run("alpha", "sh", "-c", `echo "$(id -u) $HOME $GREETING $(pwd)"`)
 		if got != "1000 /home/loam hello /home/loam\n" {
 			t.Fatalf("got %q", got)
 		}
@@ -115,17 +110,17 @@ func TestSandboxLifecycle(t *testing.T) {
 	})
 	t.Run("detached process survives", func(t *testing.T) {
 		// nohup's way (busybox has no nohup): ignore SIGHUP, then run on.
-		d.run("alpha", "sh", "-c", "(trap '' HUP; exec sleep 1000) >/dev/null 2>&1 &")
-		d.run("alpha", "sh", "-c", "setsid sleep 1001 >/dev/null 2>&1 < /dev/null &")
+		d.Run("alpha", "sh", "-c", "(trap '' HUP; exec sleep 1000) >/dev/null 2>&1 &")
+		d.Run("alpha", "sh", "-c", "setsid sleep 1001 >/dev/null 2>&1 < /dev/null &")
 		both := func() bool {
-			ps := d.run("alpha", "ps")
+			ps := d.Run("alpha", "ps")
 			return strings.Contains(ps, "sleep 1000") && strings.Contains(ps, "sleep 1001")
 		}
 		// Their shells have exited (the execs returned); the sleeps are
 		// seen once they run, and are still there an exec later.
-		eventually(t, 20*time.Second, "the detached sleeps run", both)
+		harness.Eventually(t, 20*time.Second, "the detached sleeps run", both)
 		if !both() {
-			t.Fatalf("detached sleeps gone:\n%s", d.run("alpha", "ps"))
+			t.Fatalf("detached sleeps gone:\n%s", d.Run("alpha", "ps"))
 		}
 	})
 	t.Run("hang up on close", func(t *testing.T) {
@@ -135,10 +130,10 @@ func TestSandboxLifecycle(t *testing.T) {
 			c.Exec(cctx, "alpha", client.ExecOptions{Cmd: []string{"sleep", "2000"}})
 			close(done)
 		}()
-		waitFor(t, func() bool { return strings.Contains(d.run("alpha", "ps"), "sleep 2000") })
+		waitFor(t, func() bool { return strings.Contains(d.Run("alpha", "ps"), "sleep 2000") })
 		cancel()
 		<-done
-		waitFor(t, func() bool { return !strings.Contains(d.run("alpha", "ps"), "sleep 2000") })
+		waitFor(t, func() bool { return !strings.Contains(d.Run("alpha", "ps"), "sleep 2000") })
 	})
 
 	b, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "beta", Labels: map[string]string{"team": "blue"}})
@@ -146,8 +141,8 @@ func TestSandboxLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("isolation", func(t *testing.T) {
-		d.run("alpha", "sh", "-c", "echo secret > /home/loam/mine; sleep 3000 >/dev/null 2>&1 &")
-		if out := d.run("beta", "sh", "-c", "ls /home/loam; ps"); strings.Contains(out, "mine") || strings.Contains(out, "sleep 3000") {
+		d.Run("alpha", "sh", "-c", "echo secret > /home/loam/mine; sleep 3000 >/dev/null 2>&1 &")
+		if out := d.Run("beta", "sh", "-c", "ls /home/loam; ps"); strings.Contains(out, "mine") || strings.Contains(out, "sleep 3000") {
 			t.Fatalf("beta sees alpha's things:\n%s", out)
 		}
 	})
@@ -162,7 +157,7 @@ func TestSandboxLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("delete frees everything", func(t *testing.T) {
-		vol := filepath.Join(d.dataDir, "disk", "mnt", "volumes", b.ID)
+		vol := filepath.Join(d.DataDir, "disk", "mnt", "volumes", b.ID)
 		if _, err := os.Stat(vol); err != nil {
 			t.Fatalf("volume of beta: %v", err)
 		}
@@ -178,7 +173,7 @@ func TestSandboxLifecycle(t *testing.T) {
 		if err := exec.Command("ip", "netns", "pids", "loam-"+b.ID).Run(); err == nil {
 			t.Errorf("netns of beta still there")
 		}
-		out, _ := exec.Command(findRunsc(), "--root", filepath.Join(d.dataDir, "runsc"), "list", "-q").Output()
+		out, _ := exec.Command(harness.Runsc(), "--root", filepath.Join(d.DataDir, "runsc"), "list", "-q").Output()
 		if strings.Contains(string(out), b.ID) {
 			t.Errorf("container of beta still there: %s", out)
 		}
@@ -190,13 +185,13 @@ func TestSandboxLifecycle(t *testing.T) {
 
 // pidOf finds the pid of the process whose command line is cmd, with ps
 // (busybox has no pgrep).
-func pidOf(t *testing.T, d *daemon, sb, cmd string) string {
+func pidOf(t *testing.T, d *harness.Daemon, sb, cmd string) string {
 	t.Helper()
 	// A process just started in the background may not have exec'd its
 	// command yet (ps shows setsid or sh for a moment): look again.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		out := d.run(sb, "ps", "-o", "pid,args")
+		out := d.Run(sb, "ps", "-o", "pid,args")
 		for _, line := range strings.Split(out, "\n") {
 			pid, args, _ := strings.Cut(strings.TrimSpace(line), " ")
 			if strings.TrimSpace(args) == cmd {
@@ -212,14 +207,14 @@ func pidOf(t *testing.T, d *daemon, sb, cmd string) string {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	eventually(t, 20*time.Second, "condition", cond)
+	harness.Eventually(t, 20*time.Second, "condition", cond)
 }
 
 // TestAPIErrors checks auth and bad input, over plain HTTP as curl sends it.
 func TestAPIErrors(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "taken"}); err != nil {
 		t.Fatal(err)
 	}
@@ -284,20 +279,20 @@ func TestAPIErrors(t *testing.T) {
 // daemon stops and starts again; its processes are the same ones.
 func TestDaemonRestart(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "keeper"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("keeper", "sh", "-c", "echo kept > /home/loam/f; setsid sleep 4000 >/dev/null 2>&1 </dev/null &")
+	d.Run("keeper", "sh", "-c", "echo kept > /home/loam/f; setsid sleep 4000 >/dev/null 2>&1 </dev/null &")
 	before := pidOf(t, d, "keeper", "sleep 4000")
-	d.stop()
-	d.start()
+	d.Stop()
+	d.Start()
 	sb, err := d.C.GetSandbox(ctx, "keeper")
 	if err != nil || sb.State != api.StateRunning {
 		t.Fatalf("after restart: %v %+v", err, sb)
 	}
-	if got := d.run("keeper", "cat", "/home/loam/f"); got != "kept\n" {
+	if got := d.Run("keeper", "cat", "/home/loam/f"); got != "kept\n" {
 		t.Fatalf("after restart the file holds %q", got)
 	}
 	if after := pidOf(t, d, "keeper", "sleep 4000"); after != before {
@@ -308,31 +303,31 @@ func TestDaemonRestart(t *testing.T) {
 // TestCLI runs the CLI as a user would.
 func TestCLI(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	out, errOut, code := d.cli("", "create", "scratch", "--env", "A=1", "--label", "k=v", "--memory", "256Mi")
+	d := harness.StartDaemon(t)
+	out, errOut, code := d.CLI("", "create", "scratch", "--env", "A=1", "--label", "k=v", "--memory", "256Mi")
 	if code != 0 || !strings.Contains(out, "name:        scratch\n") || !strings.Contains(out, "state:       running\n") {
 		t.Fatalf("create: %d %q %q", code, out, errOut)
 	}
-	out, _, code = d.cli("", "run", "scratch", "--", "sh", "-c", "echo $A; cat; exit 7")
+	out, _, code = d.CLI("", "run", "scratch", "--", "sh", "-c", "echo $A; cat; exit 7")
 	if code != 7 || out != "1\n" {
 		t.Fatalf("run: %d %q", code, out)
 	}
-	out, _, code = d.cli("through stdin\n", "run", "scratch", "--", "cat")
+	out, _, code = d.CLI("through stdin\n", "run", "scratch", "--", "cat")
 	if code != 0 || out != "through stdin\n" {
 		t.Fatalf("run with stdin: %d %q", code, out)
 	}
-	out, _, code = d.cli("", "ls")
+	out, _, code = d.CLI("", "ls")
 	if code != 0 || !strings.Contains(out, "scratch") || !strings.HasPrefix(out, "NAME") {
 		t.Fatalf("ls: %d %q", code, out)
 	}
-	_, errOut, code = d.cli("", "rm", "scratch")
+	_, errOut, code = d.CLI("", "rm", "scratch")
 	if code == 0 || !strings.Contains(errOut, "--yes") {
 		t.Fatalf("rm without a terminal or -y: %d %q", code, errOut)
 	}
-	if _, errOut, code = d.cli("", "rm", "-y", "scratch"); code != 0 {
+	if _, errOut, code = d.CLI("", "rm", "-y", "scratch"); code != 0 {
 		t.Fatalf("rm -y: %d %q", code, errOut)
 	}
-	_, errOut, code = d.cli("", "get", "scratch")
+	_, errOut, code = d.CLI("", "get", "scratch")
 	if code != 1 || !strings.Contains(errOut, "not found") {
 		t.Fatalf("get after rm: %d %q", code, errOut)
 	}
@@ -343,8 +338,8 @@ func TestCLI(t *testing.T) {
 // sandbox shows none.
 func TestSandboxUsage(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "busy", Resources: &api.Resources{MemoryMiB: 256}}); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +353,7 @@ func TestSandboxUsage(t *testing.T) {
 	if before.Usage.MemoryBytes <= 0 || before.Usage.MemoryBytes > 1<<30 {
 		t.Errorf("memory in use %d bytes, want some, under its 256 MiB and gVisor's own", before.Usage.MemoryBytes)
 	}
-	d.run("busy", "sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	d.Run("busy", "sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
 	list, err := d.C.ListSandboxes(ctx, client.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -372,7 +367,7 @@ func TestSandboxUsage(t *testing.T) {
 	if after.CPUSeconds <= before.Usage.CPUSeconds {
 		t.Errorf("CPU time went from %.3f s to %.3f s over a busy loop", before.Usage.CPUSeconds, after.CPUSeconds)
 	}
-	out, errOut, code := d.cli("", "get", "busy")
+	out, errOut, code := d.CLI("", "get", "busy")
 	if code != 0 || !regexp.MustCompile(`(?m)^memory: +[0-9.]+[KMG]i used of 256Mi$`).MatchString(out) ||
 		!regexp.MustCompile(`(?m)^cpus: +[0-9.]+ \([0-9.]+s CPU time used\)$`).MatchString(out) {
 		t.Errorf("loam get busy: %d %q %q; want the memory and CPU time in use", code, out, errOut)

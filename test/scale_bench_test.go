@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // BenchmarkScale is how many idle sandboxes one host holds. It runs only
@@ -33,7 +34,7 @@ func BenchmarkScale(b *testing.B) {
 	}
 	for i := 0; i < b.N; i++ {
 		// A /16: the harness's /24 holds 64 sandboxes.
-		d := startDaemonB(b, "--default-template", tpl, "--disk-size-gib", "64", "--subnet", "10.74.0.0/16")
+		d := harness.StartDaemonB(b, "--default-template", tpl, "--disk-size-gib", "64", "--subnet", "10.74.0.0/16")
 		ctx := context.Background()
 		ids := make([]string, 0, n)
 		var last time.Duration
@@ -72,7 +73,7 @@ func BenchmarkScale(b *testing.B) {
 		var disk int64
 		left := 0
 		for _, id := range ids {
-			disk += dirSize(filepath.Join(d.dataDir, "sandboxes", id, "sleep"))
+			disk += dirSize(filepath.Join(d.DataDir, "sandboxes", id, "sleep"))
 			left += sleepingPSS(id)
 		}
 		b.ReportMetric(float64(disk)/(1<<20)/float64(n), "sleep-image-MiB/sandbox")
@@ -106,7 +107,7 @@ func BenchmarkScale(b *testing.B) {
 			b.ReportMetric(float64(time.Since(start).Microseconds())/1000, "wake-last-ms")
 			disk = 0
 			for _, id := range ids {
-				disk += dirSize(filepath.Join(d.dataDir, "sandboxes", id, "sleep"))
+				disk += dirSize(filepath.Join(d.DataDir, "sandboxes", id, "sleep"))
 			}
 			b.ReportMetric(float64(disk)/(1<<30), "sleep-images-GiB-total")
 		}

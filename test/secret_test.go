@@ -17,6 +17,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // recorder keeps the body of every response a client reads.
@@ -65,7 +66,7 @@ func randomValue(t *testing.T) string {
 // in use is a conflict unless forced.
 func TestSecrets(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	rec := &recorder{}
 	c := client.New(d.URL, d.Token, client.WithHTTPClient(&http.Client{Transport: rec}))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -79,10 +80,10 @@ func TestSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The CLI reads the value from stdin, never argv.
-	if out, errb, code := d.cli(apiKey+"\n", "secret", "set", "api-key"); code != 0 {
+	if out, errb, code := d.CLI(apiKey+"\n", "secret", "set", "api-key"); code != 0 {
 		t.Fatalf("loam secret set: %d %s %s", code, out, errb)
 	}
-	if out, _, _ := d.cli("", "secret", "ls"); !strings.Contains(out, "api-key") || !strings.Contains(out, "db-pass") {
+	if out, _, _ := d.CLI("", "secret", "ls"); !strings.Contains(out, "api-key") || !strings.Contains(out, "db-pass") {
 		t.Errorf("loam secret ls:\n%s", out)
 	}
 	if _, err := c.PutSecret(ctx, "bad/name", "x"); !errors.Is(err, api.ErrInvalid) {
@@ -186,7 +187,7 @@ func TestSecrets(t *testing.T) {
 	check("sec-disk", `[ "$(cat /run/secrets/db)" = "`+dbPass+`" ]`)
 
 	// Deleting a secret in use is a conflict naming its sandboxes.
-	if _, errb, code := d.cli("", "secret", "rm", "-y", "db-pass"); code != 1 || !strings.Contains(errb, "force") {
+	if _, errb, code := d.CLI("", "secret", "rm", "-y", "db-pass"); code != 1 || !strings.Contains(errb, "force") {
 		t.Errorf("loam secret rm of a secret in use: %d %s", code, errb)
 	}
 	err = c.DeleteSecret(ctx, "db-pass", false)
@@ -217,17 +218,17 @@ func TestSecrets(t *testing.T) {
 		if strings.Contains(rec.String(), v) {
 			t.Errorf("an API response holds a secret's value")
 		}
-		if strings.Contains(d.log.String(), v) {
+		if strings.Contains(d.Log.String(), v) {
 			t.Errorf("the daemon's log holds a secret's value")
 		}
-		files, _ := filepath.Glob(filepath.Join(d.dataDir, "loam.db*"))
+		files, _ := filepath.Glob(filepath.Join(d.DataDir, "loam.db*"))
 		for _, f := range files {
 			if b, _ := os.ReadFile(f); bytes.Contains(b, []byte(v)) {
 				t.Errorf("%s holds a secret's value in clear", f)
 			}
 		}
 	}
-	if fi, err := os.Stat(filepath.Join(d.dataDir, "secrets.key")); err != nil || fi.Mode().Perm() != 0o600 {
+	if fi, err := os.Stat(filepath.Join(d.DataDir, "secrets.key")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("secrets.key: %v, %v", fi, err)
 	}
 }
@@ -237,7 +238,7 @@ func TestSecrets(t *testing.T) {
 // secrets with it, again).
 func TestSecretsAfterRestart(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	v := randomValue(t)
@@ -248,12 +249,12 @@ func TestSecretsAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	cond := `if [ "$TOK" = "` + v + `" ]; then echo yes; fi`
-	if got := d.run("kept", "sh", "-c", cond); got != "yes\n" {
+	if got := d.Run("kept", "sh", "-c", cond); got != "yes\n" {
 		t.Fatalf("before the restart: %q", got)
 	}
-	d.stop()
-	d.start()
-	if got := d.run("kept", "sh", "-c", cond); got != "yes\n" {
+	d.Stop()
+	d.Start()
+	if got := d.Run("kept", "sh", "-c", cond); got != "yes\n" {
 		t.Fatalf("after the restart: %q", got)
 	}
 }

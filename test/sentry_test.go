@@ -14,6 +14,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // TestSandboxProcessKilled kills a sandbox's sandbox process (gVisor's
@@ -26,21 +27,21 @@ import (
 // death. It logs how long the daemon took to notice.
 func TestSandboxProcessKilled(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	victim, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "victim"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("victim", "sh", "-c", "echo v1 > /home/loam/f")
+	d.Run("victim", "sh", "-c", "echo v1 > /home/loam/f")
 	cp, err := d.C.CreateCheckpoint(ctx, "victim", api.CreateCheckpoint{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("victim", "sh", "-c", "echo v2 > /home/loam/f")
+	d.Run("victim", "sh", "-c", "echo v2 > /home/loam/f")
 
 	// An exec stream and a detachable session's attach, both following.
-	var execOut syncBuffer
+	var execOut harness.SyncBuffer
 	execDone := make(chan error, 1)
 	go func() {
 		_, err := d.C.Exec(ctx, "victim", client.ExecOptions{Cmd: counterCmd, Stdout: &execOut})
@@ -78,7 +79,7 @@ func TestSandboxProcessKilled(t *testing.T) {
 		}
 		portsDone <- errors.New("the ports watch stopped without an error")
 	}()
-	d.run("victim", "touch", "/home/loam/seen") // the watch is in place
+	d.Run("victim", "touch", "/home/loam/seen") // the watch is in place
 
 	took := killSentry(t, d, victim.ID)
 	t.Logf("killed by SIGKILL: state error after %v", took)
@@ -106,7 +107,7 @@ func TestSandboxProcessKilled(t *testing.T) {
 	if _, err := d.C.RestoreCheckpoint(ctx, "victim", cp.ID); err != nil {
 		t.Fatal(err)
 	}
-	if out := d.run("victim", "cat", "/home/loam/f"); out != "v1\n" {
+	if out := d.Run("victim", "cat", "/home/loam/f"); out != "v1\n" {
 		t.Errorf("after the restore: %q, want v1", out)
 	}
 
@@ -116,7 +117,7 @@ func TestSandboxProcessKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("phoenix", "sh", "-c", "echo kept > /home/loam/g; sync")
+	d.Run("phoenix", "sh", "-c", "echo kept > /home/loam/g; sync")
 	if _, err := d.C.Sleep(ctx, "phoenix"); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +137,7 @@ func TestSandboxProcessKilled(t *testing.T) {
 	if sb.State != api.StateRunning || sb.Reason != "" {
 		t.Errorf("after the wake: %s %q", sb.State, sb.Reason)
 	}
-	if out := d.run("phoenix", "cat", "/home/loam/g"); out != "kept\n" {
+	if out := d.Run("phoenix", "cat", "/home/loam/g"); out != "kept\n" {
 		t.Errorf("after booting again: %q, want kept", out)
 	}
 
@@ -162,9 +163,9 @@ func TestSandboxProcessKilled(t *testing.T) {
 
 // killSentry kills sandbox id's sandbox process with SIGKILL and returns
 // how long the daemon took to call the sandbox broken.
-func killSentry(t *testing.T, d *daemon, id string) time.Duration {
+func killSentry(t *testing.T, d *harness.Daemon, id string) time.Duration {
 	t.Helper()
-	out, err := exec.Command(findRunsc(), "--root", filepath.Join(d.dataDir, "runsc"), "state", id).Output()
+	out, err := exec.Command(harness.Runsc(), "--root", filepath.Join(d.DataDir, "runsc"), "state", id).Output()
 	if err != nil {
 		t.Fatalf("runsc state %s: %v", id, err)
 	}
@@ -193,9 +194,9 @@ func killSentry(t *testing.T, d *daemon, id string) time.Duration {
 
 // checkNoContainer checks that runsc has no container id and no process
 // of it is left.
-func checkNoContainer(t *testing.T, d *daemon, id string) {
+func checkNoContainer(t *testing.T, d *harness.Daemon, id string) {
 	t.Helper()
-	out, _ := exec.Command(findRunsc(), "--root", filepath.Join(d.dataDir, "runsc"), "list", "-quiet").Output()
+	out, _ := exec.Command(harness.Runsc(), "--root", filepath.Join(d.DataDir, "runsc"), "list", "-quiet").Output()
 	if strings.Contains(string(out), id) {
 		t.Errorf("runsc still has container %s", id)
 	}

@@ -10,15 +10,16 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // tickCmd writes a line a tenth of a second, for ever.
 var tickCmd = []string{"sh", "-c", `while :; do echo tick; sleep 0.1; done`}
 
 // waitService polls a service until ok says yes.
-func waitService(t *testing.T, d *daemon, sb, name, what string, ok func(api.ServiceStatus) bool) api.ServiceStatus {
+func waitService(t *testing.T, d *harness.Daemon, sb, name, what string, ok func(api.ServiceStatus) bool) api.ServiceStatus {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := harness.Ctx(t)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		s, err := d.C.GetService(ctx, sb, name)
@@ -38,10 +39,10 @@ func waitService(t *testing.T, d *daemon, sb, name, what string, ok func(api.Ser
 func running(s api.ServiceStatus) bool { return s.State == api.ServiceRunning && s.PID > 0 }
 
 // serviceLogs reads what a service's logs hold.
-func serviceLogs(t *testing.T, d *daemon, sb, name string) (stdout, stderr string) {
+func serviceLogs(t *testing.T, d *harness.Daemon, sb, name string) (stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	if err := d.C.ServiceLogs(ctxT(t), sb, name, client.ServiceLogsOptions{Stdout: &out, Stderr: &errb}); err != nil {
+	if err := d.C.ServiceLogs(harness.Ctx(t), sb, name, client.ServiceLogsOptions{Stdout: &out, Stderr: &errb}); err != nil {
 		t.Fatalf("logs of %s: %v", name, err)
 	}
 	return out.String(), errb.String()
@@ -53,8 +54,8 @@ func serviceLogs(t *testing.T, d *daemon, sb, name string) (stdout, stderr strin
 // a clear 400; the CLI lists them.
 func TestServices(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svc", Env: map[string]string{"GREETING": "hi"}, Services: []api.Service{
 		{Name: "web", Cmd: tickCmd},
 		{Name: "hello", Cmd: []string{"sh", "-c", "echo $GREETING $LOAM_SANDBOX $OWN"}, Env: map[string]string{"OWN": "mine"}, Restart: api.RestartNever},
@@ -128,24 +129,24 @@ func TestServices(t *testing.T) {
 		t.Errorf("a create refused for its services left %v", err)
 	}
 
-	out, errs, code := d.cli("", "service", "ls", "svc")
+	out, errs, code := d.CLI("", "service", "ls", "svc")
 	if code != 0 || !strings.Contains(out, "web") || !strings.Contains(out, "flaky") {
 		t.Errorf("loam service ls: %d %q %q", code, out, errs)
 	}
-	if _, errs, code := d.cli("", "service", "add", "svc", "echoer", "--restart", "never", "-e", "WORD=hi", "--", "sh", "-c", "echo $WORD"); code != 0 {
+	if _, errs, code := d.CLI("", "service", "add", "svc", "echoer", "--restart", "never", "-e", "WORD=hi", "--", "sh", "-c", "echo $WORD"); code != 0 {
 		t.Fatalf("loam service add: %d %q", code, errs)
 	}
 	waitService(t, d, "svc", "echoer", "exited", func(s api.ServiceStatus) bool { return s.State == api.ServiceExited })
-	if out, errs, code := d.cli("", "service", "logs", "svc", "echoer"); code != 0 || out != "hi\n" {
+	if out, errs, code := d.CLI("", "service", "logs", "svc", "echoer"); code != 0 || out != "hi\n" {
 		t.Errorf("loam service logs: %d %q %q", code, out, errs)
 	}
 	for _, action := range []string{"stop", "start", "restart"} {
-		if _, errs, code := d.cli("", "service", action, "svc", "web"); code != 0 {
+		if _, errs, code := d.CLI("", "service", action, "svc", "web"); code != 0 {
 			t.Errorf("loam service %s: %d %q", action, code, errs)
 		}
 	}
 	waitService(t, d, "svc", "web", "running", running)
-	if _, errs, code := d.cli("", "service", "rm", "-y", "svc", "once"); code != 0 {
+	if _, errs, code := d.CLI("", "service", "rm", "-y", "svc", "once"); code != 0 {
 		t.Errorf("loam service rm: %d %q", code, errs)
 	}
 	if _, err := d.C.GetService(ctx, "svc", "once"); !errors.Is(err, api.ErrNotFound) {
@@ -161,8 +162,8 @@ func TestServices(t *testing.T) {
 // stopped what was stopped.
 func TestServicesAcrossCheckpoints(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "svcp"}); err != nil {
 		t.Fatal(err)
 	}
@@ -283,8 +284,8 @@ func TestServicesAcrossCheckpoints(t *testing.T) {
 // stay stopped.
 func TestServicesColdStart(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "cold", Services: []api.Service{
 		{Name: "web", Cmd: tickCmd}, {Name: "idle", Cmd: tickCmd},
 	}}); err != nil {
@@ -294,11 +295,11 @@ func TestServicesColdStart(t *testing.T) {
 	if _, err := d.C.StopService(ctx, "cold", "idle"); err != nil {
 		t.Fatal(err)
 	}
-	d.stop()
-	deleteContainers(filepath.Join(d.dataDir, "runsc"))
-	d.start()
-	if !strings.Contains(d.log.String(), "booting it again") {
-		t.Fatalf("the daemon did not boot the sandbox again:\n%s", d.log.String())
+	d.Stop()
+	harness.DeleteContainers(filepath.Join(d.DataDir, "runsc"))
+	d.Start()
+	if !strings.Contains(d.Log.String(), "booting it again") {
+		t.Fatalf("the daemon did not boot the sandbox again:\n%s", d.Log.String())
 	}
 	s := waitService(t, d, "cold", "web", "running after a cold start", running)
 	if s.StartedAt == nil || !s.StartedAt.After(*web.StartedAt) {

@@ -15,6 +15,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // counterCmd counts up, a line a tick, for ever.
@@ -107,8 +108,8 @@ func (f *follower) checkCount(t *testing.T) {
 // session running; a disk-only restore has none.
 func TestSessionAcrossCheckpoints(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "sess"}); err != nil {
 		t.Fatal(err)
 	}
@@ -198,9 +199,9 @@ func TestSessionAcrossCheckpoints(t *testing.T) {
 
 // checkRunning checks that session id of sb is listed as running, and
 // that attaching to it gets output.
-func checkRunning(t *testing.T, d *daemon, sb, id string) {
+func checkRunning(t *testing.T, d *harness.Daemon, sb, id string) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := harness.Ctx(t)
 	list, err := d.C.ListSessions(ctx, sb)
 	if err != nil {
 		t.Fatal(err)
@@ -223,8 +224,8 @@ func checkRunning(t *testing.T, d *daemon, sb, id string) {
 // leaves no child, the CLI's commands.
 func TestSessionLifecycle(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "life"}); err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +264,7 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 	sleeps := func() int {
 		n := 0
-		for _, l := range strings.Split(d.run("life", "ps", "-o", "args"), "\n") {
+		for _, l := range strings.Split(d.Run("life", "ps", "-o", "args"), "\n") {
 			if strings.HasPrefix(strings.TrimSpace(l), "sleep 100") {
 				n++
 			}
@@ -275,7 +276,7 @@ func TestSessionLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := sleeps(); n != 0 {
-		t.Fatalf("%d children left after DELETE:\n%s", n, d.run("life", "ps", "-o", "pid,ppid,args"))
+		t.Fatalf("%d children left after DELETE:\n%s", n, d.Run("life", "ps", "-o", "pid,ppid,args"))
 	}
 	if _, err := d.C.GetSession(ctx, "life", ss.ID); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("a deleted session: %v, want not found", err)
@@ -320,12 +321,12 @@ func TestSessionLifecycle(t *testing.T) {
 func TestSessionOldAgent(t *testing.T) {
 	t.Parallel()
 	old := oldAgent(t)
-	d := startDaemon(t, "--agent-binary", old)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, "--agent-binary", old)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "old"}); err != nil {
 		t.Fatal(err)
 	}
-	if out := d.run("old", "echo", "hi"); out != "hi\n" {
+	if out := d.Run("old", "echo", "hi"); out != "hi\n" {
 		t.Fatalf("exec on an old agent: %q", out)
 	}
 	check := func(what string, err error) {
@@ -375,7 +376,7 @@ func oldAgent(t *testing.T) string {
 // BenchmarkAttach measures attaching to a detachable session: from the
 // call to the first replayed byte, through the daemon and the agent.
 func BenchmarkAttach(b *testing.B) {
-	d := startDaemonB(b)
+	d := harness.StartDaemonB(b)
 	ctx := context.Background()
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "attach"}); err != nil {
 		b.Fatal(err)
@@ -430,28 +431,28 @@ func (w *firstByte) Write(p []byte) (int, error) {
 // attach (and its 1011 ending), kill.
 func TestSessionCLI(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "cli"}); err != nil {
 		t.Fatal(err)
 	}
-	out, errOut, code := d.cli("", "exec", "-d", "cli", "--", "sh", "-c", "echo out; echo err >&2; exec sleep 1000")
+	out, errOut, code := d.CLI("", "exec", "-d", "cli", "--", "sh", "-c", "echo out; echo err >&2; exec sleep 1000")
 	id := strings.TrimSpace(out)
 	if code != 0 || !api.ValidSessionID(id) {
 		t.Fatalf("exec -d: %d %q %q", code, out, errOut)
 	}
-	if out, _, _ := d.cli("", "sessions", "cli"); !strings.Contains(out, id) || !strings.Contains(out, "running") || !strings.Contains(out, "sh -c echo out") {
+	if out, _, _ := d.CLI("", "sessions", "cli"); !strings.Contains(out, id) || !strings.Contains(out, "running") || !strings.Contains(out, "sh -c echo out") {
 		t.Fatalf("sessions:\n%s", out)
 	}
 	waitFor(t, func() bool {
-		out, errOut, code := d.cli("", "logs", "cli", id)
+		out, errOut, code := d.CLI("", "logs", "cli", id)
 		return code == 0 && out == "out\n" && errOut == "err\n"
 	})
 
 	// An attach ended by a memory checkpoint says the session runs on.
-	attach := exec.Command(loamBin, "attach", "cli", id)
+	attach := exec.Command(harness.LoamBin, "attach", "cli", id)
 	attach.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
-	var aout, aerr syncBuffer
+	var aout, aerr harness.SyncBuffer
 	attach.Stdout, attach.Stderr = &aout, &aerr
 	if err := attach.Start(); err != nil {
 		t.Fatal(err)
@@ -465,24 +466,24 @@ func TestSessionCLI(t *testing.T) {
 		t.Fatalf("attach across a checkpoint: %v, stderr %q", err, aerr.String())
 	}
 
-	if _, errOut, code := d.cli("", "kill", "cli", id); code != 0 {
+	if _, errOut, code := d.CLI("", "kill", "cli", id); code != 0 {
 		t.Fatalf("kill: %d %q", code, errOut)
 	}
-	out, errOut, code = d.cli("", "attach", "cli", id)
+	out, errOut, code = d.CLI("", "attach", "cli", id)
 	if code != 128+15 || out != "out\n" || errOut != "err\n" {
 		t.Fatalf("attach after kill: %d %q %q", code, out, errOut)
 	}
-	if _, errOut, code := d.cli("", "kill", "--rm", "cli", id); code != 0 {
+	if _, errOut, code := d.CLI("", "kill", "--rm", "cli", id); code != 0 {
 		t.Fatalf("kill --rm: %d %q", code, errOut)
 	}
-	if out, _, _ := d.cli("", "sessions", "cli"); strings.Contains(out, id) {
+	if out, _, _ := d.CLI("", "sessions", "cli"); strings.Contains(out, id) {
 		t.Fatalf("sessions after kill --rm:\n%s", out)
 	}
-	if _, errOut, code := d.cli("", "logs", "cli", id); code != 1 || !strings.Contains(errOut, "no session") {
+	if _, errOut, code := d.CLI("", "logs", "cli", id); code != 1 || !strings.Contains(errOut, "no session") {
 		t.Fatalf("logs of a removed session: %d %q", code, errOut)
 	}
 	// Without -d, exec attaches at once and exits with the command's status.
-	out, errOut, code = d.cli("", "exec", "cli", "--", "sh", "-c", "echo hi; exit 4")
+	out, errOut, code = d.CLI("", "exec", "cli", "--", "sh", "-c", "echo hi; exit 4")
 	if code != 4 || out != "hi\n" {
 		t.Fatalf("exec: %d %q %q", code, out, errOut)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // BenchmarkWake times a wake as a client sees it: from sleeping to the
@@ -25,16 +26,16 @@ func BenchmarkWake(b *testing.B) {
 }
 
 func benchWake(b *testing.B, mib int) {
-	d := startDaemonB(b, "--checkpoint-limit", "1000")
+	d := harness.StartDaemonB(b, "--checkpoint-limit", "1000")
 	ctx := context.Background()
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nap", Public: true, Resources: &api.Resources{MemoryMiB: mib + 1024}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	d.runB(b, "nap", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
+	d.RunB(b, "nap", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
 	// A web server for the wake through the URL (busybox's httpd runs in
 	// the background by itself).
-	d.runB(b, "nap", "sh", "-c", "mkdir -p /home/loam/www && echo up > /home/loam/www/index.html && httpd -p 8080 -h /home/loam/www")
+	d.RunB(b, "nap", "sh", "-c", "mkdir -p /home/loam/www && echo up > /home/loam/www/index.html && httpd -p 8080 -h /home/loam/www")
 	web := urlClient(d)
 	awakePSS := sandboxPSS(b, sb.ID)
 	var sleeps, wakes, urlWakes, cps []time.Duration
@@ -46,7 +47,7 @@ func benchWake(b *testing.B, mib int) {
 			b.Fatal(err)
 		}
 		sleeps = append(sleeps, time.Since(start))
-		size = dirSize(filepath.Join(d.dataDir, "sandboxes", sb.ID, "sleep"))
+		size = dirSize(filepath.Join(d.DataDir, "sandboxes", sb.ID, "sleep"))
 		procs = runscProcesses(sb.ID)
 		asleepKiB = sleepingPSS(sb.ID)
 		// A memory checkpoint of the sleeping sandbox reuses its image.

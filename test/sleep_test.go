@@ -10,25 +10,26 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // idleFlags make idle times of seconds possible, for tests.
 var idleFlags = []string{"--test-idle-every", "300ms", "--test-idle-min", "1s"}
 
 // wakes counts the wakes of a sandbox the daemon has logged so far.
-func (d *daemon) wakes(id string) int {
-	return strings.Count(d.log.String(), "msg=awake sandbox="+id)
+func wakes(d *harness.Daemon, id string) int {
+	return strings.Count(d.Log.String(), "msg=awake sandbox="+id)
 }
 
 // waitState waits, reading the sandbox (which never wakes it), until it
 // is in state want.
-func waitState(t *testing.T, d *daemon, sb string, want api.State) *api.Sandbox {
+func waitState(t *testing.T, d *harness.Daemon, sb string, want api.State) *api.Sandbox {
 	t.Helper()
 	var got *api.Sandbox
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var err error
-		got, err = d.C.GetSandbox(ctxT(t), sb)
+		got, err = d.C.GetSandbox(harness.Ctx(t), sb)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,17 +54,17 @@ func pids(id string) []string {
 }
 
 // startCounter starts a counter like counter's that also writes its PID.
-func startCounter(t *testing.T, d *daemon, sb string) string {
+func startCounter(t *testing.T, d *harness.Daemon, sb string) string {
 	t.Helper()
-	d.run(sb, "sh", "-c", `sh -c 'echo $$ > /tmp/pid; i=0; while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &`)
+	d.Run(sb, "sh", "-c", `sh -c 'echo $$ > /tmp/pid; i=0; while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &`)
 	waitFor(t, func() bool { return readCount(t, d, sb) > 0 })
-	return strings.TrimSpace(d.run(sb, "cat", "/tmp/pid"))
+	return strings.TrimSpace(d.Run(sb, "cat", "/tmp/pid"))
 }
 
 // alive checks the process pid still runs in sb, as the counter.
-func alive(t *testing.T, d *daemon, sb, pid string) {
+func alive(t *testing.T, d *harness.Daemon, sb, pid string) {
 	t.Helper()
-	out := d.run(sb, "sh", "-c", "cat /tmp/pid; kill -0 "+pid+" && echo alive")
+	out := d.Run(sb, "sh", "-c", "cat /tmp/pid; kill -0 "+pid+" && echo alive")
 	if out != pid+"\nalive\n" {
 		t.Fatalf("the counter (pid %s) in %s: %q", pid, sb, out)
 	}
@@ -78,8 +79,8 @@ func alive(t *testing.T, d *daemon, sb, pid string) {
 // running at the checkpoint with an auto-N of its sleeping state.
 func TestSleepWake(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, idleFlags...)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, idleFlags...)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nap", Idle: "2s"})
 	if err != nil {
 		t.Fatal(err)
@@ -92,13 +93,13 @@ func TestSleepWake(t *testing.T) {
 	if n := runscProcesses(sb.ID); n != 0 {
 		t.Errorf("%d host processes name the sleeping sandbox", n)
 	}
-	woken := d.wakes(sb.ID)
+	woken := wakes(d, sb.ID)
 
 	// Reads and checkpoints don't wake it.
-	if out, errOut, code := d.cli("", "checkpoint", "ls", "nap"); code != 0 {
+	if out, errOut, code := d.CLI("", "checkpoint", "ls", "nap"); code != 0 {
 		t.Fatalf("checkpoint ls: %d %s %s", code, out, errOut)
 	}
-	if out, _, _ := d.cli("", "ls"); !strings.Contains(out, "sleeping") {
+	if out, _, _ := d.CLI("", "ls"); !strings.Contains(out, "sleeping") {
 		t.Errorf("ls does not show sleeping:\n%s", out)
 	}
 	disk := mustCheckpoint(t, d, "nap", false)
@@ -107,8 +108,8 @@ func TestSleepWake(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, d, "nap", api.StateSleeping)
-	if d.wakes(sb.ID) != woken {
-		t.Fatalf("reads or checkpoints woke the sandbox:\n%s", d.log.String())
+	if wakes(d, sb.ID) != woken {
+		t.Fatalf("reads or checkpoints woke the sandbox:\n%s", d.Log.String())
 	}
 
 	// A fork of the memory checkpoint counts on; the source sleeps on.
@@ -116,7 +117,7 @@ func TestSleepWake(t *testing.T) {
 		t.Fatal(err)
 	}
 	counts(t, d, "nap-fork", before)
-	if got := waitState(t, d, "nap", api.StateSleeping); d.wakes(sb.ID) != woken {
+	if got := waitState(t, d, "nap", api.StateSleeping); wakes(d, sb.ID) != woken {
 		t.Fatalf("the fork woke its source (%s)", got.State)
 	}
 	if err := d.C.DeleteSandbox(ctx, "nap-fork"); err != nil {
@@ -128,23 +129,23 @@ func TestSleepWake(t *testing.T) {
 	if n < before {
 		t.Errorf("woken, the count is %d; before sleeping it was at least %d", n, before)
 	}
-	if d.wakes(sb.ID) != woken+1 {
-		t.Errorf("an exec on a sleeping sandbox: %d wakes, want 1", d.wakes(sb.ID)-woken)
+	if wakes(d, sb.ID) != woken+1 {
+		t.Errorf("an exec on a sleeping sandbox: %d wakes, want 1", wakes(d, sb.ID)-woken)
 	}
 	alive(t, d, "nap", pid)
 	counts(t, d, "nap", n)
 
 	// loam sleep, a daemon restart (it stays asleep), loam wake.
-	if out, errOut, code := d.cli("", "sleep", "nap"); code != 0 || out != "nap\tsleeping\n" {
+	if out, errOut, code := d.CLI("", "sleep", "nap"); code != 0 || out != "nap\tsleeping\n" {
 		t.Fatalf("loam sleep: %d %q %q", code, out, errOut)
 	}
-	d.stop()
-	d.start(idleFlags...)
+	d.Stop()
+	d.Start(idleFlags...)
 	waitState(t, d, "nap", api.StateSleeping)
 	if n := runscProcesses(sb.ID); n != 0 {
 		t.Errorf("after a restart, %d host processes name the sleeping sandbox", n)
 	}
-	if out, errOut, code := d.cli("", "wake", "nap"); code != 0 || out != "nap\trunning\n" {
+	if out, errOut, code := d.CLI("", "wake", "nap"); code != 0 || out != "nap\trunning\n" {
 		t.Fatalf("loam wake: %d %q %q", code, out, errOut)
 	}
 	alive(t, d, "nap", pid)
@@ -188,8 +189,8 @@ func TestSleepWake(t *testing.T) {
 // calls, each wake a sleeping sandbox.
 func TestSleepKeepsSessions(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "sess"}); err != nil {
 		t.Fatal(err)
 	}
@@ -238,8 +239,8 @@ func TestSleepKeepsSessions(t *testing.T) {
 // never sleeps.
 func TestServeIdle(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, append([]string{"--idle", "1500ms"}, idleFlags...)...)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, append([]string{"--idle", "1500ms"}, idleFlags...)...)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "dflt"}); err != nil {
 		t.Fatal(err)
 	}
@@ -298,14 +299,14 @@ func TestServeIdle(t *testing.T) {
 // and a sandbox found asleep wakes with its processes.
 func TestCrashMidSleep(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "crashy", Resources: &api.Resources{MemoryMiB: 1024}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("crashy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=384 2>/dev/null")
-	sleepDir := filepath.Join(d.dataDir, "sandboxes", sb.ID, "sleep")
+	d.Run("crashy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=384 2>/dev/null")
+	sleepDir := filepath.Join(d.DataDir, "sandboxes", sb.ID, "sleep")
 	for _, after := range []time.Duration{0, 300 * time.Millisecond, 900 * time.Millisecond} {
 		pid := startCounter(t, d, "crashy")
 		go d.C.Sleep(context.Background(), "crashy")
@@ -320,8 +321,8 @@ func TestCrashMidSleep(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 		time.Sleep(after)
-		d.killSettled() // runsc finishes or fails what it was doing
-		d.start()
+		d.KillSettled() // runsc finishes or fails what it was doing
+		d.Start()
 		got, err := d.C.GetSandbox(ctx, "crashy")
 		if err != nil {
 			t.Fatal(err)
@@ -331,10 +332,10 @@ func TestCrashMidSleep(t *testing.T) {
 		case api.StateSleeping:
 			alive(t, d, "crashy", pid)
 		case api.StateRunning:
-			d.run("crashy", "true")
+			d.Run("crashy", "true")
 		default:
 			t.Fatalf("killed %v into the sleep: %s", after, got.State)
 		}
-		d.run("crashy", "sh", "-c", "pkill -f count.tmp; true")
+		d.Run("crashy", "sh", "-c", "pkill -f count.tmp; true")
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // stallWriter takes nothing until released: a client that stops reading
@@ -36,9 +37,9 @@ func (w *stallWriter) Write(p []byte) (int, error) {
 }
 
 // daemonRSS is the daemon's resident memory, from /proc.
-func daemonRSS(t *testing.T, d *daemon) int64 {
+func daemonRSS(t *testing.T, d *harness.Daemon) int64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.Cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +79,14 @@ func (l latencies) String() string {
 func TestSlowClients(t *testing.T) {
 	t.Parallel()
 	const writeTimeout = 8 * time.Second
-	d := startDaemon(t, "--write-timeout", writeTimeout.String())
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, "--write-timeout", writeTimeout.String())
+	ctx := harness.Ctx(t)
 	for _, name := range []string{"slow", "other"} {
 		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	d.run("slow", "sh", "-c", "mkdir -p www watched up && dd if=/dev/zero of=www/big bs=1M count=256 2>/dev/null && cp www/big big")
+	d.Run("slow", "sh", "-c", "mkdir -p www watched up && dd if=/dev/zero of=www/big bs=1M count=256 2>/dev/null && cp www/big big")
 	if _, err := d.C.PutService(ctx, "slow", api.Service{Name: "flood", Cmd: []string{"yes", strings.Repeat("log", 100)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -203,10 +204,10 @@ func TestSlowClients(t *testing.T) {
 		}
 		list = append(list, time.Since(t0))
 		t0 = time.Now()
-		d.run("other", "true")
+		d.Run("other", "true")
 		execOther = append(execOther, time.Since(t0))
 		t0 = time.Now()
-		d.run("slow", "true")
+		d.Run("slow", "true")
 		execSame = append(execSame, time.Since(t0))
 		peak = max(peak, daemonRSS(t, d))
 	}
@@ -238,7 +239,7 @@ func TestSlowClients(t *testing.T) {
 	if peak-base > 256<<20 {
 		t.Errorf("daemon memory grew by %d MiB while streams stalled", (peak-base)>>20)
 	}
-	d.run("slow", "true") // the sandbox serves on
+	d.Run("slow", "true") // the sandbox serves on
 
 	// A memory checkpoint ends every stream of its sandbox first: stalled
 	// clients do not hold it up.
@@ -301,7 +302,7 @@ func TestSlowClients(t *testing.T) {
 		// The agent may be removing a temp file as ls reads the
 		// directory: ls then fails for the entry it can no longer
 		// stat, which is no finding; the next poll sees it gone.
-		left = d.run("slow", "sh", "-c", "ls -A /home/loam/up 2>/dev/null; true")
+		left = d.Run("slow", "sh", "-c", "ls -A /home/loam/up 2>/dev/null; true")
 		if strings.TrimSpace(left) == "whole" {
 			break
 		}

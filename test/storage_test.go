@@ -18,6 +18,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/image/imagetest"
+	"loam.dev/loam/test/harness"
 )
 
 // smallFS makes a btrfs filesystem of sizeMiB on a sparse file, attached to
@@ -34,7 +35,7 @@ func smallFS(t *testing.T, sizeMiB int64) string {
 	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
 	t.Cleanup(func() {
 		// Lazily, whatever a failed test left mounted below it first.
-		unmountUnder(mnt)
+		harness.UnmountUnder(mnt)
 		if err := exec.Command("umount", mnt).Run(); err != nil {
 			exec.Command("umount", "-l", mnt).Run()
 		}
@@ -71,14 +72,14 @@ func smallFS(t *testing.T, sizeMiB int64) string {
 }
 
 // startDaemonOn runs a daemon whose data dir is dataDir, made by the test.
-func startDaemonOn(t *testing.T, dataDir string, extra ...string) *daemon {
+func startDaemonOn(t *testing.T, dataDir string, extra ...string) *harness.Daemon {
 	t.Helper()
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{t: t, dataDir: dataDir, subnet: nextSubnet()}
-	d.start(extra...)
-	t.Cleanup(func() { d.destroy() })
+	d := &harness.Daemon{T: t, DataDir: dataDir, Subnet: harness.NextSubnet()}
+	d.Start(extra...)
+	t.Cleanup(func() { d.Destroy() })
 	return d
 }
 
@@ -196,7 +197,7 @@ func TestDataDirFull(t *testing.T) {
 	mnt := smallFS(t, 3<<10)
 	data := filepath.Join(mnt, "data")
 	d := startDaemonOn(t, data, "--template-cache", filepath.Join(mnt, "templates"))
-	ctx := ctxT(t)
+	ctx := harness.Ctx(t)
 	fill := &filler{t: t, dir: mnt, path: filepath.Join(mnt, "filler")}
 	t.Cleanup(fill.free)
 
@@ -204,12 +205,12 @@ func TestDataDirFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("full", "sh", "-c", "echo before > /home/loam/mark")
+	d.Run("full", "sh", "-c", "echo before > /home/loam/mark")
 	cpDir := filepath.Join(data, "checkpoints", sb.ID)
 	// runs checks that the sandbox answers and kept its file.
 	runs := func(when string) {
 		t.Helper()
-		if out := d.run("full", "cat", "/home/loam/mark"); strings.TrimSpace(out) != "before" {
+		if out := d.Run("full", "cat", "/home/loam/mark"); strings.TrimSpace(out) != "before" {
 			t.Errorf("%s: /home/loam/mark is %q", when, out)
 		}
 		got, err := d.C.GetSandbox(ctx, "full")
@@ -350,7 +351,7 @@ func TestDataDirFull(t *testing.T) {
 	if _, err := d.C.Fork(ctx, "full", cp.ID, "fork"); err != nil {
 		t.Fatalf("fork with space freed: %v", err)
 	}
-	if out := d.run("fork", "cat", "/home/loam/mark"); strings.TrimSpace(out) != "before" {
+	if out := d.Run("fork", "cat", "/home/loam/mark"); strings.TrimSpace(out) != "before" {
 		t.Errorf("fork's /home/loam/mark: %q", out)
 	}
 	if err := d.C.DeleteSandbox(ctx, "fork"); err != nil {
@@ -375,7 +376,7 @@ func TestDataDirFull(t *testing.T) {
 	fill.leave(32 << 20)
 	_, err = d.C.WriteFile(ctx, "full", "/home/loam/small", strings.NewReader("x"), nil)
 	wantStorage(t, "small upload, the host at its reserve", err, "kept in reserve")
-	if out := d.run("full", "ls", "-a", "/home/loam"); strings.Contains(out, "big") || strings.Contains(out, "small") || strings.Contains(out, "loam-") {
+	if out := d.Run("full", "ls", "-a", "/home/loam"); strings.Contains(out, "big") || strings.Contains(out, "small") || strings.Contains(out, "loam-") {
 		t.Errorf("/root after the refused uploads:\n%s", out)
 	}
 	// One of unknown size that the reserve lets in, but that fills the
@@ -384,7 +385,7 @@ func TestDataDirFull(t *testing.T) {
 	fill.leave(100 << 20)
 	_, err = d.C.WriteFile(ctx, "full", "/home/loam/midway", io.LimitReader(zeros{}, 256<<20), nil)
 	wantStorage(t, "upload filling the host midway", err, "ran out of space during an upload to /home/loam/midway")
-	if out := d.run("full", "ls", "-a", "/home/loam"); strings.Contains(out, "big") || strings.Contains(out, "small") || strings.Contains(out, "midway") || strings.Contains(out, "loam-") {
+	if out := d.Run("full", "ls", "-a", "/home/loam"); strings.Contains(out, "big") || strings.Contains(out, "small") || strings.Contains(out, "midway") || strings.Contains(out, "loam-") {
 		t.Errorf("/home/loam after the refused uploads:\n%s", out)
 	}
 	runs("after the refused uploads")
@@ -420,7 +421,7 @@ func TestDataDirFull(t *testing.T) {
 	} else {
 		t.Logf("upload beyond the sandbox's own disk: %v", err)
 	}
-	if out := d.run("own", "ls", "-a", "/home/loam"); strings.Contains(out, "huge") {
+	if out := d.Run("own", "ls", "-a", "/home/loam"); strings.Contains(out, "huge") {
 		t.Errorf("/root of own after the failed upload:\n%s", out)
 	}
 
@@ -431,7 +432,7 @@ func TestDataDirFull(t *testing.T) {
 	// leaves no partial template; with space, the same pull works.
 	reg := imagetest.Registry(t, "", "")
 	ref := reg + "/zeros:v1"
-	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t),
+	imagetest.Push(t, ref, imagetest.Image(t, imagetest.BusyboxConfig, imagetest.Busybox(t),
 		imagetest.Layer(t, imagetest.Entry{Name: "srv/zeros", Body: make([]byte, 320<<20)})), "", "")
 	fill.leave(32 << 20)
 	_, err = d.C.PullImage(ctx, ref)
@@ -459,7 +460,7 @@ func TestDataDirFull(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "img", Image: ref}); err != nil {
 		t.Fatalf("create from the image with space freed: %v", err)
 	}
-	if out := d.run("img", "stat", "-c", "%s", "/srv/zeros"); strings.TrimSpace(out) != fmt.Sprint(320<<20) {
+	if out := d.Run("img", "stat", "-c", "%s", "/srv/zeros"); strings.TrimSpace(out) != fmt.Sprint(320<<20) {
 		t.Errorf("/srv/zeros in the image's sandbox: %q", out)
 	}
 	runs("at the end")

@@ -13,6 +13,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime/gvisor"
+	"loam.dev/loam/test/harness"
 )
 
 // TestTeardown: a daemon stopped with sandboxes running leaves them, the
@@ -24,8 +25,8 @@ import (
 // table, runsc process or cgroup of the data dir, and no data dir.
 func TestTeardown(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	var ids []string
 	for _, name := range []string{"one", "two"} {
 		sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name})
@@ -33,16 +34,16 @@ func TestTeardown(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids = append(ids, sb.ID)
-		d.run(name, "sh", "-c", "echo hi > /tmp/f")
+		d.Run(name, "sh", "-c", "echo hi > /tmp/f")
 	}
 	f := false
 	if _, err := d.C.CreateCheckpoint(ctx, "one", api.CreateCheckpoint{Memory: &f}); err != nil {
 		t.Fatal(err)
 	}
-	dir := d.dataDir
+	dir := d.DataDir
 	teardown := func(args ...string) (string, int) {
 		t.Helper()
-		cmd := exec.Command(daemonBin, append([]string{"serve", "--teardown", "--data-dir", dir, "--runsc", findRunsc()}, args...)...)
+		cmd := exec.Command(harness.DaemonBin, append([]string{"serve", "--teardown", "--data-dir", dir, "--runsc", harness.Runsc()}, args...)...)
 		cmd.Env = append(os.Environ(), "LOAM_SUBNET=10.254.0.0/16") // the data dir's own record must win
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
@@ -58,16 +59,16 @@ func TestTeardown(t *testing.T) {
 	if out, code := teardown("-y"); code == 0 || !strings.Contains(out, "used by another loam daemon") {
 		t.Fatalf("teardown while the daemon runs: %d %q, want a refusal", code, out)
 	}
-	d.stop()
+	d.Stop()
 
-	table := network.TableName(netip.MustParsePrefix(d.subnet))
+	table := network.TableName(netip.MustParsePrefix(d.Subnet))
 	containers := runscContainers(t, dir)
 	left := func() []string {
 		var left []string
-		if m := mountsUnder(dir); len(m) > 0 {
+		if m := harness.MountsUnder(dir); len(m) > 0 {
 			left = append(left, "mounts "+strings.Join(m, " "))
 		}
-		if n := loopsOf(dir); n > 0 {
+		if n := harness.LoopsOf(dir); n > 0 {
 			left = append(left, fmt.Sprintf("loop devices %d", n))
 		}
 		for _, id := range ids {
@@ -128,7 +129,7 @@ const netnsDir = "/run/netns"
 
 // runscContainers lists the containers runsc has state for in dir's root.
 func runscContainers(t *testing.T, dir string) []string {
-	out, err := exec.Command(findRunsc(), "--root", filepath.Join(dir, "runsc"), "list", "-quiet").Output()
+	out, err := exec.Command(harness.Runsc(), "--root", filepath.Join(dir, "runsc"), "list", "-quiet").Output()
 	if err != nil {
 		t.Fatalf("runsc list: %v", err)
 	}

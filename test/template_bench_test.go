@@ -10,6 +10,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // BenchmarkTemplate measures, for a memory template of a sandbox holding N
@@ -25,12 +26,12 @@ func BenchmarkTemplate(b *testing.B) {
 }
 
 func benchTemplate(b *testing.B, mib int) {
-	d := startDaemonB(b)
+	d := harness.StartDaemonB(b)
 	ctx := context.Background()
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src", Resources: &api.Resources{MemoryMiB: mib + 1024}}); err != nil {
 		b.Fatal(err)
 	}
-	d.runB(b, "src", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
+	d.RunB(b, "src", "sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=/dev/shm/blob bs=1M count=%d 2>/dev/null", mib))
 	cp, err := d.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{})
 	if err != nil {
 		b.Fatal(err)

@@ -17,12 +17,13 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // findTemplate returns the template called name in d's listing, or nil.
-func findTemplate(t *testing.T, d *daemon, name string) *api.Template {
+func findTemplate(t *testing.T, d *harness.Daemon, name string) *api.Template {
 	t.Helper()
-	tpls, err := d.C.Templates(ctxT(t))
+	tpls, err := d.C.Templates(harness.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,16 +41,16 @@ func findTemplate(t *testing.T, d *daemon, name string) *api.Template {
 // cannot be deleted, nor can a built-in.
 func TestTemplateFromCheckpoint(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.PutSecret(ctx, "key", "s3cret"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src", SecretFiles: map[string]string{"/home/loam/.key": "key"}}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("src", "sh", "-c", "echo one > /home/loam/f")
-	if got := d.run("src", "cat", "/home/loam/.key"); got != "s3cret" {
+	d.Run("src", "sh", "-c", "echo one > /home/loam/f")
+	if got := d.Run("src", "cat", "/home/loam/.key"); got != "s3cret" {
 		t.Fatalf("src's secret file holds %q", got)
 	}
 	counter(t, d, "src")
@@ -102,7 +103,7 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 		t.Errorf("w1 starts at %d, the checkpoint was at about %d", n, atCP)
 	}
 	counts(t, d, "w1", n)
-	if got := strings.TrimSpace(d.run("w1", "hostname")); got != "w1" {
+	if got := strings.TrimSpace(d.Run("w1", "hostname")); got != "w1" {
 		t.Errorf("hostname of w1 = %q", got)
 	}
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "w2", Template: "warm", Resources: &api.Resources{MemoryMiB: 1024}}); !errors.Is(err, api.ErrInvalid) {
@@ -113,14 +114,14 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "c1", Template: "cold"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(d.run("c1", "cat", "/home/loam/f")); got != "one" {
+	if got := strings.TrimSpace(d.Run("c1", "cat", "/home/loam/f")); got != "one" {
 		t.Errorf("c1's /home/loam/f = %q, want one", got)
 	}
 	// The source's secret files are not the template's.
 	if out, _, code, err := d.C.Output(ctx, "c1", "cat", "/home/loam/.key"); err != nil || code == 0 || strings.Contains(string(out), "s3cret") {
 		t.Errorf("c1 has the source's secret file: %q %d %v", out, code, err)
 	}
-	if got := strings.TrimSpace(d.run("c1", "hostname")); got != "c1" {
+	if got := strings.TrimSpace(d.Run("c1", "hostname")); got != "c1" {
 		t.Errorf("hostname of c1 = %q", got)
 	}
 	still := readCount(t, d, "c1")
@@ -144,7 +145,7 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 	if err := d.C.DeleteSandbox(ctx, "w1"); err != nil {
 		t.Fatal(err)
 	}
-	if snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "tpl.warm.*")); len(snaps) != 1 {
+	if snaps, _ := filepath.Glob(filepath.Join(d.DataDir, "disk", "mnt", "snapshots", "tpl.warm.*")); len(snaps) != 1 {
 		t.Errorf("the template's disk snapshots: %v, want one", snaps)
 	}
 	if err := d.C.DeleteTemplate(ctx, "warm"); err != nil {
@@ -159,13 +160,13 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "w3", Template: "warm"}); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("create from a deleted template: %v, want invalid", err)
 	}
-	if snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "tpl.warm.*")); len(snaps) != 0 {
+	if snaps, _ := filepath.Glob(filepath.Join(d.DataDir, "disk", "mnt", "snapshots", "tpl.warm.*")); len(snaps) != 0 {
 		t.Errorf("the deleted template's disk is left: %v", snaps)
 	}
 
 	// A restarted daemon keeps templates.
-	d.stop()
-	d.start()
+	d.Stop()
+	d.Start()
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "c2", Template: "cold"}); err != nil {
 		t.Fatalf("create from a template after a restart: %v", err)
 	}
@@ -175,9 +176,9 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 // streaming their output, and keeps the result; the sandbox goes.
 func TestTemplateBuild(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
-	stdout, stderr, code := d.cli("", "template", "build", "tb", "--template", "busybox",
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
+	stdout, stderr, code := d.CLI("", "template", "build", "tb", "--template", "busybox",
 		"--run", "echo built > /home/loam/built", "--run", "echo hello from the build",
 		"--service", "tick=while true; do date +%s > /tmp/tick; sleep 0.1; done", "--memory")
 	if code != 0 || !strings.Contains(stdout, "hello from the build\n") || !strings.HasSuffix(stdout, "tb\n") {
@@ -189,15 +190,15 @@ func TestTemplateBuild(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "b1", Template: "tb"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(d.run("b1", "cat", "/home/loam/built")); got != "built" {
+	if got := strings.TrimSpace(d.Run("b1", "cat", "/home/loam/built")); got != "built" {
 		t.Errorf("/home/loam/built = %q", got)
 	}
 	// The service was running at the checkpoint: it runs on.
-	first := d.run("b1", "cat", "/tmp/tick")
-	waitFor(t, func() bool { return d.run("b1", "cat", "/tmp/tick") != first })
+	first := d.Run("b1", "cat", "/tmp/tick")
+	waitFor(t, func() bool { return d.Run("b1", "cat", "/tmp/tick") != first })
 
 	// A failing command stops the build and leaves no template nor sandbox.
-	_, stderr, code = d.cli("", "template", "build", "tf", "--template", "busybox", "--run", "exit 3")
+	_, stderr, code = d.CLI("", "template", "build", "tf", "--template", "busybox", "--run", "exit 3")
 	if code == 0 || !strings.Contains(stderr, "status 3") {
 		t.Errorf("a failing build: exit %d, stderr %q", code, stderr)
 	}
@@ -208,15 +209,15 @@ func TestTemplateBuild(t *testing.T) {
 		t.Errorf("a failed build left sandboxes: %v", sbs)
 	}
 	// export to a terminal-less stdout and import through the CLI.
-	archive, stderr, code := d.cli("", "template", "export", "tb")
+	archive, stderr, code := d.CLI("", "template", "export", "tb")
 	if code != 0 || len(archive) == 0 {
 		t.Fatalf("export: exit %d, %q", code, stderr)
 	}
-	out, stderr, code := d.cli(archive, "template", "import", "tb2")
+	out, stderr, code := d.CLI(archive, "template", "import", "tb2")
 	if code != 0 || out != "tb2\n" {
 		t.Fatalf("import: exit %d, %q %q", code, out, stderr)
 	}
-	out, _, _ = d.cli("", "templates")
+	out, _, _ = d.CLI("", "templates")
 	if !strings.Contains(out, "checkpoint+memory") || !strings.Contains(out, "tb2") {
 		t.Errorf("loam templates:\n%s", out)
 	}
@@ -227,12 +228,12 @@ func TestTemplateBuild(t *testing.T) {
 // archives are refused and leave nothing.
 func TestTemplateExportImport(t *testing.T) {
 	t.Parallel()
-	d1 := startDaemon(t)
-	ctx := ctxT(t)
+	d1 := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d1.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
 		t.Fatal(err)
 	}
-	d1.run("src", "sh", "-c", "echo moved > /home/loam/f")
+	d1.Run("src", "sh", "-c", "echo moved > /home/loam/f")
 	counter(t, d1, "src")
 	if _, err := d1.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Name: "tick"}); err != nil {
 		t.Fatal(err)
@@ -254,7 +255,7 @@ func TestTemplateExportImport(t *testing.T) {
 	}
 	archive := buf.Bytes()
 
-	d2 := startDaemon(t)
+	d2 := harness.StartDaemon(t)
 	flipped := bytes.Clone(archive)
 	flipped[len(flipped)*2/3] ^= 0x01
 	for _, bad := range []struct {
@@ -276,13 +277,13 @@ func TestTemplateExportImport(t *testing.T) {
 	if findTemplate(t, d2, "bad") != nil {
 		t.Error("a refused import is listed")
 	}
-	if left, _ := os.ReadDir(filepath.Join(d2.dataDir, "checkpoint-templates")); len(left) != 0 {
+	if left, _ := os.ReadDir(filepath.Join(d2.DataDir, "checkpoint-templates")); len(left) != 0 {
 		t.Errorf("refused imports left %v", left)
 	}
-	if snaps, _ := filepath.Glob(filepath.Join(d2.dataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 0 {
+	if snaps, _ := filepath.Glob(filepath.Join(d2.DataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 0 {
 		t.Errorf("refused imports left snapshots %v", snaps)
 	}
-	if _, err := os.Stat(filepath.Join(d2.dataDir, "escaped")); err == nil {
+	if _, err := os.Stat(filepath.Join(d2.DataDir, "escaped")); err == nil {
 		t.Error("a traversal entry was written")
 	}
 
@@ -290,7 +291,7 @@ func TestTemplateExportImport(t *testing.T) {
 	if err != nil || !tpl.Memory || tpl.Name != "moved" {
 		t.Fatalf("import: %v %+v", err, tpl)
 	}
-	if snaps, _ := filepath.Glob(filepath.Join(d2.dataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 1 {
+	if snaps, _ := filepath.Glob(filepath.Join(d2.DataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 1 {
 		t.Errorf("template snapshots after the import: %v, want one", snaps)
 	}
 	if _, err := d2.C.ImportTemplate(ctx, "moved", bytes.NewReader(archive)); !errors.Is(err, api.ErrConflict) {
@@ -304,7 +305,7 @@ func TestTemplateExportImport(t *testing.T) {
 		t.Errorf("the imported template starts at %d, the checkpoint was at about %d", n2, atCP)
 	}
 	counts(t, d2, "there", n2)
-	if got := strings.TrimSpace(d2.run("there", "cat", "/home/loam/f")); got != "moved" {
+	if got := strings.TrimSpace(d2.Run("there", "cat", "/home/loam/f")); got != "moved" {
 		t.Errorf("/home/loam/f = %q", got)
 	}
 }
@@ -346,8 +347,8 @@ func craftArchive(t *testing.T, evil string) []byte {
 // and what a crash between a template's disk and its publication leaves.
 func TestTemplateCrash(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src"}); err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +365,7 @@ func TestTemplateCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	kept := filepath.Join(d.dataDir, "checkpoint-templates")
+	kept := filepath.Join(d.DataDir, "checkpoint-templates")
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
@@ -381,14 +382,14 @@ func TestTemplateCrash(t *testing.T) {
 		}
 		return false
 	})
-	d.kill()
+	d.Kill()
 	pw.CloseWithError(errors.New("the daemon was killed"))
 	if err := <-done; err == nil {
 		t.Fatal("an import cut by a kill succeeded")
 	}
 	// What a crash after a template's disk was made, before it was
 	// published, leaves: a snapshot and a work directory.
-	planted := filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "tpl.planted.0123456789ab")
+	planted := filepath.Join(d.DataDir, "disk", "mnt", "snapshots", "tpl.planted.0123456789ab")
 	if out, err := exec.Command("btrfs", "subvolume", "create", planted).CombinedOutput(); err != nil {
 		t.Fatalf("planting a snapshot: %v %s", err, out)
 	}
@@ -396,14 +397,14 @@ func TestTemplateCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	d.start()
+	d.Start()
 	if findTemplate(t, d, "half") != nil || findTemplate(t, d, "planted") != nil {
 		t.Error("a half-made template is listed after a restart")
 	}
 	if entries, _ := os.ReadDir(kept); len(entries) != 1 || entries[0].Name() != "kept" {
 		t.Errorf("after a restart the templates directory holds %v, want kept alone", entries)
 	}
-	if snaps, _ := filepath.Glob(filepath.Join(d.dataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 1 || !strings.HasPrefix(filepath.Base(snaps[0]), "tpl.kept.") {
+	if snaps, _ := filepath.Glob(filepath.Join(d.DataDir, "disk", "mnt", "snapshots", "tpl.*")); len(snaps) != 1 || !strings.HasPrefix(filepath.Base(snaps[0]), "tpl.kept.") {
 		t.Errorf("after a restart the template snapshots are %v, want kept's alone", snaps)
 	}
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "after", Template: "kept"}); err != nil {

@@ -23,6 +23,7 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and localhost,
@@ -80,17 +81,17 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{t: t, dataDir: dataDir, subnet: nextSubnet(), roots: roots}
-	d.start("--tls-cert", certFile, "--tls-key", keyFile)
-	t.Cleanup(func() { d.destroy() })
-	ctx := ctxT(t)
+	d := &harness.Daemon{T: t, DataDir: dataDir, Subnet: harness.NextSubnet(), Roots: roots}
+	d.Start("--tls-cert", certFile, "--tls-key", keyFile)
+	t.Cleanup(func() { d.Destroy() })
+	ctx := harness.Ctx(t)
 	if !strings.HasPrefix(d.URL, "https://") {
 		t.Fatalf("the daemon with a certificate serves at %s, want https://", d.URL)
 	}
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "secure"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := d.run("secure", "echo", "over tls"); got != "over tls\n" {
+	if got := d.Run("secure", "echo", "over tls"); got != "over tls\n" {
 		t.Errorf("exec over TLS: %q", got)
 	}
 	u, _ := url.Parse(d.URL)
@@ -107,7 +108,7 @@ func TestTLS(t *testing.T) {
 	// The CLI trusts the certificate through SSL_CERT_FILE, as Go's TLS
 	// stack reads it on Linux.
 	env := append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token, "SSL_CERT_FILE="+certFile)
-	ls := exec.Command(loamBin, "ls")
+	ls := exec.Command(harness.LoamBin, "ls")
 	ls.Env = env
 	if out, err := ls.CombinedOutput(); err != nil || !strings.Contains(string(out), "secure") {
 		t.Errorf("loam ls over TLS: %v %s", err, out)
@@ -115,9 +116,9 @@ func TestTLS(t *testing.T) {
 
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	mcp := exec.CommandContext(mctx, loamBin, "mcp", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile)
+	mcp := exec.CommandContext(mctx, harness.LoamBin, "mcp", "--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile)
 	mcp.Env = env
-	log := &syncBuffer{}
+	log := &harness.SyncBuffer{}
 	mcp.Stdout, mcp.Stderr = io.Discard, log
 	if err := mcp.Start(); err != nil {
 		t.Fatal(err)
@@ -130,7 +131,7 @@ func TestTLS(t *testing.T) {
 	if strings.Contains(log.String(), "plain HTTP") {
 		t.Errorf("loam mcp with a certificate warns of plain HTTP:\n%s", log)
 	}
-	tr := d.httpClient().Transport.(*http.Transport)
+	tr := d.HTTPClient().Transport.(*http.Transport)
 	hc := &http.Client{Transport: tlsBearer{token: d.Token, base: tr}}
 	cs, err := sdk.NewClient(&sdk.Implementation{Name: "loam-test", Version: "0"}, nil).
 		Connect(mctx, &sdk.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc}, nil)
@@ -155,7 +156,7 @@ func TestTLS(t *testing.T) {
 		{"mcp", "--listen", "127.0.0.1:0", "--tls-cert", certFile},
 		{"mcp", "--tls-cert", certFile, "--tls-key", keyFile},
 	} {
-		bad := exec.Command(loamBin, args...)
+		bad := exec.Command(harness.LoamBin, args...)
 		bad.Env = env
 		out, err := bad.CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "--tls-cert") {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // TestUpgradeKeepsAgents: a daemon restarted with another agent binary (an
@@ -19,8 +20,8 @@ import (
 // New sandboxes run the new binary.
 func TestUpgradeKeepsAgents(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sum := func(path string) string {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -30,9 +31,9 @@ func TestUpgradeKeepsAgents(t *testing.T) {
 		return hex.EncodeToString(s[:])
 	}
 	inside := func(sb string) string {
-		return strings.Fields(d.run(sb, "sha256sum", "/.loam/loam"))[0]
+		return strings.Fields(d.Run(sb, "sha256sum", "/.loam/loam"))[0]
 	}
-	oldSum := sum(loamBin)
+	oldSum := sum(harness.LoamBin)
 	for _, name := range []string{"sleeper", "source"} {
 		if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: name}); err != nil {
 			t.Fatal(err)
@@ -41,7 +42,7 @@ func TestUpgradeKeepsAgents(t *testing.T) {
 			t.Fatalf("%s runs agent %s, want the daemon's %s", name, got, oldSum)
 		}
 	}
-	d.run("sleeper", "sh", "-c", "echo before > /dev/shm/mem")
+	d.Run("sleeper", "sh", "-c", "echo before > /dev/shm/mem")
 	if _, err := d.C.Sleep(ctx, "sleeper"); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestUpgradeKeepsAgents(t *testing.T) {
 
 	// The upgrade: another binary (the same one with bytes appended, so
 	// another file by content).
-	b, err := os.ReadFile(loamBin)
+	b, err := os.ReadFile(harness.LoamBin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,8 +62,8 @@ func TestUpgradeKeepsAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	newSum := sum(newer)
-	d.stop()
-	d.start("--agent-binary", newer)
+	d.Stop()
+	d.Start("--agent-binary", newer)
 
 	if _, err := d.C.Wake(ctx, "sleeper"); err != nil {
 		t.Fatal(err)
@@ -70,7 +71,7 @@ func TestUpgradeKeepsAgents(t *testing.T) {
 	if got := inside("sleeper"); got != oldSum {
 		t.Errorf("woken after the upgrade, the sleeper runs agent %s, want its own %s", got, oldSum)
 	}
-	if got := strings.TrimSpace(d.run("sleeper", "cat", "/dev/shm/mem")); got != "before" {
+	if got := strings.TrimSpace(d.Run("sleeper", "cat", "/dev/shm/mem")); got != "before" {
 		t.Errorf("woken sleeper's memory: %q", got)
 	}
 	if _, err := d.C.ForkWith(ctx, "source", cp.ID, api.CreateSandbox{Name: "fork"}); err != nil {

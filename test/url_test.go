@@ -18,6 +18,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // urlServer is a small server for a sandbox, on python's standard library
@@ -83,13 +84,13 @@ S(("0.0.0.0", 8080), H).serve_forever()
 
 // startURLServer starts urlServer in sandbox sb, serving a page that says
 // page, and waits until it answers.
-func startURLServer(t *testing.T, d *daemon, sb, page string) {
+func startURLServer(t *testing.T, d *harness.Daemon, sb, page string) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := harness.Ctx(t)
 	if _, err := d.C.WriteFile(ctx, sb, "/home/loam/server.py", strings.NewReader(urlServer), nil); err != nil {
 		t.Fatal(err)
 	}
-	d.run(sb, "sh", "-c", `mkdir -p /home/loam/site && echo `+page+` > /home/loam/site/index.html &&
+	d.Run(sb, "sh", "-c", `mkdir -p /home/loam/site && echo `+page+` > /home/loam/site/index.html &&
 		nohup python3 /home/loam/server.py >/home/loam/server.log 2>&1 &`)
 	waitFor(t, func() bool {
 		_, _, code, _ := d.C.Output(ctx, sb, "python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/')")
@@ -100,7 +101,7 @@ func startURLServer(t *testing.T, d *daemon, sb, page string) {
 // urlClient is an HTTP client that reaches every URL at the daemon's
 // listener, as a browser resolving NAME--ORG.localhost to loopback would,
 // and follows no redirects.
-func urlClient(d *daemon) *http.Client {
+func urlClient(d *harness.Daemon) *http.Client {
 	addr := strings.TrimPrefix(d.URL, "http://")
 	return &http.Client{
 		Transport: &http.Transport{
@@ -138,8 +139,8 @@ func fetch(ctx context.Context, c *http.Client, method, u string, hdr http.Heade
 // unknown names and servers that do not listen get loam's pages.
 func TestURL(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "web", Template: "base"})
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +152,7 @@ func TestURL(t *testing.T) {
 	if err != nil || at.URL != sb.URL || !strings.HasPrefix(at.AccessToken, "loam_at_") {
 		t.Fatalf("access token: %+v, %v", at, err)
 	}
-	out, errOut, code := d.cli("", "url", "web")
+	out, errOut, code := d.CLI("", "url", "web")
 	if code != 0 || !strings.Contains(out, "access:      private\n") || !strings.Contains(out, "token:       "+at.AccessToken+"\n") ||
 		!strings.Contains(out, "open:        http://web--default.localhost:7070/?loam_token="+at.AccessToken+"\n") {
 		t.Fatalf("loam url: %d %q %q", code, out, errOut)
@@ -217,7 +218,7 @@ func TestURL(t *testing.T) {
 	ws.Close(websocket.StatusNormalClosure, "")
 
 	// A public sandbox needs no token.
-	if out, errOut, code := d.cli("", "create", "open", "--template", "base", "--public"); code != 0 || !strings.Contains(out, "access:      public\n") {
+	if out, errOut, code := d.CLI("", "create", "open", "--template", "base", "--public"); code != 0 || !strings.Contains(out, "access:      public\n") {
 		t.Fatalf("loam create --public: %d %q %q", code, out, errOut)
 	}
 	startURLServer(t, d, "open", "open")
@@ -251,8 +252,8 @@ func TestURL(t *testing.T) {
 // restored wait, and are answered by the restored machine; none fails.
 func TestURLDuringRestore(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "roll", Template: "base", Public: true})
 	if err != nil {
 		t.Fatal(err)
@@ -262,7 +263,7 @@ func TestURLDuringRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("roll", "sh", "-c", "echo v2 > /home/loam/site/index.html")
+	d.Run("roll", "sh", "-c", "echo v2 > /home/loam/site/index.html")
 	c := urlClient(d)
 	if status, body, _, err := fetch(ctx, c, "GET", sb.URL+"/", nil, ""); err != nil || status != 200 || body != "v2\n" {
 		t.Fatalf("before the restore: %d %q %v", status, body, err)
@@ -275,7 +276,7 @@ func TestURLDuringRestore(t *testing.T) {
 		status, body, _, err := fetch(ctx, c, "GET", sb.URL+"/slow", nil, "")
 		slow <- fmt.Sprintf("%d %q %v", status, body, err)
 	}()
-	eventually(t, 20*time.Second, "the slow request reaches the sandbox's server", func() bool {
+	harness.Eventually(t, 20*time.Second, "the slow request reaches the sandbox's server", func() bool {
 		_, _, code, err := d.C.Output(ctx, "roll", "test", "-e", "/tmp/slow-began")
 		return err == nil && code == 0
 	})
@@ -345,13 +346,13 @@ func TestURLDuringRestore(t *testing.T) {
 // the same server reached through a port stream (client.DialPort): requests
 // per second and p50/p99 latency, with 1 client and with 8 at once.
 func BenchmarkURL(b *testing.B) {
-	d := startDaemonB(b)
+	d := harness.StartDaemonB(b)
 	ctx := context.Background()
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "bench", Template: "base", Public: true})
 	if err != nil {
 		b.Fatal(err)
 	}
-	d.runB(b, "bench", "sh", "-c", `mkdir -p /home/loam/site && echo ok > /home/loam/site/index.html &&
+	d.RunB(b, "bench", "sh", "-c", `mkdir -p /home/loam/site && echo ok > /home/loam/site/index.html &&
 		nohup python3 -m http.server 8080 --directory /home/loam/site >/dev/null 2>&1 &`)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -425,19 +426,19 @@ func benchGets(b *testing.B, c *http.Client, u string, clients int) {
 // does, and is answered by the server that was running, same PID.
 func TestURLWakesASleepingSandbox(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, idleFlags...)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t, idleFlags...)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "dozy", Template: "base", Public: true, Idle: "2s"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	startURLServer(t, d, "dozy", "awake")
-	pid := strings.TrimSpace(d.run("dozy", "pgrep", "-x", "python3"))
+	pid := strings.TrimSpace(d.Run("dozy", "pgrep", "-x", "python3"))
 	waitState(t, d, "dozy", api.StateSleeping)
 	if n := runscProcesses(sb.ID); n != 0 {
 		t.Fatalf("%d host processes left for a sleeping sandbox", n)
 	}
-	if out, errOut, code := d.cli("", "checkpoint", "ls", "dozy"); code != 0 {
+	if out, errOut, code := d.CLI("", "checkpoint", "ls", "dozy"); code != 0 {
 		t.Fatalf("checkpoint ls: %d %q %q", code, out, errOut)
 	}
 	if got, _ := d.C.GetSandbox(ctx, "dozy"); got.State != api.StateSleeping {
@@ -450,7 +451,7 @@ func TestURLWakesASleepingSandbox(t *testing.T) {
 		t.Fatalf("GET %s on a sleeping sandbox: %d %q %v", u, code, body, err)
 	}
 	t.Logf("sleeping to the first HTTP response through the URL: %v", time.Since(start))
-	if got := strings.TrimSpace(d.run("dozy", "pgrep", "-x", "python3")); got != pid {
+	if got := strings.TrimSpace(d.Run("dozy", "pgrep", "-x", "python3")); got != pid {
 		t.Errorf("the server's pid after the wake is %q, was %q", got, pid)
 	}
 
@@ -481,13 +482,13 @@ func TestURLWakesASleepingSandbox(t *testing.T) {
 // invalid and change nothing.
 func TestUpdateSandbox(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "upd", Labels: map[string]string{"owner": "docs"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("upd", "sh", "-c", `for p in 8080 9000; do mkdir -p /tmp/www$p && echo port$p > /tmp/www$p/index.html && httpd -p $p -h /tmp/www$p; done`)
+	d.Run("upd", "sh", "-c", `for p in 8080 9000; do mkdir -p /tmp/www$p && echo port$p > /tmp/www$p/index.html && httpd -p $p -h /tmp/www$p; done`)
 	c := urlClient(d)
 	get := func() (int, string) {
 		t.Helper()
@@ -500,7 +501,7 @@ func TestUpdateSandbox(t *testing.T) {
 	if code, _ := get(); code != http.StatusUnauthorized {
 		t.Fatalf("a private sandbox's URL without a token: %d", code)
 	}
-	if out, errOut, code := d.cli("", "update", "upd", "--public"); code != 0 || !strings.Contains(out, "upd") {
+	if out, errOut, code := d.CLI("", "update", "upd", "--public"); code != 0 || !strings.Contains(out, "upd") {
 		t.Fatalf("loam update --public: %d %q %q", code, out, errOut)
 	}
 	if code, body := get(); code != 200 || body != "port8080" {
@@ -524,12 +525,12 @@ func TestUpdateSandbox(t *testing.T) {
 	// Bad updates change nothing.
 	bad, zero := "5x", 0
 	for _, req := range []api.UpdateSandbox{{}, {Idle: &bad}, {HTTPPort: &zero}} {
-		if _, err := d.C.UpdateSandbox(ctx, "upd", req); apiCode(err) != api.CodeInvalid {
+		if _, err := d.C.UpdateSandbox(ctx, "upd", req); harness.APICode(err) != api.CodeInvalid {
 			t.Errorf("update %+v: %v, want invalid", req, err)
 		}
 	}
 	yes := true
-	if _, err := d.C.UpdateSandbox(ctx, "nosuch", api.UpdateSandbox{Public: &yes}); apiCode(err) != api.CodeNotFound {
+	if _, err := d.C.UpdateSandbox(ctx, "nosuch", api.UpdateSandbox{Public: &yes}); harness.APICode(err) != api.CodeNotFound {
 		t.Errorf("update of no sandbox: %v, want not_found", err)
 	}
 

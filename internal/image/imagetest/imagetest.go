@@ -166,3 +166,14 @@ func Push(t testing.TB, ref string, img v1.Image, user, password string) {
 		t.Fatalf("pushing %s: %v", ref, err)
 	}
 }
+
+// BusyboxConfig is the config of the end-to-end tests' image (with
+// Busybox's layer): no libc, no Debian, a user of its own, a working dir,
+// env and an entrypoint.
+var BusyboxConfig = v1.Config{
+	Env:        []string{"PATH=/bin", "GREETING=from-image"},
+	WorkingDir: "/srv",
+	User:       "app",
+	Entrypoint: []string{"/bin/sh", "-c"},
+	Cmd:        []string{`echo "$GREETING as $(id -un) in $(pwd)" > /srv/started; exec sleep 100000`},
+}

@@ -1,4 +1,4 @@
-package test
+package crash
 
 import (
 	"crypto/sha256"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // TestPowerLoss cuts the power under a daemon right after the API
@@ -33,7 +34,7 @@ import (
 // device. The copy is mounted and a daemon started on it.
 func TestPowerLoss(t *testing.T) {
 	// Not parallel: it turns the kernel's periodic writeback off machine-wide (vm.dirty_*), and a sync by any other test would flush what it means to lose.
-	ctx := ctxT(t)
+	ctx := harness.Ctx(t)
 	work, err := os.MkdirTemp("", "loam-e2e-power-")
 	if err != nil {
 		t.Fatal(err)
@@ -48,11 +49,11 @@ func TestPowerLoss(t *testing.T) {
 	must(t, "mkfs.btrfs", "-q", dev)
 	mountLoop(t, dev, mnt)
 
-	d := &daemon{t: t, dataDir: filepath.Join(mnt, "data"), subnet: nextSubnet()}
-	t.Cleanup(d.destroy) // also on failure: the API, containers, netns, firewall
+	d := &harness.Daemon{T: t, DataDir: filepath.Join(mnt, "data"), Subnet: harness.NextSubnet()}
+	t.Cleanup(d.Destroy) // also on failure: the API, containers, netns, firewall
 	// No pool ever makes a member: it would write and sync after the ack.
 	flags := []string{"--disk-size-gib", "2", "--pool-reserve-mib", "100000000"}
-	d.start(flags...)
+	d.Start(flags...)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "durable"})
 	if err != nil {
 		t.Fatal(err)
@@ -72,13 +73,13 @@ func TestPowerLoss(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "late"}); err != nil {
 		t.Fatal(err)
 	}
-	d.run("durable", "sh", "-c", "echo acked > /home/loam/f")
+	d.Run("durable", "sh", "-c", "echo acked > /home/loam/f")
 	cp, err := d.C.CreateCheckpoint(ctx, "durable", api.CreateCheckpoint{Name: "acked"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cpDir := filepath.Join("checkpoints", sb.ID, cp.ID)
-	want := treeSums(t, filepath.Join(d.dataDir, cpDir))
+	want := treeSums(t, filepath.Join(d.DataDir, cpDir))
 
 	// A file nobody syncs: the cut must lose it, or the test shows nothing.
 	if err := os.WriteFile(filepath.Join(mnt, "unsynced"), []byte("x"), 0o600); err != nil {
@@ -87,7 +88,7 @@ func TestPowerLoss(t *testing.T) {
 
 	// The cut: nothing of the daemon's writes anything any more, and what
 	// reached the device is copied.
-	d.kill()
+	d.Kill()
 	pids := killUnder(t, mnt)
 	saved := filepath.Join(work, "after.img")
 	must(t, "cp", "--sparse=always", img, saved)
@@ -96,7 +97,7 @@ func TestPowerLoss(t *testing.T) {
 	// The old machine is gone: its containers, mounts and device. Its
 	// filesystem must be unmounted for good before the copy, which has
 	// the same id, is mounted.
-	d.destroy()
+	d.Destroy()
 	unmountOnce(t, mnt)
 	must(t, "losetup", "-d", dev)
 
@@ -107,9 +108,9 @@ func TestPowerLoss(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(mnt, "unsynced")); err == nil {
 		t.Fatal("the cut kept a file nobody synced (did something sync the whole machine?): it shows nothing")
 	}
-	d2 := &daemon{t: t, dataDir: filepath.Join(mnt, "data"), subnet: d.subnet}
-	t.Cleanup(d2.destroy)
-	d2.start(flags...)
+	d2 := &harness.Daemon{T: t, DataDir: filepath.Join(mnt, "data"), Subnet: d.Subnet}
+	t.Cleanup(d2.Destroy)
+	d2.Start(flags...)
 
 	cps, err := d2.C.ListCheckpoints(ctx, "durable")
 	if err != nil {
@@ -118,7 +119,7 @@ func TestPowerLoss(t *testing.T) {
 	if len(cps) != 2 || cps[1].ID != cp.ID {
 		t.Fatalf("after the power loss the checkpoints are %+v, want %s, which the API acknowledged", cps, cp.ID)
 	}
-	got := treeSums(t, filepath.Join(d2.dataDir, cpDir))
+	got := treeSums(t, filepath.Join(d2.DataDir, cpDir))
 	for name, sum := range want {
 		if got[name] != sum {
 			t.Errorf("checkpoint file %s: sha256 %q after the power loss, %q before", name, got[name], sum)
@@ -140,7 +141,7 @@ func TestPowerLoss(t *testing.T) {
 	if _, err := d2.C.RestoreCheckpoint(ctx, "durable", cp.ID); err != nil {
 		t.Fatal(err)
 	}
-	if out := d2.run("durable", "cat", "/home/loam/f"); out != "acked\n" {
+	if out := d2.Run("durable", "cat", "/home/loam/f"); out != "acked\n" {
 		t.Errorf("after the restore: %q", out)
 	}
 }
@@ -177,7 +178,7 @@ func mountLoop(t *testing.T, dev, dir string) {
 	}
 	must(t, "mount", "-o", "commit=300", dev, dir)
 	t.Cleanup(func() {
-		unmountUnder(dir)
+		harness.UnmountUnder(dir)
 		exec.Command("umount", "-l", dir).Run()
 	})
 }

@@ -1,4 +1,4 @@
-package test
+package soak
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // TestSoak runs a seeded random sequence of loam's operations (create,
@@ -38,7 +39,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	t.Logf("soak seed %d (replay with LOAM_SOAK_SEED=%d)", seed, seed)
-	s := &soak{t: t, d: startDaemon(t), r: rand.New(rand.NewPCG(seed, seed^0x5eed)), seed: seed, seen: map[string]bool{}}
+	s := &soak{t: t, d: harness.StartDaemon(t), r: rand.New(rand.NewPCG(seed, seed^0x5eed)), seed: seed, seen: map[string]bool{}}
 	// Not ctxT's three minutes: a soak on demand runs longer.
 	ctx, cancel := context.WithTimeout(context.Background(), dur+10*time.Minute)
 	t.Cleanup(cancel)
@@ -72,7 +73,7 @@ type soakCP struct {
 
 type soak struct {
 	t       *testing.T
-	d       *daemon
+	d       *harness.Daemon
 	ctx     context.Context
 	r       *rand.Rand
 	seed    uint64

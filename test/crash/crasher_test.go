@@ -1,4 +1,4 @@
-package test
+package crash
 
 import (
 	"context"
@@ -19,11 +19,12 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/network"
+	"loam.dev/loam/test/harness"
 )
 
 // crasher runs one daemon with crash points and checks it after each crash.
 type crasher struct {
-	d   *daemon
+	d   *harness.Daemon
 	ctx context.Context
 	arm string
 	// logs is every log of the daemon's runs but the current one: the
@@ -47,9 +48,9 @@ func newCrasher(t *testing.T, bin string) *crasher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{t: t, dataDir: dataDir, subnet: nextSubnet(), bin: bin, env: []string{"LOAM_CRASH_AT=@" + arm}}
-	d.start()
-	t.Cleanup(func() { d.destroy() })
+	d := &harness.Daemon{T: t, DataDir: dataDir, Subnet: harness.NextSubnet(), Bin: bin, Env: []string{"LOAM_CRASH_AT=@" + arm}}
+	d.Start()
+	t.Cleanup(func() { d.Destroy() })
 	return &crasher{d: d, arm: arm, seen: map[string]map[string]bool{}}
 }
 
@@ -68,8 +69,8 @@ func (c *crasher) crashTwice(t *testing.T, point, recovering string, op func(ctx
 	if err := os.WriteFile(c.arm, []byte(point), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	exited := c.d.exited
-	cmd := c.d.cmd
+	exited := c.d.Exited
+	cmd := c.d.Cmd
 	ctx, cancel := context.WithTimeout(c.ctx, 2*time.Minute)
 	defer cancel()
 	opErr := make(chan error, 1)
@@ -94,34 +95,34 @@ func (c *crasher) crashTwice(t *testing.T, point, recovering string, op func(ctx
 	if werr := os.WriteFile(c.arm, []byte(recovering), 0o644); werr != nil {
 		t.Fatal(werr)
 	}
-	log := c.d.log.String()
+	log := c.d.Log.String()
 	c.logs.WriteString(log)
 	c.crashLog = log
-	c.d.cmd = nil
+	c.d.Cmd = nil
 	if !reached || !strings.Contains(log, "crash point "+point+":") {
 		// Start it again all the same: the next cases need a daemon.
 		_ = os.WriteFile(c.arm, nil, 0o644)
-		_ = c.d.launch()
+		_ = c.d.Launch()
 		t.Fatalf("the daemon did not die at %s (the operation returned %v)", point, err)
 	}
 	if recovering != "" {
-		lerr := c.d.launch()
+		lerr := c.d.Launch()
 		if werr := os.WriteFile(c.arm, nil, 0o644); werr != nil {
 			t.Fatal(werr)
 		}
-		log := c.d.log.String()
+		log := c.d.Log.String()
 		c.logs.WriteString(log)
 		c.crashLog += "\n--- the start-up that crashed while it recovered:\n" + log
 		if lerr == nil {
 			t.Fatalf("the recovery after the crash at %s did not pass %s", point, recovering)
 		}
-		c.d.kill() // it has exited, unless it hung in its start-up
-		if !errors.Is(lerr, errDaemonExited) || !strings.Contains(log, "crash point "+recovering+":") {
-			_ = c.d.launch()
+		c.d.Kill() // it has exited, unless it hung in its start-up
+		if !errors.Is(lerr, harness.ErrDaemonExited) || !strings.Contains(log, "crash point "+recovering+":") {
+			_ = c.d.Launch()
 			t.Fatalf("the recovery after the crash at %s did not die at %s: %v", point, recovering, lerr)
 		}
 	}
-	if err := c.d.launch(); err != nil {
+	if err := c.d.Launch(); err != nil {
 		t.Fatalf("starting again after the crash at %s: %v", point, err)
 	}
 }
@@ -146,7 +147,7 @@ func (c *crasher) delete(t *testing.T, name string) {
 
 func (c *crasher) out(t *testing.T, name string, cmd ...string) string {
 	t.Helper()
-	return c.d.runB(t, name, cmd...)
+	return c.d.RunB(t, name, cmd...)
 }
 
 // mark writes disk into the sandbox's disk and mem into its memory.
@@ -338,7 +339,7 @@ func (c *crasher) waitPool(t *testing.T, want int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dirs := dirNamesOf(filepath.Join(c.d.dataDir, "sandboxes"))
+		dirs := dirNamesOf(filepath.Join(c.d.DataDir, "sandboxes"))
 		if p.Ready == want && p.Starting == 0 && len(dirs) == len(sbs)+want {
 			return
 		}
@@ -357,7 +358,7 @@ func (c *crasher) nftChain(t *testing.T, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(c.d.dataDir, "sandboxes", sb.ID, "handle.json"))
+	b, err := os.ReadFile(filepath.Join(c.d.DataDir, "sandboxes", sb.ID, "handle.json"))
 	var h struct {
 		SandboxIP string `json:"sandbox_ip"`
 	}
@@ -376,7 +377,7 @@ func (c *crasher) nftChain(t *testing.T, name string) string {
 }
 
 func (c *crasher) table() string {
-	return network.TableName(netip.MustParsePrefix(c.d.subnet))
+	return network.TableName(netip.MustParsePrefix(c.d.Subnet))
 }
 
 // nftChains lists the per-sandbox chains (sb_ADDRESS) of the daemon's table.
@@ -399,8 +400,8 @@ func (c *crasher) nftChains(t *testing.T) []string {
 // baseline records the host's mounts and loop devices of the prepared
 // daemon: every later inventory must match.
 func (c *crasher) baseline(t *testing.T) {
-	c.mounts = mountsUnder(c.d.dataDir)
-	c.loops = loopsOf(c.d.dataDir)
+	c.mounts = harness.MountsUnder(c.d.DataDir)
+	c.loops = harness.LoopsOf(c.d.DataDir)
 	c.checkAll(t)
 }
 
@@ -413,7 +414,7 @@ func (c *crasher) checkAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := c.d.dataDir
+	data := c.d.DataDir
 	ids, running := map[string]bool{}, map[string]bool{}
 	var snaps []string
 	cpDirs := map[string][]string{}
@@ -505,8 +506,8 @@ func (c *crasher) checkAll(t *testing.T) {
 	same("checkpoint dirs", cpParents, withCPs)
 	same("runsc containers", runscList(t, filepath.Join(data, "runsc")), keys(running))
 	if c.mounts != nil {
-		same("mounts under the data dir", mountsUnder(data), slices.Clone(c.mounts))
-		if n := loopsOf(data); n != c.loops {
+		same("mounts under the data dir", harness.MountsUnder(data), slices.Clone(c.mounts))
+		if n := harness.LoopsOf(data); n != c.loops {
 			t.Errorf("%d loop devices on the pool's image, want %d", n, c.loops)
 		}
 	}
@@ -515,7 +516,7 @@ func (c *crasher) checkAll(t *testing.T) {
 	}
 	// What the host holds of sandboxes this daemon ever named, and no
 	// record has now.
-	all := c.logs.String() + c.d.log.String()
+	all := c.logs.String() + c.d.Log.String()
 	for _, id := range uniqStrings(regexp.MustCompile(`\bsb-[a-z0-9]{12}\b`).FindAllString(all, -1)) {
 		if ids[id] {
 			continue
@@ -578,35 +579,11 @@ func dirNamesOf(dir string) []string {
 // runscList lists the containers of a runsc root.
 func runscList(t *testing.T, root string) []string {
 	t.Helper()
-	out, err := exec.Command(findRunsc(), "--root", root, "list", "-quiet").Output()
+	out, err := exec.Command(harness.Runsc(), "--root", root, "list", "-quiet").Output()
 	if err != nil {
 		t.Fatalf("runsc list: %v", err)
 	}
 	return strings.Fields(string(out))
-}
-
-// mountsUnder lists the mount points below dir.
-func mountsUnder(dir string) []string {
-	b, _ := os.ReadFile("/proc/self/mounts")
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
-			out = append(out, f[1])
-		}
-	}
-	return out
-}
-
-// loopsOf counts the loop devices on dir's disk pool image.
-func loopsOf(dir string) int {
-	out, _ := exec.Command("losetup", "-j", filepath.Join(dir, "disk", "disk.img")).Output()
-	n := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.TrimSpace(line) != "" {
-			n++
-		}
-	}
-	return n
 }
 
 // beforeOrRestored checks that main is as before a restore to the memory

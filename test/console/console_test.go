@@ -1,4 +1,4 @@
-package test
+package console
 
 import (
 	"bufio"
@@ -23,12 +23,13 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/testenv"
+	"loam.dev/loam/test/harness"
 )
 
 // consoleDir is web/, the console's sources.
 func consoleDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "web")
+	return filepath.Join(filepath.Dir(file), "..", "..", "web")
 }
 
 // chromiumPath is the browser TestConsole drives: $CHROMIUM, or Debian's
@@ -84,9 +85,9 @@ func TestConsole(t *testing.T) {
 
 	// The daemon's URL domain is its own listener, so that the page's
 	// "open the URL" reaches the sandbox (*.localhost is loopback to
-	// Chromium). A later flag wins over startDaemon's --listen.
+	// Chromium). A later flag wins over harness.StartDaemon's --listen.
 	port := freePort(t)
-	d := startDaemon(t, "--listen", "127.0.0.1:"+port, "--domain", "localhost:"+port)
+	d := harness.StartDaemon(t, "--listen", "127.0.0.1:"+port, "--domain", "localhost:"+port)
 	artifacts := filepath.Join(dir, "..", "test", "artifacts", t.Name())
 	if err := os.RemoveAll(artifacts); err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func TestConsole(t *testing.T) {
 	// its open page; it goes on when told so on its stdin.
 	e2e := exec.CommandContext(ctx, "node", "test/console.e2e.mjs")
 	e2e.Dir = dir
-	e2e.Env = append(os.Environ(), "LOAM_URL="+d.URL, "LOAM_TOKEN="+d.Token, "LOAM_TOKEN_FILE="+filepath.Join(d.dataDir, "token"), "LOAM_ARTIFACTS="+artifacts,
+	e2e.Env = append(os.Environ(), "LOAM_URL="+d.URL, "LOAM_TOKEN="+d.Token, "LOAM_TOKEN_FILE="+filepath.Join(d.DataDir, "token"), "LOAM_ARTIFACTS="+artifacts,
 		"LOAM_TEMPLATE=base", "CHROMIUM="+chromiumPath())
 	stdin, err := e2e.StdinPipe()
 	if err != nil {
@@ -105,7 +106,7 @@ func TestConsole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr syncBuffer
+	var stderr harness.SyncBuffer
 	e2e.Stderr = &stderr
 	start := time.Now()
 	if err := e2e.Start(); err != nil {
@@ -119,8 +120,8 @@ func TestConsole(t *testing.T) {
 		out.WriteString(line + "\n")
 		if line == "loam-e2e: restart the daemon" {
 			began := time.Now()
-			d.stop()
-			d.start("--listen", "127.0.0.1:"+port, "--domain", "localhost:"+port)
+			d.Stop()
+			d.Start("--listen", "127.0.0.1:"+port, "--domain", "localhost:"+port)
 			t.Logf("restarted the daemon under the open page in %v", time.Since(began).Round(time.Millisecond))
 			restarted = true
 			if _, err := io.WriteString(stdin, "restarted\n"); err != nil {
@@ -258,7 +259,7 @@ func diffTrees(t *testing.T, a, b string) string {
 // error shape, never a 500; Bearer tokens work as before, cookie or not.
 func TestConsoleHostileInput(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	login := func() (*http.Cookie, string) {
 		t.Helper()
 		res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+d.Token+`"}`))
@@ -380,7 +381,7 @@ func TestConsoleHostileInput(t *testing.T) {
 // the daemon (sessions are in its database); its logout does too.
 func TestConsoleSessionKeptOverRestart(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+d.Token+`"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -413,16 +414,16 @@ func TestConsoleSessionKeptOverRestart(t *testing.T) {
 		res.Body.Close()
 		return res.StatusCode
 	}
-	d.stop()
-	d.start()
+	d.Stop()
+	d.Start()
 	if code := call("GET", "/v1/sandboxes"); code != http.StatusOK {
 		t.Fatalf("the console session after a restart: %d, want 200", code)
 	}
 	if code := call("POST", "/console/logout"); code != http.StatusNoContent {
 		t.Fatalf("logout: %d", code)
 	}
-	d.stop()
-	d.start()
+	d.Stop()
+	d.Start()
 	if code := call("GET", "/v1/sandboxes"); code != http.StatusUnauthorized {
 		t.Errorf("a session logged out of, after a restart: %d, want 401", code)
 	}

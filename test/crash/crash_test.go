@@ -1,4 +1,4 @@
-package test
+package crash
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/test/harness"
 )
 
 // TestCrashMidCheckpoint kills the daemon while it writes a memory
@@ -16,14 +17,14 @@ import (
 // of one is left, and the sandbox runs on and can be checkpointed again.
 func TestCrashMidCheckpoint(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "crashy", Resources: &api.Resources{MemoryMiB: 1024}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("crashy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=384 2>/dev/null; echo before > /home/loam/f")
-	cpDir := filepath.Join(d.dataDir, "checkpoints", sb.ID)
+	d.Run("crashy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=384 2>/dev/null; echo before > /home/loam/f")
+	cpDir := filepath.Join(d.DataDir, "checkpoints", sb.ID)
 	go d.C.CreateCheckpoint(context.Background(), "crashy", api.CreateCheckpoint{Comment: "never"})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -37,8 +38,8 @@ func TestCrashMidCheckpoint(t *testing.T) {
 	}
 	// runsc may still be writing the image it was asked for: it finishes
 	// or fails, as it would after a real crash, before the next start.
-	d.killSettled()
-	d.start()
+	d.KillSettled()
+	d.Start()
 
 	cps, err := d.C.ListCheckpoints(ctx, "crashy")
 	if err != nil {
@@ -59,7 +60,7 @@ func TestCrashMidCheckpoint(t *testing.T) {
 			t.Errorf("left behind in %s: %s", cpDir, e.Name())
 		}
 	}
-	snaps, _ := os.ReadDir(filepath.Join(d.dataDir, "disk", "mnt", "snapshots"))
+	snaps, _ := os.ReadDir(filepath.Join(d.DataDir, "disk", "mnt", "snapshots"))
 	if len(snaps) != len(cps) {
 		t.Errorf("%d snapshots for %d checkpoints", len(snaps), len(cps))
 	}
@@ -68,7 +69,7 @@ func TestCrashMidCheckpoint(t *testing.T) {
 	if err != nil || got.State != api.StateRunning {
 		t.Fatalf("after the crash: %v %+v", err, got)
 	}
-	if out := d.run("crashy", "cat", "/home/loam/f"); out != "before\n" {
+	if out := d.Run("crashy", "cat", "/home/loam/f"); out != "before\n" {
 		t.Fatalf("file: %q", out)
 	}
 	cp, err := d.C.CreateCheckpoint(ctx, "crashy", api.CreateCheckpoint{Comment: "after"})
@@ -79,11 +80,11 @@ func TestCrashMidCheckpoint(t *testing.T) {
 		// v1 was spent by the checkpoint the crash cut short: ids are never reused.
 		t.Errorf("new checkpoint is %s, want v2", cp.ID)
 	}
-	d.run("crashy", "sh", "-c", "echo after > /home/loam/f")
+	d.Run("crashy", "sh", "-c", "echo after > /home/loam/f")
 	if _, err := d.C.RestoreCheckpoint(ctx, "crashy", cp.ID); err != nil {
 		t.Fatal(err)
 	}
-	if out := d.run("crashy", "cat", "/home/loam/f"); !strings.HasPrefix(out, "before") {
+	if out := d.Run("crashy", "cat", "/home/loam/f"); !strings.HasPrefix(out, "before") {
 		t.Fatalf("after restore: %q", out)
 	}
 }
@@ -92,26 +93,26 @@ func TestCrashMidCheckpoint(t *testing.T) {
 // with a conflict, and nothing is lost.
 func TestBusy(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "busy", Resources: &api.Resources{MemoryMiB: 1024}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.run("busy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=256 2>/dev/null")
+	d.Run("busy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=256 2>/dev/null")
 	done := make(chan error, 1)
 	go func() {
 		_, err := d.C.CreateCheckpoint(context.Background(), "busy", api.CreateCheckpoint{})
 		done <- err
 	}()
-	cpDir := filepath.Join(d.dataDir, "checkpoints", sb.ID)
+	cpDir := filepath.Join(d.DataDir, "checkpoints", sb.ID)
 	for {
 		if m, _ := filepath.Glob(filepath.Join(cpDir, ".tmp-*")); len(m) > 0 {
 			break
 		}
 		time.Sleep(time.Millisecond)
 	}
-	status, body := d.curl("DELETE", "/v1/sandboxes/busy", "")
+	status, body := d.Curl("DELETE", "/v1/sandboxes/busy", "")
 	if status != 409 || !strings.Contains(body, `"code":"conflict"`) || !strings.Contains(body, "in progress") {
 		t.Errorf("delete during a checkpoint: %d %s", status, body)
 	}
@@ -130,8 +131,8 @@ func TestBusy(t *testing.T) {
 // daemon was down is no longer listed after it starts.
 func TestLostCheckpointData(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t)
-	ctx := ctxT(t)
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "lossy"})
 	if err != nil {
 		t.Fatal(err)
@@ -142,16 +143,16 @@ func TestLostCheckpointData(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d.stop()
-	if err := os.RemoveAll(filepath.Join(d.dataDir, "checkpoints", sb.ID, "v2", "mem")); err != nil {
+	d.Stop()
+	if err := os.RemoveAll(filepath.Join(d.DataDir, "checkpoints", sb.ID, "v2", "mem")); err != nil {
 		t.Fatal(err)
 	}
-	d.start()
+	d.Start()
 	cps, err := d.C.ListCheckpoints(ctx, "lossy")
 	if err != nil || len(cps) != 1 || cps[0].ID != "v1" {
 		t.Fatalf("after losing v2's memory: %v %+v", err, cps)
 	}
-	if _, err := os.Stat(filepath.Join(d.dataDir, "checkpoints", sb.ID, "v2")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(d.DataDir, "checkpoints", sb.ID, "v2")); !os.IsNotExist(err) {
 		t.Errorf("v2's directory is still there: %v", err)
 	}
 	if _, err := d.C.RestoreCheckpoint(ctx, "lossy", "v1"); err != nil {

@@ -1,4 +1,4 @@
-package test
+package soak
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/test/harness"
 )
 
 // TestLoad runs many clients against one daemon at once: listing, reading
@@ -35,12 +36,12 @@ import (
 func TestLoad(t *testing.T) {
 	t.Parallel()
 	dur := envDur(t, "LOAM_LOAD", 10*time.Second)
-	clients := envInt(t, "LOAM_LOAD_CLIENTS", 30)
-	nsb := envInt(t, "LOAM_LOAD_SANDBOXES", 4)
+	clients := harness.EnvInt(t, "LOAM_LOAD_CLIENTS", 30)
+	nsb := harness.EnvInt(t, "LOAM_LOAD_SANDBOXES", 4)
 	if nsb < 2 {
 		t.Fatal("LOAM_LOAD_SANDBOXES: at least 2 (one is restored and forked from)")
 	}
-	d := startDaemon(t, "--debug-listen", "127.0.0.1:0")
+	d := harness.StartDaemon(t, "--debug-listen", "127.0.0.1:0")
 	// Not ctxT's three minutes: the full load runs five.
 	ctx, cancel := context.WithTimeout(context.Background(), dur+10*time.Minute)
 	t.Cleanup(cancel)
@@ -116,7 +117,7 @@ func TestLoad(t *testing.T) {
 
 // runLoad runs clients for dur and returns what they recorded. Each client
 // has files of its own, so that no two clients' checks race.
-func runLoad(ctx context.Context, t *testing.T, d *daemon, light []string, churn, base string, clients int, dur time.Duration) *loadRecorder {
+func runLoad(ctx context.Context, t *testing.T, d *harness.Daemon, light []string, churn, base string, clients int, dur time.Duration) *loadRecorder {
 	rec := newLoadRecorder()
 	// The heavy clients' forks are named after this run: a fork the
 	// warm-up's end cut on the client's side may still be made on the
@@ -311,8 +312,8 @@ func cutByCheckpoint(err error) bool {
 	return strings.Contains(msg, "the sandbox is being checkpointed")
 }
 
-func isConflict(err error) bool { return apiCode(err) == api.CodeConflict }
-func isNotFound(err error) bool { return apiCode(err) == api.CodeNotFound }
+func isConflict(err error) bool { return harness.APICode(err) == api.CodeConflict }
+func isNotFound(err error) bool { return harness.APICode(err) == api.CodeNotFound }
 
 // loadRecorder keeps each operation's latencies and failures.
 // loadRuns numbers the runs of runLoad.
@@ -418,11 +419,11 @@ func (u loadUse) String() string {
 }
 
 // debugURL is where the daemon serves its profiles, from its log line.
-func debugURL(t *testing.T, d *daemon) string {
+func debugURL(t *testing.T, d *harness.Daemon) string {
 	re := regexp.MustCompile(`serving Go's profiles" addr=(\S+)`)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if m := re.FindStringSubmatch(d.log.String()); m != nil {
+		if m := re.FindStringSubmatch(d.Log.String()); m != nil {
 			return m[1]
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -431,8 +432,8 @@ func debugURL(t *testing.T, d *daemon) string {
 	return ""
 }
 
-func daemonUse(t *testing.T, d *daemon, dbg string) loadUse {
-	pid := d.cmd.Process.Pid
+func daemonUse(t *testing.T, d *harness.Daemon, dbg string) loadUse {
+	pid := d.Cmd.Process.Pid
 	var u loadUse
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -471,16 +472,4 @@ func envDur(t *testing.T, name string, def time.Duration) time.Duration {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return d
-}
-
-func envInt(t *testing.T, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		t.Fatalf("%s=%q: a positive number", name, v)
-	}
-	return n
 }

@@ -1,4 +1,4 @@
-package test
+package crash
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/image/imagetest"
+	"loam.dev/loam/test/harness"
 )
 
 // TestCrashPoints kills the daemon (SIGKILL) at every named crash point
@@ -50,7 +51,7 @@ func TestCrashPoints(t *testing.T) {
 	// The cases leave the sandbox as they found it, so they are dealt
 	// out to shards, each a daemon of its own, run in parallel
 	// (LOAM_CRASH_SHARDS; 1 runs them all on one daemon, in order).
-	shards := envInt(t, "LOAM_CRASH_SHARDS", 4)
+	shards := harness.EnvInt(t, "LOAM_CRASH_SHARDS", 4)
 	for shard := range shards {
 		t.Run(fmt.Sprintf("shard-%d-of-%d", shard+1, shards), func(t *testing.T) {
 			t.Parallel()
@@ -99,14 +100,14 @@ func crashPoints(t *testing.T, bin string, shard, shards int) {
 			f(t)
 			// The start-up that recovered says what it removed.
 			for _, line := range recoveryLogs[point] {
-				if !strings.Contains(c.d.log.String(), line) {
+				if !strings.Contains(c.d.Log.String(), line) {
 					t.Errorf("the recovery after %s did not log %q", point, line)
 				}
 			}
 			c.checkAll(t)
 			t.Logf("%s: %v", point, time.Since(began).Round(time.Millisecond))
 			if t.Failed() {
-				t.Logf("log of the run that crashed:\n%s\nlog of the run that recovered:\n%s", c.crashLog, c.d.log.String())
+				t.Logf("log of the run that crashed:\n%s\nlog of the run that recovered:\n%s", c.crashLog, c.d.Log.String())
 			}
 		})
 	}
@@ -510,7 +511,7 @@ func crashPoints(t *testing.T, bin string, shard, shards int) {
 		// Its unpacked tree stays in the cache this host's daemons share
 		// (see image.Service.Sweep): not the test's to leave there.
 		hex := strings.TrimPrefix(im.Digest, "sha256:")
-		trees, _ := filepath.Glob(filepath.Join(templateCache(), "images", "image-"+hex[:16]+"-*"))
+		trees, _ := filepath.Glob(filepath.Join(harness.TemplateCache(), "images", "image-"+hex[:16]+"-*"))
 		for _, tree := range trees {
 			if err := os.RemoveAll(tree); err != nil {
 				t.Error(err)
@@ -584,11 +585,11 @@ var recoveryLogs = map[string][]string{
 	"image-delete.record":      {"removing the template of an image that is gone"},
 }
 
-// checkReleaseBinary checks that the release build (loamBin, built without
+// checkReleaseBinary checks that the release build (harness.LoamBin, built without
 // the tag) carries neither the variable that arms crash points nor their
 // names, while the build with the tag carries both.
 func checkReleaseBinary(t *testing.T, withPoints string) {
-	rel, err := os.ReadFile(loamBin)
+	rel, err := os.ReadFile(harness.LoamBin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package test
+package tssdk
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/image/imagetest"
 	"loam.dev/loam/internal/testenv"
+	"loam.dev/loam/test/harness"
 )
 
 // tsCheckpointLimit is the daemon's checkpoint limit for the TypeScript
@@ -30,7 +31,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	t.Parallel()
 	needNode(t)
 	dir := tsSDKDir()
-	d := startDaemon(t, "--checkpoint-limit", tsCheckpointLimit)
+	d := harness.StartDaemon(t, "--checkpoint-limit", tsCheckpointLimit)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -57,7 +58,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	// for the images test.
 	reg := imagetest.Registry(t, "ts-user", "ts-pass")
 	ref := reg + "/ts-bb:v1"
-	imagetest.Push(t, ref, imagetest.Image(t, busyboxConfig, imagetest.Busybox(t)), "ts-user", "ts-pass")
+	imagetest.Push(t, ref, imagetest.Image(t, imagetest.BusyboxConfig, imagetest.Busybox(t)), "ts-user", "ts-pass")
 	run([]string{"LOAM_API_URL=" + d.URL, "LOAM_TOKEN=" + d.Token, "LOAM_CHECKPOINT_LIMIT=" + tsCheckpointLimit,
 		"LOAM_TEST_REGISTRY=" + reg, "LOAM_TEST_IMAGE=" + ref, "LOAM_TEST_REGISTRY_USER=ts-user", "LOAM_TEST_REGISTRY_PASSWORD=ts-pass"},
 		"node", append([]string{"--test"}, tests...)...)
@@ -102,7 +103,7 @@ func needNode(t *testing.T) {
 // tsSDKDir is the TypeScript SDK's directory in this checkout.
 func tsSDKDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "sdk", "ts")
+	return filepath.Join(filepath.Dir(file), "..", "..", "sdk", "ts")
 }
 
 // TestTypeScriptSDKInstall installs the TypeScript SDK as its README says,
@@ -146,7 +147,7 @@ func TestTypeScriptSDKInstall(t *testing.T) {
 	if err := os.Mkdir(project, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t)
+	d := harness.StartDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	sh := func(env []string, script string) string {

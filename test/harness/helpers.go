@@ -1,0 +1,94 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+)
+
+// Ctx is a test's context: it ends with the test, or after 3 minutes, so
+// that a call that hangs fails the test instead of the whole run.
+func Ctx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Curl sends a request to the daemon's API as the docs' curl lines do and
+// returns the status and body.
+func (d *Daemon) Curl(method, path, body string) (int, string) {
+	d.T.Helper()
+	req, err := http.NewRequest(method, d.URL+path, strings.NewReader(body))
+	if err != nil {
+		d.T.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+d.Token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.T.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// EnvInt is the positive number the environment variable name holds (a
+// test's knob, such as LOAM_SOAK), or def when it is not set.
+func EnvInt(t testing.TB, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: a positive number", name, v)
+	}
+	return n
+}
+
+// APICode is the code of the *api.Error err wraps, or "".
+func APICode(err error) api.Code {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return ae.Code
+	}
+	return ""
+}
+
+// MountsUnder lists the mount points below dir.
+func MountsUnder(dir string) []string {
+	b, _ := os.ReadFile("/proc/self/mounts")
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
+// LoopsOf counts the loop devices on data dir dir's disk pool image.
+func LoopsOf(dir string) int {
+	out, _ := exec.Command("losetup", "-j", filepath.Join(dir, "disk", "disk.img")).Output()
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.TrimSpace(line) != "" {
+			n++
+		}
+	}
+	return n
+}

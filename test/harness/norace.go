@@ -1,0 +1,6 @@
+//go:build !race
+
+package harness
+
+// RaceEnabled: this package was built without -race.
+const RaceEnabled = false
