@@ -1,4 +1,4 @@
-// The console's end-to-end test, run by TestConsole (test/console_test.go)
+// The console's end-to-end test, run by TestConsole (test/console/console_test.go)
 // against a real daemon, in headless Chromium (Debian's, driven by
 // playwright-core): log in, create a sandbox (the API's validation message
 // shown first), run a command in the terminal, checkpoint, change a file,
