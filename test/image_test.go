@@ -2,6 +2,7 @@ package test
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -132,19 +133,17 @@ func checkImageSandbox(t *testing.T, d *harness.Daemon, name, own string) {
 		t.Errorf("%s: id -un = %q", name, got)
 	}
 	waitService(t, d, name, "entrypoint", "running", running)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var started []byte
+	harness.Eventually(t, 30*time.Second, name+": the entrypoint writes /srv/started", func() error {
 		out, _, code, err := d.C.Output(harness.Ctx(t), name, "cat", "/srv/started")
-		if err == nil && code == 0 {
-			if string(out) != "from-image as app in /srv\n" {
-				t.Errorf("%s: the entrypoint wrote %q", name, out)
-			}
-			break
+		if err == nil && code != 0 {
+			err = fmt.Errorf("cat exited %d", code)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: the entrypoint wrote nothing: %v", name, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		started = out
+		return err
+	})
+	if string(started) != "from-image as app in /srv\n" {
+		t.Errorf("%s: the entrypoint wrote %q", name, started)
 	}
 	// The layers' whiteouts and opaque directory, seen from inside.
 	if got := d.Run(name, "sh", "-c", `ls -A /home/app; test -e /bin/vi || echo no-vi; stat -c %U /home/app/note`); got != "note\nno-vi\napp\n" {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -284,21 +285,18 @@ func walkSessions(ctx context.Context, w *walker) {
 	w.errorCode(req{route: "POST /v1/sandboxes/{sandbox}/sessions", path: base, body: `{"cmd":[]}`}, api.CodeInvalid)
 	attach := "GET /v1/sandboxes/{sandbox}/sessions/{session}/attach"
 	var texts []map[string]any
-	for i := 0; ; i++ {
+	harness.Eventually(w.t, 10*time.Second, "the session writes \"done\"", func() error {
 		conn := w.dial(ctx, attach, base+"/"+ss.ID+"/attach?offset=0&follow=false")
 		fs, tx, status := w.frames(ctx, conn, "ExecServerControl")
 		if status != websocket.StatusNormalClosure {
 			w.t.Fatalf("attach with follow=false: close %d", status)
 		}
-		if output(fs, api.StreamStderr) == "done\n" {
-			texts = tx
-			break
+		texts = tx
+		if output(fs, api.StreamStderr) != "done\n" {
+			return fmt.Errorf("%v", tx)
 		}
-		if i == 100 {
-			w.t.Fatalf("the session wrote no \"done\" in 10s: %v", tx)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	dropped := false
 	for _, m := range texts {
 		dropped = dropped || m["type"] == "offset" && m["stream"] == 1.0 && m["dropped"] != nil
@@ -347,20 +345,17 @@ func walkServices(ctx context.Context, w *walker) {
 	w.call(req{route: "PUT " + svc, path: base + "/failing", body: `{"cmd":["sh","-c","exit 3"],"restart":"never"}`}, 201)
 	w.call(req{route: "PUT " + svc, path: base + "/missing", body: `{"cmd":["/nonexistent"],"restart":"never"}`}, 201)
 	for _, name := range []string{"failing", "missing"} {
-		for i := 0; ; i++ {
+		harness.Eventually(w.t, 10*time.Second, "service "+name+" exits", func() error {
 			var st api.ServiceStatus
 			w.json(req{route: "GET " + svc, path: base + "/" + name}, 200, &st)
-			if st.State == api.ServiceExited {
-				break
+			if st.State != api.ServiceExited {
+				return fmt.Errorf("%+v", st)
 			}
-			if i == 100 {
-				w.t.Fatalf("service %s: %+v, never exited", name, st)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	logs := "GET " + svc + "/logs"
-	for i := 0; ; i++ {
+	harness.Eventually(w.t, 10*time.Second, "the logger's logs", func() error {
 		conn := w.dial(ctx, logs, base+"/logger/logs?follow=false")
 		fs, _, status := w.frames(ctx, conn, "ExecServerControl")
 		if status != websocket.StatusNormalClosure {
@@ -369,13 +364,10 @@ func walkServices(ctx context.Context, w *walker) {
 		// The PUT that redefined it restarted it: its output goes on
 		// across restarts, so it may say hello more than once.
 		if strings.HasPrefix(output(fs, api.StreamStdout), "hello\n") && strings.HasPrefix(output(fs, api.StreamStderr), "oops\n") {
-			break
+			return nil
 		}
-		if i == 100 {
-			w.t.Fatalf("logs: stdout %q, stderr %q", output(fs, 1), output(fs, 2))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("stdout %q, stderr %q", output(fs, 1), output(fs, 2))
+	})
 	w.errorCode(req{route: logs, path: base + "/logger/logs?follow=maybe"}, api.CodeInvalid)
 	w.errorCode(req{route: logs, path: base + "/logger/logs"}, api.CodeUpgradeRequired)
 	for _, action := range []string{"stop", "start", "restart"} {
@@ -445,17 +437,14 @@ func walkFiles(ctx context.Context, w *walker) {
 func walkPorts(ctx context.Context, w *walker) {
 	const sb = "/v1/sandboxes/scratch"
 	// The web service of the create listens on 8080.
-	for i := 0; ; i++ {
+	harness.Eventually(w.t, 10*time.Second, "port 8080 listed", func() error {
 		var pl api.PortList
 		w.json(req{route: "GET /v1/sandboxes/{sandbox}/ports", path: sb + "/ports"}, 200, &pl)
 		if len(pl.Ports) > 0 && pl.Ports[0].Port == 8080 {
-			break
+			return nil
 		}
-		if i == 100 {
-			w.t.Fatalf("ports: %+v, never 8080", pl)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("ports: %+v", pl)
+	})
 	watch := "GET /v1/sandboxes/{sandbox}/ports/watch"
 	conn := w.dial(ctx, watch, sb+"/ports/watch")
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -652,20 +641,16 @@ func walkImages(w *walker) {
 		id    string
 		state api.ImageState
 	}{{im.ID, api.ImageReady}, {missing.ID, api.ImageError}} {
-		deadline := time.Now().Add(time.Minute)
-		for {
-			var got api.Image
+		var got api.Image
+		harness.Eventually(w.t, time.Minute, "image "+want.id+" pulled or failed", func() error {
 			w.json(req{route: "GET /v1/images/{image}", path: "/v1/images/" + want.id}, 200, &got)
-			if got.State != api.ImagePulling {
-				if got.State != want.state {
-					w.t.Errorf("image %s: %+v, want %s", got.Ref, got, want.state)
-				}
-				break
+			if got.State == api.ImagePulling {
+				return fmt.Errorf("%s still pulling", got.Ref)
 			}
-			if time.Now().After(deadline) {
-				w.t.Fatalf("image %s still pulling", got.Ref)
-			}
-			time.Sleep(50 * time.Millisecond)
+			return nil
+		})
+		if got.State != want.state {
+			w.t.Errorf("image %s: %+v, want %s", got.Ref, got, want.state)
 		}
 	}
 	w.call(req{route: "GET /v1/images", path: "/v1/images"}, 200)
@@ -740,18 +725,14 @@ func walkTemplates(w *walker) {
 
 // waitHeld reads a pool until it says why it holds back.
 func waitHeld(w *walker, r req) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	harness.Eventually(w.t, 10*time.Second, "the pool at "+r.path+" held (host memory short)", func() error {
 		var p api.Pool
 		w.json(r, 200, &p)
-		if p.Held != "" {
-			return
+		if p.Held == "" {
+			return fmt.Errorf("%+v", p)
 		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("the pool at %s: %+v, want it held (host memory short)", r.path, p)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func walkCleanup(w *walker) {

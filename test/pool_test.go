@@ -2,6 +2,7 @@ package test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -172,17 +173,13 @@ func TestWarmPoolTemplate(t *testing.T) {
 // waitPool waits until the pool has want members ready.
 func waitPool(t *testing.T, get func() (*api.Pool, error), want int) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	harness.Eventually(t, 2*time.Minute, fmt.Sprintf("%d members of the pool ready", want), func() error {
 		p, err := get()
-		if err == nil && p.Ready >= want {
-			return
+		if err == nil && p.Ready < want {
+			err = fmt.Errorf("%+v", p)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool has not %d members ready: %+v %v", want, p, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // sandboxIDs are the ids of the sandboxes on the host, members included.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -112,14 +113,17 @@ func TestSandboxLifecycle(t *testing.T) {
 		// nohup's way (busybox has no nohup): ignore SIGHUP, then run on.
 		d.Run("alpha", "sh", "-c", "(trap '' HUP; exec sleep 1000) >/dev/null 2>&1 &")
 		d.Run("alpha", "sh", "-c", "setsid sleep 1001 >/dev/null 2>&1 < /dev/null &")
-		both := func() bool {
+		both := func() error {
 			ps := d.Run("alpha", "ps")
-			return strings.Contains(ps, "sleep 1000") && strings.Contains(ps, "sleep 1001")
+			if strings.Contains(ps, "sleep 1000") && strings.Contains(ps, "sleep 1001") {
+				return nil
+			}
+			return fmt.Errorf("ps:\n%s", ps)
 		}
 		// Their shells have exited (the execs returned); the sleeps are
 		// seen once they run, and are still there an exec later.
 		harness.Eventually(t, 20*time.Second, "the detached sleeps run", both)
-		if !both() {
+		if both() != nil {
 			t.Fatalf("detached sleeps gone:\n%s", d.Run("alpha", "ps"))
 		}
 	})
@@ -189,25 +193,31 @@ func pidOf(t *testing.T, d *harness.Daemon, sb, cmd string) string {
 	t.Helper()
 	// A process just started in the background may not have exec'd its
 	// command yet (ps shows setsid or sh for a moment): look again.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var pid string
+	harness.Eventually(t, 10*time.Second, fmt.Sprintf("process %q in %s", cmd, sb), func() error {
 		out := d.Run(sb, "ps", "-o", "pid,args")
 		for _, line := range strings.Split(out, "\n") {
-			pid, args, _ := strings.Cut(strings.TrimSpace(line), " ")
+			p, args, _ := strings.Cut(strings.TrimSpace(line), " ")
 			if strings.TrimSpace(args) == cmd {
-				return pid
+				pid = p
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no process %q in %s:\n%s", cmd, sb, out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("ps:\n%s", out)
+	})
+	return pid
 }
 
+// waitFor is harness.Eventually for a condition with nothing to say when
+// it fails, within 20 s.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	harness.Eventually(t, 20*time.Second, "condition", cond)
+	harness.Eventually(t, 20*time.Second, "condition", func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New("it does not hold")
+	})
 }
 
 // TestAPIErrors checks auth and bad input, over plain HTTP as curl sends it.

@@ -26,21 +26,18 @@ func wakes(d *harness.Daemon, id string) int {
 func waitState(t *testing.T, d *harness.Daemon, sb string, want api.State) *api.Sandbox {
 	t.Helper()
 	var got *api.Sandbox
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	harness.Eventually(t, 30*time.Second, fmt.Sprintf("%s %s", sb, want), func() error {
 		var err error
 		got, err = d.C.GetSandbox(harness.Ctx(t), sb)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.State == want {
-			return got
+		if got.State != want {
+			return fmt.Errorf("%s is %s", sb, got.State)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s is %s after 30 s, want %s", sb, got.State, want)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 // runscProcesses counts the host processes that name sandbox id (runsc's
@@ -309,19 +306,29 @@ func TestCrashMidSleep(t *testing.T) {
 	sleepDir := filepath.Join(d.DataDir, "sandboxes", sb.ID, "sleep")
 	for _, after := range []time.Duration{0, 300 * time.Millisecond, 900 * time.Millisecond} {
 		pid := startCounter(t, d, "crashy")
-		go d.C.Sleep(context.Background(), "crashy")
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			if m, _ := filepath.Glob(filepath.Join(sleepDir, ".tmp-*")); len(m) > 0 {
+		// The kill must come while the sleep writes its image (.tmp-*).
+		// That lasts about a second; a look that misses it (the host
+		// busy) finds the sleep done instead: wake the sandbox and try
+		// again.
+		for attempt := 1; ; attempt++ {
+			slept := make(chan struct{})
+			go func() {
+				defer close(slept)
+				d.C.Sleep(context.Background(), "crashy")
+			}()
+			if sleepStarted(sleepDir, slept) {
 				break
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("the sleep never started")
+			if attempt == 5 {
+				t.Fatal("the sleep's image was never seen being written (5 tries)")
 			}
-			time.Sleep(2 * time.Millisecond)
+			t.Logf("the sleep ended before it was seen writing its image (try %d); again", attempt)
+			if _, err := d.C.Wake(ctx, "crashy"); err != nil {
+				t.Fatal(err)
+			}
 		}
-		time.Sleep(after)
-		d.KillSettled() // runsc finishes or fails what it was doing
+		time.Sleep(after) // the point of the test: a kill this far into the sleep
+		d.KillSettled()   // runsc finishes or fails what it was doing
 		d.Start()
 		got, err := d.C.GetSandbox(ctx, "crashy")
 		if err != nil {
@@ -337,5 +344,22 @@ func TestCrashMidSleep(t *testing.T) {
 			t.Fatalf("killed %v into the sleep: %s", after, got.State)
 		}
 		d.Run("crashy", "sh", "-c", "pkill -f count.tmp; true")
+	}
+}
+
+// sleepStarted looks for a sleep's image being written in sleepDir until
+// it is, or until the sleep has ended (slept closed).
+func sleepStarted(sleepDir string, slept <-chan struct{}) bool {
+	for {
+		if m, _ := filepath.Glob(filepath.Join(sleepDir, ".tmp-*")); len(m) > 0 {
+			return true
+		}
+		select {
+		case <-slept:
+			// The image may have come and gone between two looks.
+			m, _ := filepath.Glob(filepath.Join(sleepDir, ".tmp-*"))
+			return len(m) > 0
+		case <-time.After(2 * time.Millisecond):
+		}
 	}
 }

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -276,9 +277,12 @@ func TestURLDuringRestore(t *testing.T) {
 		status, body, _, err := fetch(ctx, c, "GET", sb.URL+"/slow", nil, "")
 		slow <- fmt.Sprintf("%d %q %v", status, body, err)
 	}()
-	harness.Eventually(t, 20*time.Second, "the slow request reaches the sandbox's server", func() bool {
+	harness.Eventually(t, 20*time.Second, "the slow request reaches the sandbox's server", func() error {
 		_, _, code, err := d.C.Output(ctx, "roll", "test", "-e", "/tmp/slow-began")
-		return err == nil && code == 0
+		if err == nil && code != 0 {
+			err = errors.New("no /tmp/slow-began")
+		}
+		return err
 	})
 	restored := make(chan error, 1)
 	go func() {

@@ -387,18 +387,23 @@ func (b *SyncBuffer) String() string {
 	return b.buf.String()
 }
 
-// Eventually waits until cond holds, looking every 50 ms, and fails the
-// test after within. It is for what the tests can only see by looking (a
-// process listed by ps, a file a daemon writes): where something sends an
-// event, the tests wait for that instead.
-func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+// Eventually waits until cond holds (returns nil), looking every 50 ms,
+// and fails the test after within, with what cond saw last (its error).
+// It is the tests' one way to wait for what they can only see by looking
+// (a process listed by ps, a file a daemon writes, a state an API shows):
+// where something sends an event, the tests wait for that instead.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	for !cond() {
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
+			t.Fatalf("%s: not within %v: %v", what, within, err)
 		}
 		<-tick.C
 	}
@@ -415,13 +420,13 @@ func (d *Daemon) KillSettled() {
 		kids = runscCommands(d.Cmd.Process.Pid)
 	}
 	d.Kill()
-	Eventually(d.T, time.Minute, "the runsc commands of a killed daemon exit", func() bool {
+	Eventually(d.T, time.Minute, "the runsc commands of a killed daemon exit", func() error {
 		for _, pid := range kids {
 			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
-				return false
+				return fmt.Errorf("runsc command %d still runs", pid)
 			}
 		}
-		return true
+		return nil
 	})
 }
 
