@@ -181,12 +181,12 @@ func TestConnectionFlood(t *testing.T) {
 		t.Errorf("%d of %d flood connections were still open %v after the flood (idle timeout %v)", open, len(flood), time.Since(start).Round(time.Second), idle)
 	}
 	// And the daemon's descriptors come back to what they were.
-	for end := time.Now().Add(10 * time.Second); openFDs(t, pid) > base+5; {
-		if time.Now().After(end) {
-			t.Fatalf("the daemon holds %d descriptors, %d before the flood", openFDs(t, pid), base)
+	harness.Eventually(t, 10*time.Second, "the daemon's descriptors back", func() error {
+		if n := openFDs(t, pid); n > base+5 {
+			return fmt.Errorf("the daemon holds %d descriptors, %d before the flood", n, base)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // dialFrom connects to addr from the loopback address from.

@@ -613,17 +613,12 @@ func TestFilesCheckpointCutsCalls(t *testing.T) {
 	}
 	// The agent removes its temp file once it sees the body end, which
 	// may come a moment after the daemon answered.
-	for i := 0; ; i++ {
-		got := d.Run("cut", "ls", "-a", "/home/loam")
-		if !strings.Contains(got, "up") {
-			break
+	harness.Eventually(t, 5*time.Second, "a cut upload's temp file removed", func() error {
+		if got := d.Run("cut", "ls", "-a", "/home/loam"); strings.Contains(got, "up") {
+			return fmt.Errorf("/home/loam holds: %q", got)
 		}
-		if i == 50 {
-			t.Errorf("5 s after a cut upload, /home/loam holds: %q", got)
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	if _, err := c.WriteFile(ctx, "cut", "/home/loam/after", strings.NewReader("ok"), nil); err != nil {
 		t.Errorf("writing after the checkpoint: %v", err)
 	}

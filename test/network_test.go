@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -277,7 +278,9 @@ func TestNetworkEgress(t *testing.T) {
 		t.Errorf("after restore: %+v, %v; want egress all", sb, err)
 	}
 
-	// A live change cuts an open connection: the ticks stop coming.
+	// A live change cuts an open connection: the ticks stop coming. The
+	// script counts them once some came (/tmp/counted), waits for the
+	// test's change (/tmp/changed), and counts twice more a second apart.
 	var (
 		wg   sync.WaitGroup
 		out  string
@@ -286,13 +289,21 @@ func TestNetworkEgress(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		script := `wget -q -O /tmp/ticks http://` + w.ip + `/ticks & sleep 2; wc -l </tmp/ticks; sleep 3; wc -l </tmp/ticks; sleep 1; wc -l </tmp/ticks; kill %1`
+		script := `wget -q -O /tmp/ticks http://` + w.ip + `/ticks & sleep 2; wc -l </tmp/ticks; touch /tmp/counted; ` +
+			`while [ ! -e /tmp/changed ]; do sleep 0.1; done; sleep 1; wc -l </tmp/ticks; sleep 1; wc -l </tmp/ticks; kill %1`
 		out, _, code = runAs(d, "", "open", "sh", "-c", script)
 	}()
-	time.Sleep(2500 * time.Millisecond)
+	harness.Eventually(t, time.Minute, "the first count of the ticks", func() error {
+		_, _, code, err := d.C.Output(ctx, "open", "test", "-e", "/tmp/counted")
+		if err == nil && code != 0 {
+			err = errors.New("no /tmp/counted yet")
+		}
+		return err
+	})
 	if _, err := d.C.SetNetwork(ctx, "open", api.NetworkPolicy{Egress: api.EgressNone}); err != nil {
 		t.Fatal(err)
 	}
+	d.Run("open", "touch", "/tmp/changed")
 	wg.Wait()
 	var before, after1, after2 int
 	if _, err := fmt.Sscan(out, &before, &after1, &after2); err != nil || code != 0 {

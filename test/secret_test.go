@@ -126,16 +126,16 @@ func TestSecrets(t *testing.T) {
 	check("sec", `[ "$DB_PASS" = "`+dbPass+`" ]`)
 	check("sec", `[ "$(cat /run/secrets/db)" = "`+dbPass+`" ]`)
 	// A service gets them too.
-	for i := 0; ; i++ {
+	harness.Eventually(t, 10*time.Second, "the service sees the secret", func() error {
 		got := run("sec", "sh", "-c", "cat /tmp/svc 2>/dev/null || true")
-		if got == "yes\n" {
-			break
-		}
-		if got != "" || i == 100 {
+		if got != "yes\n" && got != "" {
 			t.Fatalf("the service saw the secret: %q", got)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		if got == "" {
+			return errors.New("the service wrote nothing yet")
+		}
+		return nil
+	})
 	if got := run("sec", "stat", "-c", "%a %U", "/run/secrets/db"); got != "400 loam\n" {
 		t.Errorf("the secret file is %q, want 400 loam", got)
 	}

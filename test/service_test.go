@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,20 +21,19 @@ var tickCmd = []string{"sh", "-c", `while :; do echo tick; sleep 0.1; done`}
 func waitService(t *testing.T, d *harness.Daemon, sb, name, what string, ok func(api.ServiceStatus) bool) api.ServiceStatus {
 	t.Helper()
 	ctx := harness.Ctx(t)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var got api.ServiceStatus
+	harness.Eventually(t, 60*time.Second, fmt.Sprintf("service %s of %s %s", name, sb, what), func() error {
 		s, err := d.C.GetService(ctx, sb, name)
 		if err != nil {
 			t.Fatalf("service %s of %s: %v", name, sb, err)
 		}
-		if ok(*s) {
-			return *s
+		got = *s
+		if !ok(got) {
+			return fmt.Errorf("it is %+v", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("service %s of %s: waited for %s; it is %+v", name, sb, what, *s)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 func running(s api.ServiceStatus) bool { return s.State == api.ServiceRunning && s.PID > 0 }

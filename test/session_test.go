@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,13 +79,12 @@ func (f *follower) attach(ctx context.Context, c *client.Client, sb, id string) 
 func (f *follower) waitLines(t *testing.T, more int) {
 	t.Helper()
 	want := f.lines() + more
-	deadline := time.Now().Add(30 * time.Second)
-	for f.lines() < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("no new output: %d lines, want %d", f.lines(), want)
+	harness.Eventually(t, 30*time.Second, fmt.Sprintf("%d lines of output", want), func() error {
+		if n := f.lines(); n < want {
+			return fmt.Errorf("%d lines", n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // checkCount checks that f's output is 0, 1, 2, … with no gap or repeat.

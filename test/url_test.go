@@ -294,10 +294,17 @@ func TestURLDuringRestore(t *testing.T) {
 			t.Errorf("a request in flight when the restore began: %s", got)
 		}
 	}()
-	// Give the daemon a moment to take the restore up (it first keeps the
-	// current state as an automatic checkpoint), then send requests every
-	// 50 ms until it ends.
-	time.Sleep(100 * time.Millisecond)
+	// Once the daemon has taken the restore up (it first keeps the current
+	// state as an automatic checkpoint, then says restoring), send
+	// requests every 50 ms until it ends: every one must be answered by
+	// the restored sandbox.
+	harness.Eventually(t, time.Minute, "the sandbox restoring", func() error {
+		sb, err := d.C.GetSandbox(ctx, "roll")
+		if err == nil && sb.State != api.StateRestoring {
+			err = fmt.Errorf("it is %s", sb.State)
+		}
+		return err
+	})
 	type answer struct {
 		status int
 		body   string

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -160,8 +161,7 @@ func TestConsole(t *testing.T) {
 	}
 	// The page hung up the shells it started when it left them; the
 	// sessions are gone a moment later.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	harness.Eventually(t, 30*time.Second, "the page's shells' sessions in web1 ended after it left them", func() error {
 		ss, err := d.C.ListSessions(ctx, "web1")
 		if err != nil {
 			t.Fatal(err)
@@ -172,15 +172,11 @@ func TestConsole(t *testing.T) {
 				running = append(running, s.ID+" "+strings.Join(s.Cmd, " "))
 			}
 		}
-		if len(running) == 0 {
-			break
+		if len(running) > 0 {
+			return fmt.Errorf("still running: %v", running)
 		}
-		if time.Now().After(deadline) {
-			t.Errorf("sessions of the page's shells still run in web1 after it left them: %v", running)
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	for _, gone := range []string{"web1-fork", "web1-fork2"} {
 		if _, err := d.C.GetSandbox(ctx, gone); !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("%s, deleted in the page, is still there (%v)", gone, err)

@@ -329,8 +329,7 @@ func (c *crasher) hasTemplate(t *testing.T, name string) bool {
 // member is left beyond them on disk.
 func (c *crasher) waitPool(t *testing.T, want int) {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	harness.Eventually(t, 90*time.Second, fmt.Sprintf("%d members of the pool ready, none more on disk", want), func() error {
 		p, err := c.d.C.TemplatePool(c.ctx, "busybox")
 		if err != nil {
 			t.Fatal(err)
@@ -341,13 +340,10 @@ func (c *crasher) waitPool(t *testing.T, want int) {
 		}
 		dirs := dirNamesOf(filepath.Join(c.d.DataDir, "sandboxes"))
 		if p.Ready == want && p.Starting == 0 && len(dirs) == len(sbs)+want {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool has %+v, %d sandbox dirs for %d sandboxes; want %d ready", p, len(dirs), len(sbs), want)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("the pool has %+v, %d sandbox dirs for %d sandboxes", p, len(dirs), len(sbs))
+	})
 }
 
 // nftChain is the firewall chain of sandbox name's address, which its

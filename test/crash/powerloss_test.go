@@ -3,6 +3,7 @@ package crash
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -187,17 +188,12 @@ func mountLoop(t *testing.T, dev, dir string) {
 // below it to let go.
 func unmountOnce(t *testing.T, dir string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, err := exec.Command("umount", dir).CombinedOutput()
-		if err == nil {
-			return
+	harness.Eventually(t, 10*time.Second, "umount "+dir, func() error {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("umount %s: %v: %s", dir, err, out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // killUnder kills, with SIGKILL, every process whose command line names
@@ -238,15 +234,14 @@ func waitReaped(t *testing.T, pids []int) {
 
 func waitPids(t *testing.T, pids []int, done func(pid int) bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for _, pid := range pids {
-		for !done(pid) {
-			if time.Now().After(deadline) {
-				t.Fatalf("process %d: still there 30 s after it was killed", pid)
+	harness.Eventually(t, 30*time.Second, "the killed processes gone", func() error {
+		for _, pid := range pids {
+			if !done(pid) {
+				return fmt.Errorf("process %d still there", pid)
 			}
-			time.Sleep(20 * time.Millisecond)
 		}
-	}
+		return nil
+	})
 }
 
 // treeSums is the sha256 of each file under dir, by path relative to dir.
