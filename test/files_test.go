@@ -387,10 +387,10 @@ func TestFilesLarge(t *testing.T) {
 	mib := harness.EnvInt(t, "LOAM_FILES_MIB", 512)
 	size := int64(mib) << 20
 	d := harness.StartDaemon(t)
-	// Not harness.Ctx's 3 minutes: on a busy 2-core host with the race
-	// detector in the daemon, a transfer has gone as slow as 6 MiB/s.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	// On a busy 2-core host with the race detector in the daemon, a
+	// transfer has gone as slow as 6 MiB/s: harness.Ctx gives it 10
+	// minutes.
+	ctx := harness.Ctx(t)
 	c := d.C
 	if _, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "big"}); err != nil {
 		t.Fatal(err)

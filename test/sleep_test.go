@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/client"
 	"loam.dev/loam/test/harness"
 )
 
@@ -244,47 +245,65 @@ func TestServeIdle(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "never", Idle: "0"}); err != nil {
 		t.Fatal(err)
 	}
-	// The exec's command runs 6 s, so it cannot end before start+6s: a
-	// look answered before then, and more than the idle (plus a round of
-	// idle sleep) after start, falls inside the exec, when the sandbox
-	// must be running. Looks are no activity. A look answered later
-	// proves nothing (the idle may have passed since the exec ended, on a
-	// loaded host long before the client hears of it).
+	// The exec's command says "began", then runs 10 s. Once the test has
+	// read "began" (at began), the exec is in flight, registered before
+	// its command ran; the command, sent after start, cannot end before
+	// start+10s. So a look answered after began+2.5 s (the idle, plus a
+	// round of idle sleep) and before start+10s falls inside the exec,
+	// more than the idle after it began, when the sandbox must be
+	// running. Looks are no activity. Before "began" the sandbox may have
+	// slept and been woken by the exec (on a loaded host the exec can take
+	// longer than the idle to arrive); after start+10s a look proves
+	// nothing (the idle may have passed since the exec ended).
 	start := time.Now()
+	seen := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, _, code, err := d.C.Output(ctx, "dflt", "sleep", "6")
+		code, err := d.C.Exec(ctx, "dflt", client.ExecOptions{
+			Cmd:    []string{"sh", "-c", "echo began; exec sleep 10"},
+			Stdout: &firstWrite{started: seen},
+		})
 		if err == nil && code != 0 {
 			err = fmt.Errorf("exit code %d", code)
 		}
 		done <- err
 	}()
+	var began time.Time
+	select {
+	case <-seen:
+		began = time.Now()
+	case err := <-done:
+		t.Fatalf("the exec ended before it said it began: %v", err)
+	}
 	looks := 0
 	for ended := false; !ended; {
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Fatalf("sleep 6: %v", err)
+				t.Fatalf("sleep 10: %v", err)
 			}
 			ended = true
 		case <-time.After(200 * time.Millisecond):
-			if time.Since(start) < 2500*time.Millisecond {
+			if time.Since(began) < 2500*time.Millisecond {
 				continue
 			}
 			sb, err := d.C.GetSandbox(ctx, "dflt")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if time.Since(start) >= 6*time.Second {
+			if time.Since(start) >= 10*time.Second {
 				continue
 			}
 			looks++
 			if sb.State != api.StateRunning {
-				t.Fatalf("%s while a 6 s exec runs, %v after it began, with an idle of 1.5 s", sb.State, time.Since(start).Round(time.Millisecond))
+				t.Fatalf("%s while a 10 s exec runs, %v after it began, with an idle of 1.5 s", sb.State, time.Since(began).Round(time.Millisecond))
 			}
 		}
 	}
-	t.Logf("%d looks inside the exec found the sandbox running", looks)
+	t.Logf("%d looks inside the exec, %v after start it began, found the sandbox running", looks, began.Sub(start).Round(time.Millisecond))
+	if looks == 0 {
+		t.Fatalf("no look fell inside the exec (it began %v after it was sent)", began.Sub(start).Round(time.Millisecond))
+	}
 	waitState(t, d, "dflt", api.StateSleeping)
 	if sb, _ := d.C.GetSandbox(ctx, "never"); sb.State != api.StateRunning {
 		t.Errorf("a sandbox with idle 0 is %s", sb.State)

@@ -16,10 +16,12 @@ import (
 	"loam.dev/loam/api"
 )
 
-// Ctx is a test's context: it ends with the test, or after 3 minutes, so
-// that a call that hangs fails the test instead of the whole run.
+// Ctx is a test's context: it ends with the test, or after 10 minutes, so
+// that a call that hangs fails the test instead of the whole run. Not
+// less: a long test (TestDataDirFull, TestFilesLarge) has taken over 3
+// minutes on a 2-core host running five test packages at once.
 func Ctx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
