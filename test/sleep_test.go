@@ -335,7 +335,7 @@ func TestCrashMidSleep(t *testing.T) {
 				defer close(slept)
 				d.C.Sleep(context.Background(), "crashy")
 			}()
-			if sleepStarted(sleepDir, slept) {
+			if harness.Seen(filepath.Join(sleepDir, ".tmp-*"), slept) {
 				break
 			}
 			if attempt == 5 {
@@ -363,22 +363,5 @@ func TestCrashMidSleep(t *testing.T) {
 			t.Fatalf("killed %v into the sleep: %s", after, got.State)
 		}
 		d.Run("crashy", "sh", "-c", "pkill -f count.tmp; true")
-	}
-}
-
-// sleepStarted looks for a sleep's image being written in sleepDir until
-// it is, or until the sleep has ended (slept closed).
-func sleepStarted(sleepDir string, slept <-chan struct{}) bool {
-	for {
-		if m, _ := filepath.Glob(filepath.Join(sleepDir, ".tmp-*")); len(m) > 0 {
-			return true
-		}
-		select {
-		case <-slept:
-			// The image may have come and gone between two looks.
-			m, _ := filepath.Glob(filepath.Join(sleepDir, ".tmp-*"))
-			return len(m) > 0
-		case <-time.After(2 * time.Millisecond):
-		}
 	}
 }

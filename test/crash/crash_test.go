@@ -2,11 +2,11 @@ package crash
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/test/harness"
@@ -25,16 +25,24 @@ func TestCrashMidCheckpoint(t *testing.T) {
 	}
 	d.Run("crashy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=384 2>/dev/null; echo before > /home/loam/f")
 	cpDir := filepath.Join(d.DataDir, "checkpoints", sb.ID)
-	go d.C.CreateCheckpoint(context.Background(), "crashy", api.CreateCheckpoint{Comment: "never"})
-	deadline := time.Now().Add(30 * time.Second)
+	// The kill must come while the checkpoint writes its image (.tmp-*).
+	// A look that misses it (the host busy) finds the checkpoint done
+	// instead: take another. Each try spends an id.
+	tries := 0
 	for {
-		if m, _ := filepath.Glob(filepath.Join(cpDir, ".tmp-*")); len(m) > 0 {
+		tries++
+		taken := make(chan struct{})
+		go func() {
+			defer close(taken)
+			d.C.CreateCheckpoint(context.Background(), "crashy", api.CreateCheckpoint{Comment: "never"})
+		}()
+		if harness.Seen(filepath.Join(cpDir, ".tmp-*"), taken) {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the checkpoint never started")
+		if tries == 5 {
+			t.Fatal("the checkpoint's image was never seen being written (5 tries)")
 		}
-		time.Sleep(2 * time.Millisecond)
+		t.Logf("the checkpoint ended before it was seen writing its image (try %d); again", tries)
 	}
 	// runsc may still be writing the image it was asked for: it finishes
 	// or fails, as it would after a real crash, before the next start.
@@ -76,9 +84,10 @@ func TestCrashMidCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cps) == 0 && cp.ID != "v2" {
-		// v1 was spent by the checkpoint the crash cut short: ids are never reused.
-		t.Errorf("new checkpoint is %s, want v2", cp.ID)
+	if want := fmt.Sprintf("v%d", tries+1); len(cps) < tries && cp.ID != want {
+		// The id of the checkpoint the crash cut short was spent: ids
+		// are never reused.
+		t.Errorf("new checkpoint is %s, want %s", cp.ID, want)
 	}
 	d.Run("crashy", "sh", "-c", "echo after > /home/loam/f")
 	if _, err := d.C.RestoreCheckpoint(ctx, "crashy", cp.ID); err != nil {
@@ -100,17 +109,30 @@ func TestBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Run("busy", "sh", "-c", "dd if=/dev/urandom of=/dev/shm/blob bs=1M count=256 2>/dev/null")
-	done := make(chan error, 1)
-	go func() {
-		_, err := d.C.CreateCheckpoint(context.Background(), "busy", api.CreateCheckpoint{})
-		done <- err
-	}()
 	cpDir := filepath.Join(d.DataDir, "checkpoints", sb.ID)
+	// The delete must come while the checkpoint runs (its image being
+	// written); one that ended before a look saw it is taken again.
+	var done chan error
+	tries := 0
 	for {
-		if m, _ := filepath.Glob(filepath.Join(cpDir, ".tmp-*")); len(m) > 0 {
+		tries++
+		done = make(chan error, 1)
+		taken := make(chan struct{})
+		go func() {
+			_, err := d.C.CreateCheckpoint(context.Background(), "busy", api.CreateCheckpoint{})
+			done <- err
+			close(taken)
+		}()
+		if harness.Seen(filepath.Join(cpDir, ".tmp-*"), taken) {
 			break
 		}
-		time.Sleep(time.Millisecond)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if tries == 5 {
+			t.Fatal("the checkpoint's image was never seen being written (5 tries)")
+		}
+		t.Logf("the checkpoint ended before it was seen writing its image (try %d); again", tries)
 	}
 	status, body := d.Curl("DELETE", "/v1/sandboxes/busy", "")
 	if status != 409 || !strings.Contains(body, `"code":"conflict"`) || !strings.Contains(body, "in progress") {
@@ -119,8 +141,8 @@ func TestBusy(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if cps, err := d.C.ListCheckpoints(ctx, "busy"); err != nil || len(cps) != 1 {
-		t.Fatalf("%v %+v", err, cps)
+	if cps, err := d.C.ListCheckpoints(ctx, "busy"); err != nil || len(cps) != tries {
+		t.Fatalf("%d checkpoints taken: %v %+v", tries, err, cps)
 	}
 	if err := d.C.DeleteSandbox(ctx, "busy"); err != nil {
 		t.Fatal(err)

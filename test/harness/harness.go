@@ -81,29 +81,58 @@ func Main(m *testing.M, subnets Subnets, around func(run func() int) int) int {
 		fmt.Fprintln(os.Stderr, "skipping end-to-end tests: they need root and runsc (run scripts/setup)")
 		return 0
 	}
-	dir, err := os.MkdirTemp("", "loam-e2e-bin-")
+	remove, err := binaries()
+	defer remove()
 	if err != nil {
-		panic(err)
-	}
-	defer os.RemoveAll(dir)
-	LoamBin, DaemonBin = filepath.Join(dir, "loam"), filepath.Join(dir, "loam")
-	if err := buildLoam(LoamBin, false); err != nil {
-		fmt.Fprintln(os.Stderr, "building loam:", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if RaceEnabled {
+		os.Setenv("LOAM_AGENT_BINARY", LoamBin)
+	}
+	return around(m.Run)
+}
+
+// binaries sets LoamBin and DaemonBin: the ones in $LOAM_E2E_BIN when it
+// is set (scripts/test builds them once for all the end-to-end packages,
+// which would otherwise each link the same two binaries at the same time),
+// or built now into a directory of the package's own, which remove
+// removes.
+func binaries() (remove func(), err error) {
+	remove = func() {}
+	dir := os.Getenv("LOAM_E2E_BIN")
+	built := dir != ""
+	if !built {
+		if dir, err = os.MkdirTemp("", "loam-e2e-bin-"); err != nil {
+			return remove, err
+		}
+		remove = func() { os.RemoveAll(dir) }
+	}
+	LoamBin, DaemonBin = filepath.Join(dir, "loam"), filepath.Join(dir, "loam")
 	if RaceEnabled {
 		// Only the daemon is built with -race (which needs cgo): the
 		// agent in each sandbox must stay static, and the CLI, run a
 		// great many times, would make the CLI-heavy tests four to five
 		// times slower (its races are the unit tests' to find).
 		DaemonBin = filepath.Join(dir, "loam-race")
-		if err := buildLoam(DaemonBin, true); err != nil {
-			fmt.Fprintln(os.Stderr, "building loam with -race:", err)
-			return 1
-		}
-		os.Setenv("LOAM_AGENT_BINARY", LoamBin)
 	}
-	return around(m.Run)
+	if built {
+		for _, bin := range []string{LoamBin, DaemonBin} {
+			if _, err := os.Stat(bin); err != nil {
+				return remove, fmt.Errorf("LOAM_E2E_BIN: %w (scripts/test builds loam and, for -race, loam-race there)", err)
+			}
+		}
+		return remove, nil
+	}
+	if err := buildLoam(LoamBin, false); err != nil {
+		return remove, fmt.Errorf("building loam: %w", err)
+	}
+	if RaceEnabled {
+		if err := buildLoam(DaemonBin, true); err != nil {
+			return remove, fmt.Errorf("building loam with -race: %w", err)
+		}
+	}
+	return remove, nil
 }
 
 // buildLoam builds the loam binary at out: static (CGO_ENABLED=0), as it
@@ -406,6 +435,28 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() err
 			t.Fatalf("%s: not within %v: %v", what, within, err)
 		}
 		<-tick.C
+	}
+}
+
+// Seen looks for a file matching pattern (a filepath.Glob pattern) every
+// 2 ms until one exists, or until done closes, when it looks once more.
+// It is for what only exists while an operation runs, such as a
+// checkpoint's or a sleep's image being written (.tmp-*): false means the
+// operation ended without a look seeing it (a busy host can run it between
+// two looks), and the caller tries again.
+func Seen(pattern string, done <-chan struct{}) bool {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if m, _ := filepath.Glob(pattern); len(m) > 0 {
+			return true
+		}
+		select {
+		case <-done:
+			m, _ := filepath.Glob(pattern)
+			return len(m) > 0
+		case <-tick.C:
+		}
 	}
 }
 
