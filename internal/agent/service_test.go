@@ -64,6 +64,21 @@ func waitService(t *testing.T, c *Client, name string, what string, ok func(api.
 	}
 }
 
+// waitFile waits until path exists, or fails the test.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func TestServiceRestartPolicies(t *testing.T) {
 	c := newServiceAgent(t, t.TempDir())
 	ctx := context.Background()
@@ -246,11 +261,15 @@ func TestServiceStopKills(t *testing.T) {
 	c, h := newServiceAgentWait(t, t.TempDir(), 0)
 	h.services.stopGrace = 200 * time.Millisecond
 	ctx := context.Background()
-	// The trap is inherited: sleep ignores TERM too.
-	if _, _, err := c.PutService(ctx, api.Service{Name: "stubborn", User: "root", Cmd: sh("trap '' TERM; sleep 1000 & wait")}); err != nil {
+	// The trap is inherited: sleep ignores TERM too. "running" means the
+	// shell started, not that it has set its trap yet: the stop waits
+	// for the file it writes after.
+	trapped := filepath.Join(t.TempDir(), "trapped")
+	if _, _, err := c.PutService(ctx, api.Service{Name: "stubborn", User: "root", Cmd: sh("trap '' TERM; touch " + trapped + "; sleep 1000 & wait")}); err != nil {
 		t.Fatal(err)
 	}
 	waitService(t, c, "stubborn", "running", func(s api.ServiceStatus) bool { return s.State == api.ServiceRunning })
+	waitFile(t, trapped)
 	start := time.Now()
 	s, err := c.ServiceAction(ctx, "stubborn", api.ServiceStop)
 	if err != nil {
