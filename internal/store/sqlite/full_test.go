@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/testenv"
@@ -72,6 +73,11 @@ func fullRun(ctx context.Context, dir string) error {
 			return err
 		}
 	}
+	dirFile, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer dirFile.Close()
 	filler := filepath.Join(dir, "filler")
 	if err := fill(filler); err != nil {
 		return err
@@ -81,7 +87,7 @@ func fullRun(ctx context.Context, dir string) error {
 		// Writeback cleans the -shm pages a mapping dirtied; the next
 		// store into one needs new room on btrfs. sync forces what the
 		// kernel does every 30 s.
-		syscall.Sync()
+		syncFS(dirFile)
 		list, err := s.ListSandboxes(ctx, store.Filter{})
 		if err != nil {
 			return fmt.Errorf("read %d on the full filesystem: %w", i, err)
@@ -110,7 +116,7 @@ func fullRun(ctx context.Context, dir string) error {
 	if err := os.Remove(filler); err != nil {
 		return err
 	}
-	syscall.Sync()
+	syncFS(dirFile)
 	if err := s.CreateSandbox(ctx, fullSandbox("c", 0)); err != nil {
 		return fmt.Errorf("write after space was freed: %w", err)
 	}
@@ -160,10 +166,17 @@ func fill(path string) error {
 					break
 				}
 			}
-			syscall.Sync()
+			syncFS(f)
 		}
 	}
 	return nil
+}
+
+// syncFS writes back the filesystem f is on, as the kernel does every 30
+// s: syncfs(2), not sync(2), which would flush every filesystem of the
+// machine, the one TestPowerLoss needs left unwritten included.
+func syncFS(f *os.File) {
+	unix.Syncfs(int(f.Fd()))
 }
 
 // smallBtrfs mounts a new btrfs filesystem of size bytes (a sparse loop
