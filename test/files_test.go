@@ -373,9 +373,9 @@ func statusKiB(status, field string) int64 {
 	return 0
 }
 
-// TestFilesLarge streams a large file (LOAM_FILES_MIB, 512 MiB by default:
-// four times the growth of memory it allows, so that holding the file in
-// memory fails it; 1024 for the README's figures) up to a sandbox and back
+// TestFilesLarge streams a large file (LOAM_FILES_MIB, 256 MiB by default:
+// twice the growth of memory it allows, so that holding the file in memory
+// fails it; 1024 for the README's figures) up to a sandbox and back
 // down, checking it arrives whole both ways, and that neither the daemon
 // nor the agent holds it in memory. It logs the throughput and the peaks
 // of memory.
@@ -384,7 +384,7 @@ func TestFilesLarge(t *testing.T) {
 	if testing.Short() {
 		t.Skip("hundreds of MiB each way")
 	}
-	mib := harness.EnvInt(t, "LOAM_FILES_MIB", 512)
+	mib := harness.EnvInt(t, "LOAM_FILES_MIB", 256)
 	size := int64(mib) << 20
 	d := harness.StartDaemon(t)
 	// On a busy 2-core host with the race detector in the daemon, a

@@ -149,7 +149,7 @@ func (w *world) serveHTTP(t *testing.T) {
 // could not connect.
 func fetchInside(t *testing.T, d *harness.Daemon, sb, url string) string {
 	t.Helper()
-	out, errOut, code := runAs(d, "", sb, "sh", "-c", `rm -f /tmp/f; timeout 3 wget -q -O /tmp/f "$0" && cat /tmp/f`, url)
+	out, errOut, code := runAs(d, "", sb, "sh", "-c", `f=$(mktemp); timeout 3 wget -q -O "$f" "$0" && cat "$f"; c=$?; rm -f "$f"; exit $c`, url)
 	if code != 0 {
 		t.Logf("from %s, wget %s: exit %d: %s", sb, url, code, errOut)
 		return ""
@@ -158,7 +158,7 @@ func fetchInside(t *testing.T, d *harness.Daemon, sb, url string) string {
 }
 
 // expectFetch fails the test unless fetching url from sb works exactly
-// when want is true.
+// when want is true. It may run beside other fetches from sb.
 func expectFetch(t *testing.T, d *harness.Daemon, sb, url string, want bool) {
 	t.Helper()
 	got := fetchInside(t, d, sb, url)
@@ -192,10 +192,12 @@ func TestNetworkEgress(t *testing.T) {
 	if got := fetchInside(t, d, "open", url1); got != "hello from "+w.ip+"\n" {
 		t.Errorf("open: fetching %s: %q", url1, got)
 	}
-	expectFetch(t, d, "open", url2, true)
-	expectFetch(t, d, "closed", url1, false)
-	expectFetch(t, d, "some", url1, true)
-	expectFetch(t, d, "some", url2, false)
+	var wg sync.WaitGroup
+	wg.Go(func() { expectFetch(t, d, "open", url2, true) })
+	wg.Go(func() { expectFetch(t, d, "closed", url1, false) })
+	wg.Go(func() { expectFetch(t, d, "some", url1, true) })
+	wg.Go(func() { expectFetch(t, d, "some", url2, false) })
+	wg.Wait()
 
 	// A sandbox reaches nothing of the host's but its agent channel (not
 	// the daemon's API, nor a port on the host's world address), nor
@@ -223,11 +225,15 @@ func TestNetworkEgress(t *testing.T) {
 		"api":  fmt.Sprintf("http://%s:%s/healthz", gw, apiPort),
 		"peer": peer,
 	}
+	// The fetches of one look run at once: each refused one waits out
+	// wget's 3 s.
 	reaches := func(sb string, open ...string) {
 		t.Helper()
+		var wg sync.WaitGroup
 		for what, u := range targets {
-			expectFetch(t, d, sb, u, slices.Contains(open, what))
+			wg.Go(func() { expectFetch(t, d, sb, u, slices.Contains(open, what)) })
 		}
+		wg.Wait()
 	}
 	reaches("open")
 	reaches("some")
@@ -263,8 +269,9 @@ func TestNetworkEgress(t *testing.T) {
 	if _, err := d.C.ForkWith(ctx, "closed", "v1", api.CreateSandbox{Name: "fork2", Network: &api.NetworkPolicy{Egress: api.EgressAll}}); err != nil {
 		t.Fatal(err)
 	}
-	expectFetch(t, d, "fork1", url1, false)
-	expectFetch(t, d, "fork2", url1, true)
+	wg.Go(func() { expectFetch(t, d, "fork1", url1, false) })
+	wg.Go(func() { expectFetch(t, d, "fork2", url1, true) })
+	wg.Wait()
 
 	// A restore keeps the sandbox's current policy.
 	if _, err := d.C.SetNetwork(ctx, "closed", api.NetworkPolicy{Egress: api.EgressAll}); err != nil {
@@ -282,7 +289,6 @@ func TestNetworkEgress(t *testing.T) {
 	// script counts them once some came (/tmp/counted), waits for the
 	// test's change (/tmp/changed), and counts twice more a second apart.
 	var (
-		wg   sync.WaitGroup
 		out  string
 		code int
 	)

@@ -214,6 +214,20 @@ type Daemon struct {
 	// Roots, when set, are the CAs its TLS certificate is checked against
 	// (a daemon started with --tls-cert).
 	Roots *x509.CertPool
+	// cpu is the CPU time its runs that ended took, with the commands
+	// they ran and waited for (runsc's, mkfs): the suite's time goes
+	// mostly to daemons and sandboxes, and Destroy logs it per test.
+	cpu  time.Duration
+	runs int
+}
+
+// ended counts the CPU time of the daemon's run that just exited.
+func (d *Daemon) ended() {
+	if st := d.Cmd.ProcessState; st != nil {
+		d.cpu += st.UserTime() + st.SystemTime()
+		d.runs++
+	}
+	d.Cmd = nil
 }
 
 // HTTPClient is a client for the daemon's API: the default one, or one
@@ -303,7 +317,7 @@ func (d *Daemon) Stop() {
 		return
 	}
 	d.Proc.Stop()
-	d.Cmd = nil
+	d.ended()
 }
 
 // Destroy deletes every sandbox through the API, stops the daemon, and
@@ -328,6 +342,9 @@ func (d *Daemon) Destroy() {
 	}
 	if failed || os.Getenv("LOAM_TEST_LOG") != "" {
 		logf("daemon log:\n%s", d.Log.String())
+	}
+	if d.runs > 0 {
+		logf("daemon CPU: %v in %d runs (with the runsc commands it waited for; not its sandboxes')", d.cpu.Round(10*time.Millisecond), d.runs)
 	}
 	// Whatever the API could not delete: containers, namespaces, mounts,
 	// the pool, the data dir, and the firewall (the daemon leaves it in
@@ -392,7 +409,7 @@ func (d *Daemon) Kill() {
 		return
 	}
 	d.Proc.Kill()
-	d.Cmd = nil
+	d.ended()
 }
 
 // SyncBuffer is a bytes.Buffer that the daemon's output can be written to
