@@ -62,19 +62,9 @@ func TestConsole(t *testing.T) {
 	dir := consoleDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	run := func(env []string, name string, args ...string) {
+	run := func(env []string, name string, args ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, name, args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), env...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		start := time.Now()
-		err := cmd.Run()
-		t.Logf("%s %s: %s\n%s", name, strings.Join(args, " "), time.Since(start).Round(time.Millisecond), out.String())
-		if err != nil {
-			t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
-		}
+		return harness.Command(ctx, t, dir, env, name, args...)
 	}
 	run(nil, "npm", "ci", "--no-audit", "--no-fund")
 	run(nil, "npm", "run", "check")

@@ -384,6 +384,26 @@ func (d *Daemon) CLI(in string, args ...string) (stdout, stderr string, code int
 	return o.String(), e.String(), code
 }
 
+// Command runs a host command (npm, node) in dir with env added to the
+// test's environment, logs how long it took, and fails the test with its
+// output unless it succeeds. It returns the output (stdout and stderr).
+func Command(ctx context.Context, t testing.TB, dir string, env []string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err := cmd.Run()
+	line := strings.Join(append([]string{name}, args...), " ")
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", line, err, out.String())
+	}
+	t.Logf("%s: %s", line, time.Since(start).Round(time.Millisecond))
+	return out.String()
+}
+
 // Run runs a command in a sandbox and returns its stdout, failing the test
 // unless it exits 0.
 func (d *Daemon) Run(sb string, cmd ...string) string {

@@ -1,7 +1,6 @@
 package tssdk
 
 import (
-	"bytes"
 	"context"
 	"io/fs"
 	"os"
@@ -35,18 +34,9 @@ func TestTypeScriptSDK(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	run := func(env []string, name string, args ...string) {
+	run := func(env []string, name string, args ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, name, args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), env...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		start := time.Now()
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out.String())
-		}
-		t.Logf("%s %s: %s", name, strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+		return harness.Command(ctx, t, dir, env, name, args...)
 	}
 	run(nil, "npm", "ci", "--no-audit", "--no-fund")
 	run(nil, "npm", "run", "build")
