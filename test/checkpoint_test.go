@@ -140,6 +140,34 @@ func counter(t *testing.T, d *harness.Daemon, sb string) {
 	waitFor(t, func() bool { return readCount(t, d, sb) > 0 })
 }
 
+// countWindow brackets the count a memory checkpoint of a counter's
+// sandbox holds: read just before it was taken and just after. A look
+// taken once, after the checkpoint, is no bound on a loaded host: the
+// counter runs on while the look's exec arrives.
+type countWindow struct{ before, after int }
+
+// checkpointCounting reads sb's count around take, which checkpoints it.
+func checkpointCounting(t *testing.T, d *harness.Daemon, sb string, take func()) countWindow {
+	t.Helper()
+	before := readCount(t, d, sb)
+	take()
+	return countWindow{before, readCount(t, d, sb)}
+}
+
+// startsFrom checks that sandbox sb, started from the checkpoint by a call
+// made at since, counts on from it: its count is at least the one before
+// the checkpoint, and at most the one after it plus a tick (50 ms) for
+// each moment since. It returns the count.
+func (w countWindow) startsFrom(t *testing.T, d *harness.Daemon, sb string, since time.Time) int {
+	t.Helper()
+	n := readCount(t, d, sb)
+	most := w.after + int(time.Since(since)/(50*time.Millisecond)) + 1
+	if n < w.before || n > most {
+		t.Errorf("%s starts at %d; the checkpoint was between %d and %d, so want %d to %d", sb, n, w.before, w.after, w.before, most)
+	}
+	return n
+}
+
 func readCount(t *testing.T, d *harness.Daemon, sb string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -169,17 +197,20 @@ func TestCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	counter(t, d, "count")
-	cp, err := d.C.CreateCheckpoint(ctx, "count", api.CreateCheckpoint{Comment: "counting", Name: "tick"})
-	if err != nil || cp.ID != "v1" || cp.Name != "tick" || !cp.Memory || cp.Auto {
-		t.Fatalf("%v %+v", err, cp)
-	}
-	atCP := readCount(t, d, "count")
+	win := checkpointCounting(t, d, "count", func() {
+		cp, err := d.C.CreateCheckpoint(ctx, "count", api.CreateCheckpoint{Comment: "counting", Name: "tick"})
+		if err != nil || cp.ID != "v1" || cp.Name != "tick" || !cp.Memory || cp.Auto {
+			t.Fatalf("%v %+v", err, cp)
+		}
+	})
+	atCP := win.after
 	counts(t, d, "count", atCP+5) // the source carries on
 
 	// Many forks of one checkpoint, at once: each counts on from about where
 	// the checkpoint was, on its own.
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
+	forked := time.Now()
 	for i := range errs {
 		wg.Add(1)
 		go func() {
@@ -193,20 +224,19 @@ func TestCounter(t *testing.T) {
 			t.Fatalf("fork %d: %v", i, err)
 		}
 		name := fmt.Sprintf("fork-%d", i)
-		n := readCount(t, d, name)
-		if n < atCP-5 || n > atCP+40 {
-			t.Errorf("%s starts at %d, checkpoint was at about %d", name, n, atCP)
-		}
-		counts(t, d, name, n)
+		counts(t, d, name, win.startsFrom(t, d, name, forked))
 	}
-	srcNow := counts(t, d, "count", atCP+5)
+	// Far enough on (5 s) that a count the restore did not roll back
+	// cannot pass for one it did, however long the restore's look takes.
+	srcNow := counts(t, d, "count", win.after+100)
 
 	// Restore in place goes back to about the checkpoint's count and counts on.
+	restored := time.Now()
 	sb, err := d.C.RestoreCheckpoint(ctx, "count", "v1")
 	if err != nil || sb.State != api.StateRunning || sb.Name != "count" {
 		t.Fatalf("restore: %v %+v", err, sb)
 	}
-	n := readCount(t, d, "count")
+	n := win.startsFrom(t, d, "count", restored)
 	if n >= srcNow {
 		t.Errorf("after restore the count is %d, before it was %d: not rolled back", n, srcNow)
 	}

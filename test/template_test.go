@@ -54,11 +54,13 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 		t.Fatalf("src's secret file holds %q", got)
 	}
 	counter(t, d, "src")
-	cp, err := d.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Name: "tick"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	atCP := readCount(t, d, "src")
+	var cp *api.Checkpoint
+	win := checkpointCounting(t, d, "src", func() {
+		var err error
+		if cp, err = d.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Name: "tick"}); err != nil {
+			t.Fatal(err)
+		}
+	})
 	warm, err := d.C.CreateTemplate(ctx, "warm", "src", "tick")
 	if err != nil || warm.Name != "warm" || !warm.Memory || warm.Kind != api.TemplateCheckpoint || warm.State != api.TemplateReady || warm.From != "src/"+cp.ID || warm.SizeBytes == 0 {
 		t.Fatalf("CreateTemplate: %v %+v", err, warm)
@@ -94,15 +96,12 @@ func TestTemplateFromCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	created := time.Now()
 	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "w1", Template: "warm"})
 	if err != nil || sb.Template != "warm" || sb.State != api.StateRunning {
 		t.Fatalf("create from warm: %v %+v", err, sb)
 	}
-	n := readCount(t, d, "w1")
-	if n < atCP-5 || n > atCP+40 {
-		t.Errorf("w1 starts at %d, the checkpoint was at about %d", n, atCP)
-	}
-	counts(t, d, "w1", n)
+	counts(t, d, "w1", win.startsFrom(t, d, "w1", created))
 	if got := strings.TrimSpace(d.Run("w1", "hostname")); got != "w1" {
 		t.Errorf("hostname of w1 = %q", got)
 	}
@@ -235,10 +234,11 @@ func TestTemplateExportImport(t *testing.T) {
 	}
 	d1.Run("src", "sh", "-c", "echo moved > /home/loam/f")
 	counter(t, d1, "src")
-	if _, err := d1.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Name: "tick"}); err != nil {
-		t.Fatal(err)
-	}
-	atCP := readCount(t, d1, "src")
+	win := checkpointCounting(t, d1, "src", func() {
+		if _, err := d1.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Name: "tick"}); err != nil {
+			t.Fatal(err)
+		}
+	})
 	if _, err := d1.C.CreateTemplate(ctx, "warm", "src", "tick"); err != nil {
 		t.Fatal(err)
 	}
@@ -297,14 +297,11 @@ func TestTemplateExportImport(t *testing.T) {
 	if _, err := d2.C.ImportTemplate(ctx, "moved", bytes.NewReader(archive)); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("importing over a template: %v, want conflict", err)
 	}
+	created := time.Now()
 	if _, err := d2.C.CreateSandbox(ctx, api.CreateSandbox{Name: "there", Template: "moved"}); err != nil {
 		t.Fatal(err)
 	}
-	n2 := readCount(t, d2, "there")
-	if n2 < atCP-5 || n2 > atCP+40 {
-		t.Errorf("the imported template starts at %d, the checkpoint was at about %d", n2, atCP)
-	}
-	counts(t, d2, "there", n2)
+	counts(t, d2, "there", win.startsFrom(t, d2, "there", created))
 	if got := strings.TrimSpace(d2.Run("there", "cat", "/home/loam/f")); got != "moved" {
 		t.Errorf("/home/loam/f = %q", got)
 	}

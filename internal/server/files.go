@@ -133,7 +133,7 @@ func (gr *guestRoutes) readFile(w http.ResponseWriter, r *http.Request) error {
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	iw := newIdleWriter(w, gr.writeTimeout)
+	iw := newIdleWriter(w, r, gr.writeTimeout)
 	defer iw.done()
 	if _, err := io.Copy(iw, body); err != nil && !clientGone(r) {
 		gr.log.Warn("file download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)
@@ -200,7 +200,7 @@ func (gr *guestRoutes) readArchive(w http.ResponseWriter, r *http.Request) error
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	iw := newIdleWriter(w, gr.writeTimeout)
+	iw := newIdleWriter(w, r, gr.writeTimeout)
 	defer iw.done()
 	if _, err := io.Copy(iw, body); err != nil && !clientGone(r) {
 		gr.log.Warn("archive download cut short", "request_id", RequestID(r.Context()), "path", q.Path, "err", err)

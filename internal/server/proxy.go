@@ -48,9 +48,20 @@ func proxyStream(ctx context.Context, client *websocket.Conn, st *sandbox.Stream
 	go func() { errc <- pump(ctx, client, agent, nil, 0) }()
 	// Agent -> client: output, then "exit", then a normal close.
 	go func() { errc <- pump(ctx, agent, client, st.FromAgent, writeTimeout) }()
+	// Both pumps end before the stream does: the request's log line then
+	// knows whether either cut the client off (write notes it), and no
+	// pump outlives the request.
+	ended := 0
+	defer func() {
+		cancel()
+		for ; ended < 2; ended++ {
+			<-errc
+		}
+	}()
 	var err error
 	select {
 	case err = <-errc:
+		ended++
 		if websocket.CloseStatus(err) != websocket.StatusNormalClosure && ctx.Err() == nil {
 			st.Broke() // the sandbox may have died: learn why
 		}
@@ -111,7 +122,9 @@ func write(ctx context.Context, c *websocket.Conn, typ websocket.MessageType, da
 	defer cancel()
 	err := c.Write(wctx, typ, data)
 	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-		return fmt.Errorf("the client took no message for %v: %w", timeout, context.DeadlineExceeded)
+		err = fmt.Errorf("the client took no message for %v: %w", timeout, context.DeadlineExceeded)
+		noteCut(ctx, err.Error())
+		return err
 	}
 	return err
 }
@@ -120,20 +133,25 @@ func write(ctx context.Context, c *websocket.Conn, typ websocket.MessageType, da
 // client that takes nothing for timeout is cut off, however long the whole
 // transfer takes.
 type idleWriter struct {
+	ctx     context.Context // the request's, for its log line
 	w       io.Writer
 	rc      *http.ResponseController
 	timeout time.Duration
 }
 
-func newIdleWriter(w http.ResponseWriter, timeout time.Duration) *idleWriter {
-	return &idleWriter{w: w, rc: http.NewResponseController(w), timeout: timeout}
+func newIdleWriter(w http.ResponseWriter, r *http.Request, timeout time.Duration) *idleWriter {
+	return &idleWriter{ctx: r.Context(), w: w, rc: http.NewResponseController(w), timeout: timeout}
 }
 
 func (w *idleWriter) Write(p []byte) (int, error) {
 	// Not every ResponseWriter has deadlines (a test's recorder): then
 	// the write is only unbounded, as before.
 	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
-	return w.w.Write(p)
+	n, err := w.w.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		noteCut(w.ctx, fmt.Sprintf("the client took nothing for %v", w.timeout))
+	}
+	return n, err
 }
 
 // done lifts the deadline: the connection may serve further requests,

@@ -16,6 +16,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -209,7 +210,29 @@ func (a *muxAnswer) Write(b []byte) (int, error) {
 
 type ctxKey int
 
-const requestIDKey ctxKey = 0
+const (
+	requestIDKey ctxKey = iota
+	requestNoteKey
+)
+
+// requestNote is what a request's handler tells its log line.
+type requestNote struct {
+	mu sync.Mutex
+	// cut is why a stream of the request was cut off (a client that
+	// stopped reading), if it was.
+	cut string
+}
+
+// noteCut records on ctx's request that its stream was cut off, and why:
+// the request's log line says so, which is how an operator (or a test)
+// sees slow clients being let go.
+func noteCut(ctx context.Context, why string) {
+	if n, ok := ctx.Value(requestNoteKey).(*requestNote); ok {
+		n.mu.Lock()
+		n.cut = why
+		n.mu.Unlock()
+	}
+}
 
 // RequestID is the id of the request a context belongs to, for logs.
 func RequestID(ctx context.Context) string {
@@ -222,7 +245,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	id := hex.EncodeToString(b)
-	r = r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
+	note := &requestNote{}
+	r = r.WithContext(context.WithValue(context.WithValue(r.Context(), requestIDKey, id), requestNoteKey, note))
 	w.Header().Set("X-Request-Id", id)
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	start := time.Now()
@@ -231,8 +255,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.route(rec, r)
 	if r.URL.Path != "/healthz" {
-		s.log.Info("request", "request_id", id, "method", r.Method, "path", r.URL.Path,
-			"status", rec.status, "ms", time.Since(start).Milliseconds())
+		attrs := []any{"request_id", id, "method", r.Method, "path", r.URL.Path,
+			"status", rec.status, "ms", time.Since(start).Milliseconds()}
+		note.mu.Lock()
+		if note.cut != "" {
+			attrs = append(attrs, "cut", note.cut)
+		}
+		note.mu.Unlock()
+		s.log.Info("request", attrs...)
 	}
 }
 

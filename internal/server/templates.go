@@ -105,7 +105,7 @@ func (tr *templateRoutes) exportTemplate(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	lw := &lazyWriter{w: w, idle: newIdleWriter(w, tr.writeTimeout)}
+	lw := &lazyWriter{w: w, idle: newIdleWriter(w, r, tr.writeTimeout)}
 	defer lw.idle.done()
 	err = t.Export(r.Context(), r.PathValue("template"), lw)
 	if err != nil && !lw.started {
