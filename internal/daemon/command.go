@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	goruntime "runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,6 +33,16 @@ func envInt(key string, def int) int {
 	return def
 }
 
+// envOff tells whether the environment variable turns something off
+// (0, false, off, no).
+func envOff(key string) bool {
+	switch strings.ToLower(os.Getenv(key)) {
+	case "0", "false", "off", "no":
+		return true
+	}
+	return false
+}
+
 func envDuration(key string, def time.Duration) time.Duration {
 	if v, err := time.ParseDuration(os.Getenv(key)); err == nil {
 		return v
@@ -48,6 +59,7 @@ func Command() *cobra.Command {
 		diskGiB  int
 		teardown bool
 		yes      bool
+		fastPath bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -67,6 +79,7 @@ func Command() *cobra.Command {
 			slog.SetDefault(log)
 			cfg.Out = os.Stderr
 			cfg.DiskSize = int64(diskGiB) << 30
+			cfg.NoFastPath = !fastPath
 			if teardown {
 				return Teardown(cmd.Context(), cfg, log, func(inv Inventory) error {
 					return confirmTeardown(cmd, yes, inv)
@@ -103,6 +116,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.DebianMirror, "debian-mirror", env("LOAM_DEBIAN_MIRROR", ""), "Debian archive the base template is built from; default the host's apt mirror (/etc/apt), else "+disk.DefaultDebianMirror+" (LOAM_DEBIAN_MIRROR)")
 	f.StringVar(&cfg.DefaultTemplate, "default-template", env("LOAM_DEFAULT_TEMPLATE", "base"), "template of a sandbox created without one (LOAM_DEFAULT_TEMPLATE)")
 	f.IntVar(&cfg.PoolReserveMiB, "pool-reserve-mib", envInt("LOAM_POOL_RESERVE_MIB", 1024), "host memory warm pools leave to sandboxes: a pool fills only while more is available (LOAM_POOL_RESERVE_MIB)")
+	f.BoolVar(&fastPath, "systrap-fast-path", !envOff("LOAM_SYSTRAP_FAST_PATH"), "let gVisor spin for a sandbox's next syscall while that pays (its default); off (=false) spends less CPU on a host with more busy sandboxes than cores, at a little latency on an idle one (LOAM_SYSTRAP_FAST_PATH=off)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", envInt("LOAM_MAX_SANDBOXES", defaultMaxSandboxes()), "sandboxes the daemon keeps, sleeping and stopped ones included; a create beyond answers limit; 0 is no cap; default one per 8 MiB of the host's memory, at least 256 (LOAM_MAX_SANDBOXES)")
 	f.IntVar(&cfg.MaxHeavy, "max-heavy", envInt("LOAM_MAX_HEAVY", defaultMaxHeavy()), "heavy operations (create, fork, checkpoint, restore, wake, template build) run at once; more wait up to 30 s for a slot, then answer limit; 0 is no cap; default 4 per CPU, at least 8 (LOAM_MAX_HEAVY)")
 	f.IntVar(&cfg.CheckpointLimit, "checkpoint-limit", envInt("LOAM_CHECKPOINT_LIMIT", 10), "checkpoints the owner may take per sandbox; 0 is no limit (LOAM_CHECKPOINT_LIMIT)")

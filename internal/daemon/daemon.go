@@ -81,6 +81,10 @@ type Config struct {
 	InsideCheckpointLimit int
 	// PoolReserveMiB is the host memory warm pools leave to sandboxes.
 	PoolReserveMiB int
+	// NoFastPath turns gVisor's systrap fast path off (see
+	// gvisor.Config.DisableFastPath): for hosts with more busy sandboxes
+	// than cores.
+	NoFastPath bool
 	// DebugListen, when set, is a loopback address where the daemon
 	// serves Go's profiles (net/http/pprof): goroutines, heap, CPU. They
 	// need no token, so only loopback addresses are taken.
@@ -323,9 +327,12 @@ func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
 func (d *Daemon) setUpSandboxing(ctx context.Context, p *parts) error {
 	cfg := &d.cfg
 	var err error
-	p.rt, err = gvisor.New(gvisor.Config{Runsc: p.runsc, Root: filepath.Join(cfg.DataDir, "runsc"), Logger: d.log})
+	p.rt, err = gvisor.New(gvisor.Config{Runsc: p.runsc, Root: filepath.Join(cfg.DataDir, "runsc"), DisableFastPath: cfg.NoFastPath, Logger: d.log})
 	if err != nil {
 		return fmt.Errorf("setting up gVisor: %w", err)
+	}
+	if cfg.NoFastPath {
+		d.log.Info("gVisor's systrap fast path is off")
 	}
 	subnet, err := netip.ParsePrefix(cfg.Subnet)
 	if err != nil {

@@ -13,5 +13,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The soak and the load run loam as deployed by default: gVisor's
+	// fast path on.
+	harness.FastPath = true
 	os.Exit(harness.Main(m, harness.SubnetsSoak, nil))
 }

@@ -688,3 +688,22 @@ func TestDebugLogs(t *testing.T) {
 		}
 	}
 }
+
+// TestFastPathFlag: DisableFastPath reaches every runsc command as
+// --systrap-disable-fast-path, and only on systrap, whose fast path it is.
+// (Every end-to-end test's daemon runs with it, so runsc taking it is
+// tested there.)
+func TestFastPathFlag(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		rt, err := New(Config{Runsc: "/bin/true", Root: t.TempDir(), DisableFastPath: off})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(rt.global, "--systrap-disable-fast-path"); got != off {
+			t.Errorf("DisableFastPath %v: runsc's flags %v", off, rt.global)
+		}
+	}
+	if _, err := New(Config{Runsc: "/bin/true", Root: t.TempDir(), Platform: "ptrace", DisableFastPath: true}); err == nil {
+		t.Error("DisableFastPath on ptrace: no error")
+	}
+}
