@@ -284,7 +284,12 @@ func TestSlowClients(t *testing.T) {
 		defer c.Close()
 		fmt.Fprintf(c, "PUT %s?%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", path, query, u.Host, d.Token, total)
 		if _, err := c.Write(head); err != nil {
-			t.Fatal(err)
+			// The daemon may give up on the upload before it has all of
+			// the head (it answers, or aborts, and closes): what it said
+			// is logged; what counts is that nothing is left.
+			resp, _ := bufio.NewReader(c).ReadString('\n')
+			t.Logf("upload to %s?%s: the daemon closed after %q: %v", path, query, strings.TrimSpace(resp), err)
+			return
 		}
 		if !silent {
 			return // closed: gone

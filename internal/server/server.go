@@ -253,17 +253,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.cors(rec, r) {
 		return
 	}
-	s.route(rec, r)
-	if r.URL.Path != "/healthz" {
+	aborted := true
+	defer func() {
+		if r.URL.Path == "/healthz" {
+			return
+		}
 		attrs := []any{"request_id", id, "method", r.Method, "path", r.URL.Path,
 			"status", rec.status, "ms", time.Since(start).Milliseconds()}
+		if aborted {
+			// The handler gave up on the connection (a client gone, a
+			// stream broken mid-way: http.ErrAbortHandler): no status
+			// was sent, but the request is in the log like any other.
+			attrs[7] = "aborted"
+		}
 		note.mu.Lock()
 		if note.cut != "" {
 			attrs = append(attrs, "cut", note.cut)
 		}
 		note.mu.Unlock()
 		s.log.Info("request", attrs...)
-	}
+	}()
+	s.route(rec, r)
+	aborted = false
 }
 
 // cors lets web pages of any origin use the daemon's API (the TypeScript
