@@ -325,7 +325,32 @@ func ReadArchive(ctx context.Context, r io.Reader, dest string, maxBytes int64) 
 	if err != nil {
 		return nil, err
 	}
+	// The tar ends before the zstd frame does: read the frame to its end,
+	// where the decoder checks the frame's checksum (XXH64 of everything
+	// decompressed). The tar's padding and headers' unused bytes are in
+	// no checksum of ours, so without this an archive with such a byte
+	// changed was taken. Nothing may follow the tar but zeros.
+	rest, err := io.Copy(nonZero{}, io.LimitReader(zr, 1<<20))
+	switch {
+	case err != nil:
+		return nil, damaged(err)
+	case rest == 1<<20:
+		return nil, archiveErr("data after the archive")
+	}
 	return m, nil
+}
+
+// nonZero takes what follows an archive's tar, which may only be zeros
+// (the end of the tar).
+type nonZero struct{}
+
+func (nonZero) Write(p []byte) (int, error) {
+	for _, b := range p {
+		if b != 0 {
+			return 0, archiveErr("data after the archive")
+		}
+	}
+	return len(p), nil
 }
 
 type archiveReader struct {

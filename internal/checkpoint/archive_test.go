@@ -8,8 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -325,4 +327,51 @@ func sumsOf(t *testing.T, entries []entry) string {
 			return b.String()
 		}
 	}
+}
+
+// TestArchiveRefusesEveryFlippedByte: an archive with any one byte changed
+// is refused, wherever the byte is (a file's content, tar headers and
+// padding, zstd's framing, its trailing checksum, which only a reader that
+// reads the stream to its end checks), unless the change is no change:
+// some bits of zstd's framing decode to the same bytes, and such an
+// archive is the same archive.
+func TestArchiveRefusesEveryFlippedByte(t *testing.T) {
+	var good bytes.Buffer
+	must(t, WriteArchive(t.Context(), &good, Manifest{Name: "x"}, makeDisk(t), ""))
+	content := decompressed(t, good.Bytes())
+	parent := t.TempDir()
+	same := 0
+	for i := range good.Len() {
+		flipped := bytes.Clone(good.Bytes())
+		flipped[i] ^= 0x01
+		dest := filepath.Join(parent, strconv.Itoa(i))
+		must(t, os.Mkdir(dest, 0o700))
+		_, err := ReadArchive(t.Context(), bytes.NewReader(flipped), dest, 0)
+		switch {
+		case err == nil && !bytes.Equal(decompressed(t, flipped), content):
+			t.Errorf("byte %d of %d flipped: accepted, and the archive's content changed", i, good.Len())
+		case err == nil:
+			same++
+		case !errors.Is(err, ErrArchive):
+			t.Errorf("byte %d of %d flipped: %v, want an archive error", i, good.Len(), err)
+		}
+		must(t, os.RemoveAll(dest))
+	}
+	t.Logf("%d of %d flips decoded to the same archive", same, good.Len())
+}
+
+// decompressed is the whole of zstd stream b, or nil when it does not
+// decode whole (checksum included).
+func decompressed(t *testing.T, b []byte) []byte {
+	t.Helper()
+	zr, err := zstd.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil
+	}
+	defer zr.Close()
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		return nil
+	}
+	return out
 }
