@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -185,11 +186,21 @@ func TestHostile(t *testing.T) {
 		n, _ := strconv.Atoi(i)
 		results[n] = rc
 	}
+	// Other test packages run beside this one and add and remove host
+	// addresses (their namespaces' veths): one gone by now was no longer
+	// the host's when the probe went out, and the sandbox's egress may
+	// then rightly have taken it elsewhere.
+	still := hostIPv4s(t, d.Subnet)
 	for i, tg := range targets {
 		rc, ok := results[i]
-		if !ok {
+		host, _, _ := net.SplitHostPort(tg.addr)
+		switch {
+		case !ok:
 			t.Errorf("no result for %s (%s)", tg.what, tg.addr)
-		} else if rc != "0" {
+		case rc == "0":
+		case slices.Contains(hostIPs, host) && !slices.Contains(still, host):
+			t.Logf("%s at %s answered, but %s is no longer the host's (another test's)", tg.what, tg.addr, host)
+		default:
 			t.Errorf("root in a sandbox reached %s at %s (%s)", tg.what, tg.addr, rc)
 		}
 	}
