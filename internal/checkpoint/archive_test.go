@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/archive/archivetest"
 )
 
 // makeDisk makes a small tree with the kinds of entries a root filesystem has.
@@ -338,7 +338,7 @@ func sumsOf(t *testing.T, entries []entry) string {
 func TestArchiveRefusesEveryFlippedByte(t *testing.T) {
 	var good bytes.Buffer
 	must(t, WriteArchive(t.Context(), &good, Manifest{Name: "x"}, makeDisk(t), ""))
-	content := decompressed(t, good.Bytes())
+	content := archivetest.Unzstd(good.Bytes())
 	parent := t.TempDir()
 	same := 0
 	for i := range good.Len() {
@@ -348,7 +348,7 @@ func TestArchiveRefusesEveryFlippedByte(t *testing.T) {
 		must(t, os.Mkdir(dest, 0o700))
 		_, err := ReadArchive(t.Context(), bytes.NewReader(flipped), dest, 0)
 		switch {
-		case err == nil && !bytes.Equal(decompressed(t, flipped), content):
+		case err == nil && !bytes.Equal(archivetest.Unzstd(flipped), content):
 			t.Errorf("byte %d of %d flipped: accepted, and the archive's content changed", i, good.Len())
 		case err == nil:
 			same++
@@ -358,20 +358,4 @@ func TestArchiveRefusesEveryFlippedByte(t *testing.T) {
 		must(t, os.RemoveAll(dest))
 	}
 	t.Logf("%d of %d flips decoded to the same archive", same, good.Len())
-}
-
-// decompressed is the whole of zstd stream b, or nil when it does not
-// decode whole (checksum included).
-func decompressed(t *testing.T, b []byte) []byte {
-	t.Helper()
-	zr, err := zstd.NewReader(bytes.NewReader(b))
-	if err != nil {
-		return nil
-	}
-	defer zr.Close()
-	out, err := io.ReadAll(zr)
-	if err != nil {
-		return nil
-	}
-	return out
 }

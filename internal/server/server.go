@@ -258,14 +258,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" {
 			return
 		}
-		attrs := []any{"request_id", id, "method", r.Method, "path", r.URL.Path,
-			"status", rec.status, "ms", time.Since(start).Milliseconds()}
+		var status any = rec.status
 		if aborted {
 			// The handler gave up on the connection (a client gone, a
 			// stream broken mid-way: http.ErrAbortHandler): no status
 			// was sent, but the request is in the log like any other.
-			attrs[7] = "aborted"
+			status = "aborted"
 		}
+		attrs := []any{"request_id", id, "method", r.Method, "path", r.URL.Path,
+			"status", status, "ms", time.Since(start).Milliseconds()}
 		note.mu.Lock()
 		if note.cut != "" {
 			attrs = append(attrs, "cut", note.cut)

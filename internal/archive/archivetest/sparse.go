@@ -1,4 +1,5 @@
-// Package archivetest holds tars for the tests of the extractor's callers.
+// Package archivetest holds tars for the tests of the extractor's callers,
+// and reads the zstd streams of template archives back for theirs.
 package archivetest
 
 import (
