@@ -1,7 +1,9 @@
 package api
 
 import (
+	"maps"
 	"regexp"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -28,3 +30,20 @@ func ValidLabelKey(k string) bool { return labelKeyRE.MatchString(k) }
 // LabelValueRule). Invalid UTF-8 is refused rather than stored: JSON
 // cannot carry it, so a label that held it could not be listed back.
 func ValidLabelValue(v string) bool { return len(v) <= MaxLabelValue && utf8.ValidString(v) }
+
+// CheckLabels refuses labels a sandbox (or a key's selector) cannot have,
+// naming the first bad one in key order.
+func CheckLabels(labels map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if !ValidLabelKey(k) {
+			return Errorf(CodeInvalid, "labels: key %q: %s", k, LabelKeyRule)
+		}
+		if !ValidLabelValue(labels[k]) {
+			return Errorf(CodeInvalid, "labels: the value of %s: %s", k, LabelValueRule)
+		}
+	}
+	if len(labels) > MaxLabels {
+		return Errorf(CodeInvalid, "labels: at most %d labels", MaxLabels)
+	}
+	return nil
+}

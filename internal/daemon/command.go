@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -14,6 +15,8 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/audit"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/server"
 )
@@ -126,6 +129,7 @@ func Command() *cobra.Command {
 	f.IntVar(&cfg.MaxConns, "max-conns", envInt("LOAM_MAX_CONNS", DefaultMaxConns), "connections the API listener keeps open, at most a quarter of the open-file limit; over it, the connection idle longest is closed, or the new one when none is idle (LOAM_MAX_CONNS)")
 	f.IntVar(&cfg.MaxConnsPerClient, "max-conns-per-client", envInt("LOAM_MAX_CONNS_PER_CLIENT", 0), "connections one client address (an IPv6 /64) may keep open; 0 is a quarter of --max-conns (LOAM_MAX_CONNS_PER_CLIENT)")
 	f.DurationVar(&cfg.ConnIdleTimeout, "conn-idle-timeout", envDuration("LOAM_CONN_IDLE_TIMEOUT", DefaultConnIdleTimeout), "an API connection waiting this long for its next request is closed (at most 10 s for its first); streams are not cut (LOAM_CONN_IDLE_TIMEOUT)")
+	f.Var(newLifetimeValue(&cfg.AuditRetention, env("LOAM_AUDIT_RETENTION", "90d")), "audit-retention", "how long the audit log keeps a record, such as 90d or 720h; 0 keeps them all (LOAM_AUDIT_RETENTION)")
 	f.DurationVar(&cfg.Idle, "idle", envDuration("LOAM_IDLE", 0), "a sandbox created without an idle of its own sleeps after this long without activity, such as 10m; 0 is never (LOAM_IDLE)")
 	// For tests only: idle times shorter than a minute.
 	f.DurationVar(&cfg.IdleEvery, "test-idle-every", envDuration("LOAM_TEST_IDLE_EVERY", 0), "tests only: how often idle sandboxes are looked for (LOAM_TEST_IDLE_EVERY)")
@@ -155,3 +159,45 @@ func defaultMaxSandboxes() int {
 func defaultMaxHeavy() int {
 	return max(8, 4*goruntime.NumCPU())
 }
+
+// lifetimeValue is a flag of days ("90d") or a Go duration ("720h"); "0"
+// is none.
+type lifetimeValue struct {
+	d   *time.Duration
+	def string
+}
+
+func newLifetimeValue(d *time.Duration, def string) *lifetimeValue {
+	v := &lifetimeValue{d: d, def: def}
+	if err := v.Set(def); err != nil {
+		// A bad LOAM_AUDIT_RETENTION: Validate reports it when flags are
+		// parsed; fall back to the default meanwhile.
+		*d = audit.DefaultRetention
+	}
+	return v
+}
+
+func (v *lifetimeValue) String() string {
+	if v == nil || v.d == nil {
+		return ""
+	}
+	if *v.d%(24*time.Hour) == 0 && *v.d > 0 {
+		return fmt.Sprintf("%dd", *v.d/(24*time.Hour))
+	}
+	return v.d.String()
+}
+
+func (v *lifetimeValue) Set(s string) error {
+	if s == "0" {
+		*v.d = 0
+		return nil
+	}
+	d, err := api.ParseLifetime(s)
+	if err != nil {
+		return err
+	}
+	*v.d = d
+	return nil
+}
+
+func (v *lifetimeValue) Type() string { return "duration" }

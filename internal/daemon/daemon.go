@@ -26,6 +26,8 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/atomicfile"
+	"loam.dev/loam/internal/audit"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/checkpoints"
 	"loam.dev/loam/internal/conns"
@@ -99,6 +101,9 @@ type Config struct {
 	// for the header of its first).
 	MaxConns, MaxConnsPerClient int
 	ConnIdleTimeout             time.Duration
+	// AuditRetention is how long the audit log keeps a record; 0 keeps
+	// them all.
+	AuditRetention time.Duration
 	// MaxSandboxes and MaxHeavy are the daemon's caps (see
 	// sandbox.Config); 0 is none.
 	MaxSandboxes int
@@ -524,7 +529,15 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
+	// API keys and the audit log live in the store; the admin token is
+	// the operator's, and an admin of the daemon's org.
+	keys := auth.NewKeys(cfg.Org, d.Token, p.store, d.log)
+	d.runComponents(ctx,
+		component{"API keys", keys.Run},
+		component{"audit retention", (&audit.Retention{Store: p.store, Keep: cfg.AuditRetention, Log: d.log}).Run},
+	)
 	apiServer := server.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
+		server.WithKeys(keys), server.WithAudit(p.store),
 		server.WithTemplates(p.catalog), server.WithImages(p.images, p.registries),
 		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), server.WithPools(d.pools))
 	limits := d.connLimits()

@@ -78,20 +78,7 @@ func checkEnv(env map[string]string) error {
 	return nil
 }
 
-func checkLabels(labels map[string]string) error {
-	for k, v := range labels {
-		if !api.ValidLabelKey(k) {
-			return api.Errorf(api.CodeInvalid, "labels: key %q: %s", k, api.LabelKeyRule)
-		}
-		if !api.ValidLabelValue(v) {
-			return api.Errorf(api.CodeInvalid, "labels: the value of %s: %s", k, api.LabelValueRule)
-		}
-	}
-	if len(labels) > api.MaxLabels {
-		return api.Errorf(api.CodeInvalid, "labels: at most %d labels", api.MaxLabels)
-	}
-	return nil
-}
+func checkLabels(labels map[string]string) error { return api.CheckLabels(labels) }
 
 // Resource bounds: a sandbox may ask for anything in between.
 const (

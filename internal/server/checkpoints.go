@@ -25,11 +25,11 @@ type checkpointRoutes struct {
 
 // register adds the checkpoint routes with v1.
 func (cr *checkpointRoutes) register(v1 addRoute) {
-	v1("POST /v1/sandboxes/{sandbox}/checkpoints", cr.createCheckpoint)
-	v1("GET /v1/sandboxes/{sandbox}/checkpoints", cr.listCheckpoints)
-	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", cr.getCheckpoint)
-	v1("DELETE /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", cr.deleteCheckpoint)
-	v1("POST /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/restore", cr.restoreCheckpoint)
+	v1("POST /v1/sandboxes/{sandbox}/checkpoints", api.ScopeWrite, "checkpoint.create", cr.createCheckpoint)
+	v1("GET /v1/sandboxes/{sandbox}/checkpoints", api.ScopeRead, "", cr.listCheckpoints)
+	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", api.ScopeRead, "", cr.getCheckpoint)
+	v1("DELETE /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", api.ScopeWrite, "checkpoint.delete", cr.deleteCheckpoint)
+	v1("POST /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/restore", api.ScopeWrite, "checkpoint.restore", cr.restoreCheckpoint)
 }
 
 func (cr *checkpointRoutes) createCheckpoint(w http.ResponseWriter, r *http.Request) error {

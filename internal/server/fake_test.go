@@ -17,6 +17,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/store"
 )
 
 // fakeSandboxes is Sandboxes in memory, for tests of the HTTP layer: a
@@ -42,7 +43,41 @@ func newFake() *fakeSandboxes {
 // (templates, images, registries, secrets) from fakes, the templates'
 // checkpoints from sbs.
 func fakeServices(sbs *fakeSandboxes) []Option {
-	return []Option{WithTemplates(fakeTemplates{sbs}), WithImages(fakeImages{}, fakeRegistries{}), WithSecrets(fakeSecrets{})}
+	return []Option{WithTemplates(fakeTemplates{sbs}), WithImages(fakeImages{}, fakeRegistries{}), WithSecrets(fakeSecrets{}), WithAudit(&fakeAudit{})}
+}
+
+// fakeAudit keeps audit records in memory, as the SQLite store keeps them
+// in its table.
+type fakeAudit struct {
+	mu     sync.Mutex
+	events []api.AuditEvent
+}
+
+func (f *fakeAudit) AppendAudit(ctx context.Context, ev api.AuditEvent) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ev.Seq = int64(len(f.events) + 1)
+	f.events = append(f.events, ev)
+	return nil
+}
+
+func (f *fakeAudit) SetAuditOutcome(ctx context.Context, seq int64, outcome string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events[seq-1].Outcome = outcome
+	return nil
+}
+
+func (f *fakeAudit) ListAudit(ctx context.Context, filter store.AuditFilter) ([]api.AuditEvent, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := []api.AuditEvent{}
+	for _, ev := range f.events {
+		if ev.Seq > filter.SinceSeq && (filter.Action == "" || ev.Action == filter.Action) && (filter.Org == "" || ev.Org == filter.Org) {
+			out = append(out, ev)
+		}
+	}
+	return out, nil
 }
 
 // fakeTemplates is the template catalog, answering as template.Catalog

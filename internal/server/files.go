@@ -38,15 +38,15 @@ type Files interface {
 
 // registerFiles adds the file routes with v1.
 func (gr *guestRoutes) registerFiles(v1 addRoute) {
-	v1("GET /v1/sandboxes/{sandbox}/files", gr.statFile)
-	v1("DELETE /v1/sandboxes/{sandbox}/files", gr.removeFile)
-	v1("GET /v1/sandboxes/{sandbox}/files/content", gr.readFile)
-	v1("PUT /v1/sandboxes/{sandbox}/files/content", gr.writeFile)
-	v1("POST /v1/sandboxes/{sandbox}/files/mkdir", gr.mkdir)
-	v1("POST /v1/sandboxes/{sandbox}/files/move", gr.moveFile)
-	v1("GET /v1/sandboxes/{sandbox}/files/archive", gr.readArchive)
-	v1("PUT /v1/sandboxes/{sandbox}/files/archive", gr.writeArchive)
-	v1("GET /v1/sandboxes/{sandbox}/files/watch", gr.watch)
+	v1("GET /v1/sandboxes/{sandbox}/files", api.ScopeWrite, "", gr.statFile)
+	v1("DELETE /v1/sandboxes/{sandbox}/files", api.ScopeWrite, "file.delete", gr.removeFile)
+	v1("GET /v1/sandboxes/{sandbox}/files/content", api.ScopeWrite, "", gr.readFile)
+	v1("PUT /v1/sandboxes/{sandbox}/files/content", api.ScopeWrite, "file.write", gr.writeFile)
+	v1("POST /v1/sandboxes/{sandbox}/files/mkdir", api.ScopeWrite, "file.mkdir", gr.mkdir)
+	v1("POST /v1/sandboxes/{sandbox}/files/move", api.ScopeWrite, "file.move", gr.moveFile)
+	v1("GET /v1/sandboxes/{sandbox}/files/archive", api.ScopeWrite, "", gr.readArchive)
+	v1("PUT /v1/sandboxes/{sandbox}/files/archive", api.ScopeWrite, "file.upload", gr.writeArchive)
+	v1("GET /v1/sandboxes/{sandbox}/files/watch", api.ScopeWrite, "", gr.watch)
 }
 
 // fileQuery reads path= and user= of a files request.

@@ -33,7 +33,7 @@ type guestRoutes struct {
 
 // register adds the guest routes with v1.
 func (gr *guestRoutes) register(v1 addRoute) {
-	v1("GET /v1/sandboxes/{sandbox}/exec", gr.exec)
+	v1("GET /v1/sandboxes/{sandbox}/exec", api.ScopeWrite, "exec.start", gr.exec)
 	gr.registerFiles(v1)
 	gr.registerSessions(v1)
 	gr.registerServices(v1)

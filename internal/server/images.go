@@ -46,13 +46,13 @@ type imageRoutes struct {
 
 // register adds the image and registry routes with v1.
 func (ir *imageRoutes) register(v1 addRoute) {
-	v1("POST /v1/images", ir.pullImage)
-	v1("GET /v1/images", ir.listImages)
-	v1("GET /v1/images/{image}", ir.getImage)
-	v1("DELETE /v1/images/{image}", ir.deleteImage)
-	v1("PUT /v1/registries/{registry}", ir.loginRegistry)
-	v1("GET /v1/registries", ir.listRegistries)
-	v1("DELETE /v1/registries/{registry}", ir.logoutRegistry)
+	v1("POST /v1/images", api.ScopeWrite, "image.pull", ir.pullImage)
+	v1("GET /v1/images", api.ScopeRead, "", ir.listImages)
+	v1("GET /v1/images/{image}", api.ScopeRead, "", ir.getImage)
+	v1("DELETE /v1/images/{image}", api.ScopeWrite, "image.delete", ir.deleteImage)
+	v1("PUT /v1/registries/{registry}", api.ScopeWrite, "registry.login", ir.loginRegistry)
+	v1("GET /v1/registries", api.ScopeRead, "", ir.listRegistries)
+	v1("DELETE /v1/registries/{registry}", api.ScopeWrite, "registry.logout", ir.logoutRegistry)
 }
 
 func (ir *imageRoutes) pullImage(w http.ResponseWriter, r *http.Request) error {

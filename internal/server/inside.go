@@ -164,7 +164,7 @@ func (in *Inside) CloseAll() {
 func (in *Inside) handler(id string) http.Handler {
 	s := &Server{sandboxes: in.sandboxes, log: in.log, mux: http.NewServeMux(), where: " inside a sandbox", writeTimeout: DefaultWriteTimeout}
 	token := in.Token(id)
-	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+	v1 := func(pattern string, _ api.Scope, _ string, h func(http.ResponseWriter, *http.Request) error) {
 		s.handle(pattern, func(w http.ResponseWriter, r *http.Request) {
 			got, ok := api.BearerToken(r.Header)
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
@@ -183,7 +183,7 @@ func (in *Inside) handler(id string) http.Handler {
 			}
 		})
 	}
-	v1("GET /v1/sandboxes/{sandbox}", (&sandboxRoutes{sandboxes: in.sandboxes}).getSandbox)
+	v1("GET /v1/sandboxes/{sandbox}", api.ScopeRead, "", (&sandboxRoutes{sandboxes: in.sandboxes}).getSandbox)
 	(&checkpointRoutes{checkpoints: in.sandboxes}).register(v1)
 	return s
 }

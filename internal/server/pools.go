@@ -26,10 +26,10 @@ type poolRoutes struct {
 
 // register adds the pool routes with v1.
 func (pr *poolRoutes) register(v1 addRoute) {
-	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", pr.getPool)
-	v1("PUT /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", pr.setPool)
-	v1("GET /v1/templates/{template}/pool", pr.getPool)
-	v1("PUT /v1/templates/{template}/pool", pr.setPool)
+	v1("GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", api.ScopeRead, "", pr.getPool)
+	v1("PUT /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}/pool", api.ScopeWrite, "pool.set", pr.setPool)
+	v1("GET /v1/templates/{template}/pool", api.ScopeRead, "", pr.getPool)
+	v1("PUT /v1/templates/{template}/pool", api.ScopeWrite, "pool.set", pr.setPool)
 }
 
 func (pr *poolRoutes) pools() (Pools, error) {

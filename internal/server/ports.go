@@ -33,9 +33,9 @@ const portMessageLimit = 4 * api.MaxPortMessage
 
 // registerPorts adds the port routes with v1.
 func (gr *guestRoutes) registerPorts(v1 addRoute) {
-	v1("GET /v1/sandboxes/{sandbox}/ports", gr.listPorts)
-	v1("GET /v1/sandboxes/{sandbox}/ports/watch", gr.watchPorts)
-	v1("GET /v1/sandboxes/{sandbox}/ports/{port}/stream", gr.portStream)
+	v1("GET /v1/sandboxes/{sandbox}/ports", api.ScopeRead, "", gr.listPorts)
+	v1("GET /v1/sandboxes/{sandbox}/ports/watch", api.ScopeRead, "", gr.watchPorts)
+	v1("GET /v1/sandboxes/{sandbox}/ports/{port}/stream", api.ScopeWrite, "", gr.portStream)
 }
 
 func (gr *guestRoutes) listPorts(w http.ResponseWriter, r *http.Request) error {

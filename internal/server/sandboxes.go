@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
+	"loam.dev/loam/internal/store"
 )
 
 // Sandboxes is what the server needs of the sandbox manager.
@@ -35,21 +37,31 @@ type sandboxRoutes struct {
 
 // register adds the sandbox routes with v1.
 func (sr *sandboxRoutes) register(v1 addRoute) {
-	v1("POST /v1/sandboxes", sr.createSandbox)
-	v1("GET /v1/sandboxes", sr.listSandboxes)
-	v1("GET /v1/sandboxes/{sandbox}", sr.getSandbox)
-	v1("DELETE /v1/sandboxes/{sandbox}", sr.deleteSandbox)
-	v1("PATCH /v1/sandboxes/{sandbox}", sr.updateSandbox)
-	v1("GET /v1/sandboxes/{sandbox}/access-token", sr.accessToken)
-	v1("POST /v1/sandboxes/{sandbox}/sleep", sr.sleepSandbox)
-	v1("POST /v1/sandboxes/{sandbox}/wake", sr.wakeSandbox)
-	v1("PUT /v1/sandboxes/{sandbox}/network", sr.setNetwork)
+	v1("POST /v1/sandboxes", api.ScopeWrite, "sandbox.create", sr.createSandbox)
+	v1("GET /v1/sandboxes", api.ScopeRead, "", sr.listSandboxes)
+	v1("GET /v1/sandboxes/{sandbox}", api.ScopeRead, "", sr.getSandbox)
+	v1("DELETE /v1/sandboxes/{sandbox}", api.ScopeWrite, "sandbox.delete", sr.deleteSandbox)
+	v1("PATCH /v1/sandboxes/{sandbox}", api.ScopeWrite, "sandbox.update", sr.updateSandbox)
+	v1("GET /v1/sandboxes/{sandbox}/access-token", api.ScopeWrite, "", sr.accessToken)
+	v1("POST /v1/sandboxes/{sandbox}/sleep", api.ScopeWrite, "sandbox.sleep", sr.sleepSandbox)
+	v1("POST /v1/sandboxes/{sandbox}/wake", api.ScopeWrite, "sandbox.wake", sr.wakeSandbox)
+	v1("PUT /v1/sandboxes/{sandbox}/network", api.ScopeWrite, "sandbox.network", sr.setNetwork)
 }
 
 func (sr *sandboxRoutes) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	var req api.CreateSandbox
 	if err := decode(w, r, &req); err != nil {
 		return err
+	}
+	if err := sr.limitCreate(r.Context(), &req); err != nil {
+		return err
+	}
+	call := store.AuditFrom(r.Context())
+	if req.From != nil {
+		call.SetAction("sandbox.fork")
+	}
+	if req.Name != "" {
+		call.SetTarget("sandboxes/" + req.Name)
 	}
 	sb, err := sr.sandboxes.Create(r.Context(), req)
 	if err != nil {
@@ -59,10 +71,46 @@ func (sr *sandboxRoutes) createSandbox(w http.ResponseWriter, r *http.Request) e
 	return nil
 }
 
+// limitCreate gives a sandbox that a label-limited key makes the key's
+// labels, and refuses a fork of a sandbox outside its selector as if that
+// sandbox did not exist.
+func (sr *sandboxRoutes) limitCreate(ctx context.Context, req *api.CreateSandbox) error {
+	p, ok := auth.From(ctx)
+	if !ok || !p.Limited() {
+		return nil
+	}
+	labels, err := p.WithLabels(req.Labels)
+	if err != nil {
+		return err
+	}
+	req.Labels = labels
+	if req.From != nil && req.From.Sandbox != "" {
+		src, err := sr.sandboxes.Get(ctx, req.From.Sandbox)
+		if err != nil {
+			return err
+		}
+		if !p.Matches(src.Labels) {
+			return api.Errorf(api.CodeNotFound, "sandbox %q not found", req.From.Sandbox)
+		}
+	}
+	return nil
+}
+
 func (sr *sandboxRoutes) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	labels, err := labelFilter(r.URL.Query()["label"])
 	if err != nil {
 		return err
+	}
+	if p, ok := auth.From(r.Context()); ok && p.Limited() {
+		// The key's selector narrows the filter; a filter at odds with it
+		// matches nothing the key may see.
+		for k, v := range p.Labels {
+			if got, ok := labels[k]; ok && got != v {
+				api.WriteJSON(w, http.StatusOK, api.SandboxList{Sandboxes: []api.Sandbox{}})
+				return nil
+			}
+			labels[k] = v
+		}
 	}
 	sbs, err := sr.sandboxes.List(r.Context(), labels)
 	if err != nil {
@@ -113,6 +161,15 @@ func (sr *sandboxRoutes) updateSandbox(w http.ResponseWriter, r *http.Request) e
 	var req api.UpdateSandbox
 	if err := decode(w, r, &req); err != nil {
 		return err
+	}
+	if p, ok := auth.From(r.Context()); ok && p.Limited() && req.Labels != nil {
+		// The sandbox keeps the key's labels: a key cannot give its
+		// sandbox away, nor take it out of its own sight.
+		labels, err := p.WithLabels(*req.Labels)
+		if err != nil {
+			return err
+		}
+		req.Labels = &labels
 	}
 	sb, err := sr.sandboxes.Update(r.Context(), r.PathValue("sandbox"), req)
 	if err != nil {

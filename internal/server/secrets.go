@@ -37,9 +37,9 @@ type secretRoutes struct {
 
 // register adds the secret routes with v1.
 func (sc *secretRoutes) register(v1 addRoute) {
-	v1("PUT /v1/secrets/{name}", sc.putSecret)
-	v1("GET /v1/secrets", sc.listSecrets)
-	v1("DELETE /v1/secrets/{name}", sc.deleteSecret)
+	v1("PUT /v1/secrets/{name}", api.ScopeWrite, "secret.put", sc.putSecret)
+	v1("GET /v1/secrets", api.ScopeRead, "", sc.listSecrets)
+	v1("DELETE /v1/secrets/{name}", api.ScopeWrite, "secret.delete", sc.deleteSecret)
 }
 
 // errSecretBody never quotes the body: encoding/json's own messages can

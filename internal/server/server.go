@@ -6,12 +6,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
+	"net"
 	"net/http"
 	"reflect"
 	"slices"
@@ -23,7 +24,9 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/conns"
+	"loam.dev/loam/internal/store"
 )
 
 // maxBody is the largest request body the API reads.
@@ -38,11 +41,16 @@ type Server struct {
 	images     Images
 	registries Registries
 	secrets    Secrets
-	token      string
-	log        *slog.Logger
-	mux        *http.ServeMux
-	// patterns are the patterns handle registered, in order (see Routes).
+	// keys says who makes each call (see WithKeys); audit keeps the record
+	// of the calls that change something (nil: none is kept).
+	keys  Authenticator
+	audit AuditLog
+	log   *slog.Logger
+	mux   *http.ServeMux
+	// patterns are the patterns handle registered, in order (see Routes);
+	// table the API's routes with their scope and action (see RouteTable).
 	patterns []string
+	table    []route
 	// where says which API this is in messages: "" for the daemon's own,
 	// " inside a sandbox" for a sandbox's (see Inside).
 	where string
@@ -70,6 +78,30 @@ type BrowserSessions interface {
 	Authorize(r *http.Request) (bool, error)
 }
 
+// Authenticator says who makes a call and ends the calls of a key that is
+// revoked (internal/auth.Keys).
+type Authenticator interface {
+	// Authenticate is the principal of a token; an *api.Error
+	// (unauthorized) for one that opens nothing.
+	Authenticate(ctx context.Context, token string) (auth.Principal, error)
+	// Admin is the principal of the admin token (and of console sessions).
+	Admin() auth.Principal
+	// Hold is ctx, ended when p's key is revoked or expires, for the
+	// length of a call; the func releases it.
+	Hold(ctx context.Context, p auth.Principal) (context.Context, func())
+	// Create makes a key of org for by; List lists org's keys; Revoke
+	// deletes one.
+	Create(ctx context.Context, by auth.Principal, org string, req api.CreateKey) (*api.Key, error)
+	List(ctx context.Context, org string) ([]api.Key, error)
+	Revoke(ctx context.Context, org, id string) error
+}
+
+// AuditLog keeps the audit log (store/sqlite).
+type AuditLog interface {
+	store.AuditWriter
+	ListAudit(ctx context.Context, f store.AuditFilter) ([]api.AuditEvent, error)
+}
+
 // Option sets something of a Server New makes.
 type Option func(*Server)
 
@@ -90,6 +122,18 @@ func WithBrowserSessions(b BrowserSessions) Option {
 	return func(s *Server) { s.browsers = b }
 }
 
+// WithKeys authenticates calls with k instead of the token New was given
+// alone: API keys besides the admin token.
+func WithKeys(k Authenticator) Option {
+	return func(s *Server) { s.keys = k }
+}
+
+// WithAudit records the calls that change something in log, and serves it
+// (GET /v1/audit).
+func WithAudit(log AuditLog) Option {
+	return func(s *Server) { s.audit = log }
+}
+
 // WithPools serves the warm pools' routes with p (see Pools).
 func WithPools(p Pools) Option {
 	return func(s *Server) { s.warmPools = p }
@@ -99,9 +143,12 @@ func WithPools(p Pools) Option {
 // token as a bearer token (or, with WithBrowserSessions, a browser
 // session).
 func New(sandboxes Sandboxes, token string, log *slog.Logger, opts ...Option) *Server {
-	s := &Server{sandboxes: sandboxes, token: token, log: log, mux: http.NewServeMux(), writeTimeout: DefaultWriteTimeout}
+	s := &Server{sandboxes: sandboxes, log: log, mux: http.NewServeMux(), writeTimeout: DefaultWriteTimeout}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.keys == nil {
+		s.keys = auth.NewKeys(DefaultOrg, token, nil, log)
 	}
 	s.routes()
 	return s
@@ -118,8 +165,10 @@ func (s *Server) routes() {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(api.OpenAPI)
 	})
-	v1 := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-		s.handle(pattern, s.auth(h))
+	v1 := func(pattern string, need api.Scope, action string, h func(http.ResponseWriter, *http.Request) error) {
+		rt := route{Pattern: pattern, Scope: need, Action: action}
+		s.table = append(s.table, rt)
+		s.handle(pattern, s.auth(rt, h))
 	}
 	// Each capability's routes are a type of their own, holding only the
 	// services they use; the Server keeps what they share (the mux, auth,
@@ -131,11 +180,14 @@ func (s *Server) routes() {
 	(&secretRoutes{secrets: s.secrets}).register(v1)
 	(&imageRoutes{images: s.images, registries: s.registries}).register(v1)
 	(&poolRoutes{warmPools: s.warmPools}).register(v1)
+	(&keyRoutes{keys: s.keys, audit: s.audit}).register(v1)
 }
 
-// addRoute registers an API handler for a pattern ("METHOD /path"); the
-// Server's adds its auth and error answers.
-type addRoute func(pattern string, h func(http.ResponseWriter, *http.Request) error)
+// addRoute registers an API handler for a pattern ("METHOD /path"), the
+// scope a key needs to call it, and its action in the audit log ("" for a
+// call that changes nothing); the Server's adds its auth, audit and error
+// answers.
+type addRoute func(pattern string, need api.Scope, action string, h func(http.ResponseWriter, *http.Request) error)
 
 // endpoint is a handler the API registered. Any other handler the mux
 // returns is one of its own answers, which route replaces.
@@ -156,6 +208,21 @@ func Routes() []string {
 	s := New(nil, "", slog.New(slog.DiscardHandler))
 	return slices.Sorted(slices.Values(s.patterns))
 }
+
+// RouteInfo is an endpoint of the API with the scope a key needs to call
+// it and its action in the audit log ("" for none).
+type RouteInfo = route
+
+// RouteTable lists the API's authenticated endpoints (every /v1 route but
+// the open /v1/openapi.yaml), sorted by pattern, with their scopes and
+// actions: what the scope and isolation tests are generated from.
+func RouteTable() []RouteInfo {
+	s := New(nil, "", slog.New(slog.DiscardHandler))
+	return slices.SortedFunc(slices.Values(s.table), func(a, b route) int { return strings.Compare(a.Pattern, b.Pattern) })
+}
+
+// DefaultOrg is the org of a daemon that names none (loam serve --org).
+const DefaultOrg = "default"
 
 // route serves r with its endpoint. When there is none, the mux would answer
 // by itself in plain text or HTML (404, 405, or a redirect to the clean
@@ -301,47 +368,153 @@ func (s *Server) cors(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// auth checks the token, then runs h and turns its error into a response.
-func (s *Server) auth(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+// route is an endpoint of the API as the route table has it: its pattern,
+// the scope a key needs to call it, and, for a call that changes
+// something, its action in the audit log ("" for one that changes
+// nothing).
+type route struct {
+	Pattern string
+	Scope   api.Scope
+	Action  string
+}
+
+// auth finds who makes the call and whether they may, then runs h with the
+// caller in its context (auth.From), and turns its error into a response.
+// A call that changes something is recorded in the audit log.
+func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	// A label-limited key is given the sandboxes of its selector: routes
+	// about one sandbox, and making one. Anything else it may change
+	// concerns the whole org.
+	orgWide := !strings.Contains(rt.Pattern, "{sandbox}") && rt.Pattern != "POST /v1/sandboxes"
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			if ok, err := s.session(r); err != nil || !ok {
-				if err == nil {
-					err = api.Errorf(api.CodeUnauthorized, "missing or wrong token: send Authorization: Bearer $LOAM_TOKEN")
-				}
-				writeError(w, r, s.log, err)
-				return
+		p, err := s.principal(r)
+		if err != nil {
+			writeError(w, r, s.log, err)
+			return
+		}
+		ctx := auth.WithPrincipal(r.Context(), p)
+		var call *store.AuditCall
+		if rt.Action != "" && s.audit != nil {
+			call = store.NewAuditCall(api.AuditEvent{
+				Time: store.Now(), Org: p.Org, Key: p.Key, Action: rt.Action,
+				Target: strings.TrimPrefix(r.URL.Path, "/v1/"), Client: clientAddr(r),
+			}, s.audit)
+			ctx = store.WithAudit(ctx, call)
+		}
+		ctx, release := s.keys.Hold(ctx, p)
+		defer release()
+		r = r.WithContext(ctx)
+		err = s.allow(r, p, rt, orgWide)
+		if err == nil {
+			conns.KeepAlive(w)
+			err = h(w, r)
+		}
+		if call != nil {
+			if ferr := call.Finish(context.WithoutCancel(ctx), outcome(err)); ferr != nil {
+				s.log.Error("writing audit record", "request_id", RequestID(ctx), "action", rt.Action, "err", ferr)
 			}
 		}
-		conns.KeepAlive(w)
-		if err := h(w, r); err != nil {
+		if err != nil {
 			writeError(w, r, s.log, err)
 		}
 	}
 }
 
-// authorized reports whether r carries the API token: as a bearer token,
-// or, on a WebSocket upgrade, as a subprotocol api.WebSocketTokenPrefix+token
-// (a browser cannot set Authorization on a WebSocket; it can offer
-// subprotocols). The token is never the subprotocol the server picks (see
-// acceptOptions), so it is not echoed back.
-func (s *Server) authorized(r *http.Request) bool {
+// allow refuses a call p may not make: one that needs more than p's scope
+// (forbidden), or, for a key limited by labels, one about a sandbox
+// outside its selector (as if the sandbox did not exist) or a change to
+// the whole org (forbidden).
+func (s *Server) allow(r *http.Request, p auth.Principal, rt route, orgWide bool) error {
+	if !p.Allows(rt.Scope) {
+		return api.Errorf(api.CodeForbidden, "%s needs a key of scope %s; this key's scope is %s", rt.Pattern, rt.Scope, p.Scope)
+	}
+	if !p.Limited() {
+		return nil
+	}
+	if ref := r.PathValue("sandbox"); ref != "" {
+		sb, err := s.sandboxes.Get(r.Context(), ref)
+		if err != nil {
+			return err
+		}
+		if !p.Matches(sb.Labels) {
+			return api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
+		}
+		return nil
+	}
+	if orgWide && rt.Scope != api.ScopeRead {
+		return api.Errorf(api.CodeForbidden, "%s: this key is limited to the sandboxes labelled %s; it may not change what the whole org shares", rt.Pattern, labelList(p.Labels))
+	}
+	return nil
+}
+
+// outcome is what the audit log says of a call that answered err.
+func outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return string(ae.Code)
+	}
+	return string(api.CodeInternal)
+}
+
+// clientAddr is the address a call came from, as the connection has it:
+// loam trusts no header a client sets for this.
+func clientAddr(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// labelList shows labels as k=v,k=v in key order.
+func labelList(labels map[string]string) string {
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(labels)) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k + "=" + labels[k])
+	}
+	return b.String()
+}
+
+// principal is who makes r: the owner of the token it carries (as a bearer
+// token or, on a WebSocket upgrade, as a subprotocol
+// api.WebSocketTokenPrefix+token, since a browser cannot set Authorization
+// on a WebSocket; the token is never the subprotocol the server picks, see
+// acceptOptions), or of its browser session.
+func (s *Server) principal(r *http.Request) (auth.Principal, error) {
+	if token, ok := requestToken(r); ok {
+		return s.keys.Authenticate(r.Context(), token)
+	}
+	ok, err := s.session(r)
+	if err != nil {
+		return auth.Principal{}, err
+	}
+	if !ok {
+		return auth.Principal{}, auth.ErrWrongToken
+	}
+	return s.keys.Admin(), nil
+}
+
+// requestToken is the token r carries, if any (see principal).
+func requestToken(r *http.Request) (string, bool) {
 	if got, ok := api.BearerToken(r.Header); ok {
-		return subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1
+		return got, true
 	}
-	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		return false
+	if r.Header.Get("Authorization") != "" || !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return "", false
 	}
-	ok := false
 	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
 		for p := range strings.SplitSeq(h, ",") {
-			got, found := strings.CutPrefix(strings.TrimSpace(p), api.WebSocketTokenPrefix)
-			if found && subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1 {
-				ok = true
+			if got, found := strings.CutPrefix(strings.TrimSpace(p), api.WebSocketTokenPrefix); found && got != "" {
+				return got, true
 			}
 		}
 	}
-	return ok
+	return "", false
 }
 
 // session reports whether r is authorized by a browser session (see

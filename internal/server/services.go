@@ -26,13 +26,13 @@ type Services interface {
 
 // registerServices adds the service routes with v1.
 func (gr *guestRoutes) registerServices(v1 addRoute) {
-	v1("GET /v1/sandboxes/{sandbox}/services", gr.listServices)
-	v1("PUT /v1/sandboxes/{sandbox}/services/{service}", gr.putService)
-	v1("GET /v1/sandboxes/{sandbox}/services/{service}", gr.getService)
-	v1("DELETE /v1/sandboxes/{sandbox}/services/{service}", gr.deleteService)
-	v1("GET /v1/sandboxes/{sandbox}/services/{service}/logs", gr.serviceLogs)
+	v1("GET /v1/sandboxes/{sandbox}/services", api.ScopeRead, "", gr.listServices)
+	v1("PUT /v1/sandboxes/{sandbox}/services/{service}", api.ScopeWrite, "service.put", gr.putService)
+	v1("GET /v1/sandboxes/{sandbox}/services/{service}", api.ScopeRead, "", gr.getService)
+	v1("DELETE /v1/sandboxes/{sandbox}/services/{service}", api.ScopeWrite, "service.delete", gr.deleteService)
+	v1("GET /v1/sandboxes/{sandbox}/services/{service}/logs", api.ScopeWrite, "", gr.serviceLogs)
 	for _, action := range []string{api.ServiceStart, api.ServiceStop, api.ServiceRestart} {
-		v1("POST /v1/sandboxes/{sandbox}/services/{service}/"+action, func(w http.ResponseWriter, r *http.Request) error {
+		v1("POST /v1/sandboxes/{sandbox}/services/{service}/"+action, api.ScopeWrite, "service."+action, func(w http.ResponseWriter, r *http.Request) error {
 			return gr.serviceAction(w, r, action)
 		})
 	}

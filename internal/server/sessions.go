@@ -28,13 +28,13 @@ type Sessions interface {
 
 // registerSessions adds the session routes with v1.
 func (gr *guestRoutes) registerSessions(v1 addRoute) {
-	v1("POST /v1/sandboxes/{sandbox}/sessions", gr.createSession)
-	v1("GET /v1/sandboxes/{sandbox}/sessions", gr.listSessions)
-	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}", gr.getSession)
-	v1("DELETE /v1/sandboxes/{sandbox}/sessions/{session}", gr.deleteSession)
-	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}/attach", gr.attachSession)
-	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/wait", gr.waitSession)
-	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/signal", gr.signalSession)
+	v1("POST /v1/sandboxes/{sandbox}/sessions", api.ScopeWrite, "session.create", gr.createSession)
+	v1("GET /v1/sandboxes/{sandbox}/sessions", api.ScopeRead, "", gr.listSessions)
+	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}", api.ScopeRead, "", gr.getSession)
+	v1("DELETE /v1/sandboxes/{sandbox}/sessions/{session}", api.ScopeWrite, "session.delete", gr.deleteSession)
+	v1("GET /v1/sandboxes/{sandbox}/sessions/{session}/attach", api.ScopeWrite, "", gr.attachSession)
+	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/wait", api.ScopeWrite, "", gr.waitSession)
+	v1("POST /v1/sandboxes/{sandbox}/sessions/{session}/signal", api.ScopeWrite, "session.signal", gr.signalSession)
 }
 
 func (gr *guestRoutes) createSession(w http.ResponseWriter, r *http.Request) error {

@@ -44,11 +44,11 @@ type templateRoutes struct {
 
 // register adds the template routes with v1.
 func (tr *templateRoutes) register(v1 addRoute) {
-	v1("GET /v1/templates", tr.listTemplates)
-	v1("POST /v1/templates", tr.createTemplate)
-	v1("DELETE /v1/templates/{template}", tr.deleteTemplate)
-	v1("GET /v1/templates/{template}/export", tr.exportTemplate)
-	v1("PUT /v1/templates/{template}/import", tr.importTemplate)
+	v1("GET /v1/templates", api.ScopeRead, "", tr.listTemplates)
+	v1("POST /v1/templates", api.ScopeWrite, "template.create", tr.createTemplate)
+	v1("DELETE /v1/templates/{template}", api.ScopeWrite, "template.delete", tr.deleteTemplate)
+	v1("GET /v1/templates/{template}/export", api.ScopeWrite, "", tr.exportTemplate)
+	v1("PUT /v1/templates/{template}/import", api.ScopeWrite, "template.import", tr.importTemplate)
 }
 
 func (tr *templateRoutes) templates() (Templates, error) {

@@ -6,6 +6,7 @@ package store
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"loam.dev/loam/api"
@@ -154,4 +155,143 @@ type Image struct {
 	// UserMissing is true when the image names a user its /etc/passwd
 	// lacks: sandboxes cannot be made from it.
 	UserMissing bool
+}
+
+// Key is the stored record of an API key (internal/auth). Hash is the
+// sha256 of the key's secret: the secret itself is never stored. Stores
+// that keep keys (store/sqlite) have CreateKey, KeyByHash, ListKeys,
+// DeleteKey and TouchKey; they are not part of Store, since only
+// internal/auth uses them.
+type Key struct {
+	api.Key
+	Hash []byte
+}
+
+// AuditFilter narrows ListAudit: events of Org ("" for all orgs) after
+// SinceSeq and at or after Since, of Action when it is given, at most
+// Limit of them (oldest first).
+type AuditFilter struct {
+	Org      string
+	Since    time.Time
+	SinceSeq int64
+	Action   string
+	Limit    int
+}
+
+// AuditCall is the audit record of one API call that may change something,
+// carried in the call's context (WithAudit). A store that keeps the audit
+// log writes the record in the same transaction as the call's first change
+// (see Attach), so that a change in the store is never missing from the
+// log; Finish writes it when the call changed nothing in the store (an
+// exec, a file write), and sets its outcome.
+type AuditCall struct {
+	log AuditWriter
+
+	mu sync.Mutex
+	ev api.AuditEvent
+	// seq is the record's once written; closed is set when the call has
+	// ended, after which later writes of the call's goroutines (a boot
+	// that goes on) record nothing more.
+	seq    int64
+	closed bool
+}
+
+// AuditWriter writes audit records on their own (store/sqlite is one).
+type AuditWriter interface {
+	// AppendAudit writes one record.
+	AppendAudit(ctx context.Context, ev api.AuditEvent) error
+	// SetAuditOutcome changes the outcome of record seq.
+	SetAuditOutcome(ctx context.Context, seq int64, outcome string) error
+}
+
+// NewAuditCall starts the record of a call, which log writes if no change
+// of the call does.
+func NewAuditCall(ev api.AuditEvent, log AuditWriter) *AuditCall {
+	return &AuditCall{ev: ev, log: log}
+}
+
+type auditKey struct{}
+
+// WithAudit returns ctx carrying c.
+func WithAudit(ctx context.Context, c *AuditCall) context.Context {
+	return context.WithValue(ctx, auditKey{}, c)
+}
+
+// AuditFrom is the call record ctx carries, or nil.
+func AuditFrom(ctx context.Context) *AuditCall {
+	c, _ := ctx.Value(auditKey{}).(*AuditCall)
+	return c
+}
+
+// SetAction renames the call's action (a create that is a fork is
+// "sandbox.fork"); SetTarget names what it acts on (a create's new
+// sandbox). Both do nothing once the record is written, and on nil.
+func (c *AuditCall) SetAction(action string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seq == 0 && !c.closed {
+		c.ev.Action = action
+	}
+}
+
+// SetTarget: see SetAction.
+func (c *AuditCall) SetTarget(target string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seq == 0 && !c.closed {
+		c.ev.Target = target
+	}
+}
+
+// Attach runs write, a store's transaction that changes something, with
+// the record to write in it when the call has not written one yet (nil
+// otherwise). write returns the record's sequence number once it has
+// committed, or 0 when it wrote no record (it changed nothing). The call's
+// record is held while write runs, so two changes of one call never both
+// write it.
+func (c *AuditCall) Attach(write func(ev *api.AuditEvent) (int64, error)) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seq != 0 || c.closed {
+		_, err := write(nil)
+		return err
+	}
+	ev := c.ev
+	ev.Outcome = "ok"
+	seq, err := write(&ev)
+	if err == nil && seq != 0 {
+		c.seq = seq
+	}
+	return err
+}
+
+// Finish ends the call with its outcome ("ok" or an error code): it writes
+// the record when no change of the call wrote it, or sets its outcome when
+// one did and the call failed after it. Later changes of the call write
+// no record, and later Finishes do nothing. Nil does nothing.
+func (c *AuditCall) Finish(ctx context.Context, outcome string) error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.seq != 0 {
+		if outcome == "ok" {
+			return nil
+		}
+		return c.log.SetAuditOutcome(ctx, c.seq, outcome)
+	}
+	ev := c.ev
+	ev.Outcome = outcome
+	return c.log.AppendAudit(ctx, ev)
 }

@@ -133,6 +133,37 @@ CREATE TABLE console_sessions (
 	expires_at TEXT NOT NULL
 ) STRICT;
 `,
+	// 9: API keys (by the sha256 of their secret, never the secret) and
+	// the audit log. Both name an org: the daemon's own (--org) for every
+	// key and event until there are orgs of their own.
+	`
+CREATE TABLE api_keys (
+	id           TEXT NOT NULL PRIMARY KEY,
+	org          TEXT NOT NULL,
+	name         TEXT NOT NULL,
+	scope        TEXT NOT NULL,
+	labels       TEXT NOT NULL CHECK (json_valid(labels)),
+	hash         BLOB NOT NULL UNIQUE,
+	created_by   TEXT NOT NULL,
+	created_at   TEXT NOT NULL,
+	expires_at   TEXT,
+	last_used_at TEXT
+) STRICT;
+CREATE INDEX api_keys_by_org ON api_keys (org, created_at, id);
+
+CREATE TABLE audit (
+	seq     INTEGER NOT NULL PRIMARY KEY,
+	time    TEXT    NOT NULL,
+	org     TEXT    NOT NULL,
+	key     TEXT    NOT NULL,
+	action  TEXT    NOT NULL,
+	target  TEXT    NOT NULL,
+	outcome TEXT    NOT NULL,
+	client  TEXT    NOT NULL
+) STRICT;
+CREATE INDEX audit_by_time ON audit (time);
+CREATE INDEX audit_by_org ON audit (org, seq);
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -192,13 +192,62 @@ func (s *Store) Close() error {
 // filesystem has no room for fails as insufficient_storage, which the API
 // answers with 507 and its message, instead of an internal error: the
 // caller learns that freeing space in the data dir is the cure.
+//
+// When ctx carries an API call's audit record not yet written, the
+// statement and the record commit in one transaction (see store.AuditCall):
+// a change the store keeps is never missing from the audit log. A
+// statement that changes no row writes no record.
 func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	res, err := s.w.ExecContext(ctx, query, args...)
+	var res sql.Result
+	var err error
+	if call := store.AuditFrom(ctx); call != nil {
+		err = call.Attach(func(ev *api.AuditEvent) (int64, error) {
+			if ev == nil {
+				res, err = s.w.ExecContext(ctx, query, args...)
+				return 0, err
+			}
+			return s.execAudited(ctx, ev, &res, query, args)
+		})
+	} else {
+		res, err = s.w.ExecContext(ctx, query, args...)
+	}
+	return res, storageError(err)
+}
+
+// execAudited runs query and writes ev in one transaction; the record's
+// seq, or 0 when query changed nothing (and so no record was written).
+func (s *Store) execAudited(ctx context.Context, ev *api.AuditEvent, res *sql.Result, query string, args []any) (int64, error) {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	r, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	*res = r
+	if n, err := r.RowsAffected(); err != nil || n == 0 {
+		return 0, tx.Commit()
+	}
+	seq, err := insertAudit(ctx, tx, *ev)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return seq, nil
+}
+
+// storageError turns a write the filesystem had no room for into
+// insufficient_storage.
+func storageError(err error) error {
 	if sqliteCode(err)&0xff == sqlite3.SQLITE_FULL {
-		return nil, fmt.Errorf("%w: %w", api.Errorf(api.CodeInsufficientStorage,
+		return fmt.Errorf("%w: %w", api.Errorf(api.CodeInsufficientStorage,
 			"the data dir is full: the daemon cannot record the change in its database; free space in the data dir and try again"), err)
 	}
-	return res, err
+	return err
 }
 
 // sqliteCode is the extended result code of a SQLite error, or 0 for
