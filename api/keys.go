@@ -44,9 +44,9 @@ func (s Scope) Valid() bool { return s.rank() > 0 }
 func (s Scope) Includes(need Scope) bool { return s.Valid() && s.rank() >= need.rank() }
 
 // KeyPrefix starts every API key's secret, so that a secret found in a
-// log or a repository is recognisable as loam's (the admin token of
-// loam serve has none).
-const KeyPrefix = "loam_"
+// log or a repository is recognisable as a loam key (the admin token of
+// loam serve is loam_…, sandboxes' access tokens loam_at_…).
+const KeyPrefix = "loam_key_"
 
 // MaxKeyName is the longest a key's name may be, in bytes.
 const MaxKeyName = 128

@@ -517,9 +517,16 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	if err := atomicfile.WriteFile(filepath.Join(cfg.DataDir, "api_url"), []byte(d.URL+"\n"), 0o644); err != nil {
 		return err
 	}
+	// API keys and the audit log live in the store; the admin token is
+	// the operator's, and an admin of the daemon's org.
+	keys := auth.NewKeys(cfg.Org, d.Token, p.store, d.log)
+	d.runComponents(ctx,
+		component{"API keys", keys.Run},
+		component{"audit retention", (&audit.Retention{Store: p.store, Keep: cfg.AuditRetention, Log: d.log}).Run},
+	)
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
 	front := proxy.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, proxy.Config{
-		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, TLS: p.tls != nil,
+		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, Keys: keys, TLS: p.tls != nil,
 		BodyTimeout: cfg.WriteTimeout,
 	}, d.log)
 	// The web console shares the API's listener (not sandboxes' URLs,
@@ -529,13 +536,6 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
-	// API keys and the audit log live in the store; the admin token is
-	// the operator's, and an admin of the daemon's org.
-	keys := auth.NewKeys(cfg.Org, d.Token, p.store, d.log)
-	d.runComponents(ctx,
-		component{"API keys", keys.Run},
-		component{"audit retention", (&audit.Retention{Store: p.store, Keep: cfg.AuditRetention, Log: d.log}).Run},
-	)
 	apiServer := server.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
 		server.WithKeys(keys), server.WithAudit(p.store),
 		server.WithTemplates(p.catalog), server.WithImages(p.images, p.registries),

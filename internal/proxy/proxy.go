@@ -34,6 +34,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/sandbox"
 )
@@ -75,6 +76,10 @@ type Config struct {
 	Domain, Org string
 	// Token is the admin (API) token, which opens every sandbox's URL.
 	Token string
+	// Keys, when set, lets API keys open URLs too: a key of scope write
+	// or admin opens the URLs of the sandboxes its labels select (all of
+	// its org's when it has none). A read key opens none.
+	Keys Authenticator
 	// TLS is true when the listener serves TLS: the cookie is then Secure.
 	TLS bool
 	// BodyTimeout is how long a client may send nothing of a request body
@@ -281,7 +286,8 @@ const (
 // private one's with its access token or the API token, in the header, the
 // query (once) or the cookie.
 func (h *Handler) allow(r *http.Request, t sandbox.Target) verdict {
-	if q := r.URL.Query(); q.Has(TokenParam) && h.opens(q.Get(TokenParam), t) {
+	ctx := r.Context()
+	if q := r.URL.Query(); q.Has(TokenParam) && h.opens(ctx, q.Get(TokenParam), t) {
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
 			return redirect
 		}
@@ -290,28 +296,48 @@ func (h *Handler) allow(r *http.Request, t sandbox.Target) verdict {
 	if t.Public {
 		return allowed
 	}
-	if h.opens(r.Header.Get(TokenHeader), t) {
+	if h.opens(ctx, r.Header.Get(TokenHeader), t) {
 		return allowed
 	}
-	if bearer, ok := api.BearerToken(r.Header); ok && h.isAdmin(bearer) {
+	if bearer, ok := api.BearerToken(r.Header); ok && h.isOurs(bearer) && h.opens(ctx, bearer, t) {
 		return allowed
 	}
-	if c, err := r.Cookie(TokenCookie); err == nil && h.opens(c.Value, t) {
+	if c, err := r.Cookie(TokenCookie); err == nil && h.opens(ctx, c.Value, t) {
 		return allowed
 	}
 	return denied
 }
 
-// opens tells whether tok opens t's URL: its access token, or the API token.
-func (h *Handler) opens(tok string, t sandbox.Target) bool {
+// Authenticator finds who an API token belongs to (internal/auth.Keys).
+type Authenticator interface {
+	Authenticate(ctx context.Context, token string) (auth.Principal, error)
+}
+
+// opens tells whether tok opens t's URL: its access token, the API token,
+// or an API key that may (see Config.Keys).
+func (h *Handler) opens(ctx context.Context, tok string, t sandbox.Target) bool {
 	if tok == "" {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(tok), []byte(t.AccessToken)) == 1 || h.isAdmin(tok)
+	if subtle.ConstantTimeCompare([]byte(tok), []byte(t.AccessToken)) == 1 || h.isAdmin(tok) {
+		return true
+	}
+	if h.cfg.Keys == nil || !strings.HasPrefix(tok, api.KeyPrefix) {
+		return false
+	}
+	p, err := h.cfg.Keys.Authenticate(ctx, tok)
+	return err == nil && p.Allows(api.ScopeWrite) && p.Matches(t.Labels)
 }
 
 func (h *Handler) isAdmin(tok string) bool {
 	return h.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(h.cfg.Token)) == 1
+}
+
+// isOurs reports whether tok is a credential of loam's API (the admin
+// token, or anything shaped as an API key, valid or not): it never goes
+// on to the sandbox.
+func (h *Handler) isOurs(tok string) bool {
+	return h.isAdmin(tok) || strings.HasPrefix(tok, api.KeyPrefix)
 }
 
 // setCookie keeps the sandbox's access token (never the API token) in the
@@ -339,7 +365,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 // header that carries the API token (any other is the sandbox app's own).
 func (h *Handler) strip(r *http.Request) {
 	r.Header.Del(TokenHeader)
-	if bearer, ok := api.BearerToken(r.Header); ok && h.isAdmin(bearer) {
+	if bearer, ok := api.BearerToken(r.Header); ok && h.isOurs(bearer) {
 		r.Header.Del("Authorization")
 	}
 	if q := r.URL.Query(); q.Has(TokenParam) {

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/sandbox"
 )
@@ -356,5 +357,73 @@ func TestBodyDrainedByTheAnswer(t *testing.T) {
 				t.Fatalf("read %q, %v; want %q, %v", got, err, "a body", tc.wantErr)
 			}
 		})
+	}
+}
+
+// fakeKeys knows API keys by their secret.
+type fakeKeys map[string]auth.Principal
+
+func (f fakeKeys) Authenticate(ctx context.Context, token string) (auth.Principal, error) {
+	if p, ok := f[token]; ok {
+		return p, nil
+	}
+	return auth.Principal{}, auth.ErrWrongToken
+}
+
+// TestKeysOpenURLs: an API key of scope write opens the URLs of the
+// sandboxes its labels select; a read key, a key outside its labels and
+// an unknown key open none; no key reaches the sandbox.
+func TestKeysOpenURLs(t *testing.T) {
+	addr := backend(t)
+	targets := fakeTargets{
+		"red":  {ID: "sb-1", Name: "red", Addr: addr, AccessToken: "acc1", Labels: map[string]string{"team": "red"}},
+		"blue": {ID: "sb-2", Name: "blue", Addr: addr, AccessToken: "acc2", Labels: map[string]string{"team": "blue"}},
+	}
+	k := api.KeyPrefix
+	keys := fakeKeys{
+		k + "write": {Scope: api.ScopeWrite},
+		k + "read":  {Scope: api.ScopeRead},
+		k + "red":   {Scope: api.ScopeWrite, Labels: map[string]string{"team": "red"}},
+	}
+	front := httptest.NewServer(New(targets, Config{Domain: "localhost:7070", Org: "default", Token: "admin", Keys: keys}, slog.New(slog.DiscardHandler)).Mount(http.NotFoundHandler()))
+	defer front.Close()
+	for _, tc := range []struct {
+		host, how, key string
+		status         int
+	}{
+		{"red", "bearer", "write", 200},
+		{"red", "header", "write", 200},
+		{"red", "query", "write", 303},
+		{"red", "bearer", "read", 401},
+		{"red", "bearer", "nosuch", 401},
+		{"red", "bearer", "red", 200},
+		{"blue", "bearer", "red", 401},
+		{"blue", "query", "red", 401},
+	} {
+		req, _ := http.NewRequest("GET", front.URL+"/", nil)
+		req.Host = tc.host + "--default.localhost:7070"
+		switch tc.how {
+		case "bearer":
+			req.Header.Set("Authorization", "Bearer "+k+tc.key)
+		case "header":
+			req.Header.Set(TokenHeader, k+tc.key)
+		case "query":
+			req.URL.RawQuery = TokenParam + "=" + k + tc.key
+		}
+		c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s by %s with key %s: %d, want %d", tc.host, tc.how, tc.key, resp.StatusCode, tc.status)
+		}
+		if resp.StatusCode == 200 && resp.Header.Get("X-Auth") != "" {
+			t.Errorf("%s by %s with key %s: the sandbox saw %q", tc.host, tc.how, tc.key, resp.Header.Get("X-Auth"))
+		}
+		if c := resp.Header.Get("Set-Cookie"); c != "" && !strings.Contains(c, TokenCookie+"=acc1") {
+			t.Errorf("%s by %s with key %s: cookie %q, want the sandbox's access token", tc.host, tc.how, tc.key, c)
+		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
 	"loam.dev/loam/internal/agentconn"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
@@ -237,9 +238,14 @@ func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 }
 
 // lookup finds a sandbox by name or id, as a user's not_found when missing.
+// It is the one place a caller's reference to a sandbox is resolved, so a
+// caller whose key is limited by labels (auth.From) finds only the
+// sandboxes of its selector here: any other answers exactly as one that
+// does not exist.
 func (m *Manager) lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
 	sb, err := m.store.GetSandbox(ctx, ref)
-	if errors.Is(err, store.ErrNotFound) || err == nil && sb.Pool != "" {
+	p, limited := auth.From(ctx)
+	if errors.Is(err, store.ErrNotFound) || err == nil && sb.Pool != "" || err == nil && limited && !p.Matches(sb.Labels) {
 		// A warm pool's member is not a sandbox of the API's.
 		return nil, api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
 	}

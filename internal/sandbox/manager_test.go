@@ -15,6 +15,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agent"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/sandbox"
 )
@@ -400,5 +401,50 @@ func TestNothingPerSandboxOutlivesIt(t *testing.T) {
 	}
 	if n := e.m.Lives(); n != 0 {
 		t.Errorf("%d live objects (checkpoint locks, agent versions) left for deleted sandboxes", n)
+	}
+}
+
+// TestLabelLimitedLookup holds the one resolver of sandbox references to
+// the selector of a key limited by labels: a sandbox outside it answers
+// every call exactly as one that does not exist, and stays untouched.
+func TestLabelLimitedLookup(t *testing.T) {
+	e := newEnv(t)
+	red := e.create(api.CreateSandbox{Name: "red", Labels: map[string]string{"team": "red"}})
+	blue := e.create(api.CreateSandbox{Name: "blue", Labels: map[string]string{"team": "blue"}})
+	e.checkpoint("blue", false)
+	limited := auth.WithPrincipal(e.ctx, auth.Principal{Org: "default", Key: "key-test", Scope: api.ScopeWrite, Labels: map[string]string{"team": "red"}})
+
+	if got, err := e.m.Get(limited, "red"); err != nil || got.ID != red.ID {
+		t.Fatalf("Get(red) with a key for team=red: %+v, %v", got, err)
+	}
+	same := func(what string, err error, ref string) {
+		t.Helper()
+		_, none := e.m.Get(e.ctx, "nosuch")
+		want := strings.ReplaceAll(none.Error(), "nosuch", ref)
+		if !errors.Is(err, api.ErrNotFound) || err.Error() != want {
+			t.Errorf("%s: %v, want %q as for a sandbox that does not exist", what, err, want)
+		}
+	}
+	for _, ref := range []string{"blue", blue.ID} {
+		_, err := e.m.Get(limited, ref)
+		same("Get("+ref+")", err, ref)
+		_, err = e.m.Sleep(limited, ref)
+		same("Sleep("+ref+")", err, ref)
+		_, err = e.m.Update(limited, ref, api.UpdateSandbox{Labels: &map[string]string{"team": "red"}})
+		same("Update("+ref+")", err, ref)
+		_, err = e.cps.CreateCheckpoint(limited, ref, api.CreateCheckpoint{})
+		same("CreateCheckpoint("+ref+")", err, ref)
+		_, err = e.cps.ListCheckpoints(limited, ref)
+		same("ListCheckpoints("+ref+")", err, ref)
+		_, err = e.m.Create(limited, api.CreateSandbox{From: &api.ForkSource{Sandbox: ref, Checkpoint: "v1"}})
+		same("fork of "+ref, err, ref)
+		err = e.m.Delete(limited, ref)
+		same("Delete("+ref+")", err, ref)
+	}
+	if got, err := e.m.Get(e.ctx, "blue"); err != nil || got.State != api.StateRunning || got.Labels["team"] != "blue" {
+		t.Errorf("blue after the limited key's calls: %+v, %v; want it running and unchanged", got, err)
+	}
+	if cps, err := e.cps.ListCheckpoints(e.ctx, "blue"); err != nil || len(cps) != 1 {
+		t.Errorf("blue's checkpoints: %v, %v; want its one", cps, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"maps"
 	"net/netip"
 	"time"
 
@@ -33,6 +34,9 @@ type Target struct {
 	Public bool
 	// AccessToken opens the sandbox's URL when it is not public.
 	AccessToken string
+	// Labels are the sandbox's: an API key limited by labels opens the
+	// URLs of the sandboxes that have them.
+	Labels map[string]string
 	// Epoch counts the creates and restores this daemon has begun on the
 	// sandbox: a request that failed on one target may be sent again when
 	// a newer target has a larger Epoch (the machine it was sent to has
@@ -101,7 +105,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target
 			return Target{}, err
 		}
 		if admit != nil {
-			if err := admit(Target{ID: sb.ID, Name: sb.Name, Public: sb.Public, AccessToken: AccessToken(m.cfg.Secret, sb.ID)}); err != nil {
+			if err := admit(Target{ID: sb.ID, Name: sb.Name, Public: sb.Public, AccessToken: AccessToken(m.cfg.Secret, sb.ID), Labels: maps.Clone(sb.Labels)}); err != nil {
 				return Target{}, err
 			}
 			admit = nil
@@ -157,6 +161,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target
 			ID: sb.ID, Name: sb.Name,
 			Addr:        netip.AddrPortFrom(ep.SandboxIP, uint16(sb.HTTPPort)),
 			Public:      sb.Public,
+			Labels:      maps.Clone(sb.Labels),
 			AccessToken: AccessToken(m.cfg.Secret, sb.ID),
 			Epoch:       epoch,
 			Held:        held,

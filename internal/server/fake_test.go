@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/store"
 )
@@ -116,7 +117,12 @@ func (f fakeTemplates) Import(ctx context.Context, name string, r io.Reader) (*a
 var _ Templates = fakeTemplates{}
 
 func (f *fakeSandboxes) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
-	return &api.Sandbox{ID: "sb-000000000003", Name: req.Name, State: api.StateRunning}, nil
+	if req.From != nil {
+		if _, err := f.GetCheckpoint(ctx, req.From.Sandbox, req.From.Checkpoint); err != nil {
+			return nil, err
+		}
+	}
+	return &api.Sandbox{ID: "sb-000000000003", Name: req.Name, State: api.StateRunning, Labels: req.Labels}, nil
 }
 
 func (f *fakeSandboxes) List(ctx context.Context, labels map[string]string) ([]api.Sandbox, error) {
@@ -151,8 +157,11 @@ func (f *fakeSandboxes) lastFilter() map[string]string {
 func (f *fakeSandboxes) Get(ctx context.Context, ref string) (*api.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	p, limited := auth.From(ctx)
 	for _, sb := range f.sbs {
-		if sb.ID == ref || sb.Name == ref {
+		// As the sandbox manager's lookup: a key limited by labels finds
+		// only the sandboxes of its selector.
+		if (sb.ID == ref || sb.Name == ref) && (!limited || p.Matches(sb.Labels)) {
 			return &sb, nil
 		}
 	}
@@ -166,6 +175,16 @@ func (f *fakeSandboxes) Update(ctx context.Context, ref string, req api.UpdateSa
 	}
 	if req.Public != nil {
 		sb.Public = *req.Public
+	}
+	if req.Labels != nil {
+		sb.Labels = *req.Labels
+		f.mu.Lock()
+		for i := range f.sbs {
+			if f.sbs[i].ID == sb.ID {
+				f.sbs[i].Labels = sb.Labels
+			}
+		}
+		f.mu.Unlock()
 	}
 	return sb, nil
 }

@@ -72,8 +72,8 @@ func (sr *sandboxRoutes) createSandbox(w http.ResponseWriter, r *http.Request) e
 }
 
 // limitCreate gives a sandbox that a label-limited key makes the key's
-// labels, and refuses a fork of a sandbox outside its selector as if that
-// sandbox did not exist.
+// labels. (A fork of a sandbox outside its selector finds none, as the
+// sandbox manager resolves the source.)
 func (sr *sandboxRoutes) limitCreate(ctx context.Context, req *api.CreateSandbox) error {
 	p, ok := auth.From(ctx)
 	if !ok || !p.Limited() {
@@ -84,15 +84,6 @@ func (sr *sandboxRoutes) limitCreate(ctx context.Context, req *api.CreateSandbox
 		return err
 	}
 	req.Labels = labels
-	if req.From != nil && req.From.Sandbox != "" {
-		src, err := sr.sandboxes.Get(ctx, req.From.Sandbox)
-		if err != nil {
-			return err
-		}
-		if !p.Matches(src.Labels) {
-			return api.Errorf(api.CodeNotFound, "sandbox %q not found", req.From.Sandbox)
-		}
-	}
 	return nil
 }
 
