@@ -187,6 +187,7 @@ func (k *Keys) Create(ctx context.Context, by Principal, org string, req api.Cre
 	secret := api.KeyPrefix + randomString(40)
 	hash := sha256.Sum256([]byte(secret))
 	rec.Hash = hash[:]
+	store.AuditFrom(ctx).SetTarget("keys/" + rec.ID)
 	if err := k.store.CreateKey(ctx, rec); err != nil {
 		return nil, err
 	}

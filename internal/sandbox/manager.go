@@ -520,6 +520,10 @@ func (m *Manager) insert(ctx context.Context, sb *store.Sandbox) error {
 	}
 	defer delete(m.reserved, idx)
 	sb.NetIndex = idx
+	if sb.Pool == "" {
+		// The audit record of the call that makes it names it, id or name.
+		store.AuditFrom(ctx).SetTarget("sandboxes/" + sb.Name)
+	}
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return api.Errorf(api.CodeConflict, "name %q is in use", sb.Name)

@@ -34,7 +34,6 @@ func (kr *keyRoutes) createKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	store.AuditFrom(r.Context()).SetTarget("keys/" + k.ID)
 	w.Header().Set("Cache-Control", "no-store")
 	api.WriteJSON(w, http.StatusCreated, k)
 	return nil
