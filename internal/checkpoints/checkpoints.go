@@ -76,6 +76,12 @@ type Core interface {
 	// CheckpointNeed estimates the bytes a checkpoint of sb writes into
 	// the data dir; SpaceError is err as the API shows a full data dir.
 	CheckpointNeed(sb *store.Sandbox, memory bool) int64
+	// AdmitCheckpoint holds a checkpoint of sb to its org's quota, counted
+	// until release (call it once the checkpoint is stored or failed);
+	// AdmitStart holds sb, which does not run, to it before a restore
+	// runs it again, until release (call it when the restore has ended).
+	AdmitCheckpoint(ctx context.Context, sb *store.Sandbox, memory bool) (release func(), err error)
+	AdmitStart(ctx context.Context, sb *store.Sandbox) (release func(), err error)
 	SpaceError(err error, sb *store.Sandbox, what string) error
 
 	// Drain waits for the requests passed on through a sandbox's URL to
@@ -221,6 +227,11 @@ func (s *Service) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	if err := s.requireSpace(sb, memory); err != nil {
 		return nil, err
 	}
+	admitted, err := s.core.AdmitCheckpoint(ctx, sb, memory)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	cps, err := s.store.ListCheckpoints(ctx, sb.ID)
 	if err != nil {
 		return nil, fmt.Errorf("listing checkpoints of %s: %w", sb.ID, err)

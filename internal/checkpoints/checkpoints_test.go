@@ -46,6 +46,14 @@ type fakeCore struct {
 	lockedAt []int        // locked, at each RemoveCheckpoint
 }
 
+// AdmitCheckpoint and AdmitStart admit everything: quotas are the
+// core's, tested there.
+func (c *fakeCore) AdmitCheckpoint(context.Context, *store.Sandbox, bool) (func(), error) {
+	return func() {}, nil
+}
+
+func (c *fakeCore) AdmitStart(context.Context, *store.Sandbox) (func(), error) { return func() {}, nil }
+
 func (c *fakeCore) Lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
 	sb, err := c.st.GetSandbox(ctx, ref)
 	if errors.Is(err, store.ErrNotFound) {

@@ -39,6 +39,11 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	if err := sandbox.RequireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
 		return nil, err
 	}
+	admitted, err := s.core.AdmitStart(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	st := newSteps()
 	defer st.log(ctx, s.log, "restore steps", "sandbox", sb.ID, "checkpoint", cp.ID)
 	s.core.Drain(sb.ID)

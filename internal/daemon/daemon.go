@@ -314,6 +314,11 @@ func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
 	}
 	p.store = st
 	d.closers = append(d.closers, st.Close)
+	// The daemon's own org owns what an older data dir had (and, until
+	// there are others, everything made with the admin token).
+	if err := st.EnsureOrg(ctx, d.cfg.Org); err != nil {
+		return fmt.Errorf("opening store: %w", err)
+	}
 	if p.secrets, err = openSecrets(d.cfg.DataDir, st, d.log); err != nil {
 		return err
 	}
@@ -448,6 +453,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Secret:          p.secret,
 		Secrets:         p.secrets,
 		Images:          p.images,
+		Orgs:            p.store,
 		InsidePort:      network.DefaultInsidePort,
 		IdleMin:         cfg.IdleMin,
 		// Made before Inside, which serves them too.
@@ -539,7 +545,8 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	apiServer := server.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
 		server.WithKeys(keys), server.WithAudit(p.store),
 		server.WithTemplates(p.catalog), server.WithImages(p.images, p.registries),
-		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), server.WithPools(d.pools))
+		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), server.WithPools(d.pools),
+		server.WithOrgs(sandbox.NewOrgs(d.Manager)))
 	limits := d.connLimits()
 	connIdle := cfg.ConnIdleTimeout
 	if connIdle <= 0 {

@@ -399,6 +399,18 @@ func (m *Manager) sourceCheckpoint(ctx context.Context, from *api.ForkSource) (s
 	return src, cp, unlock, nil
 }
 
+// AdmitCheckpoint holds a checkpoint of sb to its org's quota (see
+// admission.checkpoint).
+func (c *CheckpointCore) AdmitCheckpoint(ctx context.Context, sb *store.Sandbox, memory bool) (func(), error) {
+	return c.m.admit.checkpoint(ctx, sb, memory)
+}
+
+// AdmitStart holds sb, about to run again, to its org's quota (see
+// admission.start).
+func (c *CheckpointCore) AdmitStart(ctx context.Context, sb *store.Sandbox) (func(), error) {
+	return c.m.admit.start(ctx, sb)
+}
+
 // NewRecord validates a create request and makes the record it asks for,
 // not stored yet (see Insert).
 func (c *CheckpointCore) NewRecord(ctx context.Context, req api.CreateSandbox) (*store.Sandbox, error) {

@@ -113,6 +113,10 @@ type Config struct {
 	// fails with api.CodeLimit; 0 is DefaultHeavyWait.
 	MaxHeavy  int
 	HeavyWait time.Duration
+	// Orgs keeps the orgs and their quotas, which every create, fork,
+	// wake, restore, checkpoint and pool member is admitted against (see
+	// admission); nil admits everything.
+	Orgs OrgStore
 }
 
 // Manager creates, runs and deletes sandboxes. It is safe for concurrent
@@ -163,6 +167,8 @@ type Manager struct {
 	// heavy and count hold the daemon's caps (caps.go).
 	heavy *heavyGate
 	count sandboxCount
+	// admit holds the orgs to their quotas (admission.go).
+	admit *admission
 }
 
 // New makes a Manager. Call Recover before serving requests.
@@ -193,6 +199,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		heavy:    newHeavyGate(cfg.MaxHeavy, cfg.HeavyWait),
 	}
 	m.agents = &agentLink{m: m}
+	m.admit = newAdmission(m, cfg.Orgs)
 	m.machine = &machine{m: m}
 	m.deaths = newDeaths(m)
 	// Before Inside: the in-sandbox API serves the capability too.
@@ -507,6 +514,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			Network:   policy,
 			CreatedAt: store.Now(),
 		},
+		Org: m.orgOf(ctx),
 	}, nil
 }
 
@@ -524,9 +532,15 @@ func (m *Manager) insert(ctx context.Context, sb *store.Sandbox) error {
 		// The audit record of the call that makes it names it, id or name.
 		store.AuditFrom(ctx).SetTarget("sandboxes/" + sb.Name)
 	}
-	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+	if sb.Org == "" {
+		sb.Org = m.orgOf(ctx)
+	}
+	if err := m.admit.insert(ctx, sb, func() error { return m.store.CreateSandbox(ctx, sb) }); err != nil {
+		var ae *api.Error
 		if errors.Is(err, store.ErrExists) {
 			return api.Errorf(api.CodeConflict, "name %q is in use", sb.Name)
+		} else if errors.As(err, &ae) {
+			return err // over the org's quota
 		}
 		return fmt.Errorf("storing sandbox %s: %w", sb.ID, err)
 	}

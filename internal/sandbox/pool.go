@@ -230,9 +230,12 @@ func (p *PoolCore) ClaimPoolMember(ctx context.Context, pool string, member, wan
 	}
 	defer end()
 	ctx = context.WithoutCancel(ctx)
-	if err := p.m.store.UpdateSandbox(ctx, &claimed); err != nil {
+	if err := p.m.admit.claim(ctx, &claimed, func() error { return p.m.store.UpdateSandbox(ctx, &claimed) }); err != nil {
+		var ae *api.Error
 		if errors.Is(err, store.ErrExists) {
 			return nil, false, api.Errorf(api.CodeConflict, "name %q is in use", claimed.Name)
+		} else if errors.As(err, &ae) {
+			return nil, false, err // over the org's quota: the member stays
 		}
 		p.m.log.Error("warm pool: claiming a member", "pool", pool, "sandbox", member.ID, "err", err)
 		p.DeletePoolMember(ctx, member)

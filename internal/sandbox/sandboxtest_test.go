@@ -315,6 +315,8 @@ func newEnvLimits(t testing.TB, limits checkpoint.Limits, edit ...func(*sandbox.
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
 		BootTimeout:     20 * time.Second,
 		Secret:          []byte("test secret"),
+		// As the daemon does: the orgs and their quotas in the store.
+		Orgs: st,
 		// As the daemon does: the sleep capability, made with the Manager.
 		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {
 			e.sleep = sleep.New(sandbox.NewIdleCore(m), e.st, sleep.Config{DataDir: dataDir}, testLogger())
@@ -323,6 +325,9 @@ func newEnvLimits(t testing.TB, limits checkpoint.Limits, edit ...func(*sandbox.
 	}
 	for _, f := range edit {
 		f(&cfg)
+	}
+	if err := st.EnsureOrg(ctx, cfg.Org); err != nil {
+		t.Fatal(err)
 	}
 	e = &env{
 		t: t, ctx: ctx, cfg: cfg,

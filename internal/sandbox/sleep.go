@@ -192,6 +192,11 @@ func (m *Manager) bootAgain(ctx context.Context, id string) (*api.Sandbox, error
 	if _, err := os.Stat(m.disks.VolumePath(sb.ID)); err != nil {
 		return nil, api.Errorf(api.CodeConflict, "sandbox %s has no disk to boot on (%s): restore a checkpoint", sb.Name, sb.Error)
 	}
+	admitted, err := m.admit.start(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	ctx = context.WithoutCancel(ctx)
 	_ = m.rt.Delete(ctx, sb.ID) // what is left of the container
 	if err := m.machine.boot(ctx, sb, opBoot, false); err != nil {
@@ -340,6 +345,11 @@ func (m *Manager) wakeOne(ctx context.Context, id string) error {
 	if sb.State != api.StateSleeping {
 		return nil
 	}
+	admitted, err := m.admit.start(ctx, sb)
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	leave, err := m.heavy.enter(ctx, "waking "+sb.Name)
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/auth"
+	"loam.dev/loam/internal/quota"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/store"
 )
@@ -44,7 +45,40 @@ func newFake() *fakeSandboxes {
 // (templates, images, registries, secrets) from fakes, the templates'
 // checkpoints from sbs.
 func fakeServices(sbs *fakeSandboxes) []Option {
-	return []Option{WithTemplates(fakeTemplates{sbs}), WithImages(fakeImages{}, fakeRegistries{}), WithSecrets(fakeSecrets{}), WithAudit(&fakeAudit{})}
+	return []Option{WithTemplates(fakeTemplates{sbs}), WithImages(fakeImages{}, fakeRegistries{}), WithSecrets(fakeSecrets{}), WithAudit(&fakeAudit{}), WithOrgs(&fakeOrgs{})}
+}
+
+// fakeOrgs is the daemon's one org, DefaultOrg, and its quota, in memory.
+type fakeOrgs struct {
+	mu    sync.Mutex
+	quota api.Quota
+}
+
+func (f *fakeOrgs) Get(ctx context.Context, org string) (*api.Org, error) {
+	if org != DefaultOrg {
+		return nil, api.Errorf(api.CodeNotFound, "org %q not found", org)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &api.Org{Name: org, Quota: f.quota}, nil
+}
+
+func (f *fakeOrgs) List(ctx context.Context) ([]api.Org, error) {
+	o, _ := f.Get(ctx, DefaultOrg)
+	return []api.Org{*o}, nil
+}
+
+func (f *fakeOrgs) SetQuota(ctx context.Context, org string, q api.Quota) (*api.Org, error) {
+	if err := quota.Validate(q); err != nil {
+		return nil, err
+	}
+	if _, err := f.Get(ctx, org); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.quota = q
+	f.mu.Unlock()
+	return f.Get(ctx, org)
 }
 
 // fakeAudit keeps audit records in memory, as the SQLite store keeps them

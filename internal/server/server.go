@@ -62,6 +62,8 @@ type Server struct {
 	browsers BrowserSessions
 	// warmPools, when set, serves the warm pools' routes (see Pools).
 	warmPools Pools
+	// orgs, when set, serves the orgs' routes (see Orgs).
+	orgs Orgs
 }
 
 // BrowserSessions authorizes API calls that a browser makes with a session
@@ -170,6 +172,13 @@ func (s *Server) routes() {
 		s.table = append(s.table, rt)
 		s.handle(pattern, s.auth(rt, h))
 	}
+	// The operator's routes (orgs and their quotas) take the admin token
+	// of loam serve alone: no key of an org's, whatever its scope.
+	operator := func(pattern string, need api.Scope, action string, h func(http.ResponseWriter, *http.Request) error) {
+		rt := route{Pattern: pattern, Scope: need, Action: action, Operator: true}
+		s.table = append(s.table, rt)
+		s.handle(pattern, s.auth(rt, h))
+	}
 	// Each capability's routes are a type of their own, holding only the
 	// services they use; the Server keeps what they share (the mux, auth,
 	// error answers).
@@ -181,6 +190,7 @@ func (s *Server) routes() {
 	(&imageRoutes{images: s.images, registries: s.registries}).register(v1)
 	(&poolRoutes{warmPools: s.warmPools}).register(v1)
 	(&keyRoutes{keys: s.keys, audit: s.audit}).register(v1)
+	(&orgRoutes{orgs: s.orgs}).register(v1, operator)
 }
 
 // addRoute registers an API handler for a pattern ("METHOD /path"), the
@@ -376,6 +386,9 @@ type route struct {
 	Pattern string
 	Scope   api.Scope
 	Action  string
+	// Operator is set for the routes only the operator may call (the
+	// admin token of loam serve): orgs and their quotas.
+	Operator bool
 }
 
 // auth finds who makes the call and whether they may, then runs h with the
@@ -423,6 +436,9 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 // allow refuses a call p may not make: one that needs more than p's scope,
 // or, for a key limited by labels, a change to the whole org.
 func (s *Server) allow(p auth.Principal, rt route, orgWide bool) error {
+	if rt.Operator && !p.Operator {
+		return api.Errorf(api.CodeForbidden, "%s is the operator's: it needs the admin token of loam serve, not an org's key", rt.Pattern)
+	}
 	if !p.Allows(rt.Scope) {
 		return api.Errorf(api.CodeForbidden, "%s needs a key of scope %s; this key's scope is %s", rt.Pattern, rt.Scope, p.Scope)
 	}

@@ -53,6 +53,8 @@ type Sandbox struct {
 	// are stored so that every step of making and deleting them is the
 	// same as a sandbox's, but the API never shows them.
 	Pool string
+	// Org is the org that owns the sandbox, whose quota it counts against.
+	Org string
 }
 
 // Checkpoint is the stored record of a checkpoint. Its data parts (memory
@@ -165,6 +167,15 @@ type Image struct {
 type Key struct {
 	api.Key
 	Hash []byte
+}
+
+// Org is the stored record of an org: its name and quota. Stores that
+// keep orgs (store/sqlite) have the methods of sandbox.OrgStore; they are
+// not part of Store, since only the orgs' admission uses them.
+type Org struct {
+	Name      string
+	Quota     api.Quota
+	CreatedAt time.Time
 }
 
 // AuditFilter narrows ListAudit: events of Org ("" for all orgs) after

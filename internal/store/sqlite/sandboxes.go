@@ -16,7 +16,7 @@ import (
 
 const sandboxColumns = `id, name, state, template, image, resources, env, labels, idle,
 	http_port, url, from_source, created_at, net_index, agent_token,
-	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool`
+	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool, org`
 
 // CreateSandbox adds sb; store.ErrExists if its id or name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
@@ -27,7 +27,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES (:id, :name, :state, :template, :image, :resources, :env, :labels, :idle,
 			:http_port, :url, :from_source, :created_at, :net_index, :agent_token,
-			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target, :secrets, :secret_files, :public, :network, :pool)`, args...)
+			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target, :secrets, :secret_files, :public, :network, :pool, :org)`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("creating sandbox %s named %q: %w", sb.ID, sb.Name, store.ErrExists)
 	}
@@ -109,7 +109,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		checkpoint_seq = :checkpoint_seq, auto_seq = :auto_seq, error = :error,
 		agent_gen = :agent_gen, restore_target = :restore_target,
 		secrets = :secrets, secret_files = :secret_files, public = :public, network = :network,
-		pool = :pool
+		pool = :pool, org = :org
 		WHERE id = :id`, args...)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s to name %q: %w", sb.ID, sb.Name, store.ErrExists)
@@ -198,6 +198,7 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	return []any{
 		sql.Named("network", string(network)),
 		sql.Named("pool", sb.Pool),
+		sql.Named("org", sb.Org),
 		sql.Named("id", sb.ID),
 		sql.Named("name", sb.Name),
 		sql.Named("state", string(sb.State)),
@@ -236,7 +237,7 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 	)
 	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &resources, &env, &labels,
 		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &created, &sb.NetIndex, &sb.LegacyAgentToken,
-		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &secrets, &secretFiles, &sb.Public, &network, &sb.Pool)
+		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &secrets, &secretFiles, &sb.Public, &network, &sb.Pool, &sb.Org)
 	if err != nil {
 		return nil, err
 	}

@@ -164,6 +164,19 @@ CREATE TABLE audit (
 CREATE INDEX audit_by_time ON audit (time);
 CREATE INDEX audit_by_org ON audit (org, seq);
 `,
+	// 10: orgs with their quotas (api.Quota as JSON), and the org that
+	// owns each sandbox. The sandboxes of older versions have none (''):
+	// the daemon gives them its own org (--org) when it starts
+	// (EnsureOrg), which it cannot name here.
+	`
+CREATE TABLE orgs (
+	name       TEXT NOT NULL PRIMARY KEY,
+	quota      TEXT NOT NULL CHECK (json_valid(quota)),
+	created_at TEXT NOT NULL
+) STRICT;
+ALTER TABLE sandboxes ADD COLUMN org TEXT NOT NULL DEFAULT '';
+CREATE INDEX sandboxes_by_org ON sandboxes (org);
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -1,0 +1,293 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
+	"loam.dev/loam/internal/quota"
+	"loam.dev/loam/internal/store"
+)
+
+// OrgStore keeps the orgs and their quotas (store/sqlite has it).
+type OrgStore interface {
+	// EnsureOrg makes an org if there is none by that name, and gives it
+	// the sandboxes that have no org (those of an older data dir).
+	EnsureOrg(ctx context.Context, org string) error
+	GetOrg(ctx context.Context, name string) (*store.Org, error)
+	ListOrgs(ctx context.Context) ([]*store.Org, error)
+	// SetQuota replaces an org's quota; store.ErrNotFound for none.
+	SetQuota(ctx context.Context, org string, q api.Quota) error
+	// CheckpointUse counts the checkpoints of an org's sandboxes and the
+	// memory (MiB) their memory checkpoints were taken of.
+	CheckpointUse(ctx context.Context, org string) (count, memoryMiB int, err error)
+}
+
+// admission holds every org to its quota (Config.Orgs). Each check and
+// the change it admits are ordered by mu, so that racing calls at a
+// quota's edge are let in one at a time against what the others made:
+//   - a new record (a create, a fork, a pool's member) is checked and
+//     stored under mu (insert), so the next check counts it;
+//   - a warm pool's member handed to a create is checked and turned into
+//     the user's sandbox under mu (claim);
+//   - a sandbox that starts to run again (wake, boot, restore) is checked
+//     and counted as running (starting) from then until its operation
+//     ends, whatever its record says meanwhile;
+//   - a checkpoint is checked and counted (taking) until its record is
+//     stored or it fails; for that short while after its record is
+//     stored it counts twice, which can only refuse, never let too many
+//     in.
+//
+// An admission with no store (no Config.Orgs) lets everything through.
+type admission struct {
+	m     *Manager
+	store OrgStore
+
+	mu       sync.Mutex
+	starting map[string]bool
+	// taking is what the checkpoints being taken add, per org.
+	taking map[string]api.OrgUse
+}
+
+func newAdmission(m *Manager, st OrgStore) *admission {
+	return &admission{m: m, store: st, starting: map[string]bool{}, taking: map[string]api.OrgUse{}}
+}
+
+// orgOf is the org a call of ctx makes things in: its caller's, or the
+// daemon's own for the daemon's own work (warm pools, recovery).
+func (m *Manager) orgOf(ctx context.Context) string {
+	if p, ok := auth.From(ctx); ok && p.Org != "" {
+		return p.Org
+	}
+	return m.cfg.Org
+}
+
+// runs reports whether a sandbox in state s counts as running for a quota.
+func runs(s api.State) bool {
+	return s == api.StateCreating || s == api.StateRunning || s == api.StateRestoring
+}
+
+// running is what sb adds to its org's running use.
+func running(sb *store.Sandbox) api.OrgUse {
+	return api.OrgUse{Sandboxes: 1, MemoryMiB: sb.Resources.MemoryMiB, CPUs: sb.Resources.CPUs}
+}
+
+// use is what org uses now. The caller holds a.mu.
+func (a *admission) use(ctx context.Context, org string) (api.OrgUse, error) {
+	var u api.OrgUse
+	sbs, err := a.m.store.ListSandboxes(ctx, store.Filter{})
+	if err != nil {
+		return u, fmt.Errorf("counting the use of org %s: %w", org, err)
+	}
+	for _, sb := range sbs {
+		if sb.Org != org {
+			continue
+		}
+		if sb.Pool != "" {
+			u.PoolMembers++
+			continue
+		}
+		u.DiskMiB += sb.Resources.DiskMiB
+		if runs(sb.State) || a.starting[sb.ID] {
+			u = u.Add(running(sb))
+		}
+	}
+	n, mem, err := a.store.CheckpointUse(ctx, org)
+	if err != nil {
+		return u, fmt.Errorf("counting the use of org %s: %w", org, err)
+	}
+	u.Checkpoints += n
+	u.DiskMiB += mem
+	return u.Add(a.taking[org]), nil
+}
+
+// check refuses add to org's use when its quota does not allow it. The
+// caller holds a.mu.
+func (a *admission) check(ctx context.Context, org string, add api.OrgUse) error {
+	rec, err := a.store.GetOrg(ctx, org)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil // an org that has no record has no quota
+	}
+	if err != nil {
+		return fmt.Errorf("reading the quota of org %s: %w", org, err)
+	}
+	if rec.Quota == (api.Quota{}) {
+		return nil
+	}
+	use, err := a.use(ctx, org)
+	if err != nil {
+		return err
+	}
+	return quota.Check(org, rec.Quota, use, add)
+}
+
+// insert checks what new record sb adds to its org, and runs write (which
+// stores it) if it fits, both under a.mu.
+func (a *admission) insert(ctx context.Context, sb *store.Sandbox, write func() error) error {
+	if a.store == nil {
+		return write()
+	}
+	add := api.OrgUse{PoolMembers: 1}
+	if sb.Pool == "" {
+		add = running(sb)
+		add.DiskMiB = sb.Resources.DiskMiB
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(ctx, sb.Org, add); err != nil {
+		return err
+	}
+	return write()
+}
+
+// claim checks what turning a warm pool's member into want adds (a
+// running sandbox, one member fewer), and runs write (which stores want)
+// if it fits, both under a.mu.
+func (a *admission) claim(ctx context.Context, want *store.Sandbox, write func() error) error {
+	if a.store == nil {
+		return write()
+	}
+	add := running(want)
+	add.DiskMiB, add.PoolMembers = want.Resources.DiskMiB, -1
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(ctx, want.Org, add); err != nil {
+		return err
+	}
+	return write()
+}
+
+// start admits sb, which does not run, to run again (a wake, a boot on
+// its disk, a restore): it counts as running until release, which the
+// caller calls once its operation has ended (its record then says).
+func (a *admission) start(ctx context.Context, sb *store.Sandbox) (release func(), err error) {
+	if a.store == nil || runs(sb.State) {
+		return func() {}, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(ctx, sb.Org, running(sb)); err != nil {
+		return nil, err
+	}
+	a.starting[sb.ID] = true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			delete(a.starting, sb.ID)
+			a.mu.Unlock()
+		})
+	}, nil
+}
+
+// checkpoint admits a checkpoint of sb, counted until release: call it
+// once its record is stored, or it failed.
+func (a *admission) checkpoint(ctx context.Context, sb *store.Sandbox, memory bool) (release func(), err error) {
+	if a.store == nil {
+		return func() {}, nil
+	}
+	add := api.OrgUse{Checkpoints: 1}
+	if memory {
+		add.DiskMiB = sb.Resources.MemoryMiB
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.check(ctx, sb.Org, add); err != nil {
+		return nil, err
+	}
+	a.taking[sb.Org] = a.taking[sb.Org].Add(add)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			left := a.taking[sb.Org]
+			left.Checkpoints -= add.Checkpoints
+			left.DiskMiB -= add.DiskMiB
+			if left == (api.OrgUse{}) {
+				delete(a.taking, sb.Org)
+			} else {
+				a.taking[sb.Org] = left
+			}
+		})
+	}, nil
+}
+
+// Orgs serves the orgs' records and their use (GET /v1/org, GET
+// /v1/orgs, PUT /v1/orgs/{org}/quota). Make it with NewOrgs.
+type Orgs struct{ a *admission }
+
+// NewOrgs makes the orgs' service of m. Without Config.Orgs its calls
+// answer unavailable.
+func NewOrgs(m *Manager) *Orgs { return &Orgs{a: m.admit} }
+
+var errNoOrgs = api.Errorf(api.CodeUnavailable, "this daemon keeps no orgs")
+
+// Get is org with its quota and what it uses now; not_found if none.
+func (o *Orgs) Get(ctx context.Context, org string) (*api.Org, error) {
+	if o.a.store == nil {
+		return nil, errNoOrgs
+	}
+	rec, err := o.a.store.GetOrg(ctx, org)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, api.Errorf(api.CodeNotFound, "org %q not found", org)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return o.view(ctx, rec)
+}
+
+// List lists the orgs by name, each with its quota and use.
+func (o *Orgs) List(ctx context.Context) ([]api.Org, error) {
+	if o.a.store == nil {
+		return nil, errNoOrgs
+	}
+	recs, err := o.a.store.ListOrgs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Org, 0, len(recs))
+	for _, rec := range recs {
+		v, err := o.view(ctx, rec)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *v)
+	}
+	return out, nil
+}
+
+// SetQuota replaces org's quota. A quota below what the org uses now is
+// taken: nothing running stops, but nothing more is admitted until the
+// use is under it.
+func (o *Orgs) SetQuota(ctx context.Context, org string, q api.Quota) (*api.Org, error) {
+	if o.a.store == nil {
+		return nil, errNoOrgs
+	}
+	if err := quota.Validate(q); err != nil {
+		return nil, err
+	}
+	store.AuditFrom(ctx).SetTarget("orgs/" + org + "/quota")
+	err := o.a.store.SetQuota(ctx, org, q)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, api.Errorf(api.CodeNotFound, "org %q not found", org)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return o.Get(ctx, org)
+}
+
+func (o *Orgs) view(ctx context.Context, rec *store.Org) (*api.Org, error) {
+	o.a.mu.Lock()
+	use, err := o.a.use(ctx, rec.Name)
+	o.a.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return &api.Org{Name: rec.Name, Quota: rec.Quota, Use: use, CreatedAt: rec.CreatedAt}, nil
+}

@@ -1,0 +1,117 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+// EnsureOrg makes org if there is none by that name (with no quota), and
+// gives it every sandbox that has no org yet: those of a data dir older
+// than orgs, which belong to the daemon's own org.
+func (s *Store) EnsureOrg(ctx context.Context, org string) error {
+	created, err := formatTime(store.Now())
+	if err != nil {
+		return err
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("making org %s: %w", org, storageError(err))
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO orgs (name, quota, created_at) VALUES (?, '{}', ?) ON CONFLICT (name) DO NOTHING`, org, created); err != nil {
+		return fmt.Errorf("making org %s: %w", org, storageError(err))
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET org = ? WHERE org = ''`, org); err != nil {
+		return fmt.Errorf("giving org %s its sandboxes: %w", org, storageError(err))
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("making org %s: %w", org, storageError(err))
+	}
+	return nil
+}
+
+// GetOrg finds an org by name; store.ErrNotFound if none.
+func (s *Store) GetOrg(ctx context.Context, name string) (*store.Org, error) {
+	o, err := scanOrg(s.r.QueryRowContext(ctx, `SELECT name, quota, created_at FROM orgs WHERE name = ?`, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("getting org %s: %w", name, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting org %s: %w", name, err)
+	}
+	return o, nil
+}
+
+// ListOrgs lists the orgs by name.
+func (s *Store) ListOrgs(ctx context.Context) ([]*store.Org, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT name, quota, created_at FROM orgs ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("listing orgs: %w", err)
+	}
+	defer rows.Close()
+	out := []*store.Org{}
+	for rows.Next() {
+		o, err := scanOrg(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing orgs: %w", err)
+		}
+		out = append(out, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing orgs: %w", err)
+	}
+	return out, nil
+}
+
+// SetQuota replaces org's quota; store.ErrNotFound if there is no such
+// org. The call's audit record is written with it.
+func (s *Store) SetQuota(ctx context.Context, org string, q api.Quota) error {
+	b, err := json.Marshal(q)
+	if err != nil {
+		return fmt.Errorf("setting the quota of %s: %w", org, err)
+	}
+	res, err := s.exec(ctx, `UPDATE orgs SET quota = ? WHERE name = ?`, string(b), org)
+	if err != nil {
+		return fmt.Errorf("setting the quota of %s: %w", org, err)
+	}
+	if err := oneRow(res); err != nil {
+		return fmt.Errorf("setting the quota of %s: %w", org, err)
+	}
+	return nil
+}
+
+// CheckpointUse is how many checkpoints the sandboxes of org have, and
+// the memory (MiB) their memory checkpoints' images were taken of.
+func (s *Store) CheckpointUse(ctx context.Context, org string) (count, memoryMiB int, err error) {
+	err = s.r.QueryRowContext(ctx, `SELECT count(*),
+		coalesce(sum(CASE WHEN c.memory THEN coalesce(json_extract(c.resources, '$.memory_mib'), 0) ELSE 0 END), 0)
+		FROM checkpoints c JOIN sandboxes s ON s.id = c.sandbox_id WHERE s.org = ?`, org).Scan(&count, &memoryMiB)
+	if err != nil {
+		return 0, 0, fmt.Errorf("counting the checkpoints of %s: %w", org, err)
+	}
+	return count, memoryMiB, nil
+}
+
+func scanOrg(row scanner) (*store.Org, error) {
+	var (
+		o              store.Org
+		quota, created string
+	)
+	if err := row.Scan(&o.Name, &quota, &created); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(quota), &o.Quota); err != nil {
+		return nil, fmt.Errorf("decoding the quota of org %s: %w", o.Name, err)
+	}
+	var err error
+	if o.CreatedAt, err = parseTime(created); err != nil {
+		return nil, fmt.Errorf("decoding created_at of org %s: %w", o.Name, err)
+	}
+	return &o, nil
+}
