@@ -305,6 +305,18 @@ var routeCalls = []routeCall{
 	{"DELETE /v1/registries/{registry}", "LogoutRegistry", nil, func(ctx context.Context, c *client.Client) error {
 		return c.LogoutRegistry(ctx, "localhost:5000")
 	}},
+	{"GET /v1/org", "Org", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.Org(ctx)
+		return err
+	}},
+	{"GET /v1/orgs", "ListOrgs", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ListOrgs(ctx)
+		return err
+	}},
+	{"PUT /v1/orgs/{org}/quota", "SetQuota", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.SetQuota(ctx, "docs", api.Quota{})
+		return err
+	}},
 	{"GET /v1/secrets", "ListSecrets", nil, func(ctx context.Context, c *client.Client) error {
 		_, err := c.ListSecrets(ctx)
 		return err

@@ -104,6 +104,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		templates   = &templateCommands{a}
 		images      = &imageCommands{a}
 		secrets     = &secretCommands{a}
+		orgs        = &orgCommands{a}
 	)
 	root.AddCommand(
 		sandboxes.createCmd(),
@@ -133,6 +134,8 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		images.imageCmd(),
 		sandboxes.urlCmd(),
 		sandboxes.networkCmd(),
+		orgs.orgCmd(),
+		orgs.orgsCmd(),
 		a.benchCmd(),
 		a.mcpCmd(),
 		a.versionCmd(),
