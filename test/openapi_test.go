@@ -174,9 +174,32 @@ func TestOpenAPIConformance(t *testing.T) {
 	t.Run("checkpoints", func(t *testing.T) { w.t = t; walkCheckpoints(ctx, w) })
 	t.Run("images", func(t *testing.T) { w.t = t; walkImages(w) })
 	t.Run("templates", func(t *testing.T) { w.t = t; walkTemplates(w) })
+	t.Run("orgs", func(t *testing.T) { w.t = t; walkOrgs(w) })
 	t.Run("cleanup", func(t *testing.T) { w.t = t; walkCleanup(w) })
 	t.Run("unauthorized", func(t *testing.T) { w.t = t; walkUnauthorized(w) })
 	w.c.finish(t)
+}
+
+// walkOrgs reads the caller's org and the operator's list, and sets the
+// quota with every field, then none.
+func walkOrgs(w *walker) {
+	var o api.Org
+	w.json(req{route: "GET /v1/org", path: "/v1/org"}, 200, &o)
+	if o.Name != "default" {
+		w.t.Errorf("GET /v1/org: %+v, want the default org", o)
+	}
+	w.call(req{route: "GET /v1/orgs", path: "/v1/orgs"}, 200)
+	quota := req{route: "PUT /v1/orgs/{org}/quota", path: "/v1/orgs/default/quota"}
+	quota.body = `{"sandboxes":100,"memory_mib":1048576,"cpus":64,"disk_mib":1048576,"checkpoints":1000,"pool_members":100}`
+	w.json(quota, 200, &o)
+	if o.Quota.Sandboxes == nil || *o.Quota.Sandboxes != 100 {
+		w.t.Errorf("PUT quota: %+v", o)
+	}
+	quota.body = `{"sandboxes":-1}`
+	w.errorCode(quota, api.CodeInvalid)
+	quota.body = `{}`
+	w.call(quota, 200)
+	w.errorCode(req{route: "PUT /v1/orgs/{org}/quota", path: "/v1/orgs/nosuch/quota", body: `{}`}, api.CodeNotFound)
 }
 
 func walkDaemon(w *walker) {
@@ -773,7 +796,7 @@ func walkCleanup(w *walker) {
 // be refused before anything reads it.
 var paramValue = strings.NewReplacer("{sandbox}", "scratch", "{checkpoint}", "v1", "{session}", "s-abc",
 	"{service}", "web", "{port}", "8080", "{name}", "api-key", "{image}", "im-0123456789ab", "{registry}", "localhost:5000",
-	"{template}", "scratch-tpl")
+	"{template}", "scratch-tpl", "{org}", "default")
 
 // walkUnauthorized sends every route of the server without a token, and
 // with a wrong one: each /v1 route but the document refuses it with 401.
