@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
@@ -304,6 +305,21 @@ var routeCalls = []routeCall{
 	}},
 	{"DELETE /v1/registries/{registry}", "LogoutRegistry", nil, func(ctx context.Context, c *client.Client) error {
 		return c.LogoutRegistry(ctx, "localhost:5000")
+	}},
+	{"POST /v1/keys", "CreateKey", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.CreateKey(ctx, api.CreateKey{Name: "ci", Scope: api.ScopeRead, ExpiresIn: "30d", Labels: map[string]string{"owner": "agent"}})
+		return err
+	}},
+	{"GET /v1/keys", "ListKeys", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ListKeys(ctx)
+		return err
+	}},
+	{"DELETE /v1/keys/{key}", "RevokeKey", nil, func(ctx context.Context, c *client.Client) error {
+		return c.RevokeKey(ctx, "key-0123456789ab")
+	}},
+	{"GET /v1/audit", "Audit", url.Values{"since": {"2026-12-05T10:00:00Z"}, "since_seq": {"7"}, "action": {"sandbox.create"}, "org": {"docs"}, "limit": {"50"}}, func(ctx context.Context, c *client.Client) error {
+		_, err := c.Audit(ctx, client.AuditOptions{Since: time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC), SinceSeq: 7, Action: "sandbox.create", Org: "docs", Limit: 50})
+		return err
 	}},
 	{"GET /v1/org", "Org", nil, func(ctx context.Context, c *client.Client) error {
 		_, err := c.Org(ctx)

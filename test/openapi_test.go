@@ -174,10 +174,42 @@ func TestOpenAPIConformance(t *testing.T) {
 	t.Run("checkpoints", func(t *testing.T) { w.t = t; walkCheckpoints(ctx, w) })
 	t.Run("images", func(t *testing.T) { w.t = t; walkImages(w) })
 	t.Run("templates", func(t *testing.T) { w.t = t; walkTemplates(w) })
+	t.Run("keys", func(t *testing.T) { w.t = t; walkKeys(w) })
 	t.Run("orgs", func(t *testing.T) { w.t = t; walkOrgs(w) })
 	t.Run("cleanup", func(t *testing.T) { w.t = t; walkCleanup(w) })
 	t.Run("unauthorized", func(t *testing.T) { w.t = t; walkUnauthorized(w) })
 	w.c.finish(t)
+}
+
+// walkKeys makes a key with labels and an expiry, uses it, lists the
+// keys, reads the audit log with its filters, and revokes the key.
+func walkKeys(w *walker) {
+	var k api.Key
+	w.json(req{route: "POST /v1/keys", path: "/v1/keys", body: `{"name":"walk","scope":"read","expires_in":"1h","labels":{"owner":"walk"}}`}, 201, &k)
+	if k.Secret == "" || k.ExpiresAt == nil {
+		w.t.Fatalf("POST /v1/keys: %+v", k)
+	}
+	w.errorCode(req{route: "POST /v1/keys", path: "/v1/keys", body: `{"name":"walk","scope":"root"}`}, api.CodeInvalid)
+	hr, _ := http.NewRequest("GET", w.d.URL+"/v1/sandboxes", nil)
+	hr.Header.Set("Authorization", "Bearer "+k.Secret)
+	if resp, err := http.DefaultClient.Do(hr); err != nil || resp.StatusCode != 200 {
+		w.t.Fatalf("a call with the new key: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	var list api.KeyList
+	w.json(req{route: "GET /v1/keys", path: "/v1/keys"}, 200, &list)
+	if len(list.Keys) == 0 || list.Keys[len(list.Keys)-1].LastUsedAt == nil {
+		w.t.Errorf("GET /v1/keys: %+v, want the key with its last use", list)
+	}
+	var log api.AuditList
+	w.json(req{route: "GET /v1/audit", path: "/v1/audit?since=1h&since_seq=0&action=key.create&org=default&limit=10"}, 200, &log)
+	if len(log.Events) == 0 || log.Events[0].Action != "key.create" {
+		w.t.Errorf("GET /v1/audit: %+v, want the key's creation", log)
+	}
+	w.errorCode(req{route: "GET /v1/audit", path: "/v1/audit?since=yesterday"}, api.CodeInvalid)
+	w.call(req{route: "DELETE /v1/keys/{key}", path: "/v1/keys/" + k.ID}, 204)
+	w.errorCode(req{route: "DELETE /v1/keys/{key}", path: "/v1/keys/" + k.ID}, api.CodeNotFound)
 }
 
 // walkOrgs reads the caller's org and the operator's list, and sets the
@@ -796,7 +828,7 @@ func walkCleanup(w *walker) {
 // be refused before anything reads it.
 var paramValue = strings.NewReplacer("{sandbox}", "scratch", "{checkpoint}", "v1", "{session}", "s-abc",
 	"{service}", "web", "{port}", "8080", "{name}", "api-key", "{image}", "im-0123456789ab", "{registry}", "localhost:5000",
-	"{template}", "scratch-tpl", "{org}", "default")
+	"{template}", "scratch-tpl", "{org}", "default", "{key}", "key-0123456789ab")
 
 // walkUnauthorized sends every route of the server without a token, and
 // with a wrong one: each /v1 route but the document refuses it with 401.

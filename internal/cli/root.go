@@ -105,6 +105,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		images      = &imageCommands{a}
 		secrets     = &secretCommands{a}
 		orgs        = &orgCommands{a}
+		keys        = &keyCommands{a}
 	)
 	root.AddCommand(
 		sandboxes.createCmd(),
@@ -136,6 +137,8 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		sandboxes.networkCmd(),
 		orgs.orgCmd(),
 		orgs.orgsCmd(),
+		keys.keysCmd(),
+		keys.auditCmd(),
 		a.benchCmd(),
 		a.mcpCmd(),
 		a.versionCmd(),

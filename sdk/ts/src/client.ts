@@ -18,6 +18,11 @@ import type {
   PortEvent,
   SandboxInfo,
   Secret,
+  Org,
+  Quota,
+  CreateKey,
+  Key,
+  AuditEvent,
   Service,
   ServiceStatus,
   Session,
@@ -302,6 +307,55 @@ export class Loam {
   /** logoutRegistry forgets a registry's credentials. */
   async logoutRegistry(registry: string, opts?: CallOptions): Promise<void> {
     await this.t.json('DELETE', `/v1/registries/${seg('registry', registry)}`, opts)
+  }
+
+  /** createKey makes an API key of the caller's org; its secret is in this answer alone. */
+  createKey(req: CreateKey, opts?: CallOptions): Promise<Key> {
+    return this.t.json<Key>('POST', '/v1/keys', { ...opts, body: req })
+  }
+
+  /** keys lists the org's API keys, never their secrets. */
+  async keys(opts?: CallOptions): Promise<Key[]> {
+    return (await this.t.json<{ keys: Key[] | null }>('GET', '/v1/keys', opts)).keys ?? []
+  }
+
+  /** revokeKey revokes a key: its calls fail from now on, and its open streams end. */
+  async revokeKey(id: string, opts?: CallOptions): Promise<void> {
+    await this.t.json('DELETE', `/v1/keys/${seg('key', id)}`, opts)
+  }
+
+  /** audit reads the audit log, oldest first. */
+  async audit(
+    filter: { since?: string; sinceSeq?: number; action?: string; org?: string; limit?: number } = {},
+    opts?: CallOptions,
+  ): Promise<AuditEvent[]> {
+    const q = new URLSearchParams()
+    if (filter.since) q.set('since', filter.since)
+    if (filter.sinceSeq) q.set('since_seq', String(filter.sinceSeq))
+    if (filter.action) q.set('action', filter.action)
+    if (filter.org) q.set('org', filter.org)
+    if (filter.limit) q.set('limit', String(filter.limit))
+    const qs = q.toString()
+    return (await this.t.json<{ events: AuditEvent[] | null }>('GET', '/v1/audit' + (qs ? '?' + qs : ''), opts)).events ?? []
+  }
+
+  /** org is the caller's org: its quota and what it uses now. */
+  org(opts?: CallOptions): Promise<Org> {
+    return this.t.json<Org>('GET', '/v1/org', opts)
+  }
+
+  /** orgs lists every org with its quota and use (the operator's: the admin token of loam serve). */
+  async orgs(opts?: CallOptions): Promise<Org[]> {
+    return (await this.t.json<{ orgs: Org[] | null }>('GET', '/v1/orgs', opts)).orgs ?? []
+  }
+
+  /**
+   * setQuota replaces an org's quota (a field left out is unlimited) and
+   * returns the org (the operator's). A call past a limit then fails with
+   * LimitError.
+   */
+  setQuota(org: string, quota: Quota, opts?: CallOptions): Promise<Org> {
+    return this.t.json<Org>('PUT', `/v1/orgs/${seg('org', org)}/quota`, { ...opts, body: quota })
   }
 }
 

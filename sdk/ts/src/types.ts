@@ -128,3 +128,24 @@ export const MAX_PORT_MESSAGE = 256 << 10
 export const WEBSOCKET_PROTOCOL = 'loam.v1'
 /** The prefix of the subprotocol that carries the token (api.WebSocketTokenPrefix). */
 export const WEBSOCKET_TOKEN_PREFIX = 'loam.token.'
+
+/** What an org may use at most; a field left out is unlimited (schema Quota). */
+export interface Quota extends Schema<'Quota'> {}
+
+/** What an org uses now, in the fields of Quota (schema OrgUse). */
+export interface OrgUse extends Schema<'OrgUse'> {}
+
+/** An org with its quota and use (schema Org). */
+export interface Org extends Schema<'Org'> {}
+
+/** What an API key may do in its org: read, write or admin (schema Scope). */
+export type Scope = Schemas['Scope']
+
+/** The body of POST /v1/keys; all but name optional (schema CreateKey). */
+export interface CreateKey extends Schema<'CreateKey'> {}
+
+/** An API key; secret only in the answer that made it (schema Key). */
+export interface Key extends Schema<'Key'> {}
+
+/** One record of the audit log (schema AuditEvent). */
+export interface AuditEvent extends Schema<'AuditEvent'> {}

@@ -1413,6 +1413,163 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the org's API keys
+         * @description Oldest first, with who made each, its last use and its expiry; never a secret. Needs an admin key.
+         */
+        get: operations["listKeys"];
+        put?: never;
+        /**
+         * Make an API key
+         * @description Makes a key of the caller's org. `scope` defaults to `write`; a key
+         *     cannot make a key of a scope above its own, and a key limited by
+         *     labels makes keys limited by them too. `expires_in` is a Go
+         *     duration (`720h`) or a number of days (`30d`), at most `3650d`;
+         *     left out, the key never expires. The answer holds the key's
+         *     `secret`, which no other answer shows again: loam keeps only its
+         *     hash. Needs an admin key.
+         */
+        post: operations["createKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys/{key}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The key's id.
+                 * @example key-0123456789ab
+                 */
+                key: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke an API key
+         * @description New calls with the key fail at once (401), and the streams still
+         *     open with it (an exec, a port stream) end within seconds. Needs an
+         *     admin key.
+         */
+        delete: operations["revokeKey"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the audit log
+         * @description The calls that changed something (or tried to), oldest first, at
+         *     most `limit` (1000 unless less is asked); page on with `since_seq`
+         *     set to the last event's `seq`. A change the store keeps is written
+         *     in the same transaction as its record here. An org's admins see
+         *     their org; the operator sees every org, or one with `org`.
+         */
+        get: operations["listAudit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/org": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The caller's org, its quota and use
+         * @description The org of the token or key that calls: for each quota, its limit
+         *     (left out: none) and what the org uses now. Any scope may read it.
+         */
+        get: operations["getOrg"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List orgs (the operator's)
+         * @description Every org, by name, with its quota and use. Only the operator may
+         *     call it (the admin token of `loam serve`); any key of an org is 403
+         *     `forbidden`.
+         */
+        get: operations["listOrgs"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}/quota": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The org's name.
+                 * @example default
+                 */
+                org: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set an org's quota (the operator's)
+         * @description Replaces the org's quota: each field is a limit, and a field left
+         *     out is unlimited. A call that would take the org past a limit is
+         *     refused before anything is made, with 409 `limit` and a message
+         *     naming the quota, the use and the limit ("org docs would use 18 GiB
+         *     of memory, its quota is 16 GiB; …"); a call that adds nothing to a
+         *     quota is never refused for it, so a limit below what the org uses
+         *     stops nothing. Only the operator may call it.
+         */
+        put: operations["setQuota"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -2091,6 +2248,103 @@ export interface components {
         };
         SecretList: {
             secrets: components["schemas"]["Secret"][];
+        };
+        /**
+         * @description What an org may use at most; a field left out is unlimited.
+         *     `sandboxes`, `memory_mib` and `cpus` count the org's running
+         *     sandboxes (creating, running or restoring: sleeping and stopped
+         *     ones do not, and a wake counts as what it makes); `disk_mib` every
+         *     sandbox's `resources.disk_mib`, whatever its state, and every memory
+         *     checkpoint's memory image (the sandbox's `memory_mib` when it was
+         *     taken); `checkpoints` the org's checkpoints, automatic ones
+         *     included; `pool_members` what its warm pools keep ready.
+         */
+        Quota: {
+            sandboxes?: number;
+            memory_mib?: number;
+            cpus?: number;
+            disk_mib?: number;
+            checkpoints?: number;
+            pool_members?: number;
+        };
+        /** @description What an org uses now, in the fields of `Quota`. */
+        OrgUse: {
+            sandboxes: number;
+            memory_mib: number;
+            cpus: number;
+            disk_mib: number;
+            checkpoints: number;
+            pool_members: number;
+        };
+        Org: {
+            name: string;
+            quota: components["schemas"]["Quota"];
+            use: components["schemas"]["OrgUse"];
+            /** Format: date-time */
+            created_at: string;
+        };
+        OrgList: {
+            orgs: components["schemas"]["Org"][];
+        };
+        /**
+         * @description What an API key may do in its org; each includes those below it. `read` lists and gets (no exec, files, URLs, logs); `write` makes, changes and deletes sandboxes, checkpoints, templates, images and secrets and runs commands; `admin` also manages keys and reads the audit log.
+         * @enum {string}
+         */
+        Scope: "admin" | "write" | "read";
+        CreateKey: {
+            /** @description What the key is for; names need not be unique. */
+            name: string;
+            scope?: components["schemas"]["Scope"];
+            /** @description How long the key lives, `720h` or `30d`; left out, forever. */
+            expires_in?: string;
+            /** @description The key is limited to the sandboxes that have all of these labels, and gives them to every sandbox it makes or forks. */
+            labels?: {
+                [key: string]: string;
+            };
+        };
+        Key: {
+            id: string;
+            name: string;
+            org: string;
+            scope: components["schemas"]["Scope"];
+            labels: {
+                [key: string]: string;
+            };
+            /** @description The id of the key that made it, or `admin` for the token of `loam serve`. */
+            created_by: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string | null;
+            /**
+             * Format: date-time
+             * @description Written at most every 10 s.
+             */
+            last_used_at: string | null;
+            /** @description The key itself (`loam_key_…`), in the answer that made it only. */
+            secret?: string;
+        };
+        KeyList: {
+            keys: components["schemas"]["Key"][];
+        };
+        AuditEvent: {
+            seq: number;
+            /** Format: date-time */
+            time: string;
+            org: string;
+            /** @description The id of the key that called (`admin` for the token of `loam serve`), never its secret. */
+            key: string;
+            /** @description What the call did, as `sandbox.create`, `exec.start`, `checkpoint.create`, `key.revoke`, `quota.set`. */
+            action: string;
+            /** @description What it acted on, as its route's path below `/v1/` (`sandboxes/scratch/checkpoints/v2`). */
+            target: string;
+            /** @description `ok`, or the error code the call answered with. */
+            outcome: string;
+            /** @description The address the call came from. */
+            client: string;
+        };
+        AuditList: {
+            events: components["schemas"]["AuditEvent"][];
         };
     };
     responses: {
@@ -4570,6 +4824,244 @@ export interface operations {
             };
             400: components["responses"]["Invalid"];
             401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    listKeys: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The keys. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "name": "agent",
+                 *       "scope": "write",
+                 *       "expires_in": "30d",
+                 *       "labels": {
+                 *         "owner": "agent"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateKey"];
+            };
+        };
+        responses: {
+            /** @description The key, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Key"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    revokeKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The key's id.
+                 * @example key-0123456789ab
+                 */
+                key: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Revoked. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    listAudit: {
+        parameters: {
+            query?: {
+                /**
+                 * @description A time (RFC 3339) or how long ago (`1h`).
+                 * @example 1h
+                 */
+                since?: string;
+                /** @description Only events after this `seq`. */
+                since_seq?: number;
+                /** @description Only events of this action (`sandbox.create`, `exec.start`, `key.revoke`, …). */
+                action?: string;
+                /** @description The operator's only; an org's admin sees their own org whatever it says. */
+                org?: string;
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The events. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditList"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getOrg: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The org. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "name": "default",
+                     *       "quota": {
+                     *         "sandboxes": 20,
+                     *         "memory_mib": 16384
+                     *       },
+                     *       "use": {
+                     *         "sandboxes": 2,
+                     *         "memory_mib": 1024,
+                     *         "cpus": 2,
+                     *         "disk_mib": 8704,
+                     *         "checkpoints": 1,
+                     *         "pool_members": 0
+                     *       },
+                     *       "created_at": "2026-12-05T10:00:00Z"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Org"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    listOrgs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The orgs. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OrgList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    setQuota: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The org's name.
+                 * @example default
+                 */
+                org: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "sandboxes": 20,
+                 *       "memory_mib": 16384,
+                 *       "cpus": 8
+                 *     }
+                 */
+                "application/json": components["schemas"]["Quota"];
+            };
+        };
+        responses: {
+            /** @description The org with its new quota. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Org"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["Internal"];
             503: components["responses"]["Unavailable"];

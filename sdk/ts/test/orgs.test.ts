@@ -1,0 +1,34 @@
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import loam, { ForbiddenError, InvalidError, Loam, NotFoundError, UnauthorizedError } from '@loam/sdk'
+
+// The other tests share this daemon: the quota set here is roomy, and
+// taken away at the end.
+test('orgs, quotas and keys', async () => {
+  const org = await loam.org()
+  assert.equal(org.name, 'default')
+  assert.equal(typeof org.use.sandboxes, 'number')
+  assert.ok((await loam.orgs()).some((o) => o.name === 'default'))
+
+  const set = await loam.setQuota('default', { sandboxes: 1000, memory_mib: 1 << 30, cpus: 512 })
+  assert.deepEqual(set.quota, { sandboxes: 1000, memory_mib: 1 << 30, cpus: 512 })
+  assert.equal((await loam.org()).quota.sandboxes, 1000)
+  await assert.rejects(loam.setQuota('default', { sandboxes: -1 }), InvalidError)
+  await assert.rejects(loam.setQuota('nosuch', {}), NotFoundError)
+  assert.deepEqual((await loam.setQuota('default', {})).quota, {})
+
+  // An org's key, even an admin's, is not the operator.
+  const key = await loam.createKey({ name: 'ts-orgs', scope: 'admin', expires_in: '1h', labels: { owner: 'ts' } })
+  assert.ok(key.secret?.startsWith('loam_key_'))
+  assert.deepEqual(key.labels, { owner: 'ts' })
+  assert.ok((await loam.keys()).some((k) => k.id === key.id && k.secret === undefined))
+  const admin = new Loam({ token: key.secret })
+  assert.equal((await admin.org()).name, 'default')
+  await assert.rejects(admin.setQuota('default', {}), ForbiddenError)
+  await assert.rejects(admin.orgs(), ForbiddenError)
+  const made = await loam.audit({ action: 'key.create', since: '1h' })
+  assert.ok(made.some((e) => e.target === `keys/${key.id}` && e.outcome === 'ok' && e.key === 'admin'))
+  await loam.revokeKey(key.id)
+  await assert.rejects(admin.org(), UnauthorizedError)
+  await assert.rejects(loam.revokeKey(key.id), NotFoundError)
+})
