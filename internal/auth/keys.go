@@ -2,7 +2,6 @@ package auth
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/randid"
 	"loam.dev/loam/internal/store"
 )
 
@@ -184,7 +184,7 @@ func (k *Keys) Create(ctx context.Context, by Principal, org string, req api.Cre
 		t := now.Add(d)
 		rec.ExpiresAt = &t
 	}
-	secret := api.KeyPrefix + randomString(40)
+	secret := api.KeyPrefix + randid.String(40)
 	hash := sha256.Sum256([]byte(secret))
 	rec.Hash = hash[:]
 	store.AuditFrom(ctx).SetTarget("keys/" + rec.ID)
@@ -299,23 +299,4 @@ func checkKeyName(name string) error {
 	return nil
 }
 
-func newKeyID() string { return "key-" + randomString(12) }
-
-// randomString is n random characters of a-z and 0-9.
-func randomString(n int) string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	out := make([]byte, 0, n)
-	b := make([]byte, 2*n)
-	for len(out) < n {
-		if _, err := rand.Read(b); err != nil {
-			panic(err) // crypto/rand never fails on Linux
-		}
-		for _, c := range b {
-			// 252 = 7 × 36: bytes above it would bias the draw.
-			if c < 252 && len(out) < n {
-				out = append(out, alphabet[c%36])
-			}
-		}
-	}
-	return string(out)
-}
+func newKeyID() string { return "key-" + randid.String(12) }

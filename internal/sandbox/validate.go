@@ -1,13 +1,13 @@
 package sandbox
 
 import (
-	"crypto/rand"
 	"fmt"
 	"regexp"
 	"strings"
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/randid"
 )
 
 var (
@@ -135,26 +135,6 @@ func checkPort(p int) error {
 	return nil
 }
 
-const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
 // newID makes a sandbox id: "sb-" and 12 random lowercase letters and digits.
 // Fixed length matters: runsc matches container ids by prefix.
-func newID() string { return "sb-" + randomString(12) }
-
-func randomString(n int) string {
-	out := make([]byte, 0, n)
-	b := make([]byte, 2*n)
-	for len(out) < n {
-		if _, err := rand.Read(b); err != nil {
-			panic(err) // crypto/rand never fails on Linux
-		}
-		for _, c := range b {
-			// 252 is the largest multiple of 36 below 256: rejecting the
-			// rest keeps every character equally likely.
-			if c < 252 && len(out) < n {
-				out = append(out, idAlphabet[int(c)%len(idAlphabet)])
-			}
-		}
-	}
-	return string(out)
-}
+func newID() string { return "sb-" + randid.String(12) }

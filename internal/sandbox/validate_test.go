@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/randid"
 )
 
 func TestNames(t *testing.T) {
@@ -50,7 +51,7 @@ func TestIDShape(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
 		id := newID()
-		if len(id) != 15 || !strings.HasPrefix(id, "sb-") || strings.Trim(id[3:], idAlphabet) != "" || seen[id] {
+		if len(id) != 15 || !strings.HasPrefix(id, "sb-") || strings.Trim(id[3:], randid.Alphabet) != "" || seen[id] {
 			t.Fatalf("id %q", id)
 		}
 		seen[id] = true
