@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -245,22 +246,23 @@ func TestServeIdle(t *testing.T) {
 	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "never", Idle: "0"}); err != nil {
 		t.Fatal(err)
 	}
-	// The exec's command says "began", then runs 10 s. Once the test has
-	// read "began" (at began), the exec is in flight, registered before
-	// its command ran; the command, sent after start, cannot end before
-	// start+10s. So a look answered after began+2.5 s (the idle, plus a
-	// round of idle sleep) and before start+10s falls inside the exec,
-	// more than the idle after it began, when the sandbox must be
-	// running. Looks are no activity. Before "began" the sandbox may have
-	// slept and been woken by the exec (on a loaded host the exec can take
-	// longer than the idle to arrive); after start+10s a look proves
-	// nothing (the idle may have passed since the exec ended).
+	// The exec's command says "began", then waits for its stdin to close,
+	// which the test does only once it has looked at the sandbox three
+	// times, each more than the idle plus a round of idle sleep (2.5 s)
+	// after "began": every look falls inside the exec, whenever a loaded
+	// host lets it happen, when the sandbox must be running. Looks are no
+	// activity. Before "began" the sandbox may have slept and been woken
+	// by the exec (on a loaded host the exec can take longer than the idle
+	// to arrive).
 	start := time.Now()
 	seen := make(chan struct{})
 	done := make(chan error, 1)
+	stdin, hold := io.Pipe()
+	defer hold.Close()
 	go func() {
 		code, err := d.C.Exec(ctx, "dflt", client.ExecOptions{
-			Cmd:    []string{"sh", "-c", "echo began; exec sleep 10"},
+			Cmd:    []string{"sh", "-c", "echo began; cat >/dev/null"},
+			Stdin:  stdin,
 			Stdout: &firstWrite{started: seen},
 		})
 		if err == nil && code != 0 {
@@ -275,14 +277,10 @@ func TestServeIdle(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("the exec ended before it said it began: %v", err)
 	}
-	looks := 0
-	for ended := false; !ended; {
+	for looks := 0; looks < 3; {
 		select {
 		case err := <-done:
-			if err != nil {
-				t.Fatalf("sleep 10: %v", err)
-			}
-			ended = true
+			t.Fatalf("the exec ended before the test closed its stdin: %v", err)
 		case <-time.After(200 * time.Millisecond):
 			if time.Since(began) < 2500*time.Millisecond {
 				continue
@@ -291,18 +289,17 @@ func TestServeIdle(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if time.Since(start) >= 10*time.Second {
-				continue
-			}
 			looks++
 			if sb.State != api.StateRunning {
-				t.Fatalf("%s while a 10 s exec runs, %v after it began, with an idle of 1.5 s", sb.State, time.Since(began).Round(time.Millisecond))
+				t.Fatalf("%s while an exec runs, %v after it began, with an idle of 1.5 s", sb.State, time.Since(began).Round(time.Millisecond))
 			}
 		}
 	}
-	t.Logf("%d looks inside the exec, %v after start it began, found the sandbox running", looks, began.Sub(start).Round(time.Millisecond))
-	if looks == 0 {
-		t.Fatalf("no look fell inside the exec (it began %v after it was sent)", began.Sub(start).Round(time.Millisecond))
+	t.Logf("3 looks inside the exec, the last %v after it began (%v after it was sent), found the sandbox running",
+		time.Since(began).Round(time.Millisecond), began.Sub(start).Round(time.Millisecond))
+	hold.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("the exec, its stdin closed: %v", err)
 	}
 	waitState(t, d, "dflt", api.StateSleeping)
 	if sb, _ := d.C.GetSandbox(ctx, "never"); sb.State != api.StateRunning {
