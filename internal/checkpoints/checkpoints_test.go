@@ -55,7 +55,7 @@ func (c *fakeCore) AdmitCheckpoint(context.Context, *store.Sandbox, bool) (func(
 func (c *fakeCore) AdmitStart(context.Context, *store.Sandbox) (func(), error) { return func() {}, nil }
 
 func (c *fakeCore) Lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
-	sb, err := c.st.GetSandbox(ctx, ref)
+	sb, err := c.st.GetSandbox(ctx, "", ref)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
 	}
@@ -257,7 +257,7 @@ func TestCreateCheckpointRefusals(t *testing.T) {
 	if !errors.Is(err, api.ErrLimit) {
 		t.Fatalf("checkpoint beyond the limit: %v, want limit", err)
 	}
-	if sb, _ := f.st.GetSandbox(f.ctx, "sb-1"); sb.CheckpointSeq != 1 {
+	if sb, _ := f.st.GetSandbox(f.ctx, "", "sb-1"); sb.CheckpointSeq != 1 {
 		t.Errorf("CheckpointSeq = %d after a refusal, want 1", sb.CheckpointSeq)
 	}
 }

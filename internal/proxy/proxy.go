@@ -43,12 +43,12 @@ import (
 // (sandbox.Manager) and, for port streams, the guest data plane (package
 // guest).
 type Targets interface {
-	// HTTPTarget is the sandbox named name, running, waiting while it is
+	// HTTPTarget is the sandbox named name of org, running, waiting while it is
 	// created or restored; not_found when there is none, unavailable
 	// when it cannot serve (sleeping, stopped, …).
 	// admit is asked first, before any wait or wake, and its error is
 	// returned as it is.
-	HTTPTarget(ctx context.Context, name string, admit func(sandbox.Target) error) (sandbox.Target, error)
+	HTTPTarget(ctx context.Context, org, name string, admit func(sandbox.Target) error) (sandbox.Target, error)
 	// DialPort opens a port stream: a connection made inside the sandbox
 	// by its agent, for servers that listen on its loopback only.
 	DialPort(ctx context.Context, ref string, port int) (*sandbox.Stream, error)
@@ -93,7 +93,7 @@ type Config struct {
 type Handler struct {
 	targets Targets
 	cfg     Config
-	suffix  string // "--ORG." + DOMAIN without its port, lower case
+	suffix  string // "." + DOMAIN without its port, lower case
 	log     *slog.Logger
 	rp      *httputil.ReverseProxy
 	tr      *http.Transport
@@ -121,7 +121,7 @@ type seenTarget struct {
 // New makes the front door.
 func New(targets Targets, cfg Config, log *slog.Logger) *Handler {
 	h := &Handler{targets: targets, cfg: cfg, log: log, seen: map[netip.AddrPort]seenTarget{}, gates: map[netip.AddrPort]chan struct{}{}}
-	h.suffix = "--" + strings.ToLower(cfg.Org) + "." + strings.ToLower(stripPort(cfg.Domain))
+	h.suffix = "." + strings.ToLower(stripPort(cfg.Domain))
 	tr := &http.Transport{
 		// Never a proxy from the environment: the sandboxes are local.
 		Proxy:                 nil,
@@ -186,22 +186,27 @@ func stripPort(host string) string {
 }
 
 // Match tells whether host (a request's Host) is a sandbox's URL, and
-// whose: NAME--ORG.DOMAIN, in any case, with any port or none.
-func (h *Handler) Match(host string) (name string, ok bool) {
+// whose: NAME--ORG.DOMAIN, in any case, with any port or none. An org's
+// name never holds "--", so the last one separates the two.
+func (h *Handler) Match(host string) (name, org string, ok bool) {
 	host = strings.ToLower(strings.TrimSuffix(stripPort(host), "."))
-	name, ok = strings.CutSuffix(host, h.suffix)
-	if !ok || name == "" || strings.Contains(name, ".") {
-		return "", false
+	label, ok := strings.CutSuffix(host, h.suffix)
+	if !ok || strings.Contains(label, ".") {
+		return "", "", false
 	}
-	return name, true
+	i := strings.LastIndex(label, "--")
+	if i <= 0 || i+2 == len(label) {
+		return "", "", false
+	}
+	return label[:i], label[i+2:], true
 }
 
 // Mount is the daemon's handler: requests for a sandbox's URL go to the
 // front door, every other one to api.
 func (h *Handler) Mount(api http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if name, ok := h.Match(r.Host); ok {
-			h.serve(w, r, name)
+		if name, org, ok := h.Match(r.Host); ok {
+			h.serve(w, r, org, name)
 			return
 		}
 		api.ServeHTTP(w, r)
@@ -215,20 +220,25 @@ var errDenied = errors.New("denied")
 
 // ServeHTTP serves a request for a sandbox's URL; any other Host is a 404.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	name, ok := h.Match(r.Host)
+	name, org, ok := h.Match(r.Host)
 	if !ok {
 		h.page(w, http.StatusNotFound, "Not a sandbox's URL", fmt.Sprintf("%s is not the URL of a sandbox here.", r.Host))
 		return
 	}
-	h.serve(w, r, name)
+	h.serve(w, r, org, name)
 }
 
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, name string) {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, org, name string) {
 	start := time.Now()
 	// Access is decided before the sandbox is woken or waited for: a
 	// request that may not use a private sandbox's URL leaves it asleep.
 	var v verdict
-	t, err := h.targets.HTTPTarget(r.Context(), name, func(t sandbox.Target) error {
+	t, err := h.targets.HTTPTarget(r.Context(), org, name, func(t sandbox.Target) error {
+		if h.foreign(r, t) {
+			// A key of another org finds no sandbox here, as it would
+			// find none through the API: names do not leak across orgs.
+			return api.Errorf(api.CodeNotFound, "sandbox %q not found", name)
+		}
 		if v = h.allow(r, t); v == denied {
 			return errDenied
 		}
@@ -326,7 +336,28 @@ func (h *Handler) opens(ctx context.Context, tok string, t sandbox.Target) bool 
 		return false
 	}
 	p, err := h.cfg.Keys.Authenticate(ctx, tok)
-	return err == nil && p.Allows(api.ScopeWrite) && p.Matches(t.Labels)
+	return err == nil && p.Allows(api.ScopeWrite) && p.Org == t.Org && p.Matches(t.Labels)
+}
+
+// foreign reports whether r presents a valid API key of an org other than
+// t's, where a key opens a URL: the header, the query or the bearer.
+func (h *Handler) foreign(r *http.Request, t sandbox.Target) bool {
+	if h.cfg.Keys == nil {
+		return false
+	}
+	toks := []string{r.URL.Query().Get(TokenParam), r.Header.Get(TokenHeader)}
+	if bearer, ok := api.BearerToken(r.Header); ok {
+		toks = append(toks, bearer)
+	}
+	for _, tok := range toks {
+		if !strings.HasPrefix(tok, api.KeyPrefix) {
+			continue
+		}
+		if p, err := h.cfg.Keys.Authenticate(r.Context(), tok); err == nil && p.Org != t.Org {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *Handler) isAdmin(tok string) bool {
@@ -507,7 +538,7 @@ func (rt *retrier) RoundTrip(req *http.Request) (*http.Response, error) {
 			time.Sleep(time.Duration(i+1) * 25 * time.Millisecond)
 			continue
 		}
-		next, terr := rt.h.targets.HTTPTarget(req.Context(), t.Name, nil)
+		next, terr := rt.h.targets.HTTPTarget(req.Context(), t.Org, t.Name, nil)
 		if terr != nil {
 			return nil, terr
 		}

@@ -18,12 +18,16 @@ import (
 	"loam.dev/loam/internal/sandbox"
 )
 
-// fakeTargets serves sandboxes by name, all at one address.
+// fakeTargets serves sandboxes by name, all at one address, each of its
+// Org or, when that is "", of org default.
 type fakeTargets map[string]sandbox.Target
 
-func (f fakeTargets) HTTPTarget(ctx context.Context, name string, admit func(sandbox.Target) error) (sandbox.Target, error) {
+func (f fakeTargets) HTTPTarget(ctx context.Context, org, name string, admit func(sandbox.Target) error) (sandbox.Target, error) {
 	t, ok := f[name]
-	if !ok {
+	if t.Org == "" {
+		t.Org = "default"
+	}
+	if !ok || t.Org != org {
 		return sandbox.Target{}, api.Errorf(api.CodeNotFound, "sandbox %q not found", name)
 	}
 	if admit != nil {
@@ -53,26 +57,28 @@ func TestMatch(t *testing.T) {
 		h := newFront(t, fakeTargets{}, domain)
 		base := strings.ToLower(stripPort(domain))
 		for _, tc := range []struct {
-			host string
-			name string
-			ok   bool
+			host      string
+			name, org string
+			ok        bool
 		}{
-			{"web--default." + base, "web", true},
-			{"web--default." + base + ":7070", "web", true},
-			{"web--default." + base + ":1234", "web", true},
-			{"WEB--Default." + strings.ToUpper(base), "web", true},
-			{"a--b--default." + base, "a--b", true},
-			{"web--default." + base + ".", "web", true},
-			{"web--other." + base, "", false},
-			{"--default." + base, "", false},
-			{"x.web--default." + base, "", false},
-			{base, "", false},
-			{"127.0.0.1:7070", "", false},
-			{"web--default." + base + ".evil.net", "", false},
+			{"web--default." + base, "web", "default", true},
+			{"web--default." + base + ":7070", "web", "default", true},
+			{"web--default." + base + ":1234", "web", "default", true},
+			{"WEB--Default." + strings.ToUpper(base), "web", "default", true},
+			{"a--b--default." + base, "a--b", "default", true},
+			{"web--default." + base + ".", "web", "default", true},
+			{"web--other." + base, "web", "other", true},
+			{"--default." + base, "", "", false},
+			{"web--." + base, "", "", false},
+			{"web." + base, "", "", false},
+			{"x.web--default." + base, "", "", false},
+			{base, "", "", false},
+			{"127.0.0.1:7070", "", "", false},
+			{"web--default." + base + ".evil.net", "", "", false},
 		} {
-			name, ok := h.Match(tc.host)
-			if name != tc.name || ok != tc.ok {
-				t.Errorf("domain %s: Match(%q) = %q, %v; want %q, %v", domain, tc.host, name, ok, tc.name, tc.ok)
+			name, org, ok := h.Match(tc.host)
+			if name != tc.name || org != tc.org || ok != tc.ok {
+				t.Errorf("domain %s: Match(%q) = %q, %q, %v; want %q, %q, %v", domain, tc.host, name, org, ok, tc.name, tc.org, tc.ok)
 			}
 		}
 	}
@@ -372,7 +378,8 @@ func (f fakeKeys) Authenticate(ctx context.Context, token string) (auth.Principa
 
 // TestKeysOpenURLs: an API key of scope write opens the URLs of the
 // sandboxes its labels select; a read key, a key outside its labels and
-// an unknown key open none; no key reaches the sandbox.
+// an unknown key open none; a key of another org finds none (404); no key
+// reaches the sandbox.
 func TestKeysOpenURLs(t *testing.T) {
 	addr := backend(t)
 	targets := fakeTargets{
@@ -381,9 +388,12 @@ func TestKeysOpenURLs(t *testing.T) {
 	}
 	k := api.KeyPrefix
 	keys := fakeKeys{
-		k + "write": {Scope: api.ScopeWrite},
-		k + "read":  {Scope: api.ScopeRead},
-		k + "red":   {Scope: api.ScopeWrite, Labels: map[string]string{"team": "red"}},
+		k + "write": {Org: "default", Scope: api.ScopeWrite},
+		k + "read":  {Org: "default", Scope: api.ScopeRead},
+		k + "red":   {Org: "default", Scope: api.ScopeWrite, Labels: map[string]string{"team": "red"}},
+		// A key of another org finds no sandbox of this one: 404, as
+		// for a name that does not exist, never 401.
+		k + "other": {Org: "other", Scope: api.ScopeAdmin},
 	}
 	front := httptest.NewServer(New(targets, Config{Domain: "localhost:7070", Org: "default", Token: "admin", Keys: keys}, slog.New(slog.DiscardHandler)).Mount(http.NotFoundHandler()))
 	defer front.Close()
@@ -399,6 +409,10 @@ func TestKeysOpenURLs(t *testing.T) {
 		{"red", "bearer", "red", 200},
 		{"blue", "bearer", "red", 401},
 		{"blue", "query", "red", 401},
+		{"red", "bearer", "other", 404},
+		{"red", "header", "other", 404},
+		{"red", "query", "other", 404},
+		{"nosuch", "bearer", "other", 404},
 	} {
 		req, _ := http.NewRequest("GET", front.URL+"/", nil)
 		req.Host = tc.host + "--default.localhost:7070"

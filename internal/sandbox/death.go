@@ -296,7 +296,7 @@ func (d *deaths) judge(l *live, w *deathWatch, how string) {
 		if !l.watching(w) {
 			return // started again (a restore, a wake), or deleted
 		}
-		sb, err := m.store.GetSandbox(ctx, id)
+		sb, err := m.store.GetSandbox(ctx, "", id)
 		if err != nil || sb.State != api.StateRunning {
 			// Put to sleep, deleted, or broken for a reason of its own.
 			return
@@ -310,7 +310,7 @@ func (d *deaths) judge(l *live, w *deathWatch, how string) {
 	}
 	// Again under the operation: another may have run in between.
 	current := l.watching(w)
-	sb, err := m.store.GetSandbox(ctx, id)
+	sb, err := m.store.GetSandbox(ctx, "", id)
 	if !current || err != nil || sb.State != api.StateRunning {
 		return
 	}

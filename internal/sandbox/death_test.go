@@ -135,7 +135,7 @@ func TestPoolMemberDies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = e.st.GetSandbox(e.ctx, member)
+		_, err = e.st.GetSandbox(e.ctx, "", member)
 		if p.Ready == 1 && err != nil {
 			break // the dead one gone, another made
 		}

@@ -221,14 +221,18 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	return m
 }
 
-// URL is a sandbox's public address.
-func (m *Manager) URL(name string) string {
-	return fmt.Sprintf("%s://%s--%s.%s", m.cfg.Scheme, name, m.cfg.Org, m.cfg.Domain)
+// URL is the public address of sandbox name of org ("" for the daemon's
+// own, --org).
+func (m *Manager) URL(org, name string) string {
+	if org == "" {
+		org = m.cfg.Org
+	}
+	return fmt.Sprintf("%s://%s--%s.%s", m.cfg.Scheme, name, org, m.cfg.Domain)
 }
 
 func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 	v := sb.Sandbox
-	v.URL = m.URL(v.Name)
+	v.URL = m.URL(sb.Org, v.Name)
 	if v.State == api.StateError {
 		v.Reason = sb.Error
 	}
@@ -246,11 +250,11 @@ func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 
 // lookup finds a sandbox by name or id, as a user's not_found when missing.
 // It is the one place a caller's reference to a sandbox is resolved, so a
-// caller whose key is limited by labels (auth.From) finds only the
-// sandboxes of its selector here: any other answers exactly as one that
-// does not exist.
+// caller finds only the sandboxes of its own org (auth.From), and a key
+// limited by labels only those of its selector: any other answers exactly
+// as one that does not exist.
 func (m *Manager) lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
-	sb, err := m.store.GetSandbox(ctx, ref)
+	sb, err := m.store.GetSandbox(ctx, m.scopeOf(ctx), ref)
 	p, limited := auth.From(ctx)
 	if errors.Is(err, store.ErrNotFound) || err == nil && sb.Pool != "" || err == nil && limited && !p.Matches(sb.Labels) {
 		// A warm pool's member is not a sandbox of the API's.
@@ -301,7 +305,7 @@ func (m *Manager) usage(sb *store.Sandbox) *api.Usage {
 
 // List lists sandboxes, oldest first, filtered by labels.
 func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.Sandbox, error) {
-	sbs, err := m.store.ListSandboxes(ctx, store.Filter{Labels: labels})
+	sbs, err := m.store.ListSandboxes(ctx, store.Filter{Org: m.scopeOf(ctx), Labels: labels})
 	if err != nil {
 		return nil, fmt.Errorf("listing sandboxes: %w", err)
 	}
@@ -464,7 +468,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 	name := req.Name
 	if name == "" {
 		name = id
-	} else if err := checkName(name, m.maxNameLen()); err != nil {
+	} else if err := checkName(name, m.maxNameLen(ctx)); err != nil {
 		return nil, err
 	}
 	res := m.cfg.Defaults
@@ -554,8 +558,8 @@ func orEmpty(m map[string]string) map[string]string {
 	return maps.Clone(m)
 }
 
-// maxNameLen is the longest name a sandbox may have under this daemon's org.
-func (m *Manager) maxNameLen() int { return MaxNameLen(m.cfg.Org) }
+// maxNameLen is the longest name a sandbox may have in the caller's org.
+func (m *Manager) maxNameLen(ctx context.Context) int { return MaxNameLen(m.orgOf(ctx)) }
 
 // machine is how a sandbox runs on this host: its own directory and the
 // handle in it, where its checkpoints' files are, its disk, the disk's

@@ -1,6 +1,7 @@
 package sandbox_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -412,7 +413,7 @@ func TestLabelLimitedLookup(t *testing.T) {
 	red := e.create(api.CreateSandbox{Name: "red", Labels: map[string]string{"team": "red"}})
 	blue := e.create(api.CreateSandbox{Name: "blue", Labels: map[string]string{"team": "blue"}})
 	e.checkpoint("blue", false)
-	limited := auth.WithPrincipal(e.ctx, auth.Principal{Org: "default", Key: "key-test", Scope: api.ScopeWrite, Labels: map[string]string{"team": "red"}})
+	limited := auth.WithPrincipal(e.ctx, auth.Principal{Org: "acme", Key: "key-test", Scope: api.ScopeWrite, Labels: map[string]string{"team": "red"}})
 
 	if got, err := e.m.Get(limited, "red"); err != nil || got.ID != red.ID {
 		t.Fatalf("Get(red) with a key for team=red: %+v, %v", got, err)
@@ -446,5 +447,73 @@ func TestLabelLimitedLookup(t *testing.T) {
 	}
 	if cps, err := e.cps.ListCheckpoints(e.ctx, "blue"); err != nil || len(cps) != 1 {
 		t.Errorf("blue's checkpoints: %v, %v; want its one", cps, err)
+	}
+}
+
+// TestOrgLookup holds the resolver to the caller's org: a sandbox of
+// another org answers every call exactly as one that does not exist, by
+// name or id, and stays untouched; the same name in two orgs is two
+// sandboxes, each with its own URL; a fork takes its source from the
+// caller's org only.
+func TestOrgLookup(t *testing.T) {
+	e := newEnv(t)
+	mine := e.create(api.CreateSandbox{Name: "web"})
+	e.checkpoint("web", false)
+	other := auth.WithPrincipal(e.ctx, auth.Principal{Org: "other", Key: "key-other", Scope: api.ScopeAdmin})
+	acme := auth.WithPrincipal(e.ctx, auth.Principal{Org: "acme", Key: "key-acme", Scope: api.ScopeAdmin})
+
+	same := func(what string, err error, ref string) {
+		t.Helper()
+		_, none := e.m.Get(acme, "nosuch")
+		want := strings.ReplaceAll(none.Error(), "nosuch", ref)
+		if !errors.Is(err, api.ErrNotFound) || err.Error() != want {
+			t.Errorf("%s: %v, want %q as for a sandbox that does not exist", what, err, want)
+		}
+	}
+	for _, ref := range []string{"web", mine.ID} {
+		_, err := e.m.Get(other, ref)
+		same("Get("+ref+")", err, ref)
+		_, err = e.m.Sleep(other, ref)
+		same("Sleep("+ref+")", err, ref)
+		_, err = e.m.Update(other, ref, api.UpdateSandbox{Labels: &map[string]string{"x": "y"}})
+		same("Update("+ref+")", err, ref)
+		_, err = e.cps.ListCheckpoints(other, ref)
+		same("ListCheckpoints("+ref+")", err, ref)
+		_, err = e.m.Create(other, api.CreateSandbox{Name: "stolen", From: &api.ForkSource{Sandbox: ref, Checkpoint: "v1"}})
+		same("fork of "+ref, err, ref)
+		same("Delete("+ref+")", e.m.Delete(other, ref), ref)
+	}
+	if list, err := e.m.List(other, nil); err != nil || len(list) != 0 {
+		t.Errorf("List in org other: %v, %v; want none", list, err)
+	}
+
+	// The same name in org other is its own sandbox.
+	theirs, err := e.m.Create(other, api.CreateSandbox{Name: "web"})
+	if err != nil {
+		t.Fatalf("Create(web) in org other: %v", err)
+	}
+	if theirs.ID == mine.ID || theirs.URL == mine.URL || !strings.Contains(theirs.URL, "web--other.") || !strings.Contains(mine.URL, "web--acme.") {
+		t.Errorf("web in two orgs: %s %s and %s %s; want two sandboxes, each with its org's URL", mine.ID, mine.URL, theirs.ID, theirs.URL)
+	}
+	for ctx, want := range map[context.Context]string{other: theirs.ID, acme: mine.ID} {
+		if got, err := e.m.Get(ctx, "web"); err != nil || got.ID != want {
+			t.Errorf("Get(web): %v, %v; want %s", got, err, want)
+		}
+		if list, err := e.m.List(ctx, nil); err != nil || len(list) != 1 || list[0].ID != want {
+			t.Errorf("List: %v, %v; want only %s", list, err, want)
+		}
+	}
+	if tg, err := e.m.HTTPTarget(e.ctx, "other", "web", nil); err != nil || tg.ID != theirs.ID {
+		t.Errorf("HTTPTarget(other, web) = %+v, %v; want %s", tg, err, theirs.ID)
+	}
+	if tg, err := e.m.HTTPTarget(e.ctx, "acme", "web", nil); err != nil || tg.ID != mine.ID {
+		t.Errorf("HTTPTarget(acme, web) = %+v, %v; want %s", tg, err, mine.ID)
+	}
+	must(t, e.m.Delete(other, "web"))
+	if got, err := e.m.Get(acme, "web"); err != nil || got.ID != mine.ID || got.State != api.StateRunning {
+		t.Errorf("acme's web after org other's calls: %+v, %v; want it running", got, err)
+	}
+	if cps, err := e.cps.ListCheckpoints(acme, "web"); err != nil || len(cps) != 1 {
+		t.Errorf("acme's web's checkpoints: %v, %v; want its one", cps, err)
 	}
 }

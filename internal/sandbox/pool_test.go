@@ -195,7 +195,7 @@ func TestPoolClaim(t *testing.T) {
 	if err := e.restart(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.GetSandbox(e.ctx, crashed.ID); err == nil {
+	if _, err := e.st.GetSandbox(e.ctx, "", crashed.ID); err == nil {
 		t.Errorf("a member the last daemon left is still stored after Recover")
 	}
 	runPools(t, e)

@@ -477,6 +477,6 @@ func (r *recovery) dropBrokenCheckpoints(ctx context.Context) error {
 // stored reports whether sandbox id has a record now (the pass may have
 // deleted some it found).
 func (r *recovery) stored(ctx context.Context, id string) bool {
-	_, err := r.m.store.GetSandbox(ctx, id)
+	_, err := r.m.store.GetSandbox(ctx, "", id)
 	return err == nil
 }

@@ -211,7 +211,7 @@ func (a *agentLink) refreshing(ac *agent.Client, id string) {
 				return nil
 			}
 		}
-		now, err := m.store.GetSandbox(ctx, id)
+		now, err := m.store.GetSandbox(ctx, "", id)
 		if err != nil {
 			return nil
 		}

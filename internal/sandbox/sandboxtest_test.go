@@ -213,8 +213,8 @@ type hookStore struct {
 	afterGet func(ref string)
 }
 
-func (s *hookStore) GetSandbox(ctx context.Context, ref string) (*store.Sandbox, error) {
-	sb, err := s.Store.GetSandbox(ctx, ref)
+func (s *hookStore) GetSandbox(ctx context.Context, org, ref string) (*store.Sandbox, error) {
+	sb, err := s.Store.GetSandbox(ctx, org, ref)
 	s.mu.Lock()
 	hook := s.afterGet
 	s.mu.Unlock()
@@ -429,7 +429,7 @@ func (e *env) checkpoint(ref string, memory bool) *api.Checkpoint {
 // record is the stored record of sandbox id.
 func (e *env) record(id string) *store.Sandbox {
 	e.t.Helper()
-	sb, err := e.st.GetSandbox(e.ctx, id)
+	sb, err := e.st.GetSandbox(e.ctx, "", id)
 	if err != nil {
 		e.t.Fatalf("record of %s: %v", id, err)
 	}
@@ -544,7 +544,7 @@ func (e *env) checkpointIDs(ref string) []string {
 // checkpoints, disk, snapshots, directories, network, container.
 func (e *env) requireGone(id string) {
 	e.t.Helper()
-	if _, err := e.st.GetSandbox(e.ctx, id); !errors.Is(err, store.ErrNotFound) {
+	if _, err := e.st.GetSandbox(e.ctx, "", id); !errors.Is(err, store.ErrNotFound) {
 		e.t.Errorf("record of %s: %v, want not found", id, err)
 	}
 	if _, err := e.m.Get(e.ctx, id); !errors.Is(err, api.ErrNotFound) {

@@ -26,7 +26,8 @@ const holdPoll = 50 * time.Millisecond
 // Target is where the URL front door sends the HTTP requests of one
 // sandbox, as HTTPTarget found it.
 type Target struct {
-	ID, Name string
+	// ID and Name are the sandbox's; Org is the org that owns it.
+	ID, Name, Org string
 	// Addr is the sandbox's address and http_port, reached from the host
 	// straight over its veth (the firewall lets the host's connections in).
 	Addr netip.AddrPort
@@ -73,8 +74,8 @@ func (m *Manager) drain(id string) {
 	}
 }
 
-// HTTPTarget finds where to send an HTTP request for sandbox name (a name,
-// never an id: URLs carry names). While the sandbox is being created or
+// HTTPTarget finds where to send an HTTP request for sandbox name of org (a
+// name, never an id: URLs carry names, NAME--ORG). While the sandbox is being created or
 // restored it waits, up to HoldLimit or ctx's end, so that a request sent
 // during a restore is answered by the restored machine, never refused.
 //
@@ -89,12 +90,15 @@ func (m *Manager) drain(id string) {
 // Errors: not_found for no such sandbox; unavailable for a sandbox in any
 // other state but running, or still busy after HoldLimit; a wake's error;
 // admit's.
-func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target) error) (Target, error) {
+func (m *Manager) HTTPTarget(ctx context.Context, org, name string, admit func(Target) error) (Target, error) {
+	if org == "" {
+		org = m.cfg.Org
+	}
 	ctx, cancel := context.WithTimeout(ctx, HoldLimit)
 	defer cancel()
 	held := false
 	for {
-		sb, err := m.store.GetSandbox(ctx, name)
+		sb, err := m.store.GetSandbox(ctx, org, name)
 		if errors.Is(err, store.ErrNotFound) || err == nil && (sb.Name != name || sb.Pool != "") {
 			return Target{}, api.Errorf(api.CodeNotFound, "sandbox %q not found", name)
 		}
@@ -105,7 +109,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target
 			return Target{}, err
 		}
 		if admit != nil {
-			if err := admit(Target{ID: sb.ID, Name: sb.Name, Public: sb.Public, AccessToken: AccessToken(m.cfg.Secret, sb.ID), Labels: maps.Clone(sb.Labels)}); err != nil {
+			if err := admit(Target{ID: sb.ID, Name: sb.Name, Org: sb.Org, Public: sb.Public, AccessToken: AccessToken(m.cfg.Secret, sb.ID), Labels: maps.Clone(sb.Labels)}); err != nil {
 				return Target{}, err
 			}
 			admit = nil
@@ -158,7 +162,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, name string, admit func(Target
 			return Target{}, err
 		}
 		return Target{
-			ID: sb.ID, Name: sb.Name,
+			ID: sb.ID, Name: sb.Name, Org: sb.Org,
 			Addr:        netip.AddrPortFrom(ep.SandboxIP, uint16(sb.HTTPPort)),
 			Public:      sb.Public,
 			Labels:      maps.Clone(sb.Labels),
@@ -193,5 +197,5 @@ func (m *Manager) AccessToken(ctx context.Context, ref string) (*api.AccessToken
 	if err != nil {
 		return nil, err
 	}
-	return &api.AccessToken{URL: m.URL(sb.Name), AccessToken: AccessToken(m.cfg.Secret, sb.ID)}, nil
+	return &api.AccessToken{URL: m.URL(sb.Org, sb.Name), AccessToken: AccessToken(m.cfg.Secret, sb.ID)}, nil
 }

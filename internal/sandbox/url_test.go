@@ -15,7 +15,7 @@ import (
 func TestHTTPTarget(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(api.CreateSandbox{Name: "web", HTTPPort: 3000})
-	tg, err := e.m.HTTPTarget(e.ctx, "web", nil)
+	tg, err := e.m.HTTPTarget(e.ctx, "", "web", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,12 +28,12 @@ func TestHTTPTarget(t *testing.T) {
 		t.Fatalf("access token: %+v, %v", at, err)
 	}
 	for _, ref := range []string{"nope", sb.ID} {
-		if _, err := e.m.HTTPTarget(e.ctx, ref, nil); !errors.Is(err, api.ErrNotFound) {
+		if _, err := e.m.HTTPTarget(e.ctx, "", ref, nil); !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("HTTPTarget(%q): %v, want not_found (URLs carry names)", ref, err)
 		}
 	}
 	e.create(api.CreateSandbox{Name: "other", Public: true})
-	if ot, err := e.m.HTTPTarget(e.ctx, "other", nil); err != nil || !ot.Public || ot.AccessToken == tg.AccessToken {
+	if ot, err := e.m.HTTPTarget(e.ctx, "", "other", nil); err != nil || !ot.Public || ot.AccessToken == tg.AccessToken {
 		t.Fatalf("another sandbox's target: %+v, %v", ot, err)
 	}
 
@@ -50,7 +50,7 @@ func TestHTTPTarget(t *testing.T) {
 		}
 		e.rt.SetHook(nil)
 		go func() {
-			tg, err := e.m.HTTPTarget(e.ctx, "web", nil)
+			tg, err := e.m.HTTPTarget(e.ctx, "", "web", nil)
 			got <- result{tg, err, time.Now()}
 		}()
 		// The request must be held by the restore before it goes on.

@@ -175,6 +175,9 @@ func (in *Inside) handler(id string) http.Handler {
 				writeError(w, r, s.log, err)
 				return
 			}
+			// From here on the sandbox is named by its id, which is
+			// unique across orgs: its name may be another org's too.
+			r.SetPathValue("sandbox", id)
 			// The sandbox asks about itself: the checkpoint rules that
 			// keep the owner's undo points apply (checkpoint.Caller).
 			r = r.WithContext(checkpoint.WithCaller(r.Context(), checkpoint.Inside))
@@ -189,14 +192,16 @@ func (in *Inside) handler(id string) http.Handler {
 }
 
 // own refuses a path about any sandbox but id, as if it did not exist.
+// The sandbox is found by its id (a name may be another org's sandbox's
+// too), then ref must be that id or its name.
 func (in *Inside) own(ctx context.Context, id, ref string) error {
-	sb, err := in.sandboxes.Get(ctx, ref)
+	sb, err := in.sandboxes.Get(ctx, id)
 	if err != nil && !errors.Is(err, api.ErrNotFound) {
 		// Not an answer about the sandbox (a lookup cut short by a client
 		// that went away, say): it must not read as one.
 		return err
 	}
-	if err != nil || sb.ID != id {
+	if err != nil || sb.ID != id || ref != sb.ID && ref != sb.Name {
 		return api.Errorf(api.CodeNotFound, "sandbox %q not found", ref)
 	}
 	return nil

@@ -102,22 +102,26 @@ type ConsoleSession struct {
 
 // Filter narrows ListSandboxes. Every label given must match.
 type Filter struct {
+	// Org, when set, keeps only the sandboxes of that org.
+	Org    string
 	Labels map[string]string
 }
 
 // Store is the metadata store. Every method is safe for concurrent use.
 // Where a method takes ref, ref is a sandbox's id or its name.
 type Store interface {
-	// CreateSandbox adds a sandbox. It fails with ErrExists when the id or
-	// the name is taken.
+	// CreateSandbox adds a sandbox. It fails with ErrExists when the id is
+	// taken, or the name within the sandbox's org.
 	CreateSandbox(ctx context.Context, sb *Sandbox) error
-	// GetSandbox finds a sandbox by id or name; ErrNotFound if none. When
-	// ref is one sandbox's id and another's name, the id wins.
-	GetSandbox(ctx context.Context, ref string) (*Sandbox, error)
+	// GetSandbox finds a sandbox of org by id or name; ErrNotFound if none,
+	// or if it belongs to another org. When ref is one sandbox's id and
+	// another's name, the id wins. An org of "" finds a sandbox of any org:
+	// the daemon's own lookups, by id.
+	GetSandbox(ctx context.Context, org, ref string) (*Sandbox, error)
 	// ListSandboxes lists sandboxes, oldest first.
 	ListSandboxes(ctx context.Context, f Filter) ([]*Sandbox, error)
 	// UpdateSandbox replaces the stored record with the same id; ErrNotFound
-	// if none, ErrExists if the new name is another sandbox's. The sandbox's
+	// if none, ErrExists if the new name is another sandbox's of its org. The sandbox's
 	// checkpoints are kept.
 	UpdateSandbox(ctx context.Context, sb *Sandbox) error
 	// DeleteSandbox removes a sandbox and all its checkpoints; ErrNotFound if none.

@@ -95,7 +95,7 @@ func fullRun(ctx context.Context, dir string) error {
 		if len(list) != before+i-refused {
 			return fmt.Errorf("read %d on the full filesystem: %d sandboxes, want %d", i, len(list), before+i-refused)
 		}
-		if _, err := s.GetSandbox(ctx, "a-7"); err != nil {
+		if _, err := s.GetSandbox(ctx, "", "a-7"); err != nil {
 			return fmt.Errorf("get %d on the full filesystem: %w", i, err)
 		}
 		err = s.CreateSandbox(ctx, fullSandbox("b", i))

@@ -18,7 +18,8 @@ const sandboxColumns = `id, name, state, template, image, resources, env, labels
 	http_port, url, from_source, created_at, net_index, agent_token,
 	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool, org`
 
-// CreateSandbox adds sb; store.ErrExists if its id or name is taken.
+// CreateSandbox adds sb; store.ErrExists if its id is taken, or its name
+// within its org.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
 	if err != nil {
@@ -37,12 +38,13 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// GetSandbox finds a sandbox by id or name; store.ErrNotFound if none. When
-// ref is one sandbox's id and another's name, the id wins.
-func (s *Store) GetSandbox(ctx context.Context, ref string) (*store.Sandbox, error) {
+// GetSandbox finds a sandbox of org by id or name; store.ErrNotFound if
+// none. When ref is one sandbox's id and another's name, the id wins. An
+// org of "" finds one of any org.
+func (s *Store) GetSandbox(ctx context.Context, org, ref string) (*store.Sandbox, error) {
 	row := s.r.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
-		WHERE id = :ref OR name = :ref
-		ORDER BY id = :ref DESC LIMIT 1`, sql.Named("ref", ref))
+		WHERE (id = :ref OR name = :ref) AND (:org = '' OR org = :org)
+		ORDER BY id = :ref DESC LIMIT 1`, sql.Named("ref", ref), sql.Named("org", org))
 	sb, err := scanSandbox(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting sandbox %s: %w", ref, store.ErrNotFound)
@@ -60,15 +62,20 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.Filter) ([]*store.San
 	b.WriteString(`SELECT ` + sandboxColumns + ` FROM sandboxes`)
 	// json_each compares keys as data, so a key with dots or quotes in it
 	// needs no escaping, unlike a json_extract path.
-	var args []any
-	for i, k := range slices.Sorted(maps.Keys(f.Labels)) {
-		if i == 0 {
-			b.WriteString(" WHERE ")
-		} else {
-			b.WriteString(" AND ")
-		}
-		b.WriteString(`EXISTS (SELECT 1 FROM json_each(sandboxes.labels) WHERE key = ? AND value = ?)`)
+	var (
+		args  []any
+		conds []string
+	)
+	if f.Org != "" {
+		conds = append(conds, `org = ?`)
+		args = append(args, f.Org)
+	}
+	for _, k := range slices.Sorted(maps.Keys(f.Labels)) {
+		conds = append(conds, `EXISTS (SELECT 1 FROM json_each(sandboxes.labels) WHERE key = ? AND value = ?)`)
 		args = append(args, k, f.Labels[k])
+	}
+	if len(conds) > 0 {
+		b.WriteString(" WHERE " + strings.Join(conds, " AND "))
 	}
 	b.WriteString(" ORDER BY created_at, id")
 

@@ -177,6 +177,55 @@ CREATE TABLE orgs (
 ALTER TABLE sandboxes ADD COLUMN org TEXT NOT NULL DEFAULT '';
 CREATE INDEX sandboxes_by_org ON sandboxes (org);
 `,
+	// 11: a sandbox's name is unique within its org, not the daemon: the
+	// same name in two orgs is two sandboxes. SQLite cannot change a
+	// constraint in place, so the table is made again (SQLite's own
+	// twelve steps, https://sqlite.org/lang_altertable.html#otheralter):
+	// migrate runs this step with foreign keys off, or dropping the old
+	// table would delete every checkpoint by cascade, and checks them
+	// before it commits.
+	`
+CREATE TABLE sandboxes_new (
+	id             TEXT    NOT NULL PRIMARY KEY,
+	name           TEXT    NOT NULL,
+	state          TEXT    NOT NULL,
+	template       TEXT    NOT NULL,
+	image          TEXT    NOT NULL,
+	resources      TEXT    NOT NULL CHECK (json_valid(resources)),
+	env            TEXT    NOT NULL CHECK (json_valid(env)),
+	labels         TEXT    NOT NULL CHECK (json_valid(labels)),
+	idle           TEXT    NOT NULL,
+	http_port      INTEGER NOT NULL,
+	url            TEXT    NOT NULL,
+	from_source    TEXT             CHECK (from_source IS NULL OR json_valid(from_source)),
+	created_at     TEXT    NOT NULL,
+	net_index      INTEGER NOT NULL,
+	agent_token    TEXT    NOT NULL,
+	checkpoint_seq INTEGER NOT NULL,
+	auto_seq       INTEGER NOT NULL,
+	error          TEXT    NOT NULL,
+	agent_gen      INTEGER NOT NULL DEFAULT 0,
+	restore_target TEXT    NOT NULL DEFAULT '',
+	secrets        TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(secrets)),
+	secret_files   TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(secret_files)),
+	public         INTEGER NOT NULL DEFAULT 0,
+	network        TEXT    NOT NULL DEFAULT '{"egress":"all","allow":[],"deny":[]}' CHECK (json_valid(network)),
+	pool           TEXT    NOT NULL DEFAULT '',
+	org            TEXT    NOT NULL DEFAULT '',
+	UNIQUE (org, name)
+) STRICT;
+INSERT INTO sandboxes_new (id, name, state, template, image, resources, env, labels, idle,
+	http_port, url, from_source, created_at, net_index, agent_token,
+	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool, org)
+	SELECT id, name, state, template, image, resources, env, labels, idle,
+	http_port, url, from_source, created_at, net_index, agent_token,
+	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool, org
+	FROM sandboxes;
+DROP TABLE sandboxes;
+ALTER TABLE sandboxes_new RENAME TO sandboxes;
+CREATE INDEX sandboxes_by_age ON sandboxes (created_at, id);
+CREATE INDEX sandboxes_by_org ON sandboxes (org);
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own
@@ -198,8 +247,27 @@ func migrate(ctx context.Context, db *sql.DB) error {
 
 // migrateStep applies the next step, if any; done is true when the schema
 // is already current.
+//
+// A step runs with foreign keys off, which SQLite allows to change only
+// outside a transaction: a step that makes a table again (11) drops the
+// old one, which would otherwise delete the rows that refer to it. The
+// references are checked before the step commits, and foreign keys are on
+// again before the connection goes back to the pool.
 func migrateStep(ctx context.Context, db *sql.DB) (done bool, err error) {
-	tx, err := db.BeginTx(ctx, nil)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return false, fmt.Errorf("migrating schema: %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "PRAGMA foreign_keys = OFF"); err != nil {
+		return false, fmt.Errorf("migrating schema: %w", err)
+	}
+	defer func() {
+		if _, onErr := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA foreign_keys = ON"); onErr != nil && err == nil {
+			err = fmt.Errorf("migrating schema: turning foreign keys on again: %w", onErr)
+		}
+	}()
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("migrating schema: %w", err)
 	}
@@ -218,6 +286,15 @@ func migrateStep(ctx context.Context, db *sql.DB) (done bool, err error) {
 	next := version + 1
 	if _, err := tx.ExecContext(ctx, migrations[version]); err != nil {
 		return false, fmt.Errorf("migrating schema to version %d: %w", next, err)
+	}
+	rows, err := tx.QueryContext(ctx, "PRAGMA foreign_key_check")
+	if err != nil {
+		return false, fmt.Errorf("migrating schema to version %d: checking references: %w", next, err)
+	}
+	broken := rows.Next()
+	rows.Close()
+	if broken {
+		return false, fmt.Errorf("migrating schema to version %d: a row refers to one that is gone", next)
 	}
 	// PRAGMA takes no bound parameters; next is an int we made.
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", next)); err != nil {

@@ -107,7 +107,7 @@ func TestMigrate(t *testing.T) {
 		if got := schemaOf(t, s); got != schema {
 			t.Errorf("schema changed on reopen:\n got %s\nwant %s", got, schema)
 		}
-		if _, err := s.GetSandbox(ctx, "one"); err != nil {
+		if _, err := s.GetSandbox(ctx, "", "one"); err != nil {
 			t.Errorf("GetSandbox after reopen: %v", err)
 		}
 		if err := s.Close(); err != nil {
@@ -324,7 +324,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 	}
 	defer s.Close()
 	checkVersion(t, s)
-	sb, err := s.GetSandbox(ctx, "sb-1")
+	sb, err := s.GetSandbox(ctx, "", "sb-1")
 	if err != nil {
 		t.Fatal(err)
 	}

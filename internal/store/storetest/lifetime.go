@@ -41,7 +41,7 @@ func testConcurrentWrites(ctx context.Context, t *testing.T, st store.Store) {
 						return
 					}
 				}
-				got, err := st.GetSandbox(ctx, sb.Name)
+				got, err := st.GetSandbox(ctx, "", sb.Name)
 				if err != nil {
 					t.Errorf("GetSandbox(%s): %v", sb.Name, err)
 					return

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -61,7 +62,7 @@ func testSandboxRoundTrip(ctx context.Context, t *testing.T, st store.Store) {
 func testSandboxGetNotFound(ctx context.Context, t *testing.T, st store.Store) {
 	mustCreateSandbox(ctx, t, st, newSandbox(1))
 	for _, ref := range []string{"sb-002", "box-2", "", "sb-00", "SB-001", "%"} {
-		_, err := st.GetSandbox(ctx, ref)
+		_, err := st.GetSandbox(ctx, "", ref)
 		wantErr(t, "GetSandbox("+ref+")", err, store.ErrNotFound)
 	}
 }
@@ -172,7 +173,7 @@ func testSandboxUpdate(ctx context.Context, t *testing.T, st store.Store) {
 	}
 	checkSandbox(t, "by id", mustGetSandbox(ctx, t, st, sb.ID), up)
 	checkSandbox(t, "by new name", mustGetSandbox(ctx, t, st, "renamed"), up)
-	_, err := st.GetSandbox(ctx, oldName)
+	_, err := st.GetSandbox(ctx, "", oldName)
 	wantErr(t, "GetSandbox(old name)", err, store.ErrNotFound)
 	checkSandbox(t, "the other sandbox", mustGetSandbox(ctx, t, st, other.ID), other)
 	checkCheckpoint(t, "its checkpoint", mustGetCheckpoint(ctx, t, st, sb.ID, "v1"), cp)
@@ -218,7 +219,7 @@ func testSandboxDelete(ctx context.Context, t *testing.T, st store.Store) {
 		t.Fatalf("DeleteSandbox: %v", err)
 	}
 	for _, ref := range []string{a.ID, a.Name} {
-		_, err := st.GetSandbox(ctx, ref)
+		_, err := st.GetSandbox(ctx, "", ref)
 		wantErr(t, "GetSandbox("+ref+") after delete", err, store.ErrNotFound)
 	}
 	wantErr(t, "DeleteSandbox again", st.DeleteSandbox(ctx, a.ID), store.ErrNotFound)
@@ -384,5 +385,51 @@ func testCreatedAtExact(ctx context.Context, t *testing.T, st store.Store) {
 			checkTime(t, "checkpoint created_at", mustGetCheckpoint(ctx, t, st, sb.ID, "v1").CreatedAt, tc.at)
 			checkTime(t, "listed checkpoint created_at", mustListCheckpoints(ctx, t, st, sb.ID)[0].CreatedAt, tc.at)
 		})
+	}
+}
+
+// testSandboxOrgs: a name is unique within an org, not across orgs; a
+// lookup in one org never finds another's sandbox, by name or by id; a
+// lookup in no org finds any by id.
+func testSandboxOrgs(ctx context.Context, t *testing.T, st store.Store) {
+	a, b, c := newSandbox(1), newSandbox(2), newSandbox(3)
+	a.Org, b.Org, c.Org = "docs", "ops", "docs"
+	b.Name = a.Name
+	mustCreateSandbox(ctx, t, st, a)
+	mustCreateSandbox(ctx, t, st, b)
+	for _, tc := range []struct {
+		org, ref string
+		want     *store.Sandbox
+	}{
+		{"docs", a.Name, a}, {"ops", a.Name, b}, {"docs", a.ID, a}, {"ops", b.ID, b},
+		{"docs", b.ID, nil}, {"ops", a.ID, nil}, {"other", a.Name, nil},
+		{"", a.ID, a}, {"", b.ID, b},
+	} {
+		got, err := st.GetSandbox(ctx, tc.org, tc.ref)
+		if tc.want == nil {
+			wantErr(t, fmt.Sprintf("GetSandbox(%q, %q)", tc.org, tc.ref), err, store.ErrNotFound)
+			continue
+		}
+		if err != nil {
+			t.Errorf("GetSandbox(%q, %q): %v", tc.org, tc.ref, err)
+			continue
+		}
+		checkSandbox(t, fmt.Sprintf("GetSandbox(%q, %q)", tc.org, tc.ref), got, tc.want)
+	}
+	taken := *c
+	taken.Name = a.Name
+	wantErr(t, "CreateSandbox with a name taken in its org", st.CreateSandbox(ctx, &taken), store.ErrExists)
+	mustCreateSandbox(ctx, t, st, c)
+	up := *c
+	up.Name = a.Name
+	wantErr(t, "UpdateSandbox to a name taken in its org", st.UpdateSandbox(ctx, &up), store.ErrExists)
+	if got := sandboxIDs(mustListSandboxes(ctx, t, st, store.Filter{Org: "docs"})); !slices.Equal(got, []string{a.ID, c.ID}) {
+		t.Errorf("ListSandboxes(org docs) = %v, want %v", got, []string{a.ID, c.ID})
+	}
+	if got := sandboxIDs(mustListSandboxes(ctx, t, st, store.Filter{Org: "ops", Labels: map[string]string{"n": "2"}})); !slices.Equal(got, []string{b.ID}) {
+		t.Errorf("ListSandboxes(org ops, n=2) = %v, want %v", got, []string{b.ID})
+	}
+	if got := mustListSandboxes(ctx, t, st, store.Filter{Org: "ops", Labels: map[string]string{"n": "1"}}); len(got) != 0 {
+		t.Errorf("ListSandboxes(org ops, n=1) = %v, want none", sandboxIDs(got))
 	}
 }

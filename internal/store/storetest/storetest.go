@@ -69,6 +69,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) 
 		{"SandboxDeleteCascades", testSandboxDeleteCascades},
 		{"SandboxListOrder", testSandboxListOrder},
 		{"SandboxListLabels", testSandboxListLabels},
+		{"SandboxOrgs", testSandboxOrgs},
 		{"UsedNetIndexes", testUsedNetIndexes},
 		{"CreatedAtExact", testCreatedAtExact},
 
@@ -178,7 +179,7 @@ func mustCreateCheckpoint(ctx context.Context, t *testing.T, st store.Store, cp 
 
 func mustGetSandbox(ctx context.Context, t *testing.T, st store.Store, ref string) *store.Sandbox {
 	t.Helper()
-	sb, err := st.GetSandbox(ctx, ref)
+	sb, err := st.GetSandbox(ctx, "", ref)
 	if err != nil {
 		t.Fatalf("GetSandbox(%q): %v", ref, err)
 	}
