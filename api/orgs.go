@@ -56,3 +56,8 @@ type Org struct {
 type OrgList struct {
 	Orgs []Org `json:"orgs"`
 }
+
+// CreateOrg is the body of POST /v1/orgs.
+type CreateOrg struct {
+	Name string `json:"name"`
+}

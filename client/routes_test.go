@@ -329,6 +329,17 @@ var routeCalls = []routeCall{
 		_, err := c.ListOrgs(ctx)
 		return err
 	}},
+	{"POST /v1/orgs", "CreateOrg", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.CreateOrg(ctx, "docs")
+		return err
+	}},
+	{"DELETE /v1/orgs/{org}", "DeleteOrg", url.Values{"all": {"true"}}, func(ctx context.Context, c *client.Client) error {
+		return c.DeleteOrg(ctx, "docs", true)
+	}},
+	{"POST /v1/orgs/{org}/keys", "CreateOrgKey", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.CreateOrgKey(ctx, "docs", api.CreateKey{Name: "docs-admin", Scope: api.ScopeAdmin})
+		return err
+	}},
 	{"PUT /v1/orgs/{org}/quota", "SetQuota", nil, func(ctx context.Context, c *client.Client) error {
 		_, err := c.SetQuota(ctx, "docs", api.Quota{})
 		return err

@@ -232,6 +232,24 @@ func walkOrgs(w *walker) {
 	quota.body = `{}`
 	w.call(quota, 200)
 	w.errorCode(req{route: "PUT /v1/orgs/{org}/quota", path: "/v1/orgs/nosuch/quota", body: `{}`}, api.CodeNotFound)
+
+	create := req{route: "POST /v1/orgs", path: "/v1/orgs", body: `{"name":"walk"}`}
+	w.json(create, 201, &o)
+	if o.Name != "walk" {
+		w.t.Errorf("POST /v1/orgs: %+v", o)
+	}
+	w.errorCode(create, api.CodeConflict)
+	w.errorCode(req{route: "POST /v1/orgs", path: "/v1/orgs", body: `{"name":"Walk--Org"}`}, api.CodeInvalid)
+	var k api.Key
+	w.json(req{route: "POST /v1/orgs/{org}/keys", path: "/v1/orgs/walk/keys", body: `{"name":"walk-admin","scope":"admin"}`}, 201, &k)
+	if k.Org != "walk" || k.Secret == "" {
+		w.t.Errorf("POST /v1/orgs/walk/keys: %+v", k)
+	}
+	w.errorCode(req{route: "POST /v1/orgs/{org}/keys", path: "/v1/orgs/nosuch/keys", body: `{"name":"x"}`}, api.CodeNotFound)
+	w.errorCode(req{route: "DELETE /v1/orgs/{org}", path: "/v1/orgs/default"}, api.CodeConflict)
+	w.errorCode(req{route: "DELETE /v1/orgs/{org}", path: "/v1/orgs/walk?all=maybe"}, api.CodeInvalid)
+	w.call(req{route: "DELETE /v1/orgs/{org}", path: "/v1/orgs/walk?all=true"}, 204)
+	w.errorCode(req{route: "DELETE /v1/orgs/{org}", path: "/v1/orgs/walk"}, api.CodeNotFound)
 }
 
 func walkDaemon(w *walker) {

@@ -228,16 +228,24 @@ func (k *Keys) Revoke(ctx context.Context, org, id string) error {
 	} else if err != nil {
 		return err
 	}
-	k.mu.Lock()
-	calls := k.open[id]
-	delete(k.open, id)
-	delete(k.used, id)
-	delete(k.written, id)
-	k.mu.Unlock()
-	for c := range calls {
-		c.cancel(fmt.Errorf("key %s was revoked", id))
-	}
+	k.Forget(id)
 	return nil
+}
+
+// Forget ends the calls still open with keys ids, which are gone from the
+// store (revoked, or deleted with their org), and drops their last uses.
+func (k *Keys) Forget(ids ...string) {
+	for _, id := range ids {
+		k.mu.Lock()
+		calls := k.open[id]
+		delete(k.open, id)
+		delete(k.used, id)
+		delete(k.written, id)
+		k.mu.Unlock()
+		for c := range calls {
+			c.cancel(fmt.Errorf("key %s was revoked", id))
+		}
+	}
 }
 
 // Run writes the keys' last uses to the store every touchEvery until ctx

@@ -33,15 +33,16 @@ token of loam serve.`,
 
 func (kc *keyCommands) keysCreateCmd() *cobra.Command {
 	var (
-		scope, expires string
-		labels         []string
-		asJSON         bool
+		scope, expires, org string
+		labels              []string
+		asJSON              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Make an API key and print its secret, once",
 		Example: `  loam keys create ci --scope write --expires 30d
-  loam keys create agent-7 --label owner=agent-7`,
+  loam keys create agent-7 --label owner=agent-7
+  loam keys create docs-admin --org docs --scope admin`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sel, err := parseKV("label", labels)
@@ -52,7 +53,13 @@ func (kc *keyCommands) keysCreateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			k, err := c.CreateKey(cmd.Context(), api.CreateKey{Name: args[0], Scope: api.Scope(scope), ExpiresIn: expires, Labels: sel})
+			req := api.CreateKey{Name: args[0], Scope: api.Scope(scope), ExpiresIn: expires, Labels: sel}
+			var k *api.Key
+			if org != "" {
+				k, err = c.CreateOrgKey(cmd.Context(), org, req)
+			} else {
+				k, err = c.CreateKey(cmd.Context(), req)
+			}
 			if err != nil {
 				return err
 			}
@@ -72,6 +79,7 @@ func (kc *keyCommands) keysCreateCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&scope, "scope", "", "read, write or admin (write unless given)")
+	cmd.Flags().StringVar(&org, "org", "", "make the key in `ORG` (the operator's: an org's first key)")
 	cmd.Flags().StringVar(&expires, "expires", "", "how long the key lives: 720h or 30d (never unless given)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "limit the key to sandboxes labelled `KEY=VALUE` (repeatable)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the key, its secret included, as JSON")

@@ -51,11 +51,75 @@ refused with code limit; the operator sets them (loam orgs quota).`,
 func (oc *orgCommands) orgsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "orgs",
-		Short: "List orgs and set their quotas (the operator's)",
-		Long: `The operator's commands, with the admin token of loam serve: list the orgs
-with what each uses of its quota, and set an org's quota.`,
+		Short: "Make, list and delete orgs, and set their quotas (the operator's)",
+		Long: `The operator's commands, with the admin token of loam serve: make an org and
+its first key, list the orgs with what each uses of its quota, set an
+org's quota, and delete an org.`,
+		Example: `  loam orgs create docs
+  loam keys create docs-admin --org docs --scope admin
+  loam orgs quota docs --sandboxes 20 --memory 16Gi
+  loam orgs rm docs --all`,
 	}
-	cmd.AddCommand(oc.orgsLsCmd(), oc.orgsQuotaCmd())
+	cmd.AddCommand(oc.orgsCreateCmd(), oc.orgsLsCmd(), oc.orgsQuotaCmd(), oc.orgsRmCmd())
+	return cmd
+}
+
+func (oc *orgCommands) orgsCreateCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Make an org (then its first key: loam keys create NAME --org ORG)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := oc.connect()
+			if err != nil {
+				return err
+			}
+			o, err := c.CreateOrg(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(oc.stdout, o)
+			}
+			fmt.Fprintln(oc.stdout, o.Name)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the org as JSON")
+	return cmd
+}
+
+func (oc *orgCommands) orgsRmCmd() *cobra.Command {
+	var all, yes bool
+	cmd := &cobra.Command{
+		Use:     "rm ORG",
+		Aliases: []string{"delete"},
+		Short:   "Delete an org and its keys",
+		Long: `Delete an org and its keys; the calls still open with them end. An org that
+still has sandboxes is refused unless --all is given: then its sandboxes
+and their checkpoints are deleted too, which asks first on a terminal
+(elsewhere it needs --yes). The daemon's own org (--org) is never deleted.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := oc.connect()
+			if err != nil {
+				return err
+			}
+			if all {
+				if err := oc.confirm(yes, fmt.Sprintf("delete org %s with every sandbox and checkpoint in it", args[0])); err != nil {
+					return err
+				}
+			}
+			if err := c.DeleteOrg(cmd.Context(), args[0], all); err != nil {
+				return err
+			}
+			fmt.Fprintln(oc.stdout, args[0])
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "delete everything in the org too")
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "with --all, delete without asking")
 	return cmd
 }
 

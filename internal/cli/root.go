@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -184,8 +185,11 @@ func message(err error) string {
 	if ae.Code == api.CodeUnauthorized {
 		// The daemon's words are for any HTTP client ("send
 		// Authorization: Bearer"); a CLI user sets a variable.
-		msg = fmt.Sprintf("missing or wrong token: set %s to the daemon's token, which loam serve keeps in the file token of its data dir (%s by default)",
+		msg = fmt.Sprintf("missing or wrong token: set %s to an API key, or to the daemon's token, which loam serve keeps in the file token of its data dir (%s by default)",
 			client.EnvToken, filepath.Join(client.DefaultDataDir, "token"))
+		if strings.HasPrefix(os.Getenv(client.EnvToken), api.KeyPrefix) {
+			msg = fmt.Sprintf("missing or wrong token: the API key in %s is revoked, expired, or of an org that was deleted", client.EnvToken)
+		}
 	}
 	if errors.Is(err, client.ErrStreamEnded) {
 		msg = client.ErrStreamEnded.Error() + ": " + msg

@@ -17,6 +17,11 @@ type OrgStore interface {
 	// EnsureOrg makes an org if there is none by that name, and gives it
 	// the sandboxes that have no org (those of an older data dir).
 	EnsureOrg(ctx context.Context, org string) error
+	// CreateOrg makes an org; store.ErrExists if there is one.
+	CreateOrg(ctx context.Context, org string) error
+	// DeleteOrg deletes an org and its keys; store.ErrNotFound for none,
+	// store.ErrNotEmpty while it has sandboxes.
+	DeleteOrg(ctx context.Context, org string) error
 	GetOrg(ctx context.Context, name string) (*store.Org, error)
 	ListOrgs(ctx context.Context) ([]*store.Org, error)
 	// SetQuota replaces an org's quota; store.ErrNotFound for none.
@@ -227,8 +232,71 @@ func (a *admission) checkpoint(ctx context.Context, sb *store.Sandbox, memory bo
 }
 
 // Orgs serves the orgs' records and their use (GET /v1/org, GET
-// /v1/orgs, PUT /v1/orgs/{org}/quota). Make it with NewOrgs.
+// /v1/orgs, POST /v1/orgs, DELETE /v1/orgs/{org}, PUT
+// /v1/orgs/{org}/quota). Make it with NewOrgs.
 type Orgs struct{ a *admission }
+
+// Create makes org, with no quota; conflict if there is one by that name.
+func (o *Orgs) Create(ctx context.Context, org string) (*api.Org, error) {
+	if o.a.store == nil {
+		return nil, errNoOrgs
+	}
+	if err := CheckOrg(org); err != nil {
+		return nil, api.Errorf(api.CodeInvalid, "%v", err)
+	}
+	store.AuditFrom(ctx).SetTarget("orgs/" + org)
+	err := o.a.store.CreateOrg(ctx, org)
+	if errors.Is(err, store.ErrExists) {
+		return nil, api.Errorf(api.CodeConflict, "org %q already exists", org)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return o.Get(ctx, org)
+}
+
+// Delete deletes org and its keys. An org that still has sandboxes is
+// refused with a conflict unless all is set: then its sandboxes (and
+// their checkpoints) are deleted first, each as its own DELETE would. The
+// daemon's own org (--org) is never deleted: the admin token acts in it.
+func (o *Orgs) Delete(ctx context.Context, org string, all bool) error {
+	if o.a.store == nil {
+		return errNoOrgs
+	}
+	if org == o.a.m.cfg.Org {
+		return api.Errorf(api.CodeConflict, "org %s is this daemon's own (loam serve --org): it cannot be deleted", org)
+	}
+	if _, err := o.a.store.GetOrg(ctx, org); errors.Is(err, store.ErrNotFound) {
+		return api.Errorf(api.CodeNotFound, "org %q not found", org)
+	} else if err != nil {
+		return err
+	}
+	if all {
+		// As the org's own admin: the lookups see its sandboxes.
+		p, _ := auth.From(ctx)
+		p.Org, p.Labels = org, nil
+		in := auth.WithPrincipal(ctx, p)
+		list, err := o.a.m.List(in, nil)
+		if err != nil {
+			return err
+		}
+		for _, sb := range list {
+			if err := o.a.m.Delete(in, sb.ID); err != nil && !errors.Is(err, api.ErrNotFound) {
+				return fmt.Errorf("deleting sandbox %s of org %s: %w", sb.Name, org, err)
+			}
+		}
+	}
+	store.AuditFrom(ctx).SetTarget("orgs/" + org)
+	err := o.a.store.DeleteOrg(ctx, org)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return api.Errorf(api.CodeNotFound, "org %q not found", org)
+	case errors.Is(err, store.ErrNotEmpty):
+		n, _ := o.a.m.List(auth.WithPrincipal(ctx, auth.Principal{Org: org}), nil)
+		return api.Errorf(api.CodeConflict, "org %s still has %d sandboxes: delete them first, or delete the org with everything in it (?all=true)", org, len(n))
+	}
+	return err
+}
 
 // NewOrgs makes the orgs' service of m. Without Config.Orgs its calls
 // answer unavailable.

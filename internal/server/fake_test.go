@@ -63,6 +63,20 @@ func (f *fakeOrgs) Get(ctx context.Context, org string) (*api.Org, error) {
 	return &api.Org{Name: org, Quota: f.quota}, nil
 }
 
+func (f *fakeOrgs) Create(ctx context.Context, org string) (*api.Org, error) {
+	if org == DefaultOrg {
+		return nil, api.Errorf(api.CodeConflict, "org %q already exists", org)
+	}
+	return nil, api.Errorf(api.CodeUnavailable, "the fake keeps one org")
+}
+
+func (f *fakeOrgs) Delete(ctx context.Context, org string, all bool) error {
+	if _, err := f.Get(ctx, org); err != nil {
+		return err
+	}
+	return api.Errorf(api.CodeConflict, "org %s is this daemon's own (loam serve --org): it cannot be deleted", org)
+}
+
 func (f *fakeOrgs) List(ctx context.Context) ([]api.Org, error) {
 	o, _ := f.Get(ctx, DefaultOrg)
 	return []api.Org{*o}, nil

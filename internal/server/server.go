@@ -96,6 +96,9 @@ type Authenticator interface {
 	Create(ctx context.Context, by auth.Principal, org string, req api.CreateKey) (*api.Key, error)
 	List(ctx context.Context, org string) ([]api.Key, error)
 	Revoke(ctx context.Context, org, id string) error
+	// Forget ends the calls still open with keys ids, deleted with their
+	// org.
+	Forget(ids ...string)
 }
 
 // AuditLog keeps the audit log (store/sqlite).
@@ -190,7 +193,7 @@ func (s *Server) routes() {
 	(&imageRoutes{images: s.images, registries: s.registries}).register(v1)
 	(&poolRoutes{warmPools: s.warmPools}).register(v1)
 	(&keyRoutes{keys: s.keys, audit: s.audit}).register(v1)
-	(&orgRoutes{orgs: s.orgs}).register(v1, operator)
+	(&orgRoutes{orgs: s.orgs, keys: s.keys}).register(v1, operator)
 }
 
 // addRoute registers an API handler for a pattern ("METHOD /path"), the

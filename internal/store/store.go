@@ -18,6 +18,8 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrExists: the name (or id) is already in use.
 	ErrExists = errors.New("already exists")
+	// ErrNotEmpty: an org still owns something, so it is not deleted.
+	ErrNotEmpty = errors.New("not empty")
 )
 
 // Sandbox is the stored record of a sandbox: what the API shows plus what

@@ -30,11 +30,17 @@ func Ctx(t testing.TB) context.Context {
 // returns the status and body.
 func (d *Daemon) Curl(method, path, body string) (int, string) {
 	d.T.Helper()
+	return d.CurlAs(d.Token, method, path, body)
+}
+
+// CurlAs is Curl with token (an API key, say) instead of the admin token.
+func (d *Daemon) CurlAs(token, method, path, body string) (int, string) {
+	d.T.Helper()
 	req, err := http.NewRequest(method, d.URL+path, strings.NewReader(body))
 	if err != nil {
 		d.T.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+d.Token)
+	req.Header.Set("Authorization", "Bearer "+token)
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}

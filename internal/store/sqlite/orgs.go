@@ -36,6 +36,53 @@ func (s *Store) EnsureOrg(ctx context.Context, org string) error {
 	return nil
 }
 
+// CreateOrg makes org, with no quota; store.ErrExists if there is one by
+// that name. The call's audit record is written with it.
+func (s *Store) CreateOrg(ctx context.Context, org string) error {
+	created, err := formatTime(store.Now())
+	if err != nil {
+		return err
+	}
+	_, err = s.exec(ctx, `INSERT INTO orgs (name, quota, created_at) VALUES (?, '{}', ?)`, org, created)
+	if isUniqueViolation(err) {
+		return fmt.Errorf("making org %s: %w", org, store.ErrExists)
+	}
+	if err != nil {
+		return fmt.Errorf("making org %s: %w", org, err)
+	}
+	return nil
+}
+
+// DeleteOrg deletes org and its API keys, in one transaction with the
+// call's audit record; store.ErrNotFound if there is no such org, and
+// store.ErrNotEmpty, deleting nothing, while any sandbox is still its.
+func (s *Store) DeleteOrg(ctx context.Context, org string) error {
+	err := s.execTx(ctx, func(tx *sql.Tx) (bool, error) {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes WHERE org = ?`, org).Scan(&n); err != nil {
+			return false, err
+		}
+		if n > 0 {
+			return false, fmt.Errorf("%d sandboxes: %w", n, store.ErrNotEmpty)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE org = ?`, org); err != nil {
+			return false, err
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM orgs WHERE name = ?`, org)
+		if err != nil {
+			return false, err
+		}
+		if err := oneRow(res); err != nil {
+			return false, err
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("deleting org %s: %w", org, err)
+	}
+	return nil
+}
+
 // GetOrg finds an org by name; store.ErrNotFound if none.
 func (s *Store) GetOrg(ctx context.Context, name string) (*store.Org, error) {
 	o, err := scanOrg(s.r.QueryRowContext(ctx, `SELECT name, quota, created_at FROM orgs WHERE name = ?`, name))

@@ -214,6 +214,38 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result
 	return res, storageError(err)
 }
 
+// execTx runs change in one write transaction, with the call's audit
+// record (store.AuditFrom) when it changed something: a change of several
+// statements, as exec is of one. change reports whether it changed
+// anything; its error rolls everything back.
+func (s *Store) execTx(ctx context.Context, change func(tx *sql.Tx) (changed bool, err error)) error {
+	run := func(ev *api.AuditEvent) (int64, error) {
+		tx, err := s.w.BeginTx(ctx, nil)
+		if err != nil {
+			return 0, err
+		}
+		defer tx.Rollback()
+		changed, err := change(tx)
+		if err != nil {
+			return 0, err
+		}
+		var seq int64
+		if changed && ev != nil {
+			if seq, err = insertAudit(ctx, tx, *ev); err != nil {
+				return 0, err
+			}
+		}
+		return seq, tx.Commit()
+	}
+	var err error
+	if call := store.AuditFrom(ctx); call != nil {
+		err = call.Attach(run)
+	} else {
+		_, err = run(nil)
+	}
+	return storageError(err)
+}
+
 // execAudited runs query and writes ev in one transaction; the record's
 // seq, or 0 when query changed nothing (and so no record was written).
 func (s *Store) execAudited(ctx context.Context, ev *api.AuditEvent, res *sql.Result, query string, args []any) (int64, error) {

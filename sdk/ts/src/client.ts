@@ -349,6 +349,25 @@ export class Loam {
     return (await this.t.json<{ orgs: Org[] | null }>('GET', '/v1/orgs', opts)).orgs ?? []
   }
 
+  /** createOrg makes an org, with no quota and no keys (the operator's). */
+  createOrg(name: string, opts?: CallOptions): Promise<Org> {
+    return this.t.json<Org>('POST', '/v1/orgs', { ...opts, body: { name } })
+  }
+
+  /**
+   * deleteOrg deletes an org and its keys (the operator's). An org that
+   * still has sandboxes fails with ConflictError unless all is set: then
+   * everything in it goes too.
+   */
+  async deleteOrg(org: string, opts: CallOptions & { all?: boolean } = {}): Promise<void> {
+    await this.t.json('DELETE', `/v1/orgs/${seg('org', org)}`, { ...opts, query: { all: opts.all ? 'true' : undefined } })
+  }
+
+  /** createOrgKey makes a key of an org, as createKey does of the caller's (the operator's: an org's first key). */
+  createOrgKey(org: string, req: CreateKey, opts?: CallOptions): Promise<Key> {
+    return this.t.json<Key>('POST', `/v1/orgs/${seg('org', org)}/keys`, { ...opts, body: req })
+  }
+
   /**
    * setQuota replaces an org's quota (a field left out is unlimited) and
    * returns the org (the operator's). A call past a limit then fails with

@@ -1531,7 +1531,73 @@ export interface paths {
          */
         get: operations["listOrgs"];
         put?: never;
+        /**
+         * Make an org (the operator's)
+         * @description Makes an org, with no quota and no keys: make its first key with
+         *     `POST /v1/orgs/{org}/keys`. A name is as a sandbox's (a-z, 0-9 and
+         *     `-`, starting with a letter), without `--`, and short enough that
+         *     `NAME--ORG` stays a DNS label; an org that exists is 409
+         *     `conflict`. Only the operator may call it.
+         */
+        post: operations["createOrg"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The org's name.
+                 * @example docs
+                 */
+                org: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
         post?: never;
+        /**
+         * Delete an org (the operator's)
+         * @description Deletes the org and its keys (calls still open with them end). An
+         *     org that still has sandboxes is refused with 409 `conflict` unless
+         *     `all=true`: then its sandboxes and their checkpoints are deleted
+         *     first. The daemon's own org (`loam serve --org`) is never deleted.
+         *     Only the operator may call it.
+         */
+        delete: operations["deleteOrg"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/orgs/{org}/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The org's name.
+                 * @example docs
+                 */
+                org: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Make a key of an org (the operator's)
+         * @description Makes a key of the org, as `POST /v1/keys` makes one of the
+         *     caller's: the same body and answer, the secret only in it. How an
+         *     org gets its first admin. Only the operator may call it.
+         */
+        post: operations["createOrgKey"];
         delete?: never;
         options?: never;
         head?: never;
@@ -2282,6 +2348,10 @@ export interface components {
             use: components["schemas"]["OrgUse"];
             /** Format: date-time */
             created_at: string;
+        };
+        CreateOrg: {
+            /** @description The org's name, as it appears in URLs (NAME--ORG). */
+            name: string;
         };
         OrgList: {
             orgs: components["schemas"]["Org"][];
@@ -5020,6 +5090,117 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createOrg: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "name": "docs"
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateOrg"];
+            };
+        };
+        responses: {
+            /** @description The new org. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Org"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    deleteOrg: {
+        parameters: {
+            query?: {
+                /** @description Delete everything in the org too. */
+                all?: boolean;
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The org's name.
+                 * @example docs
+                 */
+                org: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createOrgKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The org's name.
+                 * @example docs
+                 */
+                org: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "name": "docs-admin",
+                 *       "scope": "admin"
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateKey"];
+            };
+        };
+        responses: {
+            /** @description The key, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Key"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
             500: components["responses"]["Internal"];
             503: components["responses"]["Unavailable"];
         };

@@ -1,0 +1,207 @@
+package test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/client"
+	"loam.dev/loam/internal/server"
+	"loam.dev/loam/test/harness"
+)
+
+// routePath is rt's pattern made a request about sandbox sb (its
+// checkpoint v1, service web, …), with a body for the methods that take
+// one.
+func routePath(pattern, sb string) (method, path, body string) {
+	method, path, _ = strings.Cut(pattern, " ")
+	path = strings.NewReplacer(
+		"{sandbox}", sb, "{checkpoint}", "v1", "{template}", "busybox", "{image}", "img",
+		"{registry}", "ghcr.io", "{name}", "S", "{service}", "web", "{session}", "s1",
+		"{port}", "8080", "{key}", "key-nosuchkey000", "{org}", "docs",
+	).Replace(path)
+	switch method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+		body = "{}"
+	}
+	return method, path, body
+}
+
+// TestOrgs holds orgs to their promises on real sandboxes: the operator
+// makes orgs and their first keys; the same name in two orgs is two
+// sandboxes, each at its own URL; every route about a sandbox, called with
+// another org's key, answers exactly as for a sandbox that does not exist
+// (generated from the route table, so a new route cannot be missed), and
+// changes nothing; the front door does the same; an org with sandboxes is
+// deleted only with all=true, and its keys with it.
+func TestOrgs(t *testing.T) {
+	t.Parallel()
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
+	op := client.New(d.URL, d.Token)
+
+	keys := map[string]string{}
+	for _, org := range []string{"docs", "ops"} {
+		if o, err := op.CreateOrg(ctx, org); err != nil || o.Name != org {
+			t.Fatalf("CreateOrg(%s): %+v, %v", org, o, err)
+		}
+		k, err := op.CreateOrgKey(ctx, org, api.CreateKey{Name: org + "-admin", Scope: api.ScopeAdmin})
+		if err != nil || k.Org != org || k.Secret == "" {
+			t.Fatalf("CreateOrgKey(%s): %+v, %v", org, k, err)
+		}
+		keys[org] = k.Secret
+	}
+	if _, err := op.CreateOrg(ctx, "docs"); harness.APICode(err) != api.CodeConflict {
+		t.Errorf("CreateOrg(docs) again: %v, want conflict", err)
+	}
+	if _, err := op.CreateOrg(ctx, "Bad--Org"); harness.APICode(err) != api.CodeInvalid {
+		t.Errorf("CreateOrg(Bad--Org): %v, want invalid", err)
+	}
+	if _, err := op.CreateOrgKey(ctx, "nosuch", api.CreateKey{Name: "x"}); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("CreateOrgKey(nosuch): %v, want not_found", err)
+	}
+	docs, ops := client.New(d.URL, keys["docs"]), client.New(d.URL, keys["ops"])
+	if o, err := docs.Org(ctx); err != nil || o.Name != "docs" {
+		t.Errorf("the docs key's org: %+v, %v", o, err)
+	}
+
+	// The same name in two orgs: two sandboxes, each at its org's URL.
+	serve := func(c *client.Client, org string) *api.Sandbox {
+		t.Helper()
+		sb, err := c.CreateSandbox(ctx, api.CreateSandbox{Name: "web"})
+		if err != nil {
+			t.Fatalf("web in %s: %v", org, err)
+		}
+		if _, _, code, err := c.Output(ctx, "web", "sh", "-c", "mkdir -p www && echo "+org+" > www/index.html"); err != nil || code != 0 {
+			t.Fatalf("web in %s: %d %v", org, code, err)
+		}
+		if _, err := c.PutService(ctx, "web", api.Service{Name: "web", Cmd: []string{"httpd", "-f", "-p", "8080", "-h", "www"}}); err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	docsWeb, opsWeb := serve(docs, "docs"), serve(ops, "ops")
+	if docsWeb.ID == opsWeb.ID || !strings.HasPrefix(docsWeb.URL, "http://web--docs.") || !strings.HasPrefix(opsWeb.URL, "http://web--ops.") {
+		t.Fatalf("web in two orgs: %s %s, %s %s", docsWeb.ID, docsWeb.URL, opsWeb.ID, opsWeb.URL)
+	}
+	only, err := docs.CreateSandbox(ctx, api.CreateSandbox{Name: "only"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, code, err := docs.Output(ctx, "only", "sh", "-c", "echo kept > mark"); err != nil || code != 0 {
+		t.Fatalf("writing a mark: %d %v", code, err)
+	}
+	if _, err := docs.CreateCheckpoint(ctx, "only", api.CreateCheckpoint{}); err != nil {
+		t.Fatal(err)
+	}
+
+	uc := urlClient(d)
+	for _, tc := range []struct {
+		url, key string
+		status   int
+		body     string
+	}{
+		{docsWeb.URL, keys["docs"], 200, "docs"},
+		{opsWeb.URL, keys["ops"], 200, "ops"},
+		{docsWeb.URL, keys["ops"], 404, ""},
+		{strings.Replace(docsWeb.URL, "web--docs", "only--docs", 1), keys["ops"], 404, ""},
+	} {
+		harness.Eventually(t, 30*time.Second, "the URL answers", func() error {
+			status, body, _, err := fetch(ctx, uc, "GET", tc.url+"/", http.Header{"Authorization": {"Bearer " + tc.key}}, "")
+			if err != nil || status != tc.status || !strings.Contains(body, tc.body) {
+				return errors.New(tc.url + ": " + http.StatusText(status) + " " + body)
+			}
+			return nil
+		})
+	}
+	// The front door answers a key of another org as for no such sandbox.
+	_, none, _, _ := fetch(ctx, uc, "GET", strings.Replace(docsWeb.URL, "web--docs", "nosuch--docs", 1)+"/", http.Header{"Authorization": {"Bearer " + keys["ops"]}}, "")
+	_, got, _, _ := fetch(ctx, uc, "GET", strings.Replace(docsWeb.URL, "web--docs", "only--docs", 1)+"/", http.Header{"Authorization": {"Bearer " + keys["ops"]}}, "")
+	if strings.ReplaceAll(got, "only", "nosuch") != none {
+		t.Errorf("the front door, org docs' sandbox with a key of ops: %q; for no such sandbox: %q", got, none)
+	}
+
+	// The isolation matrix: every route about a sandbox, with org ops's
+	// key, about org docs's sandbox (by name and by id) answers as about
+	// one that does not exist.
+	n := 0
+	for _, rt := range server.RouteTable() {
+		if !strings.Contains(rt.Pattern, "{sandbox}") {
+			continue
+		}
+		for _, ref := range []string{"only", only.ID} {
+			method, path, body := routePath(rt.Pattern, ref)
+			st, gotBody := d.CurlAs(keys["ops"], method, path, body)
+			method, path, body = routePath(rt.Pattern, "nosuch")
+			wantSt, wantBody := d.CurlAs(keys["ops"], method, path, body)
+			if st != wantSt || strings.ReplaceAll(gotBody, ref, "nosuch") != wantBody {
+				t.Errorf("%s about org docs' %s with a key of ops: %d %s; for no such sandbox: %d %s", rt.Pattern, ref, st, gotBody, wantSt, wantBody)
+			}
+			n++
+		}
+	}
+	for _, ref := range []string{"only", only.ID} {
+		_, err := ops.CreateSandbox(ctx, api.CreateSandbox{Name: "stolen", From: &api.ForkSource{Sandbox: ref, Checkpoint: "v1"}})
+		if !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("a fork of org docs' %s by ops: %v, want not_found", ref, err)
+		}
+	}
+	t.Logf("%d calls about another org's sandbox, each as for none", n)
+	if list, err := ops.ListSandboxes(ctx, client.ListOptions{}); err != nil || len(list) != 1 || list[0].ID != opsWeb.ID {
+		t.Errorf("ops's list: %v, %v; want its web alone", list, err)
+	}
+
+	// Nothing of docs changed.
+	if sb, err := docs.GetSandbox(ctx, "only"); err != nil || sb.State != api.StateRunning {
+		t.Errorf("docs' only after ops's calls: %+v, %v; want it running", sb, err)
+	}
+	if cps, err := docs.ListCheckpoints(ctx, "only"); err != nil || len(cps) != 1 {
+		t.Errorf("docs' only's checkpoints: %v, %v; want its one", cps, err)
+	}
+	if out, _, code, err := docs.Output(ctx, "only", "cat", "mark"); err != nil || code != 0 || strings.TrimSpace(string(out)) != "kept" {
+		t.Errorf("docs' only's mark: %q %d %v", out, code, err)
+	}
+
+	// An org with sandboxes goes only with everything in it; its keys
+	// with it. The daemon's own org never goes.
+	if err := op.DeleteOrg(ctx, "docs", false); harness.APICode(err) != api.CodeConflict {
+		t.Errorf("DeleteOrg(docs) with sandboxes: %v, want conflict", err)
+	}
+	if err := op.DeleteOrg(ctx, "default", true); harness.APICode(err) != api.CodeConflict {
+		t.Errorf("DeleteOrg(default): %v, want conflict", err)
+	}
+	if err := docs.DeleteOrg(ctx, "ops", true); harness.APICode(err) != api.CodeForbidden {
+		t.Errorf("DeleteOrg by an org's key: %v, want forbidden", err)
+	}
+	if err := op.DeleteOrg(ctx, "docs", true); err != nil {
+		t.Fatalf("DeleteOrg(docs, all): %v", err)
+	}
+	if _, err := docs.ListSandboxes(ctx, client.ListOptions{}); harness.APICode(err) != api.CodeUnauthorized {
+		t.Errorf("the key of a deleted org: %v, want unauthorized", err)
+	}
+	if err := op.DeleteOrg(ctx, "docs", true); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("DeleteOrg(docs) again: %v, want not_found", err)
+	}
+	orgs, err := op.ListOrgs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, o := range orgs {
+		names = append(names, o.Name)
+	}
+	if strings.Join(names, ",") != "default,ops" {
+		t.Errorf("orgs after deleting docs: %v, want default,ops", names)
+	}
+	if sb, err := ops.GetSandbox(ctx, "web"); err != nil || sb.ID != opsWeb.ID || sb.State != api.StateRunning {
+		t.Errorf("ops's web after docs went: %+v, %v", sb, err)
+	}
+	for _, m := range harness.MountsUnder(d.DataDir) {
+		if strings.Contains(m, docsWeb.ID) || strings.Contains(m, only.ID) {
+			t.Errorf("a mount of a deleted org's sandbox is left: %s", m)
+		}
+	}
+}
