@@ -98,6 +98,48 @@ func TestOrgs(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Secrets are the org's: the same name in two orgs is two secrets,
+	// and a sandbox has its own org's.
+	for org, c := range map[string]*client.Client{"docs": docs, "ops": ops} {
+		if _, err := c.PutSecret(ctx, "db", org+"-pass"); err != nil {
+			t.Fatalf("PutSecret(db) in %s: %v", org, err)
+		}
+	}
+	if _, err := docs.PutSecret(ctx, "docs-only", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := ops.ListSecrets(ctx); err != nil || len(list) != 1 || list[0].Name != "db" {
+		t.Errorf("ops's secrets: %v, %v; want its db alone", list, err)
+	}
+	if _, err := ops.CreateSandbox(ctx, api.CreateSandbox{Name: "thief", Secrets: map[string]string{"X": "docs-only"}}); harness.APICode(err) != api.CodeInvalid {
+		t.Errorf("a sandbox of ops given docs' secret: %v, want invalid (no such secret)", err)
+	}
+	if err := ops.DeleteSecret(ctx, "docs-only", true); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("ops deleting docs' secret: %v, want not_found", err)
+	}
+	if _, err := docs.CreateSandbox(ctx, api.CreateSandbox{Name: "withdb", Secrets: map[string]string{"DB": "db"}}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, _, err := docs.Output(ctx, "withdb", "sh", "-c", "echo $DB"); err != nil || strings.TrimSpace(string(out)) != "docs-pass" {
+		t.Errorf("docs' sandbox's DB: %q, %v; want docs' own value", out, err)
+	}
+
+	// What every org shares, only the daemon's own org changes.
+	for _, tc := range []struct {
+		method, path string
+		status       int
+	}{
+		{"GET", "/v1/templates", 200},
+		{"DELETE", "/v1/templates/busybox", 403},
+		{"POST", "/v1/images", 403},
+		{"GET", "/v1/registries", 403},
+		{"PUT", "/v1/registries/ghcr.io", 403},
+	} {
+		if st, body := d.CurlAs(keys["ops"], tc.method, tc.path, "{}"); st != tc.status {
+			t.Errorf("%s %s with a key of ops: %d %s, want %d", tc.method, tc.path, st, body, tc.status)
+		}
+	}
+
 	uc := urlClient(d)
 	for _, tc := range []struct {
 		url, key string

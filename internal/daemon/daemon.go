@@ -408,7 +408,7 @@ func (d *Daemon) openImages(ctx context.Context, p *parts) error {
 	if err != nil {
 		return err
 	}
-	p.registries = image.NewCredentials(regSecrets)
+	p.registries = image.NewCredentials(regSecrets, d.cfg.Org)
 	p.images = image.New(image.Config{
 		Records: p.store, Sandboxes: p.store, Pool: p.pool, CacheDir: filepath.Join(d.cfg.TemplateCache, "images"),
 		Keychain: authn.NewMultiKeychain(p.registries, authn.DefaultKeychain), Log: d.log,

@@ -20,10 +20,16 @@ import (
 // of the standard Docker config file (authn.DefaultKeychain).
 type Credentials struct {
 	store secret.Store
+	// org is whose credentials these are: the daemon's own (--org).
+	// Images are pulled once per reference for every org, so their
+	// credentials are the daemon's, kept under its org.
+	org string
 }
 
-// NewCredentials keeps credentials in st; nil keeps none.
-func NewCredentials(st secret.Store) *Credentials { return &Credentials{store: st} }
+// NewCredentials keeps credentials of org in st; nil keeps none.
+func NewCredentials(st secret.Store, org string) *Credentials {
+	return &Credentials{store: st, org: org}
+}
 
 // A registry's credential is stored under a name secret.CheckName allows,
 // since registries hold ':' and may be long: "r_" and the host in hex.
@@ -60,7 +66,7 @@ func (c *Credentials) Login(ctx context.Context, registry string, login api.Regi
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.store.Put(ctx, credName(reg), secret.NewValue(string(b))); err != nil {
+	if _, err := c.store.Put(ctx, c.org, credName(reg), secret.NewValue(string(b))); err != nil {
 		return nil, fmt.Errorf("storing credentials for %s: %w", reg, err)
 	}
 	return &api.Registry{Registry: reg, Username: login.Username}, nil
@@ -75,7 +81,7 @@ func (c *Credentials) Logout(ctx context.Context, registry string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.store.Delete(ctx, credName(reg)); err != nil {
+	if err := c.store.Delete(ctx, c.org, credName(reg)); err != nil {
 		if errors.Is(err, api.ErrNotFound) {
 			return api.Errorf(api.CodeNotFound, "no credentials for %s", reg)
 		}
@@ -90,7 +96,7 @@ func (c *Credentials) List(ctx context.Context) ([]api.Registry, error) {
 	if c.store == nil {
 		return out, nil
 	}
-	list, err := c.store.List(ctx)
+	list, err := c.store.List(ctx, c.org)
 	if err != nil {
 		return nil, fmt.Errorf("listing registry credentials: %w", err)
 	}
@@ -109,7 +115,7 @@ func (c *Credentials) List(ctx context.Context) ([]api.Registry, error) {
 }
 
 func (c *Credentials) get(ctx context.Context, reg string) (*api.RegistryLogin, error) {
-	vals, err := c.store.Resolve(ctx, []string{credName(reg)})
+	vals, err := c.store.Resolve(ctx, c.org, []string{credName(reg)})
 	if err != nil {
 		return nil, fmt.Errorf("reading credentials for %s: %w", reg, err)
 	}

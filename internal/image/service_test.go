@@ -60,7 +60,7 @@ func newService(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds := image.NewCredentials(sealed)
+	creds := image.NewCredentials(sealed, "default")
 	svc := image.New(image.Config{Records: st, Sandboxes: st, Pool: pool, CacheDir: filepath.Join(dir, "cache"),
 		Keychain: authn.NewMultiKeychain(creds, authn.DefaultKeychain), Log: slog.New(slog.DiscardHandler)})
 	run(t, svc)

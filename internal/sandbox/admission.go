@@ -19,9 +19,10 @@ type OrgStore interface {
 	EnsureOrg(ctx context.Context, org string) error
 	// CreateOrg makes an org; store.ErrExists if there is one.
 	CreateOrg(ctx context.Context, org string) error
-	// DeleteOrg deletes an org and its keys; store.ErrNotFound for none,
-	// store.ErrNotEmpty while it has sandboxes.
-	DeleteOrg(ctx context.Context, org string) error
+	// DeleteOrg deletes an org, its keys, secrets and registry
+	// credentials; store.ErrNotFound for none, a *store.NotEmptyError
+	// while it has sandboxes or (unless secrets) secrets.
+	DeleteOrg(ctx context.Context, org string, secrets bool) error
 	GetOrg(ctx context.Context, name string) (*store.Org, error)
 	ListOrgs(ctx context.Context) ([]*store.Org, error)
 	// SetQuota replaces an org's quota; store.ErrNotFound for none.
@@ -255,9 +256,10 @@ func (o *Orgs) Create(ctx context.Context, org string) (*api.Org, error) {
 	return o.Get(ctx, org)
 }
 
-// Delete deletes org and its keys. An org that still has sandboxes is
-// refused with a conflict unless all is set: then its sandboxes (and
-// their checkpoints) are deleted first, each as its own DELETE would. The
+// Delete deletes org and its keys. An org that still has sandboxes or
+// secrets is refused with a conflict unless all is set: then its
+// sandboxes (and their checkpoints) are deleted first, each as its own
+// DELETE would, and its secrets with the org. The
 // daemon's own org (--org) is never deleted: the admin token acts in it.
 func (o *Orgs) Delete(ctx context.Context, org string, all bool) error {
 	if o.a.store == nil {
@@ -287,13 +289,13 @@ func (o *Orgs) Delete(ctx context.Context, org string, all bool) error {
 		}
 	}
 	store.AuditFrom(ctx).SetTarget("orgs/" + org)
-	err := o.a.store.DeleteOrg(ctx, org)
+	err := o.a.store.DeleteOrg(ctx, org, all)
+	var in *store.NotEmptyError
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return api.Errorf(api.CodeNotFound, "org %q not found", org)
-	case errors.Is(err, store.ErrNotEmpty):
-		n, _ := o.a.m.List(auth.WithPrincipal(ctx, auth.Principal{Org: org}), nil)
-		return api.Errorf(api.CodeConflict, "org %s still has %d sandboxes: delete them first, or delete the org with everything in it (?all=true)", org, len(n))
+	case errors.As(err, &in):
+		return api.Errorf(api.CodeConflict, "org %s still has %d sandboxes and %d secrets: delete them first, or delete the org with everything in it (?all=true)", org, in.Sandboxes, in.Secrets)
 	}
 	return err
 }

@@ -17,9 +17,9 @@ import (
 // Secrets gives the values of the secrets sandboxes are given (package
 // secret's Store has it).
 type Secrets interface {
-	// Resolve gives the values of names; a name with no secret is left
-	// out of the map.
-	Resolve(ctx context.Context, names []string) (map[string]secret.Value, error)
+	// Resolve gives the values of names in org; a name with no secret is
+	// left out of the map.
+	Resolve(ctx context.Context, org string, names []string) (map[string]secret.Value, error)
 }
 
 // maxSecretRefs bounds the secrets a sandbox has, so that their values fit
@@ -66,7 +66,7 @@ func (m *Manager) checkSecretRefs(ctx context.Context, req api.CreateSandbox) er
 			return err
 		}
 	}
-	got, err := m.cfg.Secrets.Resolve(ctx, names)
+	got, err := m.cfg.Secrets.Resolve(ctx, m.orgOf(ctx), names)
 	if err != nil {
 		return fmt.Errorf("looking up secrets: %w", err)
 	}
@@ -109,7 +109,11 @@ func (m *Manager) secretValues(ctx context.Context, sb *store.Sandbox) (env, fil
 		return nil, nil, nil
 	}
 	names := slices.Concat(slices.Collect(maps.Values(sb.Secrets)), slices.Collect(maps.Values(sb.SecretFiles)))
-	vals, err := m.cfg.Secrets.Resolve(ctx, names)
+	org := sb.Org
+	if org == "" {
+		org = m.cfg.Org
+	}
+	vals, err := m.cfg.Secrets.Resolve(ctx, org, names)
 	if err != nil {
 		return nil, nil, fmt.Errorf("resolving the secrets of %s: %w", sb.ID, err)
 	}

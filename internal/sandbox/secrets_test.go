@@ -24,7 +24,7 @@ func (s mapSecrets) Delete(ctx context.Context, name string) error {
 	return nil
 }
 
-func (s mapSecrets) Resolve(ctx context.Context, names []string) (map[string]secret.Value, error) {
+func (s mapSecrets) Resolve(ctx context.Context, org string, names []string) (map[string]secret.Value, error) {
 	out := map[string]secret.Value{}
 	for _, n := range names {
 		if v, ok := s[n]; ok {

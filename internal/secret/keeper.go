@@ -32,28 +32,28 @@ func NewKeeper(st Store, sbs Sandboxes, log *slog.Logger) *Keeper {
 	return &Keeper{store: st, sandboxes: sbs, log: log}
 }
 
-// Put stores a secret's value (PUT /v1/secrets/{name}). Sandboxes that
+// Put stores a secret's value in org (PUT /v1/secrets/{name}). Sandboxes that
 // have it get the new value at their next boot, restore or fork.
-func (k *Keeper) Put(ctx context.Context, name string, value Value) (*api.Secret, error) {
-	return k.store.Put(ctx, name, value)
+func (k *Keeper) Put(ctx context.Context, org, name string, value Value) (*api.Secret, error) {
+	return k.store.Put(ctx, org, name, value)
 }
 
-// List lists the secrets' names and times.
-func (k *Keeper) List(ctx context.Context) ([]api.Secret, error) {
-	return k.store.List(ctx)
+// List lists the names and times of org's secrets.
+func (k *Keeper) List(ctx context.Context, org string) ([]api.Secret, error) {
+	return k.store.List(ctx, org)
 }
 
-// Delete deletes a secret. One that a sandbox has is a conflict that names
+// Delete deletes a secret of org. One that a sandbox of org has is a conflict that names
 // the sandboxes, unless force: then they keep running with the value they
 // were given, and their next boot, restore or fork goes without it.
-func (k *Keeper) Delete(ctx context.Context, name string, force bool) error {
+func (k *Keeper) Delete(ctx context.Context, org, name string, force bool) error {
 	if err := CheckName(name); err != nil {
 		return err
 	}
 	// A secret that is gone is not_found even while sandboxes still name
 	// it (a forced delete leaves them naming it): a conflict would send
 	// the caller to delete it again, forever.
-	secs, err := k.store.List(ctx)
+	secs, err := k.store.List(ctx, org)
 	if err != nil {
 		return fmt.Errorf("listing secrets: %w", err)
 	}
@@ -61,7 +61,7 @@ func (k *Keeper) Delete(ctx context.Context, name string, force bool) error {
 		return api.Errorf(api.CodeNotFound, "secret %q not found", name)
 	}
 	if !force {
-		sbs, err := k.sandboxes.ListSandboxes(ctx, store.Filter{})
+		sbs, err := k.sandboxes.ListSandboxes(ctx, store.Filter{Org: org})
 		if err != nil {
 			return err
 		}
@@ -76,9 +76,9 @@ func (k *Keeper) Delete(ctx context.Context, name string, force bool) error {
 			return api.Errorf(api.CodeConflict, "secret %q is used by sandbox %s; force (?force=true, loam secret rm --force) deletes it anyway, and they go without it from their next boot", name, strings.Join(users, ", "))
 		}
 	}
-	if err := k.store.Delete(ctx, name); err != nil {
+	if err := k.store.Delete(ctx, org, name); err != nil {
 		return err
 	}
-	k.log.Info("secret deleted", "secret", name, "force", force)
+	k.log.Info("secret deleted", "org", org, "secret", name, "force", force)
 	return nil
 }

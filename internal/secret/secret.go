@@ -49,25 +49,27 @@ func (Value) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `"`)
 // LogValue redacts.
 func (Value) LogValue() slog.Value { return slog.StringValue(redacted) }
 
-// Store keeps secrets. Names are as CheckName allows.
+// Store keeps the secrets of each org. Names are as CheckName allows, and
+// unique within an org: the same name in two orgs is two secrets.
 type Store interface {
-	// Put stores value under name, replacing a value of that name.
-	Put(ctx context.Context, name string, value Value) (*api.Secret, error)
-	// List lists the secrets, by name: names and times, never values.
-	List(ctx context.Context) ([]api.Secret, error)
-	// Delete removes a secret; a not_found *api.Error if there is none.
-	Delete(ctx context.Context, name string) error
-	// Resolve gives the values of names, for injection into a sandbox.
-	// A name with no secret is left out of the map.
-	Resolve(ctx context.Context, names []string) (map[string]Value, error)
+	// Put stores value under name in org, replacing a value of that name.
+	Put(ctx context.Context, org, name string, value Value) (*api.Secret, error)
+	// List lists org's secrets, by name: names and times, never values.
+	List(ctx context.Context, org string) ([]api.Secret, error)
+	// Delete removes a secret of org; a not_found *api.Error if there is
+	// none.
+	Delete(ctx context.Context, org, name string) error
+	// Resolve gives the values of names in org, for injection into a
+	// sandbox of org. A name with no secret is left out of the map.
+	Resolve(ctx context.Context, org string, names []string) (map[string]Value, error)
 }
 
 // Records is what Sealed needs of the metadata store (store/sqlite has it).
 type Records interface {
 	PutSecret(ctx context.Context, sec *store.Secret) error
-	GetSecret(ctx context.Context, name string) (*store.Secret, error)
-	ListSecrets(ctx context.Context) ([]*store.Secret, error)
-	DeleteSecret(ctx context.Context, name string) error
+	GetSecret(ctx context.Context, org, name string) (*store.Secret, error)
+	ListSecrets(ctx context.Context, org string) ([]*store.Secret, error)
+	DeleteSecret(ctx context.Context, org, name string) error
 }
 
 // KeySize is the size of the key Sealed takes (AES-256).
@@ -121,7 +123,7 @@ func checkValue(v Value) error {
 }
 
 // Put seals value and stores it.
-func (s *Sealed) Put(ctx context.Context, name string, value Value) (*api.Secret, error) {
+func (s *Sealed) Put(ctx context.Context, org, name string, value Value) (*api.Secret, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
@@ -133,20 +135,20 @@ func (s *Sealed) Put(ctx context.Context, name string, value Value) (*api.Secret
 	sealed := s.aead.Seal(nonce, nonce, value.b, []byte(name))
 	now := store.Now()
 	created := now
-	if old, err := s.records.GetSecret(ctx, name); err == nil {
+	if old, err := s.records.GetSecret(ctx, org, name); err == nil {
 		created = old.CreatedAt
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
-	if err := s.records.PutSecret(ctx, &store.Secret{Name: name, Sealed: sealed, CreatedAt: created, UpdatedAt: now}); err != nil {
+	if err := s.records.PutSecret(ctx, &store.Secret{Org: org, Name: name, Sealed: sealed, CreatedAt: created, UpdatedAt: now}); err != nil {
 		return nil, err
 	}
 	return &api.Secret{Name: name, CreatedAt: created, UpdatedAt: now}, nil
 }
 
 // List lists names and times.
-func (s *Sealed) List(ctx context.Context) ([]api.Secret, error) {
-	recs, err := s.records.ListSecrets(ctx)
+func (s *Sealed) List(ctx context.Context, org string) ([]api.Secret, error) {
+	recs, err := s.records.ListSecrets(ctx, org)
 	if err != nil {
 		return nil, err
 	}
@@ -158,8 +160,8 @@ func (s *Sealed) List(ctx context.Context) ([]api.Secret, error) {
 }
 
 // Delete removes a secret.
-func (s *Sealed) Delete(ctx context.Context, name string) error {
-	err := s.records.DeleteSecret(ctx, name)
+func (s *Sealed) Delete(ctx context.Context, org, name string) error {
+	err := s.records.DeleteSecret(ctx, org, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return api.Errorf(api.CodeNotFound, "secret %q not found", name)
 	}
@@ -167,13 +169,13 @@ func (s *Sealed) Delete(ctx context.Context, name string) error {
 }
 
 // Resolve opens the values of names.
-func (s *Sealed) Resolve(ctx context.Context, names []string) (map[string]Value, error) {
+func (s *Sealed) Resolve(ctx context.Context, org string, names []string) (map[string]Value, error) {
 	out := make(map[string]Value, len(names))
 	for _, name := range names {
 		if _, ok := out[name]; ok {
 			continue
 		}
-		rec, err := s.records.GetSecret(ctx, name)
+		rec, err := s.records.GetSecret(ctx, org, name)
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}

@@ -39,44 +39,44 @@ func TestSealed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Put(ctx, "db-pass", secret.NewValue("hunter2")); err != nil {
+	if _, err := s.Put(ctx, "docs", "db-pass", secret.NewValue("hunter2")); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []string{"", "1x", "a/b", "a b", strings.Repeat("a", 129)} {
-		if _, err := s.Put(ctx, bad, secret.NewValue("x")); err == nil {
+		if _, err := s.Put(ctx, "docs", bad, secret.NewValue("x")); err == nil {
 			t.Errorf("Put(%q) took a bad name", bad)
 		}
 	}
-	if _, err := s.Put(ctx, "big", secret.NewValue(strings.Repeat("x", 64<<10+1))); err == nil {
+	if _, err := s.Put(ctx, "docs", "big", secret.NewValue(strings.Repeat("x", 64<<10+1))); err == nil {
 		t.Error("Put took a value over 64 KiB")
 	}
-	rec, err := st.GetSecret(ctx, "db-pass")
+	rec, err := st.GetSecret(ctx, "docs", "db-pass")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(string(rec.Sealed), "hunter2") {
 		t.Error("the value is stored in clear")
 	}
-	got, err := s.Resolve(ctx, []string{"db-pass", "missing"})
+	got, err := s.Resolve(ctx, "docs", []string{"db-pass", "missing"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || got["db-pass"].Reveal() != "hunter2" {
 		t.Errorf("Resolve = %v entries, db-pass ok = %v", len(got), got["db-pass"].Reveal() == "hunter2")
 	}
-	list, err := s.List(ctx)
+	list, err := s.List(ctx, "docs")
 	if err != nil || len(list) != 1 || list[0].Name != "db-pass" {
 		t.Fatalf("List = %v, %v", list, err)
 	}
 	other := make([]byte, secret.KeySize)
 	s2, _ := secret.NewSealed(st, other)
-	if _, err := s2.Resolve(ctx, []string{"db-pass"}); err == nil {
+	if _, err := s2.Resolve(ctx, "docs", []string{"db-pass"}); err == nil {
 		t.Error("another key opened the value")
 	}
-	if err := s.Delete(ctx, "db-pass"); err != nil {
+	if err := s.Delete(ctx, "docs", "db-pass"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Delete(ctx, "db-pass"); err == nil {
+	if err := s.Delete(ctx, "docs", "db-pass"); err == nil {
 		t.Error("deleting twice: no error")
 	}
 }

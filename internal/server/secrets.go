@@ -6,17 +6,19 @@ import (
 	"strconv"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/secret"
 )
 
 // Secrets is what the server needs of the secret keeper (secret.Keeper
 // has it). No route returns a secret's value.
+// Each call is about the caller's org's secrets.
 type Secrets interface {
-	Put(ctx context.Context, name string, value secret.Value) (*api.Secret, error)
-	List(ctx context.Context) ([]api.Secret, error)
+	Put(ctx context.Context, org, name string, value secret.Value) (*api.Secret, error)
+	List(ctx context.Context, org string) ([]api.Secret, error)
 	// Delete deletes a secret; one that a sandbox has is a conflict,
 	// unless force.
-	Delete(ctx context.Context, name string, force bool) error
+	Delete(ctx context.Context, org, name string, force bool) error
 }
 
 // WithSecrets serves the secrets routes from secrets; without it they
@@ -54,7 +56,7 @@ func (sc *secretRoutes) putSecret(w http.ResponseWriter, r *http.Request) error 
 	if sc.secrets == nil {
 		return errNoSecrets
 	}
-	sec, err := sc.secrets.Put(r.Context(), r.PathValue("name"), secret.NewValue(req.Value))
+	sec, err := sc.secrets.Put(r.Context(), callerOrg(r), r.PathValue("name"), secret.NewValue(req.Value))
 	if err != nil {
 		return err
 	}
@@ -66,7 +68,7 @@ func (sc *secretRoutes) listSecrets(w http.ResponseWriter, r *http.Request) erro
 	list := []api.Secret{}
 	var err error
 	if sc.secrets != nil {
-		list, err = sc.secrets.List(r.Context())
+		list, err = sc.secrets.List(r.Context(), callerOrg(r))
 	}
 	if err != nil {
 		return err
@@ -86,9 +88,16 @@ func (sc *secretRoutes) deleteSecret(w http.ResponseWriter, r *http.Request) err
 	if sc.secrets == nil {
 		return errNoSecrets
 	}
-	if err := sc.secrets.Delete(r.Context(), r.PathValue("name"), force); err != nil {
+	if err := sc.secrets.Delete(r.Context(), callerOrg(r), r.PathValue("name"), force); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// callerOrg is the org of the call's principal (auth.From): whose secrets,
+// and later whose everything, a call is about.
+func callerOrg(r *http.Request) string {
+	p, _ := auth.From(r.Context())
+	return p.Org
 }

@@ -15,18 +15,18 @@ import (
 // fakeSecrets is the secret keeper.
 type fakeSecrets struct{}
 
-func (fakeSecrets) Put(ctx context.Context, name string, value secret.Value) (*api.Secret, error) {
+func (fakeSecrets) Put(ctx context.Context, org, name string, value secret.Value) (*api.Secret, error) {
 	if err := secret.CheckName(name); err != nil {
 		return nil, err
 	}
 	return &api.Secret{Name: name}, nil
 }
 
-func (fakeSecrets) List(ctx context.Context) ([]api.Secret, error) {
+func (fakeSecrets) List(ctx context.Context, org string) ([]api.Secret, error) {
 	return []api.Secret{}, nil
 }
 
-func (fakeSecrets) Delete(ctx context.Context, name string, force bool) error {
+func (fakeSecrets) Delete(ctx context.Context, org, name string, force bool) error {
 	if !force {
 		return api.Errorf(api.CodeConflict, "secret %q is used by sandbox box", name)
 	}

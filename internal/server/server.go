@@ -402,6 +402,7 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 	// about one sandbox, and making one. Anything else it may change
 	// concerns the whole org.
 	orgWide := !strings.Contains(rt.Pattern, "{sandbox}") && rt.Pattern != "POST /v1/sandboxes"
+	daemonWide := isDaemonWide(rt.Pattern)
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.principal(r)
 		if err != nil {
@@ -421,6 +422,9 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 		defer release()
 		r = r.WithContext(ctx)
 		err = s.allow(p, rt, orgWide)
+		if err == nil && daemonWide && p.Org != s.keys.Admin().Org {
+			err = api.Errorf(api.CodeForbidden, "%s: templates, images and registry credentials are shared by every org on this daemon, and only its own org (%s) changes them", rt.Pattern, s.keys.Admin().Org)
+		}
 		if err == nil {
 			conns.KeepAlive(w)
 			err = h(w, r)
@@ -434,6 +438,20 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 			writeError(w, r, s.log, err)
 		}
 	}
+}
+
+// isDaemonWide reports whether a route changes, or reads the credentials
+// of, what every org of the daemon shares (templates, images, registry
+// credentials), which only the daemon's own org may.
+func isDaemonWide(pattern string) bool {
+	method, path, _ := strings.Cut(pattern, " ")
+	switch {
+	case strings.HasPrefix(path, "/v1/registries"):
+		return true
+	case strings.HasPrefix(path, "/v1/templates"), strings.HasPrefix(path, "/v1/images"):
+		return method != http.MethodGet || strings.HasSuffix(path, "/export")
+	}
+	return false
 }
 
 // allow refuses a call p may not make: one that needs more than p's scope,

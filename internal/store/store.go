@@ -6,6 +6,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -18,9 +19,21 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrExists: the name (or id) is already in use.
 	ErrExists = errors.New("already exists")
-	// ErrNotEmpty: an org still owns something, so it is not deleted.
+	// ErrNotEmpty: an org still owns something, so it is not deleted
+	// (a *NotEmptyError says what).
 	ErrNotEmpty = errors.New("not empty")
 )
+
+// NotEmptyError is the ErrNotEmpty of an org that still has sandboxes or
+// secrets.
+type NotEmptyError struct{ Sandboxes, Secrets int }
+
+func (e *NotEmptyError) Error() string {
+	return fmt.Sprintf("%d sandboxes and %d secrets: %v", e.Sandboxes, e.Secrets, ErrNotEmpty)
+}
+
+// Is makes a NotEmptyError an ErrNotEmpty for errors.Is.
+func (e *NotEmptyError) Is(target error) bool { return target == ErrNotEmpty }
 
 // Sandbox is the stored record of a sandbox: what the API shows plus what
 // only the daemon needs to drive it.
@@ -84,6 +97,8 @@ type Checkpoint struct {
 // (store/sqlite) have PutSecret, GetSecret, ListSecrets and DeleteSecret;
 // they are not part of Store, since only internal/secret uses them.
 type Secret struct {
+	// Org owns the secret; a name is unique within it.
+	Org       string
 	Name      string
 	Sealed    []byte
 	CreatedAt time.Time

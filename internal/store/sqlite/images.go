@@ -117,17 +117,18 @@ func (c *Credentials) PutSecret(ctx context.Context, sec *store.Secret) error {
 	return c.s.putSealed(ctx, "registry_credentials", sec)
 }
 
-// GetSecret finds a sealed credential by name; store.ErrNotFound if none.
-func (c *Credentials) GetSecret(ctx context.Context, name string) (*store.Secret, error) {
-	return c.s.getSealed(ctx, "registry_credentials", name)
+// GetSecret finds a sealed credential of org by name; store.ErrNotFound
+// if none.
+func (c *Credentials) GetSecret(ctx context.Context, org, name string) (*store.Secret, error) {
+	return c.s.getSealed(ctx, "registry_credentials", org, name)
 }
 
-// ListSecrets lists the sealed credentials, by name.
-func (c *Credentials) ListSecrets(ctx context.Context) ([]*store.Secret, error) {
-	return c.s.listSealed(ctx, "registry_credentials")
+// ListSecrets lists the sealed credentials of org, by name.
+func (c *Credentials) ListSecrets(ctx context.Context, org string) ([]*store.Secret, error) {
+	return c.s.listSealed(ctx, "registry_credentials", org)
 }
 
-// DeleteSecret removes a credential; store.ErrNotFound if none.
-func (c *Credentials) DeleteSecret(ctx context.Context, name string) error {
-	return c.s.deleteSealed(ctx, "registry_credentials", name)
+// DeleteSecret removes a credential of org; store.ErrNotFound if none.
+func (c *Credentials) DeleteSecret(ctx context.Context, org, name string) error {
+	return c.s.deleteSealed(ctx, "registry_credentials", org, name)
 }

@@ -12,8 +12,9 @@ import (
 )
 
 // EnsureOrg makes org if there is none by that name (with no quota), and
-// gives it every sandbox that has no org yet: those of a data dir older
-// than orgs, which belong to the daemon's own org.
+// gives it every sandbox, secret and registry credential that has no org
+// yet: those of a data dir older than orgs, which belong to the daemon's
+// own org.
 func (s *Store) EnsureOrg(ctx context.Context, org string) error {
 	created, err := formatTime(store.Now())
 	if err != nil {
@@ -27,8 +28,10 @@ func (s *Store) EnsureOrg(ctx context.Context, org string) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO orgs (name, quota, created_at) VALUES (?, '{}', ?) ON CONFLICT (name) DO NOTHING`, org, created); err != nil {
 		return fmt.Errorf("making org %s: %w", org, storageError(err))
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET org = ? WHERE org = ''`, org); err != nil {
-		return fmt.Errorf("giving org %s its sandboxes: %w", org, storageError(err))
+	for _, table := range []string{"sandboxes", "secrets", "registry_credentials"} {
+		if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET org = ? WHERE org = ''`, org); err != nil {
+			return fmt.Errorf("giving org %s its %s: %w", org, table, storageError(err))
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("making org %s: %w", org, storageError(err))
@@ -53,20 +56,27 @@ func (s *Store) CreateOrg(ctx context.Context, org string) error {
 	return nil
 }
 
-// DeleteOrg deletes org and its API keys, in one transaction with the
-// call's audit record; store.ErrNotFound if there is no such org, and
-// store.ErrNotEmpty, deleting nothing, while any sandbox is still its.
-func (s *Store) DeleteOrg(ctx context.Context, org string) error {
+// DeleteOrg deletes org, its API keys, secrets and registry credentials,
+// in one transaction with the call's audit record; store.ErrNotFound if
+// there is no such org. While any sandbox is still its, or (unless
+// secrets is set) any secret, it deletes nothing: a *store.NotEmptyError.
+func (s *Store) DeleteOrg(ctx context.Context, org string, secrets bool) error {
 	err := s.execTx(ctx, func(tx *sql.Tx) (bool, error) {
-		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes WHERE org = ?`, org).Scan(&n); err != nil {
+		var in store.NotEmptyError
+		if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM sandboxes WHERE org = ?), (SELECT count(*) FROM secrets WHERE org = ?)`,
+			org, org).Scan(&in.Sandboxes, &in.Secrets); err != nil {
 			return false, err
 		}
-		if n > 0 {
-			return false, fmt.Errorf("%d sandboxes: %w", n, store.ErrNotEmpty)
+		if secrets {
+			in.Secrets = 0
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE org = ?`, org); err != nil {
-			return false, err
+		if in.Sandboxes > 0 || in.Secrets > 0 {
+			return false, &in
+		}
+		for _, table := range []string{"api_keys", "secrets", "registry_credentials"} {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE org = ?`, org); err != nil {
+				return false, err
+			}
 		}
 		res, err := tx.ExecContext(ctx, `DELETE FROM orgs WHERE name = ?`, org)
 		if err != nil {

@@ -226,6 +226,37 @@ ALTER TABLE sandboxes_new RENAME TO sandboxes;
 CREATE INDEX sandboxes_by_age ON sandboxes (created_at, id);
 CREATE INDEX sandboxes_by_org ON sandboxes (org);
 `,
+	// 12: secrets and registry credentials belong to an org, and a name is
+	// unique within it. Those of older versions have none (''): the
+	// daemon gives them its own org when it starts (EnsureOrg), as it does
+	// the sandboxes. Both tables are made again, their key being (org,
+	// name) now; nothing refers to them.
+	`
+CREATE TABLE secrets_new (
+	org        TEXT NOT NULL DEFAULT '',
+	name       TEXT NOT NULL,
+	sealed     BLOB NOT NULL,
+	created_at TEXT NOT NULL,
+	updated_at TEXT NOT NULL,
+	PRIMARY KEY (org, name)
+) STRICT;
+INSERT INTO secrets_new (name, sealed, created_at, updated_at)
+	SELECT name, sealed, created_at, updated_at FROM secrets;
+DROP TABLE secrets;
+ALTER TABLE secrets_new RENAME TO secrets;
+CREATE TABLE registry_credentials_new (
+	org        TEXT NOT NULL DEFAULT '',
+	name       TEXT NOT NULL,
+	sealed     BLOB NOT NULL,
+	created_at TEXT NOT NULL,
+	updated_at TEXT NOT NULL,
+	PRIMARY KEY (org, name)
+) STRICT;
+INSERT INTO registry_credentials_new (name, sealed, created_at, updated_at)
+	SELECT name, sealed, created_at, updated_at FROM registry_credentials;
+DROP TABLE registry_credentials;
+ALTER TABLE registry_credentials_new RENAME TO registry_credentials;
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -9,26 +9,26 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// PutSecret stores a sealed secret under its name, replacing one of that
-// name (which keeps its creation time). It stores only what it is given:
+// PutSecret stores a sealed secret under its org and name, replacing one
+// of that name in the org (which keeps its creation time). It stores only what it is given:
 // sealing is the caller's (internal/secret).
 func (s *Store) PutSecret(ctx context.Context, sec *store.Secret) error {
 	return s.putSealed(ctx, "secrets", sec)
 }
 
-// GetSecret finds a secret by name; store.ErrNotFound if none.
-func (s *Store) GetSecret(ctx context.Context, name string) (*store.Secret, error) {
-	return s.getSealed(ctx, "secrets", name)
+// GetSecret finds a secret of org by name; store.ErrNotFound if none.
+func (s *Store) GetSecret(ctx context.Context, org, name string) (*store.Secret, error) {
+	return s.getSealed(ctx, "secrets", org, name)
 }
 
-// ListSecrets lists every secret, by name.
-func (s *Store) ListSecrets(ctx context.Context) ([]*store.Secret, error) {
-	return s.listSealed(ctx, "secrets")
+// ListSecrets lists the secrets of org, by name.
+func (s *Store) ListSecrets(ctx context.Context, org string) ([]*store.Secret, error) {
+	return s.listSealed(ctx, "secrets", org)
 }
 
-// DeleteSecret removes a secret; store.ErrNotFound if none.
-func (s *Store) DeleteSecret(ctx context.Context, name string) error {
-	return s.deleteSealed(ctx, "secrets", name)
+// DeleteSecret removes a secret of org; store.ErrNotFound if none.
+func (s *Store) DeleteSecret(ctx context.Context, org, name string) error {
+	return s.deleteSealed(ctx, "secrets", org, name)
 }
 
 // putSealed, getSealed, listSealed and deleteSealed work on a table of
@@ -43,18 +43,18 @@ func (s *Store) putSealed(ctx context.Context, table string, sec *store.Secret) 
 	if err != nil {
 		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
 	}
-	_, err = s.exec(ctx, `INSERT INTO `+table+` (name, sealed, created_at, updated_at)
-		VALUES (?, ?, ?, ?)
-		ON CONFLICT (name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at`,
-		sec.Name, sec.Sealed, created, updated)
+	_, err = s.exec(ctx, `INSERT INTO `+table+` (org, name, sealed, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (org, name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at`,
+		sec.Org, sec.Name, sec.Sealed, created, updated)
 	if err != nil {
 		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
 	}
 	return nil
 }
 
-func (s *Store) getSealed(ctx context.Context, table, name string) (*store.Secret, error) {
-	row := s.r.QueryRowContext(ctx, `SELECT name, sealed, created_at, updated_at FROM `+table+` WHERE name = ?`, name)
+func (s *Store) getSealed(ctx context.Context, table, org, name string) (*store.Secret, error) {
+	row := s.r.QueryRowContext(ctx, `SELECT org, name, sealed, created_at, updated_at FROM `+table+` WHERE org = ? AND name = ?`, org, name)
 	sec, err := scanSecret(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting secret %s: %w", name, store.ErrNotFound)
@@ -65,8 +65,8 @@ func (s *Store) getSealed(ctx context.Context, table, name string) (*store.Secre
 	return sec, nil
 }
 
-func (s *Store) listSealed(ctx context.Context, table string) ([]*store.Secret, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT name, sealed, created_at, updated_at FROM `+table+` ORDER BY name`)
+func (s *Store) listSealed(ctx context.Context, table, org string) ([]*store.Secret, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT org, name, sealed, created_at, updated_at FROM `+table+` WHERE org = ? ORDER BY name`, org)
 	if err != nil {
 		return nil, fmt.Errorf("listing secrets: %w", err)
 	}
@@ -85,8 +85,8 @@ func (s *Store) listSealed(ctx context.Context, table string) ([]*store.Secret, 
 	return list, nil
 }
 
-func (s *Store) deleteSealed(ctx context.Context, table, name string) error {
-	res, err := s.exec(ctx, `DELETE FROM `+table+` WHERE name = ?`, name)
+func (s *Store) deleteSealed(ctx context.Context, table, org, name string) error {
+	res, err := s.exec(ctx, `DELETE FROM `+table+` WHERE org = ? AND name = ?`, org, name)
 	if err != nil {
 		return fmt.Errorf("deleting secret %s: %w", name, err)
 	}
@@ -101,7 +101,7 @@ func scanSecret(row scanner) (*store.Secret, error) {
 		sec              store.Secret
 		created, updated string
 	)
-	if err := row.Scan(&sec.Name, &sec.Sealed, &created, &updated); err != nil {
+	if err := row.Scan(&sec.Org, &sec.Name, &sec.Sealed, &created, &updated); err != nil {
 		return nil, err
 	}
 	var err error
