@@ -59,6 +59,12 @@ func (s *Service) roomFor(need int64) bool {
 // of a running sandbox does not pause it: its agent syncs its files, then
 // the disk is snapshotted as it runs. The caller holds sb's operation.
 func (s *Service) take(ctx context.Context, sb *store.Sandbox, t take) (*store.Checkpoint, error) {
+	// The call's audit record goes with the checkpoint's own record, the
+	// change it makes, and names it; the writes on the way (a new token,
+	// a state) carry none, so that a crash part-way leaves no record of a
+	// checkpoint that never was.
+	audited := ctx
+	ctx = store.WithoutAudit(ctx)
 	id := t.id
 	st := newSteps()
 	defer st.log(ctx, s.log, "checkpoint steps", "sandbox", sb.ID, "checkpoint", id, "memory", t.memory, "stop", t.stop)
@@ -216,7 +222,10 @@ func (s *Service) take(ctx context.Context, sb *store.Sandbox, t take) (*store.C
 		SandboxName: sb.Name, Template: sb.Template, Image: sb.Image, Resources: sb.Resources,
 		AgentGen: held,
 	}
-	if err := s.store.CreateCheckpoint(ctx, cp); err != nil {
+	if !t.auto {
+		store.AuditFrom(audited).SetTarget("sandboxes/" + sb.Name + "/checkpoints/" + id)
+	}
+	if err := s.store.CreateCheckpoint(audited, cp); err != nil {
 		os.RemoveAll(final)
 		return nil, fmt.Errorf("storing checkpoint %s of %s: %w", id, sb.ID, err)
 	}

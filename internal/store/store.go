@@ -249,6 +249,13 @@ func WithAudit(ctx context.Context, c *AuditCall) context.Context {
 	return context.WithValue(ctx, auditKey{}, c)
 }
 
+// WithoutAudit returns ctx carrying no call record: for the writes of a
+// call that are not its change (a checkpoint's id spent before the work),
+// which must not write the call's record.
+func WithoutAudit(ctx context.Context) context.Context {
+	return context.WithValue(ctx, auditKey{}, (*AuditCall)(nil))
+}
+
 // AuditFrom is the call record ctx carries, or nil.
 func AuditFrom(ctx context.Context) *AuditCall {
 	c, _ := ctx.Value(auditKey{}).(*AuditCall)

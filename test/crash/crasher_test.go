@@ -447,6 +447,7 @@ func (c *crasher) checkAll(t *testing.T) {
 			cpDirs[sb.ID] = append(cpDirs[sb.ID], cp.ID)
 		}
 	}
+	c.checkAudit(t, sbs)
 	tplDir := filepath.Join(data, "checkpoint-templates")
 	for _, name := range dirNamesOf(tplDir) {
 		b, err := os.ReadFile(filepath.Join(tplDir, name, "manifest.json"))
@@ -603,4 +604,58 @@ func (c *crasher) beforeOrRestored(t *testing.T, before []api.Checkpoint, asleep
 		t.Errorf("after the crash: %s, disk|memory %q with %d checkpoints (%d before): neither before nor after the restore", st, got, len(after), len(before))
 	}
 	c.pruneAutos(t, "main")
+}
+
+// checkAudit checks the audit log against what the store holds, across
+// every crash so far, for sandbox main (made once, never deleted, so a
+// record's target names one checkpoint of it): each checkpoint a call of
+// the API made is named by exactly one checkpoint.create record, written
+// with it; a checkpoint a crash left unmade (its id spent) has none.
+func (c *crasher) checkAudit(t *testing.T, sbs []api.Sandbox) {
+	t.Helper()
+	if !slices.ContainsFunc(sbs, func(sb api.Sandbox) bool { return sb.Name == "main" }) {
+		return
+	}
+	const prefix = "sandboxes/main/checkpoints"
+	// ok records of each action, by the checkpoint id they name ("" for
+	// none).
+	okRecords := func(action string) map[string]int {
+		out := map[string]int{}
+		var seq int64
+		for {
+			page, err := c.d.C.Audit(c.ctx, client.AuditOptions{Action: action, SinceSeq: seq})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ev := range page {
+				if ev.Outcome == "ok" && strings.HasPrefix(ev.Target, prefix) {
+					out[strings.TrimPrefix(strings.TrimPrefix(ev.Target, prefix), "/")]++
+				}
+				seq = ev.Seq
+			}
+			if len(page) < api.MaxAuditPage {
+				return out
+			}
+		}
+	}
+	records, deletes := okRecords("checkpoint.create"), okRecords("checkpoint.delete")
+	listed := map[string]bool{}
+	for _, cp := range c.listCPs(t, "main") {
+		listed[cp.ID] = true
+		if !cp.Auto && !cp.Inside && records[cp.ID] != 1 {
+			t.Errorf("checkpoint %s of main is listed, and the audit log has %d records of it", cp.ID, records[cp.ID])
+		}
+	}
+	for id := range records {
+		if id == "" {
+			t.Errorf("the audit log has a checkpoint.create of main that names no checkpoint")
+		} else if !listed[id] && deletes[id] == 0 {
+			t.Errorf("the audit log records checkpoint %s of main, which is neither listed nor deleted", id)
+		}
+	}
+	for id, n := range records {
+		if n > 1 {
+			t.Errorf("the audit log has %d records of checkpoint %s of main", n, id)
+		}
+	}
 }
