@@ -109,6 +109,38 @@ func (k *Keys) Authenticate(ctx context.Context, token string) (Principal, error
 	return p, nil
 }
 
+// Principal is who key id of org is, as Authenticate would find it from
+// its secret: the admin token's principal for api.AdminKeyID, else the key
+// if it is neither revoked nor expired (ErrWrongToken otherwise). A web
+// console session names its key so: revoking the key ends the session.
+func (k *Keys) Principal(ctx context.Context, org, id string) (Principal, error) {
+	if id == api.AdminKeyID {
+		return k.Admin(), nil
+	}
+	if k.store == nil {
+		return Principal{}, ErrWrongToken
+	}
+	rec, err := k.store.GetKey(ctx, org, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return Principal{}, ErrWrongToken
+	}
+	if err != nil {
+		return Principal{}, fmt.Errorf("%w: %w", api.Errorf(api.CodeUnavailable, "cannot check the key now; try again"), err)
+	}
+	now := k.now()
+	if rec.ExpiresAt != nil && !now.Before(*rec.ExpiresAt) {
+		return Principal{}, ErrWrongToken
+	}
+	k.mu.Lock()
+	k.used[rec.ID] = now
+	k.mu.Unlock()
+	p := Principal{Org: rec.Org, Key: rec.ID, Scope: rec.Scope, Labels: rec.Labels}
+	if rec.ExpiresAt != nil {
+		p.Expires = *rec.ExpiresAt
+	}
+	return p, nil
+}
+
 // Hold returns a context for a call of p that ends when p's key is revoked
 // or expires, besides when ctx ends; release it when the call ends. Streams
 // (an exec, a port stream) run under it, so that revoking a key ends them.

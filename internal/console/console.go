@@ -3,7 +3,9 @@
 // binary), and the browser sessions that let that page call the API with a
 // cookie instead of holding the token.
 //
-// A person logs in with the API token once (POST /console/login); the answer
+// A person logs in with the API token, or an API key of any scope, once
+// (POST /console/login); the session is that key's, and acts within its
+// scope and org (a revoked key's session ends with it). The answer
 // sets a session cookie (HttpOnly, so the page's scripts never see it;
 // SameSite=Strict, so other sites' requests do not carry it) and gives the
 // page the session's CSRF token. Every API call made with the cookie must
@@ -28,6 +30,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"path"
 	"strings"
@@ -35,6 +38,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/store"
 )
 
@@ -63,8 +67,11 @@ const maxSessions = 1024
 
 // Config is what a Console needs.
 type Config struct {
-	// Token is the API token a login must present.
-	Token string
+	// Keys says who a login's token is (the admin token, or an API key)
+	// and who a session's key is at each call (internal/auth.Keys).
+	Keys Keys
+	// Audit, when set, records each login, and each failed one.
+	Audit store.AuditWriter
 	// TLS is true when the daemon's listener serves TLS: the cookie is then
 	// Secure.
 	TLS bool
@@ -77,6 +84,14 @@ type Config struct {
 	// Idle is the daemon's idle for sandboxes created without one (loam
 	// serve --idle); 0 is never.
 	Idle time.Duration
+}
+
+// Keys finds who a token or a key is (internal/auth.Keys has it).
+type Keys interface {
+	// Org is the daemon's own org, whose log records a wrong login.
+	Org() string
+	Authenticate(ctx context.Context, token string) (auth.Principal, error)
+	Principal(ctx context.Context, org, id string) (auth.Principal, error)
 }
 
 // SessionStore keeps console sessions (store/sqlite is one). Sessions are
@@ -105,6 +120,8 @@ type Console struct {
 type session struct {
 	csrf    string
 	expires time.Time
+	// org and key are the org and id of the key that logged in.
+	org, key string
 }
 
 // file is one file of the page, ready to serve.
@@ -128,7 +145,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Console, error) {
 			return nil, fmt.Errorf("reading the console's sessions: %w", err)
 		}
 		for _, cs := range kept {
-			c.sessions[cs.Key] = session{csrf: cs.CSRFToken, expires: cs.ExpiresAt}
+			c.sessions[cs.Key] = session{csrf: cs.CSRFToken, expires: cs.ExpiresAt, org: cs.Org, key: cs.APIKey}
 		}
 	}
 	return c, nil
@@ -255,6 +272,11 @@ type SessionInfo struct {
 	// Idle is the daemon's idle for a sandbox created without one, as a
 	// sandbox's idle is written ("10m", "1h30m"; "0" never).
 	Idle string `json:"idle"`
+	// Org, Key and Scope are whose session it is: the page shows what
+	// the scope may not do as disabled.
+	Org   string    `json:"org"`
+	Key   string    `json:"key"`
+	Scope api.Scope `json:"scope"`
 }
 
 // LoginHint is the answer of GET /console/login: where the person logging
@@ -265,9 +287,9 @@ type LoginHint struct {
 	TokenFile string `json:"token_file,omitempty"`
 }
 
-// info is the SessionInfo of session s.
-func (c *Console) info(s session) SessionInfo {
-	return SessionInfo{CSRFToken: s.csrf, ExpiresAt: s.expires, Idle: idleString(c.cfg.Idle)}
+// info is the SessionInfo of session s, whose key is p.
+func (c *Console) info(s session, p auth.Principal) SessionInfo {
+	return SessionInfo{CSRFToken: s.csrf, ExpiresAt: s.expires, Idle: idleString(c.cfg.Idle), Org: p.Org, Key: p.Key, Scope: p.Scope}
 }
 
 // idleString writes d as a sandbox's idle is written: "0" for never, else
@@ -310,19 +332,25 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) error {
 	if err := dec.Decode(&req); err != nil {
 		return api.Errorf(api.CodeInvalid, "login: the body must be {\"token\": \"…\"}")
 	}
-	if req.Token == "" || subtle.ConstantTimeCompare([]byte(req.Token), []byte(c.cfg.Token)) != 1 {
-		return api.Errorf(api.CodeUnauthorized, "wrong token: give the daemon's API token (LOAM_TOKEN, or the file loam serve made it in)")
+	p, err := c.cfg.Keys.Authenticate(r.Context(), req.Token)
+	if err != nil {
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != api.CodeUnauthorized {
+			return err
+		}
+		c.record(r, auth.Principal{Org: c.cfg.Keys.Org()}, string(api.CodeUnauthorized))
+		return api.Errorf(api.CodeUnauthorized, "wrong token: give the daemon's API token (LOAM_TOKEN, or the file loam serve made it in) or an API key")
 	}
 	id, csrf := randomToken(), randomToken()
 	now := c.now()
-	s := session{csrf: csrf, expires: now.Add(SessionTTL)}
+	s := session{csrf: csrf, expires: now.Add(SessionTTL), org: p.Org, key: p.Key}
 	key := hashID(id)
 	c.mu.Lock()
 	evicted := c.prune(now)
 	c.sessions[key] = s
 	c.mu.Unlock()
 	if st := c.cfg.Sessions; st != nil {
-		err := st.PutConsoleSession(r.Context(), &store.ConsoleSession{Key: key, CSRFToken: csrf, ExpiresAt: s.expires})
+		err := st.PutConsoleSession(r.Context(), &store.ConsoleSession{Key: key, CSRFToken: csrf, ExpiresAt: s.expires, Org: p.Org, APIKey: p.Key})
 		if err == nil {
 			err = st.DeleteConsoleSessions(r.Context(), now, evicted...)
 		}
@@ -338,9 +366,26 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) error {
 		Name: CookieName, Value: id, Path: "/", Expires: s.expires,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.TLS,
 	})
-	c.log.Info("console login", "remote", r.RemoteAddr)
-	api.WriteJSON(w, http.StatusOK, c.info(s))
+	c.log.Info("console login", "remote", r.RemoteAddr, "org", p.Org, "key", p.Key)
+	c.record(r, p, "ok")
+	api.WriteJSON(w, http.StatusOK, c.info(s, p))
 	return nil
+}
+
+// record writes a login's audit record (console.login), with the key that
+// logged in, or none for a wrong token.
+func (c *Console) record(r *http.Request, p auth.Principal, outcome string) {
+	if c.cfg.Audit == nil {
+		return
+	}
+	client := r.RemoteAddr
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		client = host
+	}
+	ev := api.AuditEvent{Time: store.Now(), Org: p.Org, Key: p.Key, Action: "console.login", Target: "console", Outcome: outcome, Client: client}
+	if err := c.cfg.Audit.AppendAudit(context.WithoutCancel(r.Context()), ev); err != nil {
+		c.log.Error("writing the audit record of a console login", "err", err)
+	}
 }
 
 // prune drops expired sessions and, at maxSessions, the one that ends
@@ -376,8 +421,12 @@ func (c *Console) current(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	p, err := c.cfg.Keys.Principal(r.Context(), s.org, s.key)
+	if err != nil {
+		return err // a revoked or expired key: its session is over
+	}
 	w.Header().Set("Cache-Control", "no-store")
-	api.WriteJSON(w, http.StatusOK, c.info(s))
+	api.WriteJSON(w, http.StatusOK, c.info(s, p))
 	return nil
 }
 
@@ -388,7 +437,7 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", "POST")
 		return api.Errorf(api.CodeMethodNotAllowed, "%s %s: the method is not allowed (allowed: POST)", r.Method, r.URL.Path)
 	}
-	has, err := c.Authorize(r)
+	_, _, has, err := c.Authorize(r)
 	if err != nil {
 		return err
 	}
@@ -435,21 +484,22 @@ func (c *Console) lookup(r *http.Request) (session, error) {
 }
 
 // Authorize checks a request made with the session cookie (it implements
-// server.BrowserSessions): false, nil when r carries no cookie of ours; an
-// unauthorized error for a session that is unknown or expired; a forbidden
-// one when the session's CSRF token is missing or wrong.
-func (c *Console) Authorize(r *http.Request) (bool, error) {
+// server.BrowserSessions): the org and id of the session's key; false,
+// nil when r carries no cookie of ours; an unauthorized error for a
+// session that is unknown or expired; a forbidden one when the session's
+// CSRF token is missing or wrong.
+func (c *Console) Authorize(r *http.Request) (org, key string, ok bool, err error) {
 	if _, err := r.Cookie(CookieName); err != nil {
-		return false, nil
+		return "", "", false, nil
 	}
 	s, err := c.lookup(r)
 	if err != nil {
-		return true, err
+		return "", "", true, err
 	}
 	if !matchesCSRF(r, s.csrf) {
-		return true, api.Errorf(api.CodeForbidden, "a console session's call must carry its CSRF token (header %s)", CSRFHeader)
+		return "", "", true, api.Errorf(api.CodeForbidden, "a console session's call must carry its CSRF token (header %s)", CSRFHeader)
 	}
-	return true, nil
+	return s.org, s.key, true, nil
 }
 
 // matchesCSRF reports whether r carries csrf: in the header, or on a

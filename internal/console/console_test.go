@@ -10,13 +10,19 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 )
 
 const testToken = "loam_testtoken"
 
+// testKeys knows the admin token testToken alone (no key store).
+func testKeys() *auth.Keys {
+	return auth.NewKeys("default", testToken, nil, slog.New(slog.DiscardHandler))
+}
+
 func newConsole(t testing.TB) *Console {
 	t.Helper()
-	c, err := New(t.Context(), Config{Token: testToken}, slog.New(slog.DiscardHandler))
+	c, err := New(t.Context(), Config{Keys: testKeys()}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +86,7 @@ func TestAuthorize(t *testing.T) {
 			if tt.cookie != nil {
 				r.AddCookie(tt.cookie)
 			}
-			has, err := c.Authorize(r)
+			_, _, has, err := c.Authorize(r)
 			if has != tt.has {
 				t.Errorf("has session = %v; want %v", has, tt.has)
 			}
@@ -107,7 +113,7 @@ func TestSessionsExpireAndLogOut(t *testing.T) {
 		r := httptest.NewRequest("GET", "/v1/sandboxes", nil)
 		r.AddCookie(cookie)
 		r.Header.Set(CSRFHeader, csrf)
-		_, err := c.Authorize(r)
+		_, _, _, err := c.Authorize(r)
 		return err
 	}
 	if err := call(); err != nil {

@@ -25,7 +25,7 @@ func TestLoginHintAndIdle(t *testing.T) {
 		{"a token given, not in a file", "", 10 * time.Minute, "10m"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := New(t.Context(), Config{Token: testToken, TokenFile: tt.tokenFile, Idle: tt.idle}, slog.New(slog.DiscardHandler))
+			c, err := New(t.Context(), Config{Keys: testKeys(), TokenFile: tt.tokenFile, Idle: tt.idle}, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}

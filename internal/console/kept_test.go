@@ -24,7 +24,7 @@ func TestSessionsKept(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
-		c, err := New(t.Context(), Config{Token: testToken, Sessions: st}, slog.New(slog.DiscardHandler))
+		c, err := New(t.Context(), Config{Keys: testKeys(), Sessions: st}, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,7 +35,7 @@ func TestSessionsKept(t *testing.T) {
 		r := httptest.NewRequest("POST", "/v1/sandboxes", nil)
 		r.AddCookie(cookie)
 		r.Header.Set(CSRFHeader, csrf)
-		_, err := c.Authorize(r)
+		_, _, _, err := c.Authorize(r)
 		return err
 	}
 	now := time.Now()

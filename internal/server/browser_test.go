@@ -13,18 +13,18 @@ import (
 // "s=good", and whose CSRF token is the header X-CSRF: ok.
 type cookieSessions struct{}
 
-func (cookieSessions) Authorize(r *http.Request) (bool, error) {
+func (cookieSessions) Authorize(r *http.Request) (org, key string, ok bool, err error) {
 	c, err := r.Cookie("s")
 	if err != nil {
-		return false, nil
+		return "", "", false, nil
 	}
 	if c.Value != "good" {
-		return true, api.Errorf(api.CodeUnauthorized, "unknown session")
+		return "", "", true, api.Errorf(api.CodeUnauthorized, "unknown session")
 	}
 	if r.Header.Get("X-CSRF") != "ok" {
-		return true, api.Errorf(api.CodeForbidden, "no CSRF token")
+		return "", "", true, api.Errorf(api.CodeForbidden, "no CSRF token")
 	}
-	return true, nil
+	return DefaultOrg, api.AdminKeyID, true, nil
 }
 
 // TestBrowserSessions checks how the API weighs a session cookie against

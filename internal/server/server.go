@@ -77,7 +77,9 @@ type BrowserSessions interface {
 	// browser sessions). When it carries one, the error is an *api.Error
 	// for a session that may not make the call: unknown or expired
 	// (unauthorized), or without the session's CSRF token (forbidden).
-	Authorize(r *http.Request) (bool, error)
+	// The org and key are the session's key's (auth.Keys.Principal finds
+	// who it is).
+	Authorize(r *http.Request) (org, key string, ok bool, err error)
 }
 
 // Authenticator says who makes a call and ends the calls of a key that is
@@ -86,8 +88,10 @@ type Authenticator interface {
 	// Authenticate is the principal of a token; an *api.Error
 	// (unauthorized) for one that opens nothing.
 	Authenticate(ctx context.Context, token string) (auth.Principal, error)
-	// Admin is the principal of the admin token (and of console sessions).
+	// Admin is the principal of the admin token.
 	Admin() auth.Principal
+	// Principal is who key id of org is (a console session's key).
+	Principal(ctx context.Context, org, id string) (auth.Principal, error)
 	// Hold is ctx, ended when p's key is revoked or expires, for the
 	// length of a call; the func releases it.
 	Hold(ctx context.Context, p auth.Principal) (context.Context, func())
@@ -517,14 +521,14 @@ func (s *Server) principal(r *http.Request) (auth.Principal, error) {
 	if token, ok := requestToken(r); ok {
 		return s.keys.Authenticate(r.Context(), token)
 	}
-	ok, err := s.session(r)
+	org, key, ok, err := s.session(r)
 	if err != nil {
 		return auth.Principal{}, err
 	}
 	if !ok {
 		return auth.Principal{}, auth.ErrWrongToken
 	}
-	return s.keys.Admin(), nil
+	return s.keys.Principal(r.Context(), org, key)
 }
 
 // requestToken is the token r carries, if any (see principal).
@@ -548,13 +552,13 @@ func requestToken(r *http.Request) (string, bool) {
 // session reports whether r is authorized by a browser session (see
 // BrowserSessions). A request that names a token is judged by the token
 // alone: a wrong token is not rescued by a cookie.
-func (s *Server) session(r *http.Request) (bool, error) {
+func (s *Server) session(r *http.Request) (org, key string, ok bool, err error) {
 	if s.browsers == nil || r.Header.Get("Authorization") != "" {
-		return false, nil
+		return "", "", false, nil
 	}
 	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
 		if strings.Contains(h, api.WebSocketTokenPrefix) {
-			return false, nil
+			return "", "", false, nil
 		}
 	}
 	return s.browsers.Authorize(r)

@@ -115,6 +115,9 @@ type ConsoleSession struct {
 	Key       string
 	CSRFToken string
 	ExpiresAt time.Time
+	// Org and APIKey are whose session it is: the org and id of the key
+	// that logged in (api.AdminKeyID for the admin token).
+	Org, APIKey string
 }
 
 // Filter narrows ListSandboxes. Every label given must match.

@@ -85,9 +85,15 @@ func TestConsole(t *testing.T) {
 	}
 	// The script asks, on its stdout, for the daemon to be restarted under
 	// its open page; it goes on when told so on its stdin.
+	// A read key, with which the page logs in at its end.
+	st, body := d.Curl("POST", "/v1/keys", `{"name":"console-reader","scope":"read"}`)
+	var readKey api.Key
+	if err := json.Unmarshal([]byte(body), &readKey); st != http.StatusCreated || err != nil {
+		t.Fatalf("making a read key: %d %s", st, body)
+	}
 	e2e := exec.CommandContext(ctx, "node", "test/console.e2e.mjs")
 	e2e.Dir = dir
-	e2e.Env = append(os.Environ(), "LOAM_URL="+d.URL, "LOAM_TOKEN="+d.Token, "LOAM_TOKEN_FILE="+filepath.Join(d.DataDir, "token"), "LOAM_ARTIFACTS="+artifacts,
+	e2e.Env = append(os.Environ(), "LOAM_URL="+d.URL, "LOAM_TOKEN="+d.Token, "LOAM_READ_KEY="+readKey.Secret, "LOAM_TOKEN_FILE="+filepath.Join(d.DataDir, "token"), "LOAM_ARTIFACTS="+artifacts,
 		"LOAM_TEMPLATE=base", "CHROMIUM="+chromiumPath())
 	stdin, err := e2e.StdinPipe()
 	if err != nil {

@@ -48,11 +48,31 @@ export async function login (token: string): Promise<void> {
   session(await res.json())
 }
 
+/** The scope of the key the session is of: admin, write or read. */
+let scope = 'admin'
+/** The session's org and key id, which the header shows. */
+let who = ''
+
 /** Keeps what a login or a resume answered (console.SessionInfo). */
-function session (info: { csrf_token: string, idle?: string }): void {
+function session (info: { csrf_token: string, idle?: string, scope?: string, org?: string, key?: string }): void {
   csrf = info.csrf_token
   daemonIdle = info.idle || '0'
+  scope = info.scope || 'admin'
+  who = info.org ? `${info.org} · ${info.key ?? ''} (${scope})` : ''
 }
+
+/**
+ * Whether the session's key may change things, run commands and read
+ * files (scope write or admin): a read key's console shows those actions
+ * disabled rather than failing after the click.
+ */
+export function canWrite (): boolean { return scope !== 'read' }
+
+/** Why an action is disabled for a read key, for its title. */
+export const readOnly = 'this key is read-only: it may list and look, not change, run or read files'
+
+/** Who the session is: "org · key (scope)". */
+export function sessionWho (): string { return who }
 
 /** The daemon's idle for a sandbox created without one: "10m", or "0" for never. */
 export function defaultIdle (): string { return daemonIdle }

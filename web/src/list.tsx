@@ -1,8 +1,8 @@
 // The list of sandboxes, refreshed every two seconds, filtered by labels,
 // with create, sleep, wake and delete.
 import { useEffect, useState } from 'preact/hooks'
-import { sandboxes, message, type Sandbox, type Template, type CreateSandbox } from './api'
-import { Err, bytes, idleText, pairs, sandboxHref, useAction, useConfirm, ago } from './ui'
+import { canWrite, readOnly, sandboxes, message, type Sandbox, type Template, type CreateSandbox } from './api'
+import { Err, bytes, idleText, pairs, sandboxHref, useAction, useConfirm, ago, writes } from './ui'
 
 /** How often the list is read again. */
 export const REFRESH_MS = 2000
@@ -47,7 +47,7 @@ export function SandboxList () {
         <h2>Sandboxes</h2>
         <input class="filter" data-testid="filter" placeholder="filter by label: team=web, env=dev"
           value={draft} onInput={e => setDraft(e.currentTarget.value)} onChange={e => setFilter(e.currentTarget.value)} />
-        <button class="primary" data-testid="new-sandbox" onClick={() => setCreating(!creating)}>New sandbox</button>
+        <button class="primary" data-testid="new-sandbox" {...writes()} onClick={() => setCreating(!creating)}>New sandbox</button>
       </div>
       {creating && <CreateForm done={(sb) => { setCreating(false); refresh(); if (sb) location.hash = sandboxHref(sb.name) }} />}
       <Err text={err || actErr} />
@@ -97,6 +97,8 @@ export function Labels ({ labels, onPick }: { labels: Record<string, string> | n
 export function OpenURL ({ sb }: { sb: Sandbox }) {
   const [err, setErr] = useState('')
   if (!sb.url) return <span class="muted">–</span>
+  // A read key may not take a private sandbox's access token.
+  if (!sb.public && !canWrite()) return <span class="muted" title={readOnly} data-testid="open-url">{sb.url}</span>
   return (
     <>
       <a href={sb.url} target="_blank" rel="noopener noreferrer" data-testid="open-url" onClick={async (e) => {
@@ -130,9 +132,9 @@ export function Lifecycle ({ sb, act, ask, after, deleted }: {
 }) {
   return (
     <>
-      {sb.state === 'running' && <button data-testid="sleep" onClick={() => act(async () => { await sandboxes.sleep(sb.name); after() })}>Sleep</button>}
-      {(sb.state === 'sleeping' || sb.state === 'stopped' || sb.state === 'error') && <button data-testid="wake" onClick={() => act(async () => { await sandboxes.wake(sb.name); after() })}>Wake</button>}
-      <button class="danger" data-testid="delete" onClick={() => ask(`Delete sandbox ${sb.name}, its disk and all its checkpoints? This cannot be undone.`, 'Delete', async () => {
+      {sb.state === 'running' && <button data-testid="sleep" {...writes()} onClick={() => act(async () => { await sandboxes.sleep(sb.name); after() })}>Sleep</button>}
+      {(sb.state === 'sleeping' || sb.state === 'stopped' || sb.state === 'error') && <button data-testid="wake" {...writes()} onClick={() => act(async () => { await sandboxes.wake(sb.name); after() })}>Wake</button>}
+      <button class="danger" data-testid="delete" {...writes()} onClick={() => ask(`Delete sandbox ${sb.name}, its disk and all its checkpoints? This cannot be undone.`, 'Delete', async () => {
         await sandboxes.remove(sb.name)
         ;(deleted ?? after)()
       })}>Delete</button>

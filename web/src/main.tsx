@@ -3,7 +3,7 @@
 // daemon serves one page for all of them.
 import { render } from 'preact'
 import { useEffect, useState } from 'preact/hooks'
-import { login, loginHint, logout, resume, whenLoggedOut, message } from './api'
+import { login, loginHint, logout, resume, whenLoggedOut, message, sessionWho } from './api'
 import { SandboxList } from './list'
 import { SandboxPage } from './sandbox'
 import './style.css'
@@ -67,6 +67,7 @@ function App () {
       <header>
         <a href="#/" class="brand">loam</a>
         <nav><a href="#/">Sandboxes</a></nav>
+        <span class="muted small" data-testid="who">{sessionWho()}</span>
         <button class="link" data-testid="logout" onClick={async () => { await logout(); setState('out') }}>Log out</button>
       </header>
       <main>

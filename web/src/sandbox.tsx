@@ -3,7 +3,7 @@
 // opened, so the terminal keeps its session while another tab is shown.
 import { useEffect, useState } from 'preact/hooks'
 import { sandboxes, message, type Sandbox } from './api'
-import { Err, idleText, sandboxHref, useAction, useConfirm, when } from './ui'
+import { Err, idleText, sandboxHref, useAction, useConfirm, when, writes } from './ui'
 import { Labels, Lifecycle, OpenURL, State, REFRESH_MS } from './list'
 import { Timeline } from './timeline'
 import { Terminals } from './terminal'
@@ -64,7 +64,7 @@ export function SandboxPage ({ name }: { name: string }) {
         <dt>Created</dt><dd>{when(sb.created_at)}</dd>
       </dl>
       <div class="tabs" role="tablist">
-        {TABS.map(t => <button key={t} role="tab" aria-selected={tab === t} class={tab === t ? 'tab active' : 'tab'} data-testid={`tab-${t}`} onClick={() => show(t)}>{t[0].toUpperCase() + t.slice(1)}</button>)}
+        {TABS.map(t => <button key={t} role="tab" aria-selected={tab === t} class={tab === t ? 'tab active' : 'tab'} data-testid={`tab-${t}`} {...(t === 'terminal' || t === 'files' ? writes() : {})} onClick={() => show(t)}>{t[0].toUpperCase() + t.slice(1)}</button>)}
       </div>
       <div class="tab-body" hidden={tab !== 'timeline'}><Timeline sb={sb} all={all} changed={refresh} /></div>
       {opened.has('terminal') && <div class="tab-body" hidden={tab !== 'terminal'}>

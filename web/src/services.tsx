@@ -2,7 +2,7 @@
 // restart, and their logs, followed live over the logs WebSocket.
 import { useEffect, useRef, useState } from 'preact/hooks'
 import { enc, services, socket, message, type ServiceStatus, STDERR } from './api'
-import { Err, useAction, when } from './ui'
+import { Err, useAction, when, writes } from './ui'
 
 export function Services ({ sandbox, running }: { sandbox: string, running: boolean }) {
   const [list, setList] = useState<ServiceStatus[] | null>(null)
@@ -46,11 +46,11 @@ export function Services ({ sandbox, running }: { sandbox: string, running: bool
                 <td>{s.restarts}</td>
                 <td>{s.started_at ? when(s.started_at) : '–'}</td>
                 <td class="actions">
-                  <button onClick={() => setLogs(s.name)} data-testid={`logs-${s.name}`}>Logs</button>
+                  <button {...writes()} onClick={() => setLogs(s.name)} data-testid={`logs-${s.name}`}>Logs</button>
                   {s.state === 'running'
-                    ? <button onClick={() => act(s.name, 'stop')} data-testid="service-stop">Stop</button>
-                    : <button onClick={() => act(s.name, 'start')} data-testid="service-start">Start</button>}
-                  <button onClick={() => act(s.name, 'restart')} data-testid="service-restart">Restart</button>
+                    ? <button {...writes()} onClick={() => act(s.name, 'stop')} data-testid="service-stop">Stop</button>
+                    : <button {...writes()} onClick={() => act(s.name, 'start')} data-testid="service-start">Start</button>}
+                  <button {...writes()} onClick={() => act(s.name, 'restart')} data-testid="service-restart">Restart</button>
                 </td>
               </tr>
             ))}

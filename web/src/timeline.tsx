@@ -5,7 +5,7 @@
 // made from it.
 import { useEffect, useState } from 'preact/hooks'
 import { checkpoints, sandboxes, message, type Checkpoint, type Sandbox } from './api'
-import { Err, ago, sandboxHref, useAction, useConfirm, when } from './ui'
+import { Err, ago, sandboxHref, useAction, useConfirm, when, writes } from './ui'
 
 export function Timeline ({ sb, all, changed }: { sb: Sandbox, all: Sandbox[], changed: () => void }) {
   const [list, setList] = useState<Checkpoint[] | null>(null)
@@ -67,7 +67,7 @@ function NewCheckpoint ({ sb, done }: { sb: Sandbox, done: () => void }) {
       <input data-testid="checkpoint-name" placeholder="name (optional)" value={name} onInput={e => setName(e.currentTarget.value)} />
       <input data-testid="checkpoint-comment" class="grow" placeholder="comment: what this point is" value={comment} onInput={e => setComment(e.currentTarget.value)} />
       <label class="check"><input type="checkbox" data-testid="checkpoint-memory" checked={memory} onChange={e => setMemory(e.currentTarget.checked)} /> memory (processes resume)</label>
-      <button type="submit" class="primary" data-testid="checkpoint" disabled={busy}>{busy ? 'Checkpointing…' : 'Checkpoint'}</button>
+      <button type="submit" class="primary" data-testid="checkpoint" {...writes(busy)}>{busy ? 'Checkpointing…' : 'Checkpoint'}</button>
       <Err text={err} />
     </form>
   )
@@ -104,9 +104,9 @@ function Point ({ sb, cp, forks, ask, changed }: {
           : cp.comment && <div class="comment">{cp.comment}</div>}
         {forks.length > 0 && <div class="forks small" data-testid="forks">forks: {forks.map(f => <a key={f.id} href={sandboxHref(f.name)}>{f.name}</a>)}</div>}
         <div class="row wrap">
-          <button data-testid="restore" onClick={restore}>Restore</button>
-          <button data-testid="fork" onClick={() => setForking(!forking)}>Fork</button>
-          <button class="danger" data-testid="delete-checkpoint" onClick={remove}>Delete</button>
+          <button data-testid="restore" {...writes()} onClick={restore}>Restore</button>
+          <button data-testid="fork" {...writes()} onClick={() => setForking(!forking)}>Fork</button>
+          <button class="danger" data-testid="delete-checkpoint" {...writes()} onClick={remove}>Delete</button>
         </div>
         {forking && (
           <form class="row" onSubmit={e => {

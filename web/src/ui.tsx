@@ -2,7 +2,7 @@
 // line, times and sizes.
 import type { ComponentChildren } from 'preact'
 import { useState } from 'preact/hooks'
-import { defaultIdle, message } from './api'
+import { canWrite, defaultIdle, message, readOnly } from './api'
 
 /** A question the user must answer before something destructive. */
 interface Question {
@@ -116,3 +116,11 @@ export function pairs (text: string, what: string): Record<string, string> | und
 
 /** href of a sandbox's page. */
 export const sandboxHref = (name: string) => `#/sandboxes/${encodeURIComponent(name)}`
+
+/**
+ * The props of a button a read key may not press: disabled, with the
+ * reason as its title (none for a key that may).
+ */
+export function writes (busy = false): { disabled: boolean, title?: string } {
+  return canWrite() ? { disabled: busy } : { disabled: true, title: readOnly }
+}

@@ -19,6 +19,7 @@ import { createInterface } from 'node:readline'
 const url = need('LOAM_URL')
 const token = need('LOAM_TOKEN')
 const tokenFile = need('LOAM_TOKEN_FILE')
+const readKey = need('LOAM_READ_KEY')
 const artifacts = need('LOAM_ARTIFACTS')
 const template = process.env.LOAM_TEMPLATE ?? 'base'
 const name = 'web1'
@@ -302,6 +303,26 @@ try {
   const after = await page.evaluate(async () => (await fetch('/v1/sandboxes', { headers: { 'X-Loam-CSRF': 'x' } })).status)
   if (after !== 401) throw new Error(`after logout the API answered ${after}, want 401`)
   await shot('logged-out')
+
+  // A read key logs in too: what it may not do is shown disabled, not
+  // refused after the click.
+  await id('token').fill(readKey)
+  await id('login').click()
+  await id('who').filter({ hasText: '(read)' }).waitFor()
+  await id(`row-${name}`).waitFor(slow)
+  for (const t of ['new-sandbox']) {
+    if (!await id(t).isDisabled()) throw new Error(`${t} is enabled for a read key`)
+  }
+  await id(`row-${name}`).getByRole('link', { name, exact: true }).click()
+  await id('sandbox-name').filter({ hasText: name }).waitFor(slow)
+  for (const t of ['tab-terminal', 'tab-files', 'checkpoint', 'delete']) {
+    const b = id('sandbox-page').getByTestId(t).first()
+    if (!await b.isDisabled()) throw new Error(`${t} is enabled for a read key`)
+  }
+  if (await id('tab-timeline').isDisabled()) throw new Error('the timeline is disabled for a read key')
+  await shot('read-key')
+  await id('logout').click()
+  await id('token').waitFor()
   if (problems.length > 0) throw new Error(problems.join('\n'))
   console.log('console e2e: ok')
 } catch (e) {

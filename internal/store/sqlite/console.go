@@ -15,9 +15,10 @@ func (s *Store) PutConsoleSession(ctx context.Context, cs *store.ConsoleSession)
 	if err != nil {
 		return fmt.Errorf("storing a console session: %w", err)
 	}
-	_, err = s.exec(ctx, `INSERT INTO console_sessions (key, csrf_token, expires_at) VALUES (?, ?, ?)
-		ON CONFLICT (key) DO UPDATE SET csrf_token = excluded.csrf_token, expires_at = excluded.expires_at`,
-		cs.Key, cs.CSRFToken, expires)
+	_, err = s.exec(ctx, `INSERT INTO console_sessions (key, csrf_token, expires_at, org, api_key) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (key) DO UPDATE SET csrf_token = excluded.csrf_token, expires_at = excluded.expires_at,
+			org = excluded.org, api_key = excluded.api_key`,
+		cs.Key, cs.CSRFToken, expires, cs.Org, cs.APIKey)
 	if err != nil {
 		return fmt.Errorf("storing a console session: %w", err)
 	}
@@ -31,7 +32,7 @@ func (s *Store) ListConsoleSessions(ctx context.Context, now time.Time) ([]*stor
 	if err != nil {
 		return nil, fmt.Errorf("listing console sessions: %w", err)
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT key, csrf_token, expires_at FROM console_sessions
+	rows, err := s.r.QueryContext(ctx, `SELECT key, csrf_token, expires_at, org, api_key FROM console_sessions
 		WHERE expires_at > ? ORDER BY expires_at, key`, at)
 	if err != nil {
 		return nil, fmt.Errorf("listing console sessions: %w", err)
@@ -41,7 +42,7 @@ func (s *Store) ListConsoleSessions(ctx context.Context, now time.Time) ([]*stor
 	for rows.Next() {
 		var cs store.ConsoleSession
 		var expires string
-		if err := rows.Scan(&cs.Key, &cs.CSRFToken, &expires); err != nil {
+		if err := rows.Scan(&cs.Key, &cs.CSRFToken, &expires, &cs.Org, &cs.APIKey); err != nil {
 			return nil, fmt.Errorf("listing console sessions: %w", err)
 		}
 		if cs.ExpiresAt, err = parseTime(expires); err != nil {

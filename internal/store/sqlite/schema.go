@@ -257,6 +257,12 @@ INSERT INTO registry_credentials_new (name, sealed, created_at, updated_at)
 DROP TABLE registry_credentials;
 ALTER TABLE registry_credentials_new RENAME TO registry_credentials;
 `,
+	// 13: a console session is the session of the key that logged in;
+	// the sessions of older versions were the admin token's ('admin').
+	`
+ALTER TABLE console_sessions ADD COLUMN org TEXT NOT NULL DEFAULT '';
+ALTER TABLE console_sessions ADD COLUMN api_key TEXT NOT NULL DEFAULT 'admin';
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own
