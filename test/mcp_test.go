@@ -37,8 +37,14 @@ type mcpServer struct {
 // ends with the test.
 func startMCP(t testing.TB, d *harness.Daemon, args ...string) *mcpServer {
 	t.Helper()
+	return startMCPAs(t, d, d.Token, args...)
+}
+
+// startMCPAs is startMCP with token (an API key) as LOAM_TOKEN.
+func startMCPAs(t testing.TB, d *harness.Daemon, token string, args ...string) *mcpServer {
+	t.Helper()
 	cmd := exec.Command(harness.LoamBin, append([]string{"mcp"}, args...)...)
-	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token)
+	cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+token)
 	m := &mcpServer{log: &harness.SyncBuffer{}}
 	cmd.Stderr = m.log
 	cs, err := sdk.NewClient(&sdk.Implementation{Name: "loam-test", Version: "0"}, nil).
@@ -569,4 +575,67 @@ func mcpEndpoint(t *testing.T, log *harness.SyncBuffer, scheme string) string {
 		return false
 	})
 	return endpoint
+}
+
+// TestMCPWithKeys: loam mcp works with any API key, within its scope,
+// labels and org: a read key lists but cannot run or make; a key limited
+// by labels makes sandboxes with them and sees only those; a key of
+// another org finds none of this one's.
+func TestMCPWithKeys(t *testing.T) {
+	t.Parallel()
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
+	if _, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "theirs"}); err != nil {
+		t.Fatal(err)
+	}
+	reader := startMCPAs(t, d, makeKey(t, d, `{"name":"mcp-reader","scope":"read"}`).Secret)
+	var list imcp.ListSandboxesOutput
+	reader.ok(t, "list_sandboxes", nil, &list)
+	if len(list.Sandboxes) != 1 || list.Sandboxes[0].Name != "theirs" {
+		t.Errorf("list_sandboxes with a read key: %+v", list)
+	}
+	reader.fails(t, "run_command", map[string]any{"sandbox": "theirs", "command": "true"}, "needs a key of scope write")
+	reader.fails(t, "create_sandbox", map[string]any{"name": "mine"}, "needs a key of scope write")
+
+	agent := startMCPAs(t, d, makeKey(t, d, `{"name":"mcp-agent","labels":{"owner":"agent"}}`).Secret)
+	var created imcp.SandboxOutput
+	agent.ok(t, "create_sandbox", map[string]any{"name": "mine"}, &created)
+	if created.Sandbox.Labels["owner"] != "agent" {
+		t.Errorf("a sandbox the agent's key made over MCP: labels %v, want owner=agent", created.Sandbox.Labels)
+	}
+	var run imcp.RunOutput
+	agent.ok(t, "run_command", map[string]any{"sandbox": "mine", "command": "echo hi"}, &run)
+	if run.Stdout != "hi\n" {
+		t.Errorf("run_command in its own sandbox: %+v", run)
+	}
+	agent.fails(t, "run_command", map[string]any{"sandbox": "theirs", "command": "true"}, "not found")
+	agent.ok(t, "list_sandboxes", nil, &list)
+	if len(list.Sandboxes) != 1 || list.Sandboxes[0].Name != "mine" {
+		t.Errorf("list_sandboxes with the agent's key: %+v", list)
+	}
+
+	op := client.New(d.URL, d.Token)
+	if _, err := op.CreateOrg(ctx, "elsewhere"); err != nil {
+		t.Fatal(err)
+	}
+	k, err := op.CreateOrgKey(ctx, "elsewhere", api.CreateKey{Name: "elsewhere-admin", Scope: api.ScopeAdmin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := startMCPAs(t, d, k.Secret)
+	other.ok(t, "list_sandboxes", nil, &list)
+	if len(list.Sandboxes) != 0 {
+		t.Errorf("list_sandboxes with a key of another org: %+v", list)
+	}
+	for tool, args := range map[string]map[string]any{
+		"run_command":      {"sandbox": "theirs", "command": "true"},
+		"delete_sandbox":   {"sandbox": "theirs"},
+		"list_checkpoints": {"sandbox": "theirs"},
+		"read_file":        {"sandbox": "theirs", "path": "/etc/hostname"},
+	} {
+		other.fails(t, tool, args, `"theirs" not found`)
+	}
+	if sb, err := d.C.GetSandbox(ctx, "theirs"); err != nil || sb.State != api.StateRunning {
+		t.Errorf("theirs after the other org's calls: %+v, %v", sb, err)
+	}
 }

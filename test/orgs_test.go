@@ -192,6 +192,24 @@ func TestOrgs(t *testing.T) {
 		}
 	}
 	t.Logf("%d calls about another org's sandbox, each as for none", n)
+	// The streams (WebSockets) alike: exec, a port stream, a watch.
+	for _, ref := range []string{"only", only.ID} {
+		if _, err := ops.Exec(ctx, ref, client.ExecOptions{Cmd: []string{"true"}}); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("an exec stream in org docs' %s with a key of ops: %v, want not_found", ref, err)
+		}
+		if c, err := ops.DialPort(ctx, ref, 8080); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("a port stream to org docs' %s with a key of ops: %v, want not_found", ref, err)
+			if c != nil {
+				c.Close()
+			}
+		}
+		if w, err := ops.Watch(ctx, ref, "/home/loam", nil); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("a watch of org docs' %s with a key of ops: %v, want not_found", ref, err)
+			if w != nil {
+				w.Close()
+			}
+		}
+	}
 	if list, err := ops.ListSandboxes(ctx, client.ListOptions{}); err != nil || len(list) != 1 || list[0].ID != opsWeb.ID {
 		t.Errorf("ops's list: %v, %v; want its web alone", list, err)
 	}
