@@ -186,6 +186,10 @@ func TestExecTTYControls(t *testing.T) {
 	// The fake sends what it saw through these before it says "exit".
 	reqs := make(chan api.ExecRequest, 1)
 	controls := make(chan []api.ExecControl, 1)
+	// The signal is sent once the fake has the resize, so the order is
+	// known whatever the host's load (a sleep was not enough: both
+	// channels were ready by the time the client read them).
+	first := make(chan struct{})
 	c := fakeExec(t, func(ctx context.Context, conn *websocket.Conn, req api.ExecRequest) {
 		reqs <- req
 		var got []api.ExecControl
@@ -198,6 +202,9 @@ func TestExecTTYControls(t *testing.T) {
 			var ctl api.ExecControl
 			_ = json.Unmarshal(b, &ctl)
 			got = append(got, ctl)
+			if len(got) == 1 {
+				close(first)
+			}
 		}
 		exit(ctx, conn, 130)
 	})
@@ -205,7 +212,7 @@ func TestExecTTYControls(t *testing.T) {
 	signal := make(chan string, 1)
 	resize <- WindowSize{Rows: 50, Cols: 132}
 	go func() {
-		time.Sleep(10 * time.Millisecond) // after the resize, so the order is known
+		<-first
 		signal <- "INT"
 	}()
 	code, err := c.Exec(context.Background(), "scratch", ExecOptions{

@@ -14,13 +14,17 @@ import (
 
 // CheckExec checks that a command can be run in the sandbox now, before the
 // caller upgrades the connection, so that refusals are plain HTTP errors.
-func (g *Guest) CheckExec(ctx context.Context, ref string) (*api.Sandbox, error) {
+// The sandbox stays active until release is called: between the check
+// and Exec the client completes its handshake and sends its command,
+// which on a loaded host can take longer than the sandbox's idle, and the
+// sandbox it woke must not fall asleep meanwhile.
+func (g *Guest) CheckExec(ctx context.Context, ref string) (_ *api.Sandbox, release func(), err error) {
 	c, err := g.core.Relay(ctx, ref, sandbox.Need{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer c.End()
-	return c.View(), nil
+	return c.View(), c.Activate(), nil
 }
 
 // Exec starts a command in a sandbox: it sends the request, with the

@@ -404,7 +404,7 @@ func TestRestoreFailure(t *testing.T) {
 	if rec := e.record(sb.ID); got.State != api.StateError || !strings.Contains(rec.Error, "boom") {
 		t.Errorf("after a failed restore: state %s, error %q", got.State, rec.Error)
 	}
-	if _, err := e.guest().CheckExec(e.ctx, "mend"); !errors.Is(err, api.ErrConflict) {
+	if _, _, err := e.guest().CheckExec(e.ctx, "mend"); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("CheckExec on a sandbox in error: %v, want conflict", err)
 	}
 	if _, err := e.cps.CreateCheckpoint(e.ctx, "mend", api.CreateCheckpoint{}); !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), `"memory":false`) {

@@ -152,7 +152,7 @@ func TestExec(t *testing.T) {
 		t.Errorf("pid %d, exit code %v", c.pid, c.code)
 	}
 
-	if _, err := e.guest().CheckExec(e.ctx, "nope"); !errors.Is(err, api.ErrNotFound) {
+	if _, _, err := e.guest().CheckExec(e.ctx, "nope"); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("CheckExec of a missing sandbox: %v", err)
 	}
 }

@@ -245,6 +245,11 @@ func (c *Call) End() {
 	c.c.cancel(nil)
 }
 
+// Activate keeps the sandbox active (no idle sleep) until release is
+// called, beyond the call's end: for a caller whose next call comes after
+// a wait on its client, as an exec's does after the WebSocket handshake.
+func (c *Call) Activate() (release func()) { return c.l.activate() }
+
 // Cut is why a checkpoint or a restore cut the call, "" when none did.
 func (c *Call) Cut() string {
 	var ended *errCallEnded

@@ -201,6 +201,27 @@ func TestSleepIdle(t *testing.T) {
 	}
 }
 
+// TestSleepIdleExecCheck: the check before an exec (which wakes the
+// sandbox) keeps it active until the exec's handler lets go, however long
+// its client takes to send the command; then its idle runs again.
+func TestSleepIdleExecCheck(t *testing.T) {
+	e := newEnv(t)
+	idle := sleep.New(sandbox.NewIdleCore(e.m), e.st, sleep.Config{DataDir: e.cfg.DataDir, Idle: time.Hour}, testLogger())
+	sb := e.create(api.CreateSandbox{Name: "slowclient", Idle: "1m"})
+	must(t, idle.SleepIdle(e.ctx, time.Now()))
+	_, release, err := e.guest().CheckExec(e.ctx, "slowclient")
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, idle.SleepIdle(e.ctx, time.Now().Add(2*time.Hour)))
+	if e.record(sb.ID).State != api.StateRunning {
+		t.Errorf("the sandbox slept between the exec's check and its command")
+	}
+	release()
+	must(t, idle.SleepIdle(e.ctx, time.Now().Add(3*time.Hour)))
+	e.sleeping(sb.ID)
+}
+
 // TestRecoverSleep: a crash part-way through a sleep or a wake leaves the
 // sandbox running or asleep, never lost; a restart keeps a sleeping
 // sandbox asleep.

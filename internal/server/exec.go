@@ -20,9 +20,14 @@ import (
 // about the handshake (426 without the upgrade).
 func (gr *guestRoutes) exec(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("sandbox")
-	if _, err := gr.guest.CheckExec(r.Context(), ref); err != nil {
+	_, release, err := gr.guest.CheckExec(r.Context(), ref)
+	if err != nil {
 		return err
 	}
+	// Active until the exec has its stream (and for as long as it runs):
+	// a sandbox this check woke does not fall asleep while the client
+	// sends its command.
+	defer release()
 	hw := &handshakeWriter{ResponseWriter: w}
 	c, err := websocket.Accept(hw, r, acceptOptions)
 	if err != nil {

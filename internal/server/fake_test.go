@@ -250,15 +250,15 @@ func (f *fakeSandboxes) Delete(ctx context.Context, ref string) error {
 	return err
 }
 
-func (f *fakeSandboxes) CheckExec(ctx context.Context, ref string) (*api.Sandbox, error) {
+func (f *fakeSandboxes) CheckExec(ctx context.Context, ref string) (*api.Sandbox, func(), error) {
 	sb, err := f.Get(ctx, ref)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if sb.State != api.StateRunning {
-		return nil, api.Errorf(api.CodeConflict, "sandbox %s is %s, not running", sb.Name, sb.State)
+		return nil, nil, api.Errorf(api.CodeConflict, "sandbox %s is %s, not running", sb.Name, sb.State)
 	}
-	return sb, nil
+	return sb, func() {}, nil
 }
 
 // Exec runs every command at once, with exit status 0: its "agent" reads

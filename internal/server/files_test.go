@@ -15,7 +15,7 @@ import (
 // The fake's files: "box" holds /etc/motd ("hello\n") and nothing else.
 
 func (f *fakeSandboxes) fileSandbox(ctx context.Context, ref string) error {
-	_, err := f.CheckExec(ctx, ref)
+	_, _, err := f.CheckExec(ctx, ref)
 	return err
 }
 

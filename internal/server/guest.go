@@ -13,7 +13,9 @@ import (
 // running sandbox: exec, and the guest's files, sessions, services and
 // ports.
 type Guest interface {
-	CheckExec(ctx context.Context, ref string) (*api.Sandbox, error)
+	// CheckExec checks that a command can run now; the sandbox stays
+	// active until release.
+	CheckExec(ctx context.Context, ref string) (_ *api.Sandbox, release func(), err error)
 	Exec(ctx context.Context, ref string, req api.ExecRequest) (*sandbox.Stream, error)
 	Files
 	Sessions

@@ -18,7 +18,7 @@ import (
 const fakePort = 8000
 
 func (f *fakeSandboxes) CheckPorts(ctx context.Context, ref string) error {
-	_, err := f.CheckExec(ctx, ref)
+	_, _, err := f.CheckExec(ctx, ref)
 	return err
 }
 
