@@ -31,7 +31,11 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	}
 	defer end()
 	caller := checkpoint.CallerOf(ctx)
-	ctx = context.WithoutCancel(ctx)
+	// The call's audit record goes with the write after which a crash
+	// leaves the restore done (recovery finishes it): the automatic
+	// checkpoint's record when the state is kept first, the state
+	// restoring otherwise; not the number spent on the way.
+	ctx = store.HoldAudit(context.WithoutCancel(ctx))
 	cp, err := s.core.FindCheckpoint(ctx, sb, cpRef)
 	if err != nil {
 		return nil, err
@@ -125,7 +129,7 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	}
 
 	sb.RestoreTarget = cp.ID
-	if err := s.core.SetState(ctx, sb, api.StateRestoring, ""); err != nil {
+	if err := s.core.SetState(store.ReleaseAudit(ctx), sb, api.StateRestoring, ""); err != nil {
 		return nil, err
 	}
 	crash.Point("restore.restoring")

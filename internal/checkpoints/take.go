@@ -63,7 +63,7 @@ func (s *Service) take(ctx context.Context, sb *store.Sandbox, t take) (*store.C
 	// change it makes, and names it; the writes on the way (a new token,
 	// a state) carry none, so that a crash part-way leaves no record of a
 	// checkpoint that never was.
-	audited := ctx
+	audited := store.ReleaseAudit(ctx) // a restore's, held for its change
 	ctx = store.WithoutAudit(ctx)
 	id := t.id
 	st := newSteps()

@@ -364,7 +364,8 @@ func (mc *machine) resumeImage(ctx context.Context, sb *store.Sandbox, op operat
 	crash.Point("resume.connected")
 	m.log.Info("memory restored", "sandbox", sb.ID, "image", what, "prepare_ms", start.Sub(prep).Milliseconds(),
 		"runtime_ms", restored.Sub(start).Milliseconds(), "agent_ms", time.Since(restored).Milliseconds())
-	return m.setState(ctx, sb, api.StateRunning, "")
+	// The write that makes a create's change (see Create).
+	return m.setState(store.ReleaseAudit(ctx), sb, api.StateRunning, "")
 }
 
 // lockSource takes sandbox id's checkpoints for writing (deleting or

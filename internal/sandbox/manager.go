@@ -381,6 +381,10 @@ func (m *Manager) allocIndex(ctx context.Context) (int, error) {
 // Create makes a sandbox and boots it. It returns once the sandbox's agent
 // answers. A create that fails leaves nothing behind.
 func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandbox, error) {
+	// The call's audit record goes with the write that stores the sandbox
+	// running (bootWith, resumeImage, ClaimPoolMember), not with its
+	// first: recovery deletes one a crash leaves creating.
+	ctx = store.HoldAudit(ctx)
 	release, err := m.reserveSandbox(ctx)
 	if err != nil {
 		return nil, err
@@ -534,7 +538,7 @@ func (m *Manager) insert(ctx context.Context, sb *store.Sandbox) error {
 	sb.NetIndex = idx
 	if sb.Pool == "" {
 		// The audit record of the call that makes it names it, id or name.
-		store.AuditFrom(ctx).SetTarget("sandboxes/" + sb.Name)
+		store.AuditFrom(store.ReleaseAudit(ctx)).SetTarget("sandboxes/" + sb.Name)
 	}
 	if sb.Org == "" {
 		sb.Org = m.orgOf(ctx)
@@ -656,7 +660,8 @@ func (mc *machine) bootWith(ctx context.Context, sb *store.Sandbox, op operation
 	if len(services) > 0 {
 		crash.Point("create.services")
 	}
-	return m.setState(ctx, sb, api.StateRunning, "")
+	// The write that makes a create's change (see Create).
+	return m.setState(store.ReleaseAudit(ctx), sb, api.StateRunning, "")
 }
 
 // personalize writes the files that name a new sandbox in its own root:

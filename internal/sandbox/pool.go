@@ -223,6 +223,7 @@ func (p *PoolCore) ClaimPoolMember(ctx context.Context, pool string, member, wan
 	// before the create), never one running without its services.
 	claimed.State, claimed.Pool = api.StateCreating, ""
 	claimed.CreatedAt = store.Now()
+	store.AuditFrom(store.ReleaseAudit(ctx)).SetTarget("sandboxes/" + claimed.Name)
 	end, err := p.m.begin(&claimed, opCreate)
 	if err != nil {
 		// A member has no operations; this one is being deleted.
@@ -279,7 +280,8 @@ func (p *PoolCore) ClaimPoolMember(ctx context.Context, pool string, member, wan
 	if err := p.m.startServicesOrDelete(ctx, &claimed, services); err != nil {
 		return nil, true, err
 	}
-	if err := p.m.setState(ctx, &claimed, api.StateRunning, ""); err != nil {
+	// The write that makes the create's change (see Create).
+	if err := p.m.setState(store.ReleaseAudit(ctx), &claimed, api.StateRunning, ""); err != nil {
 		return fail(err)
 	}
 	p.m.touch(claimed.ID)

@@ -367,6 +367,10 @@ func (m *Manager) wakeOne(ctx context.Context, id string) error {
 // given the next generation (as after a restore), since a memory
 // checkpoint taken while it slept holds the same image.
 func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
+	// The call's audit record goes with the write that stores the sandbox
+	// running: a crash before leaves it asleep (see recoverSleeping).
+	audited := ctx
+	ctx = store.HoldAudit(ctx)
 	start := time.Now()
 	holds := []string{AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen))}
 	if sb.LegacyAgentToken != "" {
@@ -404,7 +408,7 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 		return fmt.Errorf("removing the sleep image: %w", err)
 	}
 	crash.Point("wake.image-dropped")
-	if err := m.setState(ctx, sb, api.StateRunning, ""); err != nil {
+	if err := m.setState(audited, sb, api.StateRunning, ""); err != nil {
 		return err
 	}
 	m.log.Info("awake", "sandbox", sb.ID, "runtime_ms", restored.Sub(start).Milliseconds(),

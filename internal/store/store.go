@@ -259,6 +259,31 @@ func WithoutAudit(ctx context.Context) context.Context {
 	return context.WithValue(ctx, auditKey{}, (*AuditCall)(nil))
 }
 
+type heldAuditKey struct{}
+
+// HoldAudit returns ctx whose writes carry no call record, holding the
+// record for ReleaseAudit: for an operation made of several writes whose
+// change is its last one (a create is stored creating, booted, then
+// stored running; recovery deletes one a crash leaves creating), so that
+// the record goes with the write after which the change stays, and a
+// crash part-way leaves no record of a change that never was.
+func HoldAudit(ctx context.Context) context.Context {
+	c := AuditFrom(ctx)
+	if c == nil {
+		return ctx
+	}
+	return context.WithValue(WithoutAudit(ctx), heldAuditKey{}, c)
+}
+
+// ReleaseAudit returns ctx carrying the record HoldAudit held, for the
+// write that makes the change; ctx itself when it holds none.
+func ReleaseAudit(ctx context.Context) context.Context {
+	if c, _ := ctx.Value(heldAuditKey{}).(*AuditCall); c != nil {
+		return WithAudit(ctx, c)
+	}
+	return ctx
+}
+
 // AuditFrom is the call record ctx carries, or nil.
 func AuditFrom(ctx context.Context) *AuditCall {
 	c, _ := ctx.Value(auditKey{}).(*AuditCall)

@@ -607,18 +607,18 @@ func (c *crasher) beforeOrRestored(t *testing.T, before []api.Checkpoint, asleep
 }
 
 // checkAudit checks the audit log against what the store holds, across
-// every crash so far, for sandbox main (made once, never deleted, so a
-// record's target names one checkpoint of it): each checkpoint a call of
-// the API made is named by exactly one checkpoint.create record, written
-// with it; a checkpoint a crash left unmade (its id spent) has none.
+// every crash so far. Sandboxes: each listed one is named by one more ok
+// sandbox.create or sandbox.fork record than ok sandbox.delete records,
+// each unlisted name by as many (a create a crash cut short, which
+// recovery deleted, has none: its record goes with the write that stores
+// it running). Checkpoints, for sandbox main (made once, never deleted, so
+// a record's target names one checkpoint of it): each checkpoint a call
+// of the API made is named by exactly one checkpoint.create record,
+// written with it; a checkpoint a crash left unmade (its id spent) has
+// none.
 func (c *crasher) checkAudit(t *testing.T, sbs []api.Sandbox) {
 	t.Helper()
-	if !slices.ContainsFunc(sbs, func(sb api.Sandbox) bool { return sb.Name == "main" }) {
-		return
-	}
-	const prefix = "sandboxes/main/checkpoints"
-	// ok records of each action, by the checkpoint id they name ("" for
-	// none).
+	// ok records of each action, by their target.
 	okRecords := func(action string) map[string]int {
 		out := map[string]int{}
 		var seq int64
@@ -628,8 +628,8 @@ func (c *crasher) checkAudit(t *testing.T, sbs []api.Sandbox) {
 				t.Fatal(err)
 			}
 			for _, ev := range page {
-				if ev.Outcome == "ok" && strings.HasPrefix(ev.Target, prefix) {
-					out[strings.TrimPrefix(strings.TrimPrefix(ev.Target, prefix), "/")]++
+				if ev.Outcome == "ok" {
+					out[ev.Target]++
 				}
 				seq = ev.Seq
 			}
@@ -638,7 +638,39 @@ func (c *crasher) checkAudit(t *testing.T, sbs []api.Sandbox) {
 			}
 		}
 	}
-	records, deletes := okRecords("checkpoint.create"), okRecords("checkpoint.delete")
+	made := okRecords("sandbox.create")
+	for target, n := range okRecords("sandbox.fork") {
+		made[target] += n
+	}
+	deleted := okRecords("sandbox.delete")
+	listedSB := map[string]bool{}
+	for _, sb := range sbs {
+		listedSB["sandboxes/"+sb.Name] = true
+	}
+	for target := range listedSB {
+		if n := made[target] - deleted[target]; n != 1 {
+			t.Errorf("%s is listed, and the audit log has %d ok creates of it, %d ok deletes", target, made[target], deleted[target])
+		}
+	}
+	for target, n := range made {
+		if !listedSB[target] && n != deleted[target] {
+			t.Errorf("%s is not listed, and the audit log has %d ok creates of it, %d ok deletes", target, n, deleted[target])
+		}
+	}
+	if !listedSB["sandboxes/main"] {
+		return
+	}
+	const prefix = "sandboxes/main/checkpoints"
+	ofMain := func(action string) map[string]int {
+		out := map[string]int{}
+		for target, n := range okRecords(action) {
+			if strings.HasPrefix(target, prefix) {
+				out[strings.TrimPrefix(strings.TrimPrefix(target, prefix), "/")] += n
+			}
+		}
+		return out
+	}
+	records, deletes := ofMain("checkpoint.create"), ofMain("checkpoint.delete")
 	listed := map[string]bool{}
 	for _, cp := range c.listCPs(t, "main") {
 		listed[cp.ID] = true
