@@ -2,10 +2,10 @@
 // cookie and the session's CSRF token, and the session calls
 // (/console/…). Wire types are the TypeScript SDK's.
 import type {
-  Checkpoint, CreateCheckpoint, CreateSandbox, FileInfo, SandboxInfo, ServiceStatus, Template,
+  AuditEvent, Checkpoint, CreateCheckpoint, CreateSandbox, FileInfo, SandboxInfo, ServiceStatus, Template,
 } from '../../sdk/ts/src/types'
 
-export type { Checkpoint, CreateCheckpoint, CreateSandbox, FileInfo, ServiceStatus, Template }
+export type { AuditEvent, Checkpoint, CreateCheckpoint, CreateSandbox, FileInfo, ServiceStatus, Template }
 
 /** A sandbox as the list and GET show it: the SDK's, with its disk use. */
 export interface Sandbox extends SandboxInfo {
@@ -67,6 +67,12 @@ function session (info: { csrf_token: string, idle?: string, scope?: string, org
  * disabled rather than failing after the click.
  */
 export function canWrite (): boolean { return scope !== 'read' }
+
+/** Whether the session's key is an org admin's (the audit log is theirs). */
+export function canAdmin (): boolean { return scope === 'admin' }
+
+/** Why the audit log is disabled for a key that is not an admin's, for its title. */
+export const notAdmin = "the audit log is for an org's admin keys; this key's scope is not admin"
 
 /** Why an action is disabled for a read key, for its title. */
 export const readOnly = 'this key is read-only: it may list and look, not change, run or read files'
@@ -183,6 +189,37 @@ export const files = {
 export const services = {
   list: async (sb: string) => (await call<{ services: ServiceStatus[] }>('GET', `/sandboxes/${enc(sb)}/services`)).services,
   action: async (sb: string, name: string, action: 'start' | 'stop' | 'restart') => await call<ServiceStatus>('POST', `/sandboxes/${enc(sb)}/services/${enc(name)}/${action}`),
+}
+
+/** The most events the API answers at once (api.MaxAuditPage). */
+const AUDIT_PAGE = 1000
+
+/** The most pages of events the console reads for one view. */
+const AUDIT_PAGES = 20
+
+export const audit = {
+  /**
+   * The newest events (at most show) since a time or how long ago
+   * ("24h"), of action ('' for all), newest first; total is how many the
+   * window holds, and cut says the window held more than the console
+   * reads (AUDIT_PAGES pages), so that total is only where it stopped.
+   */
+  list: async (since: string, action: string, show: number): Promise<{ events: AuditEvent[], total: number, cut: boolean }> => {
+    let events: AuditEvent[] = []
+    let total = 0
+    let seq = 0
+    for (let pages = 0; pages < AUDIT_PAGES; pages++) {
+      const q = [`since=${enc(since)}`, `limit=${AUDIT_PAGE}`]
+      if (action !== '') q.push(`action=${enc(action)}`)
+      if (seq > 0) q.push(`since_seq=${seq}`)
+      const page = (await call<{ events: AuditEvent[] }>('GET', '/audit?' + q.join('&'))).events
+      total += page.length
+      events = events.concat(page).slice(-show)
+      if (page.length < AUDIT_PAGE) return { events: events.reverse(), total, cut: false }
+      seq = page[page.length - 1].seq
+    }
+    return { events: events.reverse(), total, cut: true }
+  },
 }
 
 /** A message for the user from any error. */

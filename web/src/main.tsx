@@ -1,9 +1,10 @@
-// The console's page: login, then the list of sandboxes (#/) or one
-// sandbox (#/sandboxes/NAME). Routes live in the URL's fragment, so the
+// The console's page: login, then the list of sandboxes (#/), one
+// sandbox (#/sandboxes/NAME) or, for an admin key, the audit log (#/audit). Routes live in the URL's fragment, so the
 // daemon serves one page for all of them.
 import { render } from 'preact'
 import { useEffect, useState } from 'preact/hooks'
-import { login, loginHint, logout, resume, whenLoggedOut, message, sessionWho } from './api'
+import { canAdmin, login, loginHint, logout, notAdmin, resume, whenLoggedOut, message, sessionWho } from './api'
+import { AuditLog } from './audit'
 import { SandboxList } from './list'
 import { SandboxPage } from './sandbox'
 import './style.css'
@@ -66,12 +67,19 @@ function App () {
     <div class="app">
       <header>
         <a href="#/" class="brand">loam</a>
-        <nav><a href="#/">Sandboxes</a></nav>
+        <nav>
+          <a href="#/">Sandboxes</a>
+          {canAdmin()
+            ? <a href="#/audit" data-testid="nav-audit">Audit log</a>
+            : <span class="disabled" data-testid="nav-audit" aria-disabled="true" title={notAdmin}>Audit log</span>}
+        </nav>
         <span class="muted small" data-testid="who">{sessionWho()}</span>
         <button class="link" data-testid="logout" onClick={async () => { await logout(); setState('out') }}>Log out</button>
       </header>
       <main>
-        {m ? <SandboxPage key={m[1]} name={decodeURIComponent(m[1])} /> : <SandboxList />}
+        {m
+          ? <SandboxPage key={m[1]} name={decodeURIComponent(m[1])} />
+          : route === '#/audit' && canAdmin() ? <AuditLog /> : <SandboxList />}
       </main>
     </div>
   )

@@ -5,7 +5,7 @@
 // restore, see the file back (in the terminal and by download), fork, see
 // the fork's process running; a restart of the daemon under the open page;
 // services' logs, stop, start and restart, upload, sleep, wake, delete
-// (from the list and from a sandbox's page), log out. A screenshot of each
+// (from the list and from a sandbox's page), the audit log, log out. A screenshot of each
 // step goes to LOAM_ARTIFACTS.
 //
 // Environment: LOAM_URL, LOAM_TOKEN (the daemon's), LOAM_ARTIFACTS (a
@@ -297,6 +297,23 @@ try {
   await id(`row-${fork2Name}`).waitFor({ state: 'detached', ...slow })
   await shot('fork-deleted-from-its-page')
 
+  // The audit log: the changes made above, newest first, each with its
+  // key and outcome; filtered by action, only that action's.
+  await id('nav-audit').click()
+  await id('audit-table').waitFor(slow)
+  const created = id('audit-table').locator('tr[data-action="sandbox.create"]').filter({ hasText: `sandboxes/${name}` })
+  await created.first().waitFor()
+  const text = await created.first().innerText()
+  if (!text.includes('ok') || !text.includes('admin')) throw new Error(`the create of ${name} in the audit log: ${text}`)
+  await id('audit-action').fill('sandbox.fork')
+  await id('audit-action').press('Tab')
+  await id('audit-count').filter({ hasText: /^2 events$/ }).waitFor(slow)
+  const forks = await id('audit-table').locator('tbody tr').evaluateAll(rows => rows.map(r => r.dataset.action + ' ' + r.innerText))
+  if (forks.length !== 2 || forks.some(f => !f.startsWith('sandbox.fork '))) throw new Error(`forks in the audit log: ${forks.join(' | ')}`)
+  if (!forks[0].includes(fork2Name)) throw new Error(`the newest fork is not first: ${forks.join(' | ')}`)
+  await shot('audit-log')
+  await page.goto(url + '/#/')
+
   // Log out: the cookie no longer opens the API.
   await id('logout').click()
   await id('token').waitFor()
@@ -320,6 +337,8 @@ try {
     if (!await b.isDisabled()) throw new Error(`${t} is enabled for a read key`)
   }
   if (await id('tab-timeline').isDisabled()) throw new Error('the timeline is disabled for a read key')
+  // The audit log is an admin's: shown disabled, saying why.
+  if (await id('nav-audit').getAttribute('aria-disabled') !== 'true') throw new Error('the audit log is enabled for a read key')
   await shot('read-key')
   await id('logout').click()
   await id('token').waitFor()
