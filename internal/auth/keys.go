@@ -56,7 +56,10 @@ type Keys struct {
 	written map[string]time.Time
 }
 
-type openCall struct{ cancel context.CancelCauseFunc }
+type openCall struct {
+	org    string
+	cancel context.CancelCauseFunc
+}
 
 // NewKeys makes the authenticator of a daemon whose org is org and whose
 // admin token is admin, keeping keys in st (nil: the admin token alone).
@@ -153,7 +156,7 @@ func (k *Keys) Hold(ctx context.Context, p Principal) (context.Context, func()) 
 	if !p.Expires.IsZero() {
 		ctx, stop = context.WithDeadlineCause(ctx, p.Expires, fmt.Errorf("key %s expired", p.Key))
 	}
-	c := &openCall{cancel: cancel}
+	c := &openCall{org: p.Org, cancel: cancel}
 	k.mu.Lock()
 	if k.open[p.Key] == nil {
 		k.open[p.Key] = map[*openCall]struct{}{}
@@ -278,6 +281,24 @@ func (k *Keys) Forget(ids ...string) {
 			c.cancel(fmt.Errorf("key %s was revoked", id))
 		}
 	}
+}
+
+// ForgetOrg ends the calls still open with any key of org, which is
+// deleted with its keys: those the delete listed (Forget) and any made
+// while it ran.
+func (k *Keys) ForgetOrg(org string) {
+	var ids []string
+	k.mu.Lock()
+	for id, calls := range k.open {
+		for c := range calls {
+			if c.org == org {
+				ids = append(ids, id)
+				break
+			}
+		}
+	}
+	k.mu.Unlock()
+	k.Forget(ids...)
 }
 
 // Run writes the keys' last uses to the store every touchEvery until ctx

@@ -56,10 +56,14 @@ type admission struct {
 	starting map[string]bool
 	// taking is what the checkpoints being taken add, per org.
 	taking map[string]api.OrgUse
+	// deleting counts the deletes of each org under way (Orgs.Delete):
+	// nothing new is admitted into one meanwhile, so that a delete of
+	// everything in it is not raced by a create.
+	deleting map[string]int
 }
 
 func newAdmission(m *Manager, st OrgStore) *admission {
-	return &admission{m: m, store: st, starting: map[string]bool{}, taking: map[string]api.OrgUse{}}
+	return &admission{m: m, store: st, starting: map[string]bool{}, taking: map[string]api.OrgUse{}, deleting: map[string]int{}}
 }
 
 // orgOf is the org a call of ctx makes things in: its caller's, or the
@@ -123,9 +127,17 @@ func (a *admission) use(ctx context.Context, org string) (api.OrgUse, error) {
 // check refuses add to org's use when its quota does not allow it. The
 // caller holds a.mu.
 func (a *admission) check(ctx context.Context, org string, add api.OrgUse) error {
+	if a.deleting[org] > 0 {
+		return api.Errorf(api.CodeConflict, "org %s is being deleted", org)
+	}
 	rec, err := a.store.GetOrg(ctx, org)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil // an org that has no record has no quota
+		if org != a.m.cfg.Org {
+			// Deleted since the call's key was checked: under a.mu,
+			// as DeleteOrg runs, so nothing is stored in an org gone.
+			return api.Errorf(api.CodeNotFound, "org %q not found", org)
+		}
+		return nil // the daemon's own org may have no record: no quota
 	}
 	if err != nil {
 		return fmt.Errorf("reading the quota of org %s: %w", org, err)
@@ -273,6 +285,21 @@ func (o *Orgs) Delete(ctx context.Context, org string, all bool) error {
 	} else if err != nil {
 		return err
 	}
+	// Nothing new is admitted into the org until the delete is done, and
+	// the org's record goes under a.mu, as creates are checked and
+	// stored: a create racing the delete is refused, or stored before the
+	// record goes (then a delete of everything deletes it, and one of an
+	// org "empty" is refused), never stored in an org gone.
+	o.a.mu.Lock()
+	o.a.deleting[org]++
+	o.a.mu.Unlock()
+	defer func() {
+		o.a.mu.Lock()
+		defer o.a.mu.Unlock()
+		if o.a.deleting[org]--; o.a.deleting[org] == 0 {
+			delete(o.a.deleting, org)
+		}
+	}()
 	if all {
 		// As the org's own admin: the lookups see its sandboxes.
 		p, _ := auth.From(ctx)
@@ -283,13 +310,15 @@ func (o *Orgs) Delete(ctx context.Context, org string, all bool) error {
 			return err
 		}
 		for _, sb := range list {
-			if err := o.a.m.Delete(in, sb.ID); err != nil && !errors.Is(err, api.ErrNotFound) {
+			if err := o.a.m.deleteWhenFree(in, sb.ID); err != nil && !errors.Is(err, api.ErrNotFound) {
 				return fmt.Errorf("deleting sandbox %s of org %s: %w", sb.Name, org, err)
 			}
 		}
 	}
 	store.AuditFrom(ctx).SetTarget("orgs/" + org)
+	o.a.mu.Lock()
 	err := o.a.store.DeleteOrg(ctx, org, all)
+	o.a.mu.Unlock()
 	var in *store.NotEmptyError
 	switch {
 	case errors.Is(err, store.ErrNotFound):

@@ -748,6 +748,32 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 	return m.destroy(ctx, sb)
 }
 
+// deleteWhenFree is Delete of sandbox id, which waits for an operation in
+// progress on it (a create, a checkpoint) to end rather than refusing it as
+// busy: a delete of everything in an org (Orgs.Delete) must not fail on a
+// sandbox one of its keys was still making.
+func (m *Manager) deleteWhenFree(ctx context.Context, id string) error {
+	for {
+		err := m.Delete(ctx, id)
+		if !errors.Is(err, api.ErrConflict) {
+			return err
+		}
+		l := m.peek(id)
+		if l == nil {
+			return err
+		}
+		op, done := l.current()
+		if op == opNone || done == nil {
+			return err // not busy: a conflict of its own
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
 // destroy removes everything a sandbox has, then its record. Each step is
 // idempotent, so a destroy cut short by a crash is finished at the next start.
 func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {

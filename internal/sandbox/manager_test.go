@@ -459,6 +459,9 @@ func TestOrgLookup(t *testing.T) {
 	e := newEnv(t)
 	mine := e.create(api.CreateSandbox{Name: "web"})
 	e.checkpoint("web", false)
+	if _, err := sandbox.NewOrgs(e.m).Create(e.ctx, "other"); err != nil {
+		t.Fatal(err) // as the operator makes it before its keys
+	}
 	other := auth.WithPrincipal(e.ctx, auth.Principal{Org: "other", Key: "key-other", Scope: api.ScopeAdmin})
 	acme := auth.WithPrincipal(e.ctx, auth.Principal{Org: "acme", Key: "key-acme", Scope: api.ScopeAdmin})
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/sandbox"
 )
 
@@ -149,5 +150,55 @@ func TestQuotaUse(t *testing.T) {
 	}
 	if _, err := orgs.SetQuota(e.ctx, e.cfg.Org, api.Quota{Sandboxes: ptr(-1)}); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("a negative quota: %v, want invalid", err)
+	}
+}
+
+// TestOrgDeleteRacesCreates: creates in an org racing a delete of
+// everything in it are each either made before (and deleted with the org)
+// or refused; none is left in the org once it is gone, and the delete is
+// not refused for a sandbox still being made.
+func TestOrgDeleteRacesCreates(t *testing.T) {
+	e := newEnv(t)
+	orgs := sandbox.NewOrgs(e.m)
+	if _, err := orgs.Create(e.ctx, "docs"); err != nil {
+		t.Fatal(err)
+	}
+	docs := auth.WithPrincipal(e.ctx, auth.Principal{Org: "docs", Key: "key-docs", Scope: api.ScopeAdmin})
+	if _, err := e.m.Create(docs, api.CreateSandbox{Name: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := e.m.Create(docs, api.CreateSandbox{Name: fmt.Sprintf("racer-%d", i)})
+			errs <- err
+		}()
+	}
+	operator := auth.WithPrincipal(e.ctx, auth.Principal{Org: e.cfg.Org, Key: api.AdminKeyID, Scope: api.ScopeAdmin, Operator: true})
+	if err := orgs.Delete(operator, "docs", true); err != nil {
+		t.Errorf("deleting the org with everything in it: %v", err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil && !errors.Is(err, api.ErrConflict) && !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("a create racing the delete: %v", err)
+		}
+	}
+	left, err := e.m.List(docs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range left {
+		t.Errorf("sandbox %s is left in the deleted org", sb.Name)
+	}
+	if _, err := e.m.Create(docs, api.CreateSandbox{Name: "late"}); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("a create in the deleted org: %v, want not_found", err)
+	}
+	if n := len(e.volumes()); n != 0 {
+		t.Errorf("%d volumes left", n)
 	}
 }

@@ -135,6 +135,7 @@ func (or *orgRoutes) deleteOrg(w http.ResponseWriter, r *http.Request) error {
 		ids = append(ids, k.ID)
 	}
 	or.keys.Forget(ids...)
+	or.keys.ForgetOrg(org)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

@@ -101,8 +101,10 @@ type Authenticator interface {
 	List(ctx context.Context, org string) ([]api.Key, error)
 	Revoke(ctx context.Context, org, id string) error
 	// Forget ends the calls still open with keys ids, deleted with their
-	// org.
+	// org; ForgetOrg those of any key of org (one made while its delete
+	// ran too).
 	Forget(ids ...string)
+	ForgetOrg(org string)
 }
 
 // AuditLog keeps the audit log (store/sqlite).
