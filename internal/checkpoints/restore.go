@@ -90,6 +90,13 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		if err := s.requireSpace(sb, memory); err != nil {
 			return nil, fmt.Errorf("keeping the state before the restore: %w", err)
 		}
+		// The automatic checkpoint is one of the org's: refused before
+		// anything is made when its quota has no room for it.
+		admitted, err := s.core.AdmitCheckpoint(ctx, sb, memory)
+		if err != nil {
+			return nil, fmt.Errorf("keeping the state before the restore: %w", err)
+		}
+		defer admitted()
 		// A checkpoint that stops the sandbox saves a pause and a resume,
 		// but one that fails part-way leaves nothing running: gVisor
 		// ends a sandbox whose stopping save failed. With the data dir

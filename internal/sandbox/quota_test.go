@@ -145,6 +145,29 @@ func TestQuotaUse(t *testing.T) {
 	if got := e.use(orgs); got != want {
 		t.Fatalf("use after the delete and the fork: %+v, want %+v", got, want)
 	}
+	// A restore keeps the state before it as a checkpoint of the org's:
+	// at the quota, it is refused before anything is made; with room, it
+	// counts.
+	before, err := e.cps.ListCheckpoints(e.ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.cps.RestoreCheckpoint(e.ctx, "a", "v1")
+	refuse("restore with no room for its automatic checkpoint", err, "org acme would keep 3 checkpoints, its quota is 2")
+	if after, err := e.cps.ListCheckpoints(e.ctx, "a"); err != nil || len(after) != len(before) {
+		t.Errorf("checkpoints after the refused restore: %d (%v), want %d", len(after), err, len(before))
+	}
+	if got := e.use(orgs); got != want {
+		t.Fatalf("use after the refused restore: %+v, want %+v", got, want)
+	}
+	e.setQuota(api.Quota{Checkpoints: ptr(3)})
+	if _, err := e.cps.RestoreCheckpoint(e.ctx, "a", "v1"); err != nil {
+		t.Fatalf("restore within the quota: %v", err)
+	}
+	want.Checkpoints, want.DiskMiB = 3, want.DiskMiB+512 // auto-1, of a's memory
+	if got := e.use(orgs); got != want {
+		t.Fatalf("use after the restore: %+v, want %+v", got, want)
+	}
 	if _, err := orgs.SetQuota(e.ctx, "nosuch", api.Quota{}); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("the quota of an org that does not exist: %v, want not_found", err)
 	}
