@@ -9,6 +9,8 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/image"
+	"loam.dev/loam/internal/image/imagetest"
 	"loam.dev/loam/internal/server"
 	"loam.dev/loam/test/harness"
 )
@@ -124,16 +126,17 @@ func TestOrgs(t *testing.T) {
 		t.Errorf("docs' sandbox's DB: %q, %v; want docs' own value", out, err)
 	}
 
-	// What every org shares, only the daemon's own org changes.
+	// What every org shares, only the daemon's own org changes; images
+	// and registry credentials are each org's (TestOrgImages).
 	for _, tc := range []struct {
 		method, path string
 		status       int
 	}{
 		{"GET", "/v1/templates", 200},
 		{"DELETE", "/v1/templates/busybox", 403},
-		{"POST", "/v1/images", 403},
-		{"GET", "/v1/registries", 403},
-		{"PUT", "/v1/registries/ghcr.io", 403},
+		{"PUT", "/v1/templates/busybox/pool", 403},
+		{"GET", "/v1/registries", 200},
+		{"PUT", "/v1/registries/ghcr.io", 400},
 	} {
 		if st, body := d.CurlAs(keys["ops"], tc.method, tc.path, "{}"); st != tc.status {
 			t.Errorf("%s %s with a key of ops: %d %s, want %d", tc.method, tc.path, st, body, tc.status)
@@ -263,5 +266,103 @@ func TestOrgs(t *testing.T) {
 		if strings.Contains(m, docsWeb.ID) || strings.Contains(m, only.ID) {
 			t.Errorf("a mount of a deleted org's sandbox is left: %s", m)
 		}
+	}
+}
+
+// TestOrgImages: images and registry credentials are each org's. An org
+// pulls with its own credentials, and another org's pull of the same
+// private ref fails without its own, though the layers are on the host
+// already; neither sees nor deletes the other's image or credentials;
+// only the daemon's own org pulls from the host's files.
+func TestOrgImages(t *testing.T) {
+	t.Parallel()
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
+	reg := imagetest.Registry(t, "alice", "s3cret")
+	ref := reg + "/private:v1"
+	// A layer of its own: a digest no other test's image has, since the
+	// daemons of the tests share one template cache.
+	imagetest.Push(t, ref, imagetest.Image(t, imagetest.BusyboxConfig, imagetest.Busybox(t),
+		imagetest.Layer(t, imagetest.Entry{Name: "etc/org-images", Body: []byte(t.Name() + time.Now().String())})), "alice", "s3cret")
+	id := image.ID(ref)
+
+	op := client.New(d.URL, d.Token)
+	orgs := map[string]*client.Client{}
+	for _, org := range []string{"docs", "ops"} {
+		if _, err := op.CreateOrg(ctx, org); err != nil {
+			t.Fatal(err)
+		}
+		k, err := op.CreateOrgKey(ctx, org, api.CreateKey{Name: org + "-admin", Scope: api.ScopeAdmin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		orgs[org] = client.New(d.URL, k.Secret)
+	}
+	docs, ops := orgs["docs"], orgs["ops"]
+
+	if _, err := docs.LoginRegistry(ctx, reg, "alice", "s3cret"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := docs.CreateSandbox(ctx, api.CreateSandbox{Name: "app", Image: ref}); err != nil {
+		t.Fatalf("docs' sandbox of its private image: %v", err)
+	}
+	if list, err := docs.ListRegistries(ctx); err != nil || len(list) != 1 {
+		t.Errorf("docs' registries: %v, %v; want its login", list, err)
+	}
+	for who, c := range map[string]*client.Client{"ops": ops, "the daemon's org": op} {
+		if list, err := c.ListRegistries(ctx); err != nil || len(list) != 0 {
+			t.Errorf("%s's registries: %v, %v; want none", who, list, err)
+		}
+		if list, err := c.ListImages(ctx); err != nil || len(list) != 0 {
+			t.Errorf("%s's images: %v, %v; want none", who, list, err)
+		}
+		if _, err := c.GetImage(ctx, id); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("%s getting docs' image: %v, want not_found", who, err)
+		}
+		if err := c.DeleteImage(ctx, id); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("%s deleting docs' image: %v, want not_found", who, err)
+		}
+		if err := c.LogoutRegistry(ctx, reg); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("%s logging docs out: %v, want not_found", who, err)
+		}
+	}
+	if list, err := docs.ListImages(ctx); err != nil || len(list) != 1 || list[0].ID != id || list[0].State != api.ImageReady {
+		t.Fatalf("docs' images: %+v, %v; want its pull, ready", list, err)
+	}
+
+	// The layers are on the host, but ops cannot read the manifest.
+	if _, err := ops.CreateSandbox(ctx, api.CreateSandbox{Name: "thief", Image: ref}); !errors.Is(err, api.ErrInvalid) {
+		t.Errorf("ops' sandbox of docs' private image, without credentials: %v, want invalid (the pull fails)", err)
+	}
+	if _, err := ops.PullImage(ctx, "/etc"); harness.APICode(err) != api.CodeForbidden {
+		t.Errorf("ops pulling from the daemon's host: %v, want forbidden", err)
+	}
+	if _, err := ops.LoginRegistry(ctx, reg, "alice", "s3cret"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ops.CreateSandbox(ctx, api.CreateSandbox{Name: "app", Image: ref}); err != nil {
+		t.Fatalf("ops' sandbox of the image, with its own credentials: %v", err)
+	}
+	// Two images, one each; deleting ops' leaves docs' and its sandbox.
+	if err := docs.DeleteImage(ctx, id); !errors.Is(err, api.ErrConflict) {
+		t.Errorf("docs deleting its image in use: %v, want conflict", err)
+	}
+	if err := ops.DeleteSandbox(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ops.DeleteImage(ctx, id); err != nil {
+		t.Fatalf("ops deleting its image: %v", err)
+	}
+	if list, err := docs.ListImages(ctx); err != nil || len(list) != 1 {
+		t.Errorf("docs' images after ops deleted its own: %v, %v", list, err)
+	}
+	if out, _, code, err := docs.Output(ctx, "app", "sh", "-c", "echo up"); err != nil || code != 0 || strings.TrimSpace(string(out)) != "up" {
+		t.Errorf("docs' sandbox after ops deleted its image: %q %d %v", out, code, err)
+	}
+	if err := docs.DeleteSandbox(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := docs.DeleteImage(ctx, id); err != nil {
+		t.Errorf("docs deleting its image: %v", err)
 	}
 }

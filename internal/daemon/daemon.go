@@ -21,7 +21,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"golang.org/x/sync/errgroup"
 
 	"loam.dev/loam/api"
@@ -411,7 +410,7 @@ func (d *Daemon) openImages(ctx context.Context, p *parts) error {
 	p.registries = image.NewCredentials(regSecrets, d.cfg.Org)
 	p.images = image.New(image.Config{
 		Records: p.store, Sandboxes: p.store, Pool: p.pool, CacheDir: filepath.Join(d.cfg.TemplateCache, "images"),
-		Keychain: authn.NewMultiKeychain(p.registries, authn.DefaultKeychain), Log: d.log,
+		Org: d.cfg.Org, Keychain: p.registries.For, Log: d.log,
 	})
 	if err := p.images.Sweep(ctx); err != nil {
 		d.log.Error("removing the templates of images that are gone", "err", err)

@@ -12,23 +12,67 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/secret"
 )
 
 // Credentials keeps registry credentials sealed in a secret.Store of their
-// own (never the sandboxes' secrets), and is the keychain pulls use ahead
-// of the standard Docker config file (authn.DefaultKeychain).
+// own (never the sandboxes' secrets), each org its own, and gives each
+// org's pulls its keychain (For).
 type Credentials struct {
 	store secret.Store
-	// org is whose credentials these are: the daemon's own (--org).
-	// Images are pulled once per reference for every org, so their
-	// credentials are the daemon's, kept under its org.
+	// org is the daemon's own (--org): the org of calls that name no
+	// caller.
 	org string
 }
 
-// NewCredentials keeps credentials of org in st; nil keeps none.
+// NewCredentials keeps credentials in st, those of calls that name no
+// caller under org; nil keeps none.
 func NewCredentials(st secret.Store, org string) *Credentials {
 	return &Credentials{store: st, org: org}
+}
+
+// orgOf is the org of a call: its caller's, or the daemon's own.
+func (c *Credentials) orgOf(ctx context.Context) string {
+	if p, ok := auth.From(ctx); ok && p.Org != "" {
+		return p.Org
+	}
+	return c.org
+}
+
+// For is the keychain of org's pulls: its own credentials, then, for the
+// daemon's own org alone, the standard Docker config file of the
+// daemon's host (authn.DefaultKeychain), which is the operator's.
+func (c *Credentials) For(org string) authn.Keychain {
+	own := orgKeychain{c: c, org: org}
+	if org == c.org {
+		return authn.NewMultiKeychain(own, authn.DefaultKeychain)
+	}
+	return own
+}
+
+// orgKeychain is the keychain of one org's stored credentials.
+type orgKeychain struct {
+	c   *Credentials
+	org string
+}
+
+// Resolve is ResolveContext without one.
+func (k orgKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	return k.ResolveContext(context.Background(), r)
+}
+
+// ResolveContext gives the credentials the org stored for r's registry,
+// or authn.Anonymous, which lets the next keychain answer.
+func (k orgKeychain) ResolveContext(ctx context.Context, r authn.Resource) (authn.Authenticator, error) {
+	if k.c.store == nil {
+		return authn.Anonymous, nil
+	}
+	login, err := k.c.get(ctx, k.org, r.RegistryStr())
+	if err != nil || login == nil {
+		return authn.Anonymous, err
+	}
+	return &authn.Basic{Username: login.Username, Password: login.Password}, nil
 }
 
 // A registry's credential is stored under a name secret.CheckName allows,
@@ -50,7 +94,7 @@ func checkRegistry(registry string) (string, error) {
 	return r.RegistryStr(), nil
 }
 
-// Login stores the credentials for registry.
+// Login stores the credentials for registry, of the caller's org.
 func (c *Credentials) Login(ctx context.Context, registry string, login api.RegistryLogin) (*api.Registry, error) {
 	if c.store == nil {
 		return nil, api.Errorf(api.CodeUnavailable, "this daemon keeps no registry credentials")
@@ -66,13 +110,13 @@ func (c *Credentials) Login(ctx context.Context, registry string, login api.Regi
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.store.Put(ctx, c.org, credName(reg), secret.NewValue(string(b))); err != nil {
+	if _, err := c.store.Put(ctx, c.orgOf(ctx), credName(reg), secret.NewValue(string(b))); err != nil {
 		return nil, fmt.Errorf("storing credentials for %s: %w", reg, err)
 	}
 	return &api.Registry{Registry: reg, Username: login.Username}, nil
 }
 
-// Logout forgets the credentials for registry.
+// Logout forgets the credentials for registry, of the caller's org.
 func (c *Credentials) Logout(ctx context.Context, registry string) error {
 	if c.store == nil {
 		return api.Errorf(api.CodeNotFound, "no credentials for %s", registry)
@@ -81,7 +125,7 @@ func (c *Credentials) Logout(ctx context.Context, registry string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.store.Delete(ctx, c.org, credName(reg)); err != nil {
+	if err := c.store.Delete(ctx, c.orgOf(ctx), credName(reg)); err != nil {
 		if errors.Is(err, api.ErrNotFound) {
 			return api.Errorf(api.CodeNotFound, "no credentials for %s", reg)
 		}
@@ -90,13 +134,15 @@ func (c *Credentials) Logout(ctx context.Context, registry string) error {
 	return nil
 }
 
-// List lists the registries with credentials, and their user names.
+// List lists the registries the caller's org has credentials for, and
+// their user names.
 func (c *Credentials) List(ctx context.Context) ([]api.Registry, error) {
 	out := []api.Registry{}
 	if c.store == nil {
 		return out, nil
 	}
-	list, err := c.store.List(ctx, c.org)
+	org := c.orgOf(ctx)
+	list, err := c.store.List(ctx, org)
 	if err != nil {
 		return nil, fmt.Errorf("listing registry credentials: %w", err)
 	}
@@ -105,7 +151,7 @@ func (c *Credentials) List(ctx context.Context) ([]api.Registry, error) {
 		if !ok {
 			continue
 		}
-		login, err := c.get(ctx, reg)
+		login, err := c.get(ctx, org, reg)
 		if err != nil {
 			return nil, err
 		}
@@ -114,8 +160,8 @@ func (c *Credentials) List(ctx context.Context) ([]api.Registry, error) {
 	return out, nil
 }
 
-func (c *Credentials) get(ctx context.Context, reg string) (*api.RegistryLogin, error) {
-	vals, err := c.store.Resolve(ctx, c.org, []string{credName(reg)})
+func (c *Credentials) get(ctx context.Context, org, reg string) (*api.RegistryLogin, error) {
+	vals, err := c.store.Resolve(ctx, org, []string{credName(reg)})
 	if err != nil {
 		return nil, fmt.Errorf("reading credentials for %s: %w", reg, err)
 	}
@@ -128,22 +174,4 @@ func (c *Credentials) get(ctx context.Context, reg string) (*api.RegistryLogin, 
 		return nil, fmt.Errorf("reading credentials for %s: %w", reg, err)
 	}
 	return &login, nil
-}
-
-// Resolve is ResolveContext without one.
-func (c *Credentials) Resolve(r authn.Resource) (authn.Authenticator, error) {
-	return c.ResolveContext(context.Background(), r)
-}
-
-// ResolveContext gives the credentials stored for r's registry, or
-// authn.Anonymous, which lets the next keychain answer.
-func (c *Credentials) ResolveContext(ctx context.Context, r authn.Resource) (authn.Authenticator, error) {
-	if c.store == nil {
-		return authn.Anonymous, nil
-	}
-	login, err := c.get(ctx, r.RegistryStr())
-	if err != nil || login == nil {
-		return authn.Anonymous, err
-	}
-	return &authn.Basic{Username: login.Username, Password: login.Password}, nil
 }

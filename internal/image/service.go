@@ -23,18 +23,19 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/store"
 )
 
 // Records is what the Service needs of the metadata store (store/sqlite
-// has it).
+// has it): images by org, "" listing every org's.
 type Records interface {
 	PutImage(ctx context.Context, im *store.Image) error
-	GetImage(ctx context.Context, id string) (*store.Image, error)
-	ListImages(ctx context.Context) ([]*store.Image, error)
-	DeleteImage(ctx context.Context, id string) error
+	GetImage(ctx context.Context, org, id string) (*store.Image, error)
+	ListImages(ctx context.Context, org string) ([]*store.Image, error)
+	DeleteImage(ctx context.Context, org, id string) error
 }
 
 // Sandboxes lists the sandboxes (store/sqlite has it): an image that one
@@ -52,8 +53,13 @@ type Config struct {
 	// they are unpacked first (with the built-in templates' disk.Cache).
 	Pool     disk.Pool
 	CacheDir string
-	// Keychain gives registry credentials; authn.DefaultKeychain when nil.
-	Keychain authn.Keychain
+	// Org is the daemon's own org (loam serve --org): the org of calls
+	// that name no caller, and the one whose images a sandbox of any org
+	// may find as its own (Lookup), as it may the daemon's templates.
+	Org string
+	// Keychain gives the registry credentials of an org's pulls;
+	// authn.DefaultKeychain for every org when nil.
+	Keychain func(org string) authn.Keychain
 	// Workers is how many pulls run at once; 2 when 0.
 	Workers int
 	Log     *slog.Logger
@@ -64,16 +70,19 @@ type Config struct {
 type Service struct {
 	cfg   Config
 	cache disk.Cache
-	queue chan string
+	queue chan imageKey
 
 	mu      sync.Mutex
-	pulling map[string]*pull // image id -> pull queued or running
+	pulling map[imageKey]*pull // pulls queued or running
 
 	// inUse keeps an image from being deleted while a create of it is
 	// between its pull and the end of its boot: creates hold the read
 	// side (Hold), Delete the write side.
 	inUse sync.RWMutex
 }
+
+// imageKey names an image: its id within its org.
+type imageKey struct{ org, id string }
 
 // pull is one pull in progress.
 type pull struct {
@@ -92,7 +101,7 @@ type Resolved struct {
 // New makes a Service.
 func New(cfg Config) *Service {
 	if cfg.Keychain == nil {
-		cfg.Keychain = authn.DefaultKeychain
+		cfg.Keychain = func(string) authn.Keychain { return authn.DefaultKeychain }
 	}
 	if cfg.Workers == 0 {
 		cfg.Workers = 2
@@ -100,7 +109,15 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Service{cfg: cfg, queue: make(chan string, 1024), pulling: map[string]*pull{}}
+	return &Service{cfg: cfg, queue: make(chan imageKey, 1024), pulling: map[imageKey]*pull{}}
+}
+
+// orgOf is the org of a call: its caller's, or the daemon's own.
+func (s *Service) orgOf(ctx context.Context) string {
+	if p, ok := auth.From(ctx); ok && p.Org != "" {
+		return p.Org
+	}
+	return s.cfg.Org
 }
 
 // Run pulls what is asked until ctx ends, starting with the pulls a
@@ -108,7 +125,7 @@ func New(cfg Config) *Service {
 // when ctx ended. A pull cut short stays "pulling" in the store, for the
 // next Run to take up. The daemon runs it as a component.
 func (s *Service) Run(ctx context.Context) error {
-	list, err := s.cfg.Records.ListImages(ctx)
+	list, err := s.cfg.Records.ListImages(ctx, "")
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -117,7 +134,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	for _, im := range list {
 		if im.State == api.ImagePulling {
-			s.enqueue(im.ID)
+			s.enqueue(imageKey{im.Org, im.ID})
 		}
 	}
 	var wg sync.WaitGroup
@@ -127,8 +144,8 @@ func (s *Service) Run(ctx context.Context) error {
 				select {
 				case <-ctx.Done():
 					return
-				case id := <-s.queue:
-					s.pull(ctx, id)
+				case k := <-s.queue:
+					s.pull(ctx, k)
 				}
 			}
 		})
@@ -137,40 +154,45 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
-// enqueue starts a pull of image id unless one is under way, and returns it.
-func (s *Service) enqueue(id string) *pull {
+// enqueue starts a pull of image k unless one is under way, and returns it.
+func (s *Service) enqueue(k imageKey) *pull {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p, ok := s.pulling[id]; ok {
+	if p, ok := s.pulling[k]; ok {
 		return p
 	}
 	p := &pull{done: make(chan struct{})}
-	s.pulling[id] = p
-	s.queue <- id
+	s.pulling[k] = p
+	s.queue <- k
 	return p
 }
 
-// Pull starts pulling ref unless it is pulled or being pulled, and returns
-// the image's record as it is now. An image whose pull failed is pulled
-// again.
+// Pull starts pulling ref for the caller's org unless it is pulled or
+// being pulled, and returns the image's record as it is now. An image
+// whose pull failed is pulled again. Each org pulls with its own registry
+// credentials: another org's pull of the same ref is not its, though the
+// layers of one digest are fetched and unpacked once.
 func (s *Service) Pull(ctx context.Context, ref string) (*api.Image, error) {
-	im, _, err := s.start(ctx, ref)
+	im, _, err := s.start(ctx, s.orgOf(ctx), ref)
 	if err != nil {
 		return nil, err
 	}
 	return s.view(im), nil
 }
 
-func (s *Service) start(ctx context.Context, ref string) (*store.Image, *pull, error) {
+func (s *Service) start(ctx context.Context, org, ref string) (*store.Image, *pull, error) {
 	ref, err := Canonical(ref)
 	if err != nil {
 		return nil, nil, err
 	}
-	id := ID(ref)
+	if filepath.IsAbs(ref) && org != s.cfg.Org {
+		return nil, nil, api.Errorf(api.CodeForbidden, "ref: %s is a path on the daemon's host, which only its own org (%s) pulls from; pull from a registry", ref, s.cfg.Org)
+	}
+	k := imageKey{org, ID(ref)}
 	s.mu.Lock()
-	p := s.pulling[id]
+	p := s.pulling[k]
 	s.mu.Unlock()
-	im, err := s.cfg.Records.GetImage(ctx, id)
+	im, err := s.cfg.Records.GetImage(ctx, k.org, k.id)
 	if err == nil && im.State == api.ImageReady && p == nil {
 		// A pool made afresh (a new data dir beside a kept template
 		// cache) lacks the template: the pull makes it again.
@@ -188,7 +210,7 @@ func (s *Service) start(ctx context.Context, ref string) (*store.Image, *pull, e
 	case err == nil: // failed, lost its template, or left pulling by a crash: again
 		im.State, im.Error = api.ImagePulling, ""
 	case errors.Is(err, store.ErrNotFound):
-		im = &store.Image{Image: api.Image{ID: id, Ref: ref, State: api.ImagePulling, CreatedAt: store.Now()}}
+		im = &store.Image{Image: api.Image{ID: k.id, Ref: ref, State: api.ImagePulling, CreatedAt: store.Now()}, Org: org}
 	default:
 		return nil, nil, fmt.Errorf("pulling %s: %w", ref, err)
 	}
@@ -199,13 +221,13 @@ func (s *Service) start(ctx context.Context, ref string) (*store.Image, *pull, e
 		return nil, nil, fmt.Errorf("pulling %s: %w", ref, err)
 	}
 	crash.Point("image.recorded")
-	return im, s.enqueue(id), nil
+	return im, s.enqueue(k), nil
 }
 
-// Ensure pulls ref if it is not ready and waits for it, then gives what a
-// sandbox needs of it. A failed pull is the client's: invalid.
-func (s *Service) Ensure(ctx context.Context, ref string) (*Resolved, error) {
-	im, p, err := s.start(ctx, ref)
+// Ensure pulls ref for org if it is not ready and waits for it, then gives
+// what a sandbox needs of it. A failed pull is the client's: invalid.
+func (s *Service) Ensure(ctx context.Context, org, ref string) (*Resolved, error) {
+	im, p, err := s.start(ctx, org, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -219,17 +241,22 @@ func (s *Service) Ensure(ctx context.Context, ref string) (*Resolved, error) {
 			// The host's lack of room, not the image's fault: not invalid.
 			return nil, p.err
 		}
-		if im, err = s.cfg.Records.GetImage(ctx, im.ID); err != nil {
+		if im, err = s.cfg.Records.GetImage(ctx, org, im.ID); err != nil {
 			return nil, fmt.Errorf("pulling %s: %w", im.Ref, err)
 		}
 	}
 	return resolved(im)
 }
 
-// Lookup gives what a sandbox needs of an image pulled already (the image
-// of a sandbox or checkpoint); not_found if it is gone.
-func (s *Service) Lookup(ctx context.Context, ref string) (*Resolved, error) {
-	im, err := s.cfg.Records.GetImage(ctx, ID(ref))
+// Lookup gives what a sandbox of org needs of an image pulled already (the
+// image of a sandbox or checkpoint): org's own, or else the daemon's own
+// org's, whose checkpoint templates (shared by every org) may hold an
+// image's disk; not_found if it is gone.
+func (s *Service) Lookup(ctx context.Context, org, ref string) (*Resolved, error) {
+	im, err := s.cfg.Records.GetImage(ctx, org, ID(ref))
+	if errors.Is(err, store.ErrNotFound) && org != s.cfg.Org {
+		im, err = s.cfg.Records.GetImage(ctx, s.cfg.Org, ID(ref))
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, api.Errorf(api.CodeNotFound, "image %s is not pulled", ref)
 	}
@@ -243,9 +270,9 @@ func (s *Service) Lookup(ctx context.Context, ref string) (*Resolved, error) {
 // image cannot be deleted (Delete waits) until release is called, once
 // the sandbox is stored. Take it after Ensure, which may take minutes, so
 // that a Delete waiting for it holds up no other create.
-func (s *Service) Hold(ctx context.Context, ref string) (res *Resolved, release func(), err error) {
+func (s *Service) Hold(ctx context.Context, org, ref string) (res *Resolved, release func(), err error) {
 	s.inUse.RLock()
-	if res, err = s.Lookup(ctx, ref); err != nil {
+	if res, err = s.Lookup(ctx, org, ref); err != nil {
 		s.inUse.RUnlock()
 		return nil, nil, err
 	}
@@ -264,9 +291,9 @@ func resolved(im *store.Image) (*Resolved, error) {
 	return &Resolved{Ref: im.Ref, Template: im.Template, Config: im.Config}, nil
 }
 
-// Get is one image, by id.
+// Get is one image of the caller's org, by id.
 func (s *Service) Get(ctx context.Context, id string) (*api.Image, error) {
-	im, err := s.cfg.Records.GetImage(ctx, id)
+	im, err := s.cfg.Records.GetImage(ctx, s.orgOf(ctx), id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, api.Errorf(api.CodeNotFound, "image %q not found", id)
 	}
@@ -276,9 +303,9 @@ func (s *Service) Get(ctx context.Context, id string) (*api.Image, error) {
 	return s.view(im), nil
 }
 
-// List lists the images, oldest first.
+// List lists the images of the caller's org, oldest first.
 func (s *Service) List(ctx context.Context) ([]api.Image, error) {
-	list, err := s.cfg.Records.ListImages(ctx)
+	list, err := s.cfg.Records.ListImages(ctx, s.orgOf(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -307,7 +334,7 @@ type templateLister interface {
 // trees are in a cache daemons on this host share, and stay (as trees of
 // old recipes do).
 func (s *Service) Sweep(ctx context.Context) error {
-	list, err := s.cfg.Records.ListImages(ctx)
+	list, err := s.cfg.Records.ListImages(ctx, "")
 	if err != nil {
 		return fmt.Errorf("sweeping image templates: %w", err)
 	}
@@ -340,18 +367,25 @@ func (s *Service) Sweep(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Delete forgets image id (see Remove), unless a sandbox uses it: that is
-// a conflict naming the sandbox. No sandbox of the image appears meanwhile
-// (see Hold).
+// Delete forgets image id of the caller's org (see Remove), unless a
+// sandbox uses it: that is a conflict naming the sandbox. No sandbox of
+// the image appears meanwhile (see Hold). An image of the daemon's own
+// org may be used by any org's sandboxes (see Lookup); another org's,
+// only by its own.
 func (s *Service) Delete(ctx context.Context, id string) error {
 	s.inUse.Lock()
 	defer s.inUse.Unlock()
+	org := s.orgOf(ctx)
 	im, err := s.Get(ctx, id)
 	if err != nil {
 		return err
 	}
 	if s.cfg.Sandboxes != nil {
-		sbs, err := s.cfg.Sandboxes.ListSandboxes(ctx, store.Filter{})
+		f := store.Filter{Org: org}
+		if org == s.cfg.Org {
+			f.Org = ""
+		}
+		sbs, err := s.cfg.Sandboxes.ListSandboxes(ctx, f)
 		if err != nil {
 			return fmt.Errorf("deleting image %s: %w", id, err)
 		}
@@ -361,35 +395,35 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 			}
 		}
 	}
-	return s.Remove(ctx, id)
+	return s.Remove(ctx, org, id)
 }
 
-// Remove forgets an image, by id, and, unless another image has the same
-// digest, its unpacked tree and its template in the pool, whether or not a
-// sandbox uses it (Delete checks that): volumes and checkpoints made from
-// it keep their data either way. One being pulled is
+// Remove forgets an image of org, by id, and, unless another image (of
+// any org) has the same digest, its unpacked tree and its template in the
+// pool, whether or not a sandbox uses it (Delete checks that): volumes and
+// checkpoints made from it keep their data either way. One being pulled is
 // a conflict.
-func (s *Service) Remove(ctx context.Context, id string) error {
+func (s *Service) Remove(ctx context.Context, org, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.pulling[id]; ok {
+	if _, ok := s.pulling[imageKey{org, id}]; ok {
 		return api.Errorf(api.CodeConflict, "image %s is being pulled", id)
 	}
-	im, err := s.cfg.Records.GetImage(ctx, id)
+	im, err := s.cfg.Records.GetImage(ctx, org, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return api.Errorf(api.CodeNotFound, "image %q not found", id)
 	}
 	if err != nil {
 		return err
 	}
-	if err := s.cfg.Records.DeleteImage(ctx, id); err != nil {
+	if err := s.cfg.Records.DeleteImage(ctx, org, id); err != nil {
 		return fmt.Errorf("removing image %s: %w", id, err)
 	}
 	crash.Point("image-delete.record")
 	if im.Digest == "" {
 		return nil
 	}
-	list, err := s.cfg.Records.ListImages(ctx)
+	list, err := s.cfg.Records.ListImages(ctx, "")
 	if err != nil {
 		return err
 	}
@@ -416,7 +450,7 @@ func (s *Service) view(im *store.Image) *api.Image {
 		v.Config.Env = []string{}
 	}
 	s.mu.Lock()
-	p := s.pulling[im.ID]
+	p := s.pulling[imageKey{im.Org, im.ID}]
 	s.mu.Unlock()
 	switch {
 	case p != nil:
@@ -427,18 +461,19 @@ func (s *Service) view(im *store.Image) *api.Image {
 	return &v
 }
 
-// pull pulls image id and stores how it went.
-func (s *Service) pull(ctx context.Context, id string) {
+// pull pulls image k and stores how it went.
+func (s *Service) pull(ctx context.Context, k imageKey) {
+	id := k.id
 	s.mu.Lock()
-	p := s.pulling[id]
+	p := s.pulling[k]
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.pulling, id)
+		delete(s.pulling, k)
 		s.mu.Unlock()
 		close(p.done)
 	}()
-	im, err := s.cfg.Records.GetImage(ctx, id)
+	im, err := s.cfg.Records.GetImage(ctx, k.org, id)
 	if err != nil {
 		s.cfg.Log.Error("pulling image", "image", id, "err", err)
 		return
@@ -463,10 +498,13 @@ func (s *Service) pull(ctx context.Context, id string) {
 	}
 }
 
-// fetch resolves im, unpacks it (once per digest) and imports its
-// template into the pool, filling in the record.
+// fetch resolves im with its org's registry credentials, unpacks it (once
+// per digest) and imports its template into the pool, filling in the
+// record. The manifest is always read with the org's own credentials, so
+// that an org reaches no image another org's credentials pulled: only the
+// layers of a digest it can read are shared.
 func (s *Service) fetch(ctx context.Context, im *store.Image, p *pull) error {
-	img, err := open(ctx, im.Ref, s.cfg.Keychain)
+	img, err := open(ctx, im.Ref, s.cfg.Keychain(im.Org))
 	if err != nil {
 		return err
 	}

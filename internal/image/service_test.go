@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -62,7 +61,7 @@ func newService(t *testing.T) *fixture {
 	}
 	creds := image.NewCredentials(sealed, "default")
 	svc := image.New(image.Config{Records: st, Sandboxes: st, Pool: pool, CacheDir: filepath.Join(dir, "cache"),
-		Keychain: authn.NewMultiKeychain(creds, authn.DefaultKeychain), Log: slog.New(slog.DiscardHandler)})
+		Org: "default", Keychain: creds.For, Log: slog.New(slog.DiscardHandler)})
 	run(t, svc)
 	return &fixture{svc: svc, st: st, pool: pool, creds: creds}
 }
@@ -156,7 +155,7 @@ func TestPullFromRegistry(t *testing.T) {
 	if !slices.Equal(im.Config.Cmd, appConfig.Cmd) || im.Config.User != "web" || im.Config.WorkingDir != "/srv" {
 		t.Errorf("config %+v, want %+v", im.Config, appConfig)
 	}
-	res, err := f.svc.Ensure(t.Context(), ref)
+	res, err := f.svc.Ensure(t.Context(), "default", ref)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +177,7 @@ func TestPullFromRegistry(t *testing.T) {
 	if err := f.pool.(*disk.Copy).DeleteTemplate(t.Context(), res.Template); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.svc.Ensure(t.Context(), ref); err != nil {
+	if _, err := f.svc.Ensure(t.Context(), "default", ref); err != nil {
 		t.Fatalf("Ensure once the pool lost the template: %v", err)
 	}
 	if ok, err := f.pool.HasTemplate(t.Context(), res.Template); !ok || err != nil {
@@ -186,13 +185,13 @@ func TestPullFromRegistry(t *testing.T) {
 	}
 	// A second reference to the same content shares the template.
 	imagetest.Push(t, reg+"/other:v1", img, "", "")
-	res2, err := f.svc.Ensure(t.Context(), reg+"/other:v1")
+	res2, err := f.svc.Ensure(t.Context(), "default", reg+"/other:v1")
 	if err != nil || res2.Template != res.Template {
 		t.Errorf("the same image under another name: %+v, %v; want template %s", res2, err, res.Template)
 	}
 	// Removing one of the two keeps the template the other has; removing
 	// both takes it out of the pool, and the volume made from it stays.
-	if err := f.svc.Remove(t.Context(), im.ID); err != nil {
+	if err := f.svc.Remove(t.Context(), "default", im.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.svc.Get(t.Context(), im.ID); !errors.Is(err, api.ErrNotFound) {
@@ -201,7 +200,7 @@ func TestPullFromRegistry(t *testing.T) {
 	if ok, _ := f.pool.HasTemplate(t.Context(), res.Template); !ok {
 		t.Errorf("template %s gone while another image has it", res.Template)
 	}
-	if err := f.svc.Remove(t.Context(), image.ID(reg+"/other:v1")); err != nil {
+	if err := f.svc.Remove(t.Context(), "default", image.ID(reg+"/other:v1")); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := f.pool.HasTemplate(t.Context(), res.Template); ok || err != nil {
@@ -225,7 +224,7 @@ func TestDeleteInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	im := wait(t, f.svc, image.ID(ref))
-	res, release, err := f.svc.Hold(ctx, ref)
+	res, release, err := f.svc.Hold(ctx, "default", ref)
 	if err != nil || res.Ref != ref {
 		t.Fatalf("Hold: %+v, %v", res, err)
 	}
@@ -251,7 +250,7 @@ func TestDeleteInUse(t *testing.T) {
 	if err := f.svc.Delete(ctx, im.ID); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("Delete again: %v, want not_found", err)
 	}
-	if _, _, err := f.svc.Hold(ctx, ref); !errors.Is(err, api.ErrNotFound) {
+	if _, _, err := f.svc.Hold(ctx, "default", ref); !errors.Is(err, api.ErrNotFound) {
 		t.Fatalf("Hold of a deleted image: %v, want not_found", err)
 	}
 }
@@ -262,10 +261,10 @@ func TestPullRefusals(t *testing.T) {
 	ghost := appConfig
 	ghost.User = "ghost:ghost"
 	imagetest.Push(t, reg+"/ghost:v1", imagetest.Image(t, ghost, layers(t)...), "", "")
-	if _, err := f.svc.Ensure(t.Context(), reg+"/ghost:v1"); !errors.Is(err, api.ErrInvalid) {
+	if _, err := f.svc.Ensure(t.Context(), "default", reg+"/ghost:v1"); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("an image whose user is missing: %v, want invalid", err)
 	}
-	if _, err := f.svc.Ensure(t.Context(), reg+"/missing:v1"); !errors.Is(err, api.ErrInvalid) {
+	if _, err := f.svc.Ensure(t.Context(), "default", reg+"/missing:v1"); !errors.Is(err, api.ErrInvalid) {
 		t.Errorf("an image the registry lacks: %v, want invalid", err)
 	}
 	if _, err := f.svc.Pull(t.Context(), "UPPER:case:bad"); !errors.Is(err, api.ErrInvalid) {
@@ -278,7 +277,7 @@ func TestPullWithLogin(t *testing.T) {
 	reg := imagetest.Registry(t, "alice", "s3cret")
 	ref := reg + "/private:v1"
 	imagetest.Push(t, ref, imagetest.Image(t, appConfig, layers(t)...), "alice", "s3cret")
-	if _, err := f.svc.Ensure(t.Context(), ref); !errors.Is(err, api.ErrInvalid) {
+	if _, err := f.svc.Ensure(t.Context(), "default", ref); !errors.Is(err, api.ErrInvalid) {
 		t.Fatalf("a private image before login: %v, want invalid", err)
 	}
 	if _, err := f.creds.Login(t.Context(), reg, api.RegistryLogin{Username: "alice", Password: "s3cret"}); err != nil {
@@ -288,7 +287,7 @@ func TestPullWithLogin(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Registry != reg || list[0].Username != "alice" {
 		t.Errorf("registries: %+v, %v", list, err)
 	}
-	if _, err := f.svc.Ensure(t.Context(), ref); err != nil {
+	if _, err := f.svc.Ensure(t.Context(), "default", ref); err != nil {
 		t.Fatalf("a private image after login: %v", err)
 	}
 	if err := f.creds.Logout(t.Context(), reg); err != nil {
@@ -313,7 +312,7 @@ func TestPullFromHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ref := range []string{filepath.Join(dir, "oci"), tarPath} {
-		res, err := f.svc.Ensure(t.Context(), ref)
+		res, err := f.svc.Ensure(t.Context(), "default", ref)
 		if err != nil {
 			t.Fatalf("%s: %v", ref, err)
 		}
@@ -457,7 +456,7 @@ func TestSweep(t *testing.T) {
 	if slices.Contains(names, "image-0123456789abcdef") || !slices.Contains(names, "busybox") || len(names) != 2 {
 		t.Errorf("templates after the sweep: %v; want busybox and the pulled image's", names)
 	}
-	if _, err := f.svc.Ensure(t.Context(), ref); err != nil {
+	if _, err := f.svc.Ensure(t.Context(), "default", ref); err != nil {
 		t.Errorf("the pulled image after the sweep: %v", err)
 	}
 }

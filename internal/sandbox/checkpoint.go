@@ -430,7 +430,7 @@ func (m *Manager) takeFromCheckpoint(ctx context.Context, sb *store.Sandbox, cp 
 	if m.cfg.Images == nil {
 		return errNoImages
 	}
-	res, err := m.cfg.Images.Lookup(ctx, sb.Image)
+	res, err := m.cfg.Images.Lookup(ctx, sb.Org, sb.Image)
 	if err != nil {
 		return err
 	}

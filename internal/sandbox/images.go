@@ -17,14 +17,15 @@ import (
 // Images pulls OCI images and gives sandboxes their templates (package
 // image's Service).
 type Images interface {
-	// Ensure pulls ref unless it is pulled, waits for it, and gives its
-	// template and config.
-	Ensure(ctx context.Context, ref string) (*image.Resolved, error)
-	// Lookup gives the template and config of an image pulled already.
-	Lookup(ctx context.Context, ref string) (*image.Resolved, error)
+	// Ensure pulls ref for org unless it is pulled, waits for it, and
+	// gives its template and config.
+	Ensure(ctx context.Context, org, ref string) (*image.Resolved, error)
+	// Lookup gives the template and config of an image pulled already,
+	// as a sandbox of org finds it.
+	Lookup(ctx context.Context, org, ref string) (*image.Resolved, error)
 	// Hold is Lookup for a create: the image cannot be deleted until
 	// release is called.
-	Hold(ctx context.Context, ref string) (res *image.Resolved, release func(), err error)
+	Hold(ctx context.Context, org, ref string) (res *image.Resolved, release func(), err error)
 }
 
 // EntrypointService is the service an image's entrypoint and cmd run as.
@@ -45,14 +46,14 @@ func (mc *machine) prepareImage(ctx context.Context, sb *store.Sandbox, req *api
 	if m.cfg.Images == nil {
 		return nil, api.Errorf(api.CodeInvalid, "image: this daemon makes sandboxes from templates only (GET /v1/templates)")
 	}
-	res, err := m.cfg.Images.Ensure(ctx, req.Image)
+	res, err := m.cfg.Images.Ensure(ctx, sb.Org, req.Image)
 	if err != nil {
 		return nil, err
 	}
 	// Held after the pull, which may take minutes, so that a delete
 	// waiting for it holds up no other create; the image is looked up
 	// again, since a delete may have come in between.
-	res, release, err := m.cfg.Images.Hold(ctx, res.Ref)
+	res, release, err := m.cfg.Images.Hold(ctx, sb.Org, res.Ref)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +90,7 @@ func (mc *machine) imageAgentEnv(ctx context.Context, sb *store.Sandbox) ([]stri
 	if m.cfg.Images == nil {
 		return nil, errNoImages
 	}
-	res, err := m.cfg.Images.Lookup(ctx, sb.Image)
+	res, err := m.cfg.Images.Lookup(ctx, sb.Org, sb.Image)
 	if err != nil {
 		return nil, fmt.Errorf("finding image %s: %w", sb.Image, err)
 	}
@@ -110,7 +111,7 @@ func (mc *machine) imageTemplate(ctx context.Context, sb *store.Sandbox) (string
 	if m.cfg.Images == nil {
 		return "", errNoImages
 	}
-	res, err := m.cfg.Images.Lookup(ctx, sb.Image)
+	res, err := m.cfg.Images.Lookup(ctx, sb.Org, sb.Image)
 	if errors.Is(err, api.ErrNotFound) {
 		return "", fmt.Errorf("image %s was removed: %w", sb.Image, err)
 	}

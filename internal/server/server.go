@@ -429,7 +429,7 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 		r = r.WithContext(ctx)
 		err = s.allow(p, rt, orgWide)
 		if err == nil && daemonWide && p.Org != s.keys.Admin().Org {
-			err = api.Errorf(api.CodeForbidden, "%s: templates, images and registry credentials are shared by every org on this daemon, and only its own org (%s) changes them", rt.Pattern, s.keys.Admin().Org)
+			err = api.Errorf(api.CodeForbidden, "%s: checkpoint templates are shared by every org on this daemon, and only its own org (%s) changes them", rt.Pattern, s.keys.Admin().Org)
 		}
 		if err == nil {
 			conns.KeepAlive(w)
@@ -446,15 +446,13 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 	}
 }
 
-// isDaemonWide reports whether a route changes, or reads the credentials
-// of, what every org of the daemon shares (templates, images, registry
-// credentials), which only the daemon's own org may.
+// isDaemonWide reports whether a route changes what every org of the
+// daemon shares (checkpoint templates, and their warm pools), which only
+// the daemon's own org may. Images and registry credentials are each
+// org's own.
 func isDaemonWide(pattern string) bool {
 	method, path, _ := strings.Cut(pattern, " ")
-	switch {
-	case strings.HasPrefix(path, "/v1/registries"):
-		return true
-	case strings.HasPrefix(path, "/v1/templates"), strings.HasPrefix(path, "/v1/images"):
+	if strings.HasPrefix(path, "/v1/templates") {
 		return method != http.MethodGet || strings.HasSuffix(path, "/export")
 	}
 	return false

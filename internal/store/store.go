@@ -175,6 +175,9 @@ func Now() time.Time { return time.Now().UTC() }
 // they are not part of Store, since only internal/image uses them.
 type Image struct {
 	api.Image
+	// Org owns the image: it pulled it, with its registry credentials.
+	// Ids and refs are unique within an org.
+	Org string
 	// Template is the disk template the image is unpacked into (named by
 	// its digest, so images with one digest share it); "" until ready.
 	Template string

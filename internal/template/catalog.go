@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/store"
@@ -84,9 +85,14 @@ func New(cfg Config) *Catalog {
 // (Kinds), each with how many sandboxes use it.
 func (c *Catalog) List(ctx context.Context) []api.Template {
 	// One listing counts the uses of every kind: a sandbox of an image is
-	// counted under its image. A warm pool's members are no uses.
+	// counted under its image. A warm pool's members are no uses. The
+	// caller sees its own org's uses, never another's.
 	uses, imageUses := map[string]int{}, map[string]int{}
-	if sbs, err := c.sandboxes.ListSandboxes(ctx, store.Filter{}); err == nil {
+	var mine store.Filter
+	if p, ok := auth.From(ctx); ok {
+		mine.Org = p.Org
+	}
+	if sbs, err := c.sandboxes.ListSandboxes(ctx, mine); err == nil {
 		for _, sb := range sbs {
 			if sb.Pool != "" {
 				continue

@@ -11,8 +11,8 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// PutImage stores an image record, replacing the one with its id. Another
-// record with its ref is store.ErrExists.
+// PutImage stores an image record, replacing the one of its org with its
+// id. Another record of the org with its ref is store.ErrExists.
 func (s *Store) PutImage(ctx context.Context, im *store.Image) error {
 	created, err := formatTime(im.CreatedAt)
 	if err != nil {
@@ -22,12 +22,12 @@ func (s *Store) PutImage(ctx context.Context, im *store.Image) error {
 	if err != nil {
 		return fmt.Errorf("storing image %s: %w", im.ID, err)
 	}
-	_, err = s.exec(ctx, `INSERT INTO images (id, ref, digest, state, error, size, config, template, user_missing, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (id) DO UPDATE SET ref = excluded.ref, digest = excluded.digest, state = excluded.state,
+	_, err = s.exec(ctx, `INSERT INTO images (org, id, ref, digest, state, error, size, config, template, user_missing, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (org, id) DO UPDATE SET ref = excluded.ref, digest = excluded.digest, state = excluded.state,
 			error = excluded.error, size = excluded.size, config = excluded.config, template = excluded.template,
 			user_missing = excluded.user_missing`,
-		im.ID, im.Ref, im.Digest, string(im.State), im.Error, im.Size, string(config), im.Template, im.UserMissing, created)
+		im.Org, im.ID, im.Ref, im.Digest, string(im.State), im.Error, im.Size, string(config), im.Template, im.UserMissing, created)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("storing image %s: ref %s: %w", im.ID, im.Ref, store.ErrExists)
 	}
@@ -37,11 +37,11 @@ func (s *Store) PutImage(ctx context.Context, im *store.Image) error {
 	return nil
 }
 
-const imageColumns = `id, ref, digest, state, error, size, config, template, user_missing, created_at`
+const imageColumns = `org, id, ref, digest, state, error, size, config, template, user_missing, created_at`
 
-// GetImage finds an image by id; store.ErrNotFound if none.
-func (s *Store) GetImage(ctx context.Context, id string) (*store.Image, error) {
-	im, err := scanImage(s.r.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM images WHERE id = ?`, id))
+// GetImage finds an image of org by id; store.ErrNotFound if none.
+func (s *Store) GetImage(ctx context.Context, org, id string) (*store.Image, error) {
+	im, err := scanImage(s.r.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM images WHERE org = ? AND id = ?`, org, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting image %s: %w", id, store.ErrNotFound)
 	}
@@ -51,9 +51,9 @@ func (s *Store) GetImage(ctx context.Context, id string) (*store.Image, error) {
 	return im, nil
 }
 
-// ListImages lists every image, oldest first.
-func (s *Store) ListImages(ctx context.Context) ([]*store.Image, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+imageColumns+` FROM images ORDER BY created_at, id`)
+// ListImages lists the images of org ("" for every org's), oldest first.
+func (s *Store) ListImages(ctx context.Context, org string) ([]*store.Image, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+imageColumns+` FROM images WHERE ? = '' OR org = ? ORDER BY created_at, id, org`, org, org)
 	if err != nil {
 		return nil, fmt.Errorf("listing images: %w", err)
 	}
@@ -72,9 +72,9 @@ func (s *Store) ListImages(ctx context.Context) ([]*store.Image, error) {
 	return list, nil
 }
 
-// DeleteImage removes an image record; store.ErrNotFound if none.
-func (s *Store) DeleteImage(ctx context.Context, id string) error {
-	res, err := s.exec(ctx, `DELETE FROM images WHERE id = ?`, id)
+// DeleteImage removes an image record of org; store.ErrNotFound if none.
+func (s *Store) DeleteImage(ctx context.Context, org, id string) error {
+	res, err := s.exec(ctx, `DELETE FROM images WHERE org = ? AND id = ?`, org, id)
 	if err != nil {
 		return fmt.Errorf("deleting image %s: %w", id, err)
 	}
@@ -90,7 +90,7 @@ func scanImage(row scanner) (*store.Image, error) {
 		state, config string
 		created       string
 	)
-	if err := row.Scan(&im.ID, &im.Ref, &im.Digest, &state, &im.Error, &im.Size, &config, &im.Template, &im.UserMissing, &created); err != nil {
+	if err := row.Scan(&im.Org, &im.ID, &im.Ref, &im.Digest, &state, &im.Error, &im.Size, &config, &im.Template, &im.UserMissing, &created); err != nil {
 		return nil, err
 	}
 	im.State = api.ImageState(state)

@@ -28,7 +28,7 @@ func (s *Store) EnsureOrg(ctx context.Context, org string) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO orgs (name, quota, created_at) VALUES (?, '{}', ?) ON CONFLICT (name) DO NOTHING`, org, created); err != nil {
 		return fmt.Errorf("making org %s: %w", org, storageError(err))
 	}
-	for _, table := range []string{"sandboxes", "secrets", "registry_credentials"} {
+	for _, table := range []string{"sandboxes", "secrets", "registry_credentials", "images"} {
 		if _, err := tx.ExecContext(ctx, `UPDATE `+table+` SET org = ? WHERE org = ''`, org); err != nil {
 			return fmt.Errorf("giving org %s its %s: %w", org, table, storageError(err))
 		}
@@ -73,7 +73,7 @@ func (s *Store) DeleteOrg(ctx context.Context, org string, secrets bool) error {
 		if in.Sandboxes > 0 || in.Secrets > 0 {
 			return false, &in
 		}
-		for _, table := range []string{"api_keys", "secrets", "registry_credentials"} {
+		for _, table := range []string{"api_keys", "secrets", "registry_credentials", "images"} {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE org = ?`, org); err != nil {
 				return false, err
 			}

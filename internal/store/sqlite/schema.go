@@ -263,6 +263,32 @@ ALTER TABLE registry_credentials_new RENAME TO registry_credentials;
 ALTER TABLE console_sessions ADD COLUMN org TEXT NOT NULL DEFAULT '';
 ALTER TABLE console_sessions ADD COLUMN api_key TEXT NOT NULL DEFAULT 'admin';
 `,
+	// 14: an image belongs to the org that pulled it, with its own
+	// registry credentials; a ref is unique within an org, and an id
+	// (the ref's hash) too. Those of older versions have none (''): the
+	// daemon gives them its own org when it starts (EnsureOrg). Nothing
+	// refers to the table.
+	`
+CREATE TABLE images_new (
+	org          TEXT    NOT NULL DEFAULT '',
+	id           TEXT    NOT NULL,
+	ref          TEXT    NOT NULL,
+	digest       TEXT    NOT NULL,
+	state        TEXT    NOT NULL,
+	error        TEXT    NOT NULL,
+	size         INTEGER NOT NULL,
+	config       TEXT    NOT NULL CHECK (json_valid(config)),
+	template     TEXT    NOT NULL,
+	user_missing INTEGER NOT NULL,
+	created_at   TEXT    NOT NULL,
+	PRIMARY KEY (org, id),
+	UNIQUE (org, ref)
+) STRICT;
+INSERT INTO images_new (id, ref, digest, state, error, size, config, template, user_missing, created_at)
+	SELECT id, ref, digest, state, error, size, config, template, user_missing, created_at FROM images;
+DROP TABLE images;
+ALTER TABLE images_new RENAME TO images;
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

@@ -11,12 +11,13 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// Images is what a store that keeps images has (store/sqlite does).
+// Images is what a store that keeps images has (store/sqlite does): each
+// org's, ListImages of "" listing every org's.
 type Images interface {
 	PutImage(ctx context.Context, im *store.Image) error
-	GetImage(ctx context.Context, id string) (*store.Image, error)
-	ListImages(ctx context.Context) ([]*store.Image, error)
-	DeleteImage(ctx context.Context, id string) error
+	GetImage(ctx context.Context, org, id string) (*store.Image, error)
+	ListImages(ctx context.Context, org string) ([]*store.Image, error)
+	DeleteImage(ctx context.Context, org, id string) error
 }
 
 // RunImages runs the suite of image records; newStore must return a new,
@@ -30,6 +31,7 @@ func RunImages(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Update", testImageUpdate},
 		{"RefConflict", testImageRefConflict},
 		{"DeleteNotFound", testImageDelete},
+		{"Orgs", testImageOrgs},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,6 +56,7 @@ func newImage(n int) *store.Image {
 		},
 		Template:    "img-0123",
 		UserMissing: true,
+		Org:         "docs",
 	}
 }
 
@@ -64,7 +67,7 @@ func testImageRoundTrip(ctx context.Context, t *testing.T, st Images) {
 			t.Fatalf("PutImage: %v", err)
 		}
 	}
-	got, err := st.GetImage(ctx, a.ID)
+	got, err := st.GetImage(ctx, "docs", a.ID)
 	if err != nil {
 		t.Fatalf("GetImage: %v", err)
 	}
@@ -74,11 +77,11 @@ func testImageRoundTrip(ctx context.Context, t *testing.T, st Images) {
 	if !reflect.DeepEqual(g, w) {
 		t.Errorf("GetImage:\n got %+v\nwant %+v", g, w)
 	}
-	list, err := st.ListImages(ctx)
+	list, err := st.ListImages(ctx, "docs")
 	if err != nil || len(list) != 2 || list[0].ID != b.ID || list[1].ID != a.ID {
 		t.Errorf("ListImages: %v, %v; want %s then %s", list, err, b.ID, a.ID)
 	}
-	if _, err := st.GetImage(ctx, "im-nope"); !errorsIs(err, store.ErrNotFound) {
+	if _, err := st.GetImage(ctx, "docs", "im-nope"); !errorsIs(err, store.ErrNotFound) {
 		t.Errorf("GetImage of a missing image: %v, want ErrNotFound", err)
 	}
 }
@@ -93,7 +96,7 @@ func testImageUpdate(ctx context.Context, t *testing.T, st Images) {
 	if err := st.PutImage(ctx, im); err != nil {
 		t.Fatalf("PutImage over an existing id: %v", err)
 	}
-	got, err := st.GetImage(ctx, im.ID)
+	got, err := st.GetImage(ctx, "docs", im.ID)
 	if err != nil || got.State != api.ImageError || got.Template != "img-1" || got.Digest != "sha256:99" || got.Error != "boom" {
 		t.Errorf("after update: %+v, %v", got, err)
 	}
@@ -115,14 +118,47 @@ func testImageDelete(ctx context.Context, t *testing.T, st Images) {
 	if err := st.PutImage(ctx, im); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.DeleteImage(ctx, im.ID); err != nil {
+	if err := st.DeleteImage(ctx, "docs", im.ID); err != nil {
 		t.Fatalf("DeleteImage: %v", err)
 	}
-	if err := st.DeleteImage(ctx, im.ID); !errorsIs(err, store.ErrNotFound) {
+	if err := st.DeleteImage(ctx, "docs", im.ID); !errorsIs(err, store.ErrNotFound) {
 		t.Errorf("DeleteImage again: %v, want ErrNotFound", err)
 	}
-	if _, err := st.GetImage(ctx, im.ID); !errorsIs(err, store.ErrNotFound) {
+	if _, err := st.GetImage(ctx, "docs", im.ID); !errorsIs(err, store.ErrNotFound) {
 		t.Errorf("GetImage after delete: %v, want ErrNotFound", err)
+	}
+}
+
+// testImageOrgs: the same id and ref in two orgs are two records, each
+// found, listed and deleted in its own org alone.
+func testImageOrgs(ctx context.Context, t *testing.T, st Images) {
+	docs, ops := newImage(1), newImage(1)
+	ops.Org, ops.Digest = "ops", "sha256:4567"
+	for _, im := range []*store.Image{docs, ops} {
+		if err := st.PutImage(ctx, im); err != nil {
+			t.Fatalf("PutImage of %s's: %v", im.Org, err)
+		}
+	}
+	for _, im := range []*store.Image{docs, ops} {
+		got, err := st.GetImage(ctx, im.Org, im.ID)
+		if err != nil || got.Org != im.Org || got.Digest != im.Digest {
+			t.Errorf("GetImage of %s's: %+v, %v", im.Org, got, err)
+		}
+		if list, err := st.ListImages(ctx, im.Org); err != nil || len(list) != 1 || list[0].Org != im.Org {
+			t.Errorf("ListImages of %s: %v, %v; want its own", im.Org, list, err)
+		}
+	}
+	if _, err := st.GetImage(ctx, "other", docs.ID); !errorsIs(err, store.ErrNotFound) {
+		t.Errorf("GetImage in an org without it: %v, want ErrNotFound", err)
+	}
+	if list, err := st.ListImages(ctx, ""); err != nil || len(list) != 2 {
+		t.Errorf("ListImages of every org: %v, %v; want 2", list, err)
+	}
+	if err := st.DeleteImage(ctx, "ops", ops.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetImage(ctx, "docs", docs.ID); err != nil {
+		t.Errorf("docs' image after ops' was deleted: %v", err)
 	}
 }
 
