@@ -141,6 +141,9 @@ func (p *PoolCore) MakePoolMember(ctx context.Context, from PoolSource, pool str
 	if err != nil {
 		return nil, err
 	}
+	// The source's org's: a member counts against its pool_members quota,
+	// finds its images, and is claimed by its forks alone.
+	sb.Org = src.Org
 	// A fork's settings (see checkpoints.Service.Fork), but no secrets: a
 	// member gets those of the request that claims it.
 	if err := p.m.takeFromCheckpoint(ctx, sb, cp, nil); err != nil {

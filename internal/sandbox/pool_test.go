@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/warmpool"
 )
@@ -210,5 +212,63 @@ func TestPoolClaim(t *testing.T) {
 	}
 	if ids := e.rt.IDs(); len(ids) != 1 || ids[0] != f.ID {
 		t.Errorf("containers after the source was deleted: %v, want the fork alone", ids)
+	}
+}
+
+// TestPoolOrgQuota: a pool of an org's checkpoint keeps members of that
+// org: they count against its pool_members quota (which stops the pool
+// short of its size), not the daemon's, and a fork in the org claims one.
+func TestPoolOrgQuota(t *testing.T) {
+	e, _, _ := poolEnv(t)
+	orgs := sandbox.NewOrgs(e.m)
+	if _, err := orgs.Create(e.ctx, "docs"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := orgs.SetQuota(e.ctx, "docs", api.Quota{PoolMembers: ptr(1)}); err != nil {
+		t.Fatal(err)
+	}
+	docs := auth.WithPrincipal(e.ctx, auth.Principal{Org: "docs", Key: "key-docs", Scope: api.ScopeAdmin})
+	if _, err := e.m.Create(docs, api.CreateSandbox{Name: "src"}); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := e.cps.CreateCheckpoint(docs, "src", api.CreateCheckpoint{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pools.SetCheckpointPool(docs, "src", cp.ID, 2); err != nil {
+		t.Fatal(err)
+	}
+	// One member, then held by the quota (the pool says so).
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		p, err := e.pools.CheckpointPool(docs, "src", cp.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Ready+p.Starting > 1 {
+			t.Fatalf("the pool past docs' quota of one member: %+v", p)
+		}
+		if p.Ready == 1 && strings.Contains(p.Held, "quota") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool of docs' checkpoint: %+v, want one member, held by the quota", p)
+		}
+	}
+	for org, want := range map[string]int{"docs": 1, e.cfg.Org: 0} {
+		o, err := orgs.Get(e.ctx, org)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Use.PoolMembers != want {
+			t.Errorf("org %s uses %d pool members, want %d", org, o.Use.PoolMembers, want)
+		}
+	}
+	members := e.rt.IDs()
+	f, err := e.m.Create(docs, api.CreateSandbox{Name: "f", From: &api.ForkSource{Sandbox: "src", Checkpoint: cp.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(members, f.ID) || e.record(f.ID).Org != "docs" {
+		t.Errorf("the fork %s (org %s) is not docs' member of %v", f.ID, e.record(f.ID).Org, members)
 	}
 }
