@@ -118,24 +118,51 @@ func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (s
 	if t.Build == nil {
 		return "", fmt.Errorf("building template %s: no Build function", t.Name)
 	}
-	key := t.Key()
-	dir := filepath.Join(cacheDir, key)
+	dir := filepath.Join(cacheDir, t.Key())
 	if ok, err := exists(dir); err != nil {
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	} else if ok {
 		return dir, nil
 	}
-
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
-		return "", fmt.Errorf("building template %s: %w", t.Name, err)
-	}
-	unlock, err := lockFile(ctx, filepath.Join(cacheDir, "."+key+".lock"), func() {
-		slog.InfoContext(ctx, "waiting for another build of the template", "template", t.Name, "dir", dir)
-	})
+	unlock, err := c.lockTree(ctx, cacheDir, t)
 	if err != nil {
-		return "", fmt.Errorf("building template %s: %w", t.Name, err)
+		return "", err
 	}
 	defer unlock()
+	return c.buildLocked(ctx, cacheDir, t)
+}
+
+// lockTree takes t's tree in cacheDir for this process: to build it, to
+// import it into a pool, or to remove it (RemoveBuilt), each of which
+// another daemon sharing the cache may be doing to the same tree.
+func (c *Cache) lockTree(ctx context.Context, cacheDir string, t Template) (unlock func(), err error) {
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return nil, fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	unlock, err = lockFile(ctx, filepath.Join(cacheDir, "."+t.Key()+".lock"), func() {
+		slog.InfoContext(ctx, "waiting for another daemon's use of the template's tree", "template", t.Name)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("building template %s: %w", t.Name, err)
+	}
+	return unlock, nil
+}
+
+// RemoveBuilt removes t's tree from cacheDir, once no build or import of
+// it (by any daemon sharing the cache) is under way.
+func (c *Cache) RemoveBuilt(ctx context.Context, cacheDir string, t Template) error {
+	unlock, err := c.lockTree(ctx, cacheDir, t)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return removeTree(filepath.Join(cacheDir, t.Key()))
+}
+
+// buildLocked is EnsureBuilt with t's tree locked (lockTree).
+func (c *Cache) buildLocked(ctx context.Context, cacheDir string, t Template) (string, error) {
+	key := t.Key()
+	dir := filepath.Join(cacheDir, key)
 	// Whoever held the lock may have built it.
 	if ok, err := exists(dir); err != nil {
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
@@ -166,7 +193,7 @@ func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (s
 		return "", fmt.Errorf("building template %s: %w", t.Name, err)
 	}
 	report(buildShare)
-	err = syncFS(tmp)
+	err := syncFS(tmp)
 	if err == nil {
 		err = os.Rename(tmp, dir)
 	}
@@ -204,7 +231,20 @@ func (c *Cache) EnsureTemplate(ctx context.Context, pool Pool, cacheDir string, 
 	}
 	report, end := c.start(ctx, t.Name)
 	defer end()
-	dir, err := c.EnsureBuilt(ctx, cacheDir, t)
+	if err := validName(t.Name); err != nil {
+		return fmt.Errorf("ensuring template: %w", err)
+	}
+	if t.Build == nil {
+		return fmt.Errorf("ensuring template %s: no Build function", t.Name)
+	}
+	// The tree stays locked until it is imported: another daemon sharing
+	// the cache may not remove it meanwhile (RemoveBuilt).
+	unlockTree, err := c.lockTree(ctx, cacheDir, t)
+	if err != nil {
+		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
+	}
+	defer unlockTree()
+	dir, err := c.buildLocked(ctx, cacheDir, t)
 	if err != nil {
 		return fmt.Errorf("ensuring template %s: %w", t.Name, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -291,4 +292,80 @@ func TestCacheLogsImport(t *testing.T) {
 	if got := log.String(); strings.Contains(got, `msg="building template" template=cached`) || !strings.Contains(got, `msg="importing template" template=cached`) {
 		t.Errorf("the log of an import from the cache:\n%s", got)
 	}
+}
+
+// blockingImport is a pool whose imports wait, once started, until
+// release is closed.
+type blockingImport struct {
+	disk.Pool
+	started, release chan struct{}
+}
+
+func (p *blockingImport) ImportTemplate(ctx context.Context, name, dir string) error {
+	close(p.started)
+	<-p.release
+	return p.Pool.ImportTemplate(ctx, name, dir)
+}
+
+// TestCacheRemoveWaitsForImport: a daemon removing a tree of the template
+// cache it shares with another (an image deleted) waits for the other's
+// import of that tree to end, which would otherwise find it gone.
+func TestCacheRemoveWaitsForImport(t *testing.T) {
+	var importer, remover disk.Cache // two daemons' caches
+	cacheDir := t.TempDir()
+	tpl := disk.Template{
+		Name:   "shared",
+		Recipe: "shared/1",
+		Build: func(ctx context.Context, dir string) error {
+			return os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644)
+		},
+	}
+	tree, err := importer.EnsureBuilt(t.Context(), cacheDir, tpl)
+	must(t, err)
+	pool := &blockingImport{Pool: newCopy(t), started: make(chan struct{}), release: make(chan struct{})}
+	imported := make(chan error, 1)
+	go func() { imported <- importer.EnsureTemplate(t.Context(), pool, cacheDir, tpl) }()
+	<-pool.started
+
+	var log safeBuffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&log, nil)))
+	defer slog.SetDefault(prev)
+	removed := make(chan error, 1)
+	go func() { removed <- remover.RemoveBuilt(context.Background(), cacheDir, tpl) }()
+	for !strings.Contains(log.String(), "waiting for another daemon's use of the template's tree") {
+		select {
+		case err := <-removed:
+			t.Fatalf("RemoveBuilt returned (%v) during the other daemon's import", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	close(pool.release)
+	must(t, <-imported)
+	must(t, <-removed)
+	if _, err := os.Stat(tree); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the tree after RemoveBuilt: %v", err)
+	}
+	if ok, err := pool.HasTemplate(t.Context(), "shared"); err != nil || !ok {
+		t.Errorf("the pool's template after the import: %v, %v", ok, err)
+	}
+}
+
+// safeBuffer is a bytes.Buffer safe for concurrent use.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -433,7 +433,9 @@ func (s *Service) Remove(ctx context.Context, org, id string) error {
 		}
 	}
 	t := template(im.Digest, nil)
-	if err := os.RemoveAll(filepath.Join(s.cfg.CacheDir, t.Key())); err != nil {
+	// Under the tree's lock: another daemon sharing the cache may be
+	// importing it.
+	if err := s.cache.RemoveBuilt(ctx, s.cfg.CacheDir, t); err != nil {
 		return fmt.Errorf("removing the unpacked tree of %s: %w", id, err)
 	}
 	if d, ok := s.cfg.Pool.(templateDeleter); ok {
