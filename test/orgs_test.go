@@ -3,6 +3,8 @@ package test
 import (
 	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -228,8 +230,36 @@ func TestOrgs(t *testing.T) {
 		t.Errorf("docs' only's mark: %q %d %v", out, code, err)
 	}
 
+	// Checkpoint templates are the org's: docs' is not ops's, by list,
+	// create or delete, and a sandbox of it has docs' data.
+	cps, err := docs.ListCheckpoints(ctx, "only")
+	if err != nil || len(cps) != 1 {
+		t.Fatalf("docs' only's checkpoints: %v, %v", cps, err)
+	}
+	if _, err := docs.CreateTemplate(ctx, "kept", "only", cps[0].ID); err != nil {
+		t.Fatalf("docs' template: %v", err)
+	}
+	if _, err := docs.CreateSandbox(ctx, api.CreateSandbox{Name: "of-kept", Template: "kept"}); err != nil {
+		t.Fatalf("docs' sandbox of its template: %v", err)
+	}
+	if out, _, code, err := docs.Output(ctx, "of-kept", "cat", "mark"); err != nil || code != 0 || strings.TrimSpace(string(out)) != "kept" {
+		t.Errorf("the mark in docs' sandbox of its template: %q %d %v", out, code, err)
+	}
+	if st, body := d.CurlAs(keys["ops"], "GET", "/v1/templates", ""); st != 200 || strings.Contains(body, `"kept"`) {
+		t.Errorf("ops's templates: %d %s; want none of docs'", st, body)
+	}
+	if _, err := ops.CreateSandbox(ctx, api.CreateSandbox{Name: "of-kept", Template: "kept"}); harness.APICode(err) != api.CodeInvalid {
+		t.Errorf("ops's sandbox of docs' template: %v, want invalid, as for a template that does not exist", err)
+	}
+	if err := ops.DeleteTemplate(ctx, "kept"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("ops deleting docs' template: %v, want not_found", err)
+	}
+	if err := docs.DeleteSandbox(ctx, "of-kept"); err != nil {
+		t.Fatal(err)
+	}
+
 	// An org with sandboxes goes only with everything in it; its keys
-	// with it. The daemon's own org never goes.
+	// and templates with it. The daemon's own org never goes.
 	if err := op.DeleteOrg(ctx, "docs", false); harness.APICode(err) != api.CodeConflict {
 		t.Errorf("DeleteOrg(docs) with sandboxes: %v, want conflict", err)
 	}
@@ -241,6 +271,9 @@ func TestOrgs(t *testing.T) {
 	}
 	if err := op.DeleteOrg(ctx, "docs", true); err != nil {
 		t.Fatalf("DeleteOrg(docs, all): %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(d.DataDir, "org-templates", "docs")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the templates of deleted org docs: %v, want them gone", err)
 	}
 	if _, err := docs.ListSandboxes(ctx, client.ListOptions{}); harness.APICode(err) != api.CodeUnauthorized {
 		t.Errorf("the key of a deleted org: %v, want unauthorized", err)

@@ -60,6 +60,9 @@ type Manifest struct {
 	// Snapshot is the disk pool's snapshot holding the template's disk on
 	// this host; never written into an archive.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Org is the org that owns the template on this host, from where its
+	// directory is (template.Store); never written.
+	Org string `json:"-"`
 }
 
 // Names of an archive's entries. An archive is a zstd-compressed tar whose

@@ -395,7 +395,7 @@ func (d *Daemon) prepareTemplates(_ context.Context, p *parts) error {
 		return fmt.Errorf("--default-template: %w", err)
 	}
 	p.builtins = template.NewBuiltins(p.pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
-	p.templates = template.NewStore(cfg.DataDir, p.builtins, p.pool, d.log)
+	p.templates = template.NewStore(cfg.DataDir, d.cfg.Org, p.builtins, p.pool, d.log)
 	return nil
 }
 

@@ -55,7 +55,7 @@ type Config struct {
 	CacheDir string
 	// Org is the daemon's own org (loam serve --org): the org of calls
 	// that name no caller, and the one whose images a sandbox of any org
-	// may find as its own (Lookup), as it may the daemon's templates.
+	// finds when its own has none (Lookup).
 	Org string
 	// Keychain gives the registry credentials of an org's pulls;
 	// authn.DefaultKeychain for every org when nil.
@@ -250,8 +250,8 @@ func (s *Service) Ensure(ctx context.Context, org, ref string) (*Resolved, error
 
 // Lookup gives what a sandbox of org needs of an image pulled already (the
 // image of a sandbox or checkpoint): org's own, or else the daemon's own
-// org's, whose checkpoint templates (shared by every org) may hold an
-// image's disk; not_found if it is gone.
+// org's, for the sandboxes made from its checkpoint templates before
+// templates were each org's; not_found if it is gone.
 func (s *Service) Lookup(ctx context.Context, org, ref string) (*Resolved, error) {
 	im, err := s.cfg.Records.GetImage(ctx, org, ID(ref))
 	if errors.Is(err, store.ErrNotFound) && org != s.cfg.Org {

@@ -121,6 +121,13 @@ func (a *admission) use(ctx context.Context, org string) (api.OrgUse, error) {
 	}
 	u.Checkpoints += n
 	u.DiskMiB += mem
+	// The org's checkpoint templates, by what they hold: a template's
+	// disk is a copy of a checkpoint's, its own once that goes.
+	_, b, err := a.m.tpl.Usage(org)
+	if err != nil {
+		return u, fmt.Errorf("counting the use of org %s: %w", org, err)
+	}
+	u.DiskMiB += int((b + 1<<20 - 1) >> 20)
 	return u.Add(a.taking[org]), nil
 }
 
@@ -315,10 +322,22 @@ func (o *Orgs) Delete(ctx context.Context, org string, all bool) error {
 			}
 		}
 	}
+	n, _, err := o.a.m.tpl.Usage(org)
+	if err != nil {
+		return err
+	}
+	if n > 0 && !all {
+		return api.Errorf(api.CodeConflict, "org %s still has %d checkpoint templates: delete them first, or delete the org with everything in it (?all=true)", org, n)
+	}
 	store.AuditFrom(ctx).SetTarget("orgs/" + org)
 	o.a.mu.Lock()
-	err := o.a.store.DeleteOrg(ctx, org, all)
+	err = o.a.store.DeleteOrg(ctx, org, all)
 	o.a.mu.Unlock()
+	if err == nil {
+		// Its templates go with it; a crash part-way leaves what the
+		// next start sweeps.
+		err = o.a.m.tpl.DropOrg(context.WithoutCancel(ctx), org)
+	}
 	var in *store.NotEmptyError
 	switch {
 	case errors.Is(err, store.ErrNotFound):

@@ -71,7 +71,7 @@ func (mc *machine) relimitDisk(ctx context.Context, sb *store.Sandbox) {
 // holds, and so its use: only the template is free.
 func (mc *machine) diskBase(ctx context.Context, sb *store.Sandbox) (disk.Base, error) {
 	m := mc.m
-	if man, err := m.tpl.Kept(sb.Template); err != nil {
+	if man, err := m.tpl.Kept(sb.Org, sb.Template); err != nil {
 		return disk.Base{}, err
 	} else if man != nil {
 		return disk.Base{Snapshot: man.Snapshot}, nil

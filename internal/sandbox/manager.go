@@ -399,7 +399,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 		return m.forks.Fork(ctx, req)
 	}
 	if req.Template != "" && req.Image == "" {
-		man, err := m.tpl.Kept(req.Template)
+		man, err := m.tpl.Kept(m.orgOf(ctx), req.Template)
 		if err != nil {
 			return nil, err
 		}

@@ -85,7 +85,8 @@ func (p *PoolCore) PoolTemplate(ctx context.Context, name string) error {
 	if p.m.tpl.Builtin(name) {
 		return nil
 	}
-	man, err := p.m.tpl.Kept(name)
+	// Pools are the daemon's: of its own org's templates.
+	man, err := p.m.tpl.Kept(p.m.cfg.Org, name)
 	if err != nil {
 		return err
 	}
@@ -104,7 +105,7 @@ func (p *PoolCore) MemoryImageBytes(from PoolSource) int64 {
 		}
 	}
 	if from.Template != "" {
-		if n := checkpoint.TreeBytes(p.m.tpl.MemDir(from.Template)); n > 0 {
+		if n := checkpoint.TreeBytes(p.m.tpl.MemDir(p.m.cfg.Org, from.Template)); n > 0 {
 			return n
 		}
 	}
@@ -162,7 +163,7 @@ func (p *PoolCore) makeTemplateMember(ctx context.Context, pool, name string) (*
 	if err != nil {
 		return nil, err
 	}
-	man, release, err := p.m.tpl.Use(name)
+	man, release, err := p.m.tpl.Use(p.m.cfg.Org, name)
 	if err != nil {
 		return nil, err
 	}

@@ -345,7 +345,7 @@ func newEnvLimits(t testing.TB, limits checkpoint.Limits, edit ...func(*sandbox.
 		}
 		return toks
 	}
-	e.shelf = template.NewStore(cfg.DataDir, e.tpl, e.pool, testLogger())
+	e.shelf = template.NewStore(cfg.DataDir, cfg.Org, e.tpl, e.pool, testLogger())
 	e.newManager()
 	if err := e.m.Recover(ctx); err != nil {
 		t.Fatalf("Recover on an empty data dir: %v", err)

@@ -23,15 +23,20 @@ type Templates interface {
 	// Ensure builds built-in template name if needed and imports it into
 	// the disk pool.
 	Ensure(ctx context.Context, name string) error
-	// Kept resolves checkpoint template name to its manifest (its disk
-	// snapshot, memory, resources); nil when there is none.
-	Kept(name string) (*checkpoint.Manifest, error)
+	// Kept resolves org's checkpoint template name to its manifest (its
+	// disk snapshot, memory, resources); nil when there is none.
+	Kept(org, name string) (*checkpoint.Manifest, error)
 	// Use is Kept for a sandbox being made of the template: it cannot be
 	// deleted until release is called, once the sandbox is stored (and so
 	// counted as a use of it). man is nil when there is no such template.
-	Use(name string) (man *checkpoint.Manifest, release func(), err error)
-	// MemDir is where checkpoint template name keeps its memory image.
-	MemDir(name string) string
+	Use(org, name string) (man *checkpoint.Manifest, release func(), err error)
+	// MemDir is where org's checkpoint template name keeps its memory
+	// image.
+	MemDir(org, name string) string
+	// Usage is how many checkpoint templates org has and what they hold,
+	// for its disk quota; DropOrg deletes them, with their org.
+	Usage(org string) (count int, bytes int64, err error)
+	DropOrg(ctx context.Context, org string) error
 	// Sweep removes what a crash left of templates being made or deleted;
 	// owned tells of a disk snapshot whether it is a template's, and
 	// whether a template holds it.
@@ -63,13 +68,14 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 	}
 	// Held until the sandbox is stored (and counted as a use), so that the
 	// template cannot be deleted under it.
-	again, release, err := m.tpl.Use(man.Name)
+	again, release, err := m.tpl.Use(man.Org, man.Name)
 	if err != nil || again == nil {
 		return nil, api.Errorf(api.CodeNotFound, "template %q not found", man.Name)
 	}
 	defer release()
-	if defaultResources(req) {
-		// A memory template gives no services (refused above).
+	if defaultResources(req) && man.Org == m.cfg.Org {
+		// A memory template gives no services (refused above). Pools
+		// are kept of the daemon's own org's templates alone.
 		if v, ok, err := m.pools.Claim(ctx, PoolSource{Template: man.Name}, sb, req.Services); ok {
 			return v, err
 		}
@@ -117,7 +123,7 @@ func (mc *machine) bootTemplate(ctx context.Context, sb *store.Sandbox, man *che
 		}
 		return m.machine.bootWith(ctx, sb, opCreate, false, services)
 	}
-	return m.machine.resumeImage(ctx, sb, opCreate, m.tpl.MemDir(man.Name), man.AgentToken, "template "+man.Name)
+	return m.machine.resumeImage(ctx, sb, opCreate, m.tpl.MemDir(man.Org, man.Name), man.AgentToken, "template "+man.Name)
 }
 
 // TemplateCore is the core as the template catalog (package template)

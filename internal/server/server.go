@@ -429,7 +429,7 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 		r = r.WithContext(ctx)
 		err = s.allow(p, rt, orgWide)
 		if err == nil && daemonWide && p.Org != s.keys.Admin().Org {
-			err = api.Errorf(api.CodeForbidden, "%s: checkpoint templates are shared by every org on this daemon, and only its own org (%s) changes them", rt.Pattern, s.keys.Admin().Org)
+			err = api.Errorf(api.CodeForbidden, "%s: the warm pools of templates are shared by every org on this daemon, and only its own org (%s) sizes them", rt.Pattern, s.keys.Admin().Org)
 		}
 		if err == nil {
 			conns.KeepAlive(w)
@@ -447,15 +447,13 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 }
 
 // isDaemonWide reports whether a route changes what every org of the
-// daemon shares (checkpoint templates, and their warm pools), which only
-// the daemon's own org may. Images and registry credentials are each
-// org's own.
+// daemon shares: the warm pools of templates (the built-ins', which every
+// org makes sandboxes of, and its own org's checkpoint templates'), which
+// only the daemon's own org may size. Checkpoint templates, images and
+// registry credentials are each org's own.
 func isDaemonWide(pattern string) bool {
 	method, path, _ := strings.Cut(pattern, " ")
-	if strings.HasPrefix(path, "/v1/templates") {
-		return method != http.MethodGet || strings.HasSuffix(path, "/export")
-	}
-	return false
+	return path == "/v1/templates/{template}/pool" && method != http.MethodGet
 }
 
 // allow refuses a call p may not make: one that needs more than p's scope,

@@ -114,7 +114,7 @@ func (c *Catalog) List(ctx context.Context) []api.Template {
 				out = append(out, t)
 			}
 		case api.TemplateCheckpoint:
-			kept, err := c.store.list()
+			kept, err := c.store.list(c.store.orgOf(ctx))
 			if err != nil {
 				c.log.Warn("listing checkpoint templates", "err", err)
 			}
@@ -194,6 +194,10 @@ func (c *Catalog) Create(ctx context.Context, req api.CreateTemplate) (*api.Temp
 	if err := api.CheckPoolSize(req.Pool); err != nil {
 		return nil, err
 	}
+	org := c.store.orgOf(ctx)
+	if req.Pool > 0 && org != c.store.org {
+		return nil, api.Errorf(api.CodeInvalid, "pool: warm pools are kept for the templates of the daemon's own org (%s) and the built-ins; make sandboxes of this one as they are asked for", c.store.org)
+	}
 	src, release, err := c.core.HoldCheckpoint(ctx, req.From)
 	if err != nil {
 		return nil, err
@@ -210,7 +214,7 @@ func (c *Catalog) Create(ctx context.Context, req api.CreateTemplate) (*api.Temp
 		man.AgentToken = src.AgentToken
 	}
 	disks := c.store.disks
-	err = c.store.publish(ctx, &man, func(tmp, snap string) error {
+	err = c.store.publish(ctx, org, &man, func(tmp, snap string) error {
 		// A writable clone of the checkpoint's disk, frozen again as the
 		// template's own snapshot: on btrfs both are instant.
 		vol := "tplcopy-" + randomHex(6)
@@ -241,7 +245,7 @@ func (c *Catalog) Create(ctx context.Context, req api.CreateTemplate) (*api.Temp
 	if err != nil {
 		return nil, err
 	}
-	c.log.Info("template made", "template", man.Name, "from", man.From, "memory", man.Memory)
+	c.log.Info("template made", "template", man.Name, "org", org, "from", man.From, "memory", man.Memory)
 	if req.Pool > 0 {
 		if _, err := c.pools.SetTemplatePool(ctx, man.Name, req.Pool); err != nil {
 			c.log.Error("keeping the new template's pool", "template", man.Name, "err", err)
@@ -251,22 +255,30 @@ func (c *Catalog) Create(ctx context.Context, req api.CreateTemplate) (*api.Temp
 	return &v, nil
 }
 
-// Delete deletes checkpoint template name, unless a sandbox uses it.
+// Delete deletes the caller's org's checkpoint template name, unless a
+// sandbox of the org uses it.
 func (c *Catalog) Delete(ctx context.Context, name string) error {
 	if c.store.Builtin(name) {
 		return api.Errorf(api.CodeForbidden, "template %s is built in and cannot be deleted", name)
 	}
 	s := c.store
+	org := s.orgOf(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	man, err := s.Kept(name)
+	man, err := s.Kept(org, name)
 	if err != nil {
 		return err
 	}
 	if man == nil {
 		return api.Errorf(api.CodeNotFound, "template %q not found", name)
 	}
-	sbs, err := c.sandboxes.ListSandboxes(ctx, store.Filter{})
+	of := store.Filter{Org: org}
+	if org == s.org {
+		// Sandboxes of other orgs made from it before templates were
+		// each org's keep their name for it.
+		of.Org = ""
+	}
+	sbs, err := c.sandboxes.ListSandboxes(ctx, of)
 	if err != nil {
 		return fmt.Errorf("counting the sandboxes of template %s: %w", name, err)
 	}
@@ -283,15 +295,18 @@ func (c *Catalog) Delete(ctx context.Context, name string) error {
 		return api.Errorf(api.CodeConflict, "template %s is used by sandboxes %s; delete them first", name, strings.Join(users, ", "))
 	}
 	s.exportMu.Lock()
-	exports := s.exporting[name]
+	exports := s.exporting[exportKey(man.Org, name)]
 	s.exportMu.Unlock()
 	if exports > 0 {
 		return api.Errorf(api.CodeConflict, "template %s is being exported; try again when the export ends", name)
 	}
-	c.pools.DropTemplatePools(ctx, name)
+	if org == s.org {
+		c.pools.DropTemplatePools(ctx, name)
+	}
 	// Gone at once by a rename; the data goes after (or at the next start).
-	gone := filepath.Join(s.dir(), ".del-"+name+"-"+randomHex(6))
-	if err := os.Rename(filepath.Join(s.dir(), name), gone); err != nil {
+	dir := s.dirOf(org)
+	gone := filepath.Join(dir, ".del-"+name+"-"+randomHex(6))
+	if err := os.Rename(filepath.Join(dir, name), gone); err != nil {
 		return fmt.Errorf("deleting template %s: %w", name, err)
 	}
 	crash.Point("template-delete.renamed")
@@ -306,7 +321,7 @@ func (c *Catalog) Delete(ctx context.Context, name string) error {
 // Export writes checkpoint template name to w as one archive (see
 // checkpoint.WriteArchive). The template cannot be deleted meanwhile.
 func (c *Catalog) Export(ctx context.Context, name string, w io.Writer) error {
-	man, done, err := c.store.exportStart(name)
+	man, done, err := c.store.exportStart(c.store.orgOf(ctx), name)
 	defer done()
 	if err != nil {
 		return err
@@ -319,7 +334,7 @@ func (c *Catalog) Export(ctx context.Context, name string, w io.Writer) error {
 	}
 	mem := ""
 	if man.Memory {
-		mem = c.store.MemDir(name)
+		mem = c.store.MemDir(man.Org, name)
 	}
 	if err := checkpoint.WriteArchive(ctx, w, *man, c.store.disks.SnapshotPath(man.Snapshot), mem); err != nil {
 		return fmt.Errorf("exporting template %s: %w", name, err)
@@ -344,13 +359,15 @@ func (c *Catalog) Import(ctx context.Context, name string, r io.Reader) (*api.Te
 		return nil, err
 	}
 	s := c.store
-	if err := s.checkFree(name); err != nil {
+	org := s.orgOf(ctx)
+	if err := s.checkFree(org, name); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(s.dir(), 0o700); err != nil {
+	dir, err := s.makeDirOf(org)
+	if err != nil {
 		return nil, err
 	}
-	work, err := os.MkdirTemp(s.dir(), ".tmp-import-"+name+"-")
+	work, err := os.MkdirTemp(dir, ".tmp-import-"+name+"-")
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +399,7 @@ func (c *Catalog) Import(ctx context.Context, name string, r io.Reader) (*api.Te
 	man.Name = name
 	crash.Point("template-import.unpacked")
 	ctx = context.WithoutCancel(ctx)
-	err = s.publish(ctx, man, func(tmp, snap string) error {
+	err = s.publish(ctx, org, man, func(tmp, snap string) error {
 		if err := s.disks.ImportSnapshot(ctx, snap, filepath.Join(work, checkpoint.DiskEntry)); err != nil {
 			return fmt.Errorf("importing the disk: %w", err)
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/store"
@@ -99,10 +100,16 @@ type fakeSandboxes struct {
 	sbs []*store.Sandbox
 }
 
-func (f *fakeSandboxes) ListSandboxes(ctx context.Context, _ store.Filter) ([]*store.Sandbox, error) {
+func (f *fakeSandboxes) ListSandboxes(ctx context.Context, filter store.Filter) ([]*store.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return slices.Clone(f.sbs), nil
+	var out []*store.Sandbox
+	for _, sb := range f.sbs {
+		if filter.Org == "" || sb.Org == filter.Org {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeSandboxes) add(sb *store.Sandbox) {
@@ -159,7 +166,7 @@ func newEnv(t *testing.T) *env {
 	}}
 	e := &env{pool: pool, core: core, pools: &fakePools{set: map[string]int{}}, sbs: &fakeSandboxes{}, dataDir: t.TempDir()}
 	log := slog.New(slog.DiscardHandler)
-	e.store = NewStore(e.dataDir, b, pool, log)
+	e.store = NewStore(e.dataDir, "default", b, pool, log)
 	e.cat = New(Config{Store: e.store, Core: core, Pools: e.pools, Sandboxes: e.sbs, Log: log,
 		Images: fakeImages{{ID: "im-1", Ref: "alpine:3", State: api.ImageReady, Size: 10, CreatedAt: time.Unix(1, 0)}}})
 	return e
@@ -198,7 +205,7 @@ func TestCatalogCreateDelete(t *testing.T) {
 	if e.pools.set["cold"] != 2 {
 		t.Fatalf("pools set: %v", e.pools.set)
 	}
-	man, err := e.store.Kept("cold")
+	man, err := e.store.Kept("default", "cold")
 	must(t, err)
 	if man == nil || !strings.HasPrefix(man.Snapshot, snapPrefix+"cold.") || man.Template != "tiny" {
 		t.Fatalf("manifest %+v", man)
@@ -272,7 +279,7 @@ func TestCatalogExportImport(t *testing.T) {
 	wantCode(t, "export missing", e.cat.Export(ctx, "nope", &bytes.Buffer{}), api.CodeNotFound, "not found")
 
 	// A delete while an export streams is refused.
-	_, done, err := e.store.exportStart("warm")
+	_, done, err := e.store.exportStart("default", "warm")
 	must(t, err)
 	wantCode(t, "delete while exporting", e.cat.Delete(ctx, "warm"), api.CodeConflict, "being exported")
 	done()
@@ -282,12 +289,12 @@ func TestCatalogExportImport(t *testing.T) {
 	if !tpl.Memory || tpl.From != "box/m1" {
 		t.Fatalf("imported %+v", tpl)
 	}
-	man, err := e.store.Kept("moved")
+	man, err := e.store.Kept("default", "moved")
 	must(t, err)
 	if man.AgentToken != "held-token" {
 		t.Fatalf("imported token %q", man.AgentToken)
 	}
-	if b, err := os.ReadFile(filepath.Join(e.store.MemDir("moved"), "pages.img")); err != nil || len(b) != 3000 {
+	if b, err := os.ReadFile(filepath.Join(e.store.MemDir("default", "moved"), "pages.img")); err != nil || len(b) != 3000 {
 		t.Fatalf("imported memory image: %d bytes, %v", len(b), err)
 	}
 	_, err = e.cat.Import(ctx, "moved", bytes.NewReader(buf.Bytes()))
@@ -327,7 +334,7 @@ func TestStoreSweepAndUse(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.store.dir(), ".tmp-half-123")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the sweep left unfinished data: %v", err)
 	}
-	man, err := e.store.Kept("cold")
+	man, err := e.store.Kept("default", "cold")
 	must(t, err)
 	for _, c := range []struct {
 		snap           string
@@ -338,10 +345,10 @@ func TestStoreSweepAndUse(t *testing.T) {
 		}
 	}
 
-	if man, release, err := e.store.Use("nope"); man != nil || release != nil || err != nil {
+	if man, release, err := e.store.Use("default", "nope"); man != nil || release != nil || err != nil {
 		t.Fatalf("Use(nope) = %v, %v", man, err)
 	}
-	man, release, err := e.store.Use("cold")
+	man, release, err := e.store.Use("default", "cold")
 	must(t, err)
 	if man == nil {
 		t.Fatal("Use(cold) found nothing")
@@ -361,4 +368,91 @@ func TestStoreSweepAndUse(t *testing.T) {
 	}
 	release()
 	must(t, <-deleted)
+}
+
+// TestCatalogOrgs: checkpoint templates are each org's: the same name in
+// two orgs is two templates, each listed, used, exported and deleted in
+// its own org alone (another org's is not found, as one that does not
+// exist); an org's uses are its own; an org's templates count in its
+// usage, and go with it (DropOrg), leaving the others; a restart's Sweep
+// keeps every org's snapshots.
+func TestCatalogOrgs(t *testing.T) {
+	e := newEnv(t)
+	as := func(org string) context.Context {
+		return auth.WithPrincipal(t.Context(), auth.Principal{Org: org, Key: "key-" + org, Scope: api.ScopeAdmin})
+	}
+	def, docs := as("default"), as("docs")
+	from := &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}
+	_, err := e.cat.Create(def, api.CreateTemplate{Name: "cold", From: from})
+	must(t, err)
+	if _, err := e.cat.Create(docs, api.CreateTemplate{Name: "cold", From: from, Pool: 1}); !errors.Is(err, api.ErrInvalid) {
+		t.Fatalf("a pool of another org's template: %v, want invalid", err)
+	}
+	_, err = e.cat.Create(docs, api.CreateTemplate{Name: "cold", From: from})
+	must(t, err)
+	_, err = e.cat.Create(docs, api.CreateTemplate{Name: "docs-only", From: from})
+	must(t, err)
+	kept := func(ctx context.Context) []string {
+		var names []string
+		for _, tpl := range e.cat.List(ctx) {
+			if tpl.Kind == api.TemplateCheckpoint {
+				names = append(names, tpl.Name)
+			}
+		}
+		return names
+	}
+	if got := kept(def); !slices.Equal(got, []string{"cold"}) {
+		t.Errorf("the default org's templates: %v", got)
+	}
+	if got := kept(docs); !slices.Equal(got, []string{"cold", "docs-only"}) {
+		t.Errorf("docs' templates: %v", got)
+	}
+	a, err := e.store.Kept("default", "cold")
+	must(t, err)
+	b, err := e.store.Kept("docs", "cold")
+	must(t, err)
+	if a == nil || b == nil || a.Snapshot == b.Snapshot || a.Org != "default" || b.Org != "docs" {
+		t.Fatalf("cold in two orgs: %+v and %+v", a, b)
+	}
+	if man, err := e.store.Kept("default", "docs-only"); man != nil || err != nil {
+		t.Errorf("docs' template in the default org: %+v, %v", man, err)
+	}
+	var out bytes.Buffer
+	wantCode(t, "exporting docs' template from the default org", e.cat.Export(def, "docs-only", &out), api.CodeNotFound, "not found")
+	wantCode(t, "deleting docs' template from the default org", e.cat.Delete(def, "docs-only"), api.CodeNotFound, "not found")
+
+	// A use in docs holds docs' cold, not the default org's.
+	e.sbs.add(&store.Sandbox{Sandbox: api.Sandbox{ID: "sb-d", Name: "user", Template: "cold"}, Org: "docs"})
+	wantCode(t, "deleting docs' cold in use", e.cat.Delete(docs, "cold"), api.CodeConflict, "used by sandbox user")
+	for _, tpl := range e.cat.List(def) {
+		if tpl.Name == "cold" && tpl.Uses != 0 {
+			t.Errorf("the default org's cold counts %d uses of docs' sandbox", tpl.Uses)
+		}
+	}
+
+	n, size, err := e.store.Usage("docs")
+	must(t, err)
+	if n != 2 || size <= 0 {
+		t.Errorf("docs' usage: %d templates, %d bytes", n, size)
+	}
+	owned, err := e.store.Sweep()
+	must(t, err)
+	for _, snap := range []string{a.Snapshot, b.Snapshot} {
+		if tpl, held := owned(snap); !tpl || !held {
+			t.Errorf("Sweep: snapshot %s is a template's %v, held %v", snap, tpl, held)
+		}
+	}
+	must(t, e.store.DropOrg(t.Context(), "docs"))
+	if got := kept(docs); len(got) != 0 {
+		t.Errorf("docs' templates after DropOrg: %v", got)
+	}
+	if _, err := os.Stat(e.pool.SnapshotPath(b.Snapshot)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("docs' snapshot after DropOrg: %v", err)
+	}
+	if got := kept(def); !slices.Equal(got, []string{"cold"}) {
+		t.Errorf("the default org's templates after docs' went: %v", got)
+	}
+	if _, err := os.Stat(e.pool.SnapshotPath(a.Snapshot)); err != nil {
+		t.Errorf("the default org's snapshot after docs' went: %v", err)
+	}
 }
