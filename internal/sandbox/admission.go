@@ -317,7 +317,7 @@ func (o *Orgs) Delete(ctx context.Context, org string, all bool) error {
 			return err
 		}
 		for _, sb := range list {
-			if err := o.a.m.deleteWhenFree(in, sb.ID); err != nil && !errors.Is(err, api.ErrNotFound) {
+			if err := deleteWhenFree(in, o.a.m, sb.ID); err != nil && !errors.Is(err, api.ErrNotFound) {
 				return fmt.Errorf("deleting sandbox %s of org %s: %w", sb.Name, org, err)
 			}
 		}

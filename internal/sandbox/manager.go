@@ -752,7 +752,7 @@ func (m *Manager) Delete(ctx context.Context, ref string) error {
 // progress on it (a create, a checkpoint) to end rather than refusing it as
 // busy: a delete of everything in an org (Orgs.Delete) must not fail on a
 // sandbox one of its keys was still making.
-func (m *Manager) deleteWhenFree(ctx context.Context, id string) error {
+func deleteWhenFree(ctx context.Context, m *Manager, id string) error {
 	for {
 		err := m.Delete(ctx, id)
 		if !errors.Is(err, api.ErrConflict) {
