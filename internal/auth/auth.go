@@ -75,3 +75,22 @@ func From(ctx context.Context) (Principal, bool) {
 	p, ok := ctx.Value(principalKey{}).(Principal)
 	return p, ok
 }
+
+// Scope is the org whose things a call may see: its caller's, or "" (every
+// org's) for the daemon's own calls (recovery, idle sleep, the in-sandbox
+// API, which resolves a sandbox by id), which carry no principal.
+func Scope(ctx context.Context) string {
+	if p, ok := From(ctx); ok {
+		return p.Org
+	}
+	return ""
+}
+
+// OrgOr is the org a call makes things in: its caller's, or own (the
+// daemon's, loam serve --org) for the daemon's own work.
+func OrgOr(ctx context.Context, own string) string {
+	if org := Scope(ctx); org != "" {
+		return org
+	}
+	return own
+}

@@ -112,11 +112,8 @@ func (t Template) Key() string {
 // EnsureBuilt returns the directory in cacheDir holding t's tree, building
 // it first unless it is there already.
 func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (string, error) {
-	if err := validName(t.Name); err != nil {
+	if err := t.check(); err != nil {
 		return "", fmt.Errorf("building template: %w", err)
-	}
-	if t.Build == nil {
-		return "", fmt.Errorf("building template %s: no Build function", t.Name)
 	}
 	dir := filepath.Join(cacheDir, t.Key())
 	if ok, err := exists(dir); err != nil {
@@ -130,6 +127,18 @@ func (c *Cache) EnsureBuilt(ctx context.Context, cacheDir string, t Template) (s
 	}
 	defer unlock()
 	return c.buildLocked(ctx, cacheDir, t)
+}
+
+// check refuses a template the cache cannot build: a name that is no
+// path component (it names the tree and its lock), or no Build.
+func (t Template) check() error {
+	if err := validName(t.Name); err != nil {
+		return err
+	}
+	if t.Build == nil {
+		return fmt.Errorf("%s: no Build function", t.Name)
+	}
+	return nil
 }
 
 // lockTree takes t's tree in cacheDir for this process: to build it, to
@@ -231,11 +240,8 @@ func (c *Cache) EnsureTemplate(ctx context.Context, pool Pool, cacheDir string, 
 	}
 	report, end := c.start(ctx, t.Name)
 	defer end()
-	if err := validName(t.Name); err != nil {
+	if err := t.check(); err != nil {
 		return fmt.Errorf("ensuring template: %w", err)
-	}
-	if t.Build == nil {
-		return fmt.Errorf("ensuring template %s: no Build function", t.Name)
 	}
 	// The tree stays locked until it is imported: another daemon sharing
 	// the cache may not remove it meanwhile (RemoveBuilt).

@@ -33,12 +33,7 @@ func NewCredentials(st secret.Store, org string) *Credentials {
 }
 
 // orgOf is the org of a call: its caller's, or the daemon's own.
-func (c *Credentials) orgOf(ctx context.Context) string {
-	if p, ok := auth.From(ctx); ok && p.Org != "" {
-		return p.Org
-	}
-	return c.org
-}
+func (c *Credentials) orgOf(ctx context.Context) string { return auth.OrgOr(ctx, c.org) }
 
 // For is the keychain of org's pulls: its own credentials, then, for the
 // daemon's own org alone, the standard Docker config file of the

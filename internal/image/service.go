@@ -113,12 +113,7 @@ func New(cfg Config) *Service {
 }
 
 // orgOf is the org of a call: its caller's, or the daemon's own.
-func (s *Service) orgOf(ctx context.Context) string {
-	if p, ok := auth.From(ctx); ok && p.Org != "" {
-		return p.Org
-	}
-	return s.cfg.Org
-}
+func (s *Service) orgOf(ctx context.Context) string { return auth.OrgOr(ctx, s.cfg.Org) }
 
 // Run pulls what is asked until ctx ends, starting with the pulls a
 // previous daemon left unfinished; it returns once its workers have, nil

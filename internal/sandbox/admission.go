@@ -68,22 +68,7 @@ func newAdmission(m *Manager, st OrgStore) *admission {
 
 // orgOf is the org a call of ctx makes things in: its caller's, or the
 // daemon's own for the daemon's own work (warm pools, recovery).
-func (m *Manager) orgOf(ctx context.Context) string {
-	if org := scopeOf(ctx); org != "" {
-		return org
-	}
-	return m.cfg.Org
-}
-
-// scopeOf is the org whose sandboxes a call may see: the caller's, or ""
-// (all) for the daemon's own calls (recovery, idle sleep, the in-sandbox
-// API, which resolves a sandbox by id), which carry no principal.
-func scopeOf(ctx context.Context) string {
-	if p, ok := auth.From(ctx); ok {
-		return p.Org
-	}
-	return ""
-}
+func (m *Manager) orgOf(ctx context.Context) string { return auth.OrgOr(ctx, m.cfg.Org) }
 
 // runs reports whether a sandbox in state s counts as running for a quota.
 func runs(s api.State) bool {

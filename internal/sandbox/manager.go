@@ -254,7 +254,7 @@ func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 // limited by labels only those of its selector: any other answers exactly
 // as one that does not exist.
 func (m *Manager) lookup(ctx context.Context, ref string) (*store.Sandbox, error) {
-	sb, err := m.store.GetSandbox(ctx, scopeOf(ctx), ref)
+	sb, err := m.store.GetSandbox(ctx, auth.Scope(ctx), ref)
 	p, limited := auth.From(ctx)
 	if errors.Is(err, store.ErrNotFound) || err == nil && sb.Pool != "" || err == nil && limited && !p.Matches(sb.Labels) {
 		// A warm pool's member is not a sandbox of the API's.
@@ -305,7 +305,7 @@ func (m *Manager) usage(sb *store.Sandbox) *api.Usage {
 
 // List lists sandboxes, oldest first, filtered by labels.
 func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.Sandbox, error) {
-	sbs, err := m.store.ListSandboxes(ctx, store.Filter{Org: scopeOf(ctx), Labels: labels})
+	sbs, err := m.store.ListSandboxes(ctx, store.Filter{Org: auth.Scope(ctx), Labels: labels})
 	if err != nil {
 		return nil, fmt.Errorf("listing sandboxes: %w", err)
 	}

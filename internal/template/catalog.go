@@ -88,11 +88,7 @@ func (c *Catalog) List(ctx context.Context) []api.Template {
 	// counted under its image. A warm pool's members are no uses. The
 	// caller sees its own org's uses, never another's.
 	uses, imageUses := map[string]int{}, map[string]int{}
-	var mine store.Filter
-	if p, ok := auth.From(ctx); ok {
-		mine.Org = p.Org
-	}
-	if sbs, err := c.sandboxes.ListSandboxes(ctx, mine); err == nil {
+	if sbs, err := c.sandboxes.ListSandboxes(ctx, store.Filter{Org: auth.Scope(ctx)}); err == nil {
 		for _, sb := range sbs {
 			if sb.Pool != "" {
 				continue

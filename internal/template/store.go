@@ -90,15 +90,7 @@ func NewStore(dataDir, org string, builtins Builder, disks disk.Pool, log *slog.
 }
 
 // orgOf is the org of a call: its caller's, or the daemon's own.
-func (s *Store) orgOf(ctx context.Context) string {
-	if p, ok := auth.From(ctx); ok && p.Org != "" {
-		return p.Org
-	}
-	return s.org
-}
-
-// Org is the daemon's own org, whose templates' warm pools it keeps.
-func (s *Store) Org() string { return s.org }
+func (s *Store) orgOf(ctx context.Context) string { return auth.OrgOr(ctx, s.org) }
 
 func exportKey(org, name string) string { return org + "/" + name }
 
