@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"loam.dev/loam/internal/testenv"
 	"log/slog"
 	"strings"
 	"sync"
@@ -10,24 +11,6 @@ import (
 	"testing"
 	"time"
 )
-
-// lockedBuilder is a strings.Builder the components' goroutines may log to.
-type lockedBuilder struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuilder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuilder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // slowToEnd is a component that, once its ctx ends, waits for a goroutine
 // of its own that takes a while to finish, then records that it ended.
@@ -85,7 +68,7 @@ func TestCloseWaitsForComponents(t *testing.T) {
 // TestComponentFailure: a component's failure is logged, ends the other
 // components' ctx, and is what Wait returns, naming the component.
 func TestComponentFailure(t *testing.T) {
-	var logged lockedBuilder
+	var logged testenv.SyncBuffer
 	d := &Daemon{log: slog.New(slog.NewTextHandler(&logged, nil))}
 	boom := errors.New("boom")
 	fail := make(chan struct{})

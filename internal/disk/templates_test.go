@@ -327,7 +327,7 @@ func TestCacheRemoveWaitsForImport(t *testing.T) {
 	go func() { imported <- importer.EnsureTemplate(t.Context(), pool, cacheDir, tpl) }()
 	<-pool.started
 
-	var log safeBuffer
+	var log testenv.SyncBuffer
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&log, nil)))
 	defer slog.SetDefault(prev)
@@ -350,22 +350,4 @@ func TestCacheRemoveWaitsForImport(t *testing.T) {
 	if ok, err := pool.HasTemplate(t.Context(), "shared"); err != nil || !ok {
 		t.Errorf("the pool's template after the import: %v, %v", ok, err)
 	}
-}
-
-// safeBuffer is a bytes.Buffer safe for concurrent use.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

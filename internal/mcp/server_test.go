@@ -1,7 +1,6 @@
 package mcp
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -20,6 +18,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/testenv"
 )
 
 // allTools is every tool the server offers, and readTools those that change
@@ -35,29 +34,11 @@ var (
 	}
 )
 
-// logBuffer collects a server's log for checks.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // connect runs a server for c with cfg and returns a client session to it
 // over an in-memory transport, and the server's log.
-func connect(t *testing.T, c *client.Client, cfg Config) (*sdk.ClientSession, *logBuffer) {
+func connect(t *testing.T, c *client.Client, cfg Config) (*sdk.ClientSession, *testenv.SyncBuffer) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &testenv.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	srv, err := New(c, cfg)
 	if err != nil {
@@ -448,7 +429,7 @@ func TestAPIErrors(t *testing.T) {
 
 func TestHTTPToken(t *testing.T) {
 	_, c := newFakeDaemon(t)
-	srv, err := New(c, Config{Logger: slog.New(slog.NewTextHandler(&logBuffer{}, nil))})
+	srv, err := New(c, Config{Logger: slog.New(slog.NewTextHandler(&testenv.SyncBuffer{}, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -614,7 +595,7 @@ func TestEveryCallLogged(t *testing.T) {
 }
 
 func TestPanicIsAToolError(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &testenv.SyncBuffer{}
 	c := &call{tool: "boom"}
 	_, err := safely(context.Background(), slog.New(slog.NewTextHandler(logs, nil)), c, 0,
 		func(context.Context, *call, int) (int, error) { panic("nil map") })

@@ -1,18 +1,17 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/testenv"
 )
 
 // slowLookups is a store whose lookups last until their context ends, and
@@ -25,30 +24,12 @@ func (s slowLookups) Get(ctx context.Context, ref string) (*api.Sandbox, error) 
 	return nil, fmt.Errorf("reading sandbox %s: %w", ref, ctx.Err())
 }
 
-// syncBuf is a log every goroutine may write.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestClientGone: a client that half-closes its connection after its
 // request cancels the request's context. It gets no answer, not a 500
 // (the daemon's API) nor a false 404 (the in-sandbox API), and the daemon
 // logs no error.
 func TestClientGone(t *testing.T) {
-	var logs syncBuf
+	var logs testenv.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	in := NewInside(slowLookups{newFake()}, []byte("secret"), log)
 	for _, a := range []struct {

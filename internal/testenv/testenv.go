@@ -1,7 +1,8 @@
 // Package testenv says once what a test does when the machine lacks
 // something it needs (root, runsc, a tool): it is skipped on a developer's
 // machine, and it fails under CI=true, where a skip would pass a run that
-// tested nothing.
+// tested nothing; and the small pieces the tests of many packages share
+// (SyncBuffer).
 //
 // It is imported by tests only.
 package testenv

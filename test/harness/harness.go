@@ -26,7 +26,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -441,24 +440,7 @@ func (d *Daemon) Kill() {
 
 // SyncBuffer is a bytes.Buffer that the daemon's output can be written to
 // while a test reads it.
-type SyncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Write appends p.
-func (b *SyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// String is all that was written.
-func (b *SyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type SyncBuffer = testenv.SyncBuffer
 
 // Eventually waits until cond holds (returns nil), looking every 50 ms,
 // and fails the test after within, with what cond saw last (its error).
