@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"loam.dev/loam/internal/atomicfile"
 )
@@ -327,10 +328,12 @@ func (b *Btrfs) unmount(ctx context.Context, lazy bool) error {
 	if b.img == "" {
 		return nil
 	}
+	busy := false
 	if _, ok, err := mountAt(b.mnt); err != nil {
 		return fmt.Errorf("unmounting %s: %w", b.mnt, err)
 	} else if ok {
 		if _, err := run(ctx, "umount", b.mnt); err != nil {
+			busy = true
 			if !lazy {
 				return fmt.Errorf("unmounting %s: %w", b.mnt, err)
 			}
@@ -351,7 +354,41 @@ func (b *Btrfs) unmount(ctx context.Context, lazy bool) error {
 			return fmt.Errorf("detaching %s: %w", dev, err)
 		}
 	}
-	return nil
+	if busy || len(devs) == 0 {
+		return nil // a busy device frees itself when its last file closes
+	}
+	return waitDetached(ctx, b.img)
+}
+
+// detachWait bounds waitDetached: a device held open for a moment is freed
+// in milliseconds; longer means something keeps it, and Unmount says so.
+const detachWait = 5 * time.Second
+
+// waitDetached waits until no loop device is backed by img. udev probes a
+// device on the change event of an unmount, and while its probe holds the
+// device open, LOOP_CLR_FD only marks the device to detach itself once
+// closed (lo_release in drivers/block/loop.c), so losetup -d returns
+// before the device is free. The kernel sends no event for that which a
+// program can wait on, hence the poll.
+func waitDetached(ctx context.Context, img string) error {
+	ctx, cancel := context.WithTimeout(ctx, detachWait)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		devs, err := loopDevices(img)
+		if err != nil {
+			return fmt.Errorf("detaching loop devices of %s: %w", img, err)
+		}
+		if len(devs) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("loop devices %q of %s still attached: %w", devs, img, context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
 }
 
 // Destroy deletes the pool and everything in it: it unmounts (lazily if
