@@ -44,6 +44,14 @@ func (u OrgUse) Add(v OrgUse) OrgUse {
 	}
 }
 
+// Sub is u less v, field by field.
+func (u OrgUse) Sub(v OrgUse) OrgUse {
+	return OrgUse{
+		Sandboxes: u.Sandboxes - v.Sandboxes, MemoryMiB: u.MemoryMiB - v.MemoryMiB, CPUs: u.CPUs - v.CPUs,
+		DiskMiB: u.DiskMiB - v.DiskMiB, Checkpoints: u.Checkpoints - v.Checkpoints, PoolMembers: u.PoolMembers - v.PoolMembers,
+	}
+}
+
 // Org is an org as GET /v1/org (the caller's) and GET /v1/orgs show it.
 type Org struct {
 	Name      string    `json:"name"`

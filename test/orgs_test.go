@@ -236,8 +236,27 @@ func TestOrgs(t *testing.T) {
 	if err != nil || len(cps) != 1 {
 		t.Fatalf("docs' only's checkpoints: %v, %v", cps, err)
 	}
+	// A template is admitted to the org's disk quota by what it will
+	// hold before it is made, and counts in its use once made.
+	before, err := docs.Org(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := before.Use.DiskMiB
+	if _, err := op.SetQuota(ctx, "docs", api.Quota{DiskMiB: &disk}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := docs.CreateTemplate(ctx, "kept", "only", cps[0].ID); harness.APICode(err) != api.CodeLimit || !strings.Contains(err.Error(), "disk") {
+		t.Errorf("docs' template at its disk quota's edge: %v, want limit naming the disk", err)
+	}
+	if _, err := op.SetQuota(ctx, "docs", api.Quota{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := docs.CreateTemplate(ctx, "kept", "only", cps[0].ID); err != nil {
 		t.Fatalf("docs' template: %v", err)
+	}
+	if after, err := docs.Org(ctx); err != nil || after.Use.DiskMiB <= disk {
+		t.Errorf("docs' disk use with its template: %+v, %v; want more than %d MiB", after, err, disk)
 	}
 	if _, err := docs.CreateSandbox(ctx, api.CreateSandbox{Name: "of-kept", Template: "kept"}); err != nil {
 		t.Fatalf("docs' sandbox of its template: %v", err)

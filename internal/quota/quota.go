@@ -28,7 +28,7 @@ func Check(org string, q api.Quota, use, add api.OrgUse) error {
 	case q.CPUs != nil && add.CPUs > 0 && after.CPUs > *q.CPUs+1e-9:
 		return api.Errorf(api.CodeLimit, "org %s would use %s CPUs, its quota is %s; stop, sleep or delete a sandbox, %s", org, cpus(after.CPUs), cpus(*q.CPUs), ask)
 	case over(q.DiskMiB, add.DiskMiB, after.DiskMiB):
-		return api.Errorf(api.CodeLimit, "org %s would hold %s of disk, its quota is %s; delete a sandbox or checkpoints, %s", org, MiB(after.DiskMiB), MiB(*q.DiskMiB), ask)
+		return api.Errorf(api.CodeLimit, "org %s would hold %s of disk, its quota is %s; delete a sandbox, checkpoints or templates, %s", org, MiB(after.DiskMiB), MiB(*q.DiskMiB), ask)
 	case over(q.Checkpoints, add.Checkpoints, after.Checkpoints):
 		return api.Errorf(api.CodeLimit, "org %s would keep %d checkpoints, its quota is %d; delete a checkpoint, %s", org, after.Checkpoints, *q.Checkpoints, ask)
 	case over(q.PoolMembers, add.PoolMembers, after.PoolMembers):

@@ -22,7 +22,7 @@ func TestCheck(t *testing.T) {
 		{"sandboxes", q, api.OrgUse{Sandboxes: 2}, "org docs would run 4 sandboxes, its quota is 3; stop, sleep or delete a sandbox, or ask the operator to raise it"},
 		{"memory", q, api.OrgUse{Sandboxes: 1, MemoryMiB: 4 << 10}, "org docs would use 18 GiB of memory, its quota is 16 GiB; stop, sleep or delete a sandbox, or ask the operator to raise it"},
 		{"cpus", q, api.OrgUse{CPUs: 1.5}, "org docs would use 4.5 CPUs, its quota is 4; stop, sleep or delete a sandbox, or ask the operator to raise it"},
-		{"disk", q, api.OrgUse{DiskMiB: 10<<10 + 512}, "org docs would hold 20992 MiB of disk, its quota is 20 GiB; delete a sandbox or checkpoints, or ask the operator to raise it"},
+		{"disk", q, api.OrgUse{DiskMiB: 10<<10 + 512}, "org docs would hold 20992 MiB of disk, its quota is 20 GiB; delete a sandbox, checkpoints or templates, or ask the operator to raise it"},
 		{"checkpoints", q, api.OrgUse{Checkpoints: 1}, "org docs would keep 11 checkpoints, its quota is 10; delete a checkpoint, or ask the operator to raise it"},
 		{"pool members", q, api.OrgUse{PoolMembers: 1}, "org docs would keep 3 warm-pool members, its quota is 2; shrink a pool, or ask the operator to raise it"},
 		// Already at the checkpoint quota: what adds none is let through.

@@ -42,10 +42,10 @@ type OrgStore interface {
 //   - a sandbox that starts to run again (wake, boot, restore) is checked
 //     and counted as running (starting) from then until its operation
 //     ends, whatever its record says meanwhile;
-//   - a checkpoint is checked and counted (taking) until its record is
-//     stored or it fails; for that short while after its record is
-//     stored it counts twice, which can only refuse, never let too many
-//     in.
+//   - a checkpoint, or a checkpoint template, is checked and counted
+//     (taking) until its record (or manifest) is stored or it fails; for
+//     that short while after its record is stored it counts twice, which
+//     can only refuse, never let too many in.
 //
 // An admission with no store (no Config.Orgs) lets everything through.
 type admission struct {
@@ -206,31 +206,44 @@ func (a *admission) start(ctx context.Context, sb *store.Sandbox) (release func(
 // checkpoint admits a checkpoint of sb, counted until release: call it
 // once its record is stored, or it failed.
 func (a *admission) checkpoint(ctx context.Context, sb *store.Sandbox, memory bool) (release func(), err error) {
-	if a.store == nil {
-		return func() {}, nil
-	}
 	add := api.OrgUse{Checkpoints: 1}
 	if memory {
 		add.DiskMiB = sb.Resources.MemoryMiB
 	}
+	return a.hold(ctx, sb.Org, add)
+}
+
+// template admits a checkpoint template of org that will hold bytes,
+// counted until release: call it once the template is published (its
+// manifest then counts it), or it failed.
+func (a *admission) template(ctx context.Context, org string, bytes int64) (release func(), err error) {
+	return a.hold(ctx, org, api.OrgUse{DiskMiB: int((bytes + 1<<20 - 1) >> 20)})
+}
+
+// hold checks add against org's quota and counts it as being made until
+// release. For the short while between the thing's own record (or
+// manifest) and release it counts twice, which can only refuse, never let
+// too many in.
+func (a *admission) hold(ctx context.Context, org string, add api.OrgUse) (release func(), err error) {
+	if a.store == nil {
+		return func() {}, nil
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.check(ctx, sb.Org, add); err != nil {
+	if err := a.check(ctx, org, add); err != nil {
 		return nil, err
 	}
-	a.taking[sb.Org] = a.taking[sb.Org].Add(add)
+	a.taking[org] = a.taking[org].Add(add)
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			a.mu.Lock()
 			defer a.mu.Unlock()
-			left := a.taking[sb.Org]
-			left.Checkpoints -= add.Checkpoints
-			left.DiskMiB -= add.DiskMiB
+			left := a.taking[org].Sub(add)
 			if left == (api.OrgUse{}) {
-				delete(a.taking, sb.Org)
+				delete(a.taking, org)
 			} else {
-				a.taking[sb.Org] = left
+				a.taking[org] = left
 			}
 		})
 	}, nil

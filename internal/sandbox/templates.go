@@ -165,3 +165,9 @@ func (t *TemplateCore) HoldCheckpoint(ctx context.Context, from *api.ForkSource)
 
 // CheckResources refuses resources no sandbox may have.
 func (t *TemplateCore) CheckResources(r api.Resources) error { return checkResources(r) }
+
+// AdmitTemplate holds a checkpoint template of org that will hold bytes to
+// the org's disk quota until release (see admission.template).
+func (t *TemplateCore) AdmitTemplate(ctx context.Context, org string, bytes int64) (release func(), err error) {
+	return t.m.admit.template(ctx, org, bytes)
+}

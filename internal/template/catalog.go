@@ -32,6 +32,10 @@ type Core interface {
 	// CheckResources refuses resources no sandbox may have (an imported
 	// template's).
 	CheckResources(r api.Resources) error
+	// AdmitTemplate holds a template of org that will hold bytes to the
+	// org's disk quota (api.CodeLimit when it does not fit) until release,
+	// which is called once the template is published or failed.
+	AdmitTemplate(ctx context.Context, org string, bytes int64) (release func(), err error)
 }
 
 // Pools are the warm pools of templates (warmpool.Pools has them).
@@ -199,8 +203,19 @@ func (c *Catalog) Create(ctx context.Context, req api.CreateTemplate) (*api.Temp
 		return nil, err
 	}
 	defer release()
-	ctx = context.WithoutCancel(ctx)
 	cp := src.Checkpoint
+	// Admitted by what it will hold, as its manifest counts it once
+	// published: the checkpoint's disk as it is, and its memory image.
+	size := checkpoint.TreeBytes(c.store.disks.SnapshotPath(src.Snapshot))
+	if cp.Memory {
+		size += checkpoint.TreeBytes(src.MemDir)
+	}
+	admitted, err := c.core.AdmitTemplate(ctx, org, size)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
+	ctx = context.WithoutCancel(ctx)
 	man := checkpoint.Manifest{
 		Format: checkpoint.ManifestFormat, Name: req.Name, Memory: cp.Memory,
 		Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
@@ -393,6 +408,11 @@ func (c *Catalog) Import(ctx context.Context, name string, r io.Reader) (*api.Te
 		return nil, api.Errorf(api.CodeInvalid, "template archive refused: a memory template without its agent token")
 	}
 	man.Name = name
+	admitted, err := c.core.AdmitTemplate(ctx, org, checkpoint.TreeBytes(work))
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	crash.Point("template-import.unpacked")
 	ctx = context.WithoutCancel(ctx)
 	err = s.publish(ctx, org, man, func(tmp, snap string) error {

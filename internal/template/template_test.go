@@ -49,6 +49,12 @@ type fakeCore struct {
 	mu   sync.Mutex
 	srcs map[string]*checkpoint.Source
 	held int // checkpoints held now
+	// room is the bytes of templates an org may still add (absent:
+	// unlimited); admitted what each admission asked for, and holding
+	// the admissions not released.
+	room     map[string]int64
+	admitted []int64
+	holding  int
 }
 
 func (c *fakeCore) Heavy(ctx context.Context, what string) (func(), error) { return func() {}, nil }
@@ -65,6 +71,17 @@ func (c *fakeCore) HoldCheckpoint(ctx context.Context, from *api.ForkSource) (*c
 	}
 	c.held++
 	return src, func() { c.mu.Lock(); c.held--; c.mu.Unlock() }, nil
+}
+
+func (c *fakeCore) AdmitTemplate(ctx context.Context, org string, bytes int64) (func(), error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.admitted = append(c.admitted, bytes)
+	if room, ok := c.room[org]; ok && bytes > room {
+		return nil, api.Errorf(api.CodeLimit, "org %s would use %d bytes more, %d left", org, bytes, room)
+	}
+	c.holding++
+	return func() { c.mu.Lock(); c.holding--; c.mu.Unlock() }, nil
 }
 
 func (c *fakeCore) CheckResources(r api.Resources) error {
@@ -262,6 +279,55 @@ func TestCatalogCreateDelete(t *testing.T) {
 		t.Fatalf("a deleted template left %v", entries)
 	}
 	wantCode(t, "delete again", e.cat.Delete(ctx, "cold"), api.CodeNotFound, `"cold" not found`)
+}
+
+// TestCatalogAdmitted: a template is admitted to its org's quota by what
+// it will hold, before anything is made: refused, it leaves no snapshot
+// and no template; admitted, it asked for exactly the bytes its manifest
+// then counts, for a create and an import alike, and lets go after.
+func TestCatalogAdmitted(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	from := &api.ForkSource{Sandbox: "box", Checkpoint: "m1"}
+	e.core.room = map[string]int64{"default": 100}
+	snapsBefore, _ := e.pool.Snapshots(ctx)
+	_, err := e.cat.Create(ctx, api.CreateTemplate{Name: "warm", From: from})
+	wantCode(t, "create over quota", err, api.CodeLimit, "org default would use")
+	if after, _ := e.pool.Snapshots(ctx); !slices.Equal(after, snapsBefore) {
+		t.Fatalf("a refused template changed the snapshots: %v, then %v", snapsBefore, after)
+	}
+	if man, err := e.store.Kept("default", "warm"); err != nil || man != nil {
+		t.Fatalf("a refused template was kept: %+v, %v", man, err)
+	}
+
+	delete(e.core.room, "default")
+	_, err = e.cat.Create(ctx, api.CreateTemplate{Name: "warm", From: from})
+	must(t, err)
+	man, err := e.store.Kept("default", "warm")
+	must(t, err)
+	if got := e.core.admitted[len(e.core.admitted)-1]; got != man.SizeBytes || got < 3000 {
+		t.Fatalf("admitted %d bytes for a template of %d (its memory image alone is 3000)", got, man.SizeBytes)
+	}
+	var buf bytes.Buffer
+	must(t, e.cat.Export(ctx, "warm", &buf))
+
+	e.core.room = map[string]int64{"default": man.SizeBytes - 1}
+	_, err = e.cat.Import(ctx, "moved", bytes.NewReader(buf.Bytes()))
+	wantCode(t, "import over quota", err, api.CodeLimit, "org default would use")
+	if man, err := e.store.Kept("default", "moved"); err != nil || man != nil {
+		t.Fatalf("a refused import was kept: %+v, %v", man, err)
+	}
+	e.core.room["default"] = man.SizeBytes
+	_, err = e.cat.Import(ctx, "moved", bytes.NewReader(buf.Bytes()))
+	must(t, err)
+	moved, err := e.store.Kept("default", "moved")
+	must(t, err)
+	if got := e.core.admitted[len(e.core.admitted)-1]; got != moved.SizeBytes {
+		t.Fatalf("import admitted %d bytes for a template of %d", got, moved.SizeBytes)
+	}
+	if e.core.holding != 0 {
+		t.Fatalf("%d admissions still held", e.core.holding)
+	}
 }
 
 // TestCatalogExportImport: a memory template goes out as one archive and
