@@ -192,28 +192,42 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Daemon, error) {
 // taken back, and the components run before the API is served.
 func (d *Daemon) start(ctx context.Context) error {
 	var p parts
-	steps := []func(context.Context, *parts) error{
-		d.checkHost,
-		d.claimDataDir,
-		d.listen,
-		d.loadKeys,
-		d.findBinaries,
-		d.openStorage,
-		d.setUpSandboxing,
-		d.prepareTemplates,
-		d.openImages,
-		d.startManager,
-		d.startComponents,
-		d.serve,
+	steps := []struct {
+		name string
+		run  func(context.Context, *parts) error
+	}{
+		{"checking the host", d.checkHost},
+		{"locking the data dir", d.claimDataDir},
+		{"listening", d.listen},
+		{"loading keys", d.loadKeys},
+		{"finding binaries", d.findBinaries},
+		{"opening storage", d.openStorage},
+		{"setting up sandboxing", d.setUpSandboxing},
+		{"preparing templates", d.prepareTemplates},
+		{"opening images", d.openImages},
+		{"taking sandboxes back", d.startManager},
+		{"starting components", d.startComponents},
+		{"serving", d.serve},
 	}
+	began := time.Now()
+	d.log.Info("loam daemon starting", "pid", os.Getpid(), "data_dir", d.cfg.DataDir)
 	for _, step := range steps {
-		if err := step(ctx, &p); err != nil {
+		t := time.Now()
+		if err := step.run(ctx, &p); err != nil {
 			return err
 		}
+		// A start that takes long says where: a host too busy, a pool
+		// slow to mount, many sandboxes to take back.
+		if took := time.Since(t); took >= slowStep {
+			d.log.Info("a start step was slow", "step", step.name, "ms", took.Milliseconds())
+		}
 	}
-	d.announce(p)
+	d.announce(p, time.Since(began))
 	return nil
 }
+
+// slowStep is how long a step of start may take before it is logged.
+const slowStep = 2 * time.Second
 
 // checkHost refuses to run without root or with a bad --org, and raises
 // the open-file limit.
@@ -585,8 +599,8 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 }
 
 // announce logs that the daemon serves, and shows a token it made.
-func (d *Daemon) announce(p parts) {
-	d.log.Info("loam daemon serving", "url", d.URL, "data_dir", d.cfg.DataDir, "runsc", p.runsc)
+func (d *Daemon) announce(p parts, took time.Duration) {
+	d.log.Info("loam daemon serving", "url", d.URL, "data_dir", d.cfg.DataDir, "runsc", p.runsc, "start_ms", took.Milliseconds())
 	if d.madeToken != "" {
 		out := d.cfg.Out
 		if out == nil {

@@ -142,7 +142,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if timeout == 0 {
 		timeout = DefaultTimeout
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("%w (%v)", ErrTimeout, timeout))
 	defer cancel()
 	if err := p.await(ctx, o.DataDir); err != nil {
 		p.Kill()
@@ -157,6 +157,8 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 func (p *Process) await(ctx context.Context, dataDir string) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
+	// What was last seen, for an error that says where the daemon was.
+	seen := "its api_url file was not written"
 	for {
 		if p.URL == "" {
 			if b, err := os.ReadFile(filepath.Join(dataDir, "api_url")); err == nil {
@@ -173,17 +175,24 @@ func (p *Process) await(ctx context.Context, dataDir string) error {
 			}
 		}
 		if p.URL != "" {
-			resp, err := p.HTTPClient.Get(p.URL + "/healthz")
+			// Bound by ctx: a port that takes the connection but does not
+			// answer yet must not hold the wait past its end.
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/healthz", nil)
+			if err != nil {
+				return err
+			}
+			resp, err := p.HTTPClient.Do(req)
 			if err == nil {
 				resp.Body.Close()
 				return nil
 			}
+			seen = "its /healthz: " + err.Error()
 		}
 		select {
 		case <-p.exited:
 			return ErrExited
 		case <-ctx.Done():
-			return context.Cause(ctx)
+			return fmt.Errorf("%w; %s", context.Cause(ctx), seen)
 		case <-tick.C:
 		}
 	}

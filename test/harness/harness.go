@@ -301,7 +301,10 @@ func (d *Daemon) Options(extra ...string) launch.Options {
 	return launch.Options{Bin: bin, DataDir: d.DataDir, Subnet: d.Subnet, Runsc: Runsc(),
 		TemplateCache: TemplateCache(), DefaultTemplate: "busybox",
 		Args: append([]string{"--disk-size-gib", "8", "--systrap-fast-path=" + strconv.FormatBool(FastPath)}, extra...),
-		Env:  d.Env, Output: d.Log, Roots: d.Roots, Timeout: 60 * time.Second}
+		// The launcher's default wait: a restart on a CI host busy with
+		// the other parallel tests has taken over a minute (a kill
+		// mid-sleep, then a pool, a firewall and sandboxes to take back).
+		Env: d.Env, Output: d.Log, Roots: d.Roots}
 }
 
 // Launch runs `loam serve` and waits until it answers.
