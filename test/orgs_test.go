@@ -2,6 +2,7 @@ package test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -128,15 +129,14 @@ func TestOrgs(t *testing.T) {
 		t.Errorf("docs' sandbox's DB: %q, %v; want docs' own value", out, err)
 	}
 
-	// What every org shares, only the daemon's own org changes; images
-	// and registry credentials are each org's (TestOrgImages).
+	// The built-in templates are every org's, and no org's to delete;
+	// images and registry credentials are each org's (TestOrgImages).
 	for _, tc := range []struct {
 		method, path string
 		status       int
 	}{
 		{"GET", "/v1/templates", 200},
 		{"DELETE", "/v1/templates/busybox", 403},
-		{"PUT", "/v1/templates/busybox/pool", 403},
 		{"GET", "/v1/registries", 200},
 		{"PUT", "/v1/registries/ghcr.io", 400},
 	} {
@@ -277,6 +277,60 @@ func TestOrgs(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Warm pools of templates are each org's, of a built-in too: ops's
+	// pool of busybox is its own, counted in its use and claimed by its
+	// creates alone; docs keeps one of its own template, which ops cannot
+	// see. docs' goes with docs (below).
+	if p, err := ops.SetTemplatePool(ctx, "busybox", 1); err != nil || p.Size != 1 {
+		t.Fatalf("ops's pool of busybox: %+v, %v", p, err)
+	}
+	if p, err := docs.SetTemplatePool(ctx, "kept", 1); err != nil || p.Size != 1 {
+		t.Fatalf("docs' pool of its template: %+v, %v", p, err)
+	}
+	if _, err := ops.TemplatePool(ctx, "kept"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("ops reading docs' template's pool: %v, want not_found", err)
+	}
+	if _, err := ops.SetTemplatePool(ctx, "kept", 1); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("ops sizing docs' template's pool: %v, want not_found", err)
+	}
+	harness.Eventually(t, 2*time.Minute, "both orgs' pools filled", func() error {
+		o, err := ops.TemplatePool(ctx, "busybox")
+		if err != nil {
+			return err
+		}
+		k, err := docs.TemplatePool(ctx, "kept")
+		if err != nil {
+			return err
+		}
+		if o.Ready != 1 || k.Ready != 1 {
+			return fmt.Errorf("ops's busybox %+v, docs' kept %+v", o, k)
+		}
+		return nil
+	})
+	if p, err := docs.TemplatePool(ctx, "busybox"); err != nil || p.Size != 0 || p.Ready != 0 {
+		t.Errorf("docs' pool of busybox: %+v, %v; want none (ops's is ops's)", p, err)
+	}
+	for c, want := range map[*client.Client]int{ops: 1, docs: 1, op: 0} {
+		if o, err := c.Org(ctx); err != nil || o.Use.PoolMembers != want {
+			t.Errorf("the pool members of %+v: %v; want %d", o, err, want)
+		}
+	}
+	if _, err := ops.CreateSandbox(ctx, api.CreateSandbox{Name: "pooled", Template: "busybox"}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := ops.TemplatePool(ctx, "busybox"); err != nil || p.Claimed != 1 {
+		t.Errorf("ops's pool after its create: %+v, %v; want its member claimed", p, err)
+	}
+	if p, err := docs.TemplatePool(ctx, "kept"); err != nil || p.Claimed != 0 || p.Ready != 1 {
+		t.Errorf("docs' pool after ops's create: %+v, %v; want its member there", p, err)
+	}
+	if _, err := ops.SetTemplatePool(ctx, "busybox", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ops.DeleteSandbox(ctx, "pooled"); err != nil {
+		t.Fatal(err)
+	}
+
 	// An org with sandboxes goes only with everything in it; its keys
 	// and templates with it. The daemon's own org never goes.
 	if err := op.DeleteOrg(ctx, "docs", false); harness.APICode(err) != api.CodeConflict {
@@ -293,6 +347,9 @@ func TestOrgs(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(d.DataDir, "org-templates", "docs")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the templates of deleted org docs: %v, want them gone", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(d.DataDir, "pools.json")); err != nil || strings.Contains(string(b), `"docs"`) {
+		t.Errorf("the pools kept after docs went: %s, %v; want none of docs'", b, err)
 	}
 	if _, err := docs.ListSandboxes(ctx, client.ListOptions{}); harness.APICode(err) != api.CodeUnauthorized {
 		t.Errorf("the key of a deleted org: %v, want unauthorized", err)

@@ -483,7 +483,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 			return d.inside
 		},
 		Pools: func(m *sandbox.Manager) sandbox.Pools {
-			d.pools = warmpool.New(sandbox.NewPoolCore(m), warmpool.Config{DataDir: cfg.DataDir, ReserveMiB: cfg.PoolReserveMiB}, d.log)
+			d.pools = warmpool.New(sandbox.NewPoolCore(m), warmpool.Config{DataDir: cfg.DataDir, ReserveMiB: cfg.PoolReserveMiB, Org: cfg.Org}, d.log)
 			return d.pools
 		},
 		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {

@@ -332,8 +332,11 @@ func (o *Orgs) Delete(ctx context.Context, org string, all bool) error {
 	err = o.a.store.DeleteOrg(ctx, org, all)
 	o.a.mu.Unlock()
 	if err == nil {
-		// Its templates go with it; a crash part-way leaves what the
-		// next start sweeps.
+		// Its warm pools' members (no sandboxes of the API, which the
+		// store's check let through) and its templates go with it; a
+		// crash part-way leaves what the next start sweeps (Recover
+		// deletes every member it finds).
+		o.a.m.pools.Forget(context.WithoutCancel(ctx), PoolSource{Org: org})
 		err = o.a.m.tpl.DropOrg(context.WithoutCancel(ctx), org)
 	}
 	var in *store.NotEmptyError

@@ -423,7 +423,7 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	} else if err := m.checkTemplate(ctx, sb); err != nil {
 		return nil, err
 	} else if defaultResources(req) {
-		if v, ok, err := m.pools.Claim(ctx, PoolSource{Template: sb.Template}, sb, req.Services); ok {
+		if v, ok, err := m.pools.Claim(ctx, PoolSource{Org: m.orgOf(ctx), Template: sb.Template}, sb, req.Services); ok {
 			return v, err
 		}
 	}

@@ -33,7 +33,8 @@ type Pools interface {
 	Keep(ctx context.Context, from PoolSource, size int) error
 	// Forget drains and removes the pools of what gone names, which is
 	// being deleted: a sandbox (every pool of its checkpoints), one of its
-	// checkpoints, or a template.
+	// checkpoints, an org's template, or an org (Org alone: every pool of
+	// a template it keeps).
 	Forget(ctx context.Context, gone PoolSource)
 	// Lost takes member, whose sandbox process died, out of its pool,
 	// deletes it and makes another. The caller holds the member's
@@ -42,9 +43,13 @@ type Pools interface {
 }
 
 // PoolSource names what a pool's members are made from: a checkpoint
-// (Sandbox and Checkpoint ids, forks of it) or a template (Template).
+// (Sandbox and Checkpoint ids, forks of it; the members are the source's
+// org's) or a template of an org (Org and Template; each org keeps its own
+// pools of the built-ins and of its checkpoint templates, and their
+// members are its).
 type PoolSource struct {
-	Sandbox, Checkpoint, Template string
+	Sandbox, Checkpoint string
+	Org, Template       string
 }
 
 // MemoryMeter reads a running container's host memory. The gVisor runtime
@@ -79,21 +84,22 @@ func (p *PoolCore) PoolCheckpoint(ctx context.Context, ref, cpRef string) (from 
 	return PoolSource{Sandbox: src.ID, Checkpoint: cp.ID}, unlock, nil
 }
 
-// PoolTemplate checks that template name can have a pool: a built-in
-// template or a checkpoint template (an image cannot).
-func (p *PoolCore) PoolTemplate(ctx context.Context, name string) error {
+// PoolTemplate checks that template name can have a pool of the caller's
+// org: a built-in template or one of the org's checkpoint templates (an
+// image cannot), and names that pool.
+func (p *PoolCore) PoolTemplate(ctx context.Context, name string) (PoolSource, error) {
+	from := PoolSource{Org: p.m.orgOf(ctx), Template: name}
 	if p.m.tpl.Builtin(name) {
-		return nil
+		return from, nil
 	}
-	// Pools are the daemon's: of its own org's templates.
-	man, err := p.m.tpl.Kept(p.m.cfg.Org, name)
+	man, err := p.m.tpl.Kept(from.Org, name)
 	if err != nil {
-		return err
+		return PoolSource{}, err
 	}
 	if man == nil {
-		return api.Errorf(api.CodeNotFound, "template %q not found (images have no pools: make a template of one with loam template build)", name)
+		return PoolSource{}, api.Errorf(api.CodeNotFound, "template %q not found (images have no pools: make a template of one with loam template build)", name)
 	}
-	return nil
+	return from, nil
 }
 
 // MemoryImageBytes is the size of the memory image a member of from is
@@ -105,7 +111,7 @@ func (p *PoolCore) MemoryImageBytes(from PoolSource) int64 {
 		}
 	}
 	if from.Template != "" {
-		if n := checkpoint.TreeBytes(p.m.tpl.MemDir(p.m.cfg.Org, from.Template)); n > 0 {
+		if n := checkpoint.TreeBytes(p.m.tpl.MemDir(p.orgOf(from), from.Template)); n > 0 {
 			return n
 		}
 	}
@@ -131,7 +137,7 @@ func (mc *machine) containerMemory(id string) int64 {
 // api.ErrNotFound says from is gone.
 func (p *PoolCore) MakePoolMember(ctx context.Context, from PoolSource, pool string) (*store.Sandbox, error) {
 	if from.Template != "" {
-		return p.makeTemplateMember(ctx, pool, from.Template)
+		return p.makeTemplateMember(ctx, pool, p.orgOf(from), from.Template)
 	}
 	src, cp, unlock, err := p.m.sourceCheckpoint(ctx, &api.ForkSource{Sandbox: from.Sandbox, Checkpoint: from.Checkpoint})
 	if err != nil {
@@ -155,15 +161,25 @@ func (p *PoolCore) MakePoolMember(ctx context.Context, from PoolSource, pool str
 	return p.bootMember(ctx, sb, pool, func(ctx context.Context) error { return p.m.machine.bootFork(ctx, sb, src, cp) })
 }
 
-// makeTemplateMember makes a member of a template's pool: a checkpoint
-// template's sandbox (see createFromTemplate) or a built-in template's,
-// with the daemon's default resources.
-func (p *PoolCore) makeTemplateMember(ctx context.Context, pool, name string) (*store.Sandbox, error) {
+// orgOf is the org whose template from names: the pool's.
+func (p *PoolCore) orgOf(from PoolSource) string {
+	if from.Org == "" {
+		return p.m.cfg.Org
+	}
+	return from.Org
+}
+
+// makeTemplateMember makes a member of org's pool of a template: a
+// checkpoint template's sandbox (see createFromTemplate) or a built-in
+// template's, with the daemon's default resources. It is org's: it counts
+// against its pool_members quota and is claimed by its creates alone.
+func (p *PoolCore) makeTemplateMember(ctx context.Context, pool, org, name string) (*store.Sandbox, error) {
 	sb, err := p.m.newRecord(ctx, api.CreateSandbox{Template: name})
 	if err != nil {
 		return nil, err
 	}
-	man, release, err := p.m.tpl.Use(p.m.cfg.Org, name)
+	sb.Org = org
+	man, release, err := p.m.tpl.Use(org, name)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/warmpool"
 )
 
@@ -33,7 +34,7 @@ func newPoolTest(t *testing.T, pc warmpool.Config) *poolTest {
 	t.Helper()
 	e := &poolTest{}
 	e.env = newEnv(t, func(c *sandbox.Config) {
-		pc.DataDir = c.DataDir
+		pc.DataDir, pc.Org = c.DataDir, c.Org
 		c.Pools = func(m *sandbox.Manager) sandbox.Pools {
 			e.pools = warmpool.New(sandbox.NewPoolCore(m), pc, testLogger())
 			return e.pools
@@ -276,5 +277,94 @@ func TestPoolOrgQuota(t *testing.T) {
 	}
 	if !slices.Contains(members, f.ID) || e.record(f.ID).Org != "docs" {
 		t.Errorf("the fork %s (org %s) is not docs' member of %v", f.ID, e.record(f.ID).Org, members)
+	}
+}
+
+// TestTemplatePoolOrgs: each org keeps its own warm pool of a template, a
+// built-in's too: its members are its (counted in its pool_members, and
+// not in another's), a create in it claims its own member alone, and
+// deleting the org with everything in it deletes its members and leaves
+// another org's pool filled.
+func TestTemplatePoolOrgs(t *testing.T) {
+	e, _, _ := poolEnv(t)
+	orgs := sandbox.NewOrgs(e.m)
+	ctxs := map[string]context.Context{}
+	for _, org := range []string{"docs", "ops"} {
+		if _, err := orgs.Create(e.ctx, org); err != nil {
+			t.Fatal(err)
+		}
+		ctxs[org] = auth.WithPrincipal(e.ctx, auth.Principal{Org: org, Key: "key-" + org, Scope: api.ScopeAdmin})
+	}
+	sizes := map[string]int{"docs": 1, "ops": 2}
+	for org, size := range sizes {
+		if p, err := e.pools.SetTemplatePool(ctxs[org], tinyTemplate, size); err != nil || p.Size != size || p.Template != tinyTemplate {
+			t.Fatalf("%s's pool of %s: %+v, %v", org, tinyTemplate, p, err)
+		}
+	}
+	ready := func(ctx context.Context) *api.Pool {
+		t.Helper()
+		p, err := e.pools.TemplatePool(ctx, tinyTemplate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if d, o := ready(ctxs["docs"]), ready(ctxs["ops"]); d.Ready == 1 && o.Ready == 2 && d.Starting+o.Starting == 0 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the orgs' pools: docs %+v, ops %+v; want 1 and 2 ready", d, o)
+		}
+	}
+	if p := ready(e.ctx); p.Size != 0 || p.Ready != 0 {
+		t.Errorf("the daemon's org's pool of %s: %+v, want none (the others' are theirs)", tinyTemplate, p)
+	}
+	members := map[string][]string{}
+	for _, id := range e.rt.IDs() {
+		if sb := e.record(id); sb.Pool != "" {
+			members[sb.Org] = append(members[sb.Org], id)
+		}
+	}
+	for _, org := range []string{"docs", "ops", e.cfg.Org} {
+		o, err := orgs.Get(e.ctx, org)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Use.PoolMembers != sizes[org] || len(members[org]) != sizes[org] {
+			t.Errorf("org %s: %d pool members counted, %d made; want %d", org, o.Use.PoolMembers, len(members[org]), sizes[org])
+		}
+	}
+	w, err := e.m.Create(ctxs["ops"], api.CreateSandbox{Name: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(members["ops"], w.ID) || e.record(w.ID).Org != "ops" {
+		t.Errorf("ops' create %s is not one of its members %v", w.ID, members["ops"])
+	}
+	if p := ready(ctxs["docs"]); p.Claimed != 0 || p.Ready != 1 {
+		t.Errorf("docs' pool after ops' create: %+v, want its member still there", p)
+	}
+
+	operator := auth.WithPrincipal(e.ctx, auth.Principal{Org: e.cfg.Org, Key: api.AdminKeyID, Scope: api.ScopeAdmin, Operator: true})
+	if err := orgs.Delete(operator, "docs", false); err != nil {
+		t.Fatalf("deleting docs, which has only its pool's member: %v", err)
+	}
+	for _, id := range members["docs"] {
+		if _, err := e.st.GetSandbox(e.ctx, "", id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("docs' member %s after docs went: %v, want it deleted", id, err)
+		}
+		if slices.Contains(e.rt.IDs(), id) {
+			t.Errorf("docs' member %s still runs", id)
+		}
+	}
+	if p := ready(ctxs["docs"]); p.Size != 0 {
+		t.Errorf("the deleted org's pool: %+v, want none", p)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if p := ready(ctxs["ops"]); p.Ready == 2 && p.Claimed == 1 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("ops' pool after docs went: %+v, want 2 ready again, 1 claimed", p)
+		}
 	}
 }

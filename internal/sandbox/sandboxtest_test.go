@@ -406,7 +406,7 @@ type noTemplatePools struct{}
 func (noTemplatePools) SetTemplatePool(_ context.Context, name string, size int) (*api.Pool, error) {
 	return &api.Pool{Template: name}, nil
 }
-func (noTemplatePools) DropTemplatePools(context.Context, string) {}
+func (noTemplatePools) DropTemplatePools(context.Context, string, string) {}
 
 func (e *env) create(req api.CreateSandbox) *api.Sandbox {
 	e.t.Helper()

@@ -73,10 +73,10 @@ func (m *Manager) createFromTemplate(ctx context.Context, req api.CreateSandbox,
 		return nil, api.Errorf(api.CodeNotFound, "template %q not found", man.Name)
 	}
 	defer release()
-	if defaultResources(req) && man.Org == m.cfg.Org {
-		// A memory template gives no services (refused above). Pools
-		// are kept of the daemon's own org's templates alone.
-		if v, ok, err := m.pools.Claim(ctx, PoolSource{Template: man.Name}, sb, req.Services); ok {
+	if defaultResources(req) {
+		// A memory template gives no services (refused above). The
+		// pool is the sandbox's org's.
+		if v, ok, err := m.pools.Claim(ctx, PoolSource{Org: m.orgOf(ctx), Template: man.Name}, sb, req.Services); ok {
 			return v, err
 		}
 	}

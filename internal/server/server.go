@@ -408,7 +408,6 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 	// about one sandbox, and making one. Anything else it may change
 	// concerns the whole org.
 	orgWide := !strings.Contains(rt.Pattern, "{sandbox}") && rt.Pattern != "POST /v1/sandboxes"
-	daemonWide := isDaemonWide(rt.Pattern)
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.principal(r)
 		if err != nil {
@@ -428,9 +427,6 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 		defer release()
 		r = r.WithContext(ctx)
 		err = s.allow(p, rt, orgWide)
-		if err == nil && daemonWide && p.Org != s.keys.Admin().Org {
-			err = api.Errorf(api.CodeForbidden, "%s: the warm pools of templates are shared by every org on this daemon, and only its own org (%s) sizes them", rt.Pattern, s.keys.Admin().Org)
-		}
 		if err == nil {
 			conns.KeepAlive(w)
 			err = h(w, r)
@@ -444,16 +440,6 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 			writeError(w, r, s.log, err)
 		}
 	}
-}
-
-// isDaemonWide reports whether a route changes what every org of the
-// daemon shares: the warm pools of templates (the built-ins', which every
-// org makes sandboxes of, and its own org's checkpoint templates'), which
-// only the daemon's own org may size. Checkpoint templates, images and
-// registry credentials are each org's own.
-func isDaemonWide(pattern string) bool {
-	method, path, _ := strings.Cut(pattern, " ")
-	return path == "/v1/templates/{template}/pool" && method != http.MethodGet
 }
 
 // allow refuses a call p may not make: one that needs more than p's scope,

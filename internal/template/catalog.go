@@ -42,8 +42,8 @@ type Core interface {
 type Pools interface {
 	// SetTemplatePool sets the size of template name's pool.
 	SetTemplatePool(ctx context.Context, name string, size int) (*api.Pool, error)
-	// DropTemplatePools drains and removes template name's pool.
-	DropTemplatePools(ctx context.Context, name string)
+	// DropTemplatePools drains and removes org's pool of template name.
+	DropTemplatePools(ctx context.Context, org, name string)
 }
 
 // Images lists the images the daemon pulled, or is pulling (image.Service
@@ -195,9 +195,6 @@ func (c *Catalog) Create(ctx context.Context, req api.CreateTemplate) (*api.Temp
 		return nil, err
 	}
 	org := c.store.orgOf(ctx)
-	if req.Pool > 0 && org != c.store.org {
-		return nil, api.Errorf(api.CodeInvalid, "pool: warm pools are kept for the templates of the daemon's own org (%s) and the built-ins; make sandboxes of this one as they are asked for", c.store.org)
-	}
 	src, release, err := c.core.HoldCheckpoint(ctx, req.From)
 	if err != nil {
 		return nil, err
@@ -311,9 +308,7 @@ func (c *Catalog) Delete(ctx context.Context, name string) error {
 	if exports > 0 {
 		return api.Errorf(api.CodeConflict, "template %s is being exported; try again when the export ends", name)
 	}
-	if org == s.org {
-		c.pools.DropTemplatePools(ctx, name)
-	}
+	c.pools.DropTemplatePools(ctx, org, name)
 	// Gone at once by a rename; the data goes after (or at the next start).
 	dir := s.dirOf(org)
 	gone := filepath.Join(dir, ".del-"+name+"-"+randomHex(6))

@@ -98,17 +98,18 @@ type fakePools struct {
 	dropped []string
 }
 
+// SetTemplatePool records the size of the caller's org's pool, ORG/NAME.
 func (p *fakePools) SetTemplatePool(ctx context.Context, name string, size int) (*api.Pool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.set[name] = size
+	p.set[auth.OrgOr(ctx, "default")+"/"+name] = size
 	return &api.Pool{Size: size}, nil
 }
 
-func (p *fakePools) DropTemplatePools(ctx context.Context, name string) {
+func (p *fakePools) DropTemplatePools(ctx context.Context, org, name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.dropped = append(p.dropped, name)
+	p.dropped = append(p.dropped, org+"/"+name)
 }
 
 // fakeSandboxes are the sandboxes the catalog counts as uses.
@@ -219,7 +220,7 @@ func TestCatalogCreateDelete(t *testing.T) {
 	if e.core.held != 0 {
 		t.Fatalf("%d checkpoints still held", e.core.held)
 	}
-	if e.pools.set["cold"] != 2 {
+	if e.pools.set["default/cold"] != 2 {
 		t.Fatalf("pools set: %v", e.pools.set)
 	}
 	man, err := e.store.Kept("default", "cold")
@@ -269,7 +270,7 @@ func TestCatalogCreateDelete(t *testing.T) {
 	wantCode(t, "delete built-in", e.cat.Delete(ctx, "tiny"), api.CodeForbidden, "built in")
 	e.sbs.sbs = nil
 	must(t, e.cat.Delete(ctx, "cold"))
-	if !slices.Equal(e.pools.dropped, []string{"cold"}) {
+	if !slices.Equal(e.pools.dropped, []string{"default/cold"}) {
 		t.Fatalf("pools dropped: %v", e.pools.dropped)
 	}
 	if snaps, _ := e.pool.Snapshots(ctx); slices.ContainsFunc(snaps, func(s string) bool { return strings.HasPrefix(s, snapPrefix) }) {
@@ -451,11 +452,12 @@ func TestCatalogOrgs(t *testing.T) {
 	from := &api.ForkSource{Sandbox: "box", Checkpoint: "v1"}
 	_, err := e.cat.Create(def, api.CreateTemplate{Name: "cold", From: from})
 	must(t, err)
-	if _, err := e.cat.Create(docs, api.CreateTemplate{Name: "cold", From: from, Pool: 1}); !errors.Is(err, api.ErrInvalid) {
-		t.Fatalf("a pool of another org's template: %v, want invalid", err)
-	}
-	_, err = e.cat.Create(docs, api.CreateTemplate{Name: "cold", From: from})
+	// Each org keeps its own pools of its templates.
+	_, err = e.cat.Create(docs, api.CreateTemplate{Name: "cold", From: from, Pool: 1})
 	must(t, err)
+	if e.pools.set["docs/cold"] != 1 || e.pools.set["default/cold"] != 0 {
+		t.Errorf("pools set: %v, want docs' cold of 1 alone", e.pools.set)
+	}
 	_, err = e.cat.Create(docs, api.CreateTemplate{Name: "docs-only", From: from})
 	must(t, err)
 	kept := func(ctx context.Context) []string {
@@ -490,6 +492,10 @@ func TestCatalogOrgs(t *testing.T) {
 	// A use in docs holds docs' cold, not the default org's.
 	e.sbs.add(&store.Sandbox{Sandbox: api.Sandbox{ID: "sb-d", Name: "user", Template: "cold"}, Org: "docs"})
 	wantCode(t, "deleting docs' cold in use", e.cat.Delete(docs, "cold"), api.CodeConflict, "used by sandbox user")
+	must(t, e.cat.Delete(docs, "docs-only"))
+	if !slices.Equal(e.pools.dropped, []string{"docs/docs-only"}) {
+		t.Errorf("pools dropped by docs' delete: %v, want docs' alone", e.pools.dropped)
+	}
 	for _, tpl := range e.cat.List(def) {
 		if tpl.Name == "cold" && tpl.Uses != 0 {
 			t.Errorf("the default org's cold counts %d uses of docs' sandbox", tpl.Uses)
@@ -498,8 +504,8 @@ func TestCatalogOrgs(t *testing.T) {
 
 	n, size, err := e.store.Usage("docs")
 	must(t, err)
-	if n != 2 || size <= 0 {
-		t.Errorf("docs' usage: %d templates, %d bytes", n, size)
+	if n != 1 || size <= 0 {
+		t.Errorf("docs' usage: %d templates, %d bytes; want its cold", n, size)
 	}
 	owned, err := e.store.Sweep()
 	must(t, err)

@@ -59,10 +59,10 @@ const (
 // find what members are made from, and to make, hand over and delete them.
 type Core interface {
 	// PoolCheckpoint finds the checkpoint the user's references name and
-	// holds it until unlock; PoolTemplate checks that a template may have a
-	// pool.
+	// holds it until unlock; PoolTemplate checks that a template of the
+	// caller's org may have a pool, and names that org's pool of it.
 	PoolCheckpoint(ctx context.Context, ref, cpRef string) (from sandbox.PoolSource, unlock func(), err error)
-	PoolTemplate(ctx context.Context, name string) error
+	PoolTemplate(ctx context.Context, name string) (sandbox.PoolSource, error)
 	// MakePoolMember makes a member of pool from what from names, stored
 	// and running (api.ErrNotFound: from is gone); DeletePoolMember deletes
 	// one.
@@ -88,30 +88,35 @@ type Config struct {
 	// memory; nil reads /proc/meminfo.
 	ReserveMiB   int
 	MemAvailable func() (int64, error)
+	// Org is the daemon's own org (loam serve --org): a template pool kept
+	// before pools were each org's is its.
+	Org string
 }
 
 // config is what is kept of a pool (an entry of pools.json): what its
-// members are made from (sandbox and checkpoint ids, or a template) and how
-// many.
+// members are made from (sandbox and checkpoint ids, or an org's template)
+// and how many.
 type config struct {
 	Sandbox    string `json:"sandbox,omitempty"`
 	Checkpoint string `json:"checkpoint,omitempty"`
+	Org        string `json:"org,omitempty"`
 	Template   string `json:"template,omitempty"`
 	Size       int    `json:"size"`
 }
 
 func configOf(from sandbox.PoolSource, size int) config {
-	return config{Sandbox: from.Sandbox, Checkpoint: from.Checkpoint, Template: from.Template, Size: size}
+	return config{Sandbox: from.Sandbox, Checkpoint: from.Checkpoint, Org: from.Org, Template: from.Template, Size: size}
 }
 
 func (c config) source() sandbox.PoolSource {
-	return sandbox.PoolSource{Sandbox: c.Sandbox, Checkpoint: c.Checkpoint, Template: c.Template}
+	return sandbox.PoolSource{Sandbox: c.Sandbox, Checkpoint: c.Checkpoint, Org: c.Org, Template: c.Template}
 }
 
 // key names a pool: in the pools' map and in its members' records (Pool).
+// Each org has its own pool of a template, built-ins included.
 func (c config) key() string {
 	if c.Template != "" {
-		return "template:" + c.Template
+		return "template:" + c.Org + "/" + c.Template
 	}
 	return "checkpoint:" + c.Sandbox + "/" + c.Checkpoint
 }
@@ -181,6 +186,9 @@ func (ps *Pools) Load() error {
 	}
 	ps.mu.Lock()
 	for _, c := range cfgs {
+		if c.Template != "" && c.Org == "" {
+			c.Org = ps.cfg.Org
+		}
 		if c.Size > 0 {
 			ps.all[c.key()] = &pool{cfg: c}
 		}
@@ -399,12 +407,12 @@ func (ps *Pools) Lost(ctx context.Context, member *store.Sandbox) {
 }
 
 // Forget drains and removes the pools of what gone names: a sandbox's
-// (every checkpoint's of it), a checkpoint's or a template's
-// (sandbox.Pools).
+// (every checkpoint's of it), a checkpoint's, an org's template's, or
+// every template pool of an org (sandbox.Pools).
 func (ps *Pools) Forget(ctx context.Context, gone sandbox.PoolSource) {
 	ps.drop(ctx, func(c config) bool {
-		if gone.Template != "" {
-			return c.Template == gone.Template
+		if gone.Org != "" {
+			return c.Template != "" && c.Org == gone.Org && (gone.Template == "" || c.Template == gone.Template)
 		}
 		return c.Template == "" && c.Sandbox == gone.Sandbox && (gone.Checkpoint == "" || c.Checkpoint == gone.Checkpoint)
 	})
@@ -440,31 +448,34 @@ func (ps *Pools) CheckpointPool(ctx context.Context, ref, cpRef string) (*api.Po
 	return ps.view(configOf(from, 0)), nil
 }
 
-// SetTemplatePool keeps a warm pool of size sandboxes of a template: a
-// built-in one (made with the daemon's default resources) or a checkpoint
-// template. 0 drains it.
+// SetTemplatePool keeps the caller's org's warm pool of size sandboxes of
+// a template: a built-in one (made with the daemon's default resources) or
+// one of the org's checkpoint templates. 0 drains it.
 func (ps *Pools) SetTemplatePool(ctx context.Context, name string, size int) (*api.Pool, error) {
 	if err := api.CheckPoolSize(size); err != nil {
 		return nil, err
 	}
-	if err := ps.core.PoolTemplate(ctx, name); err != nil {
+	from, err := ps.core.PoolTemplate(ctx, name)
+	if err != nil {
 		return nil, err
 	}
-	return ps.set(ctx, config{Template: name, Size: size})
+	return ps.set(ctx, configOf(from, size))
 }
 
-// DropTemplatePools drains and removes template name's pool, as its
-// template is deleted.
-func (ps *Pools) DropTemplatePools(ctx context.Context, name string) {
-	ps.Forget(ctx, sandbox.PoolSource{Template: name})
+// DropTemplatePools drains and removes org's pool of template name, as
+// the template is deleted.
+func (ps *Pools) DropTemplatePools(ctx context.Context, org, name string) {
+	ps.Forget(ctx, sandbox.PoolSource{Org: org, Template: name})
 }
 
-// TemplatePool reports a template's warm pool (size 0 when it has none).
+// TemplatePool reports the caller's org's warm pool of a template (size 0
+// when it has none).
 func (ps *Pools) TemplatePool(ctx context.Context, name string) (*api.Pool, error) {
-	if err := ps.core.PoolTemplate(ctx, name); err != nil {
+	from, err := ps.core.PoolTemplate(ctx, name)
+	if err != nil {
 		return nil, err
 	}
-	return ps.view(config{Template: name}), nil
+	return ps.view(configOf(from, 0)), nil
 }
 
 // set sets a pool's size, stores the sizes, and starts filling it or

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/store"
 )
@@ -60,11 +61,13 @@ func (c *fakeCore) PoolCheckpoint(ctx context.Context, ref, cpRef string) (sandb
 	return from, func() {}, nil
 }
 
-func (c *fakeCore) PoolTemplate(ctx context.Context, name string) error {
+// PoolTemplate names the caller's org's pool of name (the daemon's org,
+// default, for a call without a principal), as the core does.
+func (c *fakeCore) PoolTemplate(ctx context.Context, name string) (sandbox.PoolSource, error) {
 	if name == "nope" {
-		return api.Errorf(api.CodeNotFound, "template %q not found", name)
+		return sandbox.PoolSource{}, api.Errorf(api.CodeNotFound, "template %q not found", name)
 	}
-	return nil
+	return sandbox.PoolSource{Org: auth.OrgOr(ctx, "default"), Template: name}, nil
 }
 
 func (c *fakeCore) MakePoolMember(ctx context.Context, from sandbox.PoolSource, pool string) (*store.Sandbox, error) {
@@ -152,7 +155,7 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) newPools() *Pools {
 	return New(f.core, Config{
-		DataDir: f.dir, ReserveMiB: 1024,
+		DataDir: f.dir, ReserveMiB: 1024, Org: "default",
 		MemAvailable: func() (int64, error) { return f.avail.Load(), nil },
 	}, slog.New(slog.DiscardHandler))
 }
@@ -251,12 +254,30 @@ func TestPoolsFile(t *testing.T) {
 		"size": 3
 	},
 	{
+		"org": "default",
 		"template": "busybox",
 		"size": 2
 	}
 ]`
 	if string(b) != want {
 		t.Errorf("pools.json:\n%s\nwant:\n%s", b, want)
+	}
+
+	// A template pool kept before pools were each org's names no org:
+	// it is the daemon's.
+	old := filepath.Join(t.TempDir(), "pools.json")
+	if err := os.WriteFile(old, []byte(`[{"template": "base", "size": 1}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := New(f.core, Config{DataDir: filepath.Dir(old), Org: "default"}, slog.New(slog.DiscardHandler))
+	if err := before.Load(); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := before.TemplatePool(f.ctx, "base"); err != nil || p.Size != 1 {
+		t.Errorf("an old pool of the daemon's after Load: %+v, %v; want size 1", p, err)
+	}
+	if p, err := before.TemplatePool(auth.WithPrincipal(f.ctx, auth.Principal{Org: "docs"}), "base"); err != nil || p.Size != 0 {
+		t.Errorf("another org's pool of the same template after Load: %+v, %v; want none", p, err)
 	}
 
 	again := f.newPools()
@@ -463,7 +484,7 @@ func TestPoolsForget(t *testing.T) {
 	if n := f.core.members(); n != 1 {
 		t.Errorf("%d members after the forgets, want the template's alone", n)
 	}
-	f.ps.Forget(f.ctx, sandbox.PoolSource{Template: "busybox"})
+	f.ps.Forget(f.ctx, sandbox.PoolSource{Org: "default", Template: "busybox"})
 	if n := f.core.members(); n != 0 {
 		t.Errorf("%d members after the template was forgotten, want none", n)
 	}
@@ -475,7 +496,7 @@ func TestPoolsForget(t *testing.T) {
 	// A source found gone by the filler: the pool is dropped, and says so
 	// no more (its sizes are no longer kept).
 	f.core.mu.Lock()
-	f.core.gone[sandbox.PoolSource{Template: "gone"}] = true
+	f.core.gone[sandbox.PoolSource{Org: "default", Template: "gone"}] = true
 	f.core.mu.Unlock()
 	if _, err := f.ps.SetTemplatePool(f.ctx, "gone", 1); err != nil {
 		t.Fatal(err)
@@ -496,6 +517,48 @@ func TestPoolsForget(t *testing.T) {
 		p, err := f.ps.TemplatePool(f.ctx, "busybox")
 		return err == nil && p.Held == "making a member failed: disk full" && p.Size == 1
 	})
+}
+
+// TestPoolsOrgs: each org keeps its own pool of a template, built-ins
+// included: its members are made for its pool alone, claimed by its creates
+// alone, and a forgotten org's pools go while another's stay.
+func TestPoolsOrgs(t *testing.T) {
+	f := newFixture(t)
+	f.run()
+	docs := auth.WithPrincipal(f.ctx, auth.Principal{Org: "docs"})
+	ops := auth.WithPrincipal(f.ctx, auth.Principal{Org: "ops"})
+	if _, err := f.ps.SetTemplatePool(docs, "busybox", 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ps.SetTemplatePool(ops, "busybox", 1); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "both orgs' pools filled", func() bool {
+		d, _ := f.ps.TemplatePool(docs, "busybox")
+		o, _ := f.ps.TemplatePool(ops, "busybox")
+		return d.Ready == 2 && o.Ready == 1
+	})
+	if p, _ := f.ps.TemplatePool(f.ctx, "busybox"); p.Size != 0 {
+		t.Errorf("the daemon's org's pool of busybox: %+v, want none (the others are theirs)", p)
+	}
+	opsMember := f.ps.members("template:ops/busybox")
+	want := &store.Sandbox{}
+	want.Name = "w"
+	v, ok, err := f.ps.Claim(docs, sandbox.PoolSource{Org: "docs", Template: "busybox"}, want, nil)
+	if err != nil || !ok || slices.Contains(opsMember, v.ID) {
+		t.Fatalf("docs' claim: %+v, %v, %v; want one of docs' members (ops' are %v)", v, ok, err, opsMember)
+	}
+	if v, ok, err := f.ps.Claim(f.ctx, sandbox.PoolSource{Org: "default", Template: "busybox"}, want, nil); ok || v != nil || err != nil {
+		t.Errorf("a claim in an org without a pool: %+v, %v, %v; want the slow way", v, ok, err)
+	}
+	f.ps.Forget(f.ctx, sandbox.PoolSource{Org: "docs"})
+	if p, _ := f.ps.TemplatePool(docs, "busybox"); p.Size != 0 || p.Ready != 0 {
+		t.Errorf("a forgotten org's pool: %+v, want none", p)
+	}
+	if got := f.ps.members("template:ops/busybox"); !slices.Equal(got, opsMember) {
+		t.Errorf("ops' members after docs was forgotten: %v, want %v", got, opsMember)
+	}
+	eventually(t, "docs' members deleted", func() bool { return f.core.members() == 1 })
 }
 
 // TestPoolsLost: a member whose sandbox died leaves its pool, is deleted,

@@ -60,10 +60,12 @@ func (s *Store) CreateOrg(ctx context.Context, org string) error {
 // in one transaction with the call's audit record; store.ErrNotFound if
 // there is no such org. While any sandbox is still its, or (unless
 // secrets is set) any secret, it deletes nothing: a *store.NotEmptyError.
+// Members of its warm pools are no sandboxes of the API: the caller
+// deletes them after.
 func (s *Store) DeleteOrg(ctx context.Context, org string, secrets bool) error {
 	err := s.execTx(ctx, func(tx *sql.Tx) (bool, error) {
 		var in store.NotEmptyError
-		if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM sandboxes WHERE org = ?), (SELECT count(*) FROM secrets WHERE org = ?)`,
+		if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM sandboxes WHERE org = ? AND pool = ''), (SELECT count(*) FROM secrets WHERE org = ?)`,
 			org, org).Scan(&in.Sandboxes, &in.Secrets); err != nil {
 			return false, err
 		}

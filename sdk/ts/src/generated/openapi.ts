@@ -114,9 +114,9 @@ export interface paths {
         };
         /**
          * Read a template's warm pool
-         * @description The pool's size, its members ready and being made, the host memory
-         *     they hold, and how many were claimed. A template without a pool has
-         *     one of size 0.
+         * @description The caller's org's pool of the template: its size, its members
+         *     ready and being made, the host memory they hold, and how many were
+         *     claimed. A template without a pool has one of size 0.
          */
         get: operations["getTemplatePool"];
         /**
@@ -127,8 +127,11 @@ export interface paths {
          *     asks for no other CPUs or memory claims one: it takes the request's
          *     name, labels, env, network, secrets and services and answers without
          *     a boot or restore on its path. Members are not listed as sandboxes;
-         *     they fill only while the host has memory to spare. Deleting the
-         *     template drains the pool. `size` 0 drains it now.
+         *     they fill only while the host has memory to spare. The pool is the
+         *     caller's org's: each org keeps its own of a template, its members
+         *     count in its `pool_members` quota, and only its creates claim them.
+         *     Deleting the template, or the org, drains the pool. `size` 0 drains
+         *     it now.
          */
         put: operations["setTemplatePool"];
         post?: never;
