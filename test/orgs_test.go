@@ -1,8 +1,10 @@
 package test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/image/imagetest"
 	"loam.dev/loam/internal/server"
@@ -38,9 +41,10 @@ func routePath(pattern, sb string) (method, path, body string) {
 // TestOrgs holds orgs to their promises on real sandboxes: the operator
 // makes orgs and their first keys; the same name in two orgs is two
 // sandboxes, each at its own URL; every route about a sandbox, called with
-// another org's key, answers exactly as for a sandbox that does not exist
-// (generated from the route table, so a new route cannot be missed), and
-// changes nothing; the front door does the same; an org with sandboxes is
+// another org's key (as a bearer, and through a console session), answers
+// exactly as for a sandbox that does not exist (generated from the route
+// table, so a new route cannot be missed), as does the in-sandbox API of
+// another org's sandbox, and changes nothing; warm pools are each org's; the front door does the same; an org with sandboxes is
 // deleted only with all=true, and its keys with it.
 func TestOrgs(t *testing.T) {
 	t.Parallel()
@@ -172,20 +176,52 @@ func TestOrgs(t *testing.T) {
 	}
 
 	// The isolation matrix: every route about a sandbox, with org ops's
-	// key, about org docs's sandbox (by name and by id) answers as about
+	// key (as a bearer token, and through a console session it logged in
+	// with), about org docs's sandbox (by name and by id) answers as about
 	// one that does not exist.
 	n := 0
-	for _, rt := range server.RouteTable() {
-		if !strings.Contains(rt.Pattern, "{sandbox}") {
-			continue
+	cookie, csrf := consoleLogin(t, d, keys["ops"])
+	for via, call := range map[string]func(method, path, body string) (int, string){
+		"a key of ops": func(method, path, body string) (int, string) { return d.CurlAs(keys["ops"], method, path, body) },
+		"ops's console session": func(method, path, body string) (int, string) {
+			return consoleCall(t, d, cookie, csrf, method, path, body)
+		},
+	} {
+		for _, rt := range server.RouteTable() {
+			if !strings.Contains(rt.Pattern, "{sandbox}") {
+				continue
+			}
+			for _, ref := range []string{"only", only.ID} {
+				method, path, body := routePath(rt.Pattern, ref)
+				st, gotBody := call(method, path, body)
+				method, path, body = routePath(rt.Pattern, "nosuch")
+				wantSt, wantBody := call(method, path, body)
+				if st != wantSt || strings.ReplaceAll(gotBody, ref, "nosuch") != wantBody {
+					t.Errorf("%s about org docs' %s with %s: %d %s; for no such sandbox: %d %s", rt.Pattern, ref, via, st, gotBody, wantSt, wantBody)
+				}
+				n++
+			}
 		}
+	}
+	// The in-sandbox API of ops's sandbox: its credential reaches its own
+	// sandbox alone, and docs' answers as one that does not exist.
+	for _, args := range [][]string{{"checkpoint", "ls"}, {"checkpoint", "create"}, {"checkpoint", "restore", "-y"}} {
+		inside := func(ref string) string {
+			cmd := append([]string{"loam"}, args...)
+			cmd = append(cmd, ref)
+			if args[1] == "restore" {
+				cmd = append(cmd, "v1")
+			}
+			out, errOut, code, err := ops.Output(ctx, "web", cmd...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fmt.Sprintf("%d %s %s", code, out, errOut)
+		}
+		want := inside("nosuch")
 		for _, ref := range []string{"only", only.ID} {
-			method, path, body := routePath(rt.Pattern, ref)
-			st, gotBody := d.CurlAs(keys["ops"], method, path, body)
-			method, path, body = routePath(rt.Pattern, "nosuch")
-			wantSt, wantBody := d.CurlAs(keys["ops"], method, path, body)
-			if st != wantSt || strings.ReplaceAll(gotBody, ref, "nosuch") != wantBody {
-				t.Errorf("%s about org docs' %s with a key of ops: %d %s; for no such sandbox: %d %s", rt.Pattern, ref, st, gotBody, wantSt, wantBody)
+			if got := inside(ref); strings.ReplaceAll(got, ref, "nosuch") != want || strings.HasPrefix(got, "0 ") {
+				t.Errorf("loam %v %s inside ops's web: %q; for no such sandbox: %q", args, ref, got, want)
 			}
 			n++
 		}
@@ -376,6 +412,50 @@ func TestOrgs(t *testing.T) {
 			t.Errorf("a mount of a deleted org's sandbox is left: %s", m)
 		}
 	}
+}
+
+// consoleLogin logs in to the console with key, as the page does, and
+// returns the session's cookie and CSRF token.
+func consoleLogin(t *testing.T, d *harness.Daemon, key string) (*http.Cookie, string) {
+	t.Helper()
+	res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+key+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var info console.SessionInfo
+	if err := json.NewDecoder(res.Body).Decode(&info); err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("console login: %d %v", res.StatusCode, err)
+	}
+	for _, c := range res.Cookies() {
+		if c.Name == console.CookieName {
+			return c, info.CSRFToken
+		}
+	}
+	t.Fatal("console login set no session cookie")
+	return nil, ""
+}
+
+// consoleCall makes an API call as the console's page does: with the
+// session's cookie and CSRF token, no bearer.
+func consoleCall(t *testing.T, d *harness.Daemon, cookie *http.Cookie, csrf, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, d.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.AddCookie(cookie)
+	req.Header.Set(console.CSRFHeader, csrf)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
 }
 
 // TestOrgImages: images and registry credentials are each org's. An org
