@@ -376,11 +376,7 @@ func (s *Service) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	if s.cfg.Sandboxes != nil {
-		f := store.Filter{Org: org}
-		if org == s.cfg.Org {
-			f.Org = ""
-		}
-		sbs, err := s.cfg.Sandboxes.ListSandboxes(ctx, f)
+		sbs, err := s.cfg.Sandboxes.ListSandboxes(ctx, store.UsersOf(org, s.cfg.Org))
 		if err != nil {
 			return fmt.Errorf("deleting image %s: %w", id, err)
 		}

@@ -127,6 +127,18 @@ type Filter struct {
 	Labels map[string]string
 }
 
+// UsersOf narrows ListSandboxes to the sandboxes that may use a template
+// or an image of org, own being the daemon's org (loam serve --org): the
+// org's own, or, for the daemon's org, every org's, since sandboxes of any
+// org were made of its templates and images before those were each org's,
+// and keep their names for them. A delete checks them for uses.
+func UsersOf(org, own string) Filter {
+	if org == own {
+		return Filter{}
+	}
+	return Filter{Org: org}
+}
+
 // Store is the metadata store. Every method is safe for concurrent use.
 // Where a method takes ref, ref is a sandbox's id or its name.
 type Store interface {

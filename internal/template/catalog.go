@@ -280,13 +280,7 @@ func (c *Catalog) Delete(ctx context.Context, name string) error {
 	if man == nil {
 		return api.Errorf(api.CodeNotFound, "template %q not found", name)
 	}
-	of := store.Filter{Org: org}
-	if org == s.org {
-		// Sandboxes of other orgs made from it before templates were
-		// each org's keep their name for it.
-		of.Org = ""
-	}
-	sbs, err := c.sandboxes.ListSandboxes(ctx, of)
+	sbs, err := c.sandboxes.ListSandboxes(ctx, store.UsersOf(org, s.org))
 	if err != nil {
 		return fmt.Errorf("counting the sandboxes of template %s: %w", name, err)
 	}
