@@ -67,7 +67,8 @@ func newAdmission(m *Manager, st OrgStore) *admission {
 }
 
 // orgOf is the org a call of ctx makes things in: its caller's, or the
-// daemon's own for the daemon's own work (warm pools, recovery).
+// daemon's own for the daemon's own work (recovery; a pool member is given
+// its pool's org).
 func (m *Manager) orgOf(ctx context.Context) string { return auth.OrgOr(ctx, m.cfg.Org) }
 
 // runs reports whether a sandbox in state s counts as running for a quota.

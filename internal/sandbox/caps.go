@@ -80,7 +80,8 @@ type sandboxCount struct {
 // reserveSandbox makes room for one more sandbox under Config.MaxSandboxes,
 // or refuses with api.CodeLimit. The cap counts every sandbox a user has,
 // whatever its state, and the creates in flight; warm pools' members are
-// left out (they are the daemon's, and a pool gives them up when memory
+// left out (the host's cap is for users' sandboxes; a pool's members count
+// in their org's pool_members quota, and a pool gives them up when memory
 // runs short). Sleeping and stopped sandboxes count because waking one must
 // never fail for want of room. The returned func ends the reservation:
 // call it once the new sandbox is stored, or the create failed.
