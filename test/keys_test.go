@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -29,7 +30,7 @@ func makeKey(t *testing.T, d *harness.Daemon, body string) api.Key {
 // TestKeys holds API keys to their promises on real sandboxes: a key
 // limited by labels works on its own sandboxes only; one key serves two
 // clients at once; a read key cannot exec; revoking a key ends its open
-// exec stream within seconds and refuses its next call; an expired key
+// exec and port streams within seconds and refuses its next call; an expired key
 // is refused and its stream ends; each change is in the audit log once,
 // with the key that made it.
 func TestKeys(t *testing.T) {
@@ -91,7 +92,32 @@ func TestKeys(t *testing.T) {
 		t.Errorf("exec with a read key: %v, want forbidden", err)
 	}
 
-	// Revoking ends the open stream and refuses the next call.
+	// Revoking ends the open streams (an exec, a port stream) and refuses
+	// the next call. The port stream's server (nc, its input held open)
+	// never closes it: only the revoke can.
+	if _, _, code, err := admin.Output(ctx, "mine", "sh", "-c", "setsid sh -c 'sleep 600 | nc -l -p 8080' </dev/null >/dev/null 2>&1 &"); err != nil || code != 0 {
+		t.Fatalf("starting nc: %d %v", code, err)
+	}
+	harness.Eventually(t, 30*time.Second, "nc to listen", func() error {
+		ps, err := admin.ListPorts(ctx, "mine")
+		if err != nil || len(ps) != 1 || ps[0].Port != 8080 {
+			return fmt.Errorf("ports %+v, %v", ps, err)
+		}
+		return nil
+	})
+	port, err := agent.DialPort(ctx, "mine", 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer port.Close()
+	if _, err := io.WriteString(port, "hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	portEnded := make(chan error, 1)
+	go func() {
+		_, err := io.ReadAll(port)
+		portEnded <- err
+	}()
 	ended := make(chan error, 1)
 	go func() {
 		_, err := agent.Exec(ctx, "mine", client.ExecOptions{Cmd: []string{"sh", "-c", "touch /tmp/started; exec sleep 600"}})
@@ -103,6 +129,11 @@ func TestKeys(t *testing.T) {
 		}
 		return nil
 	})
+	select {
+	case err := <-portEnded:
+		t.Fatalf("the port stream ended before the revoke: %v", err)
+	default:
+	}
 	if st, out := d.Curl("DELETE", "/v1/keys/"+agentKey.ID, ""); st != http.StatusNoContent {
 		t.Fatalf("revoke: %d %s", st, out)
 	}
@@ -112,6 +143,12 @@ func TestKeys(t *testing.T) {
 		t.Logf("the revoked key's exec stream ended %v after the revoke: %v", time.Since(revoked).Round(time.Millisecond), err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the exec stream of a revoked key is still open 10 s after the revoke")
+	}
+	select {
+	case err := <-portEnded:
+		t.Logf("the revoked key's port stream ended %v after the revoke: %v", time.Since(revoked).Round(time.Millisecond), err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the port stream of a revoked key is still open 10 s after the revoke")
 	}
 	if _, err := agent.GetSandbox(ctx, "mine"); !errors.Is(err, api.ErrUnauthorized) {
 		t.Errorf("a call with a revoked key: %v, want unauthorized", err)
