@@ -109,19 +109,31 @@ func TestShape(t *testing.T) {
 	if total < 10000 || methods["internal/sandbox.Manager"] == 0 {
 		t.Fatalf("read %d lines, %d methods of internal/sandbox.Manager: is the test reading the module?", total, methods["internal/sandbox.Manager"])
 	}
+	var biggest, most string
 	for dir, n := range lines {
 		if share := float64(n) / float64(total); share > maxShare {
 			t.Errorf("%s holds %.1f%% of the module's %d non-test Go lines, more than %.0f%%: move a capability into a package of its own", dir, 100*share, total, 100*maxShare)
 		}
+		if biggest == "" || n > lines[biggest] {
+			biggest = dir
+		}
 	}
+	counts := map[string]int{}
 	for typ, n := range methods {
 		for _, e := range embeds[typ] {
 			n += methods[e]
 		}
+		counts[typ] = n
 		if n > maxMethods && exempt[typ] == "" {
 			t.Errorf("%s has %d methods (counting promoted ones), more than %d: give a job of its own to a type of its own", typ, n, maxMethods)
 		}
+		if exempt[typ] == "" && (most == "" || n > counts[most]) {
+			most = typ
+		}
 	}
+	// The figures the bounds hold, for a change's note (go test -v).
+	t.Logf("largest package %s: %.1f%% of %d non-test Go lines; most methods, of the types not exempt: %s, %d",
+		biggest, 100*float64(lines[biggest])/float64(total), total, most, counts[most])
 }
 
 // typeName names the type of a receiver or an embedded field: T for T, *T,
