@@ -3,39 +3,28 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
-
-const checkpointColumns = `sandbox_id, id, name, comment, memory, auto, created_at,
-	sandbox_name, template, image, resources, agent_token, agent_gen, inside`
 
 // CreateCheckpoint adds cp to the sandbox cp.Sandbox. It fails with
 // store.ErrExists if that sandbox has a checkpoint with cp's id or name, and
 // with store.ErrNotFound if the sandbox does not exist. The record is on
 // disk when it returns.
 func (s *Store) CreateCheckpoint(ctx context.Context, cp *store.Checkpoint) error {
-	created, err := formatTime(cp.CreatedAt)
+	c, err := columns.EncodeCheckpoint(cp)
 	if err != nil {
-		return fmt.Errorf("creating checkpoint %s of sandbox %s: encoding created_at: %w", cp.ID, cp.Sandbox, err)
-	}
-	resources, err := json.Marshal(cp.Resources)
-	if err != nil {
-		return fmt.Errorf("creating checkpoint %s of sandbox %s: encoding resources: %w", cp.ID, cp.Sandbox, err)
-	}
-	var name any // NULL: unnamed checkpoints must not collide on ""
-	if cp.Name != "" {
-		name = cp.Name
+		return fmt.Errorf("creating checkpoint %s of sandbox %s: %w", cp.ID, cp.Sandbox, err)
 	}
 	// dir, a column of schema version 1, is written empty: a checkpoint's
 	// data is found from its ids.
-	_, err = s.exec(ctx, `INSERT INTO checkpoints (`+checkpointColumns+`, dir)
+	_, err = s.exec(ctx, `INSERT INTO checkpoints (`+columns.CheckpointNames+`, dir)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '')`,
-		cp.Sandbox, cp.ID, name, cp.Comment, cp.Memory, cp.Auto, created,
-		cp.SandboxName, cp.Template, cp.Image, string(resources), cp.LegacyAgentToken, cp.AgentGen, cp.Inside)
+		cp.Sandbox, cp.ID, c.Name, cp.Comment, cp.Memory, cp.Auto, c.CreatedAt,
+		cp.SandboxName, cp.Template, cp.Image, c.Resources, cp.LegacyAgentToken, cp.AgentGen, cp.Inside)
 	switch {
 	case isUniqueViolation(err):
 		return fmt.Errorf("creating checkpoint %s named %q of sandbox %s: %w", cp.ID, cp.Name, cp.Sandbox, store.ErrExists)
@@ -51,7 +40,7 @@ func (s *Store) CreateCheckpoint(ctx context.Context, cp *store.Checkpoint) erro
 // checkpoint's id or name; store.ErrNotFound if none. When ref is one
 // checkpoint's id and another's name, the id wins.
 func (s *Store) GetCheckpoint(ctx context.Context, sandboxID, ref string) (*store.Checkpoint, error) {
-	row := s.r.QueryRowContext(ctx, `SELECT `+checkpointColumns+` FROM checkpoints
+	row := s.r.QueryRowContext(ctx, `SELECT `+columns.CheckpointNames+` FROM checkpoints
 		WHERE sandbox_id = :sandbox AND (id = :ref OR name = :ref)
 		ORDER BY id = :ref DESC LIMIT 1`,
 		sql.Named("sandbox", sandboxID), sql.Named("ref", ref))
@@ -86,7 +75,7 @@ func (s *Store) ListCheckpoints(ctx context.Context, sandboxID string) ([]*store
 		return nil, fmt.Errorf("listing checkpoints of sandbox %s: %w", sandboxID, err)
 	}
 
-	rows, err := tx.QueryContext(ctx, `SELECT `+checkpointColumns+` FROM checkpoints
+	rows, err := tx.QueryContext(ctx, `SELECT `+columns.CheckpointNames+` FROM checkpoints
 		WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
 	if err != nil {
 		return nil, fmt.Errorf("listing checkpoints of sandbox %s: %w", sandboxID, err)
@@ -119,24 +108,23 @@ func (s *Store) DeleteCheckpoint(ctx context.Context, sandboxID, id string) erro
 	return nil
 }
 
-// scanCheckpoint reads one row of checkpointColumns into a new record.
+// scanCheckpoint reads one row of columns.CheckpointNames into a new record.
 func scanCheckpoint(row scanner) (*store.Checkpoint, error) {
 	var (
-		cp                 store.Checkpoint
-		name               sql.NullString
-		created, resources string
+		cp   store.Checkpoint
+		c    columns.Checkpoint
+		name sql.NullString
 	)
-	err := row.Scan(&cp.Sandbox, &cp.ID, &name, &cp.Comment, &cp.Memory, &cp.Auto, &created,
-		&cp.SandboxName, &cp.Template, &cp.Image, &resources, &cp.LegacyAgentToken, &cp.AgentGen, &cp.Inside)
+	err := row.Scan(&cp.Sandbox, &cp.ID, &name, &cp.Comment, &cp.Memory, &cp.Auto, &c.CreatedAt,
+		&cp.SandboxName, &cp.Template, &cp.Image, &c.Resources, &cp.LegacyAgentToken, &cp.AgentGen, &cp.Inside)
 	if err != nil {
 		return nil, err
 	}
-	cp.Name = name.String
-	if cp.CreatedAt, err = parseTime(created); err != nil {
-		return nil, fmt.Errorf("decoding created_at of checkpoint %s: %w", cp.ID, err)
+	if name.Valid {
+		c.Name = &name.String
 	}
-	if err := json.Unmarshal([]byte(resources), &cp.Resources); err != nil {
-		return nil, fmt.Errorf("decoding resources of checkpoint %s: %w", cp.ID, err)
+	if err := c.Decode(&cp); err != nil {
+		return nil, err
 	}
 	return &cp, nil
 }

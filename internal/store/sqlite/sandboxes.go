@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,11 +11,8 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
-
-const sandboxColumns = `id, name, state, template, image, resources, env, labels, idle,
-	http_port, url, from_source, created_at, net_index, agent_token,
-	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool, org`
 
 // CreateSandbox adds sb; store.ErrExists if its id is taken, or its name
 // within its org.
@@ -25,7 +21,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
 	}
-	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+columns.SandboxNames+`)
 		VALUES (:id, :name, :state, :template, :image, :resources, :env, :labels, :idle,
 			:http_port, :url, :from_source, :created_at, :net_index, :agent_token,
 			:checkpoint_seq, :auto_seq, :error, :agent_gen, :restore_target, :secrets, :secret_files, :public, :network, :pool, :org)`, args...)
@@ -42,7 +38,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 // none. When ref is one sandbox's id and another's name, the id wins. An
 // org of "" finds one of any org.
 func (s *Store) GetSandbox(ctx context.Context, org, ref string) (*store.Sandbox, error) {
-	row := s.r.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes
+	row := s.r.QueryRowContext(ctx, `SELECT `+columns.SandboxNames+` FROM sandboxes
 		WHERE (id = :ref OR name = :ref) AND (:org = '' OR org = :org)
 		ORDER BY id = :ref DESC LIMIT 1`, sql.Named("ref", ref), sql.Named("org", org))
 	sb, err := scanSandbox(row)
@@ -59,7 +55,7 @@ func (s *Store) GetSandbox(ctx context.Context, org, ref string) (*store.Sandbox
 // first (by creation time, then id).
 func (s *Store) ListSandboxes(ctx context.Context, f store.Filter) ([]*store.Sandbox, error) {
 	var b strings.Builder
-	b.WriteString(`SELECT ` + sandboxColumns + ` FROM sandboxes`)
+	b.WriteString(`SELECT ` + columns.SandboxNames + ` FROM sandboxes`)
 	// json_each compares keys as data, so a key with dots or quotes in it
 	// needs no escaping, unlike a json_extract path.
 	var (
@@ -166,44 +162,12 @@ func (s *Store) UsedNetIndexes(ctx context.Context) ([]int, error) {
 
 // sandboxArgs are sb's columns as named arguments.
 func sandboxArgs(sb *store.Sandbox) ([]any, error) {
-	created, err := formatTime(sb.CreatedAt)
+	c, err := columns.EncodeSandbox(sb)
 	if err != nil {
-		return nil, fmt.Errorf("encoding created_at: %w", err)
-	}
-	resources, err := json.Marshal(sb.Resources)
-	if err != nil {
-		return nil, fmt.Errorf("encoding resources: %w", err)
-	}
-	env, err := marshalMap(sb.Env)
-	if err != nil {
-		return nil, fmt.Errorf("encoding env: %w", err)
-	}
-	labels, err := marshalMap(sb.Labels)
-	if err != nil {
-		return nil, fmt.Errorf("encoding labels: %w", err)
-	}
-	secrets, err := marshalMap(sb.Secrets)
-	if err != nil {
-		return nil, fmt.Errorf("encoding secrets: %w", err)
-	}
-	secretFiles, err := marshalMap(sb.SecretFiles)
-	if err != nil {
-		return nil, fmt.Errorf("encoding secret_files: %w", err)
-	}
-	var from any // NULL for a sandbox that is not a fork
-	if sb.From != nil {
-		b, err := json.Marshal(sb.From)
-		if err != nil {
-			return nil, fmt.Errorf("encoding from: %w", err)
-		}
-		from = string(b)
-	}
-	network, err := json.Marshal(sb.Network)
-	if err != nil {
-		return nil, fmt.Errorf("encoding network: %w", err)
+		return nil, err
 	}
 	return []any{
-		sql.Named("network", string(network)),
+		sql.Named("network", c.Network),
 		sql.Named("pool", sb.Pool),
 		sql.Named("org", sb.Org),
 		sql.Named("id", sb.ID),
@@ -211,14 +175,14 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 		sql.Named("state", string(sb.State)),
 		sql.Named("template", sb.Template),
 		sql.Named("image", sb.Image),
-		sql.Named("resources", string(resources)),
-		sql.Named("env", env),
-		sql.Named("labels", labels),
+		sql.Named("resources", c.Resources),
+		sql.Named("env", c.Env),
+		sql.Named("labels", c.Labels),
 		sql.Named("idle", sb.Idle),
 		sql.Named("http_port", sb.HTTPPort),
 		sql.Named("url", sb.URL),
-		sql.Named("from_source", from),
-		sql.Named("created_at", created),
+		sql.Named("from_source", c.From),
+		sql.Named("created_at", c.CreatedAt),
 		sql.Named("net_index", sb.NetIndex),
 		sql.Named("agent_token", sb.LegacyAgentToken),
 		sql.Named("checkpoint_seq", sb.CheckpointSeq),
@@ -226,91 +190,41 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 		sql.Named("error", sb.Error),
 		sql.Named("agent_gen", sb.AgentGen),
 		sql.Named("restore_target", sb.RestoreTarget),
-		sql.Named("secrets", secrets),
-		sql.Named("secret_files", secretFiles),
+		sql.Named("secrets", c.Secrets),
+		sql.Named("secret_files", c.SecretFiles),
 		sql.Named("public", sb.Public),
 	}, nil
 }
 
-// scanSandbox reads one row of sandboxColumns into a new record.
+// scanSandbox reads one row of columns.SandboxNames into a new record.
 func scanSandbox(row scanner) (*store.Sandbox, error) {
 	var (
-		sb                     store.Sandbox
-		state, created         string
-		resources, env, labels string
-		network                string
-		from                   sql.NullString
-		secrets, secretFiles   string
+		sb    store.Sandbox
+		state string
+		c     columns.Sandbox
+		from  sql.NullString
 	)
-	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &resources, &env, &labels,
-		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &created, &sb.NetIndex, &sb.LegacyAgentToken,
-		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &secrets, &secretFiles, &sb.Public, &network, &sb.Pool, &sb.Org)
+	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &c.Resources, &c.Env, &c.Labels,
+		&sb.Idle, &sb.HTTPPort, &sb.URL, &from, &c.CreatedAt, &sb.NetIndex, &sb.LegacyAgentToken,
+		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &c.Secrets, &c.SecretFiles, &sb.Public, &c.Network, &sb.Pool, &sb.Org)
 	if err != nil {
 		return nil, err
 	}
 	sb.State = api.State(state)
-	if sb.CreatedAt, err = parseTime(created); err != nil {
-		return nil, fmt.Errorf("decoding created_at of sandbox %s: %w", sb.ID, err)
-	}
-	if err := json.Unmarshal([]byte(resources), &sb.Resources); err != nil {
-		return nil, fmt.Errorf("decoding resources of sandbox %s: %w", sb.ID, err)
-	}
-	if sb.Env, err = unmarshalMap(env); err != nil {
-		return nil, fmt.Errorf("decoding env of sandbox %s: %w", sb.ID, err)
-	}
-	if sb.Labels, err = unmarshalMap(labels); err != nil {
-		return nil, fmt.Errorf("decoding labels of sandbox %s: %w", sb.ID, err)
-	}
-	// Empty maps read as nil: the API leaves them out.
-	if sb.Secrets, err = unmarshalRefs(secrets); err != nil {
-		return nil, fmt.Errorf("decoding secrets of sandbox %s: %w", sb.ID, err)
-	}
-	if sb.SecretFiles, err = unmarshalRefs(secretFiles); err != nil {
-		return nil, fmt.Errorf("decoding secret_files of sandbox %s: %w", sb.ID, err)
-	}
-	if err := json.Unmarshal([]byte(network), &sb.Network); err != nil {
-		return nil, fmt.Errorf("decoding network of sandbox %s: %w", sb.ID, err)
-	}
 	if from.Valid {
-		sb.From = new(api.ForkSource)
-		if err := json.Unmarshal([]byte(from.String), sb.From); err != nil {
-			return nil, fmt.Errorf("decoding from of sandbox %s: %w", sb.ID, err)
-		}
+		c.From = &from.String
+	}
+	if err := c.Decode(&sb); err != nil {
+		return nil, err
 	}
 	return &sb, nil
 }
 
-// marshalMap encodes m as a JSON object; nil as {}, so the labels filter
-// and readers of the file see one form for "no entries".
-func marshalMap(m map[string]string) (string, error) {
-	if m == nil {
-		return "{}", nil
-	}
-	b, err := json.Marshal(m)
-	return string(b), err
-}
+// marshalMap and unmarshalMap keep maps as every SQL store does (package
+// columns).
+func marshalMap(m map[string]string) (string, error) { return columns.MarshalMap(m) }
 
-// unmarshalMap decodes a JSON object into a map that is never nil: the API
-// shows {} rather than null.
-func unmarshalMap(s string) (map[string]string, error) {
-	m := map[string]string{}
-	if err := json.Unmarshal([]byte(s), &m); err != nil {
-		return nil, err
-	}
-	if m == nil { // the text was null
-		m = map[string]string{}
-	}
-	return m, nil
-}
-
-// unmarshalRefs decodes a map of secret references; nil when it is empty.
-func unmarshalRefs(s string) (map[string]string, error) {
-	m, err := unmarshalMap(s)
-	if err != nil || len(m) == 0 {
-		return nil, err
-	}
-	return m, nil
-}
+func unmarshalMap(s string) (map[string]string, error) { return columns.UnmarshalMap(s) }
 
 // oneRow turns a statement that touched no row into store.ErrNotFound.
 func oneRow(res sql.Result) error {

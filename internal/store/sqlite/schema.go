@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"loam.dev/loam/internal/store/columns"
 )
 
 // migrations are the schema's steps: migrations[i] brings a database from
@@ -369,22 +371,9 @@ func migrateStep(ctx context.Context, db *sql.DB) (done bool, err error) {
 	return false, nil
 }
 
-// timeLayout stores times in UTC, to the nanosecond, at a fixed width so the
-// text sorts in time order. It covers years 0 to 9999.
-const timeLayout = "2006-01-02T15:04:05.000000000Z"
+// formatTime and parseTime keep times as every SQL store does (package
+// columns: UTC, to the nanosecond, fixed width so the text sorts as the
+// time does).
+func formatTime(t time.Time) (string, error) { return columns.FormatTime(t) }
 
-func formatTime(t time.Time) (string, error) {
-	t = t.UTC()
-	if y := t.Year(); y < 0 || y > 9999 {
-		return "", fmt.Errorf("time %s is outside years 0 to 9999", t)
-	}
-	return t.Format(timeLayout), nil
-}
-
-func parseTime(s string) (time.Time, error) {
-	t, err := time.Parse(timeLayout, s)
-	if err != nil {
-		return time.Time{}, err
-	}
-	return t.UTC(), nil
-}
+func parseTime(s string) (time.Time, error) { return columns.ParseTime(s) }

@@ -1,0 +1,204 @@
+// Package columns is how the SQL stores (store/sqlite, store/postgres)
+// keep a record's structured fields in text columns: times to the
+// nanosecond in a layout that sorts as the time does, maps and structs as
+// JSON. Both stores write and read the same text, so their records round
+// trip alike, and a record moved between them needs no conversion.
+package columns
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+// SandboxNames and CheckpointNames are the columns of the sandboxes and
+// checkpoints tables, in the order the stores read and write them.
+const (
+	SandboxNames = `id, name, state, template, image, resources, env, labels, idle,
+	http_port, url, from_source, created_at, net_index, agent_token,
+	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool, org`
+	CheckpointNames = `sandbox_id, id, name, comment, memory, auto, created_at,
+	sandbox_name, template, image, resources, agent_token, agent_gen, inside`
+)
+
+// timeLayout keeps a time to the nanosecond, in UTC, fixed width, so text
+// order is time order.
+const timeLayout = "2006-01-02T15:04:05.000000000Z"
+
+// FormatTime is t as a column; an error for a year outside 0 to 9999,
+// which the layout cannot hold in order.
+func FormatTime(t time.Time) (string, error) {
+	t = t.UTC()
+	if y := t.Year(); y < 0 || y > 9999 {
+		return "", fmt.Errorf("time %s is outside years 0 to 9999", t)
+	}
+	return t.Format(timeLayout), nil
+}
+
+// ParseTime reads a column FormatTime wrote.
+func ParseTime(s string) (time.Time, error) {
+	t, err := time.Parse(timeLayout, s)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return t.UTC(), nil
+}
+
+// MarshalMap encodes m as a JSON object; nil as {}, so a labels filter and
+// readers of the database see one form for "no entries".
+func MarshalMap(m map[string]string) (string, error) {
+	if m == nil {
+		return "{}", nil
+	}
+	b, err := json.Marshal(m)
+	return string(b), err
+}
+
+// UnmarshalMap decodes a JSON object into a map that is never nil: the API
+// shows {} rather than null.
+func UnmarshalMap(s string) (map[string]string, error) {
+	m := map[string]string{}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, err
+	}
+	if m == nil { // the text was null
+		m = map[string]string{}
+	}
+	return m, nil
+}
+
+// unmarshalRefs decodes a map of secret references; nil when it is empty,
+// as the API leaves them out.
+func unmarshalRefs(s string) (map[string]string, error) {
+	m, err := UnmarshalMap(s)
+	if err != nil || len(m) == 0 {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Sandbox is a sandbox record's fields that are kept as text; the rest
+// are its columns as they are.
+type Sandbox struct {
+	CreatedAt, Resources, Env, Labels, Secrets, SecretFiles, Network string
+	// From is nil (NULL) for a sandbox that is not a fork.
+	From *string
+}
+
+// EncodeSandbox is sb's text fields.
+func EncodeSandbox(sb *store.Sandbox) (Sandbox, error) {
+	var c Sandbox
+	var err error
+	if c.CreatedAt, err = FormatTime(sb.CreatedAt); err != nil {
+		return c, fmt.Errorf("encoding created_at: %w", err)
+	}
+	if c.Resources, err = marshal(sb.Resources); err != nil {
+		return c, fmt.Errorf("encoding resources: %w", err)
+	}
+	if c.Env, err = MarshalMap(sb.Env); err != nil {
+		return c, fmt.Errorf("encoding env: %w", err)
+	}
+	if c.Labels, err = MarshalMap(sb.Labels); err != nil {
+		return c, fmt.Errorf("encoding labels: %w", err)
+	}
+	if c.Secrets, err = MarshalMap(sb.Secrets); err != nil {
+		return c, fmt.Errorf("encoding secrets: %w", err)
+	}
+	if c.SecretFiles, err = MarshalMap(sb.SecretFiles); err != nil {
+		return c, fmt.Errorf("encoding secret_files: %w", err)
+	}
+	if sb.From != nil {
+		from, err := marshal(sb.From)
+		if err != nil {
+			return c, fmt.Errorf("encoding from: %w", err)
+		}
+		c.From = &from
+	}
+	if c.Network, err = marshal(sb.Network); err != nil {
+		return c, fmt.Errorf("encoding network: %w", err)
+	}
+	return c, nil
+}
+
+// Decode sets sb's text fields from c; sb.ID names the record in errors.
+func (c Sandbox) Decode(sb *store.Sandbox) error {
+	var err error
+	if sb.CreatedAt, err = ParseTime(c.CreatedAt); err != nil {
+		return fmt.Errorf("decoding created_at of sandbox %s: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(c.Resources), &sb.Resources); err != nil {
+		return fmt.Errorf("decoding resources of sandbox %s: %w", sb.ID, err)
+	}
+	if sb.Env, err = UnmarshalMap(c.Env); err != nil {
+		return fmt.Errorf("decoding env of sandbox %s: %w", sb.ID, err)
+	}
+	if sb.Labels, err = UnmarshalMap(c.Labels); err != nil {
+		return fmt.Errorf("decoding labels of sandbox %s: %w", sb.ID, err)
+	}
+	if sb.Secrets, err = unmarshalRefs(c.Secrets); err != nil {
+		return fmt.Errorf("decoding secrets of sandbox %s: %w", sb.ID, err)
+	}
+	if sb.SecretFiles, err = unmarshalRefs(c.SecretFiles); err != nil {
+		return fmt.Errorf("decoding secret_files of sandbox %s: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(c.Network), &sb.Network); err != nil {
+		return fmt.Errorf("decoding network of sandbox %s: %w", sb.ID, err)
+	}
+	sb.From = nil
+	if c.From != nil {
+		sb.From = new(api.ForkSource)
+		if err := json.Unmarshal([]byte(*c.From), sb.From); err != nil {
+			return fmt.Errorf("decoding from of sandbox %s: %w", sb.ID, err)
+		}
+	}
+	return nil
+}
+
+// Checkpoint is a checkpoint record's fields that are kept as text.
+type Checkpoint struct {
+	CreatedAt, Resources string
+	// Name is nil (NULL) for an unnamed checkpoint, so that unnamed ones
+	// never collide on "" under UNIQUE (sandbox_id, name).
+	Name *string
+}
+
+// EncodeCheckpoint is cp's text fields.
+func EncodeCheckpoint(cp *store.Checkpoint) (Checkpoint, error) {
+	var c Checkpoint
+	var err error
+	if c.CreatedAt, err = FormatTime(cp.CreatedAt); err != nil {
+		return c, fmt.Errorf("encoding created_at: %w", err)
+	}
+	if c.Resources, err = marshal(cp.Resources); err != nil {
+		return c, fmt.Errorf("encoding resources: %w", err)
+	}
+	if cp.Name != "" {
+		name := cp.Name
+		c.Name = &name
+	}
+	return c, nil
+}
+
+// Decode sets cp's text fields from c; cp.ID names the record in errors.
+func (c Checkpoint) Decode(cp *store.Checkpoint) error {
+	var err error
+	cp.Name = ""
+	if c.Name != nil {
+		cp.Name = *c.Name
+	}
+	if cp.CreatedAt, err = ParseTime(c.CreatedAt); err != nil {
+		return fmt.Errorf("decoding created_at of checkpoint %s: %w", cp.ID, err)
+	}
+	if err := json.Unmarshal([]byte(c.Resources), &cp.Resources); err != nil {
+		return fmt.Errorf("decoding resources of checkpoint %s: %w", cp.ID, err)
+	}
+	return nil
+}
+
+func marshal(v any) (string, error) {
+	b, err := json.Marshal(v)
+	return string(b), err
+}
