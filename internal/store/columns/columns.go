@@ -198,6 +198,34 @@ func (c Checkpoint) Decode(cp *store.Checkpoint) error {
 	return nil
 }
 
+// Image is an image record's fields that are kept as text.
+type Image struct{ Config, CreatedAt string }
+
+// EncodeImage is im's text fields.
+func EncodeImage(im *store.Image) (Image, error) {
+	var c Image
+	var err error
+	if c.CreatedAt, err = FormatTime(im.CreatedAt); err != nil {
+		return c, fmt.Errorf("encoding created_at: %w", err)
+	}
+	if c.Config, err = marshal(im.Config); err != nil {
+		return c, fmt.Errorf("encoding config: %w", err)
+	}
+	return c, nil
+}
+
+// Decode sets im's text fields from c; im.ID names the record in errors.
+func (c Image) Decode(im *store.Image) error {
+	if err := json.Unmarshal([]byte(c.Config), &im.Config); err != nil {
+		return fmt.Errorf("decoding config of image %s: %w", im.ID, err)
+	}
+	var err error
+	if im.CreatedAt, err = ParseTime(c.CreatedAt); err != nil {
+		return fmt.Errorf("decoding created_at of image %s: %w", im.ID, err)
+	}
+	return nil
+}
+
 func marshal(v any) (string, error) {
 	b, err := json.Marshal(v)
 	return string(b), err

@@ -76,17 +76,9 @@ func (s *Store) ListCheckpoints(ctx context.Context, sandboxID string) ([]*store
 	if err != nil {
 		return nil, fmt.Errorf("listing checkpoints of sandbox %s: %w", sandboxID, unavailable(err))
 	}
-	defer rows.Close()
-	list := []*store.Checkpoint{}
-	for rows.Next() {
-		cp, err := scanCheckpoint(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing checkpoints of sandbox %s: %w", sandboxID, err)
-		}
-		list = append(list, cp)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("listing checkpoints of sandbox %s: %w", sandboxID, unavailable(err))
+	list, err := collect(rows, scanCheckpoint)
+	if err != nil {
+		return nil, fmt.Errorf("listing checkpoints of sandbox %s: %w", sandboxID, err)
 	}
 	return list, nil
 }

@@ -196,6 +196,19 @@ func serverGoingAway(code string) bool {
 	return len(code) == 5 && (code[:3] == "57P" || code[:2] == "08")
 }
 
+// collect reads every row of rows with scan, closing rows; an empty list
+// is empty, never nil, as the API shows [].
+func collect[T any](rows pgx.Rows, scan func(pgx.Row) (*T, error)) ([]*T, error) {
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*T, error) { return scan(r) })
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	if list == nil {
+		list = []*T{}
+	}
+	return list, nil
+}
+
 // oneRow turns a statement that touched no row into store.ErrNotFound.
 func oneRow(tag pgconn.CommandTag) error {
 	if tag.RowsAffected() == 0 {

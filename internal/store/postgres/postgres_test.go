@@ -44,6 +44,11 @@ func TestStore(t *testing.T) {
 		}))
 }
 
+// TestImages: the image records' suite package sqlite passes.
+func TestImages(t *testing.T) {
+	storetest.RunImages(t, func(t *testing.T) store.Store { return openNew(t) })
+}
+
 // TestMigrateAtOnce: daemons starting at once against one new database
 // migrate it once: every Open succeeds and the schema's versions are
 // recorded once each.

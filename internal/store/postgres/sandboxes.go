@@ -64,17 +64,9 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.Filter) ([]*store.San
 	if err != nil {
 		return nil, fmt.Errorf("listing sandboxes: %w", unavailable(err))
 	}
-	defer rows.Close()
-	list := []*store.Sandbox{}
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			return nil, fmt.Errorf("listing sandboxes: %w", err)
-		}
-		list = append(list, sb)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("listing sandboxes: %w", unavailable(err))
+	list, err := collect(rows, scanSandbox)
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
 	}
 	return list, nil
 }

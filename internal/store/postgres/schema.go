@@ -80,6 +80,22 @@ CREATE TABLE audit (
 );
 CREATE INDEX audit_by_time ON audit (time);
 CREATE INDEX audit_by_org ON audit (org, seq);
+
+CREATE TABLE images (
+	org          TEXT    NOT NULL,
+	id           TEXT    NOT NULL,
+	ref          TEXT    NOT NULL,
+	digest       TEXT    NOT NULL,
+	state        TEXT    NOT NULL,
+	error        TEXT    NOT NULL,
+	size         BIGINT  NOT NULL,
+	config       TEXT    NOT NULL,
+	template     TEXT    NOT NULL,
+	user_missing BOOLEAN NOT NULL,
+	created_at   TEXT    NOT NULL,
+	PRIMARY KEY (org, id),
+	UNIQUE (org, ref)
+);
 `,
 }
 

@@ -3,22 +3,18 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
 
 // PutImage stores an image record, replacing the one of its org with its
 // id. Another record of the org with its ref is store.ErrExists.
 func (s *Store) PutImage(ctx context.Context, im *store.Image) error {
-	created, err := formatTime(im.CreatedAt)
-	if err != nil {
-		return fmt.Errorf("storing image %s: %w", im.ID, err)
-	}
-	config, err := json.Marshal(im.Config)
+	c, err := columns.EncodeImage(im)
 	if err != nil {
 		return fmt.Errorf("storing image %s: %w", im.ID, err)
 	}
@@ -27,7 +23,7 @@ func (s *Store) PutImage(ctx context.Context, im *store.Image) error {
 		ON CONFLICT (org, id) DO UPDATE SET ref = excluded.ref, digest = excluded.digest, state = excluded.state,
 			error = excluded.error, size = excluded.size, config = excluded.config, template = excluded.template,
 			user_missing = excluded.user_missing`,
-		im.Org, im.ID, im.Ref, im.Digest, string(im.State), im.Error, im.Size, string(config), im.Template, im.UserMissing, created)
+		im.Org, im.ID, im.Ref, im.Digest, string(im.State), im.Error, im.Size, c.Config, im.Template, im.UserMissing, c.CreatedAt)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("storing image %s: ref %s: %w", im.ID, im.Ref, store.ErrExists)
 	}
@@ -86,20 +82,16 @@ func (s *Store) DeleteImage(ctx context.Context, org, id string) error {
 
 func scanImage(row scanner) (*store.Image, error) {
 	var (
-		im            store.Image
-		state, config string
-		created       string
+		im    store.Image
+		state string
+		c     columns.Image
 	)
-	if err := row.Scan(&im.Org, &im.ID, &im.Ref, &im.Digest, &state, &im.Error, &im.Size, &config, &im.Template, &im.UserMissing, &created); err != nil {
+	if err := row.Scan(&im.Org, &im.ID, &im.Ref, &im.Digest, &state, &im.Error, &im.Size, &c.Config, &im.Template, &im.UserMissing, &c.CreatedAt); err != nil {
 		return nil, err
 	}
 	im.State = api.ImageState(state)
-	if err := json.Unmarshal([]byte(config), &im.Config); err != nil {
-		return nil, fmt.Errorf("decoding config of image %s: %w", im.ID, err)
-	}
-	var err error
-	if im.CreatedAt, err = parseTime(created); err != nil {
-		return nil, fmt.Errorf("decoding created_at of image %s: %w", im.ID, err)
+	if err := c.Decode(&im); err != nil {
+		return nil, err
 	}
 	return &im, nil
 }
