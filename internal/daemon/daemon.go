@@ -41,7 +41,6 @@ import (
 	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/server"
 	"loam.dev/loam/internal/sleep"
-	"loam.dev/loam/internal/store/sqlite"
 	"loam.dev/loam/internal/template"
 	"loam.dev/loam/internal/tlsconfig"
 	"loam.dev/loam/internal/warmpool"
@@ -163,7 +162,7 @@ type parts struct {
 	tls        *tls.Config // nil: plain http
 	secret     []byte      // the daemon's own key (sandboxes' tokens)
 	runsc      string
-	store      *sqlite.Store
+	store      Records
 	secrets    *secret.Sealed
 	pool       disk.Pool
 	rt         *gvisor.Runtime
@@ -321,9 +320,9 @@ func (d *Daemon) findBinaries(_ context.Context, p *parts) error {
 
 // openStorage opens the store, the sealed secrets and the disk pool.
 func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
-	st, err := sqlite.Open(ctx, filepath.Join(d.cfg.DataDir, storeFile))
+	st, err := d.openRecords(ctx)
 	if err != nil {
-		return fmt.Errorf("opening store: %w", err)
+		return err
 	}
 	p.store = st
 	d.closers = append(d.closers, st.Close)

@@ -120,6 +120,16 @@ type ConsoleSession struct {
 	Org, APIKey string
 }
 
+// Sealed is a table of sealed values by org and name (internal/secret
+// seals and opens them): the secrets', or the registry credentials', which
+// are kept apart so that they stay out of the secrets' listing.
+type Sealed interface {
+	PutSecret(ctx context.Context, sec *Secret) error
+	GetSecret(ctx context.Context, org, name string) (*Secret, error)
+	ListSecrets(ctx context.Context, org string) ([]*Secret, error)
+	DeleteSecret(ctx context.Context, org, name string) error
+}
+
 // Filter narrows ListSandboxes. Every label given must match.
 type Filter struct {
 	// Org, when set, keeps only the sandboxes of that org.

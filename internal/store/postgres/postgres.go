@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -33,6 +34,11 @@ import (
 // fresh copies the caller may change.
 type Store struct {
 	pool *pgxpool.Pool
+
+	mu sync.Mutex
+	// held, when set, is the connection whose session holds the database
+	// for this daemon (see Hold).
+	held *pgx.Conn
 }
 
 var _ store.Store = (*Store)(nil)
@@ -68,10 +74,19 @@ func where(cfg *pgxpool.Config) string {
 	return fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
 }
 
-// Close closes the pool's connections.
+// Close closes the pool's connections and lets go of the database (see
+// Hold).
 func (s *Store) Close() error {
+	s.mu.Lock()
+	held := s.held
+	s.held = nil
+	s.mu.Unlock()
+	var err error
+	if held != nil {
+		err = held.Close(context.Background())
+	}
 	s.pool.Close()
-	return nil
+	return err
 }
 
 // querier is what a statement runs on: the pool or a transaction.

@@ -1,0 +1,44 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// holdLock is the advisory lock a daemon holds on its database for as long
+// as it runs ("loamd" in ASCII, beside migrateLock).
+const holdLock = 0x6c6f616d64
+
+// ErrHeld is Hold's error when another daemon holds the database.
+var ErrHeld = errors.New("another loam daemon holds this database")
+
+// Hold makes s the database's only daemon until Close: until nodes share
+// one database (each acting on its own sandboxes alone), a second daemon
+// on it would take the first's sandboxes for its own, and its recovery
+// would delete those its host does not run. It takes a session advisory
+// lock on a connection of its own, outside the pool, which Close ends;
+// ErrHeld if another daemon has it. A lost connection loses the lock with
+// it (PostgreSQL ends the session): the daemon does not notice until its
+// next start.
+func (s *Store) Hold(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("holding the database: %w", unavailable(err))
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, holdLock).Scan(&got); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return fmt.Errorf("holding the database: %w", unavailable(err))
+	}
+	if !got {
+		conn.Close(context.WithoutCancel(ctx))
+		return fmt.Errorf("holding the database: %w (stop it, or give this one a database of its own)", ErrHeld)
+	}
+	s.mu.Lock()
+	s.held = conn
+	s.mu.Unlock()
+	return nil
+}
