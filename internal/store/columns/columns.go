@@ -2,12 +2,14 @@
 // keep a record's structured fields in text columns: times to the
 // nanosecond in a layout that sorts as the time does, maps and structs as
 // JSON. Both stores write and read the same text, so their records round
-// trip alike, and a record moved between them needs no conversion.
+// trip alike, and a record moved between them needs no conversion. The
+// audit log's query is here too (AuditQuery), so both page it alike.
 package columns
 
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"loam.dev/loam/api"
@@ -22,6 +24,11 @@ const (
 	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool, org`
 	CheckpointNames = `sandbox_id, id, name, comment, memory, auto, created_at,
 	sandbox_name, template, image, resources, agent_token, agent_gen, inside`
+	// SecretNames are those of the tables of sealed values: secrets and
+	// registry_credentials, which have one shape.
+	SecretNames         = `org, name, sealed, created_at, updated_at`
+	AuditNames          = `seq, time, org, key, action, target, outcome, client`
+	ConsoleSessionNames = `key, csrf_token, expires_at, org, api_key`
 )
 
 // timeLayout keeps a time to the nanosecond, in UTC, fixed width, so text
@@ -224,6 +231,77 @@ func (c Image) Decode(im *store.Image) error {
 		return fmt.Errorf("decoding created_at of image %s: %w", im.ID, err)
 	}
 	return nil
+}
+
+// Secret is a sealed record's fields that are kept as text: its times.
+type Secret struct{ CreatedAt, UpdatedAt string }
+
+// EncodeSecret is sec's text fields. Its error is FormatTime's as it is,
+// which the stores wrap with the secret's name.
+func EncodeSecret(sec *store.Secret) (Secret, error) {
+	var c Secret
+	var err error
+	if c.CreatedAt, err = FormatTime(sec.CreatedAt); err != nil {
+		return c, err
+	}
+	if c.UpdatedAt, err = FormatTime(sec.UpdatedAt); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// Decode sets sec's times from c; sec.Name names the record in errors.
+func (c Secret) Decode(sec *store.Secret) error {
+	var err error
+	if sec.CreatedAt, err = ParseTime(c.CreatedAt); err != nil {
+		return fmt.Errorf("decoding created_at of secret %s: %w", sec.Name, err)
+	}
+	if sec.UpdatedAt, err = ParseTime(c.UpdatedAt); err != nil {
+		return fmt.Errorf("decoding updated_at of secret %s: %w", sec.Name, err)
+	}
+	return nil
+}
+
+// AuditQuery is the query of the audit records f selects, oldest first,
+// and its arguments; param(i) is the store's placeholder for the i-th
+// argument, from 1 ("?" in SQLite, "$i" in PostgreSQL). Both stores run
+// this one text, so they filter, order and page alike: by seq, the order
+// the records were written, which since_seq pages on. Only the conditions
+// f asks for are in it, so the planner sees plain ones it can serve from
+// an index (audit_by_org, audit_by_time), not ones that test whether an
+// argument was given.
+func AuditQuery(f store.AuditFilter, param func(i int) string) (string, []any, error) {
+	var where []string
+	var args []any
+	add := func(cond string, arg any) {
+		args = append(args, arg)
+		where = append(where, cond+" "+param(len(args)))
+	}
+	if f.Org != "" {
+		add("org =", f.Org)
+	}
+	if f.SinceSeq > 0 {
+		add("seq >", f.SinceSeq)
+	}
+	if !f.Since.IsZero() {
+		at, err := FormatTime(f.Since)
+		if err != nil {
+			return "", nil, err
+		}
+		add("time >=", at)
+	}
+	if f.Action != "" {
+		add("action =", f.Action)
+	}
+	q := `SELECT ` + AuditNames + ` FROM audit`
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY seq"
+	if f.Limit > 0 {
+		q += fmt.Sprintf(" LIMIT %d", f.Limit)
+	}
+	return q, args, nil
 }
 
 func marshal(v any) (string, error) {

@@ -143,10 +143,25 @@ func (s *Store) execTx(ctx context.Context, change func(tx pgx.Tx) (changed bool
 	return unavailable(err)
 }
 
+// auditLock is the advisory lock an audit record's transaction holds
+// from taking its seq to its commit. ("audit" in ASCII.)
+const auditLock = 0x6175646974
+
 // insertAudit writes ev in tx and returns its sequence number.
+//
+// It first takes auditLock, which tx holds until it ends, so records
+// commit in the order of their seqs, as SQLite's single writer commits
+// them. Without it, of two transactions the one with the later seq may
+// commit first: a reader paging with since_seq that saw it would never
+// see the other, a record missing from the log it read. The record is a
+// transaction's last statement: the holder has only its commit left, so
+// the wait is short and cannot deadlock.
 func insertAudit(ctx context.Context, tx pgx.Tx, ev api.AuditEvent) (int64, error) {
 	at, err := columns.FormatTime(ev.Time)
 	if err != nil {
+		return 0, fmt.Errorf("writing audit record: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, auditLock); err != nil {
 		return 0, fmt.Errorf("writing audit record: %w", err)
 	}
 	var seq int64

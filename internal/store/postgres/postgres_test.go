@@ -3,10 +3,15 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
@@ -30,23 +35,46 @@ func openNew(t *testing.T) *Store {
 	return s
 }
 
+func newStore(t *testing.T) store.Store { return openNew(t) }
+
+// reopen opens the database of old, which is closed, again.
+func reopen(t *testing.T, old store.Store) store.Store {
+	u, _ := urls.Load(old.(*Store))
+	s, err := Open(t.Context(), u.(string))
+	if err != nil {
+		t.Fatalf("reopening: %v", err)
+	}
+	return s
+}
+
 // TestStore: the store suite package sqlite passes, on a real PostgreSQL.
 func TestStore(t *testing.T) {
-	storetest.Run(t,
-		func(t *testing.T) store.Store { return openNew(t) },
-		storetest.WithReopen(func(t *testing.T, old store.Store) store.Store {
-			url, _ := urls.Load(old.(*Store))
-			s, err := Open(t.Context(), url.(string))
-			if err != nil {
-				t.Fatalf("reopening: %v", err)
-			}
-			return s
-		}))
+	storetest.Run(t, newStore, storetest.WithReopen(reopen))
 }
 
 // TestImages: the image records' suite package sqlite passes.
 func TestImages(t *testing.T) {
-	storetest.RunImages(t, func(t *testing.T) store.Store { return openNew(t) })
+	storetest.RunImages(t, newStore)
+}
+
+// credentials is the registry credentials' table of st.
+func credentials(st store.Store) storetest.Secrets { return st.(*Store).RegistryCredentials() }
+
+// TestSecrets: the suite of secrets and registry credentials package
+// sqlite passes.
+func TestSecrets(t *testing.T) {
+	storetest.RunSecrets(t, newStore, credentials)
+}
+
+// TestAudit: the audit log's suite package sqlite passes.
+func TestAudit(t *testing.T) {
+	storetest.RunAudit(t, newStore)
+}
+
+// TestConsoleSessions: the console sessions' suite package sqlite
+// passes, across a reopen.
+func TestConsoleSessions(t *testing.T) {
+	storetest.RunConsoleSessions(t, newStore, storetest.WithReopen(reopen))
 }
 
 // TestMigrateAtOnce: daemons starting at once against one new database
@@ -133,7 +161,16 @@ func TestUnavailable(t *testing.T) {
 	sb2 := *sb
 	sb2.ID, sb2.Name = "sb-2", "two"
 	createErr := s.CreateSandbox(ctx, &sb2)
-	for what, err := range map[string]error{"get": getErr, "create": createErr} {
+	errs := map[string]error{"get": getErr, "create": createErr}
+	_, errs["secret get"] = s.GetSecret(ctx, "default", "tok")
+	_, errs["credentials list"] = s.RegistryCredentials().ListSecrets(ctx, "default")
+	errs["secret put"] = s.PutSecret(ctx, &store.Secret{Org: "default", Name: "tok", Sealed: []byte{1}, CreatedAt: store.Now(), UpdatedAt: store.Now()})
+	_, errs["audit list"] = s.ListAudit(ctx, store.AuditFilter{})
+	errs["audit append"] = s.AppendAudit(ctx, api.AuditEvent{Time: store.Now(), Org: "default", Action: "sandbox.exec"})
+	errs["audit outcome"] = s.SetAuditOutcome(ctx, 1, "internal")
+	_, errs["audit prune"] = s.PruneAudit(ctx, store.Now())
+	_, errs["console list"] = s.ListConsoleSessions(ctx, store.Now())
+	for what, err := range errs {
 		if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "the database is not reachable") {
 			t.Errorf("a %s with the database away: %v, want unavailable", what, err)
 		}
@@ -197,5 +234,107 @@ func TestAuditWithTheChange(t *testing.T) {
 	}
 	if n := count(); n != 1 {
 		t.Errorf("%d records after a create that failed, want still 1", n)
+	}
+}
+
+// icuStores returns a newStore whose stores are each on a new database
+// whose collation is ICU's en-US, not the byte order of the test server's
+// C.UTF-8: in en-US "a" sorts before "B", and "_" before "-" (ASCII has
+// them the other way). The databases are made and dropped from one of
+// pgtest's, which t keeps until its end.
+func icuStores(t *testing.T) func(t *testing.T) store.Store {
+	u, err := url.Parse(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, prefix := u.String(), strings.TrimPrefix(u.Path, "/")
+	// admin runs sql on the base database; CREATE and DROP DATABASE run
+	// outside a transaction, as a statement of its own.
+	admin := func(ctx context.Context, sql string) error {
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.WithoutCancel(ctx))
+		_, err = c.Exec(ctx, sql)
+		return err
+	}
+	var n int
+	return func(t *testing.T) store.Store {
+		t.Helper()
+		ctx := t.Context()
+		n++
+		name := fmt.Sprintf("%s_icu%d", prefix, n)
+		if err := admin(ctx, `CREATE DATABASE `+name+` TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'`); err != nil {
+			t.Fatalf("making a database of ICU's en-US: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := admin(context.Background(), `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`); err != nil {
+				t.Errorf("dropping %s: %v", name, err)
+			}
+		})
+		dbURL := *u
+		dbURL.Path = "/" + name
+		s, err := Open(ctx, dbURL.String())
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		// Else the tests on it would prove nothing.
+		var bytewise bool
+		if err := s.pool.QueryRow(ctx, `SELECT 'B' < 'a' AND '-' < '_'`).Scan(&bytewise); err != nil || bytewise {
+			s.Close()
+			t.Fatalf("the en-US database compares as bytes do (%v, %v)", bytewise, err)
+		}
+		return s
+	}
+}
+
+// TestCollation: the lists of secrets and console sessions come in
+// SQLite's order (the bytes of their names and keys) whatever the
+// database's own collation; the audit log's filters on times hold too.
+func TestCollation(t *testing.T) {
+	newStore := icuStores(t)
+	t.Run("Secrets", func(t *testing.T) { storetest.RunSecrets(t, newStore, credentials) })
+	t.Run("Audit", func(t *testing.T) { storetest.RunAudit(t, newStore) })
+	t.Run("ConsoleSessions", func(t *testing.T) { storetest.RunConsoleSessions(t, newStore) })
+}
+
+// TestAuditCommitOrder: audit records commit in the order of their seqs,
+// as SQLite's do. While a transaction holds a record not yet committed, a
+// later record waits for it; were it committed first, a reader paging
+// with since_seq past its seq would never see the earlier one.
+func TestAuditCommitOrder(t *testing.T) {
+	s := openNew(t)
+	ctx := t.Context()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	first, err := insertAudit(ctx, tx, api.AuditEvent{Time: store.Now(), Org: "default", Action: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- s.AppendAudit(ctx, api.AuditEvent{Time: store.Now(), Org: "default", Action: "second"})
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("a record committed (%v) while one before it had not", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if list, err := s.ListAudit(ctx, store.AuditFilter{}); err != nil || len(list) != 0 {
+		t.Errorf("the log while its first record is not committed: %+v, %v; want none", list, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the second record: %v", err)
+	}
+	list, err := s.ListAudit(ctx, store.AuditFilter{})
+	if err != nil || len(list) != 2 || list[0].Seq != first || list[0].Action != "first" || list[1].Seq <= first {
+		t.Errorf("the log: %+v, %v; want first (seq %d), then second", list, err, first)
 	}
 }

@@ -96,6 +96,33 @@ CREATE TABLE images (
 	PRIMARY KEY (org, id),
 	UNIQUE (org, ref)
 );
+
+-- web console sessions, by the sha256 of their cookie
+CREATE TABLE console_sessions (
+	key        TEXT NOT NULL PRIMARY KEY,
+	csrf_token TEXT NOT NULL,
+	expires_at TEXT NOT NULL,
+	org        TEXT NOT NULL,
+	api_key    TEXT NOT NULL
+);
+
+-- secrets and registry credentials (sealed by internal/secret)
+CREATE TABLE secrets (
+	org        TEXT  NOT NULL,
+	name       TEXT  NOT NULL,
+	sealed     BYTEA NOT NULL,
+	created_at TEXT  NOT NULL,
+	updated_at TEXT  NOT NULL,
+	PRIMARY KEY (org, name)
+);
+CREATE TABLE registry_credentials (
+	org        TEXT  NOT NULL,
+	name       TEXT  NOT NULL,
+	sealed     BYTEA NOT NULL,
+	created_at TEXT  NOT NULL,
+	updated_at TEXT  NOT NULL,
+	PRIMARY KEY (org, name)
+);
 `,
 }
 

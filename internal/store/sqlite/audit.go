@@ -4,11 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
 	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
 
 // insertAudit writes ev in tx; its seq.
@@ -53,35 +53,9 @@ func (s *Store) SetAuditOutcome(ctx context.Context, seq int64, outcome string) 
 
 // ListAudit lists the records f selects, oldest first.
 func (s *Store) ListAudit(ctx context.Context, f store.AuditFilter) ([]api.AuditEvent, error) {
-	var where []string
-	var args []any
-	if f.Org != "" {
-		where = append(where, "org = ?")
-		args = append(args, f.Org)
-	}
-	if f.SinceSeq > 0 {
-		where = append(where, "seq > ?")
-		args = append(args, f.SinceSeq)
-	}
-	if !f.Since.IsZero() {
-		at, err := formatTime(f.Since)
-		if err != nil {
-			return nil, fmt.Errorf("listing audit records: %w", err)
-		}
-		where = append(where, "time >= ?")
-		args = append(args, at)
-	}
-	if f.Action != "" {
-		where = append(where, "action = ?")
-		args = append(args, f.Action)
-	}
-	q := `SELECT seq, time, org, key, action, target, outcome, client FROM audit`
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
-	}
-	q += " ORDER BY seq"
-	if f.Limit > 0 {
-		q += fmt.Sprintf(" LIMIT %d", f.Limit)
+	q, args, err := columns.AuditQuery(f, func(int) string { return "?" })
+	if err != nil {
+		return nil, fmt.Errorf("listing audit records: %w", err)
 	}
 	rows, err := s.r.QueryContext(ctx, q, args...)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
 
 // PutConsoleSession stores a console session, replacing one with its key.
@@ -15,7 +16,7 @@ func (s *Store) PutConsoleSession(ctx context.Context, cs *store.ConsoleSession)
 	if err != nil {
 		return fmt.Errorf("storing a console session: %w", err)
 	}
-	_, err = s.exec(ctx, `INSERT INTO console_sessions (key, csrf_token, expires_at, org, api_key) VALUES (?, ?, ?, ?, ?)
+	_, err = s.exec(ctx, `INSERT INTO console_sessions (`+columns.ConsoleSessionNames+`) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (key) DO UPDATE SET csrf_token = excluded.csrf_token, expires_at = excluded.expires_at,
 			org = excluded.org, api_key = excluded.api_key`,
 		cs.Key, cs.CSRFToken, expires, cs.Org, cs.APIKey)
@@ -32,7 +33,7 @@ func (s *Store) ListConsoleSessions(ctx context.Context, now time.Time) ([]*stor
 	if err != nil {
 		return nil, fmt.Errorf("listing console sessions: %w", err)
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT key, csrf_token, expires_at, org, api_key FROM console_sessions
+	rows, err := s.r.QueryContext(ctx, `SELECT `+columns.ConsoleSessionNames+` FROM console_sessions
 		WHERE expires_at > ? ORDER BY expires_at, key`, at)
 	if err != nil {
 		return nil, fmt.Errorf("listing console sessions: %w", err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
 
 // PutSecret stores a sealed secret under its org and name, replacing one
@@ -35,18 +36,14 @@ func (s *Store) DeleteSecret(ctx context.Context, org, name string) error {
 // sealed values: secrets, or registry_credentials. table is one of those
 // constants, never input.
 func (s *Store) putSealed(ctx context.Context, table string, sec *store.Secret) error {
-	created, err := formatTime(sec.CreatedAt)
+	c, err := columns.EncodeSecret(sec)
 	if err != nil {
 		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
 	}
-	updated, err := formatTime(sec.UpdatedAt)
-	if err != nil {
-		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
-	}
-	_, err = s.exec(ctx, `INSERT INTO `+table+` (org, name, sealed, created_at, updated_at)
+	_, err = s.exec(ctx, `INSERT INTO `+table+` (`+columns.SecretNames+`)
 		VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (org, name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at`,
-		sec.Org, sec.Name, sec.Sealed, created, updated)
+		sec.Org, sec.Name, sec.Sealed, c.CreatedAt, c.UpdatedAt)
 	if err != nil {
 		return fmt.Errorf("storing secret %s: %w", sec.Name, err)
 	}
@@ -54,7 +51,7 @@ func (s *Store) putSealed(ctx context.Context, table string, sec *store.Secret) 
 }
 
 func (s *Store) getSealed(ctx context.Context, table, org, name string) (*store.Secret, error) {
-	row := s.r.QueryRowContext(ctx, `SELECT org, name, sealed, created_at, updated_at FROM `+table+` WHERE org = ? AND name = ?`, org, name)
+	row := s.r.QueryRowContext(ctx, `SELECT `+columns.SecretNames+` FROM `+table+` WHERE org = ? AND name = ?`, org, name)
 	sec, err := scanSecret(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting secret %s: %w", name, store.ErrNotFound)
@@ -66,7 +63,7 @@ func (s *Store) getSealed(ctx context.Context, table, org, name string) (*store.
 }
 
 func (s *Store) listSealed(ctx context.Context, table, org string) ([]*store.Secret, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT org, name, sealed, created_at, updated_at FROM `+table+` WHERE org = ? ORDER BY name`, org)
+	rows, err := s.r.QueryContext(ctx, `SELECT `+columns.SecretNames+` FROM `+table+` WHERE org = ? ORDER BY name`, org)
 	if err != nil {
 		return nil, fmt.Errorf("listing secrets: %w", err)
 	}
@@ -98,18 +95,14 @@ func (s *Store) deleteSealed(ctx context.Context, table, org, name string) error
 
 func scanSecret(row scanner) (*store.Secret, error) {
 	var (
-		sec              store.Secret
-		created, updated string
+		sec store.Secret
+		c   columns.Secret
 	)
-	if err := row.Scan(&sec.Org, &sec.Name, &sec.Sealed, &created, &updated); err != nil {
+	if err := row.Scan(&sec.Org, &sec.Name, &sec.Sealed, &c.CreatedAt, &c.UpdatedAt); err != nil {
 		return nil, err
 	}
-	var err error
-	if sec.CreatedAt, err = parseTime(created); err != nil {
-		return nil, fmt.Errorf("decoding created_at of secret %s: %w", sec.Name, err)
-	}
-	if sec.UpdatedAt, err = parseTime(updated); err != nil {
-		return nil, fmt.Errorf("decoding updated_at of secret %s: %w", sec.Name, err)
+	if err := c.Decode(&sec); err != nil {
+		return nil, err
 	}
 	return &sec, nil
 }

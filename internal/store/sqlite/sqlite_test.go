@@ -27,16 +27,36 @@ func openTemp(t *testing.T) *Store {
 	return s
 }
 
+func newTemp(t *testing.T) store.Store { return openTemp(t) }
+
+// reopen opens the file of old, which is closed, again.
+func reopen(t *testing.T, old store.Store) store.Store {
+	s, err := Open(t.Context(), old.(*Store).Path())
+	if err != nil {
+		t.Fatalf("reopening: %v", err)
+	}
+	return s
+}
+
 func TestStore(t *testing.T) {
-	storetest.Run(t,
-		func(t *testing.T) store.Store { return openTemp(t) },
-		storetest.WithReopen(func(t *testing.T, old store.Store) store.Store {
-			s, err := Open(t.Context(), old.(*Store).Path())
-			if err != nil {
-				t.Fatalf("reopening: %v", err)
-			}
-			return s
-		}))
+	storetest.Run(t, newTemp, storetest.WithReopen(reopen))
+}
+
+// TestSecrets: the suite of secrets and registry credentials, which
+// package postgres passes too.
+func TestSecrets(t *testing.T) {
+	storetest.RunSecrets(t, newTemp, func(st store.Store) storetest.Secrets { return st.(*Store).RegistryCredentials() })
+}
+
+// TestAudit: the audit log's suite, which package postgres passes too.
+func TestAudit(t *testing.T) {
+	storetest.RunAudit(t, newTemp)
+}
+
+// TestConsoleSessions: the console sessions' suite, across a reopen;
+// package postgres passes it too.
+func TestConsoleSessions(t *testing.T) {
+	storetest.RunConsoleSessions(t, newTemp, storetest.WithReopen(reopen))
 }
 
 // TestPragmas checks the settings durability and integrity rest on, on the
@@ -341,5 +361,5 @@ func TestMigrateFromVersion1(t *testing.T) {
 }
 
 func TestImages(t *testing.T) {
-	storetest.RunImages(t, func(t *testing.T) store.Store { return openTemp(t) })
+	storetest.RunImages(t, newTemp)
 }
