@@ -304,6 +304,112 @@ func AuditQuery(f store.AuditFilter, param func(i int) string) (string, []any, e
 	return q, args, nil
 }
 
+// KeyNames are the columns of the api_keys table, in the order the stores
+// read and write them.
+const KeyNames = `id, org, name, scope, labels, hash, created_by, created_at, expires_at, last_used_at`
+
+// Key is an API key record's fields that are kept as text.
+type Key struct {
+	Labels, CreatedAt string
+	// ExpiresAt and LastUsedAt are nil (NULL) for a key that never
+	// expires, and one never used.
+	ExpiresAt, LastUsedAt *string
+}
+
+// EncodeKey is k's text fields, LastUsedAt aside: a key is stored unused
+// (CreateKey), and its uses are recorded on their own (TouchKey). Labels
+// nil are {}.
+func EncodeKey(k *store.Key) (Key, error) {
+	var c Key
+	var err error
+	if c.Labels, err = MarshalMap(k.Labels); err != nil {
+		return c, fmt.Errorf("encoding labels: %w", err)
+	}
+	if c.CreatedAt, err = FormatTime(k.CreatedAt); err != nil {
+		return c, fmt.Errorf("encoding created_at: %w", err)
+	}
+	if k.ExpiresAt != nil {
+		expires, err := FormatTime(*k.ExpiresAt)
+		if err != nil {
+			return c, fmt.Errorf("encoding expires_at: %w", err)
+		}
+		c.ExpiresAt = &expires
+	}
+	return c, nil
+}
+
+// Decode sets k's text fields from c; k.ID names the record in errors.
+func (c Key) Decode(k *store.Key) error {
+	var err error
+	if k.Labels, err = UnmarshalMap(c.Labels); err != nil {
+		return fmt.Errorf("decoding labels of key %s: %w", k.ID, err)
+	}
+	if k.CreatedAt, err = ParseTime(c.CreatedAt); err != nil {
+		return fmt.Errorf("decoding created_at of key %s: %w", k.ID, err)
+	}
+	if k.ExpiresAt, err = parseOptionalTime(c.ExpiresAt); err != nil {
+		return fmt.Errorf("decoding expires_at of key %s: %w", k.ID, err)
+	}
+	if k.LastUsedAt, err = parseOptionalTime(c.LastUsedAt); err != nil {
+		return fmt.Errorf("decoding last_used_at of key %s: %w", k.ID, err)
+	}
+	return nil
+}
+
+func parseOptionalTime(s *string) (*time.Time, error) {
+	if s == nil {
+		return nil, nil
+	}
+	t, err := ParseTime(*s)
+	if err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// OrgNames are the columns of the orgs table, in the order the stores
+// read and write them.
+const OrgNames = `name, quota, created_at`
+
+// Org is an org record's fields that are kept as text.
+type Org struct{ Quota, CreatedAt string }
+
+// EncodeOrg is o's text fields; an org with no quota has {}.
+func EncodeOrg(o *store.Org) (Org, error) {
+	var c Org
+	var err error
+	if c.Quota, err = MarshalQuota(o.Quota); err != nil {
+		return c, err
+	}
+	if c.CreatedAt, err = FormatTime(o.CreatedAt); err != nil {
+		return c, fmt.Errorf("encoding created_at: %w", err)
+	}
+	return c, nil
+}
+
+// MarshalQuota is q as its column: JSON, the limits that are set alone
+// ({} for none).
+func MarshalQuota(q api.Quota) (string, error) {
+	s, err := marshal(q)
+	if err != nil {
+		return "", fmt.Errorf("encoding quota: %w", err)
+	}
+	return s, nil
+}
+
+// Decode sets o's text fields from c; o.Name names the record in errors.
+func (c Org) Decode(o *store.Org) error {
+	o.Quota = api.Quota{}
+	if err := json.Unmarshal([]byte(c.Quota), &o.Quota); err != nil {
+		return fmt.Errorf("decoding the quota of org %s: %w", o.Name, err)
+	}
+	var err error
+	if o.CreatedAt, err = ParseTime(c.CreatedAt); err != nil {
+		return fmt.Errorf("decoding created_at of org %s: %w", o.Name, err)
+	}
+	return nil
+}
+
 func marshal(v any) (string, error) {
 	b, err := json.Marshal(v)
 	return string(b), err

@@ -13,7 +13,8 @@ import (
 //
 // Version 1 is the records of package sqlite's latest schema, in
 // PostgreSQL's types: times as text to the nanosecond (see timeLayout),
-// JSON as text, but labels as jsonb, which a list filters on (@>).
+// JSON as text, but a sandbox's labels as jsonb, which a list filters on
+// (@>).
 var migrations = []string{
 	`
 CREATE TABLE sandboxes (
@@ -95,6 +96,28 @@ CREATE TABLE images (
 	created_at   TEXT    NOT NULL,
 	PRIMARY KEY (org, id),
 	UNIQUE (org, ref)
+);
+
+-- API keys, by the sha256 of their secret (never the secret), and orgs
+-- with their quotas (api.Quota as JSON).
+CREATE TABLE api_keys (
+	id           TEXT  NOT NULL PRIMARY KEY,
+	org          TEXT  NOT NULL,
+	name         TEXT  NOT NULL,
+	scope        TEXT  NOT NULL,
+	labels       TEXT  NOT NULL,
+	hash         BYTEA NOT NULL UNIQUE,
+	created_by   TEXT  NOT NULL,
+	created_at   TEXT  NOT NULL,
+	expires_at   TEXT,
+	last_used_at TEXT
+);
+CREATE INDEX api_keys_by_org ON api_keys (org, created_at, id);
+
+CREATE TABLE orgs (
+	name       TEXT NOT NULL PRIMARY KEY,
+	quota      TEXT NOT NULL,
+	created_at TEXT NOT NULL
 );
 
 -- web console sessions, by the sha256 of their cookie

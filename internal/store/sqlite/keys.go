@@ -3,33 +3,23 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
-
-const keyColumns = `id, org, name, scope, labels, hash, created_by, created_at, expires_at, last_used_at`
 
 // CreateKey adds an API key; store.ErrExists if its id or hash is taken.
 func (s *Store) CreateKey(ctx context.Context, k *store.Key) error {
-	labels, err := json.Marshal(nonNilMap(k.Labels))
+	c, err := columns.EncodeKey(k)
 	if err != nil {
 		return fmt.Errorf("creating key %s: %w", k.ID, err)
 	}
-	created, err := formatTime(k.CreatedAt)
-	if err != nil {
-		return fmt.Errorf("creating key %s: %w", k.ID, err)
-	}
-	expires, err := optionalTime(k.ExpiresAt)
-	if err != nil {
-		return fmt.Errorf("creating key %s: %w", k.ID, err)
-	}
-	_, err = s.exec(ctx, `INSERT INTO api_keys (`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)`,
-		k.ID, k.Org, k.Name, string(k.Scope), string(labels), k.Hash, k.CreatedBy, created, expires)
+	_, err = s.exec(ctx, `INSERT INTO api_keys (`+columns.KeyNames+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)`,
+		k.ID, k.Org, k.Name, string(k.Scope), c.Labels, k.Hash, k.CreatedBy, c.CreatedAt, c.ExpiresAt)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("creating key %s: %w", k.ID, store.ErrExists)
 	}
@@ -41,7 +31,7 @@ func (s *Store) CreateKey(ctx context.Context, k *store.Key) error {
 
 // KeyByHash finds the key whose secret has hash; store.ErrNotFound if none.
 func (s *Store) KeyByHash(ctx context.Context, hash []byte) (*store.Key, error) {
-	k, err := scanKey(s.r.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE hash = ?`, hash))
+	k, err := scanKey(s.r.QueryRowContext(ctx, `SELECT `+columns.KeyNames+` FROM api_keys WHERE hash = ?`, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("finding key: %w", store.ErrNotFound)
 	}
@@ -53,7 +43,7 @@ func (s *Store) KeyByHash(ctx context.Context, hash []byte) (*store.Key, error) 
 
 // GetKey finds a key of org by id; store.ErrNotFound if none.
 func (s *Store) GetKey(ctx context.Context, org, id string) (*store.Key, error) {
-	k, err := scanKey(s.r.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE org = ? AND id = ?`, org, id))
+	k, err := scanKey(s.r.QueryRowContext(ctx, `SELECT `+columns.KeyNames+` FROM api_keys WHERE org = ? AND id = ?`, org, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting key %s: %w", id, store.ErrNotFound)
 	}
@@ -65,7 +55,7 @@ func (s *Store) GetKey(ctx context.Context, org, id string) (*store.Key, error) 
 
 // ListKeys lists the keys of org, oldest first.
 func (s *Store) ListKeys(ctx context.Context, org string) ([]*store.Key, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE org = ? ORDER BY created_at, id`, org)
+	rows, err := s.r.QueryContext(ctx, `SELECT `+columns.KeyNames+` FROM api_keys WHERE org = ? ORDER BY created_at, id`, org)
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
 	}
@@ -112,50 +102,17 @@ func (s *Store) TouchKey(ctx context.Context, id string, t time.Time) error {
 }
 
 func scanKey(row scanner) (*store.Key, error) {
-	var k store.Key
-	var scope, labels, created string
-	var expires, used sql.NullString
-	if err := row.Scan(&k.ID, &k.Org, &k.Name, &scope, &labels, &k.Hash, &k.CreatedBy, &created, &expires, &used); err != nil {
+	var (
+		k     store.Key
+		scope string
+		c     columns.Key
+	)
+	if err := row.Scan(&k.ID, &k.Org, &k.Name, &scope, &c.Labels, &k.Hash, &k.CreatedBy, &c.CreatedAt, &c.ExpiresAt, &c.LastUsedAt); err != nil {
 		return nil, err
 	}
 	k.Scope = api.Scope(scope)
-	if err := json.Unmarshal([]byte(labels), &k.Labels); err != nil {
-		return nil, fmt.Errorf("key %s: labels: %w", k.ID, err)
-	}
-	var err error
-	if k.CreatedAt, err = parseTime(created); err != nil {
-		return nil, fmt.Errorf("key %s: created_at: %w", k.ID, err)
-	}
-	if k.ExpiresAt, err = parseOptionalTime(expires); err != nil {
-		return nil, fmt.Errorf("key %s: expires_at: %w", k.ID, err)
-	}
-	if k.LastUsedAt, err = parseOptionalTime(used); err != nil {
-		return nil, fmt.Errorf("key %s: last_used_at: %w", k.ID, err)
-	}
-	return &k, nil
-}
-
-func optionalTime(t *time.Time) (any, error) {
-	if t == nil {
-		return nil, nil
-	}
-	return formatTime(*t)
-}
-
-func parseOptionalTime(s sql.NullString) (*time.Time, error) {
-	if !s.Valid {
-		return nil, nil
-	}
-	t, err := parseTime(s.String)
-	if err != nil {
+	if err := c.Decode(&k); err != nil {
 		return nil, err
 	}
-	return &t, nil
-}
-
-func nonNilMap(m map[string]string) map[string]string {
-	if m == nil {
-		return map[string]string{}
-	}
-	return m
+	return &k, nil
 }

@@ -3,12 +3,12 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
 
 // EnsureOrg makes org if there is none by that name (with no quota), and
@@ -16,7 +16,7 @@ import (
 // yet: those of a data dir older than orgs, which belong to the daemon's
 // own org.
 func (s *Store) EnsureOrg(ctx context.Context, org string) error {
-	created, err := formatTime(store.Now())
+	c, err := columns.EncodeOrg(&store.Org{Name: org, CreatedAt: store.Now()})
 	if err != nil {
 		return err
 	}
@@ -25,7 +25,7 @@ func (s *Store) EnsureOrg(ctx context.Context, org string) error {
 		return fmt.Errorf("making org %s: %w", org, storageError(err))
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO orgs (name, quota, created_at) VALUES (?, '{}', ?) ON CONFLICT (name) DO NOTHING`, org, created); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO orgs (`+columns.OrgNames+`) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING`, org, c.Quota, c.CreatedAt); err != nil {
 		return fmt.Errorf("making org %s: %w", org, storageError(err))
 	}
 	for _, table := range []string{"sandboxes", "secrets", "registry_credentials", "images"} {
@@ -42,11 +42,11 @@ func (s *Store) EnsureOrg(ctx context.Context, org string) error {
 // CreateOrg makes org, with no quota; store.ErrExists if there is one by
 // that name. The call's audit record is written with it.
 func (s *Store) CreateOrg(ctx context.Context, org string) error {
-	created, err := formatTime(store.Now())
+	c, err := columns.EncodeOrg(&store.Org{Name: org, CreatedAt: store.Now()})
 	if err != nil {
 		return err
 	}
-	_, err = s.exec(ctx, `INSERT INTO orgs (name, quota, created_at) VALUES (?, '{}', ?)`, org, created)
+	_, err = s.exec(ctx, `INSERT INTO orgs (`+columns.OrgNames+`) VALUES (?, ?, ?)`, org, c.Quota, c.CreatedAt)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("making org %s: %w", org, store.ErrExists)
 	}
@@ -97,7 +97,7 @@ func (s *Store) DeleteOrg(ctx context.Context, org string, secrets bool) error {
 
 // GetOrg finds an org by name; store.ErrNotFound if none.
 func (s *Store) GetOrg(ctx context.Context, name string) (*store.Org, error) {
-	o, err := scanOrg(s.r.QueryRowContext(ctx, `SELECT name, quota, created_at FROM orgs WHERE name = ?`, name))
+	o, err := scanOrg(s.r.QueryRowContext(ctx, `SELECT `+columns.OrgNames+` FROM orgs WHERE name = ?`, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("getting org %s: %w", name, store.ErrNotFound)
 	}
@@ -109,7 +109,7 @@ func (s *Store) GetOrg(ctx context.Context, name string) (*store.Org, error) {
 
 // ListOrgs lists the orgs by name.
 func (s *Store) ListOrgs(ctx context.Context) ([]*store.Org, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT name, quota, created_at FROM orgs ORDER BY name`)
+	rows, err := s.r.QueryContext(ctx, `SELECT `+columns.OrgNames+` FROM orgs ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("listing orgs: %w", err)
 	}
@@ -131,11 +131,11 @@ func (s *Store) ListOrgs(ctx context.Context) ([]*store.Org, error) {
 // SetQuota replaces org's quota; store.ErrNotFound if there is no such
 // org. The call's audit record is written with it.
 func (s *Store) SetQuota(ctx context.Context, org string, q api.Quota) error {
-	b, err := json.Marshal(q)
+	quota, err := columns.MarshalQuota(q)
 	if err != nil {
 		return fmt.Errorf("setting the quota of %s: %w", org, err)
 	}
-	res, err := s.exec(ctx, `UPDATE orgs SET quota = ? WHERE name = ?`, string(b), org)
+	res, err := s.exec(ctx, `UPDATE orgs SET quota = ? WHERE name = ?`, quota, org)
 	if err != nil {
 		return fmt.Errorf("setting the quota of %s: %w", org, err)
 	}
@@ -159,18 +159,14 @@ func (s *Store) CheckpointUse(ctx context.Context, org string) (count, memoryMiB
 
 func scanOrg(row scanner) (*store.Org, error) {
 	var (
-		o              store.Org
-		quota, created string
+		o store.Org
+		c columns.Org
 	)
-	if err := row.Scan(&o.Name, &quota, &created); err != nil {
+	if err := row.Scan(&o.Name, &c.Quota, &c.CreatedAt); err != nil {
 		return nil, err
 	}
-	if err := json.Unmarshal([]byte(quota), &o.Quota); err != nil {
-		return nil, fmt.Errorf("decoding the quota of org %s: %w", o.Name, err)
-	}
-	var err error
-	if o.CreatedAt, err = parseTime(created); err != nil {
-		return nil, fmt.Errorf("decoding created_at of org %s: %w", o.Name, err)
+	if err := c.Decode(&o); err != nil {
+		return nil, err
 	}
 	return &o, nil
 }
