@@ -106,6 +106,7 @@ func Command() *cobra.Command {
 	f.BoolVarP(&yes, "yes", "y", false, "with --teardown, do not ask for confirmation")
 	f.StringVar(&cfg.Listen, "listen", env("LOAM_LISTEN", "127.0.0.1:7070"), "address of the API (LOAM_LISTEN)")
 	f.StringVar(&cfg.DataDir, "data-dir", env("LOAM_DATA_DIR", "/var/lib/loam"), "where loam keeps its data (LOAM_DATA_DIR)")
+	f.StringVar(&cfg.Database, "database", env("LOAM_DATABASE", ""), "keep the records in this PostgreSQL database (postgres://USER@HOST/DB; PostgreSQL 15 or newer) instead of SQLite in the data dir; one daemon a database for now (LOAM_DATABASE)")
 	f.StringVar(&cfg.Domain, "domain", env("LOAM_DOMAIN", "localhost:7070"), "domain of sandbox URLs, http://NAME--ORG.DOMAIN (LOAM_DOMAIN)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", env("LOAM_TLS_CERT", ""), "certificate (PEM) to serve the API and sandbox URLs over TLS, with --tls-key; URLs are then https:// (LOAM_TLS_CERT)")
 	f.StringVar(&cfg.TLSKey, "tls-key", env("LOAM_TLS_KEY", ""), "private key (PEM) of --tls-cert (LOAM_TLS_KEY)")

@@ -51,8 +51,11 @@ import (
 type Config struct {
 	Listen  string // address of the API
 	DataDir string // where everything is kept
-	Domain  string // sandbox URLs are http://NAME--ORG.DOMAIN
-	Org     string
+	// Database, when set, is the PostgreSQL database (a postgres:// URL)
+	// that keeps the records instead of SQLite in the data dir.
+	Database string
+	Domain   string // sandbox URLs are http://NAME--ORG.DOMAIN
+	Org      string
 	// TLSCert and TLSKey, both or neither, are PEM files: with them the
 	// listener serves TLS, and URLs are https://.
 	TLSCert, TLSKey string

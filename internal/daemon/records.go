@@ -2,9 +2,14 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"strings"
 
+	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/audit"
 	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/console"
@@ -13,13 +18,14 @@ import (
 	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/server"
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/postgres"
 	"loam.dev/loam/internal/store/sqlite"
 )
 
 // Records is every record the daemon keeps, in one store: SQLite in the
-// data dir (the default, one machine). Each part is the interface of the
-// package that uses it, so the daemon asks of a store exactly what its
-// parts do.
+// data dir (the default, one machine), or PostgreSQL (--database). Each
+// part is the interface of the package that uses it, so the daemon asks of
+// a store exactly what its parts do.
 type Records interface {
 	store.Store
 	image.Records
@@ -33,13 +39,94 @@ type Records interface {
 	RegistryCredentials() store.Sealed
 }
 
-var _ Records = (*sqlite.Store)(nil)
+var (
+	_ Records = (*sqlite.Store)(nil)
+	_ Records = (*postgres.Store)(nil)
+)
 
-// openRecords opens the daemon's store: SQLite in the data dir.
+// recordsFile, in the data dir, says whose records its sandboxes are:
+// "sqlite" (in storeFile beside it) or "postgres ID" (a database's
+// postgres.Store.ID). A data dir's disks and sandbox directories are only
+// as good as the records that name them: a daemon that finds none (given
+// another database, or none) would take them for leftovers and remove
+// them, so it refuses to start instead.
+const recordsFile = "records"
+
+// openRecords opens the daemon's store: PostgreSQL when --database names
+// one, else SQLite in the data dir; and checks that the data dir's
+// sandboxes are that store's (recordsFile).
 func (d *Daemon) openRecords(ctx context.Context) (Records, error) {
-	st, err := sqlite.Open(ctx, filepath.Join(d.cfg.DataDir, storeFile))
+	dir := d.cfg.DataDir
+	if d.cfg.Database == "" {
+		if err := checkRecords(dir, "sqlite"); err != nil {
+			return nil, err
+		}
+		st, err := sqlite.Open(ctx, filepath.Join(dir, storeFile))
+		if err != nil {
+			return nil, fmt.Errorf("opening store: %w", err)
+		}
+		return st, nil
+	}
+	st, err := postgres.Open(ctx, d.cfg.Database)
 	if err != nil {
 		return nil, fmt.Errorf("opening store: %w", err)
 	}
+	ok := false
+	defer func() {
+		if !ok {
+			st.Close()
+		}
+	}()
+	// Before anything reads or changes a record: one daemon a database.
+	if err := st.Hold(ctx); err != nil {
+		return nil, fmt.Errorf("opening store: %w", err)
+	}
+	id, err := st.ID(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("opening store: %w", err)
+	}
+	if err := checkRecords(dir, "postgres "+id); err != nil {
+		return nil, err
+	}
+	ok = true
 	return st, nil
+}
+
+// checkRecords refuses a data dir whose sandboxes are another store's
+// than want (see recordsFile), and records want in a data dir that says
+// nothing yet. A data dir from before the file, with storeFile in it, is
+// SQLite's.
+func checkRecords(dir, want string) error {
+	path := filepath.Join(dir, recordsFile)
+	b, err := os.ReadFile(path)
+	had := strings.TrimSpace(string(b))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if _, serr := os.Stat(filepath.Join(dir, storeFile)); serr == nil {
+			had = "sqlite"
+		}
+	case err != nil:
+		return fmt.Errorf("reading %s: %w", path, err)
+	}
+	if had != "" && had != want {
+		return fmt.Errorf("data dir %s keeps its sandboxes' records in %s, and this daemon was given %s: "+
+			"it would find none of them and remove their disks as leftovers, so it does not start. "+
+			"Start it with the store it had (--database, or none for SQLite), or give it another data dir",
+			dir, describeRecords(had), describeRecords(want))
+	}
+	if had == want && err == nil {
+		return nil
+	}
+	if err := atomicfile.WriteFile(path, []byte(want+"\n"), 0o600); err != nil {
+		return fmt.Errorf("recording the data dir's store: %w", err)
+	}
+	return nil
+}
+
+// describeRecords says in words what a recordsFile line names.
+func describeRecords(line string) string {
+	if id, ok := strings.CutPrefix(line, "postgres "); ok {
+		return "PostgreSQL database " + id
+	}
+	return "SQLite (" + storeFile + " in the data dir)"
 }

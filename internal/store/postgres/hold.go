@@ -42,3 +42,19 @@ func (s *Store) Hold(ctx context.Context) error {
 	s.mu.Unlock()
 	return nil
 }
+
+// ID names the database for a data dir to remember: its name and when
+// loam first made its schema there, which no other database shares. A
+// data dir records whose records it keeps (see internal/daemon), so that a
+// daemon started on it with another database, or with none, refuses
+// rather than take its sandboxes for leftovers.
+func (s *Store) ID(ctx context.Context) (string, error) {
+	var name, made string
+	err := s.pool.QueryRow(ctx, `SELECT current_database(),
+		to_char(applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+		FROM loam_schema WHERE version = 1`).Scan(&name, &made)
+	if err != nil {
+		return "", fmt.Errorf("naming the database: %w", unavailable(err))
+	}
+	return name + "@" + made, nil
+}

@@ -34,3 +34,33 @@ func TestHold(t *testing.T) {
 		t.Errorf("the second daemon's hold once the first closed: %v", err)
 	}
 }
+
+// TestID: a database's id stays the same across opens, and two databases
+// have two.
+func TestID(t *testing.T) {
+	ids := map[string]bool{}
+	for range 2 {
+		url := pgtest.NewDatabase(t)
+		var first string
+		for i := range 2 {
+			s, err := Open(t.Context(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, err := s.ID(t.Context())
+			s.Close()
+			if err != nil || id == "" {
+				t.Fatalf("ID: %q, %v", id, err)
+			}
+			if i == 0 {
+				first = id
+			} else if id != first {
+				t.Errorf("the id of one database changed across opens: %s, then %s", first, id)
+			}
+		}
+		ids[first] = true
+	}
+	if len(ids) != 2 {
+		t.Errorf("two databases have ids %v, want two", ids)
+	}
+}

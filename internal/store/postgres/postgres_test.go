@@ -14,11 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jackc/pgx/v5"
-
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
-	"loam.dev/loam/internal/store/columns"
 	"loam.dev/loam/internal/store/postgres/pgtest"
 	"loam.dev/loam/internal/store/storetest"
 )
@@ -88,7 +85,7 @@ func TestKeys(t *testing.T) {
 
 // TestOrgs: the orgs' suite package sqlite passes.
 func TestOrgs(t *testing.T) {
-	storetest.RunOrgs(t, func(t *testing.T) store.Store { return openNew(t) }, sealedTables)
+	storetest.RunOrgs(t, func(t *testing.T) store.Store { return openNew(t) }, storetest.SealedByMethods)
 }
 
 // TestOrgsByBytes: orgs are listed by the bytes of their names, as
@@ -124,32 +121,6 @@ func TestOrgsByBytes(t *testing.T) {
 	if want := []string{"a-c", "a9", "ab"}; !slices.Equal(got, want) {
 		t.Errorf("ListOrgs: %v, want %v", got, want)
 	}
-}
-
-// sealedTables reaches the secrets and registry credentials in SQL: the
-// store has no methods of its own for them yet.
-var sealedTables = storetest.Sealed{
-	Put: func(ctx context.Context, st store.Store, table, org, name string) error {
-		at, err := columns.FormatTime(store.Now())
-		if err != nil {
-			return err
-		}
-		// table is one of the suite's two names, never input.
-		_, err = st.(*Store).pool.Exec(ctx, `INSERT INTO `+table+` (org, name, sealed, created_at, updated_at)
-			VALUES ($1, $2, $3, $4, $4)`, org, name, []byte("sealed "+name), at)
-		return err
-	},
-	Names: func(ctx context.Context, st store.Store, table, org string) ([]string, error) {
-		rows, err := st.(*Store).pool.Query(ctx, `SELECT name FROM `+table+` WHERE org = $1 ORDER BY name`, org)
-		if err != nil {
-			return nil, err
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if names == nil {
-			names = []string{}
-		}
-		return names, err
-	},
 }
 
 // TestMigrateAtOnce: daemons starting at once against one new database

@@ -36,7 +36,7 @@ func (s *Store) DeleteSecret(ctx context.Context, org, name string) error {
 // RegistryCredentials is the table of sealed registry credentials, as
 // secret.Records, so that internal/secret seals them as it does secrets
 // while they stay out of the secrets' listing.
-func (s *Store) RegistryCredentials() *Credentials { return &Credentials{s: s} }
+func (s *Store) RegistryCredentials() store.Sealed { return &Credentials{s: s} }
 
 // Credentials is the registry credentials' table; see RegistryCredentials.
 type Credentials struct{ s *Store }

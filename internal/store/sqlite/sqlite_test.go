@@ -369,36 +369,5 @@ func TestKeys(t *testing.T) {
 }
 
 func TestOrgs(t *testing.T) {
-	storetest.RunOrgs(t, func(t *testing.T) store.Store { return openTemp(t) }, sealedTables)
-}
-
-// sealedTables reaches the secrets and registry credentials through the
-// store's own methods for them (internal/secret's).
-var sealedTables = storetest.Sealed{
-	Put: func(ctx context.Context, st store.Store, table, org, name string) error {
-		now := store.Now()
-		return sealedTable(st, table).PutSecret(ctx, &store.Secret{Org: org, Name: name, Sealed: []byte("sealed " + name), CreatedAt: now, UpdatedAt: now})
-	},
-	Names: func(ctx context.Context, st store.Store, table, org string) ([]string, error) {
-		list, err := sealedTable(st, table).ListSecrets(ctx, org)
-		names := []string{}
-		for _, sec := range list {
-			names = append(names, sec.Name)
-		}
-		return names, err
-	},
-}
-
-// sealedMethods are the methods of a table of sealed values.
-type sealedMethods interface {
-	PutSecret(ctx context.Context, sec *store.Secret) error
-	ListSecrets(ctx context.Context, org string) ([]*store.Secret, error)
-}
-
-func sealedTable(st store.Store, table string) sealedMethods {
-	s := st.(*Store)
-	if table == "registry_credentials" {
-		return s.RegistryCredentials()
-	}
-	return s
+	storetest.RunOrgs(t, func(t *testing.T) store.Store { return openTemp(t) }, storetest.SealedByMethods)
 }

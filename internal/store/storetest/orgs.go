@@ -44,6 +44,38 @@ type Sealed struct {
 	Names func(ctx context.Context, st store.Store, table, org string) ([]string, error)
 }
 
+// SealedByMethods is Sealed through a store's own methods for its sealed
+// tables: the secrets' (store.Sealed) and its RegistryCredentials(), as
+// both SQL stores have them.
+var SealedByMethods = Sealed{
+	Put: func(ctx context.Context, st store.Store, table, org, name string) error {
+		now := store.Now()
+		return sealedTable(st, table).PutSecret(ctx, &store.Secret{Org: org, Name: name, Sealed: []byte("sealed " + name), CreatedAt: now, UpdatedAt: now})
+	},
+	Names: func(ctx context.Context, st store.Store, table, org string) ([]string, error) {
+		list, err := sealedTable(st, table).ListSecrets(ctx, org)
+		names := []string{}
+		for _, sec := range list {
+			names = append(names, sec.Name)
+		}
+		return names, err
+	},
+}
+
+// sealedStore is a store with both sealed tables.
+type sealedStore interface {
+	store.Sealed
+	RegistryCredentials() store.Sealed
+}
+
+func sealedTable(st store.Store, table string) store.Sealed {
+	s := st.(sealedStore)
+	if table == "registry_credentials" {
+		return s.RegistryCredentials()
+	}
+	return s
+}
+
 // sealedTables are the tables Sealed reaches.
 var sealedTables = []string{"secrets", "registry_credentials"}
 

@@ -48,8 +48,12 @@ var (
 
 // Main runs m's tests and then stops the server any of them started. Call
 // it from TestMain: os.Exit(pgtest.Main(m)).
-func Main(m *testing.M) int {
-	code := m.Run()
+func Main(m *testing.M) int { return Around(m.Run) }
+
+// Around runs run (a package's tests) and then stops the server any of them
+// started, for a TestMain that runs its tests through something else too.
+func Around(run func() int) int {
+	code := run()
 	if shared != nil {
 		if err := shared.stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest:", err)
