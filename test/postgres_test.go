@@ -3,11 +3,14 @@ package test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/client"
+	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/postgres"
 	"loam.dev/loam/internal/store/postgres/pgtest"
 	"loam.dev/loam/test/harness"
 )
@@ -17,7 +20,8 @@ import (
 // restart: a sandbox and its file, a memory checkpoint restored in place
 // and forked, an API key, a secret, an org. A second daemon on the same
 // database is refused while the first runs, and the data dir refuses a
-// start without the database (it would take its sandboxes for leftovers).
+// start without the database (it would take its sandboxes for leftovers);
+// a teardown takes its records from the database too.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewDatabase(t)
@@ -96,5 +100,31 @@ func TestPostgres(t *testing.T) {
 	orgs, err := d.C.ListOrgs(ctx)
 	if err != nil || len(orgs) != 2 {
 		t.Errorf("orgs after the restart: %+v, %v; want default and docs", orgs, err)
+	}
+
+	// A teardown takes the sandboxes' records with the data dir, from the
+	// database it names; without it, it refuses and changes nothing.
+	d.Stop()
+	teardown := func(args ...string) (string, error) {
+		cmd := exec.Command(harness.DaemonBin, append([]string{"serve", "--teardown", "-y", "--data-dir", d.DataDir, "--runsc", harness.Runsc()}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := teardown(); err == nil || !strings.Contains(out, "pass --database") {
+		t.Errorf("a teardown without the database: %v %q, want a refusal", err, out)
+	}
+	if _, err := os.Stat(d.DataDir); err != nil {
+		t.Fatalf("the data dir after a refused teardown: %v", err)
+	}
+	if out, err := teardown("--database", url); err != nil {
+		t.Fatalf("the teardown: %v\n%s", err, out)
+	}
+	st, err := postgres.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if left, err := st.ListSandboxes(ctx, store.Filter{}); err != nil || len(left) != 0 {
+		t.Errorf("sandbox records after the teardown: %d, %v; want none", len(left), err)
 	}
 }

@@ -130,3 +130,42 @@ func describeRecords(line string) string {
 	}
 	return "SQLite (" + storeFile + " in the data dir)"
 }
+
+// teardownRecords is the store a teardown of cfg's data dir deletes its
+// sandboxes' records from: nil for SQLite (its file goes with the data
+// dir), or the PostgreSQL database the data dir records, which --database
+// must name.
+func teardownRecords(ctx context.Context, cfg Config) (*postgres.Store, error) {
+	b, err := os.ReadFile(filepath.Join(cfg.DataDir, recordsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	line := strings.TrimSpace(string(b))
+	id, ok := strings.CutPrefix(line, "postgres ")
+	if !ok {
+		return nil, nil
+	}
+	if cfg.Database == "" {
+		return nil, fmt.Errorf("its sandboxes' records are in PostgreSQL database %s: pass --database to delete them with it", id)
+	}
+	st, err := postgres.Open(ctx, cfg.Database)
+	if err != nil {
+		return nil, err
+	}
+	given, err := st.ID(ctx)
+	if err == nil && given != id {
+		err = fmt.Errorf("its sandboxes' records are in PostgreSQL database %s, and --database names %s", id, given)
+	}
+	if err == nil {
+		// No daemon may run on the database meanwhile.
+		err = st.Hold(ctx)
+	}
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	return st, nil
+}

@@ -18,6 +18,7 @@ import (
 	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/runtime/gvisor"
+	"loam.dev/loam/internal/store"
 )
 
 // subnetFile, in the data dir, records the --subnet of the daemon that last
@@ -69,9 +70,13 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger, confirm func(In
 	dir := cfg.DataDir
 	// Never a directory that is not a data dir: a mistyped --data-dir must
 	// not be removed.
-	if _, err := os.Stat(filepath.Join(dir, storeFile)); err != nil {
+	_, err := os.Stat(filepath.Join(dir, storeFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		_, err = os.Stat(filepath.Join(dir, recordsFile))
+	}
+	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%s is no loam data dir (it has no %s): nothing torn down", dir, storeFile)
+			return fmt.Errorf("%s is no loam data dir (it has no %s or %s): nothing torn down", dir, storeFile, recordsFile)
 		}
 		return fmt.Errorf("tearing down %s: %w", dir, err)
 	}
@@ -80,6 +85,15 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger, confirm func(In
 		return fmt.Errorf("tearing down %s: %w", dir, err)
 	}
 	defer unlock()
+	// A data dir whose records are in PostgreSQL takes its sandboxes'
+	// records with it, from the database it names (and only that one).
+	records, err := teardownRecords(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("tearing down %s: %w", dir, err)
+	}
+	if records != nil {
+		defer records.Close()
+	}
 	if dir, err = canonicalDir(dir); err != nil {
 		return err
 	}
@@ -140,6 +154,13 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger, confirm func(In
 	}
 	if err := disk.Teardown(ctx, dir); err != nil {
 		return err
+	}
+	if records != nil {
+		for _, id := range inv.Sandboxes {
+			if err := records.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("tearing down %s: deleting the record of sandbox %s: %w", dir, id, err)
+			}
+		}
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("tearing down %s: removing it: %w", dir, err)
