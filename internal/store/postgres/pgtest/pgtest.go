@@ -3,7 +3,10 @@
 // socket of its own (no TCP port to collide with another run), one empty
 // database per test, and everything stopped and removed when the test
 // binary's tests end (Main). PostgreSQL refuses to run as root, so the
-// server runs as the postgres user the Debian package makes.
+// server runs as the postgres user the Debian package makes. The server is
+// the test binary's child, which the kernel stops when the binary dies (a
+// panic, a timeout's kill) before Main could; the next run removes what
+// such a death left in the temporary directory.
 //
 // A machine without the server binaries skips the tests that need one, or
 // fails them under CI=true (testenv.Missing); scripts/setup installs them.
@@ -22,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +39,10 @@ type Server struct {
 	bin  string // the server's bin directory
 	dir  string // its temporary directory: data/ and the socket
 	user *user.User
+	cred *syscall.Credential // the postgres user's
+	// proc is the running server, nil while stopped.
+	mu   sync.Mutex
+	proc *exec.Cmd
 	// ready is closed when Start ended; err says how.
 	ready chan struct{}
 	err   error
@@ -104,13 +112,63 @@ func (s *Server) URL(name string) string {
 	return "postgres:///" + name + "?" + q.Encode()
 }
 
-// Stop stops the server, as a crash of its host would not: for a test of
-// what the store says while its database is away. Start brings it back
-// on the same data.
-func (s *Server) Stop() error { return s.ctl("stop", "-m", "fast") }
+// Stop stops the server (a fast shutdown: its sessions end, nothing
+// acknowledged is lost), for a test of what the store says while its
+// database is away. Start brings it back on the same data.
+func (s *Server) Stop() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return nil
+	}
+	p := s.proc
+	s.proc = nil
+	if err := p.Process.Signal(syscall.SIGINT); err != nil {
+		return err
+	}
+	_ = p.Wait() // its exit status after a signal says nothing more
+	return nil
+}
 
-// Start starts a server Stop stopped.
-func (s *Server) Start() error { return s.ctl("start", "-w", "-l", filepath.Join(s.dir, "log")) }
+// Start starts the server, and waits until it answers.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		return nil
+	}
+	logf, err := os.OpenFile(filepath.Join(s.dir, "log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	// The socket only (no TCP), in dir; fsync stays on, as a real
+	// server's.
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data(),
+		"-c", "listen_addresses=", "-c", "unix_socket_directories="+s.dir,
+		"-c", "max_connections=200", "-c", "shared_buffers=32MB")
+	cmd.Dir = s.dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// SIGQUIT, an immediate shutdown, when the test binary dies first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGQUIT}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting postgres: %w", err)
+	}
+	s.proc = cmd
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		err := s.admin(ctx, "SELECT 1")
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			b, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+			return fmt.Errorf("the server does not answer: %w\n%s", err, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
 
 // Shared is the test binary's server, once NewDatabase started it.
 func Shared() *Server { return shared }
@@ -135,50 +193,61 @@ func version(path string) int {
 // start makes the cluster in a new directory the postgres user owns, and
 // starts its server on a socket there.
 func (s *Server) start() error {
+	sweep()
 	u, err := user.Lookup("postgres")
 	if err != nil {
 		return fmt.Errorf("finding the postgres user: %w", err)
 	}
 	s.user = u
-	dir, err := os.MkdirTemp("", "loam-pgtest-")
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
 		return err
 	}
 	s.dir = dir
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
 	if err := os.Chown(dir, uid, gid); err != nil {
 		return err
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return err
 	}
-	if out, err := s.run("initdb", "-D", s.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+	initdb := exec.Command(filepath.Join(s.bin, "initdb"), "-D", s.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync")
+	initdb.Dir = dir
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
 		return fmt.Errorf("initdb: %w: %s", err, out)
 	}
-	// The socket only (no TCP), in dir; fsync stays on, as a real server's.
-	conf := fmt.Sprintf("listen_addresses = ''\nunix_socket_directories = '%s'\nmax_connections = 200\nshared_buffers = 32MB\n", dir)
-	if err := appendFile(filepath.Join(s.data(), "postgresql.conf"), conf); err != nil {
-		return err
-	}
-	if err := s.Start(); err != nil {
-		return err
-	}
-	// The server answers once pg_ctl -w returns; wait for a connection
-	// all the same, as pg_ctl's check is its own.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for {
-		err := s.admin(ctx, "SELECT 1")
-		if err == nil {
-			return nil
+	return s.Start()
+}
+
+// dirPrefix names the servers' temporary directories.
+const dirPrefix = "loam-pgtest-"
+
+// sweep removes the directories of servers whose test binary died before
+// it could (its server died with it): those whose owner file names no live
+// process.
+func sweep() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // being made (or not ours): left alone
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("the server started but does not answer: %w", err)
+		if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 && syscall.Kill(pid, 0) == nil {
+			continue // a live test binary's
 		}
-		time.Sleep(50 * time.Millisecond)
+		os.RemoveAll(dir)
 	}
 }
+
+// ownerFile, in a server's directory, holds the pid of the test binary
+// whose server it is.
+const ownerFile = "owner"
 
 func (s *Server) data() string { return filepath.Join(s.dir, "data") }
 
@@ -187,27 +256,11 @@ func (s *Server) stop() error {
 	if s.dir == "" {
 		return nil
 	}
-	err := s.ctl("stop", "-m", "immediate")
+	err := s.Stop()
 	if rerr := os.RemoveAll(s.dir); err == nil {
 		err = rerr
 	}
 	return err
-}
-
-// ctl runs pg_ctl on the cluster.
-func (s *Server) ctl(args ...string) error {
-	out, err := s.run("pg_ctl", append([]string{"-D", s.data()}, args...)...)
-	if err != nil {
-		return fmt.Errorf("pg_ctl %s: %w: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
-// run runs one of the server's programs as the postgres user.
-func (s *Server) run(prog string, args ...string) ([]byte, error) {
-	cmd := exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(s.bin, prog)}, args...)...)
-	cmd.Dir = s.dir
-	return cmd.CombinedOutput()
 }
 
 // admin runs one statement in the postgres database.
@@ -218,17 +271,5 @@ func (s *Server) admin(ctx context.Context, stmt string) error {
 	}
 	defer c.Close(context.Background())
 	_, err = c.Exec(ctx, stmt)
-	return err
-}
-
-func appendFile(path, text string) error {
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(text)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
 	return err
 }
