@@ -212,7 +212,8 @@ func unavailable(err error) error {
 	var ce *pgconn.ConnectError
 	var ne net.Error
 	if sqlState(err) != "" || errors.As(err, &ce) || errors.As(err, &ne) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, pgconn.ErrConnClosed) || pgconn.SafeToRetry(err) {
 		return fmt.Errorf("%w: %w", api.Errorf(api.CodeUnavailable,
 			"the database is not reachable; try again when it is back"), err)
 	}

@@ -115,7 +115,15 @@ func (s *Server) URL(name string) string {
 // Stop stops the server (a fast shutdown: its sessions end, nothing
 // acknowledged is lost), for a test of what the store says while its
 // database is away. Start brings it back on the same data.
-func (s *Server) Stop() error {
+func (s *Server) Stop() error { return s.signal(syscall.SIGINT) }
+
+// Crash stops the server as a crash would (an immediate shutdown: no
+// checkpoint, its sessions cut; the next Start replays its WAL), for a
+// test that what the store acknowledged survives one.
+func (s *Server) Crash() error { return s.signal(syscall.SIGQUIT) }
+
+// signal ends the server with sig and waits for it.
+func (s *Server) signal(sig syscall.Signal) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc == nil {
@@ -123,7 +131,7 @@ func (s *Server) Stop() error {
 	}
 	p := s.proc
 	s.proc = nil
-	if err := p.Process.Signal(syscall.SIGINT); err != nil {
+	if err := p.Process.Signal(sig); err != nil {
 		return err
 	}
 	_ = p.Wait() // its exit status after a signal says nothing more
