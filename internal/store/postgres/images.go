@@ -50,7 +50,7 @@ func (s *Store) GetImage(ctx context.Context, org, id string) (*store.Image, err
 
 // ListImages lists the images of org ("" for every org's), oldest first.
 func (s *Store) ListImages(ctx context.Context, org string) ([]*store.Image, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+imageColumns+` FROM images WHERE $1 = '' OR org = $1 ORDER BY created_at, id, org`, org)
+	rows, err := s.pool.Query(ctx, `SELECT `+imageColumns+` FROM images WHERE $1 = '' OR org = $1 ORDER BY created_at COLLATE "C", id COLLATE "C", org COLLATE "C"`, org)
 	if err != nil {
 		return nil, fmt.Errorf("listing images: %w", unavailable(err))
 	}

@@ -58,7 +58,7 @@ func (s *Store) GetKey(ctx context.Context, org, id string) (*store.Key, error) 
 
 // ListKeys lists the keys of org, oldest first (by creation time, then id).
 func (s *Store) ListKeys(ctx context.Context, org string) ([]*store.Key, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+columns.KeyNames+` FROM api_keys WHERE org = $1 ORDER BY created_at, id`, org)
+	rows, err := s.pool.Query(ctx, `SELECT `+columns.KeyNames+` FROM api_keys WHERE org = $1 ORDER BY created_at COLLATE "C", id COLLATE "C"`, org)
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", unavailable(err))
 	}

@@ -335,11 +335,15 @@ func icuStores(t *testing.T) func(t *testing.T) store.Store {
 	}
 }
 
-// TestCollation: the lists of secrets and console sessions come in
-// SQLite's order (the bytes of their names and keys) whatever the
-// database's own collation; the audit log's filters on times hold too.
+// TestCollation: every list comes in SQLite's order (the bytes of its
+// names, ids and times) whatever the database's own collation; the audit
+// log's filters on times hold too.
 func TestCollation(t *testing.T) {
 	newStore := icuStores(t)
+	t.Run("Sandboxes", func(t *testing.T) { storetest.Run(t, newStore) })
+	t.Run("Images", func(t *testing.T) { storetest.RunImages(t, newStore) })
+	t.Run("Keys", func(t *testing.T) { storetest.RunKeys(t, newStore) })
+	t.Run("Orgs", func(t *testing.T) { storetest.RunOrgs(t, newStore, storetest.SealedByMethods) })
 	t.Run("Secrets", func(t *testing.T) { storetest.RunSecrets(t, newStore, credentials) })
 	t.Run("Audit", func(t *testing.T) { storetest.RunAudit(t, newStore) })
 	t.Run("ConsoleSessions", func(t *testing.T) { storetest.RunConsoleSessions(t, newStore) })

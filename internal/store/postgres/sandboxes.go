@@ -60,7 +60,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.Filter) ([]*store.San
 	// in it needs no escaping.
 	rows, err := s.pool.Query(ctx, `SELECT `+columns.SandboxNames+` FROM sandboxes
 		WHERE (@org = '' OR org = @org) AND labels @> @labels::jsonb
-		ORDER BY created_at, id`, pgx.NamedArgs{"org": f.Org, "labels": labels})
+		ORDER BY created_at COLLATE "C", id COLLATE "C"`, pgx.NamedArgs{"org": f.Org, "labels": labels})
 	if err != nil {
 		return nil, fmt.Errorf("listing sandboxes: %w", unavailable(err))
 	}
