@@ -41,6 +41,7 @@ import (
 	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/server"
 	"loam.dev/loam/internal/sleep"
+	"loam.dev/loam/internal/store/postgres"
 	"loam.dev/loam/internal/template"
 	"loam.dev/loam/internal/tlsconfig"
 	"loam.dev/loam/internal/warmpool"
@@ -329,6 +330,11 @@ func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
 	}
 	p.store = st
 	d.closers = append(d.closers, st.Close)
+	if pg, ok := st.(*postgres.Store); ok {
+		// The hold on the database lives as long as its session; kept
+		// while the daemon runs, which stops if another daemon took it.
+		d.runComponents(ctx, component{"database hold", pg.KeepHeld})
+	}
 	// The daemon's own org owns what an older data dir had (and, until
 	// there are others, everything made with the admin token).
 	if err := st.EnsureOrg(ctx, d.cfg.Org); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -41,6 +42,46 @@ func (s *Store) Hold(ctx context.Context) error {
 	s.held = conn
 	s.mu.Unlock()
 	return nil
+}
+
+// heldEvery is how often KeepHeld looks at the held connection.
+const heldEvery = 2 * time.Second
+
+// KeepHeld keeps the hold Hold took until ctx ends: the lock lives as long
+// as its session, which a restart of the server or a cut connection ends,
+// and another daemon could then take the database. Every heldEvery it
+// looks at the held connection; when that is gone it holds the database
+// again on a new one, as soon as the server answers. It returns ErrHeld
+// (the daemon must stop: another holds the database now) or, when ctx
+// ends, nil. Run it as one of the daemon's components, after Hold.
+func (s *Store) KeepHeld(ctx context.Context) error {
+	t := time.NewTicker(heldEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		s.mu.Lock()
+		conn := s.held
+		s.mu.Unlock()
+		if conn == nil {
+			return errors.New("keeping the database held: it is not held (Hold first)")
+		}
+		if conn.Ping(ctx) == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		conn.Close(context.WithoutCancel(ctx))
+		err := s.Hold(ctx)
+		if errors.Is(err, ErrHeld) {
+			return fmt.Errorf("the database's hold was lost with its connection, and another daemon holds it now: this one stops, so that two never act on its sandboxes: %w", ErrHeld)
+		}
+		// Unreachable: calls answer unavailable meanwhile; look again.
+	}
 }
 
 // ID names the database for a data dir to remember: its name and when

@@ -1,8 +1,10 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"loam.dev/loam/internal/store/postgres/pgtest"
 )
@@ -62,5 +64,84 @@ func TestID(t *testing.T) {
 	}
 	if len(ids) != 2 {
 		t.Errorf("two databases have ids %v, want two", ids)
+	}
+}
+
+// TestKeepHeld: the hold outlives a crash of the server (KeepHeld takes
+// it again on a new connection, and another daemon is then refused), and
+// a daemon whose hold another took meanwhile is told to stop (ErrHeld).
+func TestKeepHeld(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	srv := pgtest.Shared()
+	open := func() *Store {
+		t.Helper()
+		s, err := Open(t.Context(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	restart := func() {
+		t.Helper()
+		if err := srv.Crash(); err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keep := func(s *Store) (stop func(), done chan error) {
+		ctx, cancel := context.WithCancel(t.Context())
+		done = make(chan error, 1)
+		go func() { done <- s.KeepHeld(ctx) }()
+		return cancel, done
+	}
+
+	a, b := open(), open()
+	if err := a.Hold(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	stopA, doneA := keep(a)
+	a.mu.Lock()
+	before := a.held
+	a.mu.Unlock()
+	restart()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		a.mu.Lock()
+		now := a.held
+		a.mu.Unlock()
+		if now != before && now.Ping(t.Context()) == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the hold was not taken again within 20 s of the restart")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := b.Hold(t.Context()); !errors.Is(err, ErrHeld) {
+		t.Errorf("another daemon's hold once the first took it again: %v, want ErrHeld", err)
+	}
+	stopA()
+	if err := <-doneA; err != nil {
+		t.Errorf("KeepHeld after its ctx ended: %v, want nil", err)
+	}
+
+	// The other way round: the hold is lost, another daemon takes it
+	// before KeepHeld looks again, and the first is told to stop.
+	stopA, doneA = keep(a)
+	defer stopA()
+	restart()
+	if err := b.Hold(t.Context()); err != nil {
+		t.Fatalf("a second daemon's hold just after the restart: %v", err)
+	}
+	select {
+	case err := <-doneA:
+		if !errors.Is(err, ErrHeld) {
+			t.Errorf("KeepHeld of the daemon whose hold was taken: %v, want ErrHeld", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("KeepHeld went on for 20 s after another daemon took the hold")
 	}
 }
