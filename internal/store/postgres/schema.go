@@ -47,6 +47,7 @@ CREATE TABLE sandboxes (
 	UNIQUE (org, name)
 );
 CREATE INDEX sandboxes_by_age ON sandboxes (created_at, id);
+CREATE INDEX sandboxes_by_org ON sandboxes (org);
 CREATE INDEX sandboxes_by_labels ON sandboxes USING GIN (labels);
 
 CREATE TABLE checkpoints (
