@@ -111,7 +111,7 @@ func (p *PoolCore) MemoryImageBytes(from PoolSource) int64 {
 		}
 	}
 	if from.Template != "" {
-		if n := checkpoint.TreeBytes(p.m.tpl.MemDir(p.orgOf(from), from.Template)); n > 0 {
+		if n := checkpoint.TreeBytes(p.m.tpl.MemDir(from.Org, from.Template)); n > 0 {
 			return n
 		}
 	}
@@ -137,7 +137,7 @@ func (mc *machine) containerMemory(id string) int64 {
 // api.ErrNotFound says from is gone.
 func (p *PoolCore) MakePoolMember(ctx context.Context, from PoolSource, pool string) (*store.Sandbox, error) {
 	if from.Template != "" {
-		return p.makeTemplateMember(ctx, pool, p.orgOf(from), from.Template)
+		return p.makeTemplateMember(ctx, pool, from.Org, from.Template)
 	}
 	src, cp, unlock, err := p.m.sourceCheckpoint(ctx, &api.ForkSource{Sandbox: from.Sandbox, Checkpoint: from.Checkpoint})
 	if err != nil {
@@ -159,14 +159,6 @@ func (p *PoolCore) MakePoolMember(ctx context.Context, from PoolSource, pool str
 	sb.From = &api.ForkSource{Sandbox: src.Name, Checkpoint: cp.ID}
 	sb.Network = src.Network
 	return p.bootMember(ctx, sb, pool, func(ctx context.Context) error { return p.m.machine.bootFork(ctx, sb, src, cp) })
-}
-
-// orgOf is the org whose template from names: the pool's.
-func (p *PoolCore) orgOf(from PoolSource) string {
-	if from.Org == "" {
-		return p.m.cfg.Org
-	}
-	return from.Org
 }
 
 // makeTemplateMember makes a member of org's pool of a template: a

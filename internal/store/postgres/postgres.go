@@ -89,13 +89,6 @@ func (s *Store) Close() error {
 	return err
 }
 
-// querier is what a statement runs on: the pool or a transaction.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // exec runs a statement that writes. When ctx carries an API call's audit
 // record not yet written, the statement and the record commit in one
 // transaction (see store.AuditCall): a change the store keeps is never

@@ -220,12 +220,6 @@ func scanSandbox(row scanner) (*store.Sandbox, error) {
 	return &sb, nil
 }
 
-// marshalMap and unmarshalMap keep maps as every SQL store does (package
-// columns).
-func marshalMap(m map[string]string) (string, error) { return columns.MarshalMap(m) }
-
-func unmarshalMap(s string) (map[string]string, error) { return columns.UnmarshalMap(s) }
-
 // oneRow turns a statement that touched no row into store.ErrNotFound.
 func oneRow(res sql.Result) error {
 	n, err := res.RowsAffected()

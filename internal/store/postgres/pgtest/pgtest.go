@@ -36,9 +36,8 @@ import (
 
 // Server is a PostgreSQL server of the test binary's.
 type Server struct {
-	bin  string // the server's bin directory
-	dir  string // its temporary directory: data/ and the socket
-	user *user.User
+	bin  string              // the server's bin directory
+	dir  string              // its temporary directory: data/ and the socket
 	cred *syscall.Credential // the postgres user's
 	// proc is the running server, nil while stopped.
 	mu   sync.Mutex
@@ -206,7 +205,6 @@ func (s *Server) start() error {
 	if err != nil {
 		return fmt.Errorf("finding the postgres user: %w", err)
 	}
-	s.user = u
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
 	s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
