@@ -67,29 +67,35 @@ func (d *Daemon) openRecords(ctx context.Context) (Records, error) {
 		}
 		return st, nil
 	}
-	st, err := postgres.Open(ctx, d.cfg.Database)
-	if err != nil {
-		return nil, fmt.Errorf("opening store: %w", err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			st.Close()
-		}
-	}()
-	// Before anything reads or changes a record: one daemon a database.
-	if err := st.Hold(ctx); err != nil {
-		return nil, fmt.Errorf("opening store: %w", err)
-	}
-	id, err := st.ID(ctx)
+	st, id, err := openHeld(ctx, d.cfg.Database)
 	if err != nil {
 		return nil, fmt.Errorf("opening store: %w", err)
 	}
 	if err := checkRecords(dir, "postgres "+id); err != nil {
+		st.Close()
 		return nil, err
 	}
-	ok = true
 	return st, nil
+}
+
+// openHeld opens the PostgreSQL database url names and holds it (see
+// postgres.Store.Hold: before anything reads or changes a record, one
+// daemon a database), and names it (postgres.Store.ID).
+func openHeld(ctx context.Context, url string) (*postgres.Store, string, error) {
+	st, err := postgres.Open(ctx, url)
+	if err != nil {
+		return nil, "", err
+	}
+	err = st.Hold(ctx)
+	var id string
+	if err == nil {
+		id, err = st.ID(ctx)
+	}
+	if err != nil {
+		st.Close()
+		return nil, "", err
+	}
+	return st, id, nil
 }
 
 // checkRecords refuses a data dir whose sandboxes are another store's
@@ -97,16 +103,9 @@ func (d *Daemon) openRecords(ctx context.Context) (Records, error) {
 // nothing yet. A data dir from before the file, with storeFile in it, is
 // SQLite's.
 func checkRecords(dir, want string) error {
-	path := filepath.Join(dir, recordsFile)
-	b, err := os.ReadFile(path)
-	had := strings.TrimSpace(string(b))
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		if _, serr := os.Stat(filepath.Join(dir, storeFile)); serr == nil {
-			had = "sqlite"
-		}
-	case err != nil:
-		return fmt.Errorf("reading %s: %w", path, err)
+	had, recorded, err := recordedStore(dir)
+	if err != nil {
+		return err
 	}
 	if had != "" && had != want {
 		return fmt.Errorf("data dir %s keeps its sandboxes' records in %s, and this daemon was given %s: "+
@@ -114,13 +113,32 @@ func checkRecords(dir, want string) error {
 			"Start it with the store it had (--database, or none for SQLite), or give it another data dir",
 			dir, describeRecords(had), describeRecords(want))
 	}
-	if had == want && err == nil {
+	if had == want && recorded {
 		return nil
 	}
-	if err := atomicfile.WriteFile(path, []byte(want+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, recordsFile), []byte(want+"\n"), 0o600); err != nil {
 		return fmt.Errorf("recording the data dir's store: %w", err)
 	}
 	return nil
+}
+
+// recordedStore is the recordsFile line of dir: "sqlite", "postgres ID",
+// or "" for a data dir that says nothing yet; recorded tells whether the
+// file says it. A data dir from before the file, with storeFile in it, is
+// SQLite's.
+func recordedStore(dir string) (line string, recorded bool, err error) {
+	path := filepath.Join(dir, recordsFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if _, serr := os.Stat(filepath.Join(dir, storeFile)); serr == nil {
+			return "sqlite", false, nil
+		}
+		return "", false, nil
+	case err != nil:
+		return "", false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return strings.TrimSpace(string(b)), true, nil
 }
 
 // describeRecords says in words what a recordsFile line names.
@@ -136,14 +154,10 @@ func describeRecords(line string) string {
 // dir), or the PostgreSQL database the data dir records, which --database
 // must name.
 func teardownRecords(ctx context.Context, cfg Config) (*postgres.Store, error) {
-	b, err := os.ReadFile(filepath.Join(cfg.DataDir, recordsFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	line, _, err := recordedStore(cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}
-	line := strings.TrimSpace(string(b))
 	id, ok := strings.CutPrefix(line, "postgres ")
 	if !ok {
 		return nil, nil
@@ -151,21 +165,14 @@ func teardownRecords(ctx context.Context, cfg Config) (*postgres.Store, error) {
 	if cfg.Database == "" {
 		return nil, fmt.Errorf("its sandboxes' records are in PostgreSQL database %s: pass --database to delete them with it", id)
 	}
-	st, err := postgres.Open(ctx, cfg.Database)
+	// Held: no daemon may run on the database meanwhile.
+	st, given, err := openHeld(ctx, cfg.Database)
 	if err != nil {
 		return nil, err
 	}
-	given, err := st.ID(ctx)
-	if err == nil && given != id {
-		err = fmt.Errorf("its sandboxes' records are in PostgreSQL database %s, and --database names %s", id, given)
-	}
-	if err == nil {
-		// No daemon may run on the database meanwhile.
-		err = st.Hold(ctx)
-	}
-	if err != nil {
+	if given != id {
 		st.Close()
-		return nil, err
+		return nil, fmt.Errorf("its sandboxes' records are in PostgreSQL database %s, and --database names %s", id, given)
 	}
 	return st, nil
 }
