@@ -1,7 +1,6 @@
 package test
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -180,7 +179,7 @@ func TestOrgs(t *testing.T) {
 	// with), about org docs's sandbox (by name and by id) answers as about
 	// one that does not exist.
 	n := 0
-	cookie, csrf := consoleLogin(t, d, keys["ops"])
+	cookie, csrf := d.ConsoleLogin(keys["ops"])
 	for via, call := range map[string]func(method, path, body string) (int, string){
 		"a key of ops": func(method, path, body string) (int, string) { return d.CurlAs(keys["ops"], method, path, body) },
 		"ops's console session": func(method, path, body string) (int, string) {
@@ -412,28 +411,6 @@ func TestOrgs(t *testing.T) {
 			t.Errorf("a mount of a deleted org's sandbox is left: %s", m)
 		}
 	}
-}
-
-// consoleLogin logs in to the console with key, as the page does, and
-// returns the session's cookie and CSRF token.
-func consoleLogin(t *testing.T, d *harness.Daemon, key string) (*http.Cookie, string) {
-	t.Helper()
-	res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+key+`"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	var info console.SessionInfo
-	if err := json.NewDecoder(res.Body).Decode(&info); err != nil || res.StatusCode != http.StatusOK {
-		t.Fatalf("console login: %d %v", res.StatusCode, err)
-	}
-	for _, c := range res.Cookies() {
-		if c.Name == console.CookieName {
-			return c, info.CSRFToken
-		}
-	}
-	t.Fatal("console login set no session cookie")
-	return nil, ""
 }
 
 // consoleCall makes an API call as the console's page does: with the

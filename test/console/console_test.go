@@ -254,25 +254,11 @@ func TestConsoleHostileInput(t *testing.T) {
 	d := harness.StartDaemon(t)
 	login := func() (*http.Cookie, string) {
 		t.Helper()
-		res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+d.Token+`"}`))
-		if err != nil {
-			t.Fatal(err)
+		c, csrf := d.ConsoleLogin(d.Token)
+		if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode {
+			t.Errorf("session cookie %v: want HttpOnly, SameSite=Strict", c)
 		}
-		defer res.Body.Close()
-		var info console.SessionInfo
-		if err := json.NewDecoder(res.Body).Decode(&info); err != nil || res.StatusCode != http.StatusOK {
-			t.Fatalf("login: %d %v", res.StatusCode, err)
-		}
-		for _, c := range res.Cookies() {
-			if c.Name == console.CookieName {
-				if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode {
-					t.Errorf("session cookie %v: want HttpOnly, SameSite=Strict", c)
-				}
-				return c, info.CSRFToken
-			}
-		}
-		t.Fatal("login set no session cookie")
-		return nil, ""
+		return c, csrf
 	}
 	cookie, csrf := login()
 	_, otherCSRF := login()
@@ -374,30 +360,12 @@ func TestConsoleHostileInput(t *testing.T) {
 func TestConsoleSessionKeptOverRestart(t *testing.T) {
 	t.Parallel()
 	d := harness.StartDaemon(t)
-	res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+d.Token+`"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info console.SessionInfo
-	err = json.NewDecoder(res.Body).Decode(&info)
-	res.Body.Close()
-	if err != nil || res.StatusCode != http.StatusOK {
-		t.Fatalf("login: %d %v", res.StatusCode, err)
-	}
-	var cookie *http.Cookie
-	for _, c := range res.Cookies() {
-		if c.Name == console.CookieName {
-			cookie = c
-		}
-	}
-	if cookie == nil {
-		t.Fatal("login set no session cookie")
-	}
+	cookie, csrf := d.ConsoleLogin(d.Token)
 	call := func(method, path string) int {
 		t.Helper()
 		r, _ := http.NewRequest(method, d.URL+path, nil)
 		r.AddCookie(cookie)
-		r.Header.Set(console.CSRFHeader, info.CSRFToken)
+		r.Header.Set(console.CSRFHeader, csrf)
 		res, err := http.DefaultClient.Do(r)
 		if err != nil {
 			t.Fatal(err)

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/console"
 )
 
 // Ctx is a test's context: it ends with the test, or after 10 minutes, so
@@ -99,4 +101,27 @@ func LoopsOf(dir string) int {
 		}
 	}
 	return n
+}
+
+// ConsoleLogin logs in to the daemon's web console with token (the admin
+// token or an API key), as its page does, and returns the session's
+// cookie and CSRF token.
+func (d *Daemon) ConsoleLogin(token string) (*http.Cookie, string) {
+	d.T.Helper()
+	res, err := http.Post(d.URL+"/console/login", "application/json", strings.NewReader(`{"token":"`+token+`"}`))
+	if err != nil {
+		d.T.Fatal(err)
+	}
+	defer res.Body.Close()
+	var info console.SessionInfo
+	if err := json.NewDecoder(res.Body).Decode(&info); err != nil || res.StatusCode != http.StatusOK {
+		d.T.Fatalf("console login: %d %v", res.StatusCode, err)
+	}
+	for _, c := range res.Cookies() {
+		if c.Name == console.CookieName {
+			return c, info.CSRFToken
+		}
+	}
+	d.T.Fatal("console login set no session cookie")
+	return nil, ""
 }
