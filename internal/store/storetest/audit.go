@@ -35,11 +35,7 @@ func RunAudit(t *testing.T, newStore func(t *testing.T) store.Store) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &config{newStore: newStore}
-			log, ok := c.open(t).(Audit)
-			if !ok {
-				t.Fatal("the store keeps no audit log")
-			}
+			log := openAs[Audit](t, newStore, "audit log")
 			tc.fn(t.Context(), t, log)
 		})
 	}

@@ -35,11 +35,7 @@ func RunImages(t *testing.T, newStore func(t *testing.T) store.Store) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &config{newStore: newStore}
-			st, ok := c.open(t).(Images)
-			if !ok {
-				t.Fatal("the store keeps no images")
-			}
+			st := openAs[Images](t, newStore, "images")
 			tc.fn(t.Context(), t, st)
 		})
 	}

@@ -44,11 +44,7 @@ func RunKeys(t *testing.T, newStore func(t *testing.T) store.Store) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &config{newStore: newStore}
-			st, ok := c.open(t).(Keys)
-			if !ok {
-				t.Fatal("the store keeps no API keys")
-			}
+			st := openAs[Keys](t, newStore, "API keys")
 			tc.fn(t.Context(), t, st)
 		})
 	}

@@ -101,11 +101,7 @@ func RunOrgs(t *testing.T, newStore func(t *testing.T) store.Store, sealed Seale
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &config{newStore: newStore}
-			st, ok := c.open(t).(orgStore)
-			if !ok {
-				t.Fatal("the store keeps no orgs, keys or images")
-			}
+			st := openAs[orgStore](t, newStore, "orgs, keys or images")
 			tc.fn(t.Context(), t, st, sealedOf{sealed, st, t})
 		})
 	}

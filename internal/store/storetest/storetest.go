@@ -99,6 +99,19 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) 
 	})
 }
 
+// openAs opens a new store from newStore, closed when t ends, as what a
+// suite tests of it (Images, Keys, …), and ends t if the store is not
+// one: what names its records in the message.
+func openAs[T any](t *testing.T, newStore func(t *testing.T) store.Store, what string) T {
+	t.Helper()
+	c := &config{newStore: newStore}
+	st, ok := c.open(t).(T)
+	if !ok {
+		t.Fatalf("the store keeps no %s", what)
+	}
+	return st
+}
+
 // open returns a new store that is closed when t ends.
 func (c *config) open(t *testing.T) store.Store {
 	t.Helper()
