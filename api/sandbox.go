@@ -66,7 +66,10 @@ type Sandbox struct {
 	Disk *DiskUse `json:"disk,omitempty"`
 	// Usage is the CPU and memory a running sandbox uses, read from its
 	// cgroup; in GET and the list of sandboxes only, for running ones.
-	Usage     *Usage    `json:"usage,omitempty"`
+	Usage *Usage `json:"usage,omitempty"`
+	// Node is the name of the node that owns the sandbox (loam serve
+	// --node), the only one that acts on it; absent on one machine.
+	Node      string    `json:"node,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

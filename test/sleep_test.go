@@ -55,8 +55,12 @@ func pids(id string) []string {
 // startCounter starts a counter like counter's that also writes its PID.
 func startCounter(t *testing.T, d *harness.Daemon, sb string) string {
 	t.Helper()
-	d.Run(sb, "sh", "-c", `sh -c 'echo $$ > /tmp/pid; i=0; while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &`)
+	// The pid file goes first: a counter of an earlier call may still
+	// run (and write /tmp/count), and the pid read must be the new one's.
+	d.Run(sb, "rm", "-f", "/tmp/pid")
+	d.Run(sb, "sh", "-c", `sh -c 'echo $$ > /tmp/pid.tmp; mv /tmp/pid.tmp /tmp/pid; i=0; while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &`)
 	waitFor(t, func() bool { return readCount(t, d, sb) > 0 })
+	waitFor(t, func() bool { return strings.TrimSpace(d.Run(sb, "sh", "-c", "cat /tmp/pid 2>/dev/null; true")) != "" })
 	return strings.TrimSpace(d.Run(sb, "cat", "/tmp/pid"))
 }
 

@@ -230,6 +230,9 @@ func (p *PoolCore) ClaimPoolMember(ctx context.Context, pool string, member, wan
 	start := time.Now()
 	claimed := *want
 	claimed.ID, claimed.NetIndex, claimed.AgentGen = member.ID, member.NetIndex, member.AgentGen
+	// The update replaces the member's record as it was read: a member
+	// another writer changed meanwhile (deleted, claimed) is refused.
+	claimed.Version = member.Version
 	// Creating until the agent is told who it is and its services run: a
 	// crash before that leaves a sandbox recovery deletes (no sandbox, as
 	// before the create), never one running without its services.

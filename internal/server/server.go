@@ -575,7 +575,13 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 		panic(http.ErrAbortHandler)
 	}
 	var ae *api.Error
-	if !errors.As(err, &ae) {
+	if !errors.As(err, &ae) && errors.Is(err, store.ErrStale) {
+		// Another writer (a node, a call) changed the record between this
+		// call's read and its write; nothing of this call landed.
+		log.Info("a record changed under a call", "request_id", RequestID(r.Context()), "err", err)
+		ae = api.Errorf(api.CodeConflict, "the sandbox changed while this call ran (another call or node changed it first); read it again and retry")
+	}
+	if ae == nil {
 		id := RequestID(r.Context())
 		log.Error("internal error", "request_id", id, "method", r.Method, "path", r.URL.Path, "err", err)
 		ae = api.Errorf(api.CodeInternal, "internal error (request id %s)", id)

@@ -22,6 +22,10 @@ var (
 	// ErrNotEmpty: an org still owns something, so it is not deleted
 	// (a *NotEmptyError says what).
 	ErrNotEmpty = errors.New("not empty")
+	// ErrStale: the record changed since the caller read it (an update
+	// names the version it read; another writer's came first). Read it
+	// again and decide anew.
+	ErrStale = errors.New("changed since it was read")
 )
 
 // NotEmptyError is the ErrNotEmpty of an org that still has sandboxes or
@@ -70,6 +74,13 @@ type Sandbox struct {
 	Pool string
 	// Org is the org that owns the sandbox, whose quota it counts against.
 	Org string
+	// Version is the record's version: 1 when created, one more with
+	// every update. UpdateSandbox applies a change only to the version it
+	// was read at, so of two writers that read one version (two nodes,
+	// two goroutines) only one's change lands; the other's answers
+	// ErrStale. The store sets it; a caller keeps the record it updated
+	// and updates it again without reading it.
+	Version int64
 }
 
 // Checkpoint is the stored record of a checkpoint. Its data parts (memory
@@ -152,8 +163,9 @@ func UsersOf(org, own string) Filter {
 // Store is the metadata store. Every method is safe for concurrent use.
 // Where a method takes ref, ref is a sandbox's id or its name.
 type Store interface {
-	// CreateSandbox adds a sandbox. It fails with ErrExists when the id is
-	// taken, or the name within the sandbox's org.
+	// CreateSandbox adds a sandbox, at Version 1 (which it sets). It fails
+	// with ErrExists when the id is taken, or the name within the
+	// sandbox's org.
 	CreateSandbox(ctx context.Context, sb *Sandbox) error
 	// GetSandbox finds a sandbox of org by id or name; ErrNotFound if none,
 	// or if it belongs to another org. When ref is one sandbox's id and
@@ -162,9 +174,11 @@ type Store interface {
 	GetSandbox(ctx context.Context, org, ref string) (*Sandbox, error)
 	// ListSandboxes lists sandboxes, oldest first.
 	ListSandboxes(ctx context.Context, f Filter) ([]*Sandbox, error)
-	// UpdateSandbox replaces the stored record with the same id; ErrNotFound
-	// if none, ErrExists if the new name is another sandbox's of its org. The sandbox's
-	// checkpoints are kept.
+	// UpdateSandbox replaces the stored record with the same id, if it is
+	// still at sb.Version, and sets sb.Version to the new version;
+	// ErrNotFound if there is none, ErrStale if it has another version,
+	// ErrExists if the new name is another sandbox's of its org. The
+	// sandbox's checkpoints are kept.
 	UpdateSandbox(ctx context.Context, sb *Sandbox) error
 	// DeleteSandbox removes a sandbox and all its checkpoints; ErrNotFound if none.
 	DeleteSandbox(ctx context.Context, id string) error

@@ -50,7 +50,17 @@ func reopen(t *testing.T, old store.Store) store.Store {
 
 // TestStore: the store suite package sqlite passes, on a real PostgreSQL.
 func TestStore(t *testing.T) {
-	storetest.Run(t, newStore, storetest.WithReopen(reopen))
+	storetest.Run(t, newStore, storetest.WithReopen(reopen), storetest.WithPeer(peer))
+}
+
+// peer opens a second store on the database of st, as a second node does.
+func peer(t *testing.T, st store.Store) store.Store {
+	u, _ := urls.Load(st.(*Store))
+	s, err := Open(t.Context(), u.(string))
+	if err != nil {
+		t.Fatalf("opening a peer: %v", err)
+	}
+	return s
 }
 
 // TestImages: the image records' suite package sqlite passes.

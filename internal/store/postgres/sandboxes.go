@@ -22,13 +22,15 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+columns.SandboxNames+`)
 		VALUES (@id, @name, @state, @template, @image, @resources, @env, @labels, @idle,
 			@http_port, @url, @from_source, @created_at, @net_index, @agent_token,
-			@checkpoint_seq, @auto_seq, @error, @agent_gen, @restore_target, @secrets, @secret_files, @public, @network, @pool, @org)`, args)
+			@checkpoint_seq, @auto_seq, @error, @agent_gen, @restore_target, @secrets, @secret_files, @public, @network, @pool, @org,
+			1, @node)`, args)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("creating sandbox %s named %q: %w", sb.ID, sb.Name, store.ErrExists)
 	}
 	if err != nil {
 		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
 	}
+	sb.Version = 1
 	return nil
 }
 
@@ -71,9 +73,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.Filter) ([]*store.San
 	return list, nil
 }
 
-// UpdateSandbox replaces the record with sb's id; store.ErrNotFound if none,
-// store.ErrExists if sb's name is another sandbox's of its org. The
-// sandbox's checkpoints are kept.
+// UpdateSandbox replaces the record with sb's id and version, and bumps
+// sb.Version; store.ErrNotFound if none, store.ErrStale if the record has
+// another version, store.ErrExists if sb's name is another sandbox's of
+// its org. The sandbox's checkpoints are kept.
 func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
 	if err != nil {
@@ -87,8 +90,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		checkpoint_seq = @checkpoint_seq, auto_seq = @auto_seq, error = @error,
 		agent_gen = @agent_gen, restore_target = @restore_target,
 		secrets = @secrets, secret_files = @secret_files, public = @public, network = @network,
-		pool = @pool, org = @org
-		WHERE id = @id`, args)
+		pool = @pool, org = @org, node = @node, version = version + 1
+		WHERE id = @id AND version = @version`, args)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s to name %q: %w", sb.ID, sb.Name, store.ErrExists)
 	}
@@ -96,9 +99,23 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
 	}
 	if err := oneRow(tag); err != nil {
-		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
+		return fmt.Errorf("updating sandbox %s: %w", sb.ID, s.whyNotUpdated(ctx, sb.ID))
 	}
+	sb.Version++
 	return nil
+}
+
+// whyNotUpdated tells an update that matched no row apart: the record is
+// gone (store.ErrNotFound) or has another version (store.ErrStale).
+func (s *Store) whyNotUpdated(ctx context.Context, id string) error {
+	var found bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sandboxes WHERE id = $1)`, id).Scan(&found); err != nil {
+		return unavailable(err)
+	}
+	if !found {
+		return store.ErrNotFound
+	}
+	return store.ErrStale
 }
 
 // DeleteSandbox removes a sandbox and, by cascade, its checkpoints;
@@ -163,6 +180,8 @@ func sandboxArgs(sb *store.Sandbox) (pgx.NamedArgs, error) {
 		"secrets":        c.Secrets,
 		"secret_files":   c.SecretFiles,
 		"public":         sb.Public,
+		"version":        sb.Version,
+		"node":           sb.Node,
 	}, nil
 }
 
@@ -175,7 +194,8 @@ func scanSandbox(row pgx.Row) (*store.Sandbox, error) {
 	)
 	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &c.Resources, &c.Env, &c.Labels,
 		&sb.Idle, &sb.HTTPPort, &sb.URL, &c.From, &c.CreatedAt, &sb.NetIndex, &sb.LegacyAgentToken,
-		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &c.Secrets, &c.SecretFiles, &sb.Public, &c.Network, &sb.Pool, &sb.Org)
+		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &c.Secrets, &c.SecretFiles, &sb.Public, &c.Network, &sb.Pool, &sb.Org,
+		&sb.Version, &sb.Node)
 	if err != nil {
 		return nil, err
 	}

@@ -148,6 +148,34 @@ CREATE TABLE registry_credentials (
 	PRIMARY KEY (org, name)
 );
 `,
+	// 2: a sandbox's record has a version, which every update checks and
+	// bumps (store.Sandbox.Version), and the node that owns it; the nodes
+	// of a cluster, each with its lease (see Nodes); the cluster's own
+	// secrets, made by the first node.
+	`
+ALTER TABLE sandboxes ADD COLUMN version BIGINT NOT NULL DEFAULT 1;
+ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
+CREATE INDEX sandboxes_by_node ON sandboxes (node);
+
+CREATE TABLE nodes (
+	name        TEXT        NOT NULL PRIMARY KEY,
+	address     TEXT        NOT NULL,
+	role        TEXT        NOT NULL,
+	epoch       BIGINT      NOT NULL,
+	lease_until TIMESTAMPTZ NOT NULL,
+	cordoned    BOOLEAN     NOT NULL,
+	removed     BOOLEAN     NOT NULL,
+	info        TEXT        NOT NULL,
+	joined_at   TIMESTAMPTZ NOT NULL,
+	renewed_at  TIMESTAMPTZ NOT NULL
+);
+
+CREATE TABLE cluster_secrets (
+	name       TEXT        NOT NULL PRIMARY KEY,
+	value      BYTEA       NOT NULL,
+	created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+`,
 }
 
 // migrateLock is the advisory lock under which a daemon migrates: the

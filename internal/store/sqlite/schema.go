@@ -291,6 +291,13 @@ INSERT INTO images_new (id, ref, digest, state, error, size, config, template, u
 DROP TABLE images;
 ALTER TABLE images_new RENAME TO images;
 `,
+	// 15: a sandbox's record has a version, which every update checks
+	// and bumps (store.Sandbox.Version), and the name of the node that
+	// owns it (store.Sandbox.Node: '' on one machine).
+	`
+ALTER TABLE sandboxes ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

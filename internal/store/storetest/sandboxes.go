@@ -168,6 +168,7 @@ func testSandboxUpdate(ctx context.Context, t *testing.T, st store.Store) {
 	up.Error = "something"
 	up.Public = true
 	up.Pool = "checkpoint:x/v9"
+	up.Node = "node-b"
 	if err := st.UpdateSandbox(ctx, up); err != nil {
 		t.Fatalf("UpdateSandbox: %v", err)
 	}

@@ -27,6 +27,15 @@ import (
 // Option changes what Run tests.
 type Option func(*config)
 
+// WithPeer gives Run a second store over the records of a store it made,
+// as a second node opens the database the first uses, for the tests of
+// many writers. Without it, those tests write through the one store from
+// many goroutines (a store that one process alone may open, as
+// store/sqlite's file).
+func WithPeer(open func(t *testing.T, st store.Store) store.Store) Option {
+	return func(c *config) { c.peer = open }
+}
+
 // WithReopen lets Run check that records outlive a Close. reopen must
 // return a new Store over the data of old, which Run has closed already.
 // Without it, Run skips the tests that need it.
@@ -37,6 +46,7 @@ func WithReopen(reopen func(t *testing.T, old store.Store) store.Store) Option {
 type config struct {
 	newStore func(t *testing.T) store.Store
 	reopen   func(t *testing.T, old store.Store) store.Store
+	peer     func(t *testing.T, st store.Store) store.Store
 }
 
 // test is one test of the suite; st is new and empty, and closed by Run.
@@ -85,10 +95,22 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) 
 
 		{"ConcurrentWrites", testConcurrentWrites},
 		{"ConcurrentConflicts", testConcurrentConflicts},
+		{"SandboxVersion", testSandboxVersion},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.fn(t.Context(), t, c.open(t))
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		fn   func(ctx context.Context, t *testing.T, stores []store.Store)
+	}{
+		{"WritersUpdate", testWritersUpdate},
+		{"WritersCheckpointIDs", testWritersCheckpointIDs},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.fn(t.Context(), t, c.writers(t))
 		})
 	}
 	t.Run("Reopen", func(t *testing.T) {
@@ -110,6 +132,23 @@ func openAs[T any](t *testing.T, newStore func(t *testing.T) store.Store, what s
 		t.Fatalf("the store keeps no %s", what)
 	}
 	return st
+}
+
+// writers returns two stores over one set of records (see WithPeer),
+// closed when t ends.
+func (c *config) writers(t *testing.T) []store.Store {
+	t.Helper()
+	st := c.open(t)
+	if c.peer == nil {
+		return []store.Store{st, st}
+	}
+	peer := c.peer(t, st)
+	t.Cleanup(func() {
+		if err := peer.Close(); err != nil {
+			t.Errorf("closing the peer store: %v", err)
+		}
+	})
+	return []store.Store{st, peer}
 }
 
 // open returns a new store that is closed when t ends.
@@ -145,6 +184,7 @@ func newSandbox(n int) *store.Sandbox {
 			Idle:      "15m",
 			HTTPPort:  8080,
 			URL:       "https://" + name + ".loam.test",
+			Node:      "node-a",
 			CreatedAt: t0.Add(time.Duration(n) * time.Second),
 		},
 		NetIndex:      n,
@@ -248,6 +288,8 @@ func checkSandbox(t *testing.T, what string, got, want *store.Sandbox) {
 	checkTime(t, what+": created_at", got.CreatedAt, want.CreatedAt)
 	g, w := *got, *want
 	g.CreatedAt, w.CreatedAt = time.Time{}, time.Time{}
+	// The store keeps the version (testSandboxVersion checks it).
+	g.Version, w.Version = 0, 0
 	w.Env, w.Labels = orEmpty(w.Env), orEmpty(w.Labels)
 	if !reflect.DeepEqual(g, w) {
 		t.Errorf("%s:\n got %+v\nwant %+v", what, g, w)
