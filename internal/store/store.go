@@ -232,6 +232,22 @@ type Key struct {
 	Hash []byte
 }
 
+// Node is the stored record of a node of a cluster (store/postgres keeps
+// them): what it reported with its last lease, and the lease.
+type Node struct {
+	Name, Address string
+	// Epoch counts the node's joins: each start of its daemon takes the
+	// next, and a change the node makes to a record is applied only while
+	// its epoch is the record's (see postgres.Store.SetFence), so a
+	// process of an earlier join, cut off but running on, changes nothing.
+	Epoch      int64
+	Cordoned   bool
+	Load       api.NodeLoad
+	JoinedAt   time.Time
+	RenewedAt  time.Time
+	LeaseUntil time.Time
+}
+
 // Org is the stored record of an org: its name and quota. Stores that
 // keep orgs (store/sqlite) have the methods of sandbox.OrgStore; they are
 // not part of Store, since only the orgs' admission uses them.

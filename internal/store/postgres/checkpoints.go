@@ -20,7 +20,7 @@ func (s *Store) CreateCheckpoint(ctx context.Context, cp *store.Checkpoint) erro
 	if err != nil {
 		return fmt.Errorf("creating checkpoint %s of sandbox %s: %w", cp.ID, cp.Sandbox, err)
 	}
-	_, err = s.exec(ctx, `INSERT INTO checkpoints (`+columns.CheckpointNames+`)
+	_, err = s.execOwned(ctx, cp.Sandbox, `INSERT INTO checkpoints (`+columns.CheckpointNames+`)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
 		cp.Sandbox, cp.ID, c.Name, cp.Comment, cp.Memory, cp.Auto, c.CreatedAt,
 		cp.SandboxName, cp.Template, cp.Image, c.Resources, cp.LegacyAgentToken, cp.AgentGen, cp.Inside)
@@ -86,12 +86,12 @@ func (s *Store) ListCheckpoints(ctx context.Context, sandboxID string) ([]*store
 // DeleteCheckpoint removes the checkpoint with that id (not name) from the
 // sandbox; store.ErrNotFound if none.
 func (s *Store) DeleteCheckpoint(ctx context.Context, sandboxID, id string) error {
-	tag, err := s.exec(ctx, `DELETE FROM checkpoints WHERE sandbox_id = $1 AND id = $2`, sandboxID, id)
+	n, err := s.execOwned(ctx, sandboxID, `DELETE FROM checkpoints WHERE sandbox_id = $1 AND id = $2`, sandboxID, id)
 	if err != nil {
 		return fmt.Errorf("deleting checkpoint %s of sandbox %s: %w", id, sandboxID, err)
 	}
-	if err := oneRow(tag); err != nil {
-		return fmt.Errorf("deleting checkpoint %s of sandbox %s: %w", id, sandboxID, err)
+	if n == 0 {
+		return fmt.Errorf("deleting checkpoint %s of sandbox %s: %w", id, sandboxID, store.ErrNotFound)
 	}
 	return nil
 }

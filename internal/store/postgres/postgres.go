@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -39,6 +40,10 @@ type Store struct {
 	// held, when set, is the connection whose session holds the database
 	// for this daemon (see Hold).
 	held *pgx.Conn
+
+	// fence, when set, is the node whose lease every change to a sandbox
+	// or checkpoint record is conditional on (see SetFence).
+	fence atomic.Pointer[fence]
 }
 
 var _ store.Store = (*Store)(nil)

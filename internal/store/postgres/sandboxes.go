@@ -13,13 +13,16 @@ import (
 )
 
 // CreateSandbox adds sb; store.ErrExists if its id is taken, or its name
-// within its org.
+// within its org. A fenced store (SetFence) adds only records of its node.
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	if f := s.fence.Load(); f != nil && sb.Node != f.node {
+		return fmt.Errorf("creating sandbox %s: its record names node %q, and this store writes for node %s only", sb.ID, sb.Node, f.node)
+	}
 	args, err := sandboxArgs(sb)
 	if err != nil {
 		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
 	}
-	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+columns.SandboxNames+`)
+	_, err = s.execOwned(ctx, "", `INSERT INTO sandboxes (`+columns.SandboxNames+`)
 		VALUES (@id, @name, @state, @template, @image, @resources, @env, @labels, @idle,
 			@http_port, @url, @from_source, @created_at, @net_index, @agent_token,
 			@checkpoint_seq, @auto_seq, @error, @agent_gen, @restore_target, @secrets, @secret_files, @public, @network, @pool, @org,
@@ -82,7 +85,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
 	}
-	tag, err := s.exec(ctx, `UPDATE sandboxes SET
+	n, err := s.execOwned(ctx, sb.ID, `UPDATE sandboxes SET
 		name = @name, state = @state, template = @template, image = @image,
 		resources = @resources, env = @env, labels = @labels, idle = @idle,
 		http_port = @http_port, url = @url, from_source = @from_source,
@@ -98,7 +101,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
 	}
-	if err := oneRow(tag); err != nil {
+	if n == 0 {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, s.whyNotUpdated(ctx, sb.ID))
 	}
 	sb.Version++
@@ -121,12 +124,12 @@ func (s *Store) whyNotUpdated(ctx context.Context, id string) error {
 // DeleteSandbox removes a sandbox and, by cascade, its checkpoints;
 // store.ErrNotFound if none.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	tag, err := s.exec(ctx, `DELETE FROM sandboxes WHERE id = $1`, id)
+	n, err := s.execOwned(ctx, id, `DELETE FROM sandboxes WHERE id = $1`, id)
 	if err != nil {
 		return fmt.Errorf("deleting sandbox %s: %w", id, err)
 	}
-	if err := oneRow(tag); err != nil {
-		return fmt.Errorf("deleting sandbox %s: %w", id, err)
+	if n == 0 {
+		return fmt.Errorf("deleting sandbox %s: %w", id, store.ErrNotFound)
 	}
 	return nil
 }

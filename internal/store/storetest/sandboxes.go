@@ -25,7 +25,9 @@ func testSandboxRoundTrip(ctx context.Context, t *testing.T, st store.Store) {
 	}{
 		{"full", func(*store.Sandbox) {}},
 		{"zero fields", func(sb *store.Sandbox) {
-			*sb = store.Sandbox{Sandbox: api.Sandbox{ID: sb.ID, Name: sb.Name, CreatedAt: sb.CreatedAt}}
+			// The owner node stays: a node's store writes its own records
+			// only.
+			*sb = store.Sandbox{Sandbox: api.Sandbox{ID: sb.ID, Name: sb.Name, CreatedAt: sb.CreatedAt, Node: sb.Node}}
 		}},
 		{"nil maps", func(sb *store.Sandbox) { sb.Env, sb.Labels = nil, nil }},
 		{"empty maps", func(sb *store.Sandbox) { sb.Env, sb.Labels = map[string]string{}, map[string]string{} }},

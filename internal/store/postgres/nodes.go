@@ -1,0 +1,279 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+)
+
+// The nodes of a cluster. Every daemon of a cluster joins it under its
+// name (JoinNode), which hands it the next epoch and a lease, and renews
+// the lease every few seconds (RenewNode). Time is the database's own
+// (now()), never a node's clock: two nodes whose clocks disagree still
+// agree on whose lease has run out.
+
+// Errors of the nodes' records.
+var (
+	// ErrFenced: the store is fenced (SetFence) and its node no longer
+	// holds its lease at that epoch (it ran out, a later start of the node
+	// joined, or the node was removed), or the record is another node's:
+	// the write changed nothing.
+	ErrFenced = errors.New("this node may not change the record")
+	// ErrNodeRemoved: the node was removed for good (RemoveNode); it
+	// cannot join again under that name.
+	ErrNodeRemoved = errors.New("the node was removed")
+	// ErrNodeTaken: another daemon, at another address, holds a live lease
+	// under that name.
+	ErrNodeTaken = errors.New("another daemon holds the node's name")
+)
+
+// JoinNode makes n.Name a node of the cluster at n.Address, or takes the
+// name again (a restart), with the next epoch and a lease of lease from
+// now; it returns the epoch. A node cordoned stays cordoned. It fails with
+// ErrNodeRemoved for a node removed, and with ErrNodeTaken while a daemon
+// at another address holds a live lease under the name: two daemons never
+// share one name by mistake, and a restart (the same address) takes its
+// name back at once.
+func (s *Store) JoinNode(ctx context.Context, n store.Node, lease time.Duration) (int64, error) {
+	load, err := json.Marshal(n.Load)
+	if err != nil {
+		return 0, fmt.Errorf("joining as node %s: %w", n.Name, err)
+	}
+	var epoch int64
+	var removed, taken bool
+	err = s.execTx(ctx, func(tx pgx.Tx) (bool, error) {
+		err := tx.QueryRow(ctx, `SELECT removed, lease_until > now() AND address <> $2 FROM nodes WHERE name = $1 FOR UPDATE`,
+			n.Name, n.Address).Scan(&removed, &taken)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return false, err
+		}
+		if removed || taken {
+			return false, nil
+		}
+		err = tx.QueryRow(ctx, `INSERT INTO nodes (name, address, role, epoch, lease_until, cordoned, removed, info, joined_at, renewed_at)
+			VALUES ($1, $2, $3, 1, now() + $4 * interval '1 millisecond', false, false, $5, now(), now())
+			ON CONFLICT (name) DO UPDATE SET address = EXCLUDED.address, role = EXCLUDED.role,
+				epoch = nodes.epoch + 1, lease_until = EXCLUDED.lease_until, info = EXCLUDED.info,
+				joined_at = now(), renewed_at = now()
+			RETURNING epoch`, n.Name, n.Address, n.Load.Role, lease.Milliseconds(), string(load)).Scan(&epoch)
+		return true, err
+	})
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("joining as node %s: %w", n.Name, err)
+	case removed:
+		return 0, fmt.Errorf("joining as node %s: %w for good (loam nodes remove); start this daemon under another name", n.Name, ErrNodeRemoved)
+	case taken:
+		return 0, fmt.Errorf("joining as node %s at %s: %w (at another address, its lease still running); give this daemon another name", n.Name, n.Address, ErrNodeTaken)
+	}
+	return epoch, nil
+}
+
+// RenewNode extends the lease of node name at epoch to lease from now,
+// and records what it reports (load). ErrFenced if the node no longer
+// holds that epoch (a later start of it joined, or it was removed); a
+// lease that ran out meanwhile is renewed, the node taking its sandboxes
+// back.
+func (s *Store) RenewNode(ctx context.Context, name string, epoch int64, lease time.Duration, load api.NodeLoad) error {
+	b, err := json.Marshal(load)
+	if err != nil {
+		return fmt.Errorf("renewing the lease of node %s: %w", name, err)
+	}
+	tag, err := s.exec(store.WithoutAudit(ctx), `UPDATE nodes SET lease_until = now() + $3 * interval '1 millisecond',
+		renewed_at = now(), info = $4, role = $5
+		WHERE name = $1 AND epoch = $2 AND NOT removed`, name, epoch, lease.Milliseconds(), string(b), load.Role)
+	if err != nil {
+		return fmt.Errorf("renewing the lease of node %s: %w", name, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("renewing the lease of node %s at epoch %d: %w: it was removed, or a later start of it joined", name, epoch, ErrFenced)
+	}
+	return nil
+}
+
+// ListNodes lists the nodes not removed, by name, and the database's time
+// now, against which their leases are read.
+func (s *Store) ListNodes(ctx context.Context) ([]*store.Node, time.Time, error) {
+	var now time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return nil, now, fmt.Errorf("listing nodes: %w", unavailable(err))
+	}
+	rows, err := s.pool.Query(ctx, `SELECT name, address, epoch, cordoned, info, joined_at, renewed_at, lease_until
+		FROM nodes WHERE NOT removed ORDER BY name COLLATE "C"`)
+	if err != nil {
+		return nil, now, fmt.Errorf("listing nodes: %w", unavailable(err))
+	}
+	list, err := collect(rows, scanNode)
+	if err != nil {
+		return nil, now, fmt.Errorf("listing nodes: %w", err)
+	}
+	return list, now.UTC(), nil
+}
+
+// NodeState is the state of n at the database's time now.
+func NodeState(n *store.Node, now time.Time) api.NodeState {
+	if n.LeaseUntil.After(now) {
+		return api.NodeReady
+	}
+	return api.NodeUnreachable
+}
+
+func scanNode(row pgx.Row) (*store.Node, error) {
+	var n store.Node
+	var load string
+	if err := row.Scan(&n.Name, &n.Address, &n.Epoch, &n.Cordoned, &load, &n.JoinedAt, &n.RenewedAt, &n.LeaseUntil); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(load), &n.Load); err != nil {
+		return nil, fmt.Errorf("node %s: reading its load: %w", n.Name, err)
+	}
+	n.JoinedAt, n.RenewedAt, n.LeaseUntil = n.JoinedAt.UTC(), n.RenewedAt.UTC(), n.LeaseUntil.UTC()
+	return &n, nil
+}
+
+// CordonNode stops (on) or resumes placements on node name;
+// store.ErrNotFound if there is no such node.
+func (s *Store) CordonNode(ctx context.Context, name string, on bool) error {
+	tag, err := s.exec(ctx, `UPDATE nodes SET cordoned = $2 WHERE name = $1 AND NOT removed AND cordoned <> $2`, name, on)
+	if err != nil {
+		return fmt.Errorf("cordoning node %s: %w", name, err)
+	}
+	if tag.RowsAffected() == 0 {
+		var found bool
+		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes WHERE name = $1 AND NOT removed)`, name).Scan(&found); err != nil {
+			return fmt.Errorf("cordoning node %s: %w", name, unavailable(err))
+		}
+		if !found {
+			return fmt.Errorf("cordoning node %s: %w", name, store.ErrNotFound)
+		}
+	}
+	return nil
+}
+
+// RemoveNodeReason is the reason a removed node's sandboxes are in state
+// error with.
+const RemoveNodeReason = "node removed"
+
+// RemoveNode declares node name gone for good: its lease ends now, it can
+// never renew it or join again, and each of its sandboxes is in state
+// error ("node removed"), in one transaction. It returns how many
+// sandboxes it marked; store.ErrNotFound if there is no such node.
+func (s *Store) RemoveNode(ctx context.Context, name string) (int, error) {
+	var marked int64
+	var found bool
+	err := s.execTx(ctx, func(tx pgx.Tx) (bool, error) {
+		tag, err := tx.Exec(ctx, `UPDATE nodes SET removed = true, lease_until = now() WHERE name = $1 AND NOT removed`, name)
+		if err != nil || tag.RowsAffected() == 0 {
+			return false, err
+		}
+		found = true
+		tag, err = tx.Exec(ctx, `UPDATE sandboxes SET state = $2, error = $3, restore_target = '', version = version + 1
+			WHERE node = $1`, name, string(api.StateError), RemoveNodeReason)
+		marked = tag.RowsAffected()
+		return true, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("removing node %s: %w", name, err)
+	}
+	if !found {
+		return 0, fmt.Errorf("removing node %s: %w", name, store.ErrNotFound)
+	}
+	return int(marked), nil
+}
+
+// ClusterSecret is the cluster's secret called name: made by make and
+// kept on first use, the kept one from then on, also when several nodes
+// ask at once (one make wins, every node gets its value).
+func (s *Store) ClusterSecret(ctx context.Context, name string, make func() ([]byte, error)) ([]byte, error) {
+	var v []byte
+	err := s.pool.QueryRow(ctx, `SELECT value FROM cluster_secrets WHERE name = $1`, name).Scan(&v)
+	if err == nil {
+		return v, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("reading the cluster's %s: %w", name, unavailable(err))
+	}
+	made, err := make()
+	if err != nil {
+		return nil, fmt.Errorf("making the cluster's %s: %w", name, err)
+	}
+	if _, err := s.exec(store.WithoutAudit(ctx), `INSERT INTO cluster_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`, name, made); err != nil {
+		return nil, fmt.Errorf("keeping the cluster's %s: %w", name, err)
+	}
+	if err := s.pool.QueryRow(ctx, `SELECT value FROM cluster_secrets WHERE name = $1`, name).Scan(&v); err != nil {
+		return nil, fmt.Errorf("reading the cluster's %s: %w", name, unavailable(err))
+	}
+	return v, nil
+}
+
+// fence is the node a fenced store writes for (SetFence).
+type fence struct {
+	node  string
+	epoch int64
+}
+
+// SetFence makes every change s makes to a sandbox or checkpoint record
+// conditional on node holding a live lease at epoch, checked in the
+// change's own transaction (the node's row locked against a join or a
+// removal meanwhile), and, for a record that exists, on the record being
+// node's: otherwise the change is refused with ErrFenced (the API's
+// unavailable) and nothing lands. A node sets it after it joins (and
+// again after each join); a store of one machine has none.
+func (s *Store) SetFence(node string, epoch int64) {
+	s.fence.Store(&fence{node: node, epoch: epoch})
+}
+
+// checkFence is the fence's check in tx, the transaction of a change to a
+// record of sandbox id (its owner checked when it exists; "" for a new
+// one).
+func (s *Store) checkFence(ctx context.Context, tx pgx.Tx, id string) error {
+	f := s.fence.Load()
+	if f == nil {
+		return nil
+	}
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM nodes WHERE name = $1 AND epoch = $2 AND NOT removed AND lease_until > now() FOR SHARE`,
+		f.node, f.epoch).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %w", api.Errorf(api.CodeUnavailable,
+			"node %s does not hold its lease (cut off from the database, replaced by a later start, or removed): it changes nothing until it renews it", f.node), ErrFenced)
+	}
+	if err != nil || id == "" {
+		return err
+	}
+	var owner string
+	err = tx.QueryRow(ctx, `SELECT node FROM sandboxes WHERE id = $1 FOR UPDATE`, id).Scan(&owner)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // the change finds no record, and says so
+	}
+	if err != nil {
+		return err
+	}
+	if owner != f.node {
+		return fmt.Errorf("%w: %w", api.Errorf(api.CodeUnavailable,
+			"sandbox %s belongs to node %s, not to this node (%s): only its owner changes it", id, owner, f.node), ErrFenced)
+	}
+	return nil
+}
+
+// execOwned is exec for a change to the records of sandbox id, behind the
+// fence (SetFence).
+func (s *Store) execOwned(ctx context.Context, id, query string, args ...any) (int64, error) {
+	var n int64
+	err := s.execTx(ctx, func(tx pgx.Tx) (bool, error) {
+		if err := s.checkFence(ctx, tx, id); err != nil {
+			return false, err
+		}
+		tag, err := tx.Exec(ctx, query, args...)
+		n = tag.RowsAffected()
+		return err == nil && n > 0, err
+	})
+	return n, err
+}

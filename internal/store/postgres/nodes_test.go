@@ -1,0 +1,240 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/storetest"
+)
+
+// twoNodes opens two stores on one new database, as two nodes' daemons.
+func twoNodes(t *testing.T) (a, b *Store) {
+	t.Helper()
+	a = openNew(t)
+	t.Cleanup(func() { a.Close() })
+	u, _ := urls.Load(a)
+	b, err := Open(t.Context(), u.(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return a, b
+}
+
+func join(t *testing.T, st *Store, name, addr string, lease time.Duration) int64 {
+	t.Helper()
+	epoch, err := st.JoinNode(t.Context(), store.Node{Name: name, Address: addr,
+		Load: api.NodeLoad{Role: "node", CPUs: 2, MemoryMiB: 24 << 10, Templates: []string{"base"}}}, lease)
+	if err != nil {
+		t.Fatalf("JoinNode(%s): %v", name, err)
+	}
+	st.SetFence(name, epoch)
+	return epoch
+}
+
+func nodeSandbox(id, node string) *store.Sandbox {
+	return &store.Sandbox{Sandbox: api.Sandbox{ID: id, Name: id, State: api.StateRunning, Node: node,
+		CreatedAt: store.Now()}, Org: "default"}
+}
+
+func nodeStates(t *testing.T, st *Store) map[string]string {
+	t.Helper()
+	list, now, err := st.ListNodes(t.Context())
+	if err != nil {
+		t.Fatalf("ListNodes: %v", err)
+	}
+	got := map[string]string{}
+	for _, n := range list {
+		got[n.Name] = fmt.Sprintf("%s cordoned=%v", NodeState(n, now), n.Cordoned)
+	}
+	return got
+}
+
+// TestNodes: nodes join and renew leases read on the database's clock;
+// cordon; a lease that runs out makes the node unreachable and fences its
+// writes (nothing lands) until it renews; a later start of a node fences
+// the earlier one's process for good; a node never changes another's
+// sandbox; a removed node's sandboxes are in error, and it can neither
+// renew nor join again.
+func TestNodes(t *testing.T) {
+	ctx := t.Context()
+	a, b := twoNodes(t)
+	const lease = 1500 * time.Millisecond
+	epochA := join(t, a, "n1", "http://10.0.0.1:8080", time.Minute)
+	join(t, b, "n2", "http://10.0.0.2:8080", lease)
+	if got := nodeStates(t, a); got["n1"] != "ready cordoned=false" || got["n2"] != "ready cordoned=false" || len(got) != 2 {
+		t.Fatalf("nodes = %v, want n1 and n2 ready", got)
+	}
+	list, _, _ := a.ListNodes(ctx)
+	if l := list[0].Load; l.CPUs != 2 || l.MemoryMiB != 24<<10 || len(l.Templates) != 1 || list[0].Address != "http://10.0.0.1:8080" {
+		t.Errorf("n1's record = %+v", list[0])
+	}
+
+	// Each writes its own sandboxes, never the other's.
+	mustCreate := func(st *Store, sb *store.Sandbox) {
+		t.Helper()
+		if err := st.CreateSandbox(ctx, sb); err != nil {
+			t.Fatalf("CreateSandbox(%s): %v", sb.ID, err)
+		}
+	}
+	mustCreate(a, nodeSandbox("sb-a", "n1"))
+	mustCreate(b, nodeSandbox("sb-b", "n2"))
+	if err := a.CreateSandbox(ctx, nodeSandbox("sb-x", "n2")); err == nil {
+		t.Error("n1 created a sandbox record of n2's")
+	}
+	onB, err := a.GetSandbox(ctx, "", "sb-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	onB.State = api.StateStopped
+	wantFenced(t, "n1 updating n2's sandbox", a.UpdateSandbox(ctx, onB))
+	wantFenced(t, "n1 deleting n2's sandbox", a.DeleteSandbox(ctx, "sb-b"))
+	cp := &store.Checkpoint{Checkpoint: api.Checkpoint{ID: "v1", Sandbox: "sb-b", CreatedAt: store.Now()}}
+	wantFenced(t, "n1 checkpointing n2's sandbox", a.CreateCheckpoint(ctx, cp))
+	if err := b.CreateCheckpoint(ctx, cp); err != nil {
+		t.Fatalf("n2 checkpointing its sandbox: %v", err)
+	}
+	wantFenced(t, "n1 deleting n2's checkpoint", a.DeleteCheckpoint(ctx, "sb-b", "v1"))
+
+	// Cordon and uncordon.
+	if err := a.CordonNode(ctx, "n2", true); err != nil {
+		t.Fatal(err)
+	}
+	if got := nodeStates(t, b)["n2"]; got != "ready cordoned=true" {
+		t.Errorf("n2 after cordon: %s", got)
+	}
+	if err := a.CordonNode(ctx, "n2", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CordonNode(ctx, "n9", true); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("CordonNode(n9) = %v, want not found", err)
+	}
+
+	// n2's lease runs out: it is unreachable, and its writes land nowhere.
+	time.Sleep(lease + 300*time.Millisecond)
+	if got := nodeStates(t, a)["n2"]; got != "unreachable cordoned=false" {
+		t.Errorf("n2 after its lease: %s", got)
+	}
+	sb, _ := b.GetSandbox(ctx, "", "sb-b")
+	sb.State = api.StateSleeping
+	wantFenced(t, "n2 updating its sandbox after its lease", b.UpdateSandbox(ctx, sb))
+	wantFenced(t, "n2 creating a sandbox after its lease", b.CreateSandbox(ctx, nodeSandbox("sb-b2", "n2")))
+	if got, _ := a.GetSandbox(ctx, "", "sb-b"); got.State != api.StateStopped && got.State != api.StateRunning || got.Version != 1 {
+		t.Errorf("after n2's fenced update, sb-b is %s at version %d; want it unchanged", got.State, got.Version)
+	}
+	// It renews (its link is back): its writes land again.
+	epochB := b.fence.Load().epoch
+	if err := b.RenewNode(ctx, "n2", epochB, time.Minute, api.NodeLoad{Role: "node", Sandboxes: 1}); err != nil {
+		t.Fatalf("RenewNode after a lapse: %v", err)
+	}
+	if err := b.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatalf("n2 updating its sandbox after renewing: %v", err)
+	}
+
+	// A later start of n1 (a new epoch) fences the earlier process.
+	c, err := Open(ctx, func() string { u, _ := urls.Load(a); return u.(string) }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if epoch := join(t, c, "n1", "http://10.0.0.1:8080", time.Minute); epoch != epochA+1 {
+		t.Errorf("n1's second join has epoch %d, want %d", epoch, epochA+1)
+	}
+	old, _ := a.GetSandbox(ctx, "", "sb-a")
+	old.State = api.StateStopped
+	wantFenced(t, "n1's earlier process updating after a restart", a.UpdateSandbox(ctx, old))
+	if err := a.RenewNode(ctx, "n1", epochA, time.Minute, api.NodeLoad{}); !errors.Is(err, ErrFenced) {
+		t.Errorf("the earlier process renewing: %v, want ErrFenced", err)
+	}
+	if err := c.UpdateSandbox(ctx, old); err != nil {
+		t.Errorf("n1's new process updating its sandbox: %v", err)
+	}
+	// Another daemon at another address cannot take n1's name while its
+	// lease runs.
+	if _, err := b.JoinNode(ctx, store.Node{Name: "n1", Address: "http://10.0.0.9:8080"}, time.Minute); !errors.Is(err, ErrNodeTaken) {
+		t.Errorf("joining as n1 from elsewhere: %v, want ErrNodeTaken", err)
+	}
+
+	// n2 removed for good.
+	n, err := a.RemoveNode(ctx, "n2")
+	if err != nil || n != 1 {
+		t.Fatalf("RemoveNode(n2) = %d, %v; want 1 sandbox marked", n, err)
+	}
+	got, _ := a.GetSandbox(ctx, "", "sb-b")
+	if got.State != api.StateError || got.Error != RemoveNodeReason {
+		t.Errorf("n2's sandbox after the removal: %s %q", got.State, got.Error)
+	}
+	if cps, _ := a.ListCheckpoints(ctx, "sb-b"); len(cps) != 1 {
+		t.Errorf("n2's sandbox's checkpoints after the removal: %d, want 1 (kept)", len(cps))
+	}
+	if _, ok := nodeStates(t, a)["n2"]; ok {
+		t.Error("a removed node is listed")
+	}
+	if err := b.RenewNode(ctx, "n2", epochB, time.Minute, api.NodeLoad{}); !errors.Is(err, ErrFenced) {
+		t.Errorf("a removed node renewing: %v, want ErrFenced", err)
+	}
+	if _, err := b.JoinNode(ctx, store.Node{Name: "n2", Address: "http://10.0.0.2:8080"}, time.Minute); !errors.Is(err, ErrNodeRemoved) {
+		t.Errorf("a removed node joining again: %v, want ErrNodeRemoved", err)
+	}
+	if _, err := a.RemoveNode(ctx, "n2"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("removing n2 twice: %v, want not found", err)
+	}
+}
+
+// wantFenced checks err is the fence's: ErrFenced, the API's unavailable.
+func wantFenced(t *testing.T, what string, err error) {
+	t.Helper()
+	var ae *api.Error
+	if !errors.Is(err, ErrFenced) || !errors.As(err, &ae) || ae.Code != api.CodeUnavailable {
+		t.Errorf("%s: %v; want ErrFenced, unavailable", what, err)
+	}
+}
+
+// TestClusterSecret: nodes asking for a secret at once all get the one
+// kept value, made once.
+func TestClusterSecret(t *testing.T) {
+	a, b := twoNodes(t)
+	var wg sync.WaitGroup
+	got := make([][]byte, 8)
+	for i := range got {
+		st := []*Store{a, b}[i%2]
+		wg.Go(func() {
+			v, err := st.ClusterSecret(t.Context(), "node-credential", func() ([]byte, error) { return []byte(fmt.Sprint("made by ", i)), nil })
+			if err != nil {
+				t.Errorf("ClusterSecret: %v", err)
+			}
+			got[i] = v
+		})
+	}
+	wg.Wait()
+	for i := range got {
+		if string(got[i]) != string(got[0]) || len(got[0]) == 0 {
+			t.Fatalf("the nodes got %q", got)
+		}
+	}
+	v, _ := a.ClusterSecret(t.Context(), "node-credential", func() ([]byte, error) { return nil, errors.New("made again") })
+	if string(v) != string(got[0]) {
+		t.Errorf("later: %q, want %q", v, got[0])
+	}
+}
+
+// TestStoreFenced: the store suite on the store of a node holding its
+// lease (the suite's records are node-a's): the fence changes nothing
+// for the owner's writes.
+func TestStoreFenced(t *testing.T) {
+	fenced := func(t *testing.T) store.Store {
+		st := openNew(t)
+		join(t, st, "node-a", "http://127.0.0.1:1", time.Hour)
+		return st
+	}
+	storetest.Run(t, fenced, storetest.WithPeer(func(t *testing.T, st store.Store) store.Store {
+		p := peer(t, st).(*Store)
+		p.SetFence("node-a", st.(*Store).fence.Load().epoch)
+		return p
+	}))
+}
