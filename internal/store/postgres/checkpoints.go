@@ -86,12 +86,12 @@ func (s *Store) ListCheckpoints(ctx context.Context, sandboxID string) ([]*store
 // DeleteCheckpoint removes the checkpoint with that id (not name) from the
 // sandbox; store.ErrNotFound if none.
 func (s *Store) DeleteCheckpoint(ctx context.Context, sandboxID, id string) error {
-	n, err := s.execOwned(ctx, sandboxID, `DELETE FROM checkpoints WHERE sandbox_id = $1 AND id = $2`, sandboxID, id)
+	tag, err := s.execOwned(ctx, sandboxID, `DELETE FROM checkpoints WHERE sandbox_id = $1 AND id = $2`, sandboxID, id)
 	if err != nil {
 		return fmt.Errorf("deleting checkpoint %s of sandbox %s: %w", id, sandboxID, err)
 	}
-	if n == 0 {
-		return fmt.Errorf("deleting checkpoint %s of sandbox %s: %w", id, sandboxID, store.ErrNotFound)
+	if err := oneRow(tag); err != nil {
+		return fmt.Errorf("deleting checkpoint %s of sandbox %s: %w", id, sandboxID, err)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
@@ -265,15 +266,15 @@ func (s *Store) checkFence(ctx context.Context, tx pgx.Tx, id string) error {
 
 // execOwned is exec for a change to the records of sandbox id, behind the
 // fence (SetFence).
-func (s *Store) execOwned(ctx context.Context, id, query string, args ...any) (int64, error) {
-	var n int64
+func (s *Store) execOwned(ctx context.Context, id, query string, args ...any) (pgconn.CommandTag, error) {
+	var tag pgconn.CommandTag
 	err := s.execTx(ctx, func(tx pgx.Tx) (bool, error) {
 		if err := s.checkFence(ctx, tx, id); err != nil {
 			return false, err
 		}
-		tag, err := tx.Exec(ctx, query, args...)
-		n = tag.RowsAffected()
-		return err == nil && n > 0, err
+		var err error
+		tag, err = tx.Exec(ctx, query, args...)
+		return err == nil && tag.RowsAffected() > 0, err
 	})
-	return n, err
+	return tag, err
 }

@@ -17,11 +17,7 @@ func twoNodes(t *testing.T) (a, b *Store) {
 	t.Helper()
 	a = openNew(t)
 	t.Cleanup(func() { a.Close() })
-	u, _ := urls.Load(a)
-	b, err := Open(t.Context(), u.(string))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b = openAgain(t, a)
 	t.Cleanup(func() { b.Close() })
 	return a, b
 }
@@ -137,10 +133,7 @@ func TestNodes(t *testing.T) {
 	}
 
 	// A later start of n1 (a new epoch) fences the earlier process.
-	c, err := Open(ctx, func() string { u, _ := urls.Load(a); return u.(string) }())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := openAgain(t, a)
 	defer c.Close()
 	if epoch := join(t, c, "n1", "http://10.0.0.1:8080", time.Minute); epoch != epochA+1 {
 		t.Errorf("n1's second join has epoch %d, want %d", epoch, epochA+1)
@@ -233,7 +226,7 @@ func TestStoreFenced(t *testing.T) {
 		return st
 	}
 	storetest.Run(t, fenced, storetest.WithPeer(func(t *testing.T, st store.Store) store.Store {
-		p := peer(t, st).(*Store)
+		p := openAgain(t, st.(*Store))
 		p.SetFence("node-a", st.(*Store).fence.Load().epoch)
 		return p
 	}))

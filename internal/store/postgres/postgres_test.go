@@ -38,15 +38,20 @@ func openNew(t *testing.T) *Store {
 
 func newStore(t *testing.T) store.Store { return openNew(t) }
 
-// reopen opens the database of old, which is closed, again.
-func reopen(t *testing.T, old store.Store) store.Store {
-	u, _ := urls.Load(old.(*Store))
+// openAgain opens the database of st (open or closed) again: a reopen,
+// or a second node's store on it.
+func openAgain(t *testing.T, st *Store) *Store {
+	t.Helper()
+	u, _ := urls.Load(st)
 	s, err := Open(t.Context(), u.(string))
 	if err != nil {
-		t.Fatalf("reopening: %v", err)
+		t.Fatalf("opening the database again: %v", err)
 	}
 	return s
 }
+
+// reopen opens the database of old, which is closed, again.
+func reopen(t *testing.T, old store.Store) store.Store { return openAgain(t, old.(*Store)) }
 
 // TestStore: the store suite package sqlite passes, on a real PostgreSQL.
 func TestStore(t *testing.T) {
@@ -54,14 +59,7 @@ func TestStore(t *testing.T) {
 }
 
 // peer opens a second store on the database of st, as a second node does.
-func peer(t *testing.T, st store.Store) store.Store {
-	u, _ := urls.Load(st.(*Store))
-	s, err := Open(t.Context(), u.(string))
-	if err != nil {
-		t.Fatalf("opening a peer: %v", err)
-	}
-	return s
-}
+func peer(t *testing.T, st store.Store) store.Store { return openAgain(t, st.(*Store)) }
 
 // TestImages: the image records' suite package sqlite passes.
 func TestImages(t *testing.T) {

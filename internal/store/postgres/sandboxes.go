@@ -85,7 +85,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
 	}
-	n, err := s.execOwned(ctx, sb.ID, `UPDATE sandboxes SET
+	tag, err := s.execOwned(ctx, sb.ID, `UPDATE sandboxes SET
 		name = @name, state = @state, template = @template, image = @image,
 		resources = @resources, env = @env, labels = @labels, idle = @idle,
 		http_port = @http_port, url = @url, from_source = @from_source,
@@ -101,7 +101,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, err)
 	}
-	if n == 0 {
+	if err := oneRow(tag); err != nil {
 		return fmt.Errorf("updating sandbox %s: %w", sb.ID, s.whyNotUpdated(ctx, sb.ID))
 	}
 	sb.Version++
@@ -124,12 +124,12 @@ func (s *Store) whyNotUpdated(ctx context.Context, id string) error {
 // DeleteSandbox removes a sandbox and, by cascade, its checkpoints;
 // store.ErrNotFound if none.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	n, err := s.execOwned(ctx, id, `DELETE FROM sandboxes WHERE id = $1`, id)
+	tag, err := s.execOwned(ctx, id, `DELETE FROM sandboxes WHERE id = $1`, id)
 	if err != nil {
 		return fmt.Errorf("deleting sandbox %s: %w", id, err)
 	}
-	if n == 0 {
-		return fmt.Errorf("deleting sandbox %s: %w", id, store.ErrNotFound)
+	if err := oneRow(tag); err != nil {
+		return fmt.Errorf("deleting sandbox %s: %w", id, err)
 	}
 	return nil
 }
