@@ -577,7 +577,7 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err er
 	var ae *api.Error
 	if !errors.As(err, &ae) && errors.Is(err, store.ErrStale) {
 		// Another writer (a node, a call) changed the record between this
-		// call's read and its write; nothing of this call landed.
+		// call's read and its write, which did not land.
 		log.Info("a record changed under a call", "request_id", RequestID(r.Context()), "err", err)
 		ae = api.Errorf(api.CodeConflict, "the sandbox changed while this call ran (another call or node changed it first); read it again and retry")
 	}
