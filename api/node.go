@@ -58,3 +58,15 @@ type NodeLoad struct {
 type NodeList struct {
 	Nodes []Node `json:"nodes"`
 }
+
+// NodeRemovedReason is the reason of the sandboxes of a node removed for
+// good (state error): their records are all that is left of them.
+const NodeRemovedReason = "node removed"
+
+// NodeRemoved is the answer of DELETE /v1/nodes/{node}?force=true: the
+// node is gone for good, and Sandboxes of its sandboxes are now in state
+// error ("node removed").
+type NodeRemoved struct {
+	Node      string `json:"node"`
+	Sandboxes int    `json:"sandboxes"`
+}

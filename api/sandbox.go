@@ -16,6 +16,10 @@ const (
 	// StateRestoring: being put back to a checkpoint; its processes and
 	// disk are being replaced.
 	StateRestoring State = "restoring"
+	// StateUnknown: the sandbox's node (in a cluster) stopped answering;
+	// Reason says which node and since when. It is shown, never stored:
+	// the state the node last recorded returns when the node does.
+	StateUnknown State = "unknown"
 )
 
 // Resources are the limits a sandbox runs under.
@@ -35,8 +39,8 @@ type Sandbox struct {
 	Name  string `json:"name"`
 	State State  `json:"state"`
 	// Reason says why a sandbox is in state error (its sandbox process
-	// died, a restore failed, …) and what brings it back; empty in
-	// other states.
+	// died, a restore failed, …) or unknown (its node stopped answering)
+	// and what brings it back; empty in other states.
 	Reason    string            `json:"reason,omitempty"`
 	Template  string            `json:"template,omitempty"`
 	Image     string            `json:"image,omitempty"`
@@ -139,6 +143,9 @@ type CreateSandbox struct {
 	// returns (see Service). A fork takes its services from the
 	// checkpoint's disk and may not give any.
 	Services []Service `json:"services,omitempty"`
+	// Node, in a cluster, pins the sandbox to that node instead of the one
+	// placement picks: the operator's (admin token) alone.
+	Node string `json:"node,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.

@@ -325,6 +325,22 @@ var routeCalls = []routeCall{
 		_, err := c.Org(ctx)
 		return err
 	}},
+	{"GET /v1/nodes", "ListNodes", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ListNodes(ctx)
+		return err
+	}},
+	{"POST /v1/nodes/{node}/cordon", "CordonNode", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.CordonNode(ctx, "node-2", true)
+		return err
+	}},
+	{"POST /v1/nodes/{node}/uncordon", "CordonNode", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.CordonNode(ctx, "node-2", false)
+		return err
+	}},
+	{"DELETE /v1/nodes/{node}", "RemoveNode", url.Values{"force": {"true"}}, func(ctx context.Context, c *client.Client) error {
+		_, err := c.RemoveNode(ctx, "node-2")
+		return err
+	}},
 	{"GET /v1/orgs", "ListOrgs", nil, func(ctx context.Context, c *client.Client) error {
 		_, err := c.ListOrgs(ctx)
 		return err

@@ -40,8 +40,11 @@ var ErrWrongToken = api.Errorf(api.CodeUnauthorized, "missing or wrong token: se
 
 // Keys authenticates calls and manages API keys.
 type Keys struct {
-	org   string
-	admin string
+	org string
+	// admin is the admin token's SHA-256, nil for none: a cluster keeps
+	// the hash alone (made by its first node), and every node checks the
+	// token against it.
+	admin []byte
 	store KeyStore
 	log   *slog.Logger
 	now   func() time.Time
@@ -64,8 +67,26 @@ type openCall struct {
 // NewKeys makes the authenticator of a daemon whose org is org and whose
 // admin token is admin, keeping keys in st (nil: the admin token alone).
 func NewKeys(org, admin string, st KeyStore, log *slog.Logger) *Keys {
-	return &Keys{org: org, admin: admin, store: st, log: log, now: store.Now,
+	var hash []byte
+	if admin != "" {
+		hash = AdminHash(admin)
+	}
+	return NewKeysForHash(org, hash, st, log)
+}
+
+// NewKeysForHash is NewKeys for an admin token known by its hash alone
+// (AdminHash; nil: no admin token), as a cluster's nodes know it.
+func NewKeysForHash(org string, adminHash []byte, st KeyStore, log *slog.Logger) *Keys {
+	return &Keys{org: org, admin: adminHash, store: st, log: log, now: store.Now,
 		open: map[string]map[*openCall]struct{}{}, used: map[string]time.Time{}, written: map[string]time.Time{}}
+}
+
+// AdminHash is the hash of an admin token that NewKeysForHash takes. The
+// token is 52 random characters (or the operator's own), so a plain
+// SHA-256 is as good as a slow hash: there is nothing to guess.
+func AdminHash(token string) []byte {
+	h := sha256.Sum256([]byte(token))
+	return h[:]
 }
 
 // Org is the daemon's own org, whose admin the admin token is.
@@ -73,7 +94,7 @@ func (k *Keys) Org() string { return k.org }
 
 // IsAdminToken reports whether token is the admin token of loam serve.
 func (k *Keys) IsAdminToken(token string) bool {
-	return k.admin != "" && subtle.ConstantTimeCompare([]byte(token), []byte(k.admin)) == 1
+	return len(k.admin) > 0 && token != "" && subtle.ConstantTimeCompare(AdminHash(token), k.admin) == 1
 }
 
 // Admin is the principal of the admin token.

@@ -107,6 +107,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		secrets     = &secretCommands{a}
 		orgs        = &orgCommands{a}
 		keys        = &keyCommands{a}
+		nodes       = &nodeCommands{a}
 	)
 	root.AddCommand(
 		sandboxes.createCmd(),
@@ -138,6 +139,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		sandboxes.networkCmd(),
 		orgs.orgCmd(),
 		orgs.orgsCmd(),
+		nodes.nodesCmd(),
 		keys.keysCmd(),
 		keys.auditCmd(),
 		a.benchCmd(),

@@ -6,7 +6,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/checkpoint"
 	"loam.dev/loam/internal/checkpoints"
+	"loam.dev/loam/internal/cluster"
 	"loam.dev/loam/internal/conns"
 	"loam.dev/loam/internal/console"
 	"loam.dev/loam/internal/disk"
@@ -55,8 +55,13 @@ type Config struct {
 	// Database, when set, is the PostgreSQL database (a postgres:// URL)
 	// that keeps the records instead of SQLite in the data dir.
 	Database string
-	Domain   string // sandbox URLs are http://NAME--ORG.DOMAIN
-	Org      string
+	// Node, with Database, makes the daemon node Node of the cluster that
+	// shares the database (see internal/cluster); Advertise is the URL
+	// the other nodes reach its API at; Lease, for tests, its lease.
+	Node, Advertise string
+	Lease           time.Duration
+	Domain          string // sandbox URLs are http://NAME--ORG.DOMAIN
+	Org             string
 	// TLSCert and TLSKey, both or neither, are PEM files: with them the
 	// listener serves TLS, and URLs are https://.
 	TLSCert, TLSKey string
@@ -153,6 +158,20 @@ type Daemon struct {
 	// tokenFile is the file the admin token is kept in; empty when it
 	// was given (Config.Token).
 	tokenFile string
+	// adminHash is the admin token's hash (auth.AdminHash): a node of a
+	// cluster has it from the cluster, and may not know the token.
+	adminHash []byte
+	// secretsKey is the key secrets are sealed with: the data dir's, or
+	// the cluster's.
+	secretsKey []byte
+	// member is the daemon's membership of its cluster (--node), nil on
+	// one machine.
+	member *cluster.Member
+	// nodeKey is the cluster's key for the calls nodes pass each other.
+	nodeKey []byte
+	// adopt is set when the data dir's sandboxes were the database's
+	// before this start: a node takes those of no node as its own.
+	adopt bool
 
 	// group runs the components (see component); running is their ctx,
 	// ended by stopComponents (Close) or by the first to fail.
@@ -242,7 +261,7 @@ func (d *Daemon) checkHost(context.Context, *parts) error {
 	if err := sandbox.CheckOrg(d.cfg.Org); err != nil {
 		return fmt.Errorf("--org: %w", err)
 	}
-	return nil
+	return checkNode(&d.cfg)
 }
 
 // claimDataDir takes the data dir's lock first: nothing in it may be
@@ -334,13 +353,26 @@ func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
 		// The hold on the database lives as long as its session; kept
 		// while the daemon runs, which stops if another daemon took it.
 		d.runComponents(ctx, component{"database hold", pg.KeepHeld})
+		if d.cfg.Node != "" {
+			if err := d.joinCluster(ctx, p, pg, d.adopt); err != nil {
+				return err
+			}
+		}
+	}
+	if d.adminHash == nil && d.Token != "" {
+		d.adminHash = auth.AdminHash(d.Token)
+	}
+	if d.secretsKey == nil {
+		if d.secretsKey, err = loadSecretsKey(d.cfg.DataDir, d.log); err != nil {
+			return err
+		}
 	}
 	// The daemon's own org owns what an older data dir had (and, until
 	// there are others, everything made with the admin token).
 	if err := st.EnsureOrg(ctx, d.cfg.Org); err != nil {
 		return fmt.Errorf("opening store: %w", err)
 	}
-	if p.secrets, err = openSecrets(d.cfg.DataDir, st, d.log); err != nil {
+	if p.secrets, err = secret.NewSealed(st, d.secretsKey); err != nil {
 		return err
 	}
 	pool, err := disk.Open(ctx, filepath.Join(d.cfg.DataDir, "disk"), d.cfg.DiskSize)
@@ -425,7 +457,7 @@ func (d *Daemon) prepareTemplates(_ context.Context, p *parts) error {
 // built-in templates, and pulled with the credentials of `loam image
 // login`, then the Docker config's.
 func (d *Daemon) openImages(ctx context.Context, p *parts) error {
-	regSecrets, err := openSecrets(d.cfg.DataDir, p.store.RegistryCredentials(), d.log)
+	regSecrets, err := secret.NewSealed(p.store.RegistryCredentials(), d.secretsKey)
 	if err != nil {
 		return err
 	}
@@ -466,6 +498,8 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		AgentBinary:     cfg.AgentBinary,
 		Domain:          cfg.Domain,
 		Org:             cfg.Org,
+		Node:            cfg.Node,
+		Leases:          d.leases(),
 		Scheme:          scheme,
 		DefaultTemplate: cfg.DefaultTemplate,
 		Defaults:        api.Resources{CPUs: 1, MemoryMiB: 512, DiskMiB: 4096},
@@ -495,7 +529,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 			return d.pools
 		},
 		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {
-			d.sleep = sleep.New(sandbox.NewIdleCore(m), p.store, sleep.Config{DataDir: cfg.DataDir, Idle: cfg.Idle, Every: cfg.IdleEvery}, d.log)
+			d.sleep = sleep.New(sandbox.NewIdleCore(m), p.store, sleep.Config{DataDir: cfg.DataDir, Idle: cfg.Idle, Every: cfg.IdleEvery, Node: cfg.Node}, d.log)
 			return d.sleep
 		},
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
@@ -546,16 +580,25 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	}
 	// API keys and the audit log live in the store; the admin token is
 	// the operator's, and an admin of the daemon's org.
-	keys := auth.NewKeys(cfg.Org, d.Token, p.store, d.log)
+	keys := auth.NewKeysForHash(cfg.Org, d.adminHash, p.store, d.log)
 	d.runComponents(ctx,
 		component{"API keys", keys.Run},
 		component{"audit retention", (&audit.Retention{Store: p.store, Keep: cfg.AuditRetention, Log: d.log}).Run},
 	)
-	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
-	front := proxy.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, proxy.Config{
-		Domain: cfg.Domain, Org: cfg.Org, Token: d.Token, Keys: keys, TLS: p.tls != nil,
+	// In a cluster, a call for a sandbox of another node goes there.
+	var router *cluster.Router
+	routed := func(*server.Server) {}
+	frontCfg := proxy.Config{
+		Domain: cfg.Domain, Org: cfg.Org, Keys: keys, TLS: p.tls != nil,
 		BodyTimeout: cfg.WriteTimeout,
-	}, d.log)
+	}
+	if d.member != nil {
+		router = cluster.NewRouter(d.member, p.store, d.nodeKey, d.log)
+		routed = server.WithRouter(router)
+		frontCfg.Forward = router.ForwardURL
+	}
+	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
+	front := proxy.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, frontCfg, d.log)
 	// The web console shares the API's listener (not sandboxes' URLs,
 	// which the front door takes first): its page at /, its sessions
 	// authorizing API calls from that page.
@@ -563,11 +606,15 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}
-	apiServer := server.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, d.Token, d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
+	var apiServer http.Handler = server.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, "", d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
 		server.WithKeys(keys), server.WithAudit(p.store),
 		server.WithTemplates(p.catalog), server.WithImages(p.images, p.registries),
 		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), server.WithPools(d.pools),
-		server.WithOrgs(sandbox.NewOrgs(d.Manager)))
+		server.WithOrgs(sandbox.NewOrgs(d.Manager)), d.withNodes(p), routed)
+	if d.member != nil {
+		// A node without its lease changes nothing (see cluster.Gate).
+		apiServer = d.member.Gate(apiServer)
+	}
 	limits := d.connLimits()
 	connIdle := cfg.ConnIdleTimeout
 	if connIdle <= 0 {
@@ -667,12 +714,40 @@ func (d *Daemon) loadToken() error {
 	if !errors.Is(err, os.ErrNotExist) || cfg.TokenFile != "" {
 		return fmt.Errorf("reading token: %w", err)
 	}
-	d.Token = "loam_" + rand.Text() + rand.Text()
-	if err := atomicfile.WriteFile(path, []byte(d.Token+"\n"), 0o600); err != nil {
+	if cfg.Node != "" {
+		// A node takes the cluster's, which only its first node makes
+		// (see clusterSecrets).
+		return nil
+	}
+	return d.makeToken()
+}
+
+// makeToken makes an admin token, kept in the token file.
+func (d *Daemon) makeToken() error {
+	d.Token = newToken()
+	if err := atomicfile.WriteFile(d.tokenFile, []byte(d.Token+"\n"), 0o600); err != nil {
 		return fmt.Errorf("storing the new admin token: %w", err)
 	}
-	d.madeToken = path
+	d.madeToken = d.tokenFile
 	return nil
+}
+
+// withNodes serves the nodes' routes on a node of a cluster.
+func (d *Daemon) withNodes(p *parts) server.Option {
+	pg, ok := p.store.(*postgres.Store)
+	if d.member == nil || !ok {
+		return func(*server.Server) {}
+	}
+	return server.WithNodes(cluster.NewNodes(pg.Nodes()))
+}
+
+// leases is the Manager's view of the cluster's leases: none on one
+// machine (a nil *cluster.Member in an interface would not be nil).
+func (d *Daemon) leases() sandbox.Leases {
+	if d.member == nil {
+		return nil
+	}
+	return d.member
 }
 
 // findRunsc finds the runsc binary: the flag, then PATH.

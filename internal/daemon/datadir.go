@@ -141,16 +141,6 @@ func loadSecretsKey(dir string, log *slog.Logger) ([]byte, error) {
 	return key, nil
 }
 
-// openSecrets opens the secret store over the metadata store, with the key
-// from the data dir.
-func openSecrets(dir string, records secret.Records, log *slog.Logger) (*secret.Sealed, error) {
-	key, err := loadSecretsKey(dir, log)
-	if err != nil {
-		return nil, err
-	}
-	return secret.NewSealed(records, key)
-}
-
 // canonicalDir is dir as an absolute path with no symlinks.
 func canonicalDir(dir string) (string, error) {
 	real, err := filepath.EvalSymlinks(dir)

@@ -67,26 +67,38 @@ func (d *Daemon) openRecords(ctx context.Context) (Records, error) {
 		}
 		return st, nil
 	}
-	st, id, err := openHeld(ctx, d.cfg.Database)
+	st, id, err := openHeld(ctx, d.cfg.Database, d.cfg.Node != "")
 	if err != nil {
 		return nil, fmt.Errorf("opening store: %w", err)
 	}
-	if err := checkRecords(dir, "postgres "+id); err != nil {
+	had, _, err := recordedStore(dir)
+	if err == nil {
+		err = checkRecords(dir, "postgres "+id)
+	}
+	if err != nil {
 		st.Close()
 		return nil, err
 	}
+	// A data dir whose sandboxes this database kept already: the ones of
+	// no node (from before --node) are this node's (see joinCluster).
+	d.adopt = had == "postgres "+id
 	return st, nil
 }
 
 // openHeld opens the PostgreSQL database url names and holds it (see
 // postgres.Store.Hold: before anything reads or changes a record, one
-// daemon a database), and names it (postgres.Store.ID).
-func openHeld(ctx context.Context, url string) (*postgres.Store, string, error) {
+// daemon a database; or, asNode, one of a cluster's nodes), and names it
+// (postgres.Store.ID).
+func openHeld(ctx context.Context, url string, asNode bool) (*postgres.Store, string, error) {
 	st, err := postgres.Open(ctx, url)
 	if err != nil {
 		return nil, "", err
 	}
-	err = st.Hold(ctx)
+	if asNode {
+		err = st.HoldAsNode(ctx)
+	} else {
+		err = st.Hold(ctx)
+	}
 	var id string
 	if err == nil {
 		id, err = st.ID(ctx)
@@ -166,7 +178,7 @@ func teardownRecords(ctx context.Context, cfg Config) (*postgres.Store, error) {
 		return nil, fmt.Errorf("its sandboxes' records are in PostgreSQL database %s: pass --database to delete them with it", id)
 	}
 	// Held: no daemon may run on the database meanwhile.
-	st, given, err := openHeld(ctx, cfg.Database)
+	st, given, err := openHeld(ctx, cfg.Database, false)
 	if err != nil {
 		return nil, err
 	}

@@ -74,7 +74,8 @@ type Config struct {
 	// Domain and Org make URLs: NAME--ORG.DOMAIN. A port in Domain, or in
 	// the request's Host, is not compared: the listener is the daemon's.
 	Domain, Org string
-	// Token is the admin (API) token, which opens every sandbox's URL.
+	// Token is the admin (API) token, which opens every sandbox's URL;
+	// Keys's admin token opens them too.
 	Token string
 	// Keys, when set, lets API keys open URLs too: a key of scope write
 	// or admin opens the URLs of the sandboxes its labels select (all of
@@ -82,6 +83,10 @@ type Config struct {
 	Keys Authenticator
 	// TLS is true when the listener serves TLS: the cookie is then Secure.
 	TLS bool
+	// Forward, in a cluster, passes a request for the URL of a sandbox
+	// another node owns to that node, whose front door decides it; false
+	// when this node is the one to (cluster.Router.ForwardURL).
+	Forward func(w http.ResponseWriter, r *http.Request, org, name string) bool
 	// BodyTimeout is how long a client may send nothing of a request body
 	// passed to a sandbox before the request fails; 0 is no limit. It
 	// replaces the server's read timeout, which would cut off a long
@@ -229,6 +234,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, org, name string) {
+	if h.cfg.Forward != nil && h.cfg.Forward(w, r, org, name) {
+		return
+	}
 	start := time.Now()
 	// Access is decided before the sandbox is woken or waited for: a
 	// request that may not use a private sandbox's URL leaves it asleep.
@@ -309,7 +317,7 @@ func (h *Handler) allow(r *http.Request, t sandbox.Target) verdict {
 	if h.opens(ctx, r.Header.Get(TokenHeader), t) {
 		return allowed
 	}
-	if bearer, ok := api.BearerToken(r.Header); ok && h.isOurs(bearer) && h.opens(ctx, bearer, t) {
+	if bearer, ok := api.BearerToken(r.Header); ok && h.isOurs(ctx, bearer) && h.opens(ctx, bearer, t) {
 		return allowed
 	}
 	if c, err := r.Cookie(TokenCookie); err == nil && h.opens(ctx, c.Value, t) {
@@ -329,7 +337,7 @@ func (h *Handler) opens(ctx context.Context, tok string, t sandbox.Target) bool 
 	if tok == "" {
 		return false
 	}
-	if subtle.ConstantTimeCompare([]byte(tok), []byte(t.AccessToken)) == 1 || h.isAdmin(tok) {
+	if subtle.ConstantTimeCompare([]byte(tok), []byte(t.AccessToken)) == 1 || h.isAdmin(ctx, tok) {
 		return true
 	}
 	if h.cfg.Keys == nil || !strings.HasPrefix(tok, api.KeyPrefix) {
@@ -360,15 +368,24 @@ func (h *Handler) foreign(r *http.Request, t sandbox.Target) bool {
 	return false
 }
 
-func (h *Handler) isAdmin(tok string) bool {
-	return h.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(h.cfg.Token)) == 1
+// isAdmin reports whether tok is the admin token: Token, or Keys's (a
+// cluster's nodes know it by its hash alone).
+func (h *Handler) isAdmin(ctx context.Context, tok string) bool {
+	if h.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(h.cfg.Token)) == 1 {
+		return true
+	}
+	if h.cfg.Keys == nil || tok == "" || strings.HasPrefix(tok, api.KeyPrefix) {
+		return false
+	}
+	p, err := h.cfg.Keys.Authenticate(ctx, tok)
+	return err == nil && p.Operator
 }
 
 // isOurs reports whether tok is a credential of loam's API (the admin
 // token, or anything shaped as an API key, valid or not): it never goes
 // on to the sandbox.
-func (h *Handler) isOurs(tok string) bool {
-	return h.isAdmin(tok) || strings.HasPrefix(tok, api.KeyPrefix)
+func (h *Handler) isOurs(ctx context.Context, tok string) bool {
+	return h.isAdmin(ctx, tok) || strings.HasPrefix(tok, api.KeyPrefix)
 }
 
 // setCookie keeps the sandbox's access token (never the API token) in the
@@ -396,7 +413,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 // header that carries the API token (any other is the sandbox app's own).
 func (h *Handler) strip(r *http.Request) {
 	r.Header.Del(TokenHeader)
-	if bearer, ok := api.BearerToken(r.Header); ok && h.isOurs(bearer) {
+	if bearer, ok := api.BearerToken(r.Header); ok && h.isOurs(r.Context(), bearer) {
 		r.Header.Del("Authorization")
 	}
 	if q := r.URL.Query(); q.Has(TokenParam) {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
-	"loam.dev/loam/internal/store"
 )
 
 // A daemon's own caps: how many sandboxes it keeps (Config.MaxSandboxes)
@@ -91,7 +90,7 @@ func (m *Manager) reserveSandbox(ctx context.Context) (func(), error) {
 	}
 	m.count.mu.Lock()
 	defer m.count.mu.Unlock()
-	sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
+	sbs, err := m.store.ListSandboxes(ctx, m.owner.filter())
 	if err != nil {
 		return nil, fmt.Errorf("counting sandboxes: %w", err)
 	}

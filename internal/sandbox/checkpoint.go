@@ -386,7 +386,7 @@ func (m *Manager) sourceCheckpoint(ctx context.Context, from *api.ForkSource) (s
 	if from == nil || from.Sandbox == "" || from.Checkpoint == "" {
 		return nil, nil, nil, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
 	}
-	if src, err = m.lookup(ctx, from.Sandbox); err != nil {
+	if src, err = lookupOwn(ctx, m, from.Sandbox); err != nil {
 		return nil, nil, nil, err
 	}
 	// Read-locked: many forks of one checkpoint may be made at once.

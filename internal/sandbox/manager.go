@@ -65,6 +65,14 @@ type Config struct {
 	AgentPort int
 	// Domain, Org and Scheme make sandbox URLs: SCHEME://NAME--ORG.DOMAIN.
 	Domain, Org, Scheme string
+	// Node is the name of this daemon's node in a cluster (loam serve
+	// --node), "" on one machine: it owns the sandboxes it makes, and its
+	// recovery, caps and addresses count only the sandboxes it owns.
+	Node string
+	// Leases, in a cluster, tells which nodes stopped answering: their
+	// sandboxes show state unknown, and calls to them are refused naming
+	// the node. Nil on one machine.
+	Leases Leases
 	// DefaultTemplate is used when a create names none.
 	DefaultTemplate string
 	// Defaults fills in the resources a create leaves out.
@@ -125,6 +133,7 @@ type Config struct {
 // first runs is refused with a conflict.
 type Manager struct {
 	cfg   Config
+	owner ownership
 	store store.Store
 	rt    runtime.Runtime
 	disks disk.Pool
@@ -192,7 +201,7 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 		cfg.HeavyWait = DefaultHeavyWait
 	}
 	m := &Manager{
-		cfg: cfg, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
+		cfg: cfg, owner: ownership{node: cfg.Node, leases: cfg.Leases}, store: st, rt: rt, disks: disks, nets: nets, tpl: tpl, log: log,
 		conns:    agentconn.NewConns(cfg.AgentPort),
 		lives:    map[string]*live{},
 		reserved: map[int]bool{},
@@ -235,6 +244,9 @@ func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 	v.URL = m.URL(sb.Org, v.Name)
 	if v.State == api.StateError {
 		v.Reason = sb.Error
+	}
+	if since, lapsed := m.owner.lapsed(sb); lapsed {
+		v.State, v.Reason = api.StateUnknown, nodeSilent(sb.Node, since)
 	}
 	v.Env = maps.Clone(v.Env)
 	v.Labels = maps.Clone(v.Labels)
@@ -326,7 +338,7 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.San
 // again once the operation is ours: one read before could be stale (another
 // operation may have finished in between and, say, spent a checkpoint id).
 func (m *Manager) claim(ctx context.Context, ref string, what operation) (*store.Sandbox, func(), error) {
-	sb, err := m.lookup(ctx, ref)
+	sb, err := lookupOwn(ctx, m, ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -361,7 +373,7 @@ func (m *Manager) setState(ctx context.Context, sb *store.Sandbox, to api.State,
 
 // allocIndex hands out the lowest free slot of the address range.
 func (m *Manager) allocIndex(ctx context.Context) (int, error) {
-	used, err := m.store.UsedNetIndexes(ctx)
+	used, err := m.store.UsedNetIndexes(ctx, m.cfg.Node)
 	if err != nil {
 		return 0, fmt.Errorf("reading used addresses: %w", err)
 	}
@@ -385,6 +397,14 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	// running (bootWith, resumeImage, ClaimPoolMember), not with its
 	// first: recovery deletes one a crash leaves creating.
 	ctx = store.HoldAudit(ctx)
+	if req.Node != "" && req.Node != m.cfg.Node {
+		// A cluster passes a pinned create to its node before it gets
+		// here (internal/cluster); alone, a daemon has no other node.
+		if m.cfg.Node == "" {
+			return nil, api.Errorf(api.CodeInvalid, "node: this daemon runs alone, not as a node of a cluster")
+		}
+		return nil, api.Errorf(api.CodeUnavailable, "node: the create was for node %s, and reached node %s", req.Node, m.cfg.Node)
+	}
 	release, err := m.reserveSandbox(ctx)
 	if err != nil {
 		return nil, err
@@ -536,6 +556,7 @@ func (m *Manager) insert(ctx context.Context, sb *store.Sandbox) error {
 	}
 	defer delete(m.reserved, idx)
 	sb.NetIndex = idx
+	sb.Node = m.cfg.Node
 	if sb.Pool == "" {
 		// The audit record of the call that makes it names it, id or name.
 		store.AuditFrom(store.ReleaseAudit(ctx)).SetTarget("sandboxes/" + sb.Name)
@@ -733,6 +754,16 @@ func (a *agentLink) dropSpare(id string) { a.m.conns.Drop(id) }
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
 func (m *Manager) Delete(ctx context.Context, ref string) error {
+	if sb, err := m.lookup(ctx, ref); err == nil && sb.Node != m.cfg.Node && removedNode(sb) {
+		// A removed node's sandbox: nothing of it is on this host (its
+		// address, disk and container were the removed node's), so only
+		// its records go.
+		if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+			return fmt.Errorf("deleting sandbox %s of removed node %s: %w", sb.Name, sb.Node, err)
+		}
+		m.log.Info("deleted the records of a removed node's sandbox", "sandbox", sb.ID, "node", sb.Node)
+		return nil
+	}
 	sb, end, err := m.claim(ctx, ref, opDelete)
 	if err != nil {
 		return err

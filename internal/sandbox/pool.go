@@ -230,6 +230,7 @@ func (p *PoolCore) ClaimPoolMember(ctx context.Context, pool string, member, wan
 	start := time.Now()
 	claimed := *want
 	claimed.ID, claimed.NetIndex, claimed.AgentGen = member.ID, member.NetIndex, member.AgentGen
+	claimed.Node = member.Node
 	// The update replaces the member's record as it was read: a member
 	// another writer changed meanwhile (deleted, claimed) is refused.
 	claimed.Version = member.Version

@@ -46,7 +46,7 @@ type recovery struct {
 // run is the pass: every record, then the sweep.
 func (r *recovery) run(ctx context.Context) error {
 	m := r.m
-	sbs, err := m.store.ListSandboxes(ctx, store.Filter{})
+	sbs, err := m.store.ListSandboxes(ctx, m.owner.filter())
 	if err != nil {
 		return fmt.Errorf("listing sandboxes: %w", err)
 	}
@@ -442,7 +442,7 @@ func (r *recovery) dropBrokenCheckpoints(ctx context.Context) error {
 	for _, s := range snaps {
 		have[s] = true
 	}
-	sbs, err := r.m.store.ListSandboxes(ctx, store.Filter{})
+	sbs, err := r.m.store.ListSandboxes(ctx, r.m.owner.filter())
 	if err != nil {
 		return err
 	}

@@ -243,7 +243,7 @@ func (m *Manager) Active(id string) (release func()) {
 func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error) {
 	for {
 		read := time.Now()
-		sb, err := m.lookup(ctx, ref)
+		sb, err := lookupOwn(ctx, m, ref)
 		if err != nil {
 			return nil, err
 		}

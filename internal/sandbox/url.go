@@ -108,6 +108,14 @@ func (m *Manager) HTTPTarget(ctx context.Context, org, name string, admit func(T
 			}
 			return Target{}, err
 		}
+		if sb.Node != m.cfg.Node {
+			// Its owner serves it (the front door passes requests there);
+			// one that reaches this node finds it stopped answering.
+			if since, lapsed := m.owner.lapsed(sb); lapsed {
+				return Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is on node %s, which stopped answering at %s", name, sb.Node, since.UTC().Format(time.RFC3339))
+			}
+			return Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is on node %s", name, sb.Node)
+		}
 		if admit != nil {
 			if err := admit(Target{ID: sb.ID, Name: sb.Name, Org: sb.Org, Public: sb.Public, AccessToken: AccessToken(m.cfg.Secret, sb.ID), Labels: maps.Clone(sb.Labels)}); err != nil {
 				return Target{}, err

@@ -64,6 +64,10 @@ type Server struct {
 	warmPools Pools
 	// orgs, when set, serves the orgs' routes (see Orgs).
 	orgs Orgs
+	// nodes, when set, serves the nodes' routes (a node of a cluster).
+	nodes Nodes
+	// router, when set, passes a call for another node's sandbox to it.
+	router Router
 }
 
 // BrowserSessions authorizes API calls that a browser makes with a session
@@ -200,6 +204,7 @@ func (s *Server) routes() {
 	(&poolRoutes{warmPools: s.warmPools}).register(v1)
 	(&keyRoutes{keys: s.keys, audit: s.audit}).register(v1)
 	(&orgRoutes{orgs: s.orgs, keys: s.keys}).register(v1, operator)
+	(&nodeRoutes{nodes: s.nodes}).register(operator)
 }
 
 // addRoute registers an API handler for a pattern ("METHOD /path"), the
@@ -407,7 +412,8 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 	// A label-limited key is given the sandboxes of its selector: routes
 	// about one sandbox, and making one. Anything else it may change
 	// concerns the whole org.
-	orgWide := !strings.Contains(rt.Pattern, "{sandbox}") && rt.Pattern != "POST /v1/sandboxes"
+	perSandbox := strings.Contains(rt.Pattern, "{sandbox}")
+	orgWide := !perSandbox && rt.Pattern != "POST /v1/sandboxes"
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.principal(r)
 		if err != nil {
@@ -415,11 +421,25 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 			return
 		}
 		ctx := auth.WithPrincipal(r.Context(), p)
+		if s.router != nil && perSandbox {
+			// The owner checks, audits and answers the call; its caller is
+			// known (authenticated) already.
+			conns.KeepAlive(w)
+			if s.router.Forward(w, r.WithContext(ctx), r.PathValue("sandbox")) {
+				return
+			}
+		}
+		if s.router != nil && rt.Pattern == "POST /v1/sandboxes" {
+			conns.KeepAlive(w)
+			if s.router.Place(w, r.WithContext(ctx)) {
+				return
+			}
+		}
 		var call *store.AuditCall
 		if rt.Action != "" && s.audit != nil {
 			call = store.NewAuditCall(api.AuditEvent{
 				Time: store.Now(), Org: p.Org, Key: p.Key, Action: rt.Action,
-				Target: strings.TrimPrefix(r.URL.Path, "/v1/"), Client: clientAddr(r),
+				Target: strings.TrimPrefix(r.URL.Path, "/v1/"), Client: s.clientAddr(r),
 			}, s.audit)
 			ctx = store.WithAudit(ctx, call)
 		}
@@ -477,7 +497,12 @@ func outcome(err error) string {
 
 // clientAddr is the address a call came from, as the connection has it:
 // loam trusts no header a client sets for this.
-func clientAddr(r *http.Request) string {
+func (s *Server) clientAddr(r *http.Request) string {
+	if s.router != nil {
+		if c, ok := s.router.Client(r); ok {
+			return c
+		}
+	}
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		return host
 	}

@@ -51,6 +51,9 @@ type Config struct {
 	Idle time.Duration
 	// Every is how often Run looks for idle sandboxes; 0 is every 10 s.
 	Every time.Duration
+	// Node is the daemon's node in a cluster ("" on one machine): idle
+	// sleep puts its own sandboxes to sleep, never another node's.
+	Node string
 }
 
 // Sleeper is the daemon's sleep capability: the sleep images (Images, what
@@ -90,7 +93,7 @@ func (s *Sleeper) idleOf(sb *store.Sandbox) time.Duration {
 // at now. A sandbox busy with another operation is left for the next round;
 // a warm pool's member waits awake.
 func (s *Sleeper) SleepIdle(ctx context.Context, now time.Time) error {
-	sbs, err := s.sandboxes.ListSandboxes(ctx, store.Filter{})
+	sbs, err := s.sandboxes.ListSandboxes(ctx, store.Filter{Node: s.cfg.Node})
 	if err != nil {
 		return err
 	}

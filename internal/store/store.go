@@ -146,6 +146,9 @@ type Filter struct {
 	// Org, when set, keeps only the sandboxes of that org.
 	Org    string
 	Labels map[string]string
+	// Node, when set, keeps only the sandboxes that node owns (a cluster's
+	// node acts on its own alone). One machine's sandboxes own no node.
+	Node string
 }
 
 // UsersOf narrows ListSandboxes to the sandboxes that may use a template
@@ -182,8 +185,9 @@ type Store interface {
 	UpdateSandbox(ctx context.Context, sb *Sandbox) error
 	// DeleteSandbox removes a sandbox and all its checkpoints; ErrNotFound if none.
 	DeleteSandbox(ctx context.Context, id string) error
-	// UsedNetIndexes returns the NetIndex of every sandbox.
-	UsedNetIndexes(ctx context.Context) ([]int, error)
+	// UsedNetIndexes returns the NetIndex of every sandbox node owns (of
+	// every sandbox for ""): a node hands out addresses of its own subnet.
+	UsedNetIndexes(ctx context.Context, node string) ([]int, error)
 
 	// CreateCheckpoint adds a checkpoint to the sandbox whose id is
 	// cp.Sandbox. ErrExists if the sandbox already has one with that id or

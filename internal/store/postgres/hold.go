@@ -24,22 +24,58 @@ var ErrHeld = errors.New("another loam daemon holds this database")
 // ErrHeld if another daemon has it. A lost connection loses the lock with
 // it (PostgreSQL ends the session): the daemon does not notice until its
 // next start.
+//
+// A database a cluster's nodes have joined (JoinNode) is theirs: Hold
+// refuses it with ErrClustered, even while none of them runs, since every
+// sandbox recorded there is a node's.
 func (s *Store) Hold(ctx context.Context) error {
+	return s.hold(ctx, false)
+}
+
+// HoldAsNode holds the database as one node of a cluster among others:
+// nodes share it (each acts on its own sandboxes alone), while a daemon
+// without --node holding it (Hold) keeps them out, and they it.
+func (s *Store) HoldAsNode(ctx context.Context) error {
+	return s.hold(ctx, true)
+}
+
+// ErrClustered is Hold's error on a database that a cluster's nodes use.
+var ErrClustered = errors.New("this database is a cluster's: its nodes keep their sandboxes' records in it")
+
+func (s *Store) hold(ctx context.Context, shared bool) error {
 	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return fmt.Errorf("holding the database: %w", unavailable(err))
 	}
+	take := `SELECT pg_try_advisory_lock($1)`
+	if shared {
+		take = `SELECT pg_try_advisory_lock_shared($1)`
+	}
 	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, holdLock).Scan(&got); err != nil {
+	if err := conn.QueryRow(ctx, take, holdLock).Scan(&got); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return fmt.Errorf("holding the database: %w", unavailable(err))
 	}
 	if !got {
 		conn.Close(context.WithoutCancel(ctx))
+		if shared {
+			return fmt.Errorf("holding the database: %w without --node (stop it first: a cluster's nodes cannot share a database with it)", ErrHeld)
+		}
 		return fmt.Errorf("holding the database: %w (stop it, or give this one a database of its own)", ErrHeld)
 	}
+	if !shared {
+		var nodes int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE NOT removed`).Scan(&nodes); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return fmt.Errorf("holding the database: %w", unavailable(err))
+		}
+		if nodes > 0 {
+			conn.Close(context.WithoutCancel(ctx))
+			return fmt.Errorf("holding the database: %w (%d nodes joined it): start this daemon with --node NAME --advertise URL to join them", ErrClustered, nodes)
+		}
+	}
 	s.mu.Lock()
-	s.held = conn
+	s.held, s.heldShared = conn, shared
 	s.mu.Unlock()
 	return nil
 }
@@ -64,7 +100,7 @@ func (s *Store) KeepHeld(ctx context.Context) error {
 		case <-t.C:
 		}
 		s.mu.Lock()
-		conn := s.held
+		conn, shared := s.held, s.heldShared
 		s.mu.Unlock()
 		if conn == nil {
 			return errors.New("keeping the database held: it is not held (Hold first)")
@@ -76,8 +112,8 @@ func (s *Store) KeepHeld(ctx context.Context) error {
 			return nil
 		}
 		conn.Close(context.WithoutCancel(ctx))
-		err := s.Hold(ctx)
-		if errors.Is(err, ErrHeld) {
+		err := s.hold(ctx, shared)
+		if errors.Is(err, ErrHeld) || errors.Is(err, ErrClustered) {
 			return fmt.Errorf("the database's hold was lost with its connection, and another daemon holds it now: this one stops, so that two never act on its sandboxes: %w", ErrHeld)
 		}
 		// Unreachable: calls answer unavailable meanwhile; look again.

@@ -20,6 +20,18 @@ import (
 // (now()), never a node's clock: two nodes whose clocks disagree still
 // agree on whose lease has run out.
 
+// Nodes are the records of the cluster's nodes and its secrets, apart from
+// the sandboxes' (Store.Nodes).
+type Nodes struct {
+	s *Store
+}
+
+// Nodes is the nodes' side of the store.
+func (s *Store) Nodes() *Nodes { return &Nodes{s: s} }
+
+// SetFence is Store.SetFence, for the node that joined through ns.
+func (ns *Nodes) SetFence(node string, epoch int64) { ns.s.SetFence(node, epoch) }
+
 // Errors of the nodes' records.
 var (
 	// ErrFenced: the store is fenced (SetFence) and its node no longer
@@ -42,7 +54,8 @@ var (
 // at another address holds a live lease under the name: two daemons never
 // share one name by mistake, and a restart (the same address) takes its
 // name back at once.
-func (s *Store) JoinNode(ctx context.Context, n store.Node, lease time.Duration) (int64, error) {
+func (ns *Nodes) JoinNode(ctx context.Context, n store.Node, lease time.Duration) (int64, error) {
+	s := ns.s
 	load, err := json.Marshal(n.Load)
 	if err != nil {
 		return 0, fmt.Errorf("joining as node %s: %w", n.Name, err)
@@ -82,7 +95,8 @@ func (s *Store) JoinNode(ctx context.Context, n store.Node, lease time.Duration)
 // holds that epoch (a later start of it joined, or it was removed); a
 // lease that ran out meanwhile is renewed, the node taking its sandboxes
 // back.
-func (s *Store) RenewNode(ctx context.Context, name string, epoch int64, lease time.Duration, load api.NodeLoad) error {
+func (ns *Nodes) RenewNode(ctx context.Context, name string, epoch int64, lease time.Duration, load api.NodeLoad) error {
+	s := ns.s
 	b, err := json.Marshal(load)
 	if err != nil {
 		return fmt.Errorf("renewing the lease of node %s: %w", name, err)
@@ -101,7 +115,8 @@ func (s *Store) RenewNode(ctx context.Context, name string, epoch int64, lease t
 
 // ListNodes lists the nodes not removed, by name, and the database's time
 // now, against which their leases are read.
-func (s *Store) ListNodes(ctx context.Context) ([]*store.Node, time.Time, error) {
+func (ns *Nodes) ListNodes(ctx context.Context) ([]*store.Node, time.Time, error) {
+	s := ns.s
 	var now time.Time
 	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return nil, now, fmt.Errorf("listing nodes: %w", unavailable(err))
@@ -141,7 +156,8 @@ func scanNode(row pgx.Row) (*store.Node, error) {
 
 // CordonNode stops (on) or resumes placements on node name;
 // store.ErrNotFound if there is no such node.
-func (s *Store) CordonNode(ctx context.Context, name string, on bool) error {
+func (ns *Nodes) CordonNode(ctx context.Context, name string, on bool) error {
+	s := ns.s
 	tag, err := s.exec(ctx, `UPDATE nodes SET cordoned = $2 WHERE name = $1 AND NOT removed AND cordoned <> $2`, name, on)
 	if err != nil {
 		return fmt.Errorf("cordoning node %s: %w", name, err)
@@ -160,13 +176,14 @@ func (s *Store) CordonNode(ctx context.Context, name string, on bool) error {
 
 // RemoveNodeReason is the reason a removed node's sandboxes are in state
 // error with.
-const RemoveNodeReason = "node removed"
+const RemoveNodeReason = api.NodeRemovedReason
 
 // RemoveNode declares node name gone for good: its lease ends now, it can
 // never renew it or join again, and each of its sandboxes is in state
 // error ("node removed"), in one transaction. It returns how many
 // sandboxes it marked; store.ErrNotFound if there is no such node.
-func (s *Store) RemoveNode(ctx context.Context, name string) (int, error) {
+func (ns *Nodes) RemoveNode(ctx context.Context, name string) (int, error) {
+	s := ns.s
 	var marked int64
 	var found bool
 	err := s.execTx(ctx, func(tx pgx.Tx) (bool, error) {
@@ -192,7 +209,8 @@ func (s *Store) RemoveNode(ctx context.Context, name string) (int, error) {
 // ClusterSecret is the cluster's secret called name: made by make and
 // kept on first use, the kept one from then on, also when several nodes
 // ask at once (one make wins, every node gets its value).
-func (s *Store) ClusterSecret(ctx context.Context, name string, make func() ([]byte, error)) ([]byte, error) {
+func (ns *Nodes) ClusterSecret(ctx context.Context, name string, make func() ([]byte, error)) ([]byte, error) {
+	s := ns.s
 	var v []byte
 	err := s.pool.QueryRow(ctx, `SELECT value FROM cluster_secrets WHERE name = $1`, name).Scan(&v)
 	if err == nil {
@@ -250,14 +268,19 @@ func (s *Store) checkFence(ctx context.Context, tx pgx.Tx, id string) error {
 		return err
 	}
 	var owner string
-	err = tx.QueryRow(ctx, `SELECT node FROM sandboxes WHERE id = $1 FOR UPDATE`, id).Scan(&owner)
+	var gone bool
+	// A removed node's sandboxes are anyone's: their records are all that
+	// is left of them (the node never acts again), for a live node to
+	// delete, or (next) to bring back.
+	err = tx.QueryRow(ctx, `SELECT s.node, COALESCE(n.removed, false) FROM sandboxes s
+		LEFT JOIN nodes n ON n.name = s.node WHERE s.id = $1 FOR UPDATE OF s`, id).Scan(&owner, &gone)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // the change finds no record, and says so
 	}
 	if err != nil {
 		return err
 	}
-	if owner != f.node {
+	if owner != f.node && !gone {
 		return fmt.Errorf("%w: %w", api.Errorf(api.CodeUnavailable,
 			"sandbox %s belongs to node %s, not to this node (%s): only its owner changes it", id, owner, f.node), ErrFenced)
 	}
@@ -277,4 +300,26 @@ func (s *Store) execOwned(ctx context.Context, id, query string, args ...any) (p
 		return err == nil && tag.RowsAffected() > 0, err
 	})
 	return tag, err
+}
+
+// AdoptSandboxes makes node the owner of every sandbox that has none: the
+// records a daemon without --node kept in the database, when it starts
+// again as the cluster's first node on the same data dir (whose sandboxes
+// they are). It returns how many it adopted. Behind the fence, as every
+// change of a node's.
+func (ns *Nodes) AdoptSandboxes(ctx context.Context, node string) (int, error) {
+	s := ns.s
+	var n int64
+	err := s.execTx(ctx, func(tx pgx.Tx) (bool, error) {
+		if err := s.checkFence(ctx, tx, ""); err != nil {
+			return false, err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE sandboxes SET node = $1, version = version + 1 WHERE node = ''`, node)
+		n = tag.RowsAffected()
+		return err == nil && n > 0, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("adopting the sandboxes of no node: %w", err)
+	}
+	return int(n), nil
 }

@@ -24,7 +24,7 @@ func twoNodes(t *testing.T) (a, b *Store) {
 
 func join(t *testing.T, st *Store, name, addr string, lease time.Duration) int64 {
 	t.Helper()
-	epoch, err := st.JoinNode(t.Context(), store.Node{Name: name, Address: addr,
+	epoch, err := st.Nodes().JoinNode(t.Context(), store.Node{Name: name, Address: addr,
 		Load: api.NodeLoad{Role: "node", CPUs: 2, MemoryMiB: 24 << 10, Templates: []string{"base"}}}, lease)
 	if err != nil {
 		t.Fatalf("JoinNode(%s): %v", name, err)
@@ -40,7 +40,7 @@ func nodeSandbox(id, node string) *store.Sandbox {
 
 func nodeStates(t *testing.T, st *Store) map[string]string {
 	t.Helper()
-	list, now, err := st.ListNodes(t.Context())
+	list, now, err := st.Nodes().ListNodes(t.Context())
 	if err != nil {
 		t.Fatalf("ListNodes: %v", err)
 	}
@@ -66,7 +66,7 @@ func TestNodes(t *testing.T) {
 	if got := nodeStates(t, a); got["n1"] != "ready cordoned=false" || got["n2"] != "ready cordoned=false" || len(got) != 2 {
 		t.Fatalf("nodes = %v, want n1 and n2 ready", got)
 	}
-	list, _, _ := a.ListNodes(ctx)
+	list, _, _ := a.Nodes().ListNodes(ctx)
 	if l := list[0].Load; l.CPUs != 2 || l.MemoryMiB != 24<<10 || len(l.Templates) != 1 || list[0].Address != "http://10.0.0.1:8080" {
 		t.Errorf("n1's record = %+v", list[0])
 	}
@@ -98,16 +98,16 @@ func TestNodes(t *testing.T) {
 	wantFenced(t, "n1 deleting n2's checkpoint", a.DeleteCheckpoint(ctx, "sb-b", "v1"))
 
 	// Cordon and uncordon.
-	if err := a.CordonNode(ctx, "n2", true); err != nil {
+	if err := a.Nodes().CordonNode(ctx, "n2", true); err != nil {
 		t.Fatal(err)
 	}
 	if got := nodeStates(t, b)["n2"]; got != "ready cordoned=true" {
 		t.Errorf("n2 after cordon: %s", got)
 	}
-	if err := a.CordonNode(ctx, "n2", false); err != nil {
+	if err := a.Nodes().CordonNode(ctx, "n2", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.CordonNode(ctx, "n9", true); !errors.Is(err, store.ErrNotFound) {
+	if err := a.Nodes().CordonNode(ctx, "n9", true); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("CordonNode(n9) = %v, want not found", err)
 	}
 
@@ -125,7 +125,7 @@ func TestNodes(t *testing.T) {
 	}
 	// It renews (its link is back): its writes land again.
 	epochB := b.fence.Load().epoch
-	if err := b.RenewNode(ctx, "n2", epochB, time.Minute, api.NodeLoad{Role: "node", Sandboxes: 1}); err != nil {
+	if err := b.Nodes().RenewNode(ctx, "n2", epochB, time.Minute, api.NodeLoad{Role: "node", Sandboxes: 1}); err != nil {
 		t.Fatalf("RenewNode after a lapse: %v", err)
 	}
 	if err := b.UpdateSandbox(ctx, sb); err != nil {
@@ -141,7 +141,7 @@ func TestNodes(t *testing.T) {
 	old, _ := a.GetSandbox(ctx, "", "sb-a")
 	old.State = api.StateStopped
 	wantFenced(t, "n1's earlier process updating after a restart", a.UpdateSandbox(ctx, old))
-	if err := a.RenewNode(ctx, "n1", epochA, time.Minute, api.NodeLoad{}); !errors.Is(err, ErrFenced) {
+	if err := a.Nodes().RenewNode(ctx, "n1", epochA, time.Minute, api.NodeLoad{}); !errors.Is(err, ErrFenced) {
 		t.Errorf("the earlier process renewing: %v, want ErrFenced", err)
 	}
 	if err := c.UpdateSandbox(ctx, old); err != nil {
@@ -149,12 +149,12 @@ func TestNodes(t *testing.T) {
 	}
 	// Another daemon at another address cannot take n1's name while its
 	// lease runs.
-	if _, err := b.JoinNode(ctx, store.Node{Name: "n1", Address: "http://10.0.0.9:8080"}, time.Minute); !errors.Is(err, ErrNodeTaken) {
+	if _, err := b.Nodes().JoinNode(ctx, store.Node{Name: "n1", Address: "http://10.0.0.9:8080"}, time.Minute); !errors.Is(err, ErrNodeTaken) {
 		t.Errorf("joining as n1 from elsewhere: %v, want ErrNodeTaken", err)
 	}
 
 	// n2 removed for good.
-	n, err := a.RemoveNode(ctx, "n2")
+	n, err := a.Nodes().RemoveNode(ctx, "n2")
 	if err != nil || n != 1 {
 		t.Fatalf("RemoveNode(n2) = %d, %v; want 1 sandbox marked", n, err)
 	}
@@ -168,13 +168,13 @@ func TestNodes(t *testing.T) {
 	if _, ok := nodeStates(t, a)["n2"]; ok {
 		t.Error("a removed node is listed")
 	}
-	if err := b.RenewNode(ctx, "n2", epochB, time.Minute, api.NodeLoad{}); !errors.Is(err, ErrFenced) {
+	if err := b.Nodes().RenewNode(ctx, "n2", epochB, time.Minute, api.NodeLoad{}); !errors.Is(err, ErrFenced) {
 		t.Errorf("a removed node renewing: %v, want ErrFenced", err)
 	}
-	if _, err := b.JoinNode(ctx, store.Node{Name: "n2", Address: "http://10.0.0.2:8080"}, time.Minute); !errors.Is(err, ErrNodeRemoved) {
+	if _, err := b.Nodes().JoinNode(ctx, store.Node{Name: "n2", Address: "http://10.0.0.2:8080"}, time.Minute); !errors.Is(err, ErrNodeRemoved) {
 		t.Errorf("a removed node joining again: %v, want ErrNodeRemoved", err)
 	}
-	if _, err := a.RemoveNode(ctx, "n2"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := a.Nodes().RemoveNode(ctx, "n2"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("removing n2 twice: %v, want not found", err)
 	}
 }
@@ -197,7 +197,7 @@ func TestClusterSecret(t *testing.T) {
 	for i := range got {
 		st := []*Store{a, b}[i%2]
 		wg.Go(func() {
-			v, err := st.ClusterSecret(t.Context(), "node-credential", func() ([]byte, error) { return []byte(fmt.Sprint("made by ", i)), nil })
+			v, err := st.Nodes().ClusterSecret(t.Context(), "node-credential", func() ([]byte, error) { return []byte(fmt.Sprint("made by ", i)), nil })
 			if err != nil {
 				t.Errorf("ClusterSecret: %v", err)
 			}
@@ -210,7 +210,7 @@ func TestClusterSecret(t *testing.T) {
 			t.Fatalf("the nodes got %q", got)
 		}
 	}
-	v, _ := a.ClusterSecret(t.Context(), "node-credential", func() ([]byte, error) { return nil, errors.New("made again") })
+	v, _ := a.Nodes().ClusterSecret(t.Context(), "node-credential", func() ([]byte, error) { return nil, errors.New("made again") })
 	if string(v) != string(got[0]) {
 		t.Errorf("later: %q, want %q", v, got[0])
 	}

@@ -40,6 +40,8 @@ type Store struct {
 	// held, when set, is the connection whose session holds the database
 	// for this daemon (see Hold).
 	held *pgx.Conn
+	// heldShared is true when held holds it as a node (HoldAsNode).
+	heldShared bool
 
 	// fence, when set, is the node whose lease every change to a sandbox
 	// or checkpoint record is conditional on (see SetFence).

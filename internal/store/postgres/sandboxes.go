@@ -64,8 +64,8 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.Filter) ([]*store.San
 	// @> compares keys and values as data, so a key with dots or quotes
 	// in it needs no escaping.
 	rows, err := s.pool.Query(ctx, `SELECT `+columns.SandboxNames+` FROM sandboxes
-		WHERE (@org = '' OR org = @org) AND labels @> @labels::jsonb
-		ORDER BY created_at COLLATE "C", id COLLATE "C"`, pgx.NamedArgs{"org": f.Org, "labels": labels})
+		WHERE (@org = '' OR org = @org) AND (@node = '' OR node = @node) AND labels @> @labels::jsonb
+		ORDER BY created_at COLLATE "C", id COLLATE "C"`, pgx.NamedArgs{"org": f.Org, "node": f.Node, "labels": labels})
 	if err != nil {
 		return nil, fmt.Errorf("listing sandboxes: %w", unavailable(err))
 	}
@@ -134,9 +134,10 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	return nil
 }
 
-// UsedNetIndexes returns the NetIndex of every sandbox, in increasing order.
-func (s *Store) UsedNetIndexes(ctx context.Context) ([]int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT net_index FROM sandboxes ORDER BY net_index`)
+// UsedNetIndexes returns the NetIndex of every sandbox of node (every
+// sandbox for ""), in increasing order.
+func (s *Store) UsedNetIndexes(ctx context.Context, node string) ([]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT net_index FROM sandboxes WHERE $1 = '' OR node = $1 ORDER BY net_index`, node)
 	if err != nil {
 		return nil, fmt.Errorf("listing net indexes: %w", unavailable(err))
 	}

@@ -68,6 +68,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.Filter) ([]*store.San
 		conds = append(conds, `org = ?`)
 		args = append(args, f.Org)
 	}
+	if f.Node != "" {
+		conds = append(conds, `node = ?`)
+		args = append(args, f.Node)
+	}
 	for _, k := range slices.Sorted(maps.Keys(f.Labels)) {
 		conds = append(conds, `EXISTS (SELECT 1 FROM json_each(sandboxes.labels) WHERE key = ? AND value = ?)`)
 		args = append(args, k, f.Labels[k])
@@ -156,9 +160,10 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	return nil
 }
 
-// UsedNetIndexes returns the NetIndex of every sandbox, in increasing order.
-func (s *Store) UsedNetIndexes(ctx context.Context) ([]int, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT net_index FROM sandboxes ORDER BY net_index`)
+// UsedNetIndexes returns the NetIndex of every sandbox of node (every
+// sandbox for ""), in increasing order.
+func (s *Store) UsedNetIndexes(ctx context.Context, node string) ([]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT net_index FROM sandboxes WHERE ? = '' OR node = ? ORDER BY net_index`, node, node)
 	if err != nil {
 		return nil, fmt.Errorf("listing net indexes: %w", err)
 	}

@@ -78,7 +78,7 @@ func testConcurrentWrites(ctx context.Context, t *testing.T, st store.Store) {
 					t.Errorf("ListSandboxes: %v", err)
 					return
 				}
-				if _, err := st.UsedNetIndexes(ctx); err != nil {
+				if _, err := st.UsedNetIndexes(ctx, ""); err != nil {
 					t.Errorf("UsedNetIndexes: %v", err)
 					return
 				}
@@ -113,7 +113,7 @@ func testConcurrentWrites(ctx context.Context, t *testing.T, st store.Store) {
 			t.Errorf("ListCheckpoints(%s) = %v, want [v1 v3]", sb.ID, got)
 		}
 	}
-	used, err := st.UsedNetIndexes(ctx)
+	used, err := st.UsedNetIndexes(ctx, "")
 	if err != nil {
 		t.Fatalf("UsedNetIndexes: %v", err)
 	}
@@ -242,7 +242,7 @@ func testReopen(ctx context.Context, t *testing.T, c *config) {
 		}
 	}
 	checkCheckpoint(t, "by name after reopen", mustGetCheckpoint(ctx, t, st, "sb-001", "ten"), checkpoints["sb-001"][1])
-	used, err := st.UsedNetIndexes(ctx)
+	used, err := st.UsedNetIndexes(ctx, "")
 	slices.Sort(used)
 	if err != nil || !slices.Equal(used, []int{1, 2, 3}) {
 		t.Errorf("UsedNetIndexes after reopen = %v, %v; want [1 2 3]", used, err)

@@ -349,13 +349,56 @@ func testUsedNetIndexes(ctx context.Context, t *testing.T, st store.Store) {
 	if err := st.DeleteSandbox(ctx, "sb-003"); err != nil {
 		t.Fatalf("DeleteSandbox: %v", err)
 	}
-	got, err := st.UsedNetIndexes(ctx)
+	got, err := st.UsedNetIndexes(ctx, "")
 	if err != nil {
 		t.Fatalf("UsedNetIndexes: %v", err)
 	}
 	slices.Sort(got)
 	if want := []int{1, 7, 40}; !slices.Equal(got, want) {
 		t.Errorf("UsedNetIndexes = %v, want %v in any order", got, want)
+	}
+}
+
+// testByNode: a node lists, and counts addresses of, its own sandboxes
+// alone; "" is every node's.
+func testByNode(ctx context.Context, t *testing.T, st store.Store) {
+	for _, n := range []int{1, 2, 3} {
+		mustCreateSandbox(ctx, t, st, newSandbox(n))
+	}
+	// Handed over, as a move would: the node's own store writes it.
+	moved := mustGetSandbox(ctx, t, st, "sb-002")
+	moved.Node = "node-b"
+	if err := st.UpdateSandbox(ctx, moved); err != nil {
+		t.Fatalf("UpdateSandbox: %v", err)
+	}
+	for _, c := range []struct {
+		node string
+		ids  []string
+		nets []int
+	}{
+		{"", []string{"sb-001", "sb-002", "sb-003"}, []int{1, 2, 3}},
+		{"node-a", []string{"sb-001", "sb-003"}, []int{1, 3}},
+		{"node-b", []string{"sb-002"}, []int{2}},
+		{"node-c", nil, nil},
+	} {
+		sbs, err := st.ListSandboxes(ctx, store.Filter{Node: c.node})
+		if err != nil {
+			t.Fatalf("ListSandboxes(node %q): %v", c.node, err)
+		}
+		var ids []string
+		for _, sb := range sbs {
+			ids = append(ids, sb.ID)
+		}
+		if !slices.Equal(ids, c.ids) {
+			t.Errorf("ListSandboxes(node %q) = %v, want %v", c.node, ids, c.ids)
+		}
+		nets, err := st.UsedNetIndexes(ctx, c.node)
+		if err != nil {
+			t.Fatalf("UsedNetIndexes(%q): %v", c.node, err)
+		}
+		if len(nets) != len(c.nets) || (len(nets) > 0 && !slices.Equal(nets, c.nets)) {
+			t.Errorf("UsedNetIndexes(%q) = %v, want %v", c.node, nets, c.nets)
+		}
 	}
 }
 

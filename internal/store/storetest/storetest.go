@@ -81,6 +81,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store, opts ...Option) 
 		{"SandboxListLabels", testSandboxListLabels},
 		{"SandboxOrgs", testSandboxOrgs},
 		{"UsedNetIndexes", testUsedNetIndexes},
+		{"ByNode", testByNode},
 		{"CreatedAtExact", testCreatedAtExact},
 
 		{"CheckpointCreateGet", testCheckpointCreateGet},
@@ -354,7 +355,7 @@ func testEmpty(ctx context.Context, t *testing.T, st store.Store) {
 	if list := mustListSandboxes(ctx, t, st, store.Filter{}); len(list) != 0 {
 		t.Errorf("ListSandboxes on a new store: got %v, want none", sandboxIDs(list))
 	}
-	used, err := st.UsedNetIndexes(ctx)
+	used, err := st.UsedNetIndexes(ctx, "")
 	if err != nil || len(used) != 0 {
 		t.Errorf("UsedNetIndexes on a new store: got %v, %v; want none", used, err)
 	}

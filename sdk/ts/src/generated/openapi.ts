@@ -1639,6 +1639,114 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the cluster's nodes (the operator's)
+         * @description The nodes of the cluster this daemon belongs to (`loam serve --node`),
+         *     by name, with the load each reported with its last lease renewal. A
+         *     node is `ready` while it renews its lease, `unreachable` once it ran
+         *     out. A daemon that runs alone answers an empty list. Only the
+         *     operator may call it.
+         */
+        get: operations["listNodes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes/{node}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The node's name.
+                 * @example node-2
+                 */
+                node: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Remove a node for good (the operator's)
+         * @description Declares a node gone for good: it can never join again under its
+         *     name, and each of its sandboxes is in state `error` with reason
+         *     `node removed` (any node may then delete them). Needs
+         *     `force=true`; a node that still renews its lease is 409 `conflict`
+         *     (stop its daemon first). Only the operator may call it.
+         */
+        delete: operations["removeNode"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes/{node}/cordon": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The node's name.
+                 * @example node-2
+                 */
+                node: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Stop placements on a node (the operator's)
+         * @description No new sandbox is placed on the node (a fork of a checkpoint it
+         *     holds still is, until checkpoints travel); its sandboxes run on.
+         *     Only the operator may call it.
+         */
+        post: operations["cordonNode"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/nodes/{node}/uncordon": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The node's name.
+                 * @example node-2
+                 */
+                node: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume placements on a node (the operator's)
+         * @description Undoes a cordon. Only the operator may call it.
+         */
+        post: operations["uncordonNode"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1738,7 +1846,7 @@ export interface components {
          * @description Where a sandbox is in its life. The strings never change.
          * @enum {string}
          */
-        State: "creating" | "running" | "sleeping" | "stopped" | "error" | "deleting" | "restoring";
+        State: "creating" | "running" | "sleeping" | "stopped" | "error" | "deleting" | "restoring" | "unknown";
         /** @description The limits a sandbox runs under. */
         Resources: {
             /** @description The CPU quota, in cores (0.5 is half a core). */
@@ -1833,6 +1941,11 @@ export interface components {
             disk?: components["schemas"]["DiskUse"];
             /** @description In `GET /v1/sandboxes/{sandbox}` and the list only, for a running sandbox. */
             usage?: components["schemas"]["Usage"];
+            /**
+             * @description The node of a cluster that owns the sandbox (`loam serve --node`); absent on one machine.
+             * @example node-1
+             */
+            node?: string;
             /** Format: date-time */
             created_at: string;
         };
@@ -1937,6 +2050,11 @@ export interface components {
             network?: components["schemas"]["NetworkPolicy"];
             /** @description Started once the sandbox is up, before the create returns. */
             services?: components["schemas"]["Service"][];
+            /**
+             * @description In a cluster, the node to make the sandbox on, instead of the one
+             *     placement picks (the operator's admin token only).
+             */
+            node?: string;
         };
         AccessToken: {
             url: string;
@@ -2355,6 +2473,55 @@ export interface components {
         CreateOrg: {
             /** @description The org's name, as it appears in URLs (NAME--ORG). */
             name: string;
+        };
+        NodeList: {
+            nodes: components["schemas"]["Node"][];
+        };
+        NodeRemoved: {
+            node: string;
+            /** @description How many of its sandboxes are now in state error. */
+            sandboxes: number;
+        };
+        /** @description A node of a cluster and what it reported with its last lease renewal. */
+        Node: {
+            /** @example node-2 */
+            name: string;
+            /**
+             * @description Where the other nodes reach its API (`--advertise`).
+             * @example http://10.0.0.2:7070
+             */
+            address: string;
+            /** @enum {string} */
+            state: "ready" | "unreachable";
+            /** @description True while no new sandbox is placed on it. */
+            cordoned: boolean;
+            /**
+             * @description `node` runs sandboxes.
+             * @enum {string}
+             */
+            role: "node" | "api";
+            /** @description The build of gVisor's runsc it runs sandboxes with. */
+            runsc?: string;
+            cpu_features?: string[];
+            cpus: number;
+            memory_mib: number;
+            memory_free_mib: number;
+            disk_mib: number;
+            disk_free_mib: number;
+            /** @description How many sandboxes it owns. */
+            sandboxes: number;
+            /** @description How many of them run now. */
+            running: number;
+            /** @description The templates it has cached. */
+            templates?: string[];
+            /** @description The images it has cached. */
+            images?: string[];
+            /** Format: date-time */
+            joined_at: string;
+            /** Format: date-time */
+            renewed_at: string;
+            /** Format: date-time */
+            lease_until: string;
         };
         OrgList: {
             orgs: components["schemas"]["Org"][];
@@ -5241,6 +5408,130 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Org"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    listNodes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The nodes. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    removeNode: {
+        parameters: {
+            query: {
+                /** @description Say that the node's sandboxes are lost. */
+                force: boolean;
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The node's name.
+                 * @example node-2
+                 */
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeRemoved"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    cordonNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The node's name.
+                 * @example node-2
+                 */
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The node, cordoned. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    uncordonNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The node's name.
+                 * @example node-2
+                 */
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The node, not cordoned. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Node"];
                 };
             };
             400: components["responses"]["Invalid"];

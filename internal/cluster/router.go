@@ -1,0 +1,257 @@
+package cluster
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
+	"loam.dev/loam/internal/store"
+)
+
+// Headers of a call one node passes to another (Router).
+const (
+	// RoutedByHeader names the node that passed the call on.
+	RoutedByHeader = "X-Loam-Routed-By"
+	// RoutedHeader is the node credential: "MS.MAC", the time it was
+	// passed on (Unix milliseconds) and an HMAC-SHA256, under the
+	// cluster's node key, of the node, that time, the method, the host and
+	// the path.
+	RoutedHeader = "X-Loam-Routed"
+)
+
+// routedSkew is how far a routed call's time may be from the receiver's.
+const routedSkew = time.Minute
+
+// SandboxRecords is how the router finds a sandbox's owner.
+type SandboxRecords interface {
+	GetSandbox(ctx context.Context, org, ref string) (*store.Sandbox, error)
+}
+
+// Router passes a call for a sandbox another node owns to that node: the
+// API's calls (REST, WebSockets, file streams) and the requests to its URL.
+// The caller's own credentials go with the call, and the owner checks
+// them against the shared records as it would a call made to it; the
+// node credential (RoutedHeader) only marks the call as passed on by a
+// node of the cluster, so that it is never passed on again and its
+// client's address (X-Forwarded-For) is believed.
+type Router struct {
+	member *Member
+	recs   SandboxRecords
+	key    []byte
+	log    *slog.Logger
+	rp     *httputil.ReverseProxy
+}
+
+type targetKey struct{}
+
+// target is where a call is passed to.
+type target struct {
+	node string
+	url  *url.URL
+	api  bool // an API call (JSON errors), else a sandbox URL's request
+}
+
+// NewRouter makes the router of member's node, finding owners in recs
+// and signing with key, the cluster's node key.
+func NewRouter(member *Member, recs SandboxRecords, key []byte, log *slog.Logger) *Router {
+	rt := &Router{member: member, recs: recs, key: key, log: log}
+	tr := &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       50 * time.Second,
+		TLSHandshakeTimeout:   5 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		ForceAttemptHTTP2:     true,
+	}
+	rt.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(*target)
+			pr.SetURL(t.url)
+			// The owner's mux tells a sandbox's URL from the API by Host.
+			pr.Out.Host = pr.In.Host
+			// A call that came through a proxy already keeps its chain.
+			pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+			pr.SetXForwarded()
+			rt.sign(pr.Out)
+		},
+		Transport: tr,
+		// Streams (exec output, logs, downloads) pass at once.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t := r.Context().Value(targetKey{}).(*target)
+			if errors.Is(r.Context().Err(), context.Canceled) {
+				return // the client left
+			}
+			rt.log.Warn("passing a call to its sandbox's node", "node", t.node, "path", r.URL.Path, "err", err)
+			msg := fmt.Sprintf("the sandbox is on node %s, which did not answer (%s): try again", t.node, errText(err))
+			if t.api {
+				api.WriteError(w, api.Errorf(api.CodeUnavailable, "%s", msg))
+				return
+			}
+			http.Error(w, msg, http.StatusBadGateway)
+		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return rt
+}
+
+func errText(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return op.Err.Error()
+	}
+	return err.Error()
+}
+
+// mac is the node credential's MAC of a call.
+func (rt *Router) mac(node, ms, method, host, path string) string {
+	m := hmac.New(sha256.New, rt.key)
+	for _, s := range []string{node, ms, method, host, path} {
+		m.Write([]byte(s))
+		m.Write([]byte{0})
+	}
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// sign marks r as passed on by this node.
+func (rt *Router) sign(r *http.Request) {
+	ms := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	r.Header.Set(RoutedByHeader, rt.member.Name())
+	r.Header.Set(RoutedHeader, ms+"."+rt.mac(rt.member.Name(), ms, r.Method, r.Host, r.URL.Path))
+}
+
+// Routed reports whether r was passed on by a node of the cluster (its
+// node credential checks out), and by which.
+func (rt *Router) Routed(r *http.Request) (node string, ok bool) {
+	node = r.Header.Get(RoutedByHeader)
+	ms, sum, found := strings.Cut(r.Header.Get(RoutedHeader), ".")
+	if node == "" || !found {
+		return "", false
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return "", false
+	}
+	if d := time.Since(time.UnixMilli(n)); d > routedSkew || d < -routedSkew {
+		return "", false
+	}
+	want := rt.mac(node, ms, r.Method, r.Host, r.URL.Path)
+	if !hmac.Equal([]byte(want), []byte(sum)) {
+		return "", false
+	}
+	return node, true
+}
+
+// Client is the address of the client of r: the first X-Forwarded-For of
+// a call a node passed on, else r's peer.
+func (rt *Router) Client(r *http.Request) (string, bool) {
+	if _, ok := rt.Routed(r); !ok {
+		return "", false
+	}
+	xff := r.Header.Get("X-Forwarded-For")
+	first, _, _ := strings.Cut(xff, ",")
+	first = strings.TrimSpace(first)
+	if first == "" {
+		return "", false
+	}
+	return first, true
+}
+
+// Forward passes an API call about sandbox ref (of the caller's org, in
+// r's context) to the node that owns it, and reports whether it did. It
+// does not when this node owns it, when the call was passed on already,
+// or when the owner stopped answering (the records answer reads here, and
+// the sandbox's Manager refuses the rest, naming the node).
+func (rt *Router) Forward(w http.ResponseWriter, r *http.Request, ref string) bool {
+	return rt.forward(w, r, auth.Scope(r.Context()), ref, true)
+}
+
+// ForwardURL is Forward for a request to the URL of sandbox name of org.
+func (rt *Router) ForwardURL(w http.ResponseWriter, r *http.Request, org, name string) bool {
+	return rt.forward(w, r, org, name, false)
+}
+
+func (rt *Router) forward(w http.ResponseWriter, r *http.Request, org, ref string, isAPI bool) bool {
+	if _, ok := rt.Routed(r); ok {
+		return false
+	}
+	sb, err := rt.recs.GetSandbox(r.Context(), org, ref)
+	if err != nil || sb.Node == "" || sb.Node == rt.member.Name() || sb.Pool != "" {
+		// Not found, or the store cannot say: this node answers, as it
+		// would alone.
+		return false
+	}
+	if _, lapsed := rt.member.Lapsed(sb.Node); lapsed {
+		return false
+	}
+	n := rt.node(r.Context(), sb.Node)
+	if n == nil {
+		return false
+	}
+	u, err := parseAddress(n)
+	if err != nil {
+		rt.log.Error("a node's address is not a URL", "node", n.Name, "address", n.Address, "err", err)
+		return false
+	}
+	rt.proxy(w, r, n.Name, u, isAPI)
+	return true
+}
+
+// node is the node called name, read again when the last reading does
+// not have it (it joined since).
+func (rt *Router) node(ctx context.Context, name string) *store.Node {
+	if n := rt.member.Node(name); n != nil {
+		return n
+	}
+	if err := rt.member.readNodes(ctx); err != nil {
+		return nil
+	}
+	return rt.member.Node(name)
+}
+
+// parseAddress is node n's address (--advertise) as a URL.
+func parseAddress(n *store.Node) (*url.URL, error) {
+	if n == nil {
+		return nil, api.Errorf(api.CodeUnavailable, "the node is not in the cluster any more")
+	}
+	u, err := url.Parse(n.Address)
+	if err != nil || u.Host == "" {
+		return nil, api.Errorf(api.CodeUnavailable, "node %s's address %q is not a URL", n.Name, n.Address)
+	}
+	return u, nil
+}
+
+// sinceReading is the local time since m's last reading of the nodes; the
+// caller holds m.mu.
+func sinceReading(m *Member) time.Duration { return time.Since(m.readAt) }
+
+// proxy passes r to node at u.
+func (rt *Router) proxy(w http.ResponseWriter, r *http.Request, node string, u *url.URL, isAPI bool) {
+	if r.Header.Get("Upgrade") != "" {
+		// The owner's answer says how the connection goes on (Upgrade),
+		// not a close set before the call was known to be one.
+		w.Header().Del("Connection")
+	}
+	// The owner keeps the call's own timeouts; this node only relays, and
+	// must not cut a long upload or stream by its own.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+	ctx := context.WithValue(r.Context(), targetKey{}, &target{node: node, url: u, api: isAPI})
+	rt.rp.ServeHTTP(w, r.WithContext(ctx))
+}
