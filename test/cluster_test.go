@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,7 +46,7 @@ type clusterNode struct {
 
 // startNode starts node name on database url, with the admin token given
 // (its token file), or made by it when token is "" (the cluster's first).
-func startNode(t *testing.T, url, name, token string) *clusterNode {
+func startNode(t testing.TB, url, name, token string) *clusterNode {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "loam-e2e-")
 	if err != nil {
@@ -68,7 +69,7 @@ func startNode(t *testing.T, url, name, token string) *clusterNode {
 }
 
 // nodes is GET /v1/nodes through n.
-func (n *clusterNode) nodes(t *testing.T) map[string]api.Node {
+func (n *clusterNode) nodes(t testing.TB) map[string]api.Node {
 	t.Helper()
 	code, body := n.Curl("GET", "/v1/nodes", "")
 	if code != http.StatusOK {
@@ -344,5 +345,157 @@ func TestCluster(t *testing.T) {
 	}
 	if _, err := a.C.GetSandbox(ctx, "on-b"); harness.APICode(err) != api.CodeNotFound {
 		t.Errorf("on-b after its delete: %v, want not_found", err)
+	}
+}
+
+// relay passes connections to PostgreSQL's socket on, until cut: a real
+// link between one node and its database that a test can drop, the
+// others keeping theirs.
+type relay struct {
+	t      *testing.T
+	dir    string // holds the relay's socket, as PostgreSQL's dir does
+	target string // PostgreSQL's socket
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]bool
+}
+
+// newRelay relays to the socket of the server that url (a pgtest URL)
+// names, and returns the relay and url through it.
+func newRelay(t *testing.T, dbURL string) (*relay, string) {
+	t.Helper()
+	u, err := neturl.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	dir, err := os.MkdirTemp("", "loam-relay-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{t: t, dir: dir, target: filepath.Join(q.Get("host"), ".s.PGSQL.5432"), conns: map[net.Conn]bool{}}
+	r.heal()
+	t.Cleanup(func() { r.cut(); os.RemoveAll(dir) })
+	q.Set("host", dir)
+	u.RawQuery = q.Encode()
+	return r, u.String()
+}
+
+// heal listens again: the node reaches its database.
+func (r *relay) heal() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sock := filepath.Join(r.dir, ".s.PGSQL.5432")
+	os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.ln = ln
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("unix", r.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			r.mu.Lock()
+			r.conns[c], r.conns[up] = true, true
+			r.mu.Unlock()
+			go func() { io.Copy(up, c); up.Close() }()
+			go func() { io.Copy(c, up); c.Close() }()
+		}
+	}()
+}
+
+// cut drops every connection through the relay and takes no more.
+func (r *relay) cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ln != nil {
+		r.ln.Close()
+		r.ln = nil
+	}
+	for c := range r.conns {
+		c.Close()
+	}
+	clear(r.conns)
+}
+
+// TestClusterCutOff: a node cut off from the database while its process
+// runs on stops accepting changes once its lease is gone (its API answers
+// unavailable, and nothing it was asked lands), the other node shows its
+// sandbox unknown; when its link returns it renews its lease, and its
+// sandbox is as it was, running, and takes changes again.
+func TestClusterCutOff(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	a := startNode(t, url, "a", "")
+	link, viaRelay := newRelay(t, url)
+	b := startNode(t, viaRelay, "b", a.Token)
+	ctx := harness.Ctx(t)
+
+	if _, err := a.C.CreateSandbox(ctx, api.CreateSandbox{Name: "cut", Node: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	b.Run("cut", "sh", "-c", "echo before > /home/loam/mark")
+
+	link.cut()
+	// Through b itself: no change once its lease ran out (3 s).
+	harness.Eventually(t, 20*time.Second, "b refusing changes", func() error {
+		_, _, _, err := b.C.Output(ctx, "cut", "true")
+		if harness.APICode(err) != api.CodeUnavailable || !strings.Contains(err.Error(), "lease") {
+			return fmt.Errorf("an exec through b: %v", err)
+		}
+		return nil
+	})
+	if err := b.C.DeleteSandbox(ctx, "cut"); harness.APICode(err) != api.CodeUnavailable {
+		t.Errorf("a delete through b cut off: %v, want unavailable", err)
+	}
+	if _, err := b.C.CreateSandbox(ctx, api.CreateSandbox{Name: "while-cut", Node: "b"}); harness.APICode(err) != api.CodeUnavailable {
+		t.Errorf("a create through b cut off: %v, want unavailable", err)
+	}
+	// Through a: unknown, naming b; calls to it refused.
+	harness.Eventually(t, 20*time.Second, "cut unknown through a", func() error {
+		sb, err := a.C.GetSandbox(ctx, "cut")
+		if err != nil {
+			return err
+		}
+		if sb.State != api.StateUnknown || !strings.Contains(sb.Reason, "node b stopped answering") {
+			return fmt.Errorf("%s %q", sb.State, sb.Reason)
+		}
+		return nil
+	})
+	if _, _, _, err := a.C.Output(ctx, "cut", "true"); harness.APICode(err) != api.CodeUnavailable {
+		t.Errorf("an exec in cut through a while b is cut off: %v, want unavailable", err)
+	}
+
+	link.heal()
+	harness.Eventually(t, 30*time.Second, "cut back through a", func() error {
+		out, _, _, err := a.C.Output(ctx, "cut", "cat", "/home/loam/mark")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(out)) != "before" {
+			return fmt.Errorf("mark %q", out)
+		}
+		return nil
+	})
+	if sb, err := b.C.GetSandbox(ctx, "cut"); err != nil || sb.State != api.StateRunning {
+		t.Errorf("cut once b's link is back: %+v, %v", sb, err)
+	}
+	if _, err := a.C.GetSandbox(ctx, "while-cut"); harness.APICode(err) != api.CodeNotFound {
+		t.Errorf("the create refused while b was cut off: %v, want not_found", err)
+	}
+	if _, err := b.C.CreateCheckpoint(ctx, "cut", api.CreateCheckpoint{}); err != nil {
+		t.Errorf("a checkpoint through b once it is back: %v", err)
+	}
+	if !strings.Contains(b.Log.String(), "holds its lease again") {
+		t.Errorf("b's log does not say it took its lease back")
 	}
 }
