@@ -146,6 +146,14 @@ func TestCluster(t *testing.T) {
 	if err != nil || !bytes.Equal(got, payload) {
 		t.Errorf("the download through a: %d bytes, %v; want the %d uploaded", len(got), err, len(payload))
 	}
+	// A session and a port stream, through a.
+	sess, err := a.C.CreateSession(ctx, "on-b", api.ExecRequest{Cmd: []string{"sh", "-c", "echo in-session"}})
+	if err != nil {
+		t.Fatalf("a session in on-b through a: %v", err)
+	}
+	if done, err := a.C.WaitSession(ctx, "on-b", sess.ID); err != nil || done.ExitCode == nil || *done.ExitCode != 0 {
+		t.Errorf("the session through a: %+v, %v", done, err)
+	}
 	// Its URL, through a's front door.
 	a.Run("on-b", "sh", "-c", "mkdir -p /tmp/www && echo served-by-b > /tmp/www/index.html && (httpd -p 8080 -h /tmp/www &)")
 	tok, err := a.C.AccessToken(ctx, "on-b")
@@ -164,6 +172,22 @@ func TestCluster(t *testing.T) {
 		body, _ := io.ReadAll(res.Body)
 		if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "served-by-b") {
 			return fmt.Errorf("%d %s", res.StatusCode, body)
+		}
+		return nil
+	})
+
+	harness.Eventually(t, 20*time.Second, "a port stream to on-b through a", func() error {
+		conn, err := a.C.DialPort(ctx, "on-b", 8080)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if _, err := io.WriteString(conn, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+			return err
+		}
+		got, _ := io.ReadAll(io.LimitReader(conn, 4096))
+		if !strings.Contains(string(got), "served-by-b") {
+			return fmt.Errorf("read %q", got)
 		}
 		return nil
 	})
