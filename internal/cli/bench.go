@@ -94,7 +94,7 @@ under a --root of its own, all deleted afterwards. Needs root.`,
 	f.BoolVar(&o.markdown, "markdown", false, "print a Markdown table")
 	f.StringVar(&o.from, "from", "", "measure nothing: show the result saved by an earlier --json in this file")
 	f.StringVar(&o.compare, "compare", "", "also compare each row's loam/raw ratio with the result saved in this file (docs/performance.json: the last committed run), marking rows more than 20% worse")
-	cmd.AddCommand(benchWorkloadCmd(), benchCheckCmd(), benchGapCmd())
+	cmd.AddCommand(benchWorkloadCmd(), benchCheckCmd(), benchGapCmd(), a.benchClusterCmd())
 	return cmd
 }
 
