@@ -46,7 +46,7 @@ type clusterNode struct {
 
 // startNode starts node name on database url, with the admin token given
 // (its token file), or made by it when token is "" (the cluster's first).
-func startNode(t testing.TB, url, name, token string) *clusterNode {
+func startNode(t testing.TB, url, name, token string, extra ...string) *clusterNode {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "loam-e2e-")
 	if err != nil {
@@ -64,6 +64,7 @@ func startNode(t testing.TB, url, name, token string) *clusterNode {
 		"--database", url, "--node", name, "--listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--advertise", fmt.Sprintf("http://127.0.0.1:%d", port), "--test-lease", clusterLease,
 	}}
+	n.args = append(n.args, extra...)
 	d.Start(n.args...)
 	return n
 }
@@ -98,9 +99,13 @@ func TestCluster(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	a := startNode(t, url, "a", "")
 	b := startNode(t, url, "b", a.Token)
+	front := startNode(t, url, "front", a.Token, "--role", "api")
 	ctx := harness.Ctx(t)
 
 	nodes := a.nodes(t)
+	if nd := nodes["front"]; nd.Role != "api" || nd.State != api.NodeReady {
+		t.Errorf("the front end in GET /v1/nodes: %+v", nd)
+	}
 	for _, name := range []string{"a", "b"} {
 		if nd, ok := nodes[name]; !ok || nd.State != api.NodeReady || nd.Role != "node" || nd.CPUs == 0 || nd.MemoryMiB == 0 || nd.Runsc == "" {
 			t.Errorf("node %s in GET /v1/nodes: %+v, want ready with its load", name, nd)
@@ -120,6 +125,21 @@ func TestCluster(t *testing.T) {
 	}
 	if _, err := a.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nowhere", Node: "c"}); harness.APICode(err) != api.CodeInvalid {
 		t.Errorf("a sandbox pinned to a node that is none: %v, want invalid", err)
+	}
+	if _, err := a.C.CreateSandbox(ctx, api.CreateSandbox{Name: "nowhere", Node: "front"}); harness.APICode(err) != api.CodeInvalid {
+		t.Errorf("a sandbox pinned to the front end: %v, want invalid", err)
+	}
+	// The front end runs none: it places a create on a node, and passes
+	// the calls for it there.
+	viaFront, err := front.C.CreateSandbox(ctx, api.CreateSandbox{Name: "via-front"})
+	if err != nil || (viaFront.Node != "a" && viaFront.Node != "b") {
+		t.Fatalf("a create through the front end: %+v, %v; want it on a or b", viaFront, err)
+	}
+	if out := front.Run("via-front", "echo", "through-front"); strings.TrimSpace(out) != "through-front" {
+		t.Errorf("an exec through the front end: %q", out)
+	}
+	if err := front.C.DeleteSandbox(ctx, "via-front"); err != nil {
+		t.Errorf("a delete through the front end: %v", err)
 	}
 
 	// Through a, everything of b's sandbox.

@@ -149,10 +149,16 @@ func (m *Member) renew(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	if err == nil {
+		// Lapsed since a failed renewal saw it, or since the lease ran
+		// out between two renewals.
+		lapsed := m.lapsedAt
+		if lapsed.IsZero() && began.After(m.until) {
+			lapsed = m.until
+		}
 		m.until = began.Add(m.cfg.Lease)
-		if !m.lapsedAt.IsZero() {
+		if !lapsed.IsZero() {
 			m.log.Warn("the node holds its lease again: it accepts changes to its sandboxes again",
-				"node", m.cfg.Name, "lapsed_for_ms", time.Since(m.lapsedAt).Milliseconds())
+				"node", m.cfg.Name, "lapsed_for_ms", time.Since(lapsed).Milliseconds())
 			m.lapsedAt = time.Time{}
 		}
 	} else if !time.Now().Before(m.until) && m.lapsedAt.IsZero() {

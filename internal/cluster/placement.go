@@ -80,6 +80,9 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 		if since, lapsed := rt.member.Lapsed(n.Name); lapsed {
 			return "", "", api.Errorf(api.CodeUnavailable, "node %s stopped answering at %s", n.Name, since.UTC().Format("2006-01-02T15:04:05Z"))
 		}
+		if n.Load.Role != RoleNode {
+			return "", "", api.Errorf(api.CodeInvalid, "node: %s is an API front end (--role api): it runs no sandboxes", n.Name)
+		}
 		return n.Name, "pinned by the operator", nil
 	}
 	if req.From != nil && req.From.Sandbox != "" {

@@ -44,7 +44,16 @@ const (
 // checkNode checks the flags of a node (--node, --advertise): both, with
 // --database, or none.
 func checkNode(cfg *Config) error {
+	if cfg.Role == "" {
+		cfg.Role = cluster.RoleNode
+	}
+	if cfg.Role != cluster.RoleNode && cfg.Role != cluster.RoleAPI {
+		return fmt.Errorf("--role %q: want node (runs sandboxes) or api (a front end)", cfg.Role)
+	}
 	if cfg.Node == "" {
+		if cfg.Role == cluster.RoleAPI {
+			return errors.New("--role api is for a node of a cluster: give --node, --advertise and --database")
+		}
 		if cfg.Advertise != "" {
 			return errors.New("--advertise is for a node of a cluster: give --node too")
 		}
@@ -163,7 +172,7 @@ func (l *loadReporter) report(ctx context.Context) api.NodeLoad {
 		l.runsc = runscBuild(ctx, l.p.runsc)
 		l.features = cpuFeatures()
 	})
-	load := api.NodeLoad{Role: cluster.RoleNode, Runsc: l.runsc, CPUFeatures: l.features, CPUs: goruntime.NumCPU()}
+	load := api.NodeLoad{Role: l.d.cfg.Role, Runsc: l.runsc, CPUFeatures: l.features, CPUs: goruntime.NumCPU()}
 	load.MemoryMiB, load.MemoryFreeMiB = memoryMiB()
 	var fs unix.Statfs_t
 	if unix.Statfs(filepath.Join(l.d.cfg.DataDir, "disk"), &fs) == nil {

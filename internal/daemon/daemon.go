@@ -60,8 +60,11 @@ type Config struct {
 	// the other nodes reach its API at; Lease, for tests, its lease.
 	Node, Advertise string
 	Lease           time.Duration
-	Domain          string // sandbox URLs are http://NAME--ORG.DOMAIN
-	Org             string
+	// Role is the node's: cluster.RoleNode (runs sandboxes) or
+	// cluster.RoleAPI (a front end that runs none).
+	Role   string
+	Domain string // sandbox URLs are http://NAME--ORG.DOMAIN
+	Org    string
 	// TLSCert and TLSKey, both or neither, are PEM files: with them the
 	// listener serves TLS, and URLs are https://.
 	TLSCert, TLSKey string
@@ -499,6 +502,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Domain:          cfg.Domain,
 		Org:             cfg.Org,
 		Node:            cfg.Node,
+		FrontEnd:        cfg.Role == cluster.RoleAPI,
 		Leases:          d.leases(),
 		Scheme:          scheme,
 		DefaultTemplate: cfg.DefaultTemplate,

@@ -177,8 +177,10 @@ func teardownRecords(ctx context.Context, cfg Config) (*postgres.Store, error) {
 	if cfg.Database == "" {
 		return nil, fmt.Errorf("its sandboxes' records are in PostgreSQL database %s: pass --database to delete them with it", id)
 	}
-	// Held: no daemon may run on the database meanwhile.
-	st, given, err := openHeld(ctx, cfg.Database, false)
+	// Held: no daemon may run on the database meanwhile; or, for a node
+	// of a cluster (--node), as one node among the others, its data dir
+	// locked against its own daemon.
+	st, given, err := openHeld(ctx, cfg.Database, cfg.Node != "")
 	if err != nil {
 		return nil, err
 	}

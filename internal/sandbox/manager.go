@@ -69,6 +69,9 @@ type Config struct {
 	// --node), "" on one machine: it owns the sandboxes it makes, and its
 	// recovery, caps and addresses count only the sandboxes it owns.
 	Node string
+	// FrontEnd is set for a cluster's API node (loam serve --role api):
+	// it makes no sandbox of its own.
+	FrontEnd bool
 	// Leases, in a cluster, tells which nodes stopped answering: their
 	// sandboxes show state unknown, and calls to them are refused naming
 	// the node. Nil on one machine.
@@ -397,6 +400,9 @@ func (m *Manager) Create(ctx context.Context, req api.CreateSandbox) (*api.Sandb
 	// running (bootWith, resumeImage, ClaimPoolMember), not with its
 	// first: recovery deletes one a crash leaves creating.
 	ctx = store.HoldAudit(ctx)
+	if m.cfg.FrontEnd {
+		return nil, api.Errorf(api.CodeUnavailable, "node %s is an API front end (--role api): it runs no sandbox; placement found no other node for this one", m.cfg.Node)
+	}
 	if req.Node != "" && req.Node != m.cfg.Node {
 		// A cluster passes a pinned create to its node before it gets
 		// here (internal/cluster); alone, a daemon has no other node.

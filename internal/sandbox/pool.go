@@ -136,6 +136,9 @@ func (mc *machine) containerMemory(id string) int64 {
 // what from names, stored and running, or nothing. An error that is
 // api.ErrNotFound says from is gone.
 func (p *PoolCore) MakePoolMember(ctx context.Context, from PoolSource, pool string) (*store.Sandbox, error) {
+	if p.m.cfg.FrontEnd {
+		return nil, api.Errorf(api.CodeUnavailable, "node %s is an API front end (--role api): it keeps no warm pool's members", p.m.cfg.Node)
+	}
 	if from.Template != "" {
 		return p.makeTemplateMember(ctx, pool, from.Org, from.Template)
 	}
