@@ -288,8 +288,11 @@ func (m *Manager) Get(ctx context.Context, ref string) (*api.Sandbox, error) {
 		return nil, err
 	}
 	v := m.view(sb)
-	v.Disk = m.machine.diskUse(ctx, sb)
-	v.Usage = m.usage(sb)
+	if sb.Node == m.owner.node {
+		// What it uses is on its own node's host alone.
+		v.Disk = m.machine.diskUse(ctx, sb)
+		v.Usage = m.usage(sb)
+	}
 	return v, nil
 }
 
@@ -330,8 +333,10 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.San
 			continue
 		}
 		v := m.view(sb)
-		v.Disk = m.machine.diskUse(ctx, sb)
-		v.Usage = m.usage(sb)
+		if sb.Node == m.owner.node {
+			v.Disk = m.machine.diskUse(ctx, sb)
+			v.Usage = m.usage(sb)
+		}
 		out = append(out, *v)
 	}
 	return out, nil
