@@ -101,6 +101,10 @@ func TestCluster(t *testing.T) {
 	b := startNode(t, url, "b", a.Token)
 	front := startNode(t, url, "front", a.Token, "--role", "api")
 	ctx := harness.Ctx(t)
+	// The nodes' answers, against the API's document.
+	doc := &walker{t: t, d: a.Daemon, c: newConformance(t)}
+	var listed api.NodeList
+	doc.json(req{route: "GET /v1/nodes", path: "/v1/nodes"}, 200, &listed)
 
 	nodes := a.nodes(t)
 	if nd := nodes["front"]; nd.Role != "api" || nd.State != api.NodeReady {
@@ -281,9 +285,12 @@ func TestCluster(t *testing.T) {
 
 	// A cordon keeps placements off a node; with every node cordoned, a
 	// create answers limit, saying why.
-	if code, body := a.Curl("POST", "/v1/nodes/b/cordon", ""); code != http.StatusOK || !strings.Contains(body, `"cordoned":true`) {
-		t.Errorf("cordon b: %d %s", code, body)
+	var cordoned api.Node
+	doc.json(req{route: "POST /v1/nodes/{node}/cordon", path: "/v1/nodes/b/cordon"}, 200, &cordoned)
+	if !cordoned.Cordoned || cordoned.Name != "b" {
+		t.Errorf("cordon b: %+v", cordoned)
 	}
+	doc.json(req{route: "GET /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/on-b"}, 200, &api.Sandbox{})
 	if !a.nodes(t)["b"].Cordoned {
 		t.Errorf("b after the cordon: not cordoned")
 	}
@@ -301,8 +308,10 @@ func TestCluster(t *testing.T) {
 		t.Errorf("a create with every node cordoned: %v, want limit naming them", err)
 	}
 	for _, n := range []string{"a", "b"} {
-		if code, body := a.Curl("POST", "/v1/nodes/"+n+"/uncordon", ""); code != http.StatusOK || !strings.Contains(body, `"cordoned":false`) {
-			t.Errorf("uncordon %s: %d %s", n, code, body)
+		var un api.Node
+		doc.json(req{route: "POST /v1/nodes/{node}/uncordon", path: "/v1/nodes/" + n + "/uncordon"}, 200, &un)
+		if un.Cordoned {
+			t.Errorf("uncordon %s: %+v", n, un)
 		}
 	}
 
@@ -372,8 +381,10 @@ func TestCluster(t *testing.T) {
 			ofB++
 		}
 	}
-	if code, body := a.Curl("DELETE", "/v1/nodes/b?force=true", ""); code != http.StatusOK || !strings.Contains(body, fmt.Sprintf(`"sandboxes":%d`, ofB)) {
-		t.Errorf("removing b: %d %s, want its %d sandboxes marked", code, body, ofB)
+	var removed api.NodeRemoved
+	doc.json(req{route: "DELETE /v1/nodes/{node}", path: "/v1/nodes/b?force=true"}, 200, &removed)
+	if removed.Sandboxes != ofB {
+		t.Errorf("removing b: %+v, want its %d sandboxes marked", removed, ofB)
 	}
 	if sb, err := a.C.GetSandbox(ctx, "on-b"); err != nil || sb.State != api.StateError || sb.Reason != "node removed" {
 		t.Errorf("on-b after b's removal: %+v, %v", sb, err)

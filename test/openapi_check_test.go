@@ -50,6 +50,18 @@ func newConformance(t *testing.T) *conformance {
 	return &conformance{doc: doc, walked: map[string]bool{}, props: map[string]bool{}, seen: map[string]bool{}}
 }
 
+// clusterOnly marks the documented fields and routes whose successful
+// answers only a cluster gives (a daemon alone never does) as seen and
+// walked: TestCluster checks those answers against the document.
+func (c *conformance) clusterOnly(props, routes []string) {
+	for _, p := range props {
+		c.seen[p] = true
+	}
+	for _, r := range routes {
+		c.walked[r] = true
+	}
+}
+
 // operation is the documented operation of route ("METHOD /path/{param}").
 func (c *conformance) operation(route string) (*openapi3.Operation, error) {
 	method, path, _ := strings.Cut(route, " ")

@@ -176,6 +176,7 @@ func TestOpenAPIConformance(t *testing.T) {
 	t.Run("templates", func(t *testing.T) { w.t = t; walkTemplates(w) })
 	t.Run("keys", func(t *testing.T) { w.t = t; walkKeys(w) })
 	t.Run("orgs", func(t *testing.T) { w.t = t; walkOrgs(w) })
+	t.Run("nodes", func(t *testing.T) { w.t = t; walkNodes(w) })
 	t.Run("cleanup", func(t *testing.T) { w.t = t; walkCleanup(w) })
 	t.Run("unauthorized", func(t *testing.T) { w.t = t; walkUnauthorized(w) })
 	w.c.finish(t)
@@ -250,6 +251,23 @@ func walkOrgs(w *walker) {
 	w.errorCode(req{route: "DELETE /v1/orgs/{org}", path: "/v1/orgs/walk?all=maybe"}, api.CodeInvalid)
 	w.call(req{route: "DELETE /v1/orgs/{org}", path: "/v1/orgs/walk?all=true"}, 204)
 	w.errorCode(req{route: "DELETE /v1/orgs/{org}", path: "/v1/orgs/walk"}, api.CodeNotFound)
+}
+
+// walkNodes calls the nodes' routes of a daemon that runs alone: an
+// empty list, and every change refused as invalid. A cluster's answers
+// (the nodes, a sandbox's node) are TestCluster's.
+func walkNodes(w *walker) {
+	var list api.NodeList
+	w.json(req{route: "GET /v1/nodes", path: "/v1/nodes"}, 200, &list)
+	if list.Nodes == nil || len(list.Nodes) != 0 {
+		w.t.Errorf("GET /v1/nodes alone: %+v, want an empty list", list)
+	}
+	w.errorCode(req{route: "POST /v1/nodes/{node}/cordon", path: "/v1/nodes/node-2/cordon"}, api.CodeInvalid)
+	w.errorCode(req{route: "POST /v1/nodes/{node}/uncordon", path: "/v1/nodes/node-2/uncordon"}, api.CodeInvalid)
+	w.errorCode(req{route: "DELETE /v1/nodes/{node}", path: "/v1/nodes/node-2?force=true"}, api.CodeInvalid)
+	// Seen in TestCluster: no daemon alone has them.
+	w.c.clusterOnly([]string{"Sandbox.node"},
+		[]string{"POST /v1/nodes/{node}/cordon", "POST /v1/nodes/{node}/uncordon", "DELETE /v1/nodes/{node}"})
 }
 
 func walkDaemon(w *walker) {
@@ -846,7 +864,7 @@ func walkCleanup(w *walker) {
 // be refused before anything reads it.
 var paramValue = strings.NewReplacer("{sandbox}", "scratch", "{checkpoint}", "v1", "{session}", "s-abc",
 	"{service}", "web", "{port}", "8080", "{name}", "api-key", "{image}", "im-0123456789ab", "{registry}", "localhost:5000",
-	"{template}", "scratch-tpl", "{org}", "default", "{key}", "key-0123456789ab")
+	"{template}", "scratch-tpl", "{org}", "default", "{key}", "key-0123456789ab", "{node}", "node-2")
 
 // walkUnauthorized sends every route of the server without a token, and
 // with a wrong one: each /v1 route but the document refuses it with 401.
