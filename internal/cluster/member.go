@@ -10,7 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -208,15 +211,25 @@ func (m *Member) Lapsed(node string) (since time.Time, lapsed bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n, ok := m.nodes[node]
-	if !ok {
-		return time.Time{}, false
-	}
-	// The reading's database time, moved on by the local time since.
-	now := m.read.Add(time.Since(m.readAt))
-	if n.LeaseUntil.After(now) {
+	if !ok || n.State(m.now()) == api.NodeReady {
 		return time.Time{}, false
 	}
 	return n.LeaseUntil, true
+}
+
+// now is the database's time now as the last reading gives it: its time,
+// moved on by the local time since. The caller holds m.mu.
+func (m *Member) now() time.Time {
+	return m.read.Add(time.Since(m.readAt))
+}
+
+// Nodes are the nodes at the last reading, by name, and the database's
+// time now to read their leases against.
+func (m *Member) Nodes() ([]*store.Node, time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	list := slices.SortedFunc(maps.Values(m.nodes), func(a, b *store.Node) int { return strings.Compare(a.Name, b.Name) })
+	return list, m.now()
 }
 
 // Node is the node called name at the last reading, or nil.

@@ -30,12 +30,8 @@ func NewNodes(recs NodeRecords) *Nodes {
 
 // View is n as the API shows it, at the database's time now.
 func View(n *store.Node, now time.Time) api.Node {
-	state := api.NodeUnreachable
-	if n.LeaseUntil.After(now) {
-		state = api.NodeReady
-	}
 	return api.Node{
-		Name: n.Name, Address: n.Address, State: state, Cordoned: n.Cordoned, NodeLoad: n.Load,
+		Name: n.Name, Address: n.Address, State: n.State(now), Cordoned: n.Cordoned, NodeLoad: n.Load,
 		JoinedAt: n.JoinedAt.UTC(), RenewedAt: n.RenewedAt.UTC(), LeaseUntil: n.LeaseUntil.UTC(),
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/auth"
@@ -78,7 +79,7 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 			return "", "", api.Errorf(api.CodeInvalid, "node: no node %q in the cluster (loam nodes lists them)", req.Node)
 		}
 		if since, lapsed := rt.member.Lapsed(n.Name); lapsed {
-			return "", "", api.Errorf(api.CodeUnavailable, "node %s stopped answering at %s", n.Name, since.UTC().Format("2006-01-02T15:04:05Z"))
+			return "", "", api.Errorf(api.CodeUnavailable, "node %s stopped answering at %s", n.Name, since.UTC().Format(time.RFC3339))
 		}
 		if n.Load.Role != RoleNode {
 			return "", "", api.Errorf(api.CodeInvalid, "node: %s is an API front end (--role api): it runs no sandboxes", n.Name)
@@ -93,7 +94,7 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 		}
 		if since, lapsed := rt.member.Lapsed(src.Node); lapsed {
 			return "", "", api.Errorf(api.CodeUnavailable, "the checkpoint is on node %s, which stopped answering at %s; a fork is made where its checkpoint is until checkpoints travel",
-				src.Node, since.UTC().Format("2006-01-02T15:04:05Z"))
+				src.Node, since.UTC().Format(time.RFC3339))
 		}
 		if n := rt.member.Node(src.Node); n != nil && n.Cordoned {
 			rt.log.Info("a fork goes to a cordoned node: its checkpoint is there alone", "node", n.Name)
@@ -112,24 +113,15 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 // (within a sandbox's memory). limit, naming what was short, when none can
 // take it.
 func (rt *Router) best(want int64, template string) (string, string, error) {
-	rt.member.mu.Lock()
-	nodes := make([]*store.Node, 0, len(rt.member.nodes))
-	for _, n := range rt.member.nodes {
-		nodes = append(nodes, n)
-	}
-	now := rt.member.read.Add(sinceReading(rt.member))
-	rt.member.mu.Unlock()
-	slices.SortFunc(nodes, func(a, b *store.Node) int { return strings.Compare(a.Name, b.Name) })
-
+	nodes, now := rt.member.Nodes()
 	var (
 		pick     *store.Node
 		pickFree int64
 		skipped  []string
-		roomiest int64 = -1
 	)
 	for _, n := range nodes {
 		switch {
-		case !n.LeaseUntil.After(now):
+		case n.State(now) != api.NodeReady:
 			skipped = append(skipped, n.Name+" unreachable")
 			continue
 		case n.Cordoned:
@@ -139,7 +131,6 @@ func (rt *Router) best(want int64, template string) (string, string, error) {
 			continue
 		}
 		free := n.Load.MemoryFreeMiB - want
-		roomiest = max(roomiest, n.Load.MemoryFreeMiB)
 		if free < 0 {
 			skipped = append(skipped, fmt.Sprintf("%s has %d MiB free", n.Name, n.Load.MemoryFreeMiB))
 			continue

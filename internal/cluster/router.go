@@ -236,10 +236,6 @@ func parseAddress(n *store.Node) (*url.URL, error) {
 	return u, nil
 }
 
-// sinceReading is the local time since m's last reading of the nodes; the
-// caller holds m.mu.
-func sinceReading(m *Member) time.Duration { return time.Since(m.readAt) }
-
 // proxy passes r to node at u.
 func (rt *Router) proxy(w http.ResponseWriter, r *http.Request, node string, u *url.URL, isAPI bool) {
 	if r.Header.Get("Upgrade") != "" {

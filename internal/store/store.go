@@ -252,6 +252,15 @@ type Node struct {
 	LeaseUntil time.Time
 }
 
+// State is the node's state at now, the database's time: ready while its
+// lease runs, unreachable once it ran out.
+func (n *Node) State(now time.Time) api.NodeState {
+	if n.LeaseUntil.After(now) {
+		return api.NodeReady
+	}
+	return api.NodeUnreachable
+}
+
 // Org is the stored record of an org: its name and quota. Stores that
 // keep orgs (store/sqlite) have the methods of sandbox.OrgStore; they are
 // not part of Store, since only the orgs' admission uses them.

@@ -133,14 +133,6 @@ func (ns *Nodes) ListNodes(ctx context.Context) ([]*store.Node, time.Time, error
 	return list, now.UTC(), nil
 }
 
-// NodeState is the state of n at the database's time now.
-func NodeState(n *store.Node, now time.Time) api.NodeState {
-	if n.LeaseUntil.After(now) {
-		return api.NodeReady
-	}
-	return api.NodeUnreachable
-}
-
 func scanNode(row pgx.Row) (*store.Node, error) {
 	var n store.Node
 	var load string

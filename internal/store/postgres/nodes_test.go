@@ -46,7 +46,7 @@ func nodeStates(t *testing.T, st *Store) map[string]string {
 	}
 	got := map[string]string{}
 	for _, n := range list {
-		got[n.Name] = fmt.Sprintf("%s cordoned=%v", NodeState(n, now), n.Cordoned)
+		got[n.Name] = fmt.Sprintf("%s cordoned=%v", n.State(now), n.Cordoned)
 	}
 	return got
 }
