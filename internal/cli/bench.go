@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/bench"
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/host"
 )
 
 // benchOptions are the flags of `loam bench`.
@@ -271,19 +270,11 @@ func writePlot(path string, res *bench.Result) error {
 
 // memAvailableMiB is the host's MemAvailable, or 0 if unknown.
 func memAvailableMiB() int {
-	f, err := os.Open("/proc/meminfo")
+	_, avail, err := host.Memory()
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kib, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			return kib / 1024
-		}
-	}
-	return 0
+	return int(avail >> 20)
 }
 
 // hostDescription names what the numbers depend on: CPUs, memory, kernel

@@ -1,8 +1,6 @@
 package daemon
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -13,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +20,7 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/auth"
 	"loam.dev/loam/internal/cluster"
+	"loam.dev/loam/internal/host"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/store"
@@ -170,10 +168,12 @@ func newLoadReporter(d *Daemon, p *parts, pg *postgres.Store) *loadReporter {
 func (l *loadReporter) report(ctx context.Context) api.NodeLoad {
 	l.once.Do(func() {
 		l.runsc = runscBuild(ctx, l.p.runsc)
-		l.features = cpuFeatures()
+		l.features = host.CPUFeatures()
 	})
 	load := api.NodeLoad{Role: l.d.cfg.Role, Runsc: l.runsc, CPUFeatures: l.features, CPUs: goruntime.NumCPU()}
-	load.MemoryMiB, load.MemoryFreeMiB = memoryMiB()
+	if total, avail, err := host.Memory(); err == nil {
+		load.MemoryMiB, load.MemoryFreeMiB = total>>20, avail>>20
+	}
 	var fs unix.Statfs_t
 	if unix.Statfs(filepath.Join(l.d.cfg.DataDir, "disk"), &fs) == nil {
 		load.DiskMiB = int64(fs.Blocks) * fs.Bsize >> 20
@@ -210,48 +210,6 @@ func runscBuild(ctx context.Context, runsc string) string {
 	}
 	line, _, _ := strings.Cut(string(out), "\n")
 	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version "))
-}
-
-// cpuFeatures are the host CPU's flags, as /proc/cpuinfo lists them.
-func cpuFeatures() []string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return nil
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if ok && (strings.TrimSpace(k) == "flags" || strings.TrimSpace(k) == "Features") {
-			return strings.Fields(v)
-		}
-	}
-	return nil
-}
-
-// memoryMiB is the host's memory, in all and available, in MiB.
-func memoryMiB() (total, free int64) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kib, err := strconv.ParseInt(f[1], 10, 64)
-		if err != nil {
-			continue
-		}
-		switch f[0] {
-		case "MemTotal:":
-			total = kib >> 10
-		case "MemAvailable:":
-			free = kib >> 10
-		}
-	}
-	return total, free
 }
 
 // dirNames are the names of dir's subdirectories but skip, sorted.

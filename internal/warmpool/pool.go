@@ -21,7 +21,6 @@
 package warmpool
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,13 +29,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/atomicfile"
+	"loam.dev/loam/internal/host"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/store"
 )
@@ -656,24 +655,9 @@ func (ps *Pools) memAvailable() (int64, error) {
 	if ps.cfg.MemAvailable != nil {
 		return ps.cfg.MemAvailable()
 	}
-	return procMemAvailable()
-}
-
-func procMemAvailable() (int64, error) {
-	f, err := os.Open("/proc/meminfo")
+	_, avail, err := host.Memory()
 	if err != nil {
 		return -1, err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return -1, fmt.Errorf("reading MemAvailable: %w", err)
-			}
-			return kb << 10, nil
-		}
-	}
-	return -1, sc.Err()
+	return avail, nil
 }
