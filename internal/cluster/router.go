@@ -18,6 +18,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/auth"
+	"loam.dev/loam/internal/netdial"
 	"loam.dev/loam/internal/store"
 )
 
@@ -69,8 +70,10 @@ type target struct {
 func NewRouter(member *Member, recs SandboxRecords, key []byte, log *slog.Logger) *Router {
 	rt := &Router{member: member, recs: recs, key: key, log: log}
 	tr := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		Proxy: nil,
+		// A node gone silent (down, or its link dropped) fails a call
+		// in seconds rather than hanging it.
+		DialContext:           netdial.Dialer().DialContext,
 		MaxIdleConns:          256,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       50 * time.Second,

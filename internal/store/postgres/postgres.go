@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/internal/netdial"
 	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/store/columns"
 )
@@ -59,6 +60,7 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		// pgx's message may quote the URL, password included.
 		return nil, errors.New("opening the store: the database URL is not a PostgreSQL connection string")
 	}
+	bound(&cfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("opening the store at %s: %w", where(cfg), err)
@@ -73,6 +75,16 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		return nil, fmt.Errorf("opening the store at %s: %w", where(cfg), err)
 	}
 	return s, nil
+}
+
+// bound makes cfg's connections give up on a database gone silent (see
+// netdial), where its URL did not choose its own connect_timeout: a call
+// that needs it then answers unavailable instead of hanging.
+func bound(cfg *pgconn.Config) {
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = netdial.ConnectTimeout
+	}
+	cfg.DialFunc = netdial.Dialer().DialContext
 }
 
 // where names the database of cfg for a message: host and database, never
