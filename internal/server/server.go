@@ -431,9 +431,13 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 		}
 		if s.router != nil && rt.Pattern == "POST /v1/sandboxes" {
 			conns.KeepAlive(w)
-			if s.router.Place(w, r.WithContext(ctx)) {
+			pr := r.WithContext(ctx)
+			if s.router.Place(w, pr) {
 				return
 			}
+			// Placement read the body (of its copy of r), and left it
+			// there to be read again, here.
+			r.Body, r.ContentLength = pr.Body, pr.ContentLength
 		}
 		var call *store.AuditCall
 		if rt.Action != "" && s.audit != nil {
