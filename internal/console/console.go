@@ -84,6 +84,10 @@ type Config struct {
 	// Idle is the daemon's idle for sandboxes created without one (loam
 	// serve --idle); 0 is never.
 	Idle time.Duration
+	// Shared is set on a node of a cluster: Sessions is the cluster's,
+	// which every node logs in and out through, so each call's session
+	// is read from it rather than from this node's memory.
+	Shared bool
 }
 
 // Keys finds who a token or a key is (internal/auth.Keys has it).
@@ -100,6 +104,9 @@ type SessionStore interface {
 	PutConsoleSession(ctx context.Context, cs *store.ConsoleSession) error
 	// ListConsoleSessions lists those that have not expired at now.
 	ListConsoleSessions(ctx context.Context, now time.Time) ([]*store.ConsoleSession, error)
+	// GetConsoleSession finds the one of key that has not expired at
+	// now; store.ErrNotFound if none.
+	GetConsoleSession(ctx context.Context, key string, now time.Time) (*store.ConsoleSession, error)
 	// DeleteConsoleSessions deletes those of keys, and every one expired
 	// at now.
 	DeleteConsoleSessions(ctx context.Context, now time.Time, keys ...string) error
@@ -470,6 +477,9 @@ func (c *Console) lookup(r *http.Request) (session, error) {
 		return session{}, api.Errorf(api.CodeUnauthorized, "not logged in to the console")
 	}
 	key := hashID(ck.Value)
+	if c.cfg.Shared && c.cfg.Sessions != nil {
+		return c.lookupShared(r.Context(), key)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.sessions[key]
@@ -481,6 +491,24 @@ func (c *Console) lookup(r *http.Request) (session, error) {
 		return session{}, api.Errorf(api.CodeUnauthorized, "the console session is unknown or has expired: log in again")
 	}
 	return s, nil
+}
+
+// lookupShared finds the session of key in the store, which the nodes of a
+// cluster share: a session made on one node opens the others (a call the
+// console makes on one is passed to the node of its sandbox with its
+// cookie), and one ended on any node is ended on all.
+func (c *Console) lookupShared(ctx context.Context, key string) (session, error) {
+	cs, err := c.cfg.Sessions.GetConsoleSession(ctx, key, c.now())
+	if errors.Is(err, store.ErrNotFound) {
+		c.mu.Lock()
+		delete(c.sessions, key)
+		c.mu.Unlock()
+		return session{}, api.Errorf(api.CodeUnauthorized, "the console session is unknown or has expired: log in again")
+	}
+	if err != nil {
+		return session{}, fmt.Errorf("checking the console session: %w", err)
+	}
+	return session{csrf: cs.CSRFToken, expires: cs.ExpiresAt, org: cs.Org, key: cs.APIKey}, nil
 }
 
 // Authorize checks a request made with the session cookie (it implements

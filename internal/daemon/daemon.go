@@ -606,7 +606,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	// The web console shares the API's listener (not sandboxes' URLs,
 	// which the front door takes first): its page at /, its sessions
 	// authorizing API calls from that page.
-	con, err := console.New(ctx, console.Config{Keys: keys, Audit: p.store, TLS: p.tls != nil, Sessions: p.store, TokenFile: d.tokenFile, Idle: cfg.Idle}, d.log)
+	con, err := console.New(ctx, console.Config{Keys: keys, Audit: p.store, TLS: p.tls != nil, Sessions: p.store, TokenFile: d.tokenFile, Idle: cfg.Idle, Shared: cfg.Node != ""}, d.log)
 	if err != nil {
 		return fmt.Errorf("loading the web console: %w", err)
 	}

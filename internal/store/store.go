@@ -120,7 +120,8 @@ type Secret struct {
 // restart of the daemon does not log its users out. Key is the sha256 of
 // the session cookie's value, never the value itself, so that what is
 // stored cannot be replayed. Stores that keep them (store/sqlite) have
-// PutConsoleSession, ListConsoleSessions and DeleteConsoleSessions; they
+// PutConsoleSession, GetConsoleSession, ListConsoleSessions and
+// DeleteConsoleSessions; they
 // are not part of Store, since only internal/console uses them.
 type ConsoleSession struct {
 	Key       string

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -57,6 +58,31 @@ func (s *Store) ListConsoleSessions(ctx context.Context, now time.Time) ([]*stor
 		return nil, fmt.Errorf("listing console sessions: %w", unavailable(err))
 	}
 	return list, nil
+}
+
+// GetConsoleSession finds the console session of key that has not
+// expired at now; store.ErrNotFound if none. Every node of a cluster
+// asks here: a session one node made opens the others, and one ended on
+// any node is ended on all.
+func (s *Store) GetConsoleSession(ctx context.Context, key string, now time.Time) (*store.ConsoleSession, error) {
+	at, err := columns.FormatTime(now)
+	if err != nil {
+		return nil, fmt.Errorf("reading a console session: %w", err)
+	}
+	var cs store.ConsoleSession
+	var expires string
+	err = s.pool.QueryRow(ctx, `SELECT `+columns.ConsoleSessionNames+` FROM console_sessions
+		WHERE key = $1 AND expires_at > $2`, key, at).Scan(&cs.Key, &cs.CSRFToken, &expires, &cs.Org, &cs.APIKey)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, store.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading a console session: %w", unavailable(err))
+	}
+	if cs.ExpiresAt, err = columns.ParseTime(expires); err != nil {
+		return nil, fmt.Errorf("reading a console session: session expiry %q: %w", expires, err)
+	}
+	return &cs, nil
 }
 
 // DeleteConsoleSessions removes the console sessions with the given keys,

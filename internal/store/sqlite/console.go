@@ -2,6 +2,8 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -55,6 +57,29 @@ func (s *Store) ListConsoleSessions(ctx context.Context, now time.Time) ([]*stor
 		return nil, fmt.Errorf("listing console sessions: %w", err)
 	}
 	return out, nil
+}
+
+// GetConsoleSession finds the console session of key that has not
+// expired at now; store.ErrNotFound if none.
+func (s *Store) GetConsoleSession(ctx context.Context, key string, now time.Time) (*store.ConsoleSession, error) {
+	at, err := formatTime(now)
+	if err != nil {
+		return nil, fmt.Errorf("reading a console session: %w", err)
+	}
+	var cs store.ConsoleSession
+	var expires string
+	err = s.r.QueryRowContext(ctx, `SELECT `+columns.ConsoleSessionNames+` FROM console_sessions
+		WHERE key = ? AND expires_at > ?`, key, at).Scan(&cs.Key, &cs.CSRFToken, &expires, &cs.Org, &cs.APIKey)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, store.ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading a console session: %w", err)
+	}
+	if cs.ExpiresAt, err = parseTime(expires); err != nil {
+		return nil, fmt.Errorf("reading a console session: session expiry %q: %w", expires, err)
+	}
+	return &cs, nil
 }
 
 // DeleteConsoleSessions removes the console sessions with the given keys,

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 // (store/sqlite does; internal/console's SessionStore).
 type ConsoleSessions interface {
 	PutConsoleSession(ctx context.Context, cs *store.ConsoleSession) error
+	GetConsoleSession(ctx context.Context, key string, now time.Time) (*store.ConsoleSession, error)
 	ListConsoleSessions(ctx context.Context, now time.Time) ([]*store.ConsoleSession, error)
 	DeleteConsoleSessions(ctx context.Context, now time.Time, keys ...string) error
 }
@@ -33,6 +35,7 @@ func RunConsoleSessions(t *testing.T, newStore func(t *testing.T) store.Store, o
 	}{
 		{"KeptListedDeleted", testConsoleKept},
 		{"Fields", testConsoleFields},
+		{"Get", testConsoleGet},
 		{"Expiry", testConsoleExpiry},
 		{"TiesByKey", testConsoleTies},
 		{"Audited", testConsoleAudited},
@@ -234,5 +237,31 @@ func testConsoleAudited(ctx context.Context, t *testing.T, c *config) {
 	}
 	if got := mustListAudit(ctx, t, log, store.AuditFilter{}); len(got) != 2 || got[1].Action != "console.logout" {
 		t.Errorf("audit log after a logout: %+v; want its record", got)
+	}
+}
+
+// testConsoleGet: a session is found by its key until it expires, and not
+// once deleted; an unknown key is ErrNotFound.
+func testConsoleGet(ctx context.Context, t *testing.T, c *config) {
+	st := c.newStore(t)
+	defer st.Close()
+	cs := consoleStore(t, st)
+	want := &store.ConsoleSession{Key: "k1", CSRFToken: "c1", ExpiresAt: consoleNow.Add(time.Hour), Org: "acme", APIKey: "key-1"}
+	mustPutConsoleSession(ctx, t, cs, want)
+	got, err := cs.GetConsoleSession(ctx, "k1", consoleNow)
+	if err != nil || got.Key != "k1" || got.CSRFToken != "c1" || got.Org != "acme" || got.APIKey != "key-1" || !got.ExpiresAt.Equal(want.ExpiresAt) {
+		t.Fatalf("GetConsoleSession(k1): %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := cs.GetConsoleSession(ctx, "k1", consoleNow.Add(time.Hour)); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetConsoleSession(k1) once expired: %v, want ErrNotFound", err)
+	}
+	if _, err := cs.GetConsoleSession(ctx, "k2", consoleNow); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetConsoleSession(k2), never kept: %v, want ErrNotFound", err)
+	}
+	if err := cs.DeleteConsoleSessions(ctx, consoleNow, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.GetConsoleSession(ctx, "k1", consoleNow); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetConsoleSession(k1) once deleted: %v, want ErrNotFound", err)
 	}
 }

@@ -15,6 +15,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -47,6 +48,10 @@ type Server struct {
 	ready chan struct{}
 	err   error
 	dbs   atomic.Int64
+	// tcp, when set, is the address (host:port) it also listens on, for
+	// clients in other network namespaces (a Unix socket is reachable
+	// from any of them, so a dropped link would not cut it).
+	tcp string
 }
 
 var (
@@ -92,23 +97,64 @@ func NewDatabase(tb testing.TB) string {
 	if shared.err != nil {
 		tb.Fatalf("starting PostgreSQL: %v", shared.err)
 	}
-	name := fmt.Sprintf("t%d_%d", os.Getpid(), shared.dbs.Add(1))
+	return shared.URL(shared.NewDatabase(tb))
+}
+
+// NewServer starts a server of tb's own, stopped and removed when tb ends:
+// for a test that stops or crashes its server while others run on the
+// shared one. With tcp set (host:port) it also listens there, trusting
+// every client (no password, as on the socket): for nodes in network
+// namespaces of their own, which TCPURL names it to.
+func NewServer(tb testing.TB, tcp string) *Server {
+	tb.Helper()
+	bin := binDir()
+	if bin == "" {
+		testenv.Missing(tb, "needs PostgreSQL's server (Debian's postgresql-15; scripts/setup installs it)")
+	}
+	testenv.Root(tb)
+	s := &Server{bin: bin, tcp: tcp}
+	tb.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			tb.Errorf("stopping PostgreSQL: %v", err)
+		}
+	})
+	if err := s.start(); err != nil {
+		tb.Fatalf("starting PostgreSQL: %v", err)
+	}
+	return s
+}
+
+// NewDatabase makes an empty database on s and returns its name; it is
+// dropped when tb ends.
+func (s *Server) NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	name := fmt.Sprintf("t%d_%d", os.Getpid(), s.dbs.Add(1))
 	ctx := context.Background()
-	if err := shared.admin(ctx, "CREATE DATABASE "+name); err != nil {
+	if err := s.admin(ctx, "CREATE DATABASE "+name); err != nil {
 		tb.Fatalf("making database %s: %v", name, err)
 	}
 	tb.Cleanup(func() {
 		// WITH (FORCE) ends a connection a failed test left open.
-		if err := shared.admin(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		if err := s.admin(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 			tb.Errorf("dropping database %s: %v", name, err)
 		}
 	})
-	return shared.URL(name)
+	return name
+}
+
+// TCPURL is the connection URL of database name on s over TCP (NewServer's
+// tcp address).
+func (s *Server) TCPURL(name string) string {
+	return "postgres://postgres@" + s.tcp + "/" + name + "?sslmode=disable"
 }
 
 // URL is the connection URL of database name on s.
 func (s *Server) URL(name string) string {
 	q := url.Values{"host": {s.dir}, "user": {"postgres"}, "sslmode": {"disable"}}
+	if s.tcp != "" {
+		_, port, _ := net.SplitHostPort(s.tcp)
+		q.Set("port", port) // the socket's name has the port in it
+	}
 	return "postgres:///" + name + "?" + q.Encode()
 }
 
@@ -150,10 +196,18 @@ func (s *Server) Start() error {
 		return err
 	}
 	defer logf.Close()
-	// The socket only (no TCP), in dir; fsync stays on, as a real
-	// server's.
+	// The socket, in dir, and no TCP unless asked; fsync stays on, as a
+	// real server's.
+	listen, port := "", "5432"
+	if s.tcp != "" {
+		host, p, err := net.SplitHostPort(s.tcp)
+		if err != nil {
+			return fmt.Errorf("listening on %q: %w", s.tcp, err)
+		}
+		listen, port = host, p
+	}
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data(),
-		"-c", "listen_addresses=", "-c", "unix_socket_directories="+s.dir,
+		"-c", "listen_addresses="+listen, "-c", "port="+port, "-c", "unix_socket_directories="+s.dir,
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB")
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -228,6 +282,19 @@ func (s *Server) start() error {
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fmt.Errorf("initdb: %w: %s", err, out)
+	}
+	if s.tcp != "" {
+		hba, err := os.OpenFile(filepath.Join(s.data(), "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		_, err = hba.WriteString("host all all 0.0.0.0/0 trust\n")
+		if cerr := hba.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("trusting TCP clients: %w", err)
+		}
 	}
 	return s.Start()
 }
