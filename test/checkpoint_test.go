@@ -29,9 +29,22 @@ var (
 // process runs), auto-1 is listed, and a fork of v1 runs the same process.
 func TestSeedStory(t *testing.T) {
 	t.Parallel()
-	d := harness.StartDaemon(t)
+	seedStory(t, harness.StartDaemon(t), "")
+}
+
+// seedStory plays the story through d; with node set (d a node of a
+// cluster), the sandbox is made on that node (an operator's pin), and the
+// story told through d, every call passed on to it.
+func seedStory(t *testing.T, d *harness.Daemon, node string) {
 	ctx := harness.Ctx(t)
-	out, errOut, code := d.CLI("", "create", "scratch", "--template", "base")
+	var out, errOut string
+	var code int
+	if node == "" {
+		out, errOut, code = d.CLI("", "create", "scratch", "--template", "base")
+	} else {
+		status, body := d.Curl("POST", "/v1/sandboxes", `{"name":"scratch","template":"base","node":"`+node+`"}`)
+		out, code = body, status-201
+	}
 	if code != 0 {
 		t.Fatalf("create: %d %s %s", code, out, errOut)
 	}
@@ -130,6 +143,9 @@ func TestSeedStory(t *testing.T) {
 	}
 	if got := d.Run("scratch-copy", "sh", "-c", "cat /home/loam/state.txt; pgrep -a python3"); got != "fork\n"+pidBefore {
 		t.Fatalf("fork after its source is gone: %q", got)
+	}
+	if sb, err := d.C.GetSandbox(ctx, "scratch-copy"); node != "" && (err != nil || sb.Node != node) {
+		t.Errorf("the fork of a checkpoint on node %s: %+v, %v; want it there", node, sb, err)
 	}
 }
 

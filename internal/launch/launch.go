@@ -79,6 +79,13 @@ type Options struct {
 	// Timeout bounds the wait for the daemon's first answer; 0 is
 	// DefaultTimeout.
 	Timeout time.Duration
+	// Netns, when set, is the path of a network namespace to run the
+	// daemon in (a node of a test's cluster, with a link of its own to
+	// drop). Only the network is entered (nsenter --net), not a mount
+	// namespace as `ip netns exec` makes: the daemon's mounts must stay
+	// the host's, for its restart to find them and Cleanup to remove
+	// them. Its firewall is in that namespace, and goes with it.
+	Netns string
 }
 
 // Process is a running `loam serve`.
@@ -120,7 +127,12 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if o.DefaultTemplate != "" {
 		args = append(args, "--default-template", o.DefaultTemplate)
 	}
-	cmd := exec.Command(o.Bin, append(args, o.Args...)...)
+	args = append(args, o.Args...)
+	cmd := exec.Command(o.Bin, args...)
+	if o.Netns != "" {
+		// nsenter execs the daemon: its pid is the daemon's.
+		cmd = exec.Command("nsenter", append([]string{"--net=" + o.Netns, "--", o.Bin}, args...)...)
+	}
 	cmd.Env = append(append(os.Environ(), "LOAM_TOKEN=", "LOAM_DATA_DIR="), o.Env...)
 	if o.Output != nil {
 		cmd.Stdout, cmd.Stderr = o.Output, o.Output
@@ -268,7 +280,7 @@ func Cleanup(ctx context.Context, o Options) error {
 	if err := os.RemoveAll(o.DataDir); err != nil {
 		errs = append(errs, fmt.Errorf("removing %s: %w", o.DataDir, err))
 	}
-	if prefix, err := netip.ParsePrefix(o.Subnet); err == nil {
+	if prefix, err := netip.ParsePrefix(o.Subnet); err == nil && o.Netns == "" {
 		if nets, err := network.New(network.Config{Subnet: prefix}); err == nil {
 			if err := nets.Firewall().Remove(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("removing the firewall of %s: %w", o.Subnet, err))

@@ -220,6 +220,9 @@ type Daemon struct {
 	// Roots, when set, are the CAs its TLS certificate is checked against
 	// (a daemon started with --tls-cert).
 	Roots *x509.CertPool
+	// Netns, when set, is the network namespace it runs in (see
+	// launch.Options.Netns).
+	Netns string
 	// cpu is the CPU time its runs that ended took, with the commands
 	// they ran and waited for (runsc's, mkfs): the suite's time goes
 	// mostly to daemons and sandboxes, and Destroy logs it per test.
@@ -304,7 +307,7 @@ func (d *Daemon) Options(extra ...string) launch.Options {
 		// The launcher's default wait: a restart on a CI host busy with
 		// the other parallel tests has taken over a minute (a kill
 		// mid-sleep, then a pool, a firewall and sandboxes to take back).
-		Env: d.Env, Output: d.Log, Roots: d.Roots}
+		Env: d.Env, Output: d.Log, Roots: d.Roots, Netns: d.Netns}
 }
 
 // Launch runs `loam serve` and waits until it answers.
