@@ -52,6 +52,10 @@ type NodeLoad struct {
 	// digest: a sandbox made of them starts there without a copy.
 	Templates []string `json:"templates,omitempty"`
 	Images    []string `json:"images,omitempty"`
+	// CheckpointTemplates are the checkpoint templates the node keeps, as
+	// "org/name": until templates travel, a sandbox of one is made on the
+	// node that keeps it, and nowhere else.
+	CheckpointTemplates []string `json:"checkpoint_templates,omitempty"`
 }
 
 // NodeList is the answer of GET /v1/nodes.

@@ -66,6 +66,10 @@ type Template struct {
 	From string `json:"from,omitempty"`
 	// CreatedAt is when a checkpoint template was made.
 	CreatedAt *time.Time `json:"created_at,omitempty"`
+	// Node, in a cluster, is the node that keeps a checkpoint template:
+	// until templates travel, its sandboxes are made there alone. A
+	// template another node keeps is listed by name and node only.
+	Node string `json:"node,omitempty"`
 }
 
 // CreateTemplate is the body of POST /v1/templates: keep checkpoint From

@@ -255,7 +255,8 @@ func walkOrgs(w *walker) {
 
 // walkNodes calls the nodes' routes of a daemon that runs alone: an
 // empty list, and every change refused as invalid. A cluster's answers
-// (the nodes, a sandbox's node) are TestCluster's.
+// (the nodes, a sandbox's node) are TestCluster's, a template's node
+// TestClusterTemplates'.
 func walkNodes(w *walker) {
 	var list api.NodeList
 	w.json(req{route: "GET /v1/nodes", path: "/v1/nodes"}, 200, &list)
@@ -265,8 +266,9 @@ func walkNodes(w *walker) {
 	w.errorCode(req{route: "POST /v1/nodes/{node}/cordon", path: "/v1/nodes/node-2/cordon"}, api.CodeInvalid)
 	w.errorCode(req{route: "POST /v1/nodes/{node}/uncordon", path: "/v1/nodes/node-2/uncordon"}, api.CodeInvalid)
 	w.errorCode(req{route: "DELETE /v1/nodes/{node}", path: "/v1/nodes/node-2?force=true"}, api.CodeInvalid)
-	// Seen in TestCluster: no daemon alone has them.
-	w.c.clusterOnly([]string{"Sandbox.node"},
+	// Seen in TestCluster and TestClusterTemplates: no daemon alone has
+	// them.
+	w.c.clusterOnly([]string{"Sandbox.node", "Template.node"},
 		[]string{"POST /v1/nodes/{node}/cordon", "POST /v1/nodes/{node}/uncordon", "DELETE /v1/nodes/{node}"})
 }
 

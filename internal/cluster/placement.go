@@ -19,28 +19,30 @@ import (
 // takes at most 1 MiB of JSON, and refuses more itself.
 const maxPlaceBody = 1 << 20
 
-// defaultMemoryMiB is the memory of a sandbox that asks for none (the
-// daemon's sandbox.Config.Defaults).
-const defaultMemoryMiB = 512
+// defaultMemoryMiB and defaultCPUs are the memory and CPUs of a sandbox
+// that asks for none (the daemon's sandbox.Config.Defaults).
+const (
+	defaultMemoryMiB = 512
+	defaultCPUs      = 1
+)
 
 // Place decides where a create (POST /v1/sandboxes) is made, and passes it
 // there when that is another node; it reports whether it answered the
-// call (passed on, or refused with limit). A fork goes to the node of its
-// checkpoint's sandbox (until checkpoints travel, only that node has it);
-// a create pinned to a node ("node", the operator's alone) to that node;
-// any other to the ready, uncordoned node with the most memory free after
-// it, preferring one that has its template cached. Every decision is
-// logged with its reason.
+// call (passed on, or refused with limit). A create pinned to a node
+// ("node", the operator's alone) goes to that node; a fork to the node of
+// its checkpoint's sandbox, and a sandbox of a checkpoint template to the
+// node that keeps it (until checkpoints and templates travel, only that
+// node has them); any other to the ready, uncordoned node with the most
+// memory free after it, preferring one that has its template cached. A
+// node with less memory free or fewer CPUs than the sandbox asks for
+// takes none. Every decision is logged with its reason.
 func (rt *Router) Place(w http.ResponseWriter, r *http.Request) bool {
 	if _, ok := rt.Routed(r); ok {
 		return false // decided by the node that passed it on
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxPlaceBody+1))
-	r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	if err != nil || len(body) > maxPlaceBody {
-		return false // the API refuses it here
+	body, ok := readBody(r)
+	if !ok {
+		return false
 	}
 	var req api.CreateSandbox
 	if json.Unmarshal(body, &req) != nil {
@@ -50,6 +52,7 @@ func (rt *Router) Place(w http.ResponseWriter, r *http.Request) bool {
 	p, _ := auth.From(ctx)
 	node, why, err := rt.choose(r, &req, p)
 	if err != nil {
+		rt.log.Info("placed no sandbox", "name", req.Name, "err", err)
 		api.WriteError(w, err)
 		return true
 	}
@@ -57,7 +60,12 @@ func (rt *Router) Place(w http.ResponseWriter, r *http.Request) bool {
 	if node == rt.member.Name() {
 		return false
 	}
-	n := rt.member.Node(node)
+	return rt.passTo(w, r, rt.member.Node(node))
+}
+
+// passTo passes API call r to node n, or answers why it cannot (n gone,
+// or its address no URL); either way r is answered.
+func (rt *Router) passTo(w http.ResponseWriter, r *http.Request, n *store.Node) bool {
 	u, err := parseAddress(n)
 	if err != nil {
 		api.WriteError(w, err)
@@ -65,6 +73,52 @@ func (rt *Router) Place(w http.ResponseWriter, r *http.Request) bool {
 	}
 	rt.proxy(w, r, n.Name, u, true)
 	return true
+}
+
+// readBody reads r's body for a placement, and puts it back for the
+// handler; false when it is too big (the API refuses it itself).
+func readBody(r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxPlaceBody+1))
+	r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	return body, err == nil && len(body) <= maxPlaceBody
+}
+
+// ask is what a sandbox asks of the node it is placed on.
+type ask struct {
+	memoryMiB int64
+	cpus      float64
+}
+
+// askOf is what a sandbox of resources r asks, the daemon's defaults for
+// what r does not give.
+func askOf(r *api.Resources) ask {
+	a := ask{memoryMiB: defaultMemoryMiB, cpus: defaultCPUs}
+	if r != nil && r.MemoryMiB > 0 {
+		a.memoryMiB = int64(r.MemoryMiB)
+	}
+	if r != nil && r.CPUs > 0 {
+		a.cpus = r.CPUs
+	}
+	return a
+}
+
+func (a ask) String() string {
+	return fmt.Sprintf("%d MiB and %g CPU", a.memoryMiB, a.cpus)
+}
+
+// short says what node n lacks to take a sandbox asking a ("has 300 MiB
+// free"), "" when it has enough. A node that reports no CPUs (one of an
+// older loam) is not refused for them.
+func (a ask) short(n *store.Node) string {
+	if n.Load.MemoryFreeMiB < a.memoryMiB {
+		return fmt.Sprintf("has %d MiB free", n.Load.MemoryFreeMiB)
+	}
+	if n.Load.CPUs > 0 && float64(n.Load.CPUs) < a.cpus {
+		return fmt.Sprintf("has %d CPUs", n.Load.CPUs)
+	}
+	return ""
 }
 
 // choose is the node a create goes to, and why.
@@ -92,28 +146,80 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 			// Not found, or the store cannot say: this node answers.
 			return rt.member.Name(), "the fork's source is not known here", nil
 		}
-		if since, lapsed := rt.member.Lapsed(src.Node); lapsed {
-			return "", "", api.Errorf(api.CodeUnavailable, "the checkpoint is on node %s, which stopped answering at %s; a fork is made where its checkpoint is until checkpoints travel",
-				src.Node, since.UTC().Format(time.RFC3339))
-		}
-		if n := rt.member.Node(src.Node); n != nil && n.Cordoned {
-			rt.log.Info("a fork goes to a cordoned node: its checkpoint is there alone", "node", n.Name)
-		}
-		return src.Node, "the node that holds the checkpoint", nil
+		// A fork takes its resources from the checkpoint; its sandbox's
+		// are what it asks, short of reading the checkpoint.
+		return rt.fork(src.Node, askOf(&src.Resources))
 	}
-	want := int64(defaultMemoryMiB)
-	if req.Resources != nil && req.Resources.MemoryMiB > 0 {
-		want = int64(req.Resources.MemoryMiB)
+	a := askOf(req.Resources)
+	nodes, now := rt.member.Nodes()
+	if req.Template != "" && req.Image == "" {
+		if org := auth.Scope(ctx); org != "" {
+			held, at := rt.holders(ctx, org, req.Template)
+			if len(held) > 0 {
+				return rt.kept(req.Template, held, at, a)
+			}
+		}
 	}
-	return rt.best(want, req.Template)
+	return best(nodes, now, a, req.Template)
 }
 
-// best is the ready, uncordoned sandbox node with the most memory free
-// after a sandbox of want MiB; one that has template cached wins a near tie
-// (within a sandbox's memory). limit, naming what was short, when none can
-// take it.
-func (rt *Router) best(want int64, template string) (string, string, error) {
-	nodes, now := rt.member.Nodes()
+// fork is the node of a fork whose checkpoint is on node: that node, even
+// cordoned (only it has the checkpoint), unless it stopped answering or
+// lacks what the fork asks.
+func (rt *Router) fork(node string, a ask) (string, string, error) {
+	if since, lapsed := rt.member.Lapsed(node); lapsed {
+		return "", "", api.Errorf(api.CodeUnavailable, "the checkpoint is on node %s, which stopped answering at %s; a fork is made where its checkpoint is until checkpoints travel",
+			node, since.UTC().Format(time.RFC3339))
+	}
+	n := rt.member.Node(node)
+	if n == nil {
+		return node, "the node that holds the checkpoint", nil // it answers for itself
+	}
+	if why := a.short(n); why != "" {
+		return "", "", api.Errorf(api.CodeLimit, "no node can take a fork of %s: its checkpoint is on node %s, which %s; a fork is made where its checkpoint is until checkpoints travel",
+			a, node, why)
+	}
+	if n.Cordoned {
+		rt.log.Info("a fork goes to a cordoned node: its checkpoint is there alone", "node", n.Name)
+	}
+	return node, "the node that holds the checkpoint", nil
+}
+
+// kept is the node of a sandbox of checkpoint template name, which the
+// nodes held keep: the best of them, which must be ready and uncordoned
+// like any other. limit when none can take it, or unavailable when every
+// one stopped answering, naming each and why.
+func (rt *Router) kept(name string, held []*store.Node, now time.Time, a ask) (string, string, error) {
+	node, _, err := best(held, now, a, "")
+	if err == nil {
+		return node, "the node that keeps template " + name, nil
+	}
+	var why []string
+	down := 0
+	for _, n := range held {
+		switch {
+		case n.State(now) != api.NodeReady:
+			down++
+			why = append(why, fmt.Sprintf("node %s, which stopped answering at %s", n.Name, n.LeaseUntil.UTC().Format(time.RFC3339)))
+		case n.Cordoned:
+			why = append(why, fmt.Sprintf("node %s, which is cordoned", n.Name))
+		default:
+			why = append(why, fmt.Sprintf("node %s, which %s", n.Name, a.short(n)))
+		}
+	}
+	code := api.CodeLimit
+	if down == len(held) {
+		code = api.CodeUnavailable
+	}
+	return "", "", api.Errorf(code, "no node can take a sandbox of template %s (%s): the template is on %s; a sandbox of a checkpoint template is made where the template is until templates travel",
+		name, a, strings.Join(why, " and "))
+}
+
+// best is the ready, uncordoned sandbox node of nodes with the most
+// memory free after a sandbox asking a, and CPUs enough; one that has
+// template cached wins a near tie (within the sandbox's memory). limit,
+// naming what was short of each, when none can take it.
+func best(nodes []*store.Node, now time.Time, a ask, template string) (string, string, error) {
 	var (
 		pick     *store.Node
 		pickFree int64
@@ -130,25 +236,24 @@ func (rt *Router) best(want int64, template string) (string, string, error) {
 		case n.Load.Role != RoleNode:
 			continue
 		}
-		free := n.Load.MemoryFreeMiB - want
-		if free < 0 {
-			skipped = append(skipped, fmt.Sprintf("%s has %d MiB free", n.Name, n.Load.MemoryFreeMiB))
+		if why := a.short(n); why != "" {
+			skipped = append(skipped, n.Name+" "+why)
 			continue
 		}
-		score := free
-		if template != "" && slices.ContainsFunc(n.Load.Templates, func(t string) bool { return strings.HasPrefix(t, template+"-") || t == template }) {
-			score += want
+		score := n.Load.MemoryFreeMiB - a.memoryMiB
+		if template != "" && slices.ContainsFunc(n.Load.Templates, func(t string) bool { return isCache(t, template) }) {
+			score += a.memoryMiB
 		}
 		if pick == nil || score > pickFree {
 			pick, pickFree = n, score
 		}
 	}
 	if pick == nil {
-		msg := fmt.Sprintf("no node can take a sandbox of %d MiB", want)
+		msg := fmt.Sprintf("no node can take a sandbox of %s", a)
 		if len(skipped) > 0 {
 			msg += ": " + strings.Join(skipped, ", ")
 		}
 		return "", "", api.Errorf(api.CodeLimit, "%s", msg)
 	}
-	return pick.Name, fmt.Sprintf("the most memory free after it (%d MiB of %d)", pick.Load.MemoryFreeMiB-want, pick.Load.MemoryMiB), nil
+	return pick.Name, fmt.Sprintf("the most memory free after it (%d MiB of %d)", pick.Load.MemoryFreeMiB-a.memoryMiB, pick.Load.MemoryMiB), nil
 }

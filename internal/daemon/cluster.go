@@ -13,6 +13,7 @@ import (
 	goruntime "runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,6 +26,7 @@ import (
 	"loam.dev/loam/internal/secret"
 	"loam.dev/loam/internal/store"
 	"loam.dev/loam/internal/store/postgres"
+	"loam.dev/loam/internal/template"
 )
 
 // The cluster's secrets (postgres.Store.ClusterSecret), made by the first
@@ -79,6 +81,7 @@ func checkNode(cfg *Config) error {
 // secrets.
 func (d *Daemon) joinCluster(ctx context.Context, p *parts, pg *postgres.Store, adopt bool) error {
 	load := newLoadReporter(d, p, pg)
+	d.load = load
 	m, err := cluster.Join(ctx, pg.Nodes(), cluster.Config{
 		Name: d.cfg.Node, Address: d.cfg.Advertise, Lease: d.cfg.Lease,
 		Load: load.report, Fenced: postgres.ErrFenced,
@@ -159,6 +162,9 @@ type loadReporter struct {
 	runsc    string
 	features []string
 	p        *parts
+	// templates are the checkpoint templates of this node, set once
+	// they are opened (after the node joined: see prepareTemplates).
+	templates atomic.Pointer[template.Store]
 }
 
 func newLoadReporter(d *Daemon, p *parts, pg *postgres.Store) *loadReporter {
@@ -193,6 +199,9 @@ func (l *loadReporter) report(ctx context.Context) api.NodeLoad {
 	if dir := l.d.cfg.TemplateCache; dir != "" {
 		load.Templates = dirNames(dir, "images")
 		load.Images = dirNames(filepath.Join(dir, "images"), "")
+	}
+	if t := l.templates.Load(); t != nil {
+		load.CheckpointTemplates = t.Held()
 	}
 	return load
 }

@@ -170,6 +170,9 @@ type Daemon struct {
 	// member is the daemon's membership of its cluster (--node), nil on
 	// one machine.
 	member *cluster.Member
+	// load reports what the node has with each renewal of its lease, nil
+	// on one machine.
+	load *loadReporter
 	// nodeKey is the cluster's key for the calls nodes pass each other.
 	nodeKey []byte
 	// adopt is set when the data dir's sandboxes were the database's
@@ -453,6 +456,10 @@ func (d *Daemon) prepareTemplates(_ context.Context, p *parts) error {
 	}
 	p.builtins = template.NewBuiltins(p.pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
 	p.templates = template.NewStore(cfg.DataDir, d.cfg.Org, p.builtins, p.pool, d.log)
+	if d.load != nil {
+		// From the next renewal on, the lease tells of them.
+		d.load.templates.Store(p.templates)
+	}
 	return nil
 }
 
@@ -541,7 +548,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 	// templates of checkpoints are made of its sandboxes' checkpoints.
 	p.catalog = template.New(template.Config{
 		Store: p.templates, Core: sandbox.NewTemplateCore(d.Manager), Pools: d.pools, Sandboxes: p.store,
-		Images: p.images, Log: d.log,
+		Images: p.images, Cluster: d.templateCluster(), Log: d.log,
 	})
 	// Its spare dials and death watches end before the store closes.
 	d.closers = append(d.closers, d.Manager.Close)
@@ -743,6 +750,15 @@ func (d *Daemon) withNodes(p *parts) server.Option {
 		return func(*server.Server) {}
 	}
 	return server.WithNodes(cluster.NewNodes(pg.Nodes()))
+}
+
+// templateCluster is the catalog's view of the cluster: none on one
+// machine (a nil *cluster.Member in an interface would not be nil).
+func (d *Daemon) templateCluster() template.Cluster {
+	if d.member == nil {
+		return nil
+	}
+	return d.member
 }
 
 // leases is the Manager's view of the cluster's leases: none on one

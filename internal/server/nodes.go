@@ -28,6 +28,12 @@ type Router interface {
 	// Place passes r, a create, to the node placement picks, and reports
 	// whether it answered it (passed on, or refused).
 	Place(w http.ResponseWriter, r *http.Request) bool
+	// PlaceTemplate passes r, a POST /v1/templates, to the node that
+	// holds its checkpoint, and reports whether it answered it.
+	PlaceTemplate(w http.ResponseWriter, r *http.Request) bool
+	// ForwardTemplate passes r, a call about checkpoint template name, to
+	// the node that keeps it, and reports whether it did.
+	ForwardTemplate(w http.ResponseWriter, r *http.Request, name string) bool
 	// Client is the client's address of a call a node passed on.
 	Client(r *http.Request) (string, bool)
 }

@@ -421,23 +421,11 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 			return
 		}
 		ctx := auth.WithPrincipal(r.Context(), p)
-		if s.router != nil && perSandbox {
-			// The owner checks, audits and answers the call; its caller is
-			// known (authenticated) already.
-			conns.KeepAlive(w)
-			if s.router.Forward(w, r.WithContext(ctx), r.PathValue("sandbox")) {
-				return
-			}
-		}
-		if s.router != nil && rt.Pattern == "POST /v1/sandboxes" {
-			conns.KeepAlive(w)
-			pr := r.WithContext(ctx)
-			if s.router.Place(w, pr) {
-				return
-			}
-			// Placement read the body (of its copy of r), and left it
-			// there to be read again, here.
-			r.Body, r.ContentLength = pr.Body, pr.ContentLength
+		// One request from here on: a placement reads the body and puts
+		// it back in this one, for the handler (a copy's would be lost).
+		r = r.WithContext(ctx)
+		if s.router != nil && s.passOn(w, r, rt, perSandbox) {
+			return
 		}
 		var call *store.AuditCall
 		if rt.Action != "" && s.audit != nil {
@@ -464,6 +452,28 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 			writeError(w, r, s.log, err)
 		}
 	}
+}
+
+// passOn passes r, of an authenticated caller, to the node of the cluster
+// that answers it, and reports whether it did (or refused it): a call for
+// a sandbox to its owner, a create to the node placement picks, and,
+// until templates travel, a template of a checkpoint to the checkpoint's
+// node and a call about a checkpoint template to the node keeping it.
+// The caller's own credentials go with it: that node checks, audits and
+// answers the call.
+func (s *Server) passOn(w http.ResponseWriter, r *http.Request, rt route, perSandbox bool) bool {
+	conns.KeepAlive(w)
+	switch {
+	case perSandbox:
+		return s.router.Forward(w, r, r.PathValue("sandbox"))
+	case rt.Pattern == "POST /v1/sandboxes":
+		return s.router.Place(w, r)
+	case rt.Pattern == "POST /v1/templates":
+		return s.router.PlaceTemplate(w, r)
+	case strings.Contains(rt.Pattern, "{template}"):
+		return s.router.ForwardTemplate(w, r, r.PathValue("template"))
+	}
+	return false
 }
 
 // allow refuses a call p may not make: one that needs more than p's scope,

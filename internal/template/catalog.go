@@ -7,8 +7,10 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -58,6 +60,21 @@ type Sandboxes interface {
 	ListSandboxes(ctx context.Context, f store.Filter) ([]*store.Sandbox, error)
 }
 
+// Cluster is the catalog's view of the cluster its node is one of
+// (cluster.Member has it): until templates travel, each checkpoint
+// template is on the node that made it alone.
+type Cluster interface {
+	// Name is this node's name.
+	Name() string
+	// HeldElsewhere are the checkpoint templates of org the other nodes
+	// keep, by name, and the node of each, as their leases last said.
+	HeldElsewhere(org string) map[string]string
+	// Report renews this node's lease at once, so that the other nodes
+	// learn of a template made or deleted here before they place a
+	// sandbox of it.
+	Report(ctx context.Context)
+}
+
 // Config is what a Catalog is made over.
 type Config struct {
 	Store     *Store
@@ -66,7 +83,10 @@ type Config struct {
 	Sandboxes Sandboxes
 	// Images are listed as templates; nil lists none.
 	Images Images
-	Log    *slog.Logger
+	// Cluster, on a node of a cluster, lists the other nodes' checkpoint
+	// templates too; nil on a daemon alone.
+	Cluster Cluster
+	Log     *slog.Logger
 }
 
 // Catalog is the templates as the API serves them (GET, POST, DELETE
@@ -77,12 +97,13 @@ type Catalog struct {
 	pools     Pools
 	sandboxes Sandboxes
 	images    Images
+	cluster   Cluster
 	log       *slog.Logger
 }
 
 // New makes a Catalog.
 func New(cfg Config) *Catalog {
-	return &Catalog{store: cfg.Store, core: cfg.Core, pools: cfg.Pools, sandboxes: cfg.Sandboxes, images: cfg.Images, log: cfg.Log}
+	return &Catalog{store: cfg.Store, core: cfg.Core, pools: cfg.Pools, sandboxes: cfg.Sandboxes, images: cfg.Images, cluster: cfg.Cluster, log: cfg.Log}
 }
 
 // List lists the templates sandboxes can be made from, kind by kind
@@ -114,16 +135,48 @@ func (c *Catalog) List(ctx context.Context) []api.Template {
 				out = append(out, t)
 			}
 		case api.TemplateCheckpoint:
-			kept, err := c.store.list(c.store.orgOf(ctx))
+			org := c.store.orgOf(ctx)
+			kept, err := c.store.list(org)
 			if err != nil {
 				c.log.Warn("listing checkpoint templates", "err", err)
 			}
 			for _, man := range kept {
-				out = append(out, keptView(man, uses[man.Name]))
+				out = append(out, c.node(keptView(man, uses[man.Name])))
 			}
+			out = append(out, c.elsewhere(org, kept, uses)...)
 		case api.TemplateImage:
 			out = append(out, c.imageTemplates(ctx, imageUses)...)
 		}
+	}
+	return out
+}
+
+// node is t, kept on this node, with its node named on a node of a
+// cluster.
+func (c *Catalog) node(t api.Template) api.Template {
+	if c.cluster != nil {
+		t.Node = c.cluster.Name()
+	}
+	return t
+}
+
+// elsewhere are org's checkpoint templates other nodes of the cluster
+// keep (but this one, which has kept), by name and node: their details
+// are on their node.
+func (c *Catalog) elsewhere(org string, kept []*checkpoint.Manifest, uses map[string]int) []api.Template {
+	if c.cluster == nil {
+		return nil
+	}
+	held := c.cluster.HeldElsewhere(org)
+	for _, man := range kept {
+		delete(held, man.Name)
+	}
+	var out []api.Template
+	for _, name := range slices.Sorted(maps.Keys(held)) {
+		out = append(out, api.Template{
+			Name: name, Description: "a checkpoint template kept on node " + held[name], Ready: true,
+			Kind: api.TemplateCheckpoint, State: api.TemplateReady, Progress: 100, Uses: uses[name], Node: held[name],
+		})
 	}
 	return out
 }
@@ -254,13 +307,21 @@ func (c *Catalog) Create(ctx context.Context, req api.CreateTemplate) (*api.Temp
 		return nil, err
 	}
 	c.log.Info("template made", "template", man.Name, "org", org, "from", man.From, "memory", man.Memory)
+	c.report(ctx)
 	if req.Pool > 0 {
 		if _, err := c.pools.SetTemplatePool(ctx, man.Name, req.Pool); err != nil {
 			c.log.Error("keeping the new template's pool", "template", man.Name, "err", err)
 		}
 	}
-	v := keptView(&man, 0)
+	v := c.node(keptView(&man, 0))
 	return &v, nil
+}
+
+// report tells the cluster at once that this node's templates changed.
+func (c *Catalog) report(ctx context.Context) {
+	if c.cluster != nil {
+		c.cluster.Report(ctx)
+	}
 }
 
 // Delete deletes the caller's org's checkpoint template name, unless a
@@ -315,6 +376,7 @@ func (c *Catalog) Delete(ctx context.Context, name string) error {
 		c.log.Warn("removing template data", "template", name, "err", err)
 	}
 	c.log.Info("template deleted", "template", name)
+	c.report(ctx)
 	return nil
 }
 
@@ -419,7 +481,8 @@ func (c *Catalog) Import(ctx context.Context, name string, r io.Reader) (*api.Te
 		return nil, err
 	}
 	c.log.Info("template imported", "template", name, "memory", man.Memory, "bytes", man.SizeBytes)
-	v := keptView(man, 0)
+	c.report(ctx)
+	v := c.node(keptView(man, 0))
 	return &v, nil
 }
 

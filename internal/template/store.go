@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 
@@ -415,4 +416,33 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// Held names every checkpoint template of this host, of every org, as
+// "org/name", sorted by org and name: what a node of a cluster reports
+// with its lease, since until templates travel a sandbox of one can be
+// made here alone. It reads directories only, no manifest: it runs with
+// every renewal.
+func (s *Store) Held() []string {
+	var out []string
+	add := func(org, dir string) {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return // none yet, or unreadable: Sweep and List say why
+		}
+		for _, e := range ents {
+			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && CheckName(e.Name()) == nil {
+				out = append(out, org+"/"+e.Name())
+			}
+		}
+	}
+	add(s.org, s.dir())
+	orgs, _ := os.ReadDir(s.orgsDir())
+	for _, o := range orgs {
+		if o.IsDir() && !strings.HasPrefix(o.Name(), ".") && o.Name() != s.org {
+			add(o.Name(), filepath.Join(s.orgsDir(), o.Name()))
+		}
+	}
+	slices.Sort(out)
+	return out
 }

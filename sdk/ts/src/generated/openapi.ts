@@ -1800,6 +1800,11 @@ export interface components {
             /** Format: date-time */
             created_at?: string;
             /**
+             * @description In a cluster, the node that keeps a checkpoint template; until templates travel, its sandboxes are made there alone. One another node keeps is listed by name and node only (its details are on that node).
+             * @example node-2
+             */
+            node?: string;
+            /**
              * @description How far the template's preparation (its build, then its import
              *     into the daemon's disk pool) has got, in percent: 100 once it is
              *     ready, 0 before it starts or while another daemon on the host
@@ -2516,6 +2521,8 @@ export interface components {
             templates?: string[];
             /** @description The images it has cached. */
             images?: string[];
+            /** @description The checkpoint templates it keeps, as `org/name`; until templates travel, a sandbox of one is made on this node alone. */
+            checkpoint_templates?: string[];
             /** Format: date-time */
             joined_at: string;
             /** Format: date-time */

@@ -1,0 +1,185 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/auth"
+	"loam.dev/loam/internal/store"
+)
+
+// fakeSandboxes are the sandbox records placement reads, by name.
+type fakeSandboxes map[string]*store.Sandbox
+
+func (f fakeSandboxes) GetSandbox(ctx context.Context, org, ref string) (*store.Sandbox, error) {
+	if sb, ok := f[ref]; ok {
+		return sb, nil
+	}
+	return nil, store.ErrNotFound
+}
+
+// node is a ready sandbox node with free MiB of memory free and cpus CPUs.
+func node(name string, free int64, cpus int) *store.Node {
+	return &store.Node{Name: name, Address: "http://" + name + ".invalid", LeaseUntil: time.Now().Add(time.Hour),
+		Load: api.NodeLoad{Role: RoleNode, CPUs: cpus, MemoryMiB: 8192, MemoryFreeMiB: free}}
+}
+
+// placer is the router of node "a" in a cluster of nodes.
+func placer(t *testing.T, recs *fakeRecords, sbs fakeSandboxes) *Router {
+	t.Helper()
+	load := func(context.Context) api.NodeLoad { return api.NodeLoad{Role: RoleNode} }
+	m, err := Join(context.Background(), recs, Config{Name: "a", Address: "http://a.invalid", Load: load}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewRouter(m, sbs, []byte("key"), slog.New(slog.DiscardHandler))
+}
+
+// TestPlace: where a create goes, and the answer when nowhere can take it,
+// naming each node and what it lacks.
+func TestPlace(t *testing.T) {
+	cordoned := func(n *store.Node) *store.Node { n.Cordoned = true; return n }
+	gone := func(n *store.Node) *store.Node { n.LeaseUntil = time.Now().Add(-time.Minute); return n }
+	keeps := func(n *store.Node, held ...string) *store.Node { n.Load.CheckpointTemplates = held; return n }
+	cached := func(n *store.Node, tpl ...string) *store.Node { n.Load.Templates = tpl; return n }
+	sbs := fakeSandboxes{
+		"src":  {Sandbox: api.Sandbox{Name: "src", Node: "b", Resources: api.Resources{MemoryMiB: 1024, CPUs: 1}}},
+		"big":  {Sandbox: api.Sandbox{Name: "big", Node: "b", Resources: api.Resources{MemoryMiB: 4096, CPUs: 1}}},
+		"gone": {Sandbox: api.Sandbox{Name: "gone", Node: "c", Resources: api.Resources{MemoryMiB: 512}}},
+	}
+	mem := func(mib int, cpus float64) *api.Resources { return &api.Resources{MemoryMiB: mib, CPUs: cpus} }
+	for _, tc := range []struct {
+		name  string
+		nodes []*store.Node
+		req   api.CreateSandbox
+		want  string // the node, or else
+		code  api.Code
+		msg   []string // in the message
+	}{
+		{name: "most memory free", nodes: []*store.Node{node("a", 1000, 2), node("b", 3000, 2)}, want: "b"},
+		{name: "the template cached wins a near tie", nodes: []*store.Node{node("a", 1000, 2), cached(node("b", 900, 2), "base-1f2e")},
+			req: api.CreateSandbox{Template: "base"}, want: "b"},
+		{name: "too few CPUs", nodes: []*store.Node{node("a", 4000, 2), node("b", 1000, 4)}, req: api.CreateSandbox{Resources: mem(512, 4)}, want: "b"},
+		{name: "no node has the CPUs", nodes: []*store.Node{node("a", 4000, 2), node("b", 4000, 2)}, req: api.CreateSandbox{Resources: mem(512, 3)},
+			code: api.CodeLimit, msg: []string{"512 MiB and 3 CPU", "a has 2 CPUs", "b has 2 CPUs"}},
+		{name: "no node has the memory", nodes: []*store.Node{cordoned(node("a", 4000, 2)), node("b", 300, 2), gone(node("c", 9000, 8))},
+			code: api.CodeLimit, msg: []string{"a cordoned", "b has 300 MiB free", "c unreachable"}},
+		{name: "a fork goes to its checkpoint", nodes: []*store.Node{node("a", 9000, 2), cordoned(node("b", 2000, 2))},
+			req: api.CreateSandbox{From: &api.ForkSource{Sandbox: "src", Checkpoint: "cp"}}, want: "b"},
+		{name: "a fork whose checkpoint's node is full", nodes: []*store.Node{node("a", 9000, 2), node("b", 2000, 2)},
+			req:  api.CreateSandbox{From: &api.ForkSource{Sandbox: "big", Checkpoint: "cp"}},
+			code: api.CodeLimit, msg: []string{"its checkpoint is on node b, which has 2000 MiB free", "4096 MiB"}},
+		{name: "a fork whose checkpoint's node is down", nodes: []*store.Node{node("a", 9000, 2), gone(node("c", 9000, 2))},
+			req:  api.CreateSandbox{From: &api.ForkSource{Sandbox: "gone", Checkpoint: "cp"}},
+			code: api.CodeUnavailable, msg: []string{"the checkpoint is on node c, which stopped answering"}},
+		{name: "a checkpoint template's node", nodes: []*store.Node{node("a", 9000, 2), keeps(node("b", 1000, 2), "acme/warm")},
+			req: api.CreateSandbox{Template: "warm"}, want: "b"},
+		{name: "another org's template of the name", nodes: []*store.Node{node("a", 9000, 2), keeps(node("b", 1000, 2), "other/warm")},
+			req: api.CreateSandbox{Template: "warm"}, want: "a"},
+		{name: "a checkpoint template's node cordoned", nodes: []*store.Node{node("a", 9000, 2), cordoned(keeps(node("b", 9000, 2), "acme/warm"))},
+			req:  api.CreateSandbox{Template: "warm"},
+			code: api.CodeLimit, msg: []string{"template warm", "the template is on node b, which is cordoned"}},
+		{name: "a checkpoint template's node full", nodes: []*store.Node{node("a", 9000, 2), keeps(node("b", 100, 2), "acme/warm")},
+			req:  api.CreateSandbox{Template: "warm"},
+			code: api.CodeLimit, msg: []string{"the template is on node b, which has 100 MiB free"}},
+		{name: "a checkpoint template's node down", nodes: []*store.Node{node("a", 9000, 2), gone(keeps(node("b", 9000, 2), "acme/warm"))},
+			req:  api.CreateSandbox{Template: "warm"},
+			code: api.CodeUnavailable, msg: []string{"the template is on node b, which stopped answering"}},
+		{name: "pinned by the operator", nodes: []*store.Node{node("a", 9000, 2), node("b", 10, 1)},
+			req: api.CreateSandbox{Node: "b", Resources: mem(4096, 2)}, want: "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := placer(t, &fakeRecords{nodes: tc.nodes}, sbs)
+			ctx := auth.WithPrincipal(context.Background(), auth.Principal{Org: "acme", Operator: true})
+			r := httptest.NewRequestWithContext(ctx, "POST", "/v1/sandboxes", nil)
+			got, why, err := rt.choose(r, &tc.req, auth.Principal{Org: "acme", Operator: true})
+			if tc.code == "" {
+				if err != nil || got != tc.want {
+					t.Fatalf("placed on %q (%s), err %v; want %q", got, why, err, tc.want)
+				}
+				return
+			}
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Code != tc.code {
+				t.Fatalf("placed on %q, err %v; want %s", got, err, tc.code)
+			}
+			for _, m := range tc.msg {
+				if !strings.Contains(ae.Message, m) {
+					t.Errorf("message %q lacks %q", ae.Message, m)
+				}
+			}
+		})
+	}
+}
+
+// TestPlaceTemplate: a template of a checkpoint is made on the node of
+// the checkpoint, the call passed there as it came; a call about a
+// template another node keeps goes to that node; a name another node's
+// template has is refused.
+func TestPlaceTemplate(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		hits []string
+	)
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := new(bytes.Buffer)
+		_, _ = body.ReadFrom(r.Body)
+		mu.Lock()
+		hits = append(hits, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization")+" "+body.String())
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer b.Close()
+	nb := node("b", 1000, 2)
+	nb.Address = b.URL
+	nb.Load.CheckpointTemplates = []string{"acme/warm"}
+	rt := placer(t, &fakeRecords{nodes: []*store.Node{node("a", 9000, 2), nb}}, fakeSandboxes{
+		"src": {Sandbox: api.Sandbox{Name: "src", Node: "b"}}, "mine": {Sandbox: api.Sandbox{Name: "mine", Node: "a"}},
+	})
+	call := func(method, path string, body any, do func(http.ResponseWriter, *http.Request) bool) (bool, *httptest.ResponseRecorder) {
+		b, _ := json.Marshal(body)
+		ctx := auth.WithPrincipal(context.Background(), auth.Principal{Org: "acme"})
+		r := httptest.NewRequestWithContext(ctx, method, path, bytes.NewReader(b))
+		r.Header.Set("Authorization", "Bearer k")
+		w := httptest.NewRecorder()
+		return do(w, r), w
+	}
+	place := rt.PlaceTemplate
+	if done, w := call("POST", "/v1/templates", api.CreateTemplate{Name: "t1", From: &api.ForkSource{Sandbox: "src", Checkpoint: "cp"}}, place); !done || w.Code != http.StatusCreated {
+		t.Fatalf("a template of b's checkpoint through a: answered %v, %d", done, w.Code)
+	}
+	mu.Lock()
+	if len(hits) != 1 || !strings.HasPrefix(hits[0], "POST /v1/templates Bearer k {") || !strings.Contains(hits[0], `"t1"`) {
+		t.Errorf("b got %q; want the call as it came, with the caller's credentials", hits)
+	}
+	mu.Unlock()
+	if done, _ := call("POST", "/v1/templates", api.CreateTemplate{Name: "t2", From: &api.ForkSource{Sandbox: "mine", Checkpoint: "cp"}}, place); done {
+		t.Errorf("a template of a's own checkpoint is passed on")
+	}
+	done, w := call("POST", "/v1/templates", api.CreateTemplate{Name: "warm", From: &api.ForkSource{Sandbox: "mine", Checkpoint: "cp"}}, place)
+	if !done || w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "on node b") {
+		t.Errorf("a name b's template has: %v, %d %s; want conflict naming b", done, w.Code, w.Body)
+	}
+	forward := func(name string) func(http.ResponseWriter, *http.Request) bool {
+		return func(w http.ResponseWriter, r *http.Request) bool { return rt.ForwardTemplate(w, r, name) }
+	}
+	if done, _ := call("DELETE", "/v1/templates/warm", nil, forward("warm")); !done {
+		t.Errorf("a delete of b's template is not passed to b")
+	}
+	if done, _ := call("DELETE", "/v1/templates/base", nil, forward("base")); done {
+		t.Errorf("a delete of a template no node keeps is passed on")
+	}
+	if held := rt.member.HeldElsewhere("acme"); len(held) != 1 || held["warm"] != "b" {
+		t.Errorf("HeldElsewhere(acme) = %v, want warm on b", held)
+	}
+}
