@@ -33,9 +33,10 @@ const (
 // its checkpoint's sandbox, and a sandbox of a checkpoint template to the
 // node that keeps it (until checkpoints and templates travel, only that
 // node has them); any other to the ready, uncordoned node with the most
-// memory free after it, preferring one that has its template cached. A
-// node with less memory free or fewer CPUs than the sandbox asks for
-// takes none. Every decision is logged with its reason.
+// memory free after it, preferring one that has its template or image
+// cached (placeImage). A node with less memory free or fewer CPUs than
+// the sandbox asks for takes none. Every decision is logged with its
+// reason.
 func (rt *Router) Place(w http.ResponseWriter, r *http.Request) bool {
 	if _, ok := rt.Routed(r); ok {
 		return false // decided by the node that passed it on
@@ -152,15 +153,17 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 	}
 	a := askOf(req.Resources)
 	nodes, now := rt.member.Nodes()
-	if req.Template != "" && req.Image == "" {
-		if org := auth.Scope(ctx); org != "" {
-			held, at := rt.holders(ctx, org, req.Template)
-			if len(held) > 0 {
-				return rt.kept(req.Template, held, at, a)
-			}
+	org := auth.Scope(ctx)
+	if req.Template != "" && req.Image == "" && org != "" {
+		held, at := rt.holders(ctx, org, req.Template)
+		if len(held) > 0 {
+			return rt.kept(req.Template, held, at, a)
 		}
 	}
-	return best(nodes, now, a, req.Template)
+	if req.Image != "" && req.Template == "" && org != "" {
+		return rt.placeImage(ctx, org, req.Image, nodes, now, a)
+	}
+	return best(nodes, now, a, templateCached(req.Template))
 }
 
 // fork is the node of a fork whose checkpoint is on node: that node, even
@@ -190,9 +193,21 @@ func (rt *Router) fork(node string, a ask) (string, string, error) {
 // like any other. limit when none can take it, or unavailable when every
 // one stopped answering, naming each and why.
 func (rt *Router) kept(name string, held []*store.Node, now time.Time, a ask) (string, string, error) {
-	node, _, err := best(held, now, a, "")
-	if err == nil {
+	node, code, why := within(held, now, a)
+	if node != "" {
 		return node, "the node that keeps template " + name, nil
+	}
+	return "", "", api.Errorf(code, "no node can take a sandbox of template %s (%s): the template is on %s; a sandbox of a checkpoint template is made where the template is until templates travel",
+		name, a, why)
+}
+
+// within is the best of the nodes held, which alone have what a sandbox
+// asking a is made of; when none can take it, "" and the code of the
+// answer (limit, or unavailable when every one stopped answering) and
+// why each cannot ("node b, which is cordoned and node c, which ...").
+func within(held []*store.Node, now time.Time, a ask) (string, api.Code, string) {
+	if node, _, err := best(held, now, a, cachePref{}); err == nil {
+		return node, "", ""
 	}
 	var why []string
 	down := 0
@@ -211,18 +226,37 @@ func (rt *Router) kept(name string, held []*store.Node, now time.Time, a ask) (s
 	if down == len(held) {
 		code = api.CodeUnavailable
 	}
-	return "", "", api.Errorf(code, "no node can take a sandbox of template %s (%s): the template is on %s; a sandbox of a checkpoint template is made where the template is until templates travel",
-		name, a, strings.Join(why, " and "))
+	return "", code, strings.Join(why, " and ")
+}
+
+// cachePref is what a sandbox is made of that a node may have cached:
+// what names it ("template base"), and whether node n has it. The zero
+// cachePref prefers no node.
+type cachePref struct {
+	what string
+	has  func(n *store.Node) bool
+}
+
+// templateCached prefers the nodes that have built-in template name in
+// their template cache; none when name is "".
+func templateCached(name string) cachePref {
+	if name == "" {
+		return cachePref{}
+	}
+	return cachePref{what: "template " + name, has: func(n *store.Node) bool {
+		return slices.ContainsFunc(n.Load.Templates, func(t string) bool { return isCache(t, name) })
+	}}
 }
 
 // best is the ready, uncordoned sandbox node of nodes with the most
 // memory free after a sandbox asking a, and CPUs enough; one that has
-// template cached wins a near tie (within the sandbox's memory). limit,
+// pref cached wins a near tie (within the sandbox's memory). limit,
 // naming what was short of each, when none can take it.
-func best(nodes []*store.Node, now time.Time, a ask, template string) (string, string, error) {
+func best(nodes []*store.Node, now time.Time, a ask, pref cachePref) (string, string, error) {
 	var (
 		pick     *store.Node
 		pickFree int64
+		pickHas  bool
 		skipped  []string
 	)
 	for _, n := range nodes {
@@ -241,11 +275,12 @@ func best(nodes []*store.Node, now time.Time, a ask, template string) (string, s
 			continue
 		}
 		score := n.Load.MemoryFreeMiB - a.memoryMiB
-		if template != "" && slices.ContainsFunc(n.Load.Templates, func(t string) bool { return isCache(t, template) }) {
+		has := pref.has != nil && pref.has(n)
+		if has {
 			score += a.memoryMiB
 		}
 		if pick == nil || score > pickFree {
-			pick, pickFree = n, score
+			pick, pickFree, pickHas = n, score, has
 		}
 	}
 	if pick == nil {
@@ -255,5 +290,9 @@ func best(nodes []*store.Node, now time.Time, a ask, template string) (string, s
 		}
 		return "", "", api.Errorf(api.CodeLimit, "%s", msg)
 	}
-	return pick.Name, fmt.Sprintf("the most memory free after it (%d MiB of %d)", pick.Load.MemoryFreeMiB-a.memoryMiB, pick.Load.MemoryMiB), nil
+	why := fmt.Sprintf("the most memory free after it (%d MiB of %d)", pick.Load.MemoryFreeMiB-a.memoryMiB, pick.Load.MemoryMiB)
+	if pickHas {
+		why += ", and has " + pref.what + " cached"
+	}
+	return pick.Name, why, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/auth"
+	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/store"
 )
 
@@ -28,6 +29,26 @@ func (f fakeSandboxes) GetSandbox(ctx context.Context, org, ref string) (*store.
 	return nil, store.ErrNotFound
 }
 
+func (f fakeSandboxes) GetImage(ctx context.Context, org, id string) (*store.Image, error) {
+	return nil, store.ErrNotFound
+}
+
+// fakeShared are the records placement reads: sandboxes by name, and
+// images by org and id.
+type fakeShared struct {
+	fakeSandboxes
+	images []*store.Image
+}
+
+func (f fakeShared) GetImage(ctx context.Context, org, id string) (*store.Image, error) {
+	for _, im := range f.images {
+		if im.Org == org && im.ID == id {
+			return im, nil
+		}
+	}
+	return nil, store.ErrNotFound
+}
+
 // node is a ready sandbox node with free MiB of memory free and cpus CPUs.
 func node(name string, free int64, cpus int) *store.Node {
 	return &store.Node{Name: name, Address: "http://" + name + ".invalid", LeaseUntil: time.Now().Add(time.Hour),
@@ -35,7 +56,7 @@ func node(name string, free int64, cpus int) *store.Node {
 }
 
 // placer is the router of node "a" in a cluster of nodes.
-func placer(t *testing.T, recs *fakeRecords, sbs fakeSandboxes) *Router {
+func placer(t *testing.T, recs *fakeRecords, sbs SandboxRecords) *Router {
 	t.Helper()
 	load := func(context.Context) api.NodeLoad { return api.NodeLoad{Role: RoleNode} }
 	m, err := Join(context.Background(), recs, Config{Name: "a", Address: "http://a.invalid", Load: load}, slog.New(slog.DiscardHandler))
@@ -52,17 +73,37 @@ func TestPlace(t *testing.T) {
 	gone := func(n *store.Node) *store.Node { n.LeaseUntil = time.Now().Add(-time.Minute); return n }
 	keeps := func(n *store.Node, held ...string) *store.Node { n.Load.CheckpointTemplates = held; return n }
 	cached := func(n *store.Node, tpl ...string) *store.Node { n.Load.Templates = tpl; return n }
-	sbs := fakeSandboxes{
+	sandboxes := fakeSandboxes{
 		"src":  {Sandbox: api.Sandbox{Name: "src", Node: "b", Resources: api.Resources{MemoryMiB: 1024, CPUs: 1}}},
 		"big":  {Sandbox: api.Sandbox{Name: "big", Node: "b", Resources: api.Resources{MemoryMiB: 4096, CPUs: 1}}},
 		"gone": {Sandbox: api.Sandbox{Name: "gone", Node: "c", Resources: api.Resources{MemoryMiB: 512}}},
 	}
 	mem := func(mib int, cpus float64) *api.Resources { return &api.Resources{MemoryMiB: mib, CPUs: cpus} }
+	// Images of acme: one from a registry and one from a path on a host,
+	// unpacked on the nodes whose leases list their trees, and one from a
+	// path still being pulled; a path on this test's host is never pulled.
+	const (
+		regRef  = "index.docker.io/library/python:3.12"
+		pathRef = "/srv/images/app.tar"
+		pulling = "/srv/images/new.tar"
+	)
+	here := t.TempDir()
+	unpacked := func(n *store.Node, trees ...string) *store.Node { n.Load.Images = trees; return n }
+	sbs := fakeShared{fakeSandboxes: sandboxes, images: []*store.Image{
+		{Image: api.Image{ID: image.ID(regRef), Ref: regRef, State: api.ImageReady}, Org: "acme", Template: "image-0123456789abcdef"},
+		{Image: api.Image{ID: image.ID(pathRef), Ref: pathRef, State: api.ImageReady}, Org: "acme", Template: "image-fedcba9876543210"},
+		{Image: api.Image{ID: image.ID(pulling), Ref: pulling, State: api.ImagePulling}, Org: "acme"},
+	}}
+	const (
+		regTree  = "image-0123456789abcdef-0a1b2c3d4e5f"
+		pathTree = "image-fedcba9876543210-5f4e3d2c1b0a"
+	)
 	for _, tc := range []struct {
 		name  string
 		nodes []*store.Node
 		req   api.CreateSandbox
 		want  string // the node, or else
+		why   string // in the reason
 		code  api.Code
 		msg   []string // in the message
 	}{
@@ -97,6 +138,31 @@ func TestPlace(t *testing.T) {
 			code: api.CodeUnavailable, msg: []string{"the template is on node b, which stopped answering"}},
 		{name: "pinned by the operator", nodes: []*store.Node{node("a", 9000, 2), node("b", 10, 1)},
 			req: api.CreateSandbox{Node: "b", Resources: mem(4096, 2)}, want: "b"},
+		{name: "the image cached wins a near tie", nodes: []*store.Node{node("a", 1000, 2), unpacked(node("b", 900, 2), "image-1111111111111111-000000000000", regTree)},
+			req: api.CreateSandbox{Image: regRef}, want: "b", why: "has image " + regRef + " cached"},
+		{name: "the image cached by its short reference", nodes: []*store.Node{node("a", 1000, 2), unpacked(node("b", 900, 2), regTree)},
+			req: api.CreateSandbox{Image: "python:3.12"}, want: "b"},
+		{name: "the image cached loses to far more memory", nodes: []*store.Node{node("a", 3000, 2), unpacked(node("b", 900, 2), regTree)},
+			req: api.CreateSandbox{Image: regRef}, want: "a"},
+		{name: "another image cached", nodes: []*store.Node{node("a", 1000, 2), unpacked(node("b", 900, 2), pathTree)},
+			req: api.CreateSandbox{Image: regRef}, want: "a"},
+		{name: "an image not pulled yet", nodes: []*store.Node{unpacked(node("a", 1000, 2), regTree), node("b", 3000, 2)},
+			req: api.CreateSandbox{Image: "python:3.13"}, want: "b"},
+		{name: "an image from a path goes where it was pulled", nodes: []*store.Node{node("a", 9000, 2), unpacked(node("b", 1000, 2), pathTree)},
+			req: api.CreateSandbox{Image: pathRef}, want: "b", why: "from a path on its host"},
+		{name: "an image from a path whose node is full", nodes: []*store.Node{node("a", 9000, 2), unpacked(node("b", 100, 2), pathTree)},
+			req:  api.CreateSandbox{Image: pathRef},
+			code: api.CodeLimit, msg: []string{"image " + pathRef, "it is on node b, which has 100 MiB free"}},
+		{name: "an image from a path whose node is down", nodes: []*store.Node{node("a", 9000, 2), gone(unpacked(node("b", 9000, 2), pathTree))},
+			req:  api.CreateSandbox{Image: pathRef},
+			code: api.CodeUnavailable, msg: []string{"it is on node b, which stopped answering"}},
+		{name: "an image from a path being pulled elsewhere", nodes: []*store.Node{node("a", 9000, 2), node("b", 9000, 2)},
+			req:  api.CreateSandbox{Image: pulling},
+			code: api.CodeConflict, msg: []string{pulling + " is still being pulled"}},
+		{name: "an image from a path on this host", nodes: []*store.Node{node("a", 1000, 2), node("b", 9000, 2)},
+			req: api.CreateSandbox{Image: here}, want: "a", why: "a path on this node's host"},
+		{name: "an image from a path on no host known", nodes: []*store.Node{node("a", 1000, 2), node("b", 9000, 2)},
+			req: api.CreateSandbox{Image: "/srv/images/unknown.tar"}, want: "b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := placer(t, &fakeRecords{nodes: tc.nodes}, sbs)
@@ -104,8 +170,8 @@ func TestPlace(t *testing.T) {
 			r := httptest.NewRequestWithContext(ctx, "POST", "/v1/sandboxes", nil)
 			got, why, err := rt.choose(r, &tc.req, auth.Principal{Org: "acme", Operator: true})
 			if tc.code == "" {
-				if err != nil || got != tc.want {
-					t.Fatalf("placed on %q (%s), err %v; want %q", got, why, err, tc.want)
+				if err != nil || got != tc.want || !strings.Contains(why, tc.why) {
+					t.Fatalf("placed on %q (%s), err %v; want %q (%s)", got, why, err, tc.want, tc.why)
 				}
 				return
 			}

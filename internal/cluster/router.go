@@ -36,9 +36,14 @@ const (
 // routedSkew is how far a routed call's time may be from the receiver's.
 const routedSkew = time.Minute
 
-// SandboxRecords is how the router finds a sandbox's owner.
+// SandboxRecords is what the router reads of the shared records: a
+// sandbox's owner, and the image a create names (placement prefers a node
+// that has it cached).
 type SandboxRecords interface {
 	GetSandbox(ctx context.Context, org, ref string) (*store.Sandbox, error)
+	// GetImage is org's image record by id (image.ID of its canonical
+	// reference); store.ErrNotFound when org has not pulled it.
+	GetImage(ctx context.Context, org, id string) (*store.Image, error)
 }
 
 // Router passes a call for a sandbox another node owns to that node: the
