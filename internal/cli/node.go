@@ -43,12 +43,16 @@ serve.`,
 				fmt.Fprintln(nc.stderr, "no nodes: this daemon runs alone (loam serve --node NAME makes it one of a cluster)")
 				return nil
 			}
-			t := newTable(nc.stdout, "NAME", "STATE", "CORDONED", "SANDBOXES", "RUNNING", "CPUS", "MEMORY FREE", "DISK FREE", "ADDRESS", "RENEWED")
+			t := newTable(nc.stdout, "NAME", "ROLE", "STATE", "CORDONED", "SANDBOXES", "RUNNING", "CPUS", "MEMORY FREE", "DISK FREE", "ADDRESS", "RENEWED")
 			for _, n := range list {
-				t.row(n.Name, string(n.State), strconv.FormatBool(n.Cordoned), strconv.Itoa(n.Sandboxes), strconv.Itoa(n.Running),
+				// A front end (role api) keeps no sandbox's disk.
+				disk := "-"
+				if n.Role != "api" {
+					disk = formatMiB(int(n.DiskFreeMiB)) + "/" + formatMiB(int(n.DiskMiB))
+				}
+				t.row(n.Name, n.Role, string(n.State), strconv.FormatBool(n.Cordoned), strconv.Itoa(n.Sandboxes), strconv.Itoa(n.Running),
 					strconv.Itoa(n.CPUs), formatMiB(int(n.MemoryFreeMiB))+"/"+formatMiB(int(n.MemoryMiB)),
-					formatMiB(int(n.DiskFreeMiB))+"/"+formatMiB(int(n.DiskMiB)), n.Address,
-					time.Since(n.RenewedAt).Round(time.Second).String()+" ago")
+					disk, n.Address, time.Since(n.RenewedAt).Round(time.Second).String()+" ago")
 			}
 			return t.flush()
 		},

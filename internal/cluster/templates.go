@@ -94,13 +94,21 @@ func (rt *Router) holders(ctx context.Context, org, name string) ([]*store.Node,
 // cached reports whether a node has template name in its template cache:
 // a built-in one, which every node builds.
 func (rt *Router) cached(name string) bool {
-	nodes, _ := rt.member.Nodes()
+	return len(rt.member.BuiltOn(name)) > 0
+}
+
+// BuiltOn are the nodes that have built-in template name in their
+// template cache, by name, as their leases last said: a front end, which
+// builds none, lists a built-in template ready once a node has it.
+func (m *Member) BuiltOn(name string) []string {
+	nodes, _ := m.Nodes()
+	var out []string
 	for _, n := range nodes {
 		if slices.ContainsFunc(n.Load.Templates, func(t string) bool { return isCache(t, name) }) {
-			return true
+			out = append(out, n.Name)
 		}
 	}
-	return false
+	return out
 }
 
 // isCache reports whether entry of a node's template cache is template's.

@@ -153,7 +153,8 @@ func (d *Daemon) clusterSecrets(ctx context.Context, p *parts, pg *postgres.Stor
 
 // loadReporter makes what a node reports of itself with each renewal of
 // its lease. What does not change while it runs (its runsc build, its CPU)
-// is read once.
+// is read once. A front end reports no runsc (it runs none), disk or
+// templates, only its machine's CPUs and memory.
 type loadReporter struct {
 	d  *Daemon
 	pg *postgres.Store
@@ -174,7 +175,9 @@ func newLoadReporter(d *Daemon, p *parts, pg *postgres.Store) *loadReporter {
 func (l *loadReporter) report(ctx context.Context) api.NodeLoad {
 	l.once.Do(func() {
 		l.runsc = runscBuild(ctx, l.p.runsc)
-		l.features = host.CPUFeatures()
+		if !l.d.frontEnd() {
+			l.features = host.CPUFeatures()
+		}
 	})
 	load := api.NodeLoad{Role: l.d.cfg.Role, Runsc: l.runsc, CPUFeatures: l.features, CPUs: goruntime.NumCPU()}
 	if total, avail, err := host.Memory(); err == nil {
@@ -196,7 +199,9 @@ func (l *loadReporter) report(ctx context.Context) api.NodeLoad {
 			}
 		}
 	}
-	if dir := l.d.cfg.TemplateCache; dir != "" {
+	// A front end caches nothing: a template cache it shares with a node
+	// on its host is that node's to report.
+	if dir := l.d.cfg.TemplateCache; dir != "" && !l.d.frontEnd() {
 		load.Templates = dirNames(dir, "images")
 		load.Images = dirNames(filepath.Join(dir, "images"), "")
 	}

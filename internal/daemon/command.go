@@ -109,7 +109,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.Database, "database", env("LOAM_DATABASE", ""), "keep the records in this PostgreSQL database (postgres://USER@HOST/DB; PostgreSQL 15 or newer) instead of SQLite in the data dir; a daemon without --node holds it alone (LOAM_DATABASE)")
 	f.StringVar(&cfg.Node, "node", env("LOAM_NODE", ""), "join the cluster of --database as node NAME: nodes share the database, each running its own sandboxes (needs --advertise) (LOAM_NODE)")
 	f.StringVar(&cfg.Advertise, "advertise", env("LOAM_ADVERTISE", ""), "with --node, the URL the other nodes reach this one's API at, such as http://10.0.0.2:7070 (LOAM_ADVERTISE)")
-	f.StringVar(&cfg.Role, "role", env("LOAM_ROLE", "node"), "with --node: node (runs sandboxes) or api (a front end that runs none and passes every call to the nodes) (LOAM_ROLE)")
+	f.StringVar(&cfg.Role, "role", env("LOAM_ROLE", "node"), "with --node: node (runs sandboxes) or api (a front end that runs none, needs neither root nor runsc, and passes every call to the nodes) (LOAM_ROLE)")
 	f.DurationVar(&cfg.Lease, "test-lease", envDuration("LOAM_TEST_LEASE", 0), "tests only: a node's lease (LOAM_TEST_LEASE)")
 	_ = f.MarkHidden("test-lease")
 	f.StringVar(&cfg.Domain, "domain", env("LOAM_DOMAIN", "localhost:7070"), "domain of sandbox URLs, http://NAME--ORG.DOMAIN (LOAM_DOMAIN)")

@@ -36,6 +36,7 @@ import (
 	"loam.dev/loam/internal/image"
 	"loam.dev/loam/internal/network"
 	"loam.dev/loam/internal/proxy"
+	"loam.dev/loam/internal/runtime"
 	"loam.dev/loam/internal/runtime/gvisor"
 	"loam.dev/loam/internal/sandbox"
 	"loam.dev/loam/internal/secret"
@@ -188,14 +189,16 @@ type Daemon struct {
 
 // parts are what the steps of start make for the steps after them.
 type parts struct {
-	tls        *tls.Config // nil: plain http
-	secret     []byte      // the daemon's own key (sandboxes' tokens)
-	runsc      string
-	store      Records
-	secrets    *secret.Sealed
-	pool       disk.Pool
-	rt         *gvisor.Runtime
-	nets       *network.Manager
+	tls     *tls.Config // nil: plain http
+	secret  []byte      // the daemon's own key (sandboxes' tokens)
+	runsc   string
+	store   Records
+	secrets *secret.Sealed
+	pool    disk.Pool
+	rt      runtime.Runtime
+	nets    sandbox.Networks
+	// builtins are the built-in templates built here: nil on a front
+	// end, which lists the nodes' (template.NodeBuiltins).
 	builtins   *template.Builtins
 	templates  *template.Store
 	catalog    *template.Catalog
@@ -257,17 +260,20 @@ func (d *Daemon) start(ctx context.Context) error {
 // slowStep is how long a step of start may take before it is logged.
 const slowStep = 2 * time.Second
 
-// checkHost refuses to run without root or with a bad --org, and raises
-// the open-file limit.
+// checkHost refuses to run without root (but as a front end, which makes
+// no sandbox) or with a bad --org, and raises the open-file limit.
 func (d *Daemon) checkHost(context.Context, *parts) error {
-	if os.Geteuid() != 0 {
-		return errors.New("loam serve must run as root (it makes network namespaces, mounts and gVisor sandboxes)")
+	if err := checkNode(&d.cfg); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 && !d.frontEnd() {
+		return errors.New("loam serve must run as root (it makes network namespaces, mounts and gVisor sandboxes); a cluster's front end (--role api) need not")
 	}
 	raiseFileLimit(d.log)
 	if err := sandbox.CheckOrg(d.cfg.Org); err != nil {
 		return fmt.Errorf("--org: %w", err)
 	}
-	return checkNode(&d.cfg)
+	return nil
 }
 
 // claimDataDir takes the data dir's lock first: nothing in it may be
@@ -327,9 +333,13 @@ func (d *Daemon) loadKeys(_ context.Context, p *parts) error {
 	return err
 }
 
-// findBinaries finds the agent binary, kept in the data dir, and runsc.
+// findBinaries finds the agent binary, kept in the data dir, and runsc;
+// a front end needs neither.
 func (d *Daemon) findBinaries(_ context.Context, p *parts) error {
 	cfg := &d.cfg
+	if d.frontEnd() {
+		return nil
+	}
 	if cfg.AgentBinary == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -347,7 +357,8 @@ func (d *Daemon) findBinaries(_ context.Context, p *parts) error {
 	return err
 }
 
-// openStorage opens the store, the sealed secrets and the disk pool.
+// openStorage opens the store, the sealed secrets and the disk pool (none
+// on a front end).
 func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
 	st, err := d.openRecords(ctx)
 	if err != nil {
@@ -381,6 +392,11 @@ func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
 	if p.secrets, err = secret.NewSealed(st, d.secretsKey); err != nil {
 		return err
 	}
+	if d.frontEnd() {
+		// No loop device, no btrfs: it keeps no sandbox's disk.
+		p.pool = frontEndPool{d.cfg.Node}
+		return nil
+	}
 	pool, err := disk.Open(ctx, filepath.Join(d.cfg.DataDir, "disk"), d.cfg.DiskSize)
 	if err != nil {
 		return fmt.Errorf("opening disk pool: %w", err)
@@ -392,9 +408,13 @@ func (d *Daemon) openStorage(ctx context.Context, p *parts) error {
 }
 
 // setUpSandboxing sets up gVisor and the network: the sandboxes' subnet,
-// their DNS, the firewall.
+// their DNS, the firewall. A front end sets up none of them.
 func (d *Daemon) setUpSandboxing(ctx context.Context, p *parts) error {
 	cfg := &d.cfg
+	if d.frontEnd() {
+		p.rt, p.nets = frontEndRuntime{cfg.Node}, frontEndNetworks{cfg.Node}
+		return nil
+	}
 	var err error
 	p.rt, err = gvisor.New(gvisor.Config{Runsc: p.runsc, Root: filepath.Join(cfg.DataDir, "runsc"), DisableFastPath: cfg.NoFastPath, Logger: d.log})
 	if err != nil {
@@ -423,17 +443,18 @@ func (d *Daemon) setUpSandboxing(ctx context.Context, p *parts) error {
 			return fmt.Errorf("setting up networking: %w (give --dns-upstream)", err)
 		}
 	}
-	p.nets, err = network.New(network.Config{
+	nets, err := network.New(network.Config{
 		Subnet: subnet, InsidePort: network.DefaultInsidePort,
 		DNSUpstreams: upstreams, Log: d.log,
 	})
 	if err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
-	d.closers = append(d.closers, p.nets.Close)
+	p.nets = nets
+	d.closers = append(d.closers, nets.Close)
 	// Before any sandbox is taken back, and never removed: sandboxes keep
 	// running while the daemon is down.
-	if err := p.nets.Firewall().Install(ctx); err != nil {
+	if err := nets.Firewall().Install(ctx); err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
 	}
 	if err := network.EnableForwarding(); err != nil {
@@ -443,7 +464,8 @@ func (d *Daemon) setUpSandboxing(ctx context.Context, p *parts) error {
 }
 
 // prepareTemplates checks the default template and sets up the templates
-// of this host: the built-in ones and the checkpoint templates.
+// of this host: the built-in ones and the checkpoint templates (on a front
+// end, the nodes').
 func (d *Daemon) prepareTemplates(_ context.Context, p *parts) error {
 	cfg := &d.cfg
 	if cfg.TemplateCache == "" {
@@ -454,8 +476,15 @@ func (d *Daemon) prepareTemplates(_ context.Context, p *parts) error {
 	if _, err := disk.FindTemplate(cfg.DefaultTemplate, tplOpts); err != nil {
 		return fmt.Errorf("--default-template: %w", err)
 	}
-	p.builtins = template.NewBuiltins(p.pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
-	p.templates = template.NewStore(cfg.DataDir, d.cfg.Org, p.builtins, p.pool, d.log)
+	var builtins template.Builder
+	if d.frontEnd() {
+		// It builds none: the nodes build them, and it lists theirs.
+		builtins = template.NewNodeBuiltins(d.member, cfg.DefaultTemplate, tplOpts)
+	} else {
+		p.builtins = template.NewBuiltins(p.pool, cfg.TemplateCache, cfg.DefaultTemplate, tplOpts, d.log)
+		builtins = p.builtins
+	}
+	p.templates = template.NewStore(cfg.DataDir, d.cfg.Org, builtins, p.pool, d.log)
 	if d.load != nil {
 		// From the next renewal on, the lease tells of them.
 		d.load.templates.Store(p.templates)
@@ -476,6 +505,9 @@ func (d *Daemon) openImages(ctx context.Context, p *parts) error {
 		Records: p.store, Sandboxes: p.store, Pool: p.pool, CacheDir: filepath.Join(d.cfg.TemplateCache, "images"),
 		Org: d.cfg.Org, Keychain: p.registries.For, Log: d.log,
 	})
+	if d.frontEnd() {
+		return nil // it has no pool to sweep
+	}
 	if err := p.images.Sweep(ctx); err != nil {
 		d.log.Error("removing the templates of images that are gone", "err", err)
 	}
@@ -535,23 +567,21 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 			d.inside = server.NewInside(sandboxAPI{m, d.guest, d.checkpoints}, p.secret, d.log)
 			return d.inside
 		},
-		Pools: func(m *sandbox.Manager) sandbox.Pools {
-			d.pools = warmpool.New(sandbox.NewPoolCore(m), warmpool.Config{DataDir: cfg.DataDir, ReserveMiB: cfg.PoolReserveMiB, Org: cfg.Org}, d.log)
-			return d.pools
-		},
-		Sleep: func(m *sandbox.Manager) sandbox.SleepImages {
-			d.sleep = sleep.New(sandbox.NewIdleCore(m), p.store, sleep.Config{DataDir: cfg.DataDir, Idle: cfg.Idle, Every: cfg.IdleEvery, Node: cfg.Node}, d.log)
-			return d.sleep
-		},
+		Pools: d.poolsOf(p),
+		Sleep: d.sleepOf(p),
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
 	// The catalog the API serves, over the Manager's template side:
 	// templates of checkpoints are made of its sandboxes' checkpoints.
 	p.catalog = template.New(template.Config{
-		Store: p.templates, Core: sandbox.NewTemplateCore(d.Manager), Pools: d.pools, Sandboxes: p.store,
+		Store: p.templates, Core: sandbox.NewTemplateCore(d.Manager), Pools: d.templatePools(), Sandboxes: p.store,
 		Images: p.images, Cluster: d.templateCluster(), Log: d.log,
 	})
 	// Its spare dials and death watches end before the store closes.
 	d.closers = append(d.closers, d.Manager.Close)
+	if d.frontEnd() {
+		// Nothing to take back, and no warm pool to keep.
+		return nil
+	}
 	if err := d.Manager.Recover(ctx); err != nil {
 		d.log.Error("recovery left some things behind", "err", err)
 	}
@@ -560,8 +590,12 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 	return d.pools.Load()
 }
 
-// startComponents runs the daemon's background work (see component).
+// startComponents runs the daemon's background work (see component): a
+// front end has none of a sandbox host's.
 func (d *Daemon) startComponents(ctx context.Context, p *parts) error {
+	if d.frontEnd() {
+		return nil
+	}
 	// Sandboxes write their init logs on the host: cap and rotate them.
 	logs := &gvisor.LogKeeper{
 		Bundles: filepath.Join(d.cfg.DataDir, "sandboxes", "*", "bundle"),
@@ -619,8 +653,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	}
 	var apiServer http.Handler = server.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, "", d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
 		server.WithKeys(keys), server.WithAudit(p.store),
-		server.WithTemplates(p.catalog), server.WithImages(p.images, p.registries),
-		server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), server.WithPools(d.pools),
+		d.withCatalog(p), server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), d.withPools(),
 		server.WithOrgs(sandbox.NewOrgs(d.Manager)), d.withNodes(p), routed)
 	if d.member != nil {
 		// A node without its lease changes nothing (see cluster.Gate).
@@ -666,7 +699,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 
 // announce logs that the daemon serves, and shows a token it made.
 func (d *Daemon) announce(p parts, took time.Duration) {
-	d.log.Info("loam daemon serving", "url", d.URL, "data_dir", d.cfg.DataDir, "runsc", p.runsc, "start_ms", took.Milliseconds())
+	d.log.Info("loam daemon serving", "url", d.URL, "data_dir", d.cfg.DataDir, "role", d.cfg.Role, "runsc", p.runsc, "start_ms", took.Milliseconds())
 	if d.madeToken != "" {
 		out := d.cfg.Out
 		if out == nil {

@@ -86,6 +86,10 @@ type Options struct {
 	// the host's, for its restart to find them and Cleanup to remove
 	// them. Its firewall is in that namespace, and goes with it.
 	Netns string
+	// Credential, when set, is the user and group the daemon runs as
+	// instead of the caller's: a cluster's front end (--role api), which
+	// needs no root. Its data dir must be that user's.
+	Credential *syscall.Credential
 }
 
 // Process is a running `loam serve`.
@@ -137,9 +141,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if o.Output != nil {
 		cmd.Stdout, cmd.Stderr = o.Output, o.Output
 	}
-	if o.OwnProcessGroup {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: o.OwnProcessGroup, Credential: o.Credential}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting a daemon: %w", err)
 	}

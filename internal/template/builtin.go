@@ -111,3 +111,53 @@ func (t *Builtins) Run(ctx context.Context) error {
 	t.log.Info("default template ready", "template", t.def)
 	return nil
 }
+
+// Builders are the nodes of a cluster that build built-in templates
+// (cluster.Member has them).
+type Builders interface {
+	// BuiltOn are the nodes that have built-in template name in their
+	// template cache, as their leases last said.
+	BuiltOn(name string) []string
+}
+
+// NodeBuiltins are the built-in templates as a cluster's front end (loam
+// serve --role api) sees them: it has no disk pool and builds none, and a
+// node builds one for the first sandbox it makes of it. So one is listed
+// ready once a node has it, and pending (a node builds it when a sandbox
+// asks) until then; Ensure refuses, since nothing is made here.
+type NodeBuiltins struct {
+	def   string
+	opts  disk.TemplateOptions
+	nodes Builders
+}
+
+// NewNodeBuiltins makes the built-in templates of opts as nodes build
+// them; def is the default one.
+func NewNodeBuiltins(nodes Builders, def string, opts disk.TemplateOptions) *NodeBuiltins {
+	return &NodeBuiltins{def: def, opts: opts, nodes: nodes}
+}
+
+// List lists the built-in templates, ready when a node has built one.
+func (t *NodeBuiltins) List(context.Context) []api.Template {
+	var out []api.Template
+	for _, tp := range disk.Templates(t.opts) {
+		v := api.Template{Name: tp.Name, Description: tp.Description, Default: tp.Name == t.def,
+			Kind: api.TemplateBuiltin, State: api.TemplatePending}
+		if len(t.nodes.BuiltOn(tp.Name)) > 0 {
+			v.Ready, v.State, v.Progress = true, api.TemplateReady, 100
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// Ensure refuses: a front end builds no template.
+func (t *NodeBuiltins) Ensure(_ context.Context, name string) error {
+	return api.Errorf(api.CodeUnavailable, "template %s: this daemon is a cluster's front end (--role api), which builds no template; a node builds it for its first sandbox of it", name)
+}
+
+// Has reports whether name is a built-in template.
+func (t *NodeBuiltins) Has(name string) bool {
+	_, err := disk.FindTemplate(name, t.opts)
+	return err == nil
+}

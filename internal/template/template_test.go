@@ -528,3 +528,42 @@ func TestCatalogOrgs(t *testing.T) {
 		t.Errorf("the default org's snapshot after docs' went: %v", err)
 	}
 }
+
+// builtOn is a cluster whose nodes have built the templates it names.
+type builtOn map[string][]string
+
+func (b builtOn) BuiltOn(name string) []string { return b[name] }
+
+// TestNodeBuiltins: a front end lists a built-in template ready once a
+// node built it, pending before, and builds none itself.
+func TestNodeBuiltins(t *testing.T) {
+	nb := NewNodeBuiltins(builtOn{"busybox": {"a"}}, "busybox", disk.TemplateOptions{})
+	states := map[string]api.Template{}
+	for _, tp := range nb.List(context.Background()) {
+		states[tp.Name] = tp
+	}
+	for _, tc := range []struct {
+		name  string
+		ready bool
+		state string
+	}{
+		{"busybox", true, api.TemplateReady},
+		{"base", false, api.TemplatePending},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tp, ok := states[tc.name]
+			if !ok || tp.Ready != tc.ready || tp.State != tc.state || tp.Kind != api.TemplateBuiltin {
+				t.Errorf("%s: %+v, want ready %v, state %s", tc.name, tp, tc.ready, tc.state)
+			}
+		})
+	}
+	if !states["busybox"].Default {
+		t.Errorf("busybox is not listed as the default")
+	}
+	if err := nb.Ensure(context.Background(), "base"); !errors.Is(err, api.ErrUnavailable) {
+		t.Errorf("Ensure on a front end: %v, want unavailable", err)
+	}
+	if !nb.Has("base") || nb.Has("nope") {
+		t.Errorf("Has: base %v, nope %v", nb.Has("base"), nb.Has("nope"))
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -223,6 +224,9 @@ type Daemon struct {
 	// Netns, when set, is the network namespace it runs in (see
 	// launch.Options.Netns).
 	Netns string
+	// Credential, when set, is the user it runs as (see
+	// launch.Options.Credential).
+	Credential *syscall.Credential
 	// cpu is the CPU time its runs that ended took, with the commands
 	// they ran and waited for (runsc's, mkfs): the suite's time goes
 	// mostly to daemons and sandboxes, and Destroy logs it per test.
@@ -307,7 +311,7 @@ func (d *Daemon) Options(extra ...string) launch.Options {
 		// The launcher's default wait: a restart on a CI host busy with
 		// the other parallel tests has taken over a minute (a kill
 		// mid-sleep, then a pool, a firewall and sandboxes to take back).
-		Env: d.Env, Output: d.Log, Roots: d.Roots, Netns: d.Netns}
+		Env: d.Env, Output: d.Log, Roots: d.Roots, Netns: d.Netns, Credential: d.Credential}
 }
 
 // Launch runs `loam serve` and waits until it answers.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -124,4 +125,26 @@ func (d *Daemon) ConsoleLogin(token string) (*http.Cookie, string) {
 	}
 	d.T.Fatal("console login set no session cookie")
 	return nil, ""
+}
+
+// Served asks the daemon's front door for the URL of a sandbox (tok, its
+// access token) and returns nil once the answer is 200 with want in its
+// body: for Eventually, while the sandbox's server comes up.
+func (d *Daemon) Served(ctx context.Context, tok *api.AccessToken, want string) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", d.URL+"/", nil)
+	if err != nil {
+		return err
+	}
+	req.Host = strings.TrimPrefix(strings.TrimPrefix(tok.URL, "http://"), "https://")
+	req.Header.Set("X-Loam-Access-Token", tok.AccessToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+		return fmt.Errorf("%d %s", res.StatusCode, body)
+	}
+	return nil
 }
