@@ -242,19 +242,7 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.Eventually(t, 20*time.Second, "on-b's URL through a", func() error {
-		req, _ := http.NewRequestWithContext(ctx, "GET", a.URL+"/", nil)
-		req.Host = strings.TrimPrefix(strings.TrimPrefix(tok.URL, "http://"), "https://")
-		req.Header.Set("X-Loam-Access-Token", tok.AccessToken)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "served-by-b") {
-			return fmt.Errorf("%d %s", res.StatusCode, body)
-		}
-		return nil
+		return a.Served(ctx, tok, "served-by-b")
 	})
 
 	harness.Eventually(t, 20*time.Second, "a port stream to on-b through a", func() error {

@@ -11,7 +11,6 @@ import (
 	"os"
 	"testing"
 
-	"loam.dev/loam/internal/store/postgres/pgtest"
 	"loam.dev/loam/test/harness"
 )
 
@@ -30,9 +29,7 @@ func withExamples(run func() int) int {
 	}
 	os.Setenv("LOAM_API_URL", ex.URL)
 	os.Setenv("LOAM_TOKEN", ex.Token)
-	// The PostgreSQL server of the tests on one (TestPostgres) stops
-	// after them.
-	code := pgtest.Around(run)
+	code := run()
 	ex.Destroy()
 	if race := ex.Races(); race != "" {
 		fmt.Fprintf(os.Stderr, "the examples' daemon had a data race:\n%s\n", race)

@@ -43,7 +43,12 @@ func TestTeardown(t *testing.T) {
 	dir := d.DataDir
 	teardown := func(args ...string) (string, int) {
 		t.Helper()
-		cmd := exec.Command(harness.DaemonBin, append([]string{"serve", "--teardown", "--data-dir", dir, "--runsc", harness.Runsc()}, args...)...)
+		flags := []string{"serve", "--teardown", "--data-dir", dir, "--runsc", harness.Runsc()}
+		if d.Database != "" {
+			// Its records are there; the teardown deletes them too.
+			flags = append(flags, "--database", d.Database)
+		}
+		cmd := exec.Command(harness.DaemonBin, append(flags, args...)...)
 		cmd.Env = append(os.Environ(), "LOAM_SUBNET=10.254.0.0/16") // the data dir's own record must win
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out

@@ -33,6 +33,7 @@ import (
 
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/launch"
+	"loam.dev/loam/internal/store/postgres/pgtest"
 	"loam.dev/loam/internal/testenv"
 )
 
@@ -49,7 +50,7 @@ type Subnets struct{ First, Last int }
 
 // The end-to-end packages' blocks; 250 and above are the fixed subnets
 // some tests name (the examples' daemon's, and those a test gives a daemon
-// by hand).
+// by hand; 252 to 254 are Links').
 var (
 	SubnetsTest    = Subnets{1, 119}
 	SubnetsCrash   = Subnets{120, 159}
@@ -97,7 +98,8 @@ func Main(m *testing.M, subnets Subnets, around func(run func() int) int) int {
 	if RaceEnabled {
 		os.Setenv("LOAM_AGENT_BINARY", LoamBin)
 	}
-	return around(m.Run)
+	// The PostgreSQL server tests started (pgtest) stops after them.
+	return pgtest.Around(func() int { return around(m.Run) })
 }
 
 // binaries sets LoamBin and DaemonBin: the ones in $LOAM_E2E_BIN when it
@@ -227,6 +229,9 @@ type Daemon struct {
 	// Credential, when set, is the user it runs as (see
 	// launch.Options.Credential).
 	Credential *syscall.Credential
+	// Database, when set, is the PostgreSQL database it keeps its
+	// records in (--database), on every start; else SQLite in DataDir.
+	Database string
 	// cpu is the CPU time its runs that ended took, with the commands
 	// they ran and waited for (runsc's, mkfs): the suite's time goes
 	// mostly to daemons and sandboxes, and Destroy logs it per test.
@@ -281,9 +286,28 @@ func StartDaemon(t testing.TB, extra ...string) *Daemon {
 		t.Fatal(err)
 	}
 	d := &Daemon{T: t, DataDir: dataDir, Subnet: NextSubnet()}
+	if OnPostgres() {
+		d.Database = pgtest.NewDatabase(t)
+	}
 	d.Start(extra...)
 	t.Cleanup(func() { d.Destroy() })
 	return d
+}
+
+// OnPostgres reports whether this run keeps the daemons' records in
+// PostgreSQL (LOAM_TEST_STORE=postgres): StartDaemon gives each daemon a
+// database of its own on the test binary's server (pgtest), so that the
+// end-to-end suite runs on the store many machines share as it does on
+// SQLite.
+func OnPostgres() bool { return os.Getenv("LOAM_TEST_STORE") == "postgres" }
+
+// SQLiteOnly skips t on a run on PostgreSQL (OnPostgres): a test of what
+// only the SQLite store does (its file, its locks), saying why.
+func SQLiteOnly(t testing.TB, why string) {
+	t.Helper()
+	if OnPostgres() {
+		t.Skip("SQLite's alone (LOAM_TEST_STORE=postgres): " + why)
+	}
 }
 
 // Start runs the daemon (again, on its data dir) with more flags, and
@@ -305,9 +329,13 @@ func (d *Daemon) Options(extra ...string) launch.Options {
 	if d.Bin != "" {
 		bin = d.Bin
 	}
+	args := []string{"--disk-size-gib", "8", "--systrap-fast-path=" + strconv.FormatBool(FastPath)}
+	if d.Database != "" {
+		args = append(args, "--database", d.Database)
+	}
 	return launch.Options{Bin: bin, DataDir: d.DataDir, Subnet: d.Subnet, Runsc: Runsc(),
 		TemplateCache: TemplateCache(), DefaultTemplate: "busybox",
-		Args: append([]string{"--disk-size-gib", "8", "--systrap-fast-path=" + strconv.FormatBool(FastPath)}, extra...),
+		Args: append(args, extra...),
 		// The launcher's default wait: a restart on a CI host busy with
 		// the other parallel tests has taken over a minute (a kill
 		// mid-sleep, then a pool, a firewall and sandboxes to take back).

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,12 +45,20 @@ type Link struct {
 	t     testing.TB
 }
 
-// NewLinks makes a bridge on a subnet of the package's block; it is
-// removed, with every machine's namespace, when t ends. What a killed run
-// of the same subnet left is removed first.
+// Links' subnets are fixed ones (see Subnets), beside the daemons': a
+// daemon's subnet comes round again once the package's block is used up,
+// and a bridge's on the host must never meet a daemon's gateway. linksCount
+// bounds how many Links a package has at once.
+const linksFirst, linksCount = 252, 3
+
+var linksSeq atomic.Int64
+
+// NewLinks makes a bridge on a subnet of its own; it is removed, with
+// every machine's namespace, when t ends. What a killed run of the same
+// subnet left is removed first.
 func NewLinks(t testing.TB) *Links {
 	t.Helper()
-	prefix := netip.MustParsePrefix(NextSubnet())
+	prefix := netip.MustParsePrefix(Subnet(linksFirst + int(linksSeq.Add(1)-1)%linksCount))
 	b := prefix.Addr().As4()
 	l := &Links{t: t, prefix: prefix, name: fmt.Sprintf("lk%dx%d", b[1], b[2])}
 	l.sweep()
