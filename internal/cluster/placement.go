@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -138,6 +139,9 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 		}
 		if n.Load.Role != RoleNode {
 			return "", "", api.Errorf(api.CodeInvalid, "node: %s is an API front end (--role api): it runs no sandboxes", n.Name)
+		}
+		if held := rt.heldOn(ctx, req); held != "" && held != n.Name {
+			return "", "", api.Errorf(api.CodeInvalid, "node: %s is on node %s, and is made there alone until checkpoints travel; pin it to %s, or to no node", pinnedWhat(req), held, held)
 		}
 		return n.Name, "pinned by the operator", nil
 	}
@@ -295,4 +299,30 @@ func best(nodes []*store.Node, now time.Time, a ask, pref cachePref) (string, st
 		why += ", and has " + pref.what + " cached"
 	}
 	return pick.Name, why, nil
+}
+
+// heldOn is the node that alone can make req, "" when any can: a fork's
+// checkpoint, or a checkpoint template, is on one node's disk.
+func (rt *Router) heldOn(ctx context.Context, req *api.CreateSandbox) string {
+	org := auth.Scope(ctx)
+	if req.From != nil && req.From.Sandbox != "" {
+		if src, err := rt.recs.GetSandbox(ctx, org, req.From.Sandbox); err == nil && src.Pool == "" {
+			return src.Node
+		}
+		return ""
+	}
+	if req.Template != "" && req.Image == "" && org != "" {
+		if held, _ := rt.holders(ctx, org, req.Template); len(held) > 0 {
+			return held[0].Name
+		}
+	}
+	return ""
+}
+
+// pinnedWhat names what req makes from, for heldOn's refusal.
+func pinnedWhat(req *api.CreateSandbox) string {
+	if req.From != nil && req.From.Sandbox != "" {
+		return "the fork's checkpoint"
+	}
+	return fmt.Sprintf("template %q", req.Template)
 }
