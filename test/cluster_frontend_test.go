@@ -44,9 +44,13 @@ func TestClusterFrontEnd(t *testing.T) {
 	if uid := processUID(t, front.Cmd.Process.Pid); uid != front.Credential.Uid {
 		t.Errorf("the front end runs as uid %d, want %d (nobody)", uid, front.Credential.Uid)
 	}
-	if !strings.Contains(front.Log.String(), "role=api") {
-		t.Errorf("the front end's log does not say it serves as role api:\n%s", front.Log.String())
-	}
+	// The line comes once it listens, which may be after it first answers.
+	harness.Eventually(t, 10*time.Second, "the front end's log saying role=api", func() error {
+		if !strings.Contains(front.Log.String(), "role=api") {
+			return fmt.Errorf("its log:\n%s", front.Log.String())
+		}
+		return nil
+	})
 
 	// Placed on a, and everything of it through the front end.
 	sb, err := front.C.CreateSandbox(ctx, api.CreateSandbox{Name: "via-front"})
@@ -146,7 +150,8 @@ func startFrontEnd(t testing.TB, url, name, token string) *clusterNode {
 		t.Fatal(err)
 	}
 	d := &harness.Daemon{T: t, DataDir: dir, Subnet: harness.NextSubnet(),
-		Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)},
+		Bin:        binFor(t)}
 	t.Cleanup(func() { d.Destroy() })
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
@@ -165,6 +170,31 @@ func startFrontEnd(t testing.TB, url, name, token string) *clusterNode {
 	}}
 	d.Start(n.args...)
 	return n
+}
+
+// binFor is a copy of the daemon's binary that nobody may run: the test's
+// binaries are in a directory only root may enter (scripts/test's
+// mktemp -d, or the harness's own).
+func binFor(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "loam-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src := harness.DaemonBin
+	body, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, filepath.Base(src))
+	if err := os.WriteFile(bin, body, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }
 
 // processUID is the real uid process pid runs as.

@@ -65,7 +65,13 @@ func NewLinks(t testing.TB) *Links {
 	host := netip.AddrFrom4([4]byte{b[0], b[1], b[2], 1})
 	t.Cleanup(l.sweep)
 	for _, args := range [][]string{
-		{"link", "add", l.name, "type", "bridge"},
+		// A bridge takes the lowest MAC address of its ports unless given
+		// one: a machine added later could change it under the others,
+		// whose neighbour entries for the host then point at a MAC the
+		// bridge no longer answers for, and they lose the database for
+		// half a minute (until the entry goes stale). A locally
+		// administered address of its own, fixed.
+		{"link", "add", l.name, "address", fmt.Sprintf("02:6c:6b:%02x:%02x:01", b[1], b[2]), "type", "bridge"},
 		{"addr", "add", netip.PrefixFrom(host, 24).String(), "dev", l.name},
 		{"link", "set", l.name, "up"},
 	} {
