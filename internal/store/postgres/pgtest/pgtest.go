@@ -21,7 +21,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -213,7 +212,7 @@ func (s *Server) Start() error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// SIGQUIT, an immediate shutdown, when the test binary dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGQUIT}
-	if err := startOnParkedThread(cmd); err != nil {
+	if err := testenv.StartParked(cmd); err != nil {
 		return fmt.Errorf("starting postgres: %w", err)
 	}
 	s.proc = cmd
@@ -346,20 +345,4 @@ func (s *Server) admin(ctx context.Context, stmt string) error {
 	defer c.Close(context.Background())
 	_, err = c.Exec(ctx, stmt)
 	return err
-}
-
-// startOnParkedThread starts cmd from an OS thread kept for as long as the
-// test binary runs. Pdeathsig is sent when the thread that forked the
-// child ends, not the process: a test binary whose goroutines lock OS
-// threads and end locked (network namespaces do) ends threads, and one of
-// them could be the thread that started the server, which would then stop
-// under the other tests.
-func startOnParkedThread(cmd *exec.Cmd) error {
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		started <- cmd.Start()
-		select {} // never unlocked: the thread lives as long as the binary
-	}()
-	return <-started
 }

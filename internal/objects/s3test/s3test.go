@@ -1,0 +1,208 @@
+// Package s3test runs a real S3 server for tests: versitygw
+// (github.com/versity/versitygw, Apache-2.0, an S3 gateway over a
+// directory), built by scripts/setup from the version tools/versitygw pins
+// and cached like runsc, on a loopback port of its own with credentials of
+// its own, one bucket per test, stopped and removed when the test binary's
+// tests end (Around). No mock of S3: what the object store does against it
+// is what it does against AWS.
+//
+// A machine without the binary skips the tests that need it, or fails them
+// under CI=true (testenv.Missing).
+package s3test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"loam.dev/loam/internal/testenv"
+)
+
+// Region is the servers' region.
+const Region = "us-east-1"
+
+// Server is a running versitygw.
+type Server struct {
+	// Endpoint is its URL (http://127.0.0.1:PORT); AccessKey and
+	// SecretKey its root credentials.
+	Endpoint             string
+	AccessKey, SecretKey string
+
+	dir     string
+	cmd     *exec.Cmd
+	buckets atomic.Int64
+}
+
+var (
+	shared     *Server
+	sharedErr  error
+	sharedOnce sync.Once
+)
+
+// Binary is the versitygw binary: $LOAM_VERSITYGW, else the one
+// scripts/setup links; "" when neither is there.
+func Binary() string {
+	for _, p := range []string{os.Getenv("LOAM_VERSITYGW"), "/usr/local/bin/versitygw"} {
+		if p == "" {
+			continue
+		}
+		if info, err := os.Stat(p); err == nil && info.Mode().IsRegular() {
+			return p
+		}
+	}
+	return ""
+}
+
+// Around runs run (a package's tests) and then stops the server any of
+// them started.
+func Around(run func() int) int {
+	code := run()
+	if shared != nil {
+		shared.stop()
+	}
+	return code
+}
+
+// Shared is the test binary's server, started on first use; tb ends
+// (testenv.Missing) when the machine has no versitygw.
+func Shared(tb testing.TB) *Server {
+	tb.Helper()
+	bin := Binary()
+	if bin == "" {
+		testenv.Missing(tb, "needs versitygw, an S3 server (scripts/setup builds it)")
+	}
+	sharedOnce.Do(func() { shared, sharedErr = start(bin) })
+	if sharedErr != nil {
+		tb.Fatalf("starting versitygw: %v", sharedErr)
+	}
+	return shared
+}
+
+// NewBucket makes an empty bucket on the shared server and returns the
+// URL loam takes (--objects) for it, with prefix under it when prefix is
+// not "". The server's credentials are in the process's AWS environment
+// (Env) once it runs.
+func NewBucket(tb testing.TB, prefix string) string {
+	tb.Helper()
+	s := Shared(tb)
+	name := fmt.Sprintf("t%d-%d", os.Getpid(), s.buckets.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+		tb.Fatalf("making bucket %s: %v", name, err)
+	}
+	return s.URL(name, prefix)
+}
+
+// URL is the --objects URL of bucket on s.
+func (s *Server) URL(bucket, prefix string) string {
+	q := url.Values{"endpoint": {s.Endpoint}, "region": {Region}, "use_path_style": {"true"}}
+	if prefix != "" {
+		q.Set("prefix", prefix)
+	}
+	return "s3://" + bucket + "?" + q.Encode()
+}
+
+// Env is the environment a client of s needs (the AWS SDK's variables),
+// for a daemon a test starts.
+func (s *Server) Env() []string {
+	return []string{"AWS_ACCESS_KEY_ID=" + s.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s.SecretKey, "AWS_REGION=" + Region}
+}
+
+// client is an S3 client of s as its root user.
+func (s *Server) client() *s3.Client {
+	return s3.New(s3.Options{
+		Region:       Region,
+		BaseEndpoint: aws.String(s.Endpoint),
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
+	})
+}
+
+// start runs versitygw over a new directory, on a free loopback port.
+func start(bin string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "loam-s3test-")
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s := &Server{Endpoint: "http://" + addr, AccessKey: "loamtest" + randomHex(6), SecretKey: randomHex(20), dir: dir}
+	log, err := os.Create(filepath.Join(dir, "log"))
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	// Metadata in a sidecar directory: the test's directory need not
+	// take extended attributes.
+	cmd := exec.Command(bin, "--port", addr, "--region", Region, "posix", "--sidecar", filepath.Join(dir, "meta"), data)
+	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+s.AccessKey, "ROOT_SECRET_ACCESS_KEY="+s.SecretKey)
+	cmd.Stdout, cmd.Stderr = log, log
+	// Killed with the test binary, if it dies first (see testenv.StartParked).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := os.Mkdir(filepath.Join(dir, "meta"), 0o700); err != nil {
+		return nil, err
+	}
+	if err := testenv.StartParked(cmd); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	s.cmd = cmd
+	for _, kv := range s.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		os.Setenv(k, v)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := http.Get(s.Endpoint + "/")
+		if err == nil {
+			res.Body.Close()
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			b, _ := os.ReadFile(filepath.Join(dir, "log"))
+			return nil, fmt.Errorf("versitygw does not answer on %s: %w\n%s", addr, err, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop ends the server and removes its directory.
+func (s *Server) stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+	os.RemoveAll(s.dir)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
