@@ -266,9 +266,9 @@ func walkNodes(w *walker) {
 	w.errorCode(req{route: "POST /v1/nodes/{node}/cordon", path: "/v1/nodes/node-2/cordon"}, api.CodeInvalid)
 	w.errorCode(req{route: "POST /v1/nodes/{node}/uncordon", path: "/v1/nodes/node-2/uncordon"}, api.CodeInvalid)
 	w.errorCode(req{route: "DELETE /v1/nodes/{node}", path: "/v1/nodes/node-2?force=true"}, api.CodeInvalid)
-	// Seen in TestCluster and TestClusterTemplates: no daemon alone has
-	// them.
-	w.c.clusterOnly([]string{"Sandbox.node", "Template.node"},
+	// Seen in TestCluster and TestClusterTemplates (no daemon alone has
+	// them), and in TestObjectsCheckpoints (a daemon with --objects).
+	w.c.clusterOnly([]string{"Sandbox.node", "Template.node", "Checkpoint.storage", "CheckpointStorage.state"},
 		[]string{"POST /v1/nodes/{node}/cordon", "POST /v1/nodes/{node}/uncordon", "DELETE /v1/nodes/{node}"})
 }
 

@@ -23,6 +23,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agentconn"
@@ -114,6 +115,10 @@ type Config struct {
 	// owner may take, and how many the sandbox may take of itself (see
 	// checkpoint.Limits). 0 is no limit.
 	Limits checkpoint.Limits
+	// Uploads stores checkpoints in the object store as they are taken;
+	// nil on a daemon without one (loam serve --objects), whose
+	// checkpoints show no storage.
+	Uploads Uploads
 }
 
 // Service takes, lists, deletes and restores checkpoints, and makes forks.
@@ -138,7 +143,44 @@ func New(core Core, cfg Config, st store.Store, rt runtime.Runtime, disks disk.P
 
 var _ sandbox.Forks = (*Service)(nil)
 
-func cpView(cp *store.Checkpoint) api.Checkpoint { return cp.Checkpoint }
+// view is cp as the API shows it: with where its data is, on a daemon
+// with an object store.
+func (s *Service) view(cp *store.Checkpoint) api.Checkpoint {
+	v := cp.Checkpoint
+	if s.cfg.Uploads != nil {
+		v.Storage = s.cfg.Uploads.Status(cp.Sandbox, cp.ID)
+	}
+	return v
+}
+
+// checkWait refuses a wait the daemon cannot keep.
+func (s *Service) checkWait(wait string) error {
+	switch {
+	case wait == "":
+		return nil
+	case wait != api.WaitStored:
+		return api.Errorf(api.CodeInvalid, "wait: %q is not a wait; the one there is is %q", wait, api.WaitStored)
+	case s.cfg.Uploads == nil:
+		return api.Errorf(api.CodeInvalid, "wait: this daemon keeps no object store (loam serve --objects): its checkpoints stay on its disk")
+	}
+	return nil
+}
+
+// WaitCheckpoint returns one checkpoint once wait holds of it
+// (api.WaitStored: it is in the object store), or ctx ends.
+func (s *Service) WaitCheckpoint(ctx context.Context, ref, cpRef, wait string) (*api.Checkpoint, error) {
+	if err := s.checkWait(wait); err != nil {
+		return nil, err
+	}
+	v, err := s.GetCheckpoint(ctx, ref, cpRef)
+	if err != nil || wait == "" {
+		return v, err
+	}
+	if err := s.cfg.Uploads.Wait(ctx, v.Sandbox, v.ID); err != nil {
+		return nil, fmt.Errorf("waiting for checkpoint %s of %s to be stored: %w", v.ID, ref, err)
+	}
+	return s.GetCheckpoint(ctx, ref, cpRef)
+}
 
 // ListCheckpoints lists a sandbox's checkpoints, oldest first. It never
 // wakes the sandbox.
@@ -153,7 +195,7 @@ func (s *Service) ListCheckpoints(ctx context.Context, ref string) ([]api.Checkp
 	}
 	out := make([]api.Checkpoint, 0, len(cps))
 	for _, cp := range cps {
-		out = append(out, cpView(cp))
+		out = append(out, s.view(cp))
 	}
 	return out, nil
 }
@@ -168,7 +210,7 @@ func (s *Service) GetCheckpoint(ctx context.Context, ref, cpRef string) (*api.Ch
 	if err != nil {
 		return nil, err
 	}
-	v := cpView(cp)
+	v := s.view(cp)
 	return &v, nil
 }
 
@@ -197,12 +239,20 @@ func (s *Service) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	if _, err := s.core.Lookup(ctx, ref); err != nil {
 		return nil, err
 	}
-	leave, err := s.core.Heavy(ctx, "taking a checkpoint")
+	// The wait for its upload (req.Wait) must hold up nothing else: the
+	// slot, the sandbox's operation and its admission are let go of
+	// first, once each.
+	waitCtx := ctx
+	heavy, err := s.core.Heavy(ctx, "taking a checkpoint")
 	if err != nil {
 		return nil, err
 	}
+	leave := sync.OnceFunc(heavy)
 	defer leave()
 	if err := checkpoint.CheckComment(req.Comment); err != nil {
+		return nil, err
+	}
+	if err := s.checkWait(req.Wait); err != nil {
 		return nil, err
 	}
 	if req.Name != "" {
@@ -211,10 +261,11 @@ func (s *Service) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 		}
 	}
 	memory := req.Memory == nil || *req.Memory
-	sb, end, err := s.core.Claim(ctx, ref, sandbox.OpCheckpoint)
+	sb, claimed, err := s.core.Claim(ctx, ref, sandbox.OpCheckpoint)
 	if err != nil {
 		return nil, err
 	}
+	end := sync.OnceFunc(claimed)
 	defer end()
 	ctx = context.WithoutCancel(ctx)
 	if memory {
@@ -227,10 +278,11 @@ func (s *Service) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 	if err := s.requireSpace(sb, memory); err != nil {
 		return nil, err
 	}
-	admitted, err := s.core.AdmitCheckpoint(ctx, sb, memory)
+	release, err := s.core.AdmitCheckpoint(ctx, sb, memory)
 	if err != nil {
 		return nil, err
 	}
+	admitted := sync.OnceFunc(release)
 	defer admitted()
 	cps, err := s.store.ListCheckpoints(ctx, sb.ID)
 	if err != nil {
@@ -263,7 +315,17 @@ func (s *Service) CreateCheckpoint(ctx context.Context, ref string, req api.Crea
 		}
 		return nil, agentconn.Failed(s.core.SpaceError(err, sb, what))
 	}
-	v := cpView(cp)
+	if req.Wait == api.WaitStored {
+		// The upload reads the checkpoint alone: the sandbox takes calls
+		// meanwhile. The wait ends with the caller's call.
+		admitted()
+		end()
+		leave()
+		if err := s.cfg.Uploads.Wait(waitCtx, sb.ID, cp.ID); err != nil {
+			return nil, fmt.Errorf("waiting for checkpoint %s of %s to be stored: %w", cp.ID, sb.Name, err)
+		}
+	}
+	v := s.view(cp)
 	return &v, nil
 }
 

@@ -231,6 +231,10 @@ func (s *Service) take(ctx context.Context, sb *store.Sandbox, t take) (*store.C
 	}
 	st.done("record")
 	ok = true
+	if s.cfg.Uploads != nil {
+		// Usable here at once; stored off the node in the background.
+		s.cfg.Uploads.Queue(sb, cp)
+	}
 	return cp, nil
 }
 

@@ -80,9 +80,8 @@ disk-only one holds the disk, and comes back as a fresh boot on it.`,
 
 func (ck *checkpointCommands) checkpointCreateCmd() *cobra.Command {
 	var (
-		req      api.CreateCheckpoint
-		diskOnly bool
-		asJSON   bool
+		req                          api.CreateCheckpoint
+		diskOnly, waitStored, asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create [SANDBOX]",
@@ -100,6 +99,9 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 			if diskOnly {
 				memory := false
 				req.Memory = &memory
+			}
+			if waitStored {
+				req.Wait = api.WaitStored
 			}
 			c, err := ck.connect()
 			if err != nil {
@@ -120,6 +122,7 @@ every exec stream on it; a disk-only one (--disk-only) does neither.`,
 	f.StringVar(&req.Comment, "comment", "", "what the checkpoint holds, shown by ls")
 	f.StringVar(&req.Name, "name", "", "a name the checkpoint can be found by besides its id")
 	f.BoolVar(&diskOnly, "disk-only", false, "checkpoint the disk only: no pause; a restore boots fresh")
+	f.BoolVar(&waitStored, "wait-stored", false, "return once the checkpoint is in the daemon's object store too (loam serve --objects), not as soon as it is taken")
 	f.BoolVar(&asJSON, "json", false, "print the checkpoint as JSON")
 	return cmd
 }

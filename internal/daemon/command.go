@@ -107,6 +107,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.Listen, "listen", env("LOAM_LISTEN", "127.0.0.1:7070"), "address of the API (LOAM_LISTEN)")
 	f.StringVar(&cfg.DataDir, "data-dir", env("LOAM_DATA_DIR", "/var/lib/loam"), "where loam keeps its data (LOAM_DATA_DIR)")
 	f.StringVar(&cfg.Database, "database", env("LOAM_DATABASE", ""), "keep the records in this PostgreSQL database (postgres://USER@HOST/DB; PostgreSQL 15 or newer) instead of SQLite in the data dir; a daemon without --node holds it alone (LOAM_DATABASE)")
+	f.StringVar(&cfg.Objects, "objects", env("LOAM_OBJECTS", ""), "keep every checkpoint in this object store too, uploaded in the background once taken: s3://BUCKET?region=R (an S3-compatible server: &endpoint=URL&use_path_style=true; &prefix=P) with the usual AWS credentials, or file:///DIR (LOAM_OBJECTS)")
 	f.StringVar(&cfg.Node, "node", env("LOAM_NODE", ""), "join the cluster of --database as node NAME: nodes share the database, each running its own sandboxes (needs --advertise) (LOAM_NODE)")
 	f.StringVar(&cfg.Advertise, "advertise", env("LOAM_ADVERTISE", ""), "with --node, the URL the other nodes reach this one's API at, such as http://10.0.0.2:7070 (LOAM_ADVERTISE)")
 	f.StringVar(&cfg.Role, "role", env("LOAM_ROLE", "node"), "with --node: node (runs sandboxes) or api (a front end that runs none, needs neither root nor runsc, and passes every call to the nodes) (LOAM_ROLE)")

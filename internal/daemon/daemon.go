@@ -56,6 +56,9 @@ type Config struct {
 	// Database, when set, is the PostgreSQL database (a postgres:// URL)
 	// that keeps the records instead of SQLite in the data dir.
 	Database string
+	// Objects, when set, is the object store (s3://…, file://…) that
+	// keeps the checkpoints off the node too (see internal/objects).
+	Objects string
 	// Node, with Database, makes the daemon node Node of the cluster that
 	// shares the database (see internal/cluster); Advertise is the URL
 	// the other nodes reach its API at; Lease, for tests, its lease.
@@ -204,6 +207,8 @@ type parts struct {
 	catalog    *template.Catalog
 	images     *image.Service
 	registries *image.Credentials
+	// uploads keeps checkpoints in the object store; nil without one.
+	uploads *checkpoints.Uploader
 }
 
 // Start sets the daemon up and starts serving; Wait tells when a component
@@ -236,6 +241,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		{"setting up sandboxing", d.setUpSandboxing},
 		{"preparing templates", d.prepareTemplates},
 		{"opening images", d.openImages},
+		{"opening the object store", d.openObjects},
 		{"taking sandboxes back", d.startManager},
 		{"starting components", d.startComponents},
 		{"serving", d.serve},
@@ -556,10 +562,14 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		IdleMin:         cfg.IdleMin,
 		// Made before Inside, which serves them too.
 		Forks: func(m *sandbox.Manager) sandbox.Forks {
-			d.checkpoints = checkpoints.New(sandbox.NewCheckpointCore(m), checkpoints.Config{
+			ccfg := checkpoints.Config{
 				DataDir: cfg.DataDir,
 				Limits:  checkpoint.Limits{Owner: cfg.CheckpointLimit, Inside: cfg.InsideCheckpointLimit},
-			}, p.store, p.rt, p.pool, d.log)
+			}
+			if p.uploads != nil {
+				ccfg.Uploads = p.uploads
+			}
+			d.checkpoints = checkpoints.New(sandbox.NewCheckpointCore(m), ccfg, p.store, p.rt, p.pool, d.log)
 			return d.checkpoints
 		},
 		Inside: func(m *sandbox.Manager) sandbox.Insiders {
@@ -567,8 +577,9 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 			d.inside = server.NewInside(sandboxAPI{m, d.guest, d.checkpoints}, p.secret, d.log)
 			return d.inside
 		},
-		Pools: d.poolsOf(p),
-		Sleep: d.sleepOf(p),
+		Pools:  d.poolsOf(p),
+		Sleep:  d.sleepOf(p),
+		Stored: d.stored(p),
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
 	// The catalog the API serves, over the Manager's template side:
 	// templates of checkpoints are made of its sandboxes' checkpoints.
@@ -613,6 +624,7 @@ func (d *Daemon) startComponents(ctx context.Context, p *parts) error {
 		// logged, and the first create tries again.
 		component{"default template", p.builtins.Run},
 	)
+	d.runComponents(ctx, d.runObjects(p)...)
 	return nil
 }
 

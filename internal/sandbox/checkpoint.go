@@ -184,6 +184,7 @@ func (m *Manager) RemoveCheckpoint(ctx context.Context, sb *store.Sandbox, cp *s
 		return fmt.Errorf("deleting checkpoint %s of %s: %w", cp.ID, sb.ID, err)
 	}
 	crash.Point("checkpoint-delete.record")
+	m.stored.Forget(ctx, sb.ID, cp.ID)
 	err := errors.Join(
 		m.disks.DeleteSnapshot(ctx, snapName(sb.ID, cp.ID)),
 		os.RemoveAll(m.machine.checkpointDir(sb.ID, cp.ID)))

@@ -128,7 +128,25 @@ type Config struct {
 	// wake, restore, checkpoint and pool member is admitted against (see
 	// admission); nil admits everything.
 	Orgs OrgStore
+	// Stored is told when checkpoints go (deleted, pruned, their sandbox
+	// deleted), so that their copies in the object store go too; nil
+	// when the daemon keeps none (loam serve --objects).
+	Stored Stored
 }
+
+// Stored is what keeps checkpoints in the object store (package
+// checkpoints' Uploader), as the core tells it what went.
+type Stored interface {
+	// Forget drops checkpoint cpID of sandbox sandboxID from the object
+	// store (every one of the sandbox's when cpID is ""), and any upload
+	// of it. A failure is its own to log: what is left is its sweep's.
+	Forget(ctx context.Context, sandboxID, cpID string)
+}
+
+// noStored is Stored for a daemon without an object store.
+type noStored struct{}
+
+func (noStored) Forget(context.Context, string, string) {}
 
 // Manager creates, runs and deletes sandboxes. It is safe for concurrent
 // use; operations that change one sandbox (delete, and later checkpoint,
@@ -173,6 +191,9 @@ type Manager struct {
 	pools Pools
 	// forks make sandboxes from checkpoints: Config.Forks's, or noForks.
 	forks Forks
+	// stored keeps checkpoints in the object store: Config.Stored, or
+	// noStored.
+	stored Stored
 	// sleepImages are the sleep images (sleep.go): Config.Sleep's, or noSleep.
 	sleepImages SleepImages
 
@@ -215,6 +236,10 @@ func New(cfg Config, st store.Store, rt runtime.Runtime, disks disk.Pool, nets N
 	m.machine = &machine{m: m}
 	m.deaths = newDeaths(m)
 	// Before Inside: the in-sandbox API serves the capability too.
+	m.stored = cfg.Stored
+	if m.stored == nil {
+		m.stored = noStored{}
+	}
 	m.forks = noForks{}
 	if cfg.Forks != nil {
 		m.forks = cfg.Forks(m)
@@ -848,6 +873,9 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	crash.Point("destroy.disk")
 	if err := m.deleteCheckpointData(ctx, sb.ID); err != nil {
 		errs = append(errs, err)
+	}
+	if sb.Pool == "" {
+		m.stored.Forget(ctx, sb.ID, "")
 	}
 	crash.Point("destroy.checkpoints")
 	for _, dir := range []string{m.machine.dir(sb.ID), m.machine.checkpointsDir(sb.ID)} {

@@ -54,8 +54,24 @@ func (cr *checkpointRoutes) listCheckpoints(w http.ResponseWriter, r *http.Reque
 	return nil
 }
 
+// checkpointWaiter is the checkpoint service of a daemon that can wait for
+// a checkpoint to be stored (GET …?wait=stored).
+type checkpointWaiter interface {
+	WaitCheckpoint(ctx context.Context, sandbox, ref, wait string) (*api.Checkpoint, error)
+}
+
 func (cr *checkpointRoutes) getCheckpoint(w http.ResponseWriter, r *http.Request) error {
-	cp, err := cr.checkpoints.GetCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"))
+	var cp *api.Checkpoint
+	var err error
+	if wait := r.URL.Query().Get("wait"); wait != "" {
+		cw, ok := cr.checkpoints.(checkpointWaiter)
+		if !ok {
+			return api.Errorf(api.CodeInvalid, "wait: this API does not wait for checkpoints")
+		}
+		cp, err = cw.WaitCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"), wait)
+	} else {
+		cp, err = cr.checkpoints.GetCheckpoint(r.Context(), r.PathValue("sandbox"), r.PathValue("checkpoint"))
+	}
 	if err != nil {
 		return err
 	}

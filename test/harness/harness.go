@@ -33,6 +33,7 @@ import (
 
 	"loam.dev/loam/client"
 	"loam.dev/loam/internal/launch"
+	"loam.dev/loam/internal/objects/s3test"
 	"loam.dev/loam/internal/store/postgres/pgtest"
 	"loam.dev/loam/internal/testenv"
 )
@@ -98,8 +99,9 @@ func Main(m *testing.M, subnets Subnets, around func(run func() int) int) int {
 	if RaceEnabled {
 		os.Setenv("LOAM_AGENT_BINARY", LoamBin)
 	}
-	// The PostgreSQL server tests started (pgtest) stops after them.
-	return pgtest.Around(func() int { return around(m.Run) })
+	// The PostgreSQL and S3 servers tests started (pgtest, s3test) stop
+	// after them.
+	return s3test.Around(func() int { return pgtest.Around(func() int { return around(m.Run) }) })
 }
 
 // binaries sets LoamBin and DaemonBin: the ones in $LOAM_E2E_BIN when it

@@ -2100,6 +2100,25 @@ export interface components {
             inside: boolean;
             /** Format: date-time */
             created_at: string;
+            storage?: components["schemas"]["CheckpointStorage"];
+        };
+        /**
+         * @description Where a checkpoint's data is, on a daemon with an object store
+         *     (`loam serve --objects`); absent on one without. A checkpoint is
+         *     usable on its node at once and uploaded in the background.
+         */
+        CheckpointStorage: {
+            /**
+             * @description `local`: on its node's disk alone (being uploaded, or about to be); `stored`: in the object store too, its manifest written last, so it outlives its node.
+             * @enum {string}
+             */
+            state: "local" | "stored";
+            /** @description The upload's progress, while it runs. */
+            uploaded_bytes?: number;
+            /** @description The bytes the upload sends in all (its archive), while it runs. */
+            total_bytes?: number;
+            /** @description Why the last try of its upload failed; it is tried again. */
+            error?: string;
         };
         CreateCheckpoint: {
             comment?: string;
@@ -2107,6 +2126,11 @@ export interface components {
             memory?: boolean;
             /** @description A name unique in the sandbox (409 `conflict` if taken); one is made when left out. */
             name?: string;
+            /**
+             * @description `stored`: answer once the checkpoint is in the object store too (a daemon with `--objects`; 400 `invalid` on one without), not as soon as it is taken.
+             * @enum {string}
+             */
+            wait?: "stored";
         };
         CheckpointList: {
             checkpoints: components["schemas"]["Checkpoint"][];
@@ -4077,7 +4101,10 @@ export interface operations {
     };
     getCheckpoint: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description `stored`: answer once the checkpoint is in the object store (a daemon with `--objects`; 400 `invalid` on one without). */
+                wait?: "stored";
+            };
             header?: never;
             path: {
                 /**
@@ -4116,6 +4143,7 @@ export interface operations {
                     "application/json": components["schemas"]["Checkpoint"];
                 };
             };
+            400: components["responses"]["Invalid"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["Internal"];

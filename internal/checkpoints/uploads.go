@@ -1,0 +1,392 @@
+package checkpoints
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/atomicfile"
+	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/objects"
+	"loam.dev/loam/internal/store"
+)
+
+// Uploads keeps checkpoints in the object store as they are taken (the
+// Uploader has it; nil on a daemon without one).
+type Uploads interface {
+	// Queue uploads checkpoint cp of sandbox sb in the background.
+	Queue(sb *store.Sandbox, cp *store.Checkpoint)
+	// Status says where checkpoint cpID of sandbox sandboxID is.
+	Status(sandboxID, cpID string) *api.CheckpointStorage
+	// Wait returns once that checkpoint is stored (queued first if it
+	// is not), or ctx ends.
+	Wait(ctx context.Context, sandboxID, cpID string) error
+}
+
+// Names in the object store and beside a checkpoint's data.
+const (
+	// archiveFile is the one file of a checkpoint's manifest: its memory
+	// image and disk as one archive (checkpoint.WriteArchive).
+	archiveFile = "checkpoint.tar.zst"
+	// storedFile, in a checkpoint's directory, says it is stored: the
+	// manifest's name and its archive's blob, written once the manifest
+	// is.
+	storedFile = "stored.json"
+)
+
+// ManifestName is the object store's name of checkpoint cpID of sandbox
+// sandboxID.
+func ManifestName(sandboxID, cpID string) string { return "checkpoints/" + sandboxID + "/" + cpID }
+
+// StoredMeta is a stored checkpoint's manifest's own description: what
+// another node needs to know before it restores it.
+type StoredMeta struct {
+	Sandbox    string        `json:"sandbox"`
+	Checkpoint string        `json:"checkpoint"`
+	Memory     bool          `json:"memory"`
+	Template   string        `json:"template,omitempty"`
+	Image      string        `json:"image,omitempty"`
+	Resources  api.Resources `json:"resources"`
+	AgentGen   int           `json:"agent_gen"`
+	// Node took it; Runsc is its runsc build and CPUFeatures the CPU
+	// features its sandboxes saw: a memory image restores only where
+	// both match.
+	Node        string   `json:"node,omitempty"`
+	Runsc       string   `json:"runsc,omitempty"`
+	CPUFeatures []string `json:"cpu_features,omitempty"`
+}
+
+// UploaderConfig is what an Uploader needs.
+type UploaderConfig struct {
+	// DataDir is the daemon's data dir (checkpoints' data, and a
+	// directory of archives being uploaded, uploads/).
+	DataDir string
+	// Objects is the object store; Disks the pool whose snapshots hold
+	// checkpoints' disks; Records the checkpoints' records.
+	Objects *objects.Store
+	Disks   disk.Pool
+	Records CheckpointRecords
+	// Node, Runsc and CPUFeatures go into each manifest (StoredMeta).
+	Node        string
+	Runsc       string
+	CPUFeatures []string
+	// Retry is the first wait before an upload that failed is tried
+	// again (doubling, up to ten minutes); 0 is five seconds.
+	Retry time.Duration
+}
+
+// CheckpointRecords finds a checkpoint's record by its sandbox's id.
+type CheckpointRecords interface {
+	GetCheckpoint(ctx context.Context, sandboxID, ref string) (*store.Checkpoint, error)
+}
+
+// Uploader uploads a node's checkpoints to the object store, one at a
+// time, in the order taken: a checkpoint is usable on its node at once and
+// stored a moment later. Each is written as one archive blob, then its
+// manifest, then a mark beside its data (storedFile); a crash part-way
+// leaves no manifest, and the next start uploads it again (Resume). It is
+// safe for concurrent use.
+type Uploader struct {
+	cfg UploaderConfig
+	log *slog.Logger
+
+	mu    sync.Mutex
+	jobs  map[string]*upload // by ManifestName, until stored or forgotten
+	queue []string
+	wake  chan struct{}
+}
+
+// upload is one checkpoint's upload, from its queueing until it is stored.
+type upload struct {
+	sandbox, cp string
+	done, total int64
+	err         string
+	forgotten   bool
+	stored      chan struct{} // closed once stored (or forgotten)
+}
+
+// NewUploader makes an uploader; Run runs it.
+func NewUploader(cfg UploaderConfig, log *slog.Logger) *Uploader {
+	if cfg.Retry <= 0 {
+		cfg.Retry = 5 * time.Second
+	}
+	return &Uploader{cfg: cfg, log: log, jobs: map[string]*upload{}, wake: make(chan struct{}, 1)}
+}
+
+// storedPath is the mark of checkpoint cpID of sandboxID being stored.
+func (u *Uploader) storedPath(sandboxID, cpID string) string {
+	return filepath.Join(checkpoint.Dir(u.cfg.DataDir, sandboxID, cpID), storedFile)
+}
+
+// Queue uploads checkpoint cp of sb (see Uploads).
+func (u *Uploader) Queue(sb *store.Sandbox, cp *store.Checkpoint) { u.queueIDs(sb.ID, cp.ID) }
+
+func (u *Uploader) queueIDs(sandboxID, cpID string) *upload {
+	name := ManifestName(sandboxID, cpID)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if j, ok := u.jobs[name]; ok {
+		return j
+	}
+	j := &upload{sandbox: sandboxID, cp: cpID, stored: make(chan struct{})}
+	u.jobs[name] = j
+	u.queue = append(u.queue, name)
+	select {
+	case u.wake <- struct{}{}:
+	default:
+	}
+	return j
+}
+
+// Status says where a checkpoint is (see Uploads).
+func (u *Uploader) Status(sandboxID, cpID string) *api.CheckpointStorage {
+	u.mu.Lock()
+	j, ok := u.jobs[ManifestName(sandboxID, cpID)]
+	var st api.CheckpointStorage
+	if ok {
+		st = api.CheckpointStorage{State: api.StorageLocal, UploadedBytes: j.done, TotalBytes: j.total, Error: j.err}
+	}
+	u.mu.Unlock()
+	if ok {
+		return &st
+	}
+	if _, err := os.Stat(u.storedPath(sandboxID, cpID)); err == nil {
+		return &api.CheckpointStorage{State: api.StorageStored}
+	}
+	return &api.CheckpointStorage{State: api.StorageLocal}
+}
+
+// Wait returns once a checkpoint is stored (see Uploads).
+func (u *Uploader) Wait(ctx context.Context, sandboxID, cpID string) error {
+	if _, err := os.Stat(u.storedPath(sandboxID, cpID)); err == nil {
+		return nil
+	}
+	j := u.queueIDs(sandboxID, cpID)
+	select {
+	case <-j.stored:
+		u.mu.Lock()
+		gone := j.forgotten
+		u.mu.Unlock()
+		if gone {
+			return api.Errorf(api.CodeNotFound, "checkpoint %s of %s was deleted before it was stored", cpID, sandboxID)
+		}
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// Forget drops a checkpoint (or, with cpID "", every checkpoint of a
+// sandbox) from the object store and from the queue (sandbox.Stored).
+func (u *Uploader) Forget(ctx context.Context, sandboxID, cpID string) {
+	prefix := ManifestName(sandboxID, cpID)
+	if cpID == "" {
+		prefix = ManifestName(sandboxID, "")
+	}
+	u.mu.Lock()
+	for name, j := range u.jobs {
+		if name == prefix || (cpID == "" && strings.HasPrefix(name, prefix)) {
+			j.forgotten = true
+			delete(u.jobs, name)
+			close(j.stored)
+		}
+	}
+	u.mu.Unlock()
+	ctx = context.WithoutCancel(ctx)
+	names := []string{prefix}
+	if cpID == "" {
+		var err error
+		if names, err = u.cfg.Objects.Manifests(ctx, prefix); err != nil {
+			u.log.Warn("listing a sandbox's stored checkpoints to delete them", "sandbox", sandboxID, "err", err)
+			return
+		}
+	}
+	for _, name := range names {
+		if err := u.cfg.Objects.DeleteManifest(ctx, name); err != nil {
+			u.log.Warn("deleting a stored checkpoint", "manifest", name, "err", err)
+		}
+	}
+}
+
+// Resume queues every checkpoint on this node's disk that is not stored:
+// those taken before a restart, or before the object store was given.
+func (u *Uploader) Resume(ctx context.Context) {
+	sandboxes, _ := os.ReadDir(filepath.Join(u.cfg.DataDir, "checkpoints"))
+	n := 0
+	for _, sb := range sandboxes {
+		cps, _ := os.ReadDir(checkpoint.SandboxDir(u.cfg.DataDir, sb.Name()))
+		for _, cp := range cps {
+			if !cp.IsDir() || strings.HasPrefix(cp.Name(), ".") {
+				continue
+			}
+			if _, err := os.Stat(u.storedPath(sb.Name(), cp.Name())); err == nil {
+				continue
+			}
+			u.queueIDs(sb.Name(), cp.Name())
+			n++
+		}
+	}
+	if n > 0 {
+		u.log.Info("uploading checkpoints not stored yet", "checkpoints", n)
+	}
+}
+
+// Run uploads what is queued until ctx ends, trying a failed upload again
+// after a wait that doubles.
+func (u *Uploader) Run(ctx context.Context) {
+	wait := u.cfg.Retry
+	for {
+		u.mu.Lock()
+		var name string
+		var j *upload
+		for len(u.queue) > 0 && j == nil {
+			name, u.queue = u.queue[0], u.queue[1:]
+			j = u.jobs[name] // nil: forgotten since
+		}
+		u.mu.Unlock()
+		if j == nil {
+			select {
+			case <-u.wake:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		err := u.upload(ctx, name, j)
+		u.mu.Lock()
+		switch {
+		case j.forgotten:
+		case err == nil:
+			delete(u.jobs, name)
+			close(j.stored)
+		case errors.Is(err, store.ErrNotFound):
+			// Its record is gone (deleted meanwhile): nothing to store.
+			delete(u.jobs, name)
+			j.forgotten = true
+			close(j.stored)
+		default:
+			j.err = err.Error()
+			u.queue = append(u.queue, name)
+		}
+		u.mu.Unlock()
+		if err == nil || errors.Is(err, store.ErrNotFound) {
+			wait = u.cfg.Retry
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		u.log.Warn("uploading a checkpoint", "manifest", name, "err", err, "retry_in", wait)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return
+		}
+		wait = min(2*wait, 10*time.Minute)
+	}
+}
+
+// upload stores one checkpoint: its archive written to uploads/, the
+// archive's blob, its manifest, then the mark beside its data.
+func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
+	cp, err := u.cfg.Records.GetCheckpoint(ctx, j.sandbox, j.cp)
+	if err != nil {
+		return fmt.Errorf("uploading %s: %w", name, err)
+	}
+	start := time.Now()
+	dir := filepath.Join(u.cfg.DataDir, "uploads")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, j.sandbox+"."+j.cp+".*.tar.zst")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	mem := ""
+	if cp.Memory {
+		mem = filepath.Join(checkpoint.Dir(u.cfg.DataDir, j.sandbox, j.cp), checkpoint.MemDir)
+	}
+	man := checkpoint.Manifest{Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
+		From: cp.SandboxName + "/" + cp.ID, CreatedAt: cp.CreatedAt}
+	err = checkpoint.WriteArchive(ctx, f, man, u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp)), mem)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("uploading %s: %w", name, err)
+	}
+	info, err := os.Stat(f.Name())
+	if err != nil {
+		return err
+	}
+	u.mu.Lock()
+	j.total, j.done = info.Size(), 0
+	u.mu.Unlock()
+	b, err := u.cfg.Objects.PutFile(ctx, f.Name(), func(n int64) {
+		u.mu.Lock()
+		j.done = n
+		u.mu.Unlock()
+	})
+	if err != nil {
+		return fmt.Errorf("uploading %s: %w", name, err)
+	}
+	meta, err := json.Marshal(StoredMeta{Sandbox: j.sandbox, Checkpoint: j.cp, Memory: cp.Memory, Template: cp.Template,
+		Image: cp.Image, Resources: cp.Resources, AgentGen: cp.AgentGen,
+		Node: u.cfg.Node, Runsc: u.cfg.Runsc, CPUFeatures: u.cfg.CPUFeatures})
+	if err != nil {
+		return err
+	}
+	u.mu.Lock()
+	gone := j.forgotten
+	u.mu.Unlock()
+	if gone {
+		return nil // deleted while it uploaded: no manifest (the sweep takes the blob)
+	}
+	if err := u.cfg.Objects.PutManifest(ctx, name, &objects.Manifest{Files: map[string]objects.Blob{archiveFile: b}, Meta: meta}); err != nil {
+		return fmt.Errorf("uploading %s: %w", name, err)
+	}
+	mark, _ := json.Marshal(map[string]any{"manifest": name, "blob": b})
+	if err := atomicfile.WriteFile(u.storedPath(j.sandbox, j.cp), mark, 0o600); err != nil {
+		return fmt.Errorf("uploading %s: marking it stored: %w", name, err)
+	}
+	u.log.Info("checkpoint stored", "sandbox", j.sandbox, "checkpoint", j.cp, "bytes", b.Size,
+		"ms", time.Since(start).Milliseconds(), "objects", u.cfg.Objects.String())
+	return nil
+}
+
+// Sweep deletes from the object store what no record names: the
+// manifests of checkpoints whose records are gone (a delete whose
+// Forget failed, a crash between the two), then the blobs no manifest
+// names that are older than grace.
+func (u *Uploader) Sweep(ctx context.Context, grace time.Duration) error {
+	names, err := u.cfg.Objects.Manifests(ctx, "checkpoints/")
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		parts := strings.Split(name, "/")
+		if len(parts) != 3 {
+			continue
+		}
+		if _, err := u.cfg.Records.GetCheckpoint(ctx, parts[1], parts[2]); errors.Is(err, store.ErrNotFound) {
+			if err := u.cfg.Objects.DeleteManifest(ctx, name); err != nil {
+				return err
+			}
+		}
+	}
+	n, err := u.cfg.Objects.Sweep(ctx, grace)
+	if n > 0 {
+		u.log.Info("swept the object store", "blobs", n)
+	}
+	return err
+}

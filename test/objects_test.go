@@ -1,0 +1,178 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/checkpoints"
+	"loam.dev/loam/internal/objects"
+	"loam.dev/loam/internal/objects/s3test"
+	"loam.dev/loam/test/harness"
+)
+
+// objectsDaemon starts a daemon whose object store is a bucket of its
+// own on the test binary's S3 server (versitygw), and returns it with the
+// store, opened as the test's.
+func objectsDaemon(t *testing.T) (*harness.Daemon, *objects.Store) {
+	t.Helper()
+	url := s3test.NewBucket(t, "loam/")
+	dir, err := os.MkdirTemp("", "loam-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &harness.Daemon{T: t, DataDir: dir, Subnet: harness.NextSubnet(), Env: s3test.Shared(t).Env()}
+	t.Cleanup(func() { d.Destroy() })
+	d.Start("--objects", url)
+	st, err := objects.Open(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return d, st
+}
+
+// TestObjectsCheckpoints: with --objects, every checkpoint is uploaded to
+// the object store (a real S3 server) once taken: a create that waits
+// answers it stored; GET says local or stored, and waits too; what is in
+// the bucket is the checkpoint (a manifest naming one archive blob, its
+// meta naming the runsc build and the memory, the archive unpacking to
+// its disk and memory image); deleting the checkpoint, then its sandbox,
+// deletes their manifests. Without --objects, a wait is refused and the
+// checkpoint has no storage.
+func TestObjectsCheckpoints(t *testing.T) {
+	t.Parallel()
+	d, st := objectsDaemon(t)
+	ctx := harness.Ctx(t)
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "up"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Run("up", "sh", "-c", "echo kept > /home/loam/mark")
+
+	status, body := d.Curl("POST", "/v1/sandboxes/up/checkpoints", `{"comment":"stored","wait":"stored"}`)
+	var v1 api.Checkpoint
+	if status != 201 || json.Unmarshal([]byte(body), &v1) != nil || v1.Storage == nil || v1.Storage.State != api.StorageStored {
+		t.Fatalf("a checkpoint that waits to be stored: %d %s", status, body)
+	}
+	// The other way: taken, then waited for through GET.
+	no := false
+	v2, err := d.C.CreateCheckpoint(ctx, "up", api.CreateCheckpoint{Memory: &no})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v2.Storage == nil || (v2.Storage.State != api.StorageLocal && v2.Storage.State != api.StorageStored) {
+		t.Errorf("a checkpoint just taken: storage %+v", v2.Storage)
+	}
+	// Its answer, against the API's document.
+	doc := &walker{t: t, d: d, c: newConformance(t)}
+	var got api.Checkpoint
+	doc.json(req{route: "GET /v1/sandboxes/{sandbox}/checkpoints/{checkpoint}", path: "/v1/sandboxes/up/checkpoints/v2?wait=stored"}, 200, &got)
+	if got.Storage == nil || got.Storage.State != api.StorageStored {
+		t.Errorf("GET ?wait=stored: %+v", got)
+	}
+	if status, body := d.Curl("GET", "/v1/sandboxes/up/checkpoints/v2?wait=forever", ""); status != 400 || !strings.Contains(body, `"invalid"`) {
+		t.Errorf("GET ?wait=forever: %d %s, want invalid", status, body)
+	}
+
+	// In the bucket: the manifest, and the archive it names.
+	m, err := st.GetManifest(ctx, checkpoints.ManifestName(sb.ID, "v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta checkpoints.StoredMeta
+	if err := json.Unmarshal(m.Meta, &meta); err != nil || !meta.Memory || meta.Runsc == "" || meta.Sandbox != sb.ID || meta.Checkpoint != "v1" {
+		t.Errorf("v1's manifest's meta: %s (%v)", m.Meta, err)
+	}
+	blob, ok := m.Files["checkpoint.tar.zst"]
+	if !ok || len(m.Files) != 1 {
+		t.Fatalf("v1's manifest's files: %+v", m.Files)
+	}
+	dir := t.TempDir()
+	archive := filepath.Join(dir, "cp.tar.zst")
+	if err := st.Fetch(ctx, blob, archive); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	unpacked := filepath.Join(dir, "unpacked")
+	if err := os.Mkdir(unpacked, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	man, err := checkpoint.ReadArchive(ctx, f, unpacked, 4<<30)
+	if err != nil {
+		t.Fatalf("the stored archive: %v", err)
+	}
+	if !man.Memory {
+		t.Errorf("the stored archive of a memory checkpoint: %+v", man)
+	}
+	if got, err := os.ReadFile(filepath.Join(unpacked, checkpoint.DiskEntry, "home", "loam", "mark")); err != nil || string(got) != "kept\n" {
+		t.Errorf("the stored disk's /home/loam/mark: %q, %v", got, err)
+	}
+	if mem, _ := os.ReadDir(filepath.Join(unpacked, checkpoint.MemEntry)); len(mem) == 0 {
+		t.Error("the stored archive has no memory image")
+	}
+
+	// Deleted: the checkpoint's manifest; then the sandbox's.
+	if err := d.C.DeleteCheckpoint(ctx, "up", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetManifest(ctx, checkpoints.ManifestName(sb.ID, "v1")); !errors.Is(err, objects.ErrNotFound) {
+		t.Errorf("v1's manifest after its delete: %v, want gone", err)
+	}
+	if err := d.C.DeleteSandbox(ctx, "up"); err != nil {
+		t.Fatal(err)
+	}
+	if names, err := st.Manifests(ctx, "checkpoints/"+sb.ID+"/"); err != nil || len(names) != 0 {
+		t.Errorf("the sandbox's manifests after its delete: %v, %v; want none", names, err)
+	}
+}
+
+// TestObjectsResume: checkpoints taken while the daemon had no object
+// store are uploaded once it has one (the next start), and a daemon
+// without one refuses a wait and shows no storage.
+func TestObjectsResume(t *testing.T) {
+	t.Parallel()
+	url := s3test.NewBucket(t, "")
+	d := harness.StartDaemon(t)
+	ctx := harness.Ctx(t)
+	sb, err := d.C.CreateSandbox(ctx, api.CreateSandbox{Name: "later"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	no := false
+	cp, err := d.C.CreateCheckpoint(ctx, "later", api.CreateCheckpoint{Memory: &no})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.Storage != nil {
+		t.Errorf("a checkpoint on a daemon without an object store: storage %+v", cp.Storage)
+	}
+	if _, err := d.C.CreateCheckpoint(ctx, "later", api.CreateCheckpoint{Memory: &no, Wait: api.WaitStored}); harness.APICode(err) != api.CodeInvalid {
+		t.Errorf("a wait on a daemon without an object store: %v, want invalid", err)
+	}
+	d.Stop()
+	d.Env = s3test.Shared(t).Env()
+	d.Start("--objects", url)
+	status, body := d.Curl("GET", "/v1/sandboxes/later/checkpoints/v1?wait=stored", "")
+	if status != 200 || !strings.Contains(body, `"storage":{"state":"stored"}`) {
+		t.Fatalf("v1, taken before the object store, after a start with one: %d %s", status, body)
+	}
+	st, err := objects.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.GetManifest(ctx, checkpoints.ManifestName(sb.ID, "v1")); err != nil {
+		t.Errorf("v1's manifest: %v", err)
+	}
+}
