@@ -78,7 +78,7 @@ type UploaderConfig struct {
 	// Node, Runsc and CPUFeatures go into each manifest (StoredMeta).
 	Node        string
 	Runsc       string
-	CPUFeatures []string
+	CPUFeatures func() []string
 	// Retry is the first wait before an upload that failed is tried
 	// again (doubling, up to ten minutes); 0 is five seconds.
 	Retry time.Duration
@@ -342,7 +342,7 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	}
 	meta, err := json.Marshal(StoredMeta{Sandbox: j.sandbox, Checkpoint: j.cp, Memory: cp.Memory, Template: cp.Template,
 		Image: cp.Image, Resources: cp.Resources, AgentGen: cp.AgentGen,
-		Node: u.cfg.Node, Runsc: u.cfg.Runsc, CPUFeatures: u.cfg.CPUFeatures})
+		Node: u.cfg.Node, Runsc: u.cfg.Runsc, CPUFeatures: u.features()})
 	if err != nil {
 		return err
 	}
@@ -362,6 +362,14 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	u.log.Info("checkpoint stored", "sandbox", j.sandbox, "checkpoint", j.cp, "bytes", b.Size,
 		"ms", time.Since(start).Milliseconds(), "objects", u.cfg.Objects.String())
 	return nil
+}
+
+// features are the CPU features for a manifest (UploaderConfig.CPUFeatures).
+func (u *Uploader) features() []string {
+	if u.cfg.CPUFeatures == nil {
+		return nil
+	}
+	return u.cfg.CPUFeatures()
 }
 
 // Sweep deletes from the object store what no record names: the

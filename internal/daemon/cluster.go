@@ -176,7 +176,9 @@ func (l *loadReporter) report(ctx context.Context) api.NodeLoad {
 	l.once.Do(func() {
 		l.runsc = runscBuild(ctx, l.p.runsc)
 		if !l.d.frontEnd() {
-			l.features = host.CPUFeatures()
+			// gVisor's names: what --cpu-features and the sandboxes'
+			// annotation take, and what the common set is made of.
+			l.features = runscCPUFeatures(ctx, l.p.runsc)
 		}
 	})
 	load := api.NodeLoad{Role: l.d.cfg.Role, Runsc: l.runsc, CPUFeatures: l.features, CPUs: goruntime.NumCPU()}

@@ -59,6 +59,10 @@ type Config struct {
 	// Objects, when set, is the object store (s3://…, file://…) that
 	// keeps the checkpoints off the node too (see internal/objects).
 	Objects string
+	// CPUFeatures, when set, pins the CPU features sandboxes see to this
+	// comma-separated list (gVisor's names); else a cluster's nodes pin
+	// them to what they all have.
+	CPUFeatures string
 	// Node, with Database, makes the daemon node Node of the cluster that
 	// shares the database (see internal/cluster); Advertise is the URL
 	// the other nodes reach its API at; Lease, for tests, its lease.
@@ -138,8 +142,11 @@ type Config struct {
 
 // Daemon is a running loam daemon.
 type Daemon struct {
-	cfg     Config
-	log     *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// cpuPin says which CPU features a sandbox booted now may see (see
+	// pinFeatures); nil for all the host's.
+	cpuPin  func() []string
 	Manager *sandbox.Manager
 	// guest is the guest data plane over Manager: exec, sessions,
 	// services, files and ports relayed to sandboxes' agents.
@@ -237,6 +244,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		{"listening", d.listen},
 		{"loading keys", d.loadKeys},
 		{"finding binaries", d.findBinaries},
+		{"pinning CPU features", d.pinFeatures},
 		{"opening storage", d.openStorage},
 		{"setting up sandboxing", d.setUpSandboxing},
 		{"preparing templates", d.prepareTemplates},
@@ -577,9 +585,10 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 			d.inside = server.NewInside(sandboxAPI{m, d.guest, d.checkpoints}, p.secret, d.log)
 			return d.inside
 		},
-		Pools:  d.poolsOf(p),
-		Sleep:  d.sleepOf(p),
-		Stored: d.stored(p),
+		Pools:       d.poolsOf(p),
+		Sleep:       d.sleepOf(p),
+		Stored:      d.stored(p),
+		CPUFeatures: d.cpuPin,
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
 	// The catalog the API serves, over the Manager's template side:
 	// templates of checkpoints are made of its sandboxes' checkpoints.

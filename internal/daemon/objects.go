@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"loam.dev/loam/internal/checkpoints"
-	"loam.dev/loam/internal/host"
 	"loam.dev/loam/internal/objects"
 	"loam.dev/loam/internal/sandbox"
 )
@@ -34,7 +33,7 @@ func (d *Daemon) openObjects(ctx context.Context, p *parts) error {
 	d.closers = append(d.closers, st.Close)
 	p.uploads = checkpoints.NewUploader(checkpoints.UploaderConfig{
 		DataDir: d.cfg.DataDir, Objects: st, Disks: p.pool, Records: p.store,
-		Node: d.cfg.Node, Runsc: runscBuild(ctx, p.runsc), CPUFeatures: host.CPUFeatures(),
+		Node: d.cfg.Node, Runsc: runscBuild(ctx, p.runsc), CPUFeatures: d.checkpointFeatures(ctx, p.runsc),
 	}, d.log)
 	d.log.Info("object store", "objects", st.String())
 	return nil
@@ -78,4 +77,19 @@ func (d *Daemon) stored(p *parts) sandbox.Stored {
 		return nil
 	}
 	return p.uploads
+}
+
+// checkpointFeatures are the CPU features a checkpoint's memory image
+// was taken with, for its manifest: those pinned (d.cpuPin) at the time
+// of its upload, else all the host's.
+func (d *Daemon) checkpointFeatures(ctx context.Context, runsc string) func() []string {
+	host := runscCPUFeatures(ctx, runsc)
+	return func() []string {
+		if d.cpuPin != nil {
+			if f := d.cpuPin(); len(f) > 0 {
+				return f
+			}
+		}
+		return host
+	}
 }

@@ -61,6 +61,11 @@ type Spec struct {
 	// statfs of / then shows the quota's limit as the disk's size and
 	// what is left of it as its free space, where the runtime can.
 	DiskQuota string
+	// CPUFeatures, when set, are the CPU features the sandbox may see, at
+	// most (gVisor's names, as `runsc cpu-features` prints a host's):
+	// a cluster pins them to what every node has, so that a memory image
+	// taken on one node restores on any. Empty is all the host has.
+	CPUFeatures []string
 }
 
 // Limits are a container's resource limits, with the meaning of the Spec

@@ -128,6 +128,11 @@ type Config struct {
 	// wake, restore, checkpoint and pool member is admitted against (see
 	// admission); nil admits everything.
 	Orgs OrgStore
+	// CPUFeatures, when set, says which CPU features a sandbox booted now
+	// may see, at most (runtime.Spec.CPUFeatures): an operator's
+	// --cpu-features, or what every node of the cluster has. nil, or an
+	// empty answer, is all the host has.
+	CPUFeatures func() []string
 	// Stored is told when checkpoints go (deleted, pruned, their sandbox
 	// deleted), so that their copies in the object store go too; nil
 	// when the daemon keeps none (loam serve --objects).
@@ -654,10 +659,20 @@ func (mc *machine) spec(ctx context.Context, sb *store.Sandbox, ep network.Endpo
 			"LOAM_AGENT_TOKEN=" + m.agents.token(sb),
 			"LOAM_AGENT_LISTEN=:" + strconv.Itoa(m.cfg.AgentPort),
 		}, env...),
-		CPUs:      sb.Resources.CPUs,
-		MemoryMiB: sb.Resources.MemoryMiB,
-		DiskQuota: mc.diskQuota(ctx, sb),
+		CPUs:        sb.Resources.CPUs,
+		MemoryMiB:   sb.Resources.MemoryMiB,
+		DiskQuota:   mc.diskQuota(ctx, sb),
+		CPUFeatures: mc.cpuFeatures(),
 	}
+}
+
+// cpuFeatures are the CPU features a sandbox booted now may see
+// (Config.CPUFeatures), nil for all the host has.
+func (mc *machine) cpuFeatures() []string {
+	if f := mc.m.cfg.CPUFeatures; f != nil {
+		return f()
+	}
+	return nil
 }
 
 // boot starts a sandbox fresh on its disk (making the disk from the

@@ -34,6 +34,11 @@ const CgroupParent = "/loam"
 // pool; an unpatched runsc ignores it.
 const QuotaAnnotation = "dev.loam.qgroup"
 
+// CPUFeaturesAnnotation is gVisor's annotation of the CPU features a
+// sandbox may see (Spec.CPUFeatures): the sentry offers the host's
+// features that are in it, and no other.
+const CPUFeaturesAnnotation = "dev.gvisor.internal.cpufeatures"
+
 // cfsPeriod is the CPU quota period in microseconds (the kernel's default).
 const cfsPeriod = 100000
 
@@ -197,6 +202,12 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 	}
 	if spec.DiskQuota != "" {
 		s.Annotations = map[string]string{QuotaAnnotation: spec.DiskQuota}
+	}
+	if len(spec.CPUFeatures) > 0 {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[CPUFeaturesAnnotation] = strings.Join(spec.CPUFeatures, ",")
 	}
 	if spec.MemoryMiB > 0 || spec.CPUs > 0 {
 		res := &specs.LinuxResources{}
