@@ -98,6 +98,9 @@ type Core interface {
 	// (ok false: none); Insert stores it under its create operation;
 	// BootFork starts it from the checkpoint; Destroy deletes it again.
 	SourceCheckpoint(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), err error)
+	// SourceStored is SourceCheckpoint that also finds a source another
+	// node owns (remote), for a fork from the object store's copy.
+	SourceStored(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), remote bool, err error)
 	NewRecord(ctx context.Context, req api.CreateSandbox) (*store.Sandbox, error)
 	TakeFromCheckpoint(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint, env map[string]string) error
 	ClaimPooled(ctx context.Context, src *store.Sandbox, cp *store.Checkpoint, want *store.Sandbox) (v *api.Sandbox, ok bool, err error)
@@ -115,6 +118,9 @@ type Config struct {
 	// owner may take, and how many the sandbox may take of itself (see
 	// checkpoint.Limits). 0 is no limit.
 	Limits checkpoint.Limits
+	// Fetch brings a checkpoint another node took here from the object
+	// store, for a fork; nil makes forks of this node's checkpoints only.
+	Fetch Fetcher
 	// Uploads stores checkpoints in the object store as they are taken;
 	// nil on a daemon without one (loam serve --objects), whose
 	// checkpoints show no storage.

@@ -10,6 +10,7 @@ import (
 	"loam.dev/loam/internal/agentconn"
 	"loam.dev/loam/internal/crash"
 	"loam.dev/loam/internal/disk"
+	"loam.dev/loam/internal/store"
 )
 
 // errForkSettings is the seed's message for a fork that names what it must
@@ -31,7 +32,7 @@ func (s *Service) Fork(ctx context.Context, req api.CreateSandbox) (*api.Sandbox
 	if len(req.Services) > 0 {
 		return nil, api.Errorf(api.CodeInvalid, "services: a fork takes its services from the checkpoint's disk; don't give any (PUT …/services/{name} once it is up)")
 	}
-	src, cp, unlock, err := s.core.SourceCheckpoint(ctx, req.From)
+	src, cp, unlock, err := s.source(ctx, req.From)
 	if err != nil {
 		return nil, err
 	}
@@ -96,4 +97,23 @@ func orNil(m map[string]string) map[string]string {
 		return nil
 	}
 	return maps.Clone(m)
+}
+
+// source is a fork's source checkpoint, read-locked until unlock. With an
+// object store (Config.Fetch), a checkpoint another node took is fetched
+// from it first, and the fork is made from that copy as from one of this
+// node's own.
+func (s *Service) source(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), err error) {
+	if s.cfg.Fetch == nil {
+		return s.core.SourceCheckpoint(ctx, from)
+	}
+	src, cp, unlock, remote, err := s.core.SourceStored(ctx, from)
+	if err != nil || !remote {
+		return src, cp, unlock, err
+	}
+	if err := s.cfg.Fetch.Fetch(ctx, src, cp); err != nil {
+		unlock()
+		return nil, nil, nil, err
+	}
+	return src, cp, unlock, nil
 }

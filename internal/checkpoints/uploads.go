@@ -79,6 +79,11 @@ type UploaderConfig struct {
 	Node        string
 	Runsc       string
 	CPUFeatures func() []string
+	// HostFeatures are this host's CPU features (gVisor's names): a
+	// memory checkpoint that saw others is not fetched here.
+	HostFeatures []string
+	// Cache keeps what this node fetched, capped; nil fetches each time.
+	Cache *objects.Cache
 	// Retry is the first wait before an upload that failed is tried
 	// again (doubling, up to ten minutes); 0 is five seconds.
 	Retry time.Duration
@@ -98,6 +103,8 @@ type CheckpointRecords interface {
 type Uploader struct {
 	cfg UploaderConfig
 	log *slog.Logger
+
+	fetching fetches
 
 	mu    sync.Mutex
 	jobs  map[string]*upload // by ManifestName, until stored or forgotten
@@ -392,9 +399,40 @@ func (u *Uploader) Sweep(ctx context.Context, grace time.Duration) error {
 			}
 		}
 	}
+	u.sweepFetched(ctx)
 	n, err := u.cfg.Objects.Sweep(ctx, grace)
 	if n > 0 {
 		u.log.Info("swept the object store", "blobs", n)
 	}
 	return err
+}
+
+// sweepFetched removes the copies this node fetched of other nodes'
+// checkpoints (Fetch) whose records are gone: the owner deleted them, or
+// their sandbox.
+func (u *Uploader) sweepFetched(ctx context.Context) {
+	sandboxes, _ := os.ReadDir(filepath.Join(u.cfg.DataDir, "checkpoints"))
+	for _, sb := range sandboxes {
+		cps, _ := os.ReadDir(checkpoint.SandboxDir(u.cfg.DataDir, sb.Name()))
+		for _, cp := range cps {
+			b, err := os.ReadFile(u.storedPath(sb.Name(), cp.Name()))
+			if err != nil {
+				continue
+			}
+			var mark struct {
+				Fetched bool `json:"fetched"`
+			}
+			if json.Unmarshal(b, &mark) != nil || !mark.Fetched {
+				continue
+			}
+			if _, err := u.cfg.Records.GetCheckpoint(ctx, sb.Name(), cp.Name()); !errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			err = errors.Join(u.cfg.Disks.DeleteSnapshot(ctx, checkpoint.Snapshot(sb.Name(), cp.Name())),
+				os.RemoveAll(checkpoint.Dir(u.cfg.DataDir, sb.Name(), cp.Name())))
+			if err != nil {
+				u.log.Warn("removing a fetched checkpoint whose record is gone", "sandbox", sb.Name(), "checkpoint", cp.Name(), "err", err)
+			}
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -153,7 +154,7 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 		}
 		// A fork takes its resources from the checkpoint; its sandbox's
 		// are what it asks, short of reading the checkpoint.
-		return rt.fork(src.Node, askOf(&src.Resources))
+		return rt.fork(ctx, src, req.From.Checkpoint, askOf(&src.Resources))
 	}
 	a := askOf(req.Resources)
 	nodes, now := rt.member.Nodes()
@@ -173,9 +174,33 @@ func (rt *Router) choose(r *http.Request, req *api.CreateSandbox, p auth.Princip
 // fork is the node of a fork whose checkpoint is on node: that node, even
 // cordoned (only it has the checkpoint), unless it stopped answering or
 // lacks what the fork asks.
-func (rt *Router) fork(node string, a ask) (string, string, error) {
+func (rt *Router) fork(ctx context.Context, src *store.Sandbox, cp string, a ask) (string, string, error) {
+	node := src.Node
+	// Where the holder cannot take it, a checkpoint in the object store
+	// can be fetched by any node: the fork goes where placement says.
+	elsewhere := func(why string) (string, string, error, bool) {
+		if rt.stored == nil {
+			return "", "", nil, false
+		}
+		stored, err := rt.stored.Stored(ctx, src.ID, cp)
+		if errors.Is(err, store.ErrNotFound) {
+			return "", "", api.Errorf(api.CodeNotFound, "checkpoint %q of sandbox %s not found", cp, src.Name), true
+		}
+		if !stored {
+			return "", "", nil, false
+		}
+		nodes, now := rt.member.Nodes()
+		n, w, err := best(nodes, now, a, cachePref{})
+		if err != nil {
+			return "", "", err, true
+		}
+		return n, "its checkpoint is stored and its node " + node + " " + why + "; " + w, nil, true
+	}
 	if since, lapsed := rt.member.Lapsed(node); lapsed {
-		return "", "", api.Errorf(api.CodeUnavailable, "the checkpoint is on node %s, which stopped answering at %s; a fork is made where its checkpoint is until checkpoints travel",
+		if n, w, err, ok := elsewhere("stopped answering"); ok {
+			return n, w, err
+		}
+		return "", "", api.Errorf(api.CodeUnavailable, "the checkpoint is on node %s, which stopped answering at %s, and is not in the object store (loam serve --objects); a fork is made where its checkpoint is",
 			node, since.UTC().Format(time.RFC3339))
 	}
 	n := rt.member.Node(node)
@@ -183,14 +208,34 @@ func (rt *Router) fork(node string, a ask) (string, string, error) {
 		return node, "the node that holds the checkpoint", nil // it answers for itself
 	}
 	if why := a.short(n); why != "" {
-		return "", "", api.Errorf(api.CodeLimit, "no node can take a fork of %s: its checkpoint is on node %s, which %s; a fork is made where its checkpoint is until checkpoints travel",
+		if n, w, err, ok := elsewhere(why); ok {
+			return n, w, err
+		}
+		return "", "", api.Errorf(api.CodeLimit, "no node can take a fork of %s: its checkpoint is on node %s, which %s, and is not in the object store (loam serve --objects); a fork is made where its checkpoint is",
 			a, node, why)
 	}
 	if n.Cordoned {
+		if n, w, err, ok := elsewhere("is cordoned"); ok {
+			return n, w, err
+		}
 		rt.log.Info("a fork goes to a cordoned node: its checkpoint is there alone", "node", n.Name)
 	}
 	return node, "the node that holds the checkpoint", nil
 }
+
+// StoredCheckpoints says whether a checkpoint is in the object store, so
+// that any node can fetch it (the daemon's checkpoints.Uploader).
+type StoredCheckpoints interface {
+	// Stored reports whether checkpoint ref (id or name) of sandbox
+	// sandboxID is stored, complete; store.ErrNotFound when there is no
+	// such checkpoint.
+	Stored(ctx context.Context, sandboxID, ref string) (bool, error)
+}
+
+// SetStored gives the router what says which checkpoints are stored (a
+// daemon with --objects); without it, a fork goes where its checkpoint
+// is.
+func (rt *Router) SetStored(s StoredCheckpoints) { rt.stored = s }
 
 // kept is the node of a sandbox of checkpoint template name, which the
 // nodes held keep: the best of them, which must be ready and uncordoned

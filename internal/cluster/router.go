@@ -59,6 +59,8 @@ type Router struct {
 	key    []byte
 	log    *slog.Logger
 	rp     *httputil.ReverseProxy
+	// stored, when set, says which checkpoints any node can fetch.
+	stored StoredCheckpoints
 }
 
 type targetKey struct{}

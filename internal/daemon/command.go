@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
@@ -108,6 +109,13 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.DataDir, "data-dir", env("LOAM_DATA_DIR", "/var/lib/loam"), "where loam keeps its data (LOAM_DATA_DIR)")
 	f.StringVar(&cfg.Database, "database", env("LOAM_DATABASE", ""), "keep the records in this PostgreSQL database (postgres://USER@HOST/DB; PostgreSQL 15 or newer) instead of SQLite in the data dir; a daemon without --node holds it alone (LOAM_DATABASE)")
 	f.StringVar(&cfg.Objects, "objects", env("LOAM_OBJECTS", ""), "keep every checkpoint in this object store too, uploaded in the background once taken: s3://BUCKET?region=R (an S3-compatible server: &endpoint=URL&use_path_style=true; &prefix=P) with the usual AWS credentials, or file:///DIR (LOAM_OBJECTS)")
+	// As envDuration's: an environment value that does not parse leaves
+	// the default.
+	cfg.CacheSize = defaultCacheSize
+	if v := os.Getenv("LOAM_CACHE_SIZE"); v != "" {
+		_ = byteSize{&cfg.CacheSize}.Set(v)
+	}
+	f.Var(byteSize{&cfg.CacheSize}, "cache-size", "with --objects, the most the node keeps of what it fetched from the object store, least recently used out first (LOAM_CACHE_SIZE)")
 	f.StringVar(&cfg.CPUFeatures, "cpu-features", env("LOAM_CPU_FEATURES", ""), "the CPU features sandboxes may see, at most, comma-separated, as runsc cpu-features prints this host's; default: all of the host's, or in a cluster those every node has, so that a memory checkpoint restores on any node (LOAM_CPU_FEATURES)")
 	f.StringVar(&cfg.Node, "node", env("LOAM_NODE", ""), "join the cluster of --database as node NAME: nodes share the database, each running its own sandboxes (needs --advertise) (LOAM_NODE)")
 	f.StringVar(&cfg.Advertise, "advertise", env("LOAM_ADVERTISE", ""), "with --node, the URL the other nodes reach this one's API at, such as http://10.0.0.2:7070 (LOAM_ADVERTISE)")
@@ -209,3 +217,28 @@ func (v *lifetimeValue) Set(s string) error {
 }
 
 func (v *lifetimeValue) Type() string { return "duration" }
+
+// defaultCacheSize is --cache-size's default.
+const defaultCacheSize = 10 << 30
+
+// byteSize is a flag of a size in bytes, written as 10GiB, 500MB or a
+// number of bytes.
+type byteSize struct{ p *int64 }
+
+func (b byteSize) String() string {
+	if b.p == nil {
+		return ""
+	}
+	return humanize.IBytes(uint64(*b.p))
+}
+
+func (b byteSize) Set(s string) error {
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a size such as 10GiB", s)
+	}
+	*b.p = int64(n)
+	return nil
+}
+
+func (b byteSize) Type() string { return "size" }

@@ -59,6 +59,9 @@ type Config struct {
 	// Objects, when set, is the object store (s3://…, file://…) that
 	// keeps the checkpoints off the node too (see internal/objects).
 	Objects string
+	// CacheSize caps the node's cache of what it fetched from the object
+	// store, in bytes.
+	CacheSize int64
 	// CPUFeatures, when set, pins the CPU features sandboxes see to this
 	// comma-separated list (gVisor's names); else a cluster's nodes pin
 	// them to what they all have.
@@ -575,7 +578,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 				Limits:  checkpoint.Limits{Owner: cfg.CheckpointLimit, Inside: cfg.InsideCheckpointLimit},
 			}
 			if p.uploads != nil {
-				ccfg.Uploads = p.uploads
+				ccfg.Uploads, ccfg.Fetch = p.uploads, p.uploads
 			}
 			d.checkpoints = checkpoints.New(sandbox.NewCheckpointCore(m), ccfg, p.store, p.rt, p.pool, d.log)
 			return d.checkpoints
@@ -660,6 +663,10 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	}
 	if d.member != nil {
 		router = cluster.NewRouter(d.member, p.store, d.nodeKey, d.log)
+		if p.uploads != nil {
+			// A fork of a stored checkpoint may go to any node.
+			router.SetStored(p.uploads)
+		}
 		routed = server.WithRouter(router)
 		frontCfg.Forward = router.ForwardURL
 	}

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"loam.dev/loam/internal/checkpoints"
@@ -31,9 +32,14 @@ func (d *Daemon) openObjects(ctx context.Context, p *parts) error {
 		return fmt.Errorf("--objects: %w", err)
 	}
 	d.closers = append(d.closers, st.Close)
+	cache, err := objects.NewCache(filepath.Join(d.cfg.DataDir, "objects-cache"), d.cfg.CacheSize)
+	if err != nil {
+		return err
+	}
 	p.uploads = checkpoints.NewUploader(checkpoints.UploaderConfig{
-		DataDir: d.cfg.DataDir, Objects: st, Disks: p.pool, Records: p.store,
+		DataDir: d.cfg.DataDir, Objects: st, Disks: p.pool, Records: p.store, Cache: cache,
 		Node: d.cfg.Node, Runsc: runscBuild(ctx, p.runsc), CPUFeatures: d.checkpointFeatures(ctx, p.runsc),
+		HostFeatures: runscCPUFeatures(ctx, p.runsc),
 	}, d.log)
 	d.log.Info("object store", "objects", st.String())
 	return nil

@@ -401,6 +401,34 @@ func (m *Manager) sourceCheckpoint(ctx context.Context, from *api.ForkSource) (s
 	return src, cp, unlock, nil
 }
 
+// SourceStored is SourceCheckpoint for a fork that may be made from the
+// object store's copy of the checkpoint: a source another node owns (even
+// one that stopped answering) is found too, and remote says so; the
+// caller then fetches the checkpoint here (checkpoints.Fetcher) before it
+// boots the fork. The read lock keeps that copy as SourceCheckpoint's
+// keeps a local checkpoint: no delete of it while the fork reads it.
+func (c *CheckpointCore) SourceStored(ctx context.Context, from *api.ForkSource) (src *store.Sandbox, cp *store.Checkpoint, unlock func(), remote bool, err error) {
+	m := c.m
+	if from == nil || from.Sandbox == "" || from.Checkpoint == "" {
+		return nil, nil, nil, false, api.Errorf(api.CodeInvalid, "from: give both sandbox and checkpoint")
+	}
+	src, err = m.lookup(ctx, from.Sandbox)
+	if err != nil {
+		return nil, nil, nil, false, err
+	}
+	if m.owner.refuse(src) == nil {
+		src, cp, unlock, err = m.sourceCheckpoint(ctx, from)
+		return src, cp, unlock, false, err
+	}
+	l := &m.live(src.ID).source
+	l.RLock()
+	if cp, err = m.findCheckpoint(ctx, src, from.Checkpoint); err != nil {
+		l.RUnlock()
+		return nil, nil, nil, false, err
+	}
+	return src, cp, l.RUnlock, true, nil
+}
+
 // AdmitCheckpoint holds a checkpoint of sb to its org's quota (see
 // admission.checkpoint).
 func (c *CheckpointCore) AdmitCheckpoint(ctx context.Context, sb *store.Sandbox, memory bool) (func(), error) {

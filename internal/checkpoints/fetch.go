@@ -1,0 +1,206 @@
+package checkpoints
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/atomicfile"
+	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/objects"
+	"loam.dev/loam/internal/store"
+)
+
+// Fetcher brings a checkpoint another node took here from the object
+// store, for a fork (the Uploader has it).
+type Fetcher interface {
+	// Fetch makes checkpoint cp of sandbox src usable on this node as
+	// one of its own is: its disk a snapshot in the pool, its memory
+	// image under its directory (checkpoint.Dir); a no-op when it is here.
+	Fetch(ctx context.Context, src *store.Sandbox, cp *store.Checkpoint) error
+}
+
+// fetches keeps one fetch of a checkpoint at a time.
+type fetches struct {
+	mu sync.Mutex
+	by map[string]*sync.Mutex
+}
+
+func (f *fetches) lock(name string) func() {
+	f.mu.Lock()
+	if f.by == nil {
+		f.by = map[string]*sync.Mutex{}
+	}
+	l, ok := f.by[name]
+	if !ok {
+		l = &sync.Mutex{}
+		f.by[name] = l
+	}
+	f.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// Stored reports whether checkpoint ref of sandbox sandboxID is in the
+// object store, complete (its manifest is there): any node may then fetch
+// it (cluster.StoredCheckpoints).
+func (u *Uploader) Stored(ctx context.Context, sandboxID, ref string) (bool, error) {
+	cp, err := u.cfg.Records.GetCheckpoint(ctx, sandboxID, ref)
+	if err != nil {
+		return false, err
+	}
+	_, err = u.cfg.Objects.GetManifest(ctx, ManifestName(sandboxID, cp.ID))
+	return err == nil, nil
+}
+
+// Fetch brings checkpoint cp of src here from the object store (Fetcher):
+// its archive (through the node's cache, checked against its digest),
+// unpacked and checked whole into a directory of its own, its disk then
+// imported into the pool and its memory image moved into place, and last
+// the mark that it is stored, which also keeps Resume from uploading it
+// again. A memory checkpoint taken with another runsc build, or with CPU
+// features this host lacks, is refused: it would not restore here.
+func (u *Uploader) Fetch(ctx context.Context, src *store.Sandbox, cp *store.Checkpoint) error {
+	name := ManifestName(src.ID, cp.ID)
+	mark := u.storedPath(src.ID, cp.ID)
+	if _, err := os.Stat(mark); err == nil {
+		return nil
+	}
+	defer u.fetching.lock(name)()
+	if _, err := os.Stat(mark); err == nil {
+		return nil // fetched by another fork meanwhile
+	}
+	start := time.Now()
+	m, err := u.cfg.Objects.GetManifest(ctx, name)
+	if errors.Is(err, objects.ErrNotFound) {
+		return api.Errorf(api.CodeUnavailable, "checkpoint %s of %s is on node %s alone: it is not in the object store (yet: it is uploaded once taken)", cp.ID, src.Name, src.Node)
+	}
+	if err != nil {
+		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
+	}
+	var meta StoredMeta
+	if err := json.Unmarshal(m.Meta, &meta); err != nil {
+		return fmt.Errorf("fetching checkpoint %s of %s: its manifest: %w: %v", cp.ID, src.Name, objects.ErrCorrupt, err)
+	}
+	if err := u.compatible(cp, meta); err != nil {
+		return err
+	}
+	blob, ok := m.Files[archiveFile]
+	if !ok {
+		return fmt.Errorf("fetching checkpoint %s of %s: its manifest names no %s: %w", cp.ID, src.Name, archiveFile, objects.ErrCorrupt)
+	}
+	work := filepath.Join(u.cfg.DataDir, "fetch")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return err
+	}
+	staging, err := os.MkdirTemp(work, src.ID+"."+cp.ID+".")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(staging)
+	archive := filepath.Join(staging, archiveFile)
+	if u.cfg.Cache != nil {
+		p, err := u.cfg.Cache.Get(ctx, u.cfg.Objects, blob)
+		if err != nil {
+			return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
+		}
+		archive = p
+	} else if err := u.cfg.Objects.Fetch(ctx, blob, archive); err != nil {
+		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
+	}
+	f, err := os.Open(archive)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	unpacked := filepath.Join(staging, "unpacked")
+	if err := os.Mkdir(unpacked, 0o700); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(unpacked, &st); err != nil {
+		return err
+	}
+	room := int64(st.Bavail) * st.Bsize / 2
+	if _, err := checkpoint.ReadArchive(ctx, f, unpacked, room); err != nil {
+		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
+	}
+	ctx = context.WithoutCancel(ctx)
+	snap := checkpoint.Snapshot(src.ID, cp.ID)
+	snaps, err := u.cfg.Disks.Snapshots(ctx)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(snaps, snap) {
+		if err := u.cfg.Disks.ImportSnapshot(ctx, snap, filepath.Join(unpacked, checkpoint.DiskEntry)); err != nil {
+			return fmt.Errorf("fetching checkpoint %s of %s: its disk: %w", cp.ID, src.Name, err)
+		}
+	}
+	dir := checkpoint.Dir(u.cfg.DataDir, src.ID, cp.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if cp.Memory {
+		mem := filepath.Join(dir, checkpoint.MemDir)
+		if err := os.RemoveAll(mem); err != nil {
+			return err
+		}
+		if err := os.Rename(filepath.Join(unpacked, checkpoint.MemEntry), mem); err != nil {
+			return fmt.Errorf("fetching checkpoint %s of %s: its memory image: %w", cp.ID, src.Name, err)
+		}
+		if err := checkpoint.SyncTree(mem); err != nil {
+			return err
+		}
+	}
+	body, _ := json.Marshal(map[string]any{"manifest": name, "blob": blob, "fetched": true})
+	if err := atomicfile.WriteFile(mark, body, 0o600); err != nil {
+		return err
+	}
+	u.log.Info("fetched a checkpoint", "sandbox", src.ID, "checkpoint", cp.ID, "from_node", meta.Node,
+		"bytes", blob.Size, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// compatible refuses a memory checkpoint that would not restore on this
+// node: taken with another runsc build, or seeing CPU features this host
+// lacks. A disk-only one boots anywhere.
+func (u *Uploader) compatible(cp *store.Checkpoint, meta StoredMeta) error {
+	if !cp.Memory {
+		return nil
+	}
+	if meta.Runsc != "" && u.cfg.Runsc != "" && meta.Runsc != u.cfg.Runsc {
+		return api.Errorf(api.CodeConflict, "checkpoint %s was taken with runsc %s on node %s; this node runs %s, and a memory image restores only on the build that took it (fork on a node of that build, or from a disk-only checkpoint)",
+			cp.ID, meta.Runsc, meta.Node, u.cfg.Runsc)
+	}
+	if host := u.hostFeatures(); len(host) > 0 {
+		var lacks []string
+		for _, f := range meta.CPUFeatures {
+			if !slices.Contains(host, f) {
+				lacks = append(lacks, f)
+			}
+		}
+		if len(lacks) > 0 {
+			return api.Errorf(api.CodeConflict, "checkpoint %s's memory image saw CPU features this node lacks (%s); pin the cluster's (loam serve --cpu-features) so that every node can restore its checkpoints",
+				cp.ID, strings.Join(lacks, ", "))
+		}
+	}
+	return nil
+}
+
+// hostFeatures are this host's CPU features (UploaderConfig.HostFeatures).
+func (u *Uploader) hostFeatures() []string {
+	if u.cfg.HostFeatures == nil {
+		return nil
+	}
+	return u.cfg.HostFeatures
+}

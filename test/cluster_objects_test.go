@@ -1,0 +1,79 @@
+package test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"loam.dev/loam/api"
+	"loam.dev/loam/internal/objects/s3test"
+	"loam.dev/loam/internal/store/postgres/pgtest"
+	"loam.dev/loam/test/harness"
+)
+
+// TestClusterForkAnywhere: two nodes sharing one PostgreSQL and one object
+// store (a real S3 server). A memory checkpoint of a sandbox on node b,
+// stored (wait), outlives b: with b killed, a fork through a is placed on
+// a, which fetches the checkpoint from the store, and the fork has the
+// source's file and its process, running; a second fork there fetches
+// nothing again. A checkpoint that is not stored still needs its node.
+func TestClusterForkAnywhere(t *testing.T) {
+	t.Parallel()
+	bucket := s3test.NewBucket(t, "cluster/") // its credentials are in the environment the nodes inherit
+	db := pgtest.NewDatabase(t)
+	a := startNode(t, db, "a", "", "--objects", bucket)
+	b := startNode(t, db, "b", a.Token, "--objects", bucket)
+	ctx := harness.Ctx(t)
+	if _, err := a.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src", Node: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	a.Run("src", "sh", "-c", "echo from-b > /home/loam/mark; (sleep 100000 &)")
+	pid := strings.TrimSpace(a.Run("src", "pidof", "sleep"))
+	if pid == "" {
+		t.Fatal("no sleep in src")
+	}
+	if cp, err := a.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Wait: api.WaitStored}); err != nil || cp.Storage == nil || cp.Storage.State != api.StorageStored {
+		t.Fatalf("a stored checkpoint of src through a: %+v, %v", cp, err)
+	}
+	no := false
+	if _, err := a.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Memory: &no}); err != nil {
+		t.Fatal(err)
+	}
+
+	b.Kill()
+	harness.Eventually(t, 20*time.Second, "b seen gone", func() error {
+		if sb, err := a.C.GetSandbox(ctx, "src"); err != nil || sb.State != api.StateUnknown {
+			return fmt.Errorf("src: %+v, %v", sb, err)
+		}
+		return nil
+	})
+	fork, err := a.C.Fork(ctx, "src", "v1", "far")
+	if err != nil {
+		t.Fatalf("a fork of the stored checkpoint of a node gone: %v", err)
+	}
+	if fork.Node != "a" {
+		t.Errorf("the fork: node %q, want a", fork.Node)
+	}
+	if got := a.Run("far", "sh", "-c", "cat /home/loam/mark; pidof sleep"); got != "from-b\n"+pid+"\n" {
+		t.Errorf("the fork made on a: %q, want b's mark and its sleep (pid %s), running", got, pid)
+	}
+	if _, err := a.C.Fork(ctx, "src", "v1", "far-2"); err != nil {
+		t.Fatalf("a second fork on a: %v", err)
+	}
+	if n := strings.Count(a.Log.String(), "fetched a checkpoint"); n != 1 {
+		t.Errorf("a fetched the checkpoint %d times for two forks, want once", n)
+	}
+	if !strings.Contains(a.Log.String(), "its checkpoint is stored and its node b stopped answering") {
+		t.Errorf("a's placement log does not say why the fork went to a:\n%s", a.Log.String())
+	}
+	// A checkpoint that is none is not found, its node gone or not.
+	if _, err := a.C.Fork(ctx, "src", "v9", "nowhere"); harness.APICode(err) != api.CodeNotFound {
+		t.Errorf("a fork of a checkpoint that is none: %v, want not_found", err)
+	}
+	for _, sb := range []string{"far", "far-2"} {
+		if err := a.C.DeleteSandbox(ctx, sb); err != nil {
+			t.Errorf("deleting %s: %v", sb, err)
+		}
+	}
+}
