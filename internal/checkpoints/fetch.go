@@ -59,6 +59,8 @@ func (u *Uploader) Stored(ctx context.Context, sandboxID, ref string) (bool, err
 	if err != nil {
 		return false, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
 	_, err = u.cfg.Objects.GetManifest(ctx, ManifestName(sandboxID, cp.ID))
 	return err == nil, nil
 }

@@ -32,6 +32,10 @@ type Uploads interface {
 	Wait(ctx context.Context, sandboxID, cpID string) error
 }
 
+// storeCallTimeout bounds a call to the object store that an API call
+// waits for beside its own work (a delete's Forget, a placement's Stored).
+const storeCallTimeout = 10 * time.Second
+
 // Names in the object store and beside a checkpoint's data.
 const (
 	// archiveFile is the one file of a checkpoint's manifest: its memory
@@ -208,7 +212,10 @@ func (u *Uploader) Forget(ctx context.Context, sandboxID, cpID string) {
 		}
 	}
 	u.mu.Unlock()
-	ctx = context.WithoutCancel(ctx)
+	// A delete waits for this: an object store that does not answer
+	// must not hold it up for long (what is left is the sweep's).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
+	defer cancel()
 	names := []string{prefix}
 	if cpID == "" {
 		var err error
