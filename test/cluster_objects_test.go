@@ -48,6 +48,10 @@ func TestClusterForkAnywhere(t *testing.T) {
 		}
 		return nil
 	})
+	// Its node gone, the object store says it is stored.
+	if cp, err := a.C.GetCheckpoint(ctx, "src", "v1"); err != nil || cp.Storage == nil || cp.Storage.State != api.StorageStored {
+		t.Errorf("v1 through a while b is gone: %+v, %v; want stored", cp, err)
+	}
 	fork, err := a.C.Fork(ctx, "src", "v1", "far")
 	if err != nil {
 		t.Fatalf("a fork of the stored checkpoint of a node gone: %v", err)

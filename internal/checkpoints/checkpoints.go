@@ -121,6 +121,9 @@ type Config struct {
 	// Fetch brings a checkpoint another node took here from the object
 	// store, for a fork; nil makes forks of this node's checkpoints only.
 	Fetch Fetcher
+	// Node is this daemon's node of a cluster ("" alone): a checkpoint of
+	// another node's sandbox is told stored by the object store.
+	Node string
 	// Uploads stores checkpoints in the object store as they are taken;
 	// nil on a daemon without one (loam serve --objects), whose
 	// checkpoints show no storage.
@@ -155,6 +158,21 @@ func (s *Service) view(cp *store.Checkpoint) api.Checkpoint {
 	v := cp.Checkpoint
 	if s.cfg.Uploads != nil {
 		v.Storage = s.cfg.Uploads.Status(cp.Sandbox, cp.ID)
+	}
+	return v
+}
+
+// viewOf is view for a checkpoint of sb: one of another node's sandboxes
+// (answered here because its node stopped answering) is told stored or
+// not by the object store itself, since this node holds no mark of it.
+func (s *Service) viewOf(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) api.Checkpoint {
+	if s.cfg.Uploads == nil || sb.Node == "" || sb.Node == s.cfg.Node {
+		return s.view(cp)
+	}
+	v := cp.Checkpoint
+	v.Storage = &api.CheckpointStorage{State: api.StorageLocal}
+	if stored, _ := s.cfg.Uploads.Stored(ctx, cp.Sandbox, cp.ID); stored {
+		v.Storage.State = api.StorageStored
 	}
 	return v
 }
@@ -201,7 +219,7 @@ func (s *Service) ListCheckpoints(ctx context.Context, ref string) ([]api.Checkp
 	}
 	out := make([]api.Checkpoint, 0, len(cps))
 	for _, cp := range cps {
-		out = append(out, s.view(cp))
+		out = append(out, s.viewOf(ctx, sb, cp))
 	}
 	return out, nil
 }
@@ -216,7 +234,7 @@ func (s *Service) GetCheckpoint(ctx context.Context, ref, cpRef string) (*api.Ch
 	if err != nil {
 		return nil, err
 	}
-	v := s.view(cp)
+	v := s.viewOf(ctx, sb, cp)
 	return &v, nil
 }
 

@@ -30,6 +30,10 @@ type Uploads interface {
 	// Wait returns once that checkpoint is stored (queued first if it
 	// is not), or ctx ends.
 	Wait(ctx context.Context, sandboxID, cpID string) error
+	// Stored asks the object store itself whether checkpoint ref of
+	// sandboxID is there, complete (store.ErrNotFound: no such
+	// checkpoint).
+	Stored(ctx context.Context, sandboxID, ref string) (bool, error)
 }
 
 // storeCallTimeout bounds a call to the object store that an API call

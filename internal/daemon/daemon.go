@@ -575,6 +575,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Forks: func(m *sandbox.Manager) sandbox.Forks {
 			ccfg := checkpoints.Config{
 				DataDir: cfg.DataDir,
+				Node:    cfg.Node,
 				Limits:  checkpoint.Limits{Owner: cfg.CheckpointLimit, Inside: cfg.InsideCheckpointLimit},
 			}
 			if p.uploads != nil {
