@@ -15,7 +15,6 @@ import (
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/checkpoint"
-	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/objects"
 	"loam.dev/loam/internal/store"
 )
@@ -81,7 +80,7 @@ type UploaderConfig struct {
 	// Objects is the object store; Disks the pool whose snapshots hold
 	// checkpoints' disks; Records the checkpoints' records.
 	Objects *objects.Store
-	Disks   disk.Pool
+	Disks   Snapshots
 	Records CheckpointRecords
 	// Node, Runsc and CPUFeatures go into each manifest (StoredMeta).
 	Node        string
@@ -95,6 +94,16 @@ type UploaderConfig struct {
 	// Retry is the first wait before an upload that failed is tried
 	// again (doubling, up to ten minutes); 0 is five seconds.
 	Retry time.Duration
+}
+
+// Snapshots is what the uploads need of the disk pool (disk.Pool has
+// it): where a checkpoint's disk snapshot is, to archive it, and making
+// one from a fetched checkpoint's disk.
+type Snapshots interface {
+	SnapshotPath(snap string) string
+	Snapshots(ctx context.Context) ([]string, error)
+	ImportSnapshot(ctx context.Context, snap, src string) error
+	DeleteSnapshot(ctx context.Context, snap string) error
 }
 
 // CheckpointRecords finds a checkpoint's record by its sandbox's id.
