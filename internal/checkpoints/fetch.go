@@ -184,7 +184,7 @@ func (u *Uploader) compatible(cp *store.Checkpoint, meta StoredMeta) error {
 		return api.Errorf(api.CodeConflict, "checkpoint %s was taken with runsc %s on node %s; this node runs %s, and a memory image restores only on the build that took it (fork on a node of that build, or from a disk-only checkpoint)",
 			cp.ID, meta.Runsc, meta.Node, u.cfg.Runsc)
 	}
-	if host := u.hostFeatures(); len(host) > 0 {
+	if host := u.cfg.HostFeatures; len(host) > 0 {
 		var lacks []string
 		for _, f := range meta.CPUFeatures {
 			if !slices.Contains(host, f) {
@@ -197,12 +197,4 @@ func (u *Uploader) compatible(cp *store.Checkpoint, meta StoredMeta) error {
 		}
 	}
 	return nil
-}
-
-// hostFeatures are this host's CPU features (UploaderConfig.HostFeatures).
-func (u *Uploader) hostFeatures() []string {
-	if u.cfg.HostFeatures == nil {
-		return nil
-	}
-	return u.cfg.HostFeatures
 }

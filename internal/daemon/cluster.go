@@ -174,11 +174,11 @@ func newLoadReporter(d *Daemon, p *parts, pg *postgres.Store) *loadReporter {
 
 func (l *loadReporter) report(ctx context.Context) api.NodeLoad {
 	l.once.Do(func() {
-		l.runsc = runscBuild(ctx, l.p.runsc)
+		l.runsc = l.d.runscVersion
 		if !l.d.frontEnd() {
 			// gVisor's names: what --cpu-features and the sandboxes'
 			// annotation take, and what the common set is made of.
-			l.features = runscCPUFeatures(ctx, l.p.runsc)
+			l.features = l.d.hostFeatures
 		}
 	})
 	load := api.NodeLoad{Role: l.d.cfg.Role, Runsc: l.runsc, CPUFeatures: l.features, CPUs: goruntime.NumCPU()}

@@ -11,13 +11,17 @@ import (
 	"loam.dev/loam/internal/cluster"
 )
 
-// pinFeatures sets d.cpuPin (see pinCPUFeatures); a front end boots no
-// sandbox.
+// pinFeatures reads runsc's build and this host's CPU features once, for
+// all that needs them (the node's load, the stored checkpoints'
+// manifests, the pin), and sets d.cpuPin (see pinCPUFeatures); a front
+// end boots no sandbox.
 func (d *Daemon) pinFeatures(ctx context.Context, p *parts) error {
+	d.runscVersion = runscBuild(ctx, p.runsc)
 	if d.frontEnd() {
 		return nil
 	}
-	pin, err := d.pinCPUFeatures(ctx, p.runsc)
+	d.hostFeatures = runscCPUFeatures(ctx, p.runsc)
+	pin, err := d.pinCPUFeatures()
 	if err != nil {
 		return err
 	}
@@ -53,8 +57,8 @@ func runscCPUFeatures(ctx context.Context, runsc string) []string {
 // (sandbox.Config.CPUFeatures): the operator's list, else in a cluster
 // the features every node that runs sandboxes has, else nil (all of the
 // host's).
-func (d *Daemon) pinCPUFeatures(ctx context.Context, runsc string) (func() []string, error) {
-	host := runscCPUFeatures(ctx, runsc)
+func (d *Daemon) pinCPUFeatures() (func() []string, error) {
+	host := d.hostFeatures
 	if d.cfg.CPUFeatures != "" {
 		var want []string
 		for f := range strings.SplitSeq(d.cfg.CPUFeatures, ",") {

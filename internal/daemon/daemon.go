@@ -148,9 +148,13 @@ type Daemon struct {
 	cfg Config
 	log *slog.Logger
 	// cpuPin says which CPU features a sandbox booted now may see (see
-	// pinFeatures); nil for all the host's.
-	cpuPin  func() []string
-	Manager *sandbox.Manager
+	// pinFeatures); nil for all the host's. runscVersion is runsc's
+	// build and hostFeatures this host's CPU features as gVisor names
+	// them, read once at start (pinFeatures).
+	cpuPin       func() []string
+	runscVersion string
+	hostFeatures []string
+	Manager      *sandbox.Manager
 	// guest is the guest data plane over Manager: exec, sessions,
 	// services, files and ports relayed to sandboxes' agents.
 	guest *guest.Guest

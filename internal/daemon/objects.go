@@ -38,8 +38,8 @@ func (d *Daemon) openObjects(ctx context.Context, p *parts) error {
 	}
 	p.uploads = checkpoints.NewUploader(checkpoints.UploaderConfig{
 		DataDir: d.cfg.DataDir, Objects: st, Disks: p.pool, Records: p.store, Cache: cache,
-		Node: d.cfg.Node, Runsc: runscBuild(ctx, p.runsc), CPUFeatures: d.checkpointFeatures(ctx, p.runsc),
-		HostFeatures: runscCPUFeatures(ctx, p.runsc),
+		Node: d.cfg.Node, Runsc: d.runscVersion, CPUFeatures: d.checkpointFeatures,
+		HostFeatures: d.hostFeatures,
 	}, d.log)
 	d.log.Info("object store", "objects", st.String())
 	return nil
@@ -88,14 +88,11 @@ func (d *Daemon) stored(p *parts) sandbox.Stored {
 // checkpointFeatures are the CPU features a checkpoint's memory image
 // was taken with, for its manifest: those pinned (d.cpuPin) at the time
 // of its upload, else all the host's.
-func (d *Daemon) checkpointFeatures(ctx context.Context, runsc string) func() []string {
-	host := runscCPUFeatures(ctx, runsc)
-	return func() []string {
-		if d.cpuPin != nil {
-			if f := d.cpuPin(); len(f) > 0 {
-				return f
-			}
+func (d *Daemon) checkpointFeatures() []string {
+	if d.cpuPin != nil {
+		if f := d.cpuPin(); len(f) > 0 {
+			return f
 		}
-		return host
 	}
+	return d.hostFeatures
 }
