@@ -40,7 +40,9 @@ type Sandbox struct {
 	State State  `json:"state"`
 	// Reason says why a sandbox is in state error (its sandbox process
 	// died, a restore failed, …) or unknown (its node stopped answering)
-	// and what brings it back; empty in other states.
+	// and what brings it back; for a running sandbox brought back on
+	// another node from a stored checkpoint, that it was and what was
+	// lost (until its next change of state); empty otherwise.
 	Reason    string            `json:"reason,omitempty"`
 	Template  string            `json:"template,omitempty"`
 	Image     string            `json:"image,omitempty"`
@@ -73,7 +75,12 @@ type Sandbox struct {
 	Usage *Usage `json:"usage,omitempty"`
 	// Node is the name of the node that owns the sandbox (loam serve
 	// --node), the only one that acts on it; absent on one machine.
-	Node      string    `json:"node,omitempty"`
+	Node string `json:"node,omitempty"`
+	// Recover is what brings the sandbox back when its node is lost (in a
+	// cluster with an object store): "latest-checkpoint" restores it on
+	// another node from its latest stored checkpoint, losing what it did
+	// after it (its reason says so); absent, it waits for its node.
+	Recover   string    `json:"recover,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -146,7 +153,15 @@ type CreateSandbox struct {
 	// Node, in a cluster, pins the sandbox to that node instead of the one
 	// placement picks: the operator's (admin token) alone.
 	Node string `json:"node,omitempty"`
+	// Recover is what brings the sandbox back if its node is lost
+	// (Sandbox.Recover): RecoverLatestCheckpoint, or "" (none).
+	Recover string `json:"recover,omitempty"`
 }
+
+// RecoverLatestCheckpoint is the recover policy (CreateSandbox.Recover)
+// that brings a sandbox of a lost node back on another from its latest
+// checkpoint in the object store.
+const RecoverLatestCheckpoint = "latest-checkpoint"
 
 // SandboxList is the body of GET /v1/sandboxes.
 type SandboxList struct {
@@ -182,4 +197,7 @@ type UpdateSandbox struct {
 	// Public opens its URL to anyone who reaches the daemon, or closes it
 	// to all but holders of the API or access token.
 	Public *bool `json:"public,omitempty"`
+	// Recover sets what brings it back if its node is lost
+	// (RecoverLatestCheckpoint), or "" for nothing.
+	Recover *string `json:"recover,omitempty"`
 }

@@ -322,7 +322,8 @@ func walkSandboxes(w *walker) {
 	w.call(req{route: "GET /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch"}, 200)
 	w.errorCode(req{route: "GET /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/nope"}, api.CodeNotFound)
 	w.call(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch",
-		body: `{"labels":{"owner":"docs","team":"core"},"idle":"0","http_port":8080,"public":false}`}, 200)
+		body: `{"labels":{"owner":"docs","team":"core"},"idle":"0","http_port":8080,"public":false,"recover":"latest-checkpoint"}`}, 200)
+	w.errorCode(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch", body: `{"recover":"sometimes"}`}, api.CodeInvalid)
 	w.errorCode(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch", body: `{}`}, api.CodeInvalid)
 	w.errorCode(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/scratch", body: `{"idle":"soon"}`}, api.CodeInvalid)
 	w.errorCode(req{route: "PATCH /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/nope", body: `{"public":true}`}, api.CodeNotFound)

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/agentconn"
@@ -107,6 +108,13 @@ type Core interface {
 	Insert(ctx context.Context, sb *store.Sandbox) (end func(), err error)
 	BootFork(ctx context.Context, sb, src *store.Sandbox, cp *store.Checkpoint) error
 	Destroy(ctx context.Context, sb *store.Sandbox) error
+
+	// What bringing back a lost node's sandbox needs: Orphaned tells
+	// whether sb's node stopped answering (since when) or was removed;
+	// TakeOver makes it this node's, state error with reason, for a
+	// restore to run it here.
+	Orphaned(sb *store.Sandbox) (since time.Time, ok bool)
+	TakeOver(ctx context.Context, sb *store.Sandbox, reason string) (*store.Sandbox, error)
 }
 
 // Config is the checkpoints' configuration.

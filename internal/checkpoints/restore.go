@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"time"
 
 	"loam.dev/loam/api"
@@ -25,6 +27,12 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		return nil, err
 	}
 	defer leave()
+	// A sandbox of a node that stopped answering is brought back here,
+	// from a stored checkpoint, before it is claimed as this node's own.
+	recovered, err := s.bringBack(ctx, ref, cpRef)
+	if err != nil {
+		return nil, err
+	}
 	sb, end, err := s.core.Claim(ctx, ref, sandbox.OpRestore)
 	if err != nil {
 		return nil, err
@@ -41,6 +49,9 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		return nil, err
 	}
 	if err := sandbox.RequireState(sb.Name, sb.State, api.StateRunning, api.StateStopped, api.StateSleeping, api.StateError); err != nil {
+		return nil, err
+	}
+	if err := s.fetchMissing(ctx, sb, cp); err != nil {
 		return nil, err
 	}
 	admitted, err := s.core.AdmitStart(ctx, sb)
@@ -153,9 +164,76 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		return nil, agentconn.Failed(fmt.Errorf("restoring %s to %s: %w", sb.Name, cp.ID, err))
 	}
 	s.log.Info("restored", "sandbox", sb.ID, "checkpoint", cp.ID, "ms", time.Since(start).Milliseconds())
+	if recovered != "" && sb.State == api.StateRunning {
+		// Its reason says what it is: brought back, and what was lost.
+		if err := s.core.SetState(ctx, sb, api.StateRunning, recovered); err != nil {
+			s.log.Warn("noting a sandbox brought back", "sandbox", sb.ID, "err", err)
+		}
+	}
 	s.pruneAutos(ctx, sb, caller, cp.ID)
 	st.done("prune")
 	return s.core.View(sb), nil
+}
+
+// bringBack makes sandbox ref this node's when its node stopped answering
+// (or was removed) and checkpoint cpRef of it is in the object store: the
+// checkpoint fetched here first (so that one not stored, or one that
+// would not restore here, leaves the sandbox where it was), then its
+// record moved here in one step the database decides (TakeOver). It
+// answers the reason the sandbox then shows, "" for a sandbox that needs
+// no bringing back (the restore goes on as any other).
+func (s *Service) bringBack(ctx context.Context, ref, cpRef string) (string, error) {
+	if s.cfg.Fetch == nil {
+		return "", nil
+	}
+	sb, err := s.core.Lookup(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	since, ok := s.core.Orphaned(sb)
+	if !ok {
+		return "", nil
+	}
+	cp, err := s.core.FindCheckpoint(ctx, sb, cpRef)
+	if err != nil {
+		return "", err
+	}
+	start := time.Now()
+	if err := s.cfg.Fetch.Fetch(ctx, sb, cp); err != nil {
+		return "", err
+	}
+	lost := "was removed"
+	if !since.IsZero() {
+		lost = "stopped answering at " + since.UTC().Format(time.RFC3339)
+	}
+	reason := fmt.Sprintf("brought back on node %s from checkpoint %s (taken %s) after node %s %s: what it did after that checkpoint is lost",
+		s.cfg.Node, cp.ID, cp.CreatedAt.UTC().Format(time.RFC3339), sb.Node, lost)
+	if _, err := s.core.TakeOver(ctx, sb, reason); err != nil {
+		return "", err
+	}
+	s.log.Warn("bringing back a sandbox of a lost node", "sandbox", sb.ID, "name", sb.Name, "from_node", sb.Node,
+		"checkpoint", cp.ID, "fetch_ms", time.Since(start).Milliseconds())
+	return reason, nil
+}
+
+// fetchMissing fetches checkpoint cp of sb from the object store when its
+// data is not on this node: one taken on the node sb was on before it
+// was brought back here. A checkpoint of this node's own is never
+// fetched (its upload may not even have begun).
+func (s *Service) fetchMissing(ctx context.Context, sb *store.Sandbox, cp *store.Checkpoint) error {
+	if s.cfg.Fetch == nil {
+		return nil
+	}
+	snaps, err := s.disks.Snapshots(ctx)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(snaps, checkpoint.Snapshot(sb.ID, cp.ID)) {
+		if _, err := os.Stat(filepath.Join(checkpoint.Dir(s.cfg.DataDir, sb.ID, cp.ID), checkpoint.MemDir)); !cp.Memory || err == nil {
+			return nil
+		}
+	}
+	return s.cfg.Fetch.Fetch(ctx, sb, cp)
 }
 
 // stagingVolume is the id under which a restore of sandbox id clones the

@@ -135,6 +135,12 @@ func writeSandbox(w io.Writer, sb *api.Sandbox) error {
 	if sb.From != nil {
 		b.line("from", sb.From.Sandbox+"/"+sb.From.Checkpoint)
 	}
+	if sb.Node != "" {
+		b.line("node", sb.Node)
+	}
+	if sb.Recover != "" {
+		b.line("recover", sb.Recover)
+	}
 	b.line("created", formatTime(sb.CreatedAt))
 	return b.err
 }

@@ -103,6 +103,7 @@ one. Resources left out get the daemon's defaults. Sizes are MiB, or like
 	f.StringVar(&req.Idle, "idle", "", "sleep after this long without activity, such as 10m")
 	f.IntVar(&req.HTTPPort, "http-port", 0, "port the sandbox's URL forwards to, such as 8080")
 	f.BoolVar(&req.Public, "public", false, "open the sandbox's URL to anyone who reaches the daemon (by default it needs a token: loam url NAME)")
+	f.StringVar(&req.Recover, "recover", "", "what brings the sandbox back if its node is lost: latest-checkpoint (another node restores its latest stored checkpoint)")
 	net.add(f)
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
@@ -170,15 +171,16 @@ func (lc *sandboxCommands) getCmd() *cobra.Command {
 
 func (lc *sandboxCommands) updateCmd() *cobra.Command {
 	var (
-		labels   []string
-		idle     string
-		httpPort int
-		public   bool
-		asJSON   bool
+		labels        []string
+		idle          string
+		httpPort      int
+		public        bool
+		recoverPolicy string
+		asJSON        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "update NAME",
-		Short: "Change a sandbox's labels, idle time, HTTP port or public URL",
+		Short: "Change a sandbox's labels, idle time, HTTP port, public URL or recover policy",
 		Long: `Change the settings of a sandbox that may change while it lives; what is
 not given stays as it is. --label replaces every label (give --label= alone
 to remove them all). The change takes effect at once and does not wake a
@@ -215,6 +217,9 @@ sleeping sandbox. Its network policy is changed with loam network set.`,
 			if f.Changed("public") {
 				req.Public = &public
 			}
+			if f.Changed("recover") {
+				req.Recover = &recoverPolicy
+			}
 			c, err := lc.connect()
 			if err != nil {
 				return err
@@ -234,6 +239,7 @@ sleeping sandbox. Its network policy is changed with loam network set.`,
 	f.StringVar(&idle, "idle", "", "sleep after this long without activity, such as 10m (0: never)")
 	f.IntVar(&httpPort, "http-port", 0, "port the sandbox's URL forwards to")
 	f.BoolVar(&public, "public", false, "open the sandbox's URL to anyone who reaches the daemon (--public=false: only with a token)")
+	f.StringVar(&recoverPolicy, "recover", "", "what brings it back if its node is lost: latest-checkpoint, or \"\" for nothing")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

@@ -466,7 +466,7 @@ func (d *Daemon) setUpSandboxing(ctx context.Context, p *parts) error {
 	}
 	nets, err := network.New(network.Config{
 		Subnet: subnet, InsidePort: network.DefaultInsidePort,
-		DNSUpstreams: upstreams, Log: d.log,
+		DNSUpstreams: upstreams, Node: cfg.Node, Log: d.log,
 	})
 	if err != nil {
 		return fmt.Errorf("setting up networking: %w", err)
@@ -596,6 +596,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Pools:       d.poolsOf(p),
 		Sleep:       d.sleepOf(p),
 		Stored:      d.stored(p),
+		Takeover:    d.takeover(p),
 		CPUFeatures: d.cpuPin,
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
 	// The catalog the API serves, over the Manager's template side:
@@ -641,6 +642,12 @@ func (d *Daemon) startComponents(ctx context.Context, p *parts) error {
 		// logged, and the first create tries again.
 		component{"default template", p.builtins.Run},
 	)
+	if d.member != nil {
+		d.runComponents(ctx, component{"stale copies", d.dropStale})
+	}
+	if r := d.recovery(p); r != nil {
+		d.runComponents(ctx, component{"lost nodes' sandboxes", r.Run})
+	}
 	d.runComponents(ctx, d.runObjects(p)...)
 	return nil
 }

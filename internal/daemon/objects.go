@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"loam.dev/loam/internal/checkpoints"
+	"loam.dev/loam/internal/cluster"
 	"loam.dev/loam/internal/objects"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/store/postgres"
 )
 
 // Sweeps of the object store (--objects): the first a while after the
@@ -19,6 +21,10 @@ const (
 	sweepEvery = 10 * time.Minute
 	sweepGrace = time.Hour
 )
+
+// staleEvery is how often a node looks for stale copies (dropStale): a
+// directory listing and one query, so often.
+const staleEvery = 3 * time.Second
 
 // openObjects opens the object store (--objects), if any, and makes the
 // uploader that keeps this node's checkpoints in it. It runs after the
@@ -83,6 +89,59 @@ func (d *Daemon) stored(p *parts) sandbox.Stored {
 		return nil
 	}
 	return p.uploads
+}
+
+// takeover moves a lost node's sandbox here, to bring it back from a
+// stored checkpoint: for a node of a cluster with an object store alone
+// (nil otherwise: a sandbox is then brought back nowhere).
+func (d *Daemon) takeover(p *parts) sandbox.Takeover {
+	pg, ok := p.store.(*postgres.Store)
+	if !ok || p.uploads == nil || d.member == nil || d.frontEnd() {
+		return nil
+	}
+	return pg.Nodes()
+}
+
+// dropStale destroys, every staleEvery while the node holds its lease,
+// what it still runs of sandboxes brought back on another node while it
+// was cut off (see sandbox.CheckpointCore.DropStale): a node whose link
+// comes back finds them at once, one that restarts in its recovery.
+func (d *Daemon) dropStale(ctx context.Context) error {
+	core := sandbox.NewCheckpointCore(d.Manager)
+	t := time.NewTicker(staleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil
+		}
+		if !d.member.Live() {
+			continue
+		}
+		if n, err := core.DropStale(ctx); err != nil && ctx.Err() == nil {
+			d.log.Warn("looking for stale copies of sandboxes", "err", err)
+		} else if n > 0 {
+			d.log.Warn("destroyed stale copies of sandboxes other nodes own now", "sandboxes", n)
+		}
+	}
+}
+
+// recovery brings back here the sandboxes of lost nodes whose recover
+// policy asks for it: for a node of a cluster with an object store alone.
+// A node's lease must have been out for two leases first.
+func (d *Daemon) recovery(p *parts) *checkpoints.Recovery {
+	if d.takeover(p) == nil || d.checkpoints == nil {
+		return nil
+	}
+	lease := d.cfg.Lease
+	if lease <= 0 {
+		lease = cluster.DefaultLease
+	}
+	return &checkpoints.Recovery{
+		Service: d.checkpoints, Stored: p.uploads, Cluster: d.member, Records: p.store,
+		After: 2 * lease, Every: lease / 2, Log: d.log,
+	}
 }
 
 // checkpointFeatures are the CPU features a checkpoint's memory image

@@ -101,7 +101,7 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger, confirm func(In
 	if err != nil {
 		return fmt.Errorf("tearing down %s: %w", dir, err)
 	}
-	nets, err := network.New(network.Config{Subnet: subnet, InsidePort: network.DefaultInsidePort, Log: log})
+	nets, err := network.New(network.Config{Subnet: subnet, InsidePort: network.DefaultInsidePort, Node: cfg.Node, Log: log})
 	if err != nil {
 		return fmt.Errorf("tearing down %s: %w", dir, err)
 	}

@@ -9,6 +9,8 @@ package network
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -46,6 +48,11 @@ type Config struct {
 	NetnsPrefix string
 	// VethPrefix starts every host veth name; default "lm".
 	VethPrefix string
+	// Node is the daemon's node of a cluster ("" alone). A sandbox brought
+	// back on another node keeps its id, and two nodes may share a host
+	// (and its namespace directory): a node's names are its own, the
+	// namespace's with the node in it, the veth's a hash of both.
+	Node string
 	// InsidePort is the TCP port of the in-sandbox API on each sandbox's
 	// host address, the one port of the host the firewall lets sandboxes
 	// connect to; default DefaultInsidePort.
@@ -163,13 +170,18 @@ func (m *Manager) Endpoint(id string, index int) (Endpoint, error) {
 		return Endpoint{}, fmt.Errorf("computing endpoint of %s: index %d outside 0..%d of %s", id, index, m.MaxIndex(), m.cfg.Subnet)
 	}
 	veth := m.cfg.VethPrefix + strings.TrimPrefix(id, idPrefix)
+	name := m.cfg.NetnsPrefix + id
+	if m.cfg.Node != "" {
+		sum := sha256.Sum256([]byte(m.cfg.Node + "/" + id))
+		veth = m.cfg.VethPrefix + hex.EncodeToString(sum[:])[:maxLinkName-len(m.cfg.VethPrefix)]
+		name = m.cfg.NetnsPrefix + m.cfg.Node + "-" + id
+	}
 	if len(veth) > maxLinkName {
 		return Endpoint{}, fmt.Errorf("computing endpoint of %s: veth name %q is longer than %d bytes", id, veth, maxLinkName)
 	}
 	base := m.cfg.Subnet.Addr().As4()
 	n := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
 	n += uint32(index) << (32 - slotBits)
-	name := m.cfg.NetnsPrefix + id
 	return Endpoint{
 		Name:      name,
 		Netns:     filepath.Join(NetnsDir, name),

@@ -133,6 +133,10 @@ type Config struct {
 	// --cpu-features, or what every node of the cluster has. nil, or an
 	// empty answer, is all the host has.
 	CPUFeatures func() []string
+	// Takeover, in a cluster with an object store, moves the record of a
+	// lost node's sandbox to this node, to bring it back here from a
+	// stored checkpoint (TakeOver); nil on one machine.
+	Takeover Takeover
 	// Stored is told when checkpoints go (deleted, pruned, their sandbox
 	// deleted), so that their copies in the object store go too; nil
 	// when the daemon keeps none (loam serve --objects).
@@ -146,12 +150,19 @@ type Stored interface {
 	// store (every one of the sandbox's when cpID is ""), and any upload
 	// of it. A failure is its own to log: what is left is its sweep's.
 	Forget(ctx context.Context, sandboxID, cpID string)
+	// Stored reports whether checkpoint ref of sandbox sandboxID is in
+	// the object store, complete: a checkpoint whose data this node lacks
+	// (one of a sandbox brought back here from another node) is fetched
+	// when used, not dropped.
+	Stored(ctx context.Context, sandboxID, ref string) (bool, error)
 }
 
 // noStored is Stored for a daemon without an object store.
 type noStored struct{}
 
 func (noStored) Forget(context.Context, string, string) {}
+
+func (noStored) Stored(context.Context, string, string) (bool, error) { return false, nil }
 
 // Manager creates, runs and deletes sandboxes. It is safe for concurrent
 // use; operations that change one sandbox (delete, and later checkpoint,
@@ -275,7 +286,9 @@ func (m *Manager) URL(org, name string) string {
 func (m *Manager) view(sb *store.Sandbox) *api.Sandbox {
 	v := sb.Sandbox
 	v.URL = m.URL(sb.Org, v.Name)
-	if v.State == api.StateError {
+	if v.State == api.StateError || v.State == api.StateRunning {
+		// Running, it is what a takeover said: brought back on this node
+		// from a checkpoint, and what was lost (until its next change).
 		v.Reason = sb.Error
 	}
 	if since, lapsed := m.owner.lapsed(sb); lapsed {
@@ -551,7 +564,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			res.DiskMiB = req.Resources.DiskMiB
 		}
 	}
-	for _, check := range []error{checkEnv(req.Env), checkLabels(req.Labels), checkIdle(req.Idle, m.cfg.IdleMin), checkPort(req.HTTPPort)} {
+	for _, check := range []error{checkEnv(req.Env), checkLabels(req.Labels), checkIdle(req.Idle, m.cfg.IdleMin), checkPort(req.HTTPPort), checkRecover(req.Recover)} {
 		if check != nil {
 			return nil, check
 		}
@@ -579,6 +592,7 @@ func (m *Manager) newRecord(ctx context.Context, req api.CreateSandbox) (*store.
 			Template: req.Template, Resources: res,
 			Env: orEmpty(req.Env), Labels: orEmpty(req.Labels),
 			Idle: req.Idle, HTTPPort: port, Public: req.Public, From: req.From,
+			Recover: req.Recover,
 			Secrets: orNil(req.Secrets), SecretFiles: orNil(req.SecretFiles),
 			Network:   policy,
 			CreatedAt: store.Now(),

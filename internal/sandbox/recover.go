@@ -357,7 +357,14 @@ func (r *recovery) sweep(ctx context.Context) error {
 		if r.known[id] {
 			continue
 		}
-		r.m.log.Info("removing leftovers of sandbox", "sandbox", id)
+		if sb, err := r.m.store.GetSandbox(ctx, "", id); err == nil && sb.Node != r.m.cfg.Node {
+			// Brought back on another node while this one was away: this
+			// copy is stale, and only it goes (not the record, the new
+			// owner's data or the stored checkpoints).
+			r.m.log.Warn("destroying the stale copy of a sandbox another node owns now", "sandbox", id, "name", sb.Name, "owner", sb.Node)
+		} else {
+			r.m.log.Info("removing leftovers of sandbox", "sandbox", id)
+		}
 		errs = append(errs, r.m.rt.Delete(ctx, id))
 		if ep, err := r.m.nets.Endpoint(id, 0); err == nil {
 			errs = append(errs, r.m.nets.Delete(ctx, ep))
@@ -465,6 +472,9 @@ func (r *recovery) dropBrokenCheckpoints(ctx context.Context) error {
 				continue
 			case statErr == nil && have[snapName(sb.ID, cp.ID)]:
 				continue
+			}
+			if ok, err := r.m.stored.Stored(ctx, sb.ID, cp.ID); err == nil && ok {
+				continue // another node's, brought back here: fetched when used
 			}
 			r.m.log.Error("checkpoint data is missing; dropping the checkpoint", "sandbox", sb.ID, "checkpoint", cp.ID,
 				"image_missing", statErr != nil, "snapshot_missing", !have[snapName(sb.ID, cp.ID)], "path", data)

@@ -13,10 +13,13 @@ import (
 // the idle timer, the URL front door and label filters all read the
 // stored record. An update that gives nothing is an error.
 func (m *Manager) Update(ctx context.Context, ref string, req api.UpdateSandbox) (*api.Sandbox, error) {
-	if req.Labels == nil && req.Idle == nil && req.HTTPPort == nil && req.Public == nil {
-		return nil, api.Errorf(api.CodeInvalid, "nothing to update: give labels, idle, http_port or public")
+	if req.Labels == nil && req.Idle == nil && req.HTTPPort == nil && req.Public == nil && req.Recover == nil {
+		return nil, api.Errorf(api.CodeInvalid, "nothing to update: give labels, idle, http_port, public or recover")
 	}
 	var checks []error
+	if req.Recover != nil {
+		checks = append(checks, checkRecover(*req.Recover))
+	}
 	if req.Labels != nil {
 		checks = append(checks, checkLabels(*req.Labels))
 	}
@@ -54,6 +57,9 @@ func (m *Manager) Update(ctx context.Context, ref string, req api.UpdateSandbox)
 	}
 	if req.Public != nil {
 		sb.Public = *req.Public
+	}
+	if req.Recover != nil {
+		sb.Recover = *req.Recover
 	}
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, fmt.Errorf("updating %s: %w", sb.ID, err)

@@ -138,3 +138,11 @@ func checkPort(p int) error {
 // newID makes a sandbox id: "sb-" and 12 random lowercase letters and digits.
 // Fixed length matters: runsc matches container ids by prefix.
 func newID() string { return "sb-" + randid.String(12) }
+
+// checkRecover checks a recover policy (api.CreateSandbox.Recover).
+func checkRecover(p string) error {
+	if p == "" || p == api.RecoverLatestCheckpoint {
+		return nil
+	}
+	return api.Errorf(api.CodeInvalid, "recover: %q is no policy; give %q (brought back on another node from its latest stored checkpoint if its node is lost) or \"\" (none)", p, api.RecoverLatestCheckpoint)
+}

@@ -88,11 +88,30 @@ func Shared(tb testing.TB) *Server {
 	if bin == "" {
 		testenv.Missing(tb, "needs versitygw, an S3 server (scripts/setup builds it)")
 	}
-	sharedOnce.Do(func() { shared, sharedErr = start(bin) })
+	sharedOnce.Do(func() { shared, sharedErr = start(bin, "127.0.0.1:0") })
 	if sharedErr != nil {
 		tb.Fatalf("starting versitygw: %v", sharedErr)
 	}
 	return shared
+}
+
+// NewServer starts a server of tb's own listening on addr (host:port):
+// one that the nodes of a test reach from their own network namespaces
+// (on the host's end of their links), and that the test may stop. It has
+// the shared server's credentials (one pair per test binary, in its AWS
+// environment), and is stopped when tb ends.
+func NewServer(tb testing.TB, addr string) *Server {
+	tb.Helper()
+	bin := Binary()
+	if bin == "" {
+		testenv.Missing(tb, "needs versitygw, an S3 server (scripts/setup builds it)")
+	}
+	s, err := start(bin, addr)
+	if err != nil {
+		tb.Fatalf("starting versitygw on %s: %v", addr, err)
+	}
+	tb.Cleanup(s.stop)
+	return s
 }
 
 // NewBucket makes an empty bucket on the shared server and returns the
@@ -101,7 +120,13 @@ func Shared(tb testing.TB) *Server {
 // (Env) once it runs.
 func NewBucket(tb testing.TB, prefix string) string {
 	tb.Helper()
-	s := Shared(tb)
+	return Shared(tb).NewBucket(tb, prefix)
+}
+
+// NewBucket makes an empty bucket on s, as the function NewBucket does on
+// the shared server.
+func (s *Server) NewBucket(tb testing.TB, prefix string) string {
+	tb.Helper()
 	name := fmt.Sprintf("t%d-%d", os.Getpid(), s.buckets.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -136,8 +161,16 @@ func (s *Server) client() *s3.Client {
 	})
 }
 
-// start runs versitygw over a new directory, on a free loopback port.
-func start(bin string) (*Server, error) {
+// creds are the servers' root credentials, one pair per test binary: the
+// AWS environment the daemons inherit holds one.
+var (
+	credsOnce            sync.Once
+	accessKey, secretKey string
+)
+
+// start runs versitygw over a new directory, on addr (port 0: a free one).
+func start(bin, listen string) (*Server, error) {
+	credsOnce.Do(func() { accessKey, secretKey = "loamtest"+randomHex(6), randomHex(20) })
 	dir, err := os.MkdirTemp("", "loam-s3test-")
 	if err != nil {
 		return nil, err
@@ -146,13 +179,13 @@ func start(bin string) (*Server, error) {
 	if err := os.Mkdir(data, 0o700); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, err
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	s := &Server{Endpoint: "http://" + addr, AccessKey: "loamtest" + randomHex(6), SecretKey: randomHex(20), dir: dir}
+	s := &Server{Endpoint: "http://" + addr, AccessKey: accessKey, SecretKey: secretKey, dir: dir}
 	log, err := os.Create(filepath.Join(dir, "log"))
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/store"
+	"loam.dev/loam/internal/store/columns"
 )
 
 // The nodes of a cluster. Every daemon of a cluster joins it under its
@@ -314,4 +315,40 @@ func (ns *Nodes) AdoptSandboxes(ctx context.Context, node string) (int, error) {
 		return 0, fmt.Errorf("adopting the sandboxes of no node: %w", err)
 	}
 	return int(n), nil
+}
+
+// TakeOverSandbox makes node "to" the owner of sandbox id, whose node from
+// stopped answering (its lease ran out) or was removed: the one step that
+// brings a sandbox of a lost node back on another (from a stored
+// checkpoint, next). It gives the record the network slot netIndex of
+// to's range and state error with reason (no machine runs it on to yet),
+// and answers the record as it now is. In one transaction, behind the
+// fence, and only while from's lease is still out: of two nodes that try
+// at once, or a node that took it while from came back, one alone wins;
+// the other gets store.ErrStale. From then on from changes nothing of it
+// (the fence's owner check), and finds it another node's when it acts
+// again (see sandbox's stale copies).
+func (ns *Nodes) TakeOverSandbox(ctx context.Context, id, from, to string, netIndex int, reason string) (*store.Sandbox, error) {
+	s := ns.s
+	var sb *store.Sandbox
+	err := s.execTx(ctx, func(tx pgx.Tx) (bool, error) {
+		if err := s.checkFence(ctx, tx, ""); err != nil {
+			return false, err
+		}
+		row := tx.QueryRow(ctx, `UPDATE sandboxes SET node = $3, net_index = $4, state = 'error', error = $5,
+			restore_target = '', version = version + 1
+			WHERE id = $1 AND node = $2 AND node <> $3 AND EXISTS (
+				SELECT 1 FROM nodes WHERE name = $2 AND (removed OR lease_until <= now()) FOR UPDATE)
+			RETURNING `+columns.SandboxNames, id, from, to, netIndex, reason)
+		var err error
+		sb, err = scanSandbox(row)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, fmt.Errorf("sandbox %s is not on node %s, or node %s holds its lease again: %w", id, from, from, store.ErrStale)
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("taking over sandbox %s from node %s: %w", id, from, err)
+	}
+	return sb, nil
 }

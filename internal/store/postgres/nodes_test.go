@@ -231,3 +231,47 @@ func TestStoreFenced(t *testing.T) {
 		return p
 	}))
 }
+
+// TestTakeOverSandbox: a sandbox of a node whose lease ran out is taken
+// over by a live node in one step (its record then names the new node,
+// with the slot and reason given, state error); not while its node holds
+// its lease; not twice (the second taker, and the first node once back,
+// get stale, and the old node changes nothing of it any more).
+func TestTakeOverSandbox(t *testing.T) {
+	a, b := twoNodes(t)
+	ctx := t.Context()
+	join(t, a, "a", "http://127.0.0.1:1", time.Hour)
+	join(t, b, "b", "http://127.0.0.1:2", 2*time.Second)
+	sb := nodeSandbox("sb-taken", "b")
+	if err := b.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Nodes().TakeOverSandbox(ctx, sb.ID, "b", "a", 7, "why"); !errors.Is(err, store.ErrStale) {
+		t.Fatalf("taking over a sandbox of a node that holds its lease: %v, want stale", err)
+	}
+	time.Sleep(2500 * time.Millisecond) // b's lease runs out
+	got, err := a.Nodes().TakeOverSandbox(ctx, sb.ID, "b", "a", 7, "brought back")
+	if err != nil {
+		t.Fatalf("taking over a lost node's sandbox: %v", err)
+	}
+	if got.Node != "a" || got.NetIndex != 7 || got.State != api.StateError || got.Error != "brought back" || got.Version != sb.Version+1 {
+		t.Errorf("taken over: node %s slot %d state %s error %q version %d", got.Node, got.NetIndex, got.State, got.Error, got.Version)
+	}
+	if _, err := a.Nodes().TakeOverSandbox(ctx, sb.ID, "b", "a", 8, "again"); !errors.Is(err, store.ErrStale) {
+		t.Errorf("taking it over a second time: %v, want stale", err)
+	}
+	// b, back (its lease renewed), changes nothing of it.
+	if err := b.Nodes().RenewNode(ctx, "b", b.fence.Load().epoch, time.Hour, api.NodeLoad{Role: "node"}); err != nil {
+		t.Fatal(err)
+	}
+	sb.State = api.StateStopped
+	if err := b.UpdateSandbox(ctx, sb); err == nil {
+		t.Errorf("b updating the sandbox a took over: no error")
+	}
+	if err := b.DeleteSandbox(ctx, sb.ID); err == nil {
+		t.Errorf("b deleting the sandbox a took over: no error")
+	}
+	if now, err := a.GetSandbox(ctx, "", sb.ID); err != nil || now.Node != "a" || now.Error != "brought back" {
+		t.Errorf("the record after b's tries: %+v, %v", now, err)
+	}
+}

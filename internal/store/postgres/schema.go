@@ -176,6 +176,11 @@ CREATE TABLE cluster_secrets (
 	created_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 `,
+	// 3: what brings a sandbox back when its node is lost
+	// (api.Sandbox.Recover: '' none).
+	`
+ALTER TABLE sandboxes ADD COLUMN recover TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // migrateLock is the advisory lock under which a daemon migrates: the

@@ -298,6 +298,11 @@ ALTER TABLE images_new RENAME TO images;
 ALTER TABLE sandboxes ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
 `,
+	// 16: what brings a sandbox back when its node is lost
+	// (api.Sandbox.Recover: '' none).
+	`
+ALTER TABLE sandboxes ADD COLUMN recover TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // migrate applies the steps the database has not run yet, each in its own

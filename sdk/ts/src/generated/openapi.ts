@@ -888,6 +888,17 @@ export interface paths {
          *     undone. A memory checkpoint resumes its processes; a disk-only one
          *     boots fresh. Every exec and attach socket, port stream and watch on
          *     the sandbox ends with status 1011.
+         *
+         *     In a cluster with an object store, a sandbox whose node stopped
+         *     answering (state `unknown`) is brought back by a restore of one of
+         *     its stored checkpoints: the node that answers fetches it, takes the
+         *     sandbox over (same id, name and URL; its other checkpoints stay
+         *     its own, fetched when used) and restores it there, with no
+         *     automatic checkpoint (there is no state to keep). Its `reason`
+         *     then says it was brought back and that what it did after that
+         *     checkpoint is lost. A checkpoint that is not stored answers
+         *     `unavailable`; one of another runsc build, `conflict`. When the lost
+         *     node comes back it destroys its own stale copy.
          */
         post: operations["restoreCheckpoint"];
         delete?: never;
@@ -1910,7 +1921,7 @@ export interface components {
             name: string;
             state: components["schemas"]["State"];
             /**
-             * @description Why it is in state `error` (its sandbox process died, a restore failed, …) and what brings it back; absent in other states.
+             * @description Why it is in state `error` (its sandbox process died, a restore failed, …) or `unknown` (its node stopped answering) and what brings it back; for a running sandbox brought back on another node from a stored checkpoint, that it was and what was lost (until its next change of state); absent otherwise.
              * @example its sandbox process (pid 4242) was killed by signal 9 (SIGKILL) outside loam's control; restore a checkpoint, or wake it to boot it again on its disk
              */
             reason?: string;
@@ -1951,6 +1962,7 @@ export interface components {
              * @example node-1
              */
             node?: string;
+            recover?: components["schemas"]["RecoverPolicy"];
             /** Format: date-time */
             created_at: string;
         };
@@ -2014,7 +2026,19 @@ export interface components {
             http_port?: number;
             /** @description Opens its URL to anyone who reaches the daemon, or closes it to all but token holders. */
             public?: boolean;
+            recover?: components["schemas"]["RecoverPolicy"];
         };
+        /**
+         * @description What brings the sandbox back if its node is lost (a cluster with an
+         *     object store, `loam serve --objects`): `latest-checkpoint` restores
+         *     it on another node from its latest stored checkpoint, once its
+         *     node's lease has been out for two leases; what it did after that
+         *     checkpoint is lost, and its `reason` says so. `""` (or absent): it
+         *     waits for its node (its owner may still restore a stored
+         *     checkpoint, which brings it back on the node that answers).
+         * @enum {string}
+         */
+        RecoverPolicy: "" | "latest-checkpoint";
         /**
          * @description The body of `POST /v1/sandboxes`. Every field is optional. With
          *     `from` it makes a fork, which takes `template`, `image` and
@@ -2060,6 +2084,7 @@ export interface components {
              *     placement picks (the operator's admin token only).
              */
             node?: string;
+            recover?: components["schemas"]["RecoverPolicy"];
         };
         AccessToken: {
             url: string;
