@@ -156,6 +156,33 @@ type CreateSandbox struct {
 	// Recover is what brings the sandbox back if its node is lost
 	// (Sandbox.Recover): RecoverLatestCheckpoint, or "" (none).
 	Recover string `json:"recover,omitempty"`
+	// Count, with From, makes that many forks at once (1 to
+	// MaxForkCount), each created as a fork of its own would be (in a
+	// cluster, each placed on its own), and the answer is a ForkList
+	// rather than a Sandbox. With a Name the forks are named NAME-1 …
+	// NAME-N; without one the daemon picks each name.
+	Count int `json:"count,omitempty"`
+}
+
+// MaxForkCount is the most forks one create makes (CreateSandbox.Count).
+const MaxForkCount = 64
+
+// ForkList is the answer of a create with a count (CreateSandbox.Count):
+// every fork, in order (NAME-1 first), each with its sandbox or the error
+// that kept it from being made. It is sent with 201 when at least one fork
+// was made; when none was, the answer is the first fork's error instead,
+// with its own status.
+type ForkList struct {
+	Forks []ForkResult `json:"forks"`
+}
+
+// ForkResult is one fork of a ForkList: the name it was asked to have
+// (absent when the daemon picks one), and either the sandbox made or the
+// error that kept it from being made, as an error answer would carry it.
+type ForkResult struct {
+	Name    string   `json:"name,omitempty"`
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	Error   *Error   `json:"error,omitempty"`
 }
 
 // RecoverLatestCheckpoint is the recover policy (CreateSandbox.Recover)

@@ -82,6 +82,27 @@ func (c *Client) ForkWith(ctx context.Context, sandbox, checkpoint string, req a
 	return &sb, nil
 }
 
+// ForkMany makes req.Count forks (1 to api.MaxForkCount) of the checkpoint
+// of sandbox at once, as ForkWith makes one: named NAME-1 … NAME-N after
+// req.Name, or by the daemon without one. The list holds every fork in
+// order, each with its sandbox or its own error (in a cluster, each fork
+// is placed on its own). When no fork was made the error is the first
+// one's, an *api.Error as for one fork.
+func (c *Client) ForkMany(ctx context.Context, sandbox, checkpoint string, req api.CreateSandbox) (*api.ForkList, error) {
+	if sandbox == "" || checkpoint == "" {
+		return nil, api.Errorf(api.CodeInvalid, "a fork needs a sandbox and a checkpoint")
+	}
+	if req.Count < 1 {
+		return nil, api.Errorf(api.CodeInvalid, "count: %d; a create makes 1 to %d forks at once", req.Count, api.MaxForkCount)
+	}
+	req.From = &api.ForkSource{Sandbox: sandbox, Checkpoint: checkpoint}
+	var list api.ForkList
+	if err := c.do(ctx, "POST", "/v1/sandboxes", nil, req, &list); err != nil {
+		return nil, fmt.Errorf("forking %s at %s %d times: %w", sandbox, checkpoint, req.Count, err)
+	}
+	return &list, nil
+}
+
 func (c *Client) checkpointCall(ctx context.Context, method, sandbox, ref, rest string, out any) error {
 	seg, err := segment("checkpoint", ref)
 	if err != nil {

@@ -99,6 +99,27 @@ func ExampleClient_ForkWith() {
 	fmt.Println(fork.Name, fork.From.Checkpoint)
 }
 
+// Many forks of one checkpoint at once, named scratch-1 … scratch-3; each
+// has its sandbox or its own error.
+func ExampleClient_ForkMany() {
+	ctx := context.Background()
+	c, err := client.FromEnv()
+	if err != nil {
+		log.Fatal(err)
+	}
+	list, err := c.ForkMany(ctx, "scratch", "v1", api.CreateSandbox{Name: "scratch", Count: 3})
+	if err != nil {
+		log.Fatal(err) // none was made
+	}
+	for _, f := range list.Forks {
+		if f.Error != nil {
+			fmt.Println(f.Name, f.Error)
+			continue
+		}
+		fmt.Println(f.Sandbox.Name, f.Sandbox.State)
+	}
+}
+
 func ExampleClient_ListCheckpoints() {
 	ctx := context.Background()
 	c, err := client.FromEnv()

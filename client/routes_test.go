@@ -81,6 +81,10 @@ var routeCalls = []routeCall{
 		_, err := c.ForkWith(ctx, "sb", "v1", api.CreateSandbox{Name: "sb-2"})
 		return err
 	}},
+	{"POST /v1/sandboxes", "ForkMany", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.ForkMany(ctx, "sb", "v1", api.CreateSandbox{Name: "sb", Count: 3})
+		return err
+	}},
 	{"GET /v1/sandboxes", "ListSandboxes", url.Values{"label": {"owner=docs", "team=red"}}, func(ctx context.Context, c *client.Client) error {
 		_, err := c.ListSandboxes(ctx, client.ListOptions{Labels: map[string]string{"team": "red", "owner": "docs"}})
 		return err

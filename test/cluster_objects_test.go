@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"loam.dev/loam/api"
+	"loam.dev/loam/client"
 	"loam.dev/loam/internal/objects/s3test"
 	"loam.dev/loam/internal/store/postgres/pgtest"
 	"loam.dev/loam/test/harness"
@@ -79,5 +80,72 @@ func TestClusterForkAnywhere(t *testing.T) {
 		if err := a.C.DeleteSandbox(ctx, sb); err != nil {
 			t.Errorf("deleting %s: %v", sb, err)
 		}
+	}
+}
+
+// TestClusterForkCount: a count of forks of a stored checkpoint, through a
+// node that does not hold it, makes each fork as a create of its own,
+// placed on its own: the forks spread over both nodes (both report the
+// same machine's memory, so only what placement counts of its own
+// placements tells them apart), each running the source's process, and
+// each node records the forks it made.
+func TestClusterForkCount(t *testing.T) {
+	t.Parallel()
+	bucket := s3test.NewBucket(t, "count/")
+	db := pgtest.NewDatabase(t)
+	a := startNode(t, db, "a", "", "--objects", bucket)
+	startNode(t, db, "b", a.Token, "--objects", bucket)
+	ctx := harness.Ctx(t)
+	if _, err := a.C.CreateSandbox(ctx, api.CreateSandbox{Name: "src", Node: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	a.Run("src", "sh", "-c", "(sleep 100000 &)")
+	pid := strings.TrimSpace(a.Run("src", "pidof", "sleep"))
+	if _, err := a.C.CreateCheckpoint(ctx, "src", api.CreateCheckpoint{Wait: api.WaitStored}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := a.C.ForkMany(ctx, "src", "v1", api.CreateSandbox{Name: "w", Count: 4})
+	if err != nil {
+		t.Fatalf("4 forks through a: %v", err)
+	}
+	on := map[string]int{}
+	for _, f := range list.Forks {
+		if f.Sandbox == nil {
+			t.Errorf("%s: %v", f.Name, f.Error)
+			continue
+		}
+		on[f.Sandbox.Node]++
+		if got := strings.TrimSpace(a.Run(f.Name, "pidof", "sleep")); got != pid {
+			t.Errorf("%s on %s runs sleep %q, want the source's (%s)", f.Name, f.Sandbox.Node, got, pid)
+		}
+	}
+	t.Logf("the forks went to %v", on)
+	if on["a"] == 0 || on["b"] == 0 {
+		t.Errorf("the forks went to %v, want both nodes", on)
+	}
+	// Each fork has one record, written by the node that made it (a node
+	// that passes a call on records none), and the call its own.
+	events, err := a.C.Audit(ctx, client.AuditOptions{Action: "sandbox.fork"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := map[string]int{}
+	for _, ev := range events {
+		records[ev.Target+" "+ev.Outcome]++
+	}
+	for _, want := range []string{"sandboxes/w-1 ok", "sandboxes/w-2 ok", "sandboxes/w-3 ok", "sandboxes/w-4 ok", "sandboxes ok"} {
+		if records[want] != 1 {
+			t.Errorf("%d audit records %q, want 1 (all: %v)", records[want], want, records)
+		}
+	}
+	for _, f := range list.Forks {
+		if f.Sandbox != nil {
+			if err := a.C.DeleteSandbox(ctx, f.Sandbox.Name); err != nil {
+				t.Errorf("deleting %s: %v", f.Name, err)
+			}
+		}
+	}
+	if err := a.C.DeleteSandbox(ctx, "src"); err != nil {
+		t.Error(err)
 	}
 }

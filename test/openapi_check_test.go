@@ -216,6 +216,13 @@ func (c *conformance) mark(schema *openapi3.SchemaRef, v any, owner string) {
 		owner = name
 	}
 	s := schema.Value
+	// An answer of several shapes (oneOf) holds the properties of the one
+	// it is.
+	for _, alt := range s.OneOf {
+		if alt.Value != nil && alt.Value.VisitJSON(v, openapi3.EnableJSONSchema2020()) == nil {
+			c.mark(alt, v, owner)
+		}
+	}
 	switch v := v.(type) {
 	case map[string]any:
 		for name := range s.Properties {

@@ -708,6 +708,25 @@ func walkCheckpoints(ctx context.Context, w *walker) {
 	if f.From == nil || f.From.Checkpoint != "v2" || f.State != api.StateRunning {
 		w.t.Errorf("fork %+v", f)
 	}
+
+	// Forks with a count: one, then two of which the first's name is
+	// taken (a list with a sandbox and an error); a count that makes none
+	// answers the first fork's error, and one out of range is refused.
+	var forks api.ForkList
+	w.json(req{route: "POST /v1/sandboxes", path: "/v1/sandboxes", body: `{"name":"walk","count":1,"from":{"sandbox":"scratch","checkpoint":"v1"}}`}, 201, &forks)
+	if len(forks.Forks) != 1 || forks.Forks[0].Sandbox == nil {
+		w.t.Errorf("a count of 1: %+v", forks)
+	}
+	w.json(req{route: "POST /v1/sandboxes", path: "/v1/sandboxes", body: `{"name":"walk","count":2,"from":{"sandbox":"scratch","checkpoint":"v1"}}`}, 201, &forks)
+	if len(forks.Forks) != 2 || forks.Forks[0].Error == nil || forks.Forks[1].Sandbox == nil {
+		w.t.Errorf("a count of 2 with walk-1 taken: %+v", forks)
+	}
+	w.errorCode(req{route: "POST /v1/sandboxes", path: "/v1/sandboxes", body: `{"name":"walk","count":2,"from":{"sandbox":"scratch","checkpoint":"v9"}}`}, api.CodeNotFound)
+	w.errorCode(req{route: "POST /v1/sandboxes", path: "/v1/sandboxes", body: `{"count":65,"from":{"sandbox":"scratch","checkpoint":"v1"}}`}, api.CodeInvalid)
+	for _, name := range []string{"walk-1", "walk-2"} {
+		w.call(req{route: "DELETE /v1/sandboxes/{sandbox}", path: "/v1/sandboxes/" + name}, 204)
+	}
+
 	w.call(req{route: "DELETE " + cp, path: base + "/v2"}, 204)
 	w.errorCode(req{route: "GET " + cp, path: base + "/v2"}, api.CodeNotFound)
 	w.call(req{route: "DELETE " + cp, path: base + "/auto-1"}, 204)

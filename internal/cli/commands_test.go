@@ -59,6 +59,47 @@ func TestCheckpointWalkthrough(t *testing.T) {
 	}
 }
 
+// TestForkCount: loam fork --count prints a line for each fork, its
+// sandbox or why it was not made, and exits 1 saying how many were not.
+func TestForkCount(t *testing.T) {
+	f, srv := newFakeAPI(t)
+	if r := runCLI(t, srv, "", false, nil, "create", "worker-2"); r.code != 0 {
+		t.Fatalf("create worker-2: exit %d: %s", r.code, r.stderr)
+	}
+	r := runCLI(t, srv, "", false, nil, "fork", "scratch", "v1", "worker", "--count", "3", "--label", "owner=docs")
+	want := "" +
+		"NAME      ID               NODE  STATE\n" +
+		"worker-1  sb-000000000002  -     running\n" +
+		"worker-2  -                -     failed: a sandbox named worker-2 exists\n" +
+		"worker-3  sb-000000000003  -     running\n"
+	if r.code != 1 || r.stdout != want || r.stderr != "loam: 1 of 3 forks were not made\n" {
+		t.Errorf("fork --count 3 with worker-2 taken: exit %d, stderr %q, stdout:\n%s\nwant exit 1 and:\n%s", r.code, r.stderr, r.stdout, want)
+	}
+	if want := `{"name":"worker","labels":{"owner":"docs"},"from":{"sandbox":"scratch","checkpoint":"v1"},"count":3}`; string(f.lastBody) != want {
+		t.Errorf("fork --count sent %s, want %s", f.lastBody, want)
+	}
+
+	r = runCLI(t, srv, "", false, nil, "fork", "scratch", "v1", "--count", "1", "--json")
+	var list api.ForkList
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || r.code != 0 || len(list.Forks) != 1 || list.Forks[0].Sandbox == nil {
+		t.Errorf("fork --count 1 --json: exit %d, stderr %q, stdout %s (%v)", r.code, r.stderr, r.stdout, err)
+	}
+
+	for _, tc := range []struct {
+		args   []string
+		stderr string
+	}{
+		{[]string{"fork", "nope", "v1", "x", "--count", "2"}, "loam: sandbox nope not found\n"},
+		{[]string{"fork", "scratch", "v1", "worker", "--count", "1"}, "loam: a sandbox named worker-1 exists\n"},
+		{[]string{"fork", "scratch", "v1", "x", "--count", "0"}, "loam: count: 0; a create makes 1 to 64 forks at once\n"},
+	} {
+		r := runCLI(t, srv, "", false, nil, tc.args...)
+		if r.code != 1 || r.stdout != "" || r.stderr != tc.stderr {
+			t.Errorf("loam %s: exit %d, stdout %q, stderr %q; want exit 1, stderr %q", strings.Join(tc.args, " "), r.code, r.stdout, r.stderr, tc.stderr)
+		}
+	}
+}
+
 func TestCheckpointCreateBodies(t *testing.T) {
 	f, srv := newFakeAPI(t)
 	tests := []struct {

@@ -124,6 +124,41 @@ func (f *fakeAPI) create(w http.ResponseWriter, r *http.Request) {
 	defer f.mu.Unlock()
 	var req api.CreateSandbox
 	f.body(r, &req)
+	if req.Count > 0 {
+		f.createForks(w, req)
+		return
+	}
+	if sb, err := f.createOne(req); err != nil {
+		replyErr(w, err)
+	} else {
+		reply(w, 201, sb)
+	}
+}
+
+// createForks makes a count of forks as the daemon does: each as a create
+// of its own, named NAME-1 … NAME-N.
+func (f *fakeAPI) createForks(w http.ResponseWriter, req api.CreateSandbox) {
+	var list api.ForkList
+	made := false
+	for i := range req.Count {
+		one := req
+		one.Count = 0
+		if req.Name != "" {
+			one.Name = fmt.Sprintf("%s-%d", req.Name, i+1)
+		}
+		sb, err := f.createOne(one)
+		list.Forks = append(list.Forks, api.ForkResult{Name: one.Name, Sandbox: sb, Error: err})
+		made = made || sb != nil
+	}
+	if !made {
+		replyErr(w, list.Forks[0].Error)
+		return
+	}
+	reply(w, 201, list)
+}
+
+// createOne makes the sandbox req asks for; f.mu is held.
+func (f *fakeAPI) createOne(req api.CreateSandbox) (*api.Sandbox, *api.Error) {
 	sb := &api.Sandbox{
 		ID: fmt.Sprintf("sb-%012d", len(f.sandboxes)), Name: req.Name, State: api.StateRunning,
 		Template: req.Template, Image: req.Image, Env: req.Env, Labels: req.Labels,
@@ -131,13 +166,11 @@ func (f *fakeAPI) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.From != nil {
 		if req.Template != "" || req.Image != "" || req.Resources != nil {
-			replyErr(w, api.Errorf(api.CodeInvalid, "a fork takes its template or image and its resources from the checkpoint; don't give them"))
-			return
+			return nil, api.Errorf(api.CodeInvalid, "a fork takes its template or image and its resources from the checkpoint; don't give them")
 		}
 		src := f.find(req.From.Sandbox)
 		if src == nil {
-			replyErr(w, api.Errorf(api.CodeNotFound, "sandbox %s not found", req.From.Sandbox))
-			return
+			return nil, api.Errorf(api.CodeNotFound, "sandbox %s not found", req.From.Sandbox)
 		}
 		sb.Template, sb.Resources, sb.From = src.Template, src.Resources, req.From
 	} else if req.Resources != nil {
@@ -147,12 +180,11 @@ func (f *fakeAPI) create(w http.ResponseWriter, r *http.Request) {
 		sb.Name = "brave-otter"
 	}
 	if f.find(sb.Name) != nil {
-		replyErr(w, api.Errorf(api.CodeConflict, "a sandbox named %s exists", sb.Name))
-		return
+		return nil, api.Errorf(api.CodeConflict, "a sandbox named %s exists", sb.Name)
 	}
 	sb.URL = "https://" + sb.Name + "--docs.loam.example.com"
 	f.sandboxes = append(f.sandboxes, sb)
-	reply(w, 201, sb)
+	return sb, nil
 }
 
 func (f *fakeAPI) list(w http.ResponseWriter, r *http.Request) {

@@ -52,7 +52,7 @@ func (rt *Router) placeImage(ctx context.Context, org, ref string, nodes []*stor
 	}
 	pref := imageCached(ref, im)
 	if !filepath.IsAbs(ref) {
-		return best(nodes, now, a, pref)
+		return best(nodes, now, a, pref, rt.placed.recent(nodes))
 	}
 	var held []*store.Node
 	if pref.has != nil {
@@ -63,7 +63,7 @@ func (rt *Router) placeImage(ctx context.Context, org, ref string, nodes []*stor
 		}
 	}
 	if len(held) > 0 {
-		node, code, why := within(held, now, a)
+		node, code, why := within(held, now, a, rt.placed.recent(held))
 		if node == "" {
 			return "", "", api.Errorf(code, "no node can take a sandbox of image %s (%s): it is on %s; an image from a path on a host is pulled where the path is, and its sandboxes are made there",
 				ref, a, why)
@@ -76,7 +76,7 @@ func (rt *Router) placeImage(ctx context.Context, org, ref string, nodes []*stor
 	if im != nil && im.State == api.ImagePulling {
 		return "", "", api.Errorf(api.CodeConflict, "image: %s is still being pulled, on a node whose host has the path; its sandboxes are made there once it is ready", ref)
 	}
-	return best(nodes, now, a, cachePref{})
+	return best(nodes, now, a, cachePref{}, rt.placed.recent(nodes))
 }
 
 // imageCached prefers the nodes that have image ref, of record im,

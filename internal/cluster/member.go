@@ -253,3 +253,11 @@ func (m *Member) Gate(next http.Handler) http.Handler {
 			"node %s cannot reach the cluster's database to renew its lease: it accepts no changes until it can; try again, or through another node", m.cfg.Name))
 	})
 }
+
+// Now is the database's time now, as the last reading of the nodes gives
+// it (see Nodes).
+func (m *Member) Now() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.now()
+}

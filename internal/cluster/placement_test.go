@@ -257,3 +257,92 @@ func TestPlaceTemplate(t *testing.T) {
 		t.Errorf("HeldElsewhere(acme) = %v, want warm on b", held)
 	}
 }
+
+// storedAll says every checkpoint is in the object store.
+type storedAll struct{}
+
+func (storedAll) Stored(ctx context.Context, sandboxID, ref string) (bool, error) { return true, nil }
+
+// TestPlaceSpreads: the creates placed between two reports of the nodes'
+// loads (a count of forks, all placed within a second) spread over equal
+// nodes rather than all going to the first, forks of a checkpoint in the
+// object store too, its node preferred; what was placed on a node counts
+// against its memory until a newer report of the node comes.
+func TestPlaceSpreads(t *testing.T) {
+	sbs := fakeSandboxes{"src": {Sandbox: api.Sandbox{ID: "sb-000000000001", Name: "src", Node: "b", Resources: api.Resources{MemoryMiB: 1024, CPUs: 1}}}}
+	fork := api.CreateSandbox{From: &api.ForkSource{Sandbox: "src", Checkpoint: "cp"}}
+	ctx := auth.WithPrincipal(context.Background(), auth.Principal{Org: "acme"})
+	r := httptest.NewRequestWithContext(ctx, "POST", "/v1/sandboxes", nil)
+	three := func() []*store.Node { return []*store.Node{node("a", 8000, 4), node("b", 8000, 4), node("c", 8000, 4)} }
+	place := func(t *testing.T, rt *Router, req api.CreateSandbox) string {
+		t.Helper()
+		got, why, err := rt.choose(r, &req, auth.Principal{Org: "acme"})
+		if err != nil {
+			t.Fatalf("placing: %v", err)
+		}
+		t.Logf("placed on %s: %s", got, why)
+		return got
+	}
+	for _, tc := range []struct {
+		name string
+		req  api.CreateSandbox
+		want string // the nodes picked, in order
+	}{
+		{name: "creates", want: "abcabcab"},
+		// b holds the checkpoint: it is preferred while it is as free.
+		{name: "forks of a stored checkpoint", req: fork, want: "bacbacba"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recs := &fakeRecords{nodes: three()}
+			rt := placer(t, recs, sbs)
+			rt.SetStored(storedAll{})
+			var got strings.Builder
+			for range 8 {
+				got.WriteString(place(t, rt, tc.req))
+			}
+			if got.String() != tc.want {
+				t.Fatalf("8 placements went to %s, want %s", got.String(), tc.want)
+			}
+			// c has had the fewest; then a report of a and b, newer than
+			// what went there, leaves them the freest.
+			if n := place(t, rt, tc.req); n != "c" {
+				t.Errorf("the 9th went to %s, want c", n)
+			}
+			recs.mu.Lock()
+			for _, n := range recs.nodes[:2] {
+				n.RenewedAt = time.Now()
+			}
+			recs.mu.Unlock()
+			if err := rt.member.readNodes(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := place(t, rt, api.CreateSandbox{}); n != "a" {
+				t.Errorf("after a report of a and b, a create went to %s, want a", n)
+			}
+		})
+	}
+
+	t.Run("what was placed is not free", func(t *testing.T) {
+		rt := placer(t, &fakeRecords{nodes: []*store.Node{node("a", 1500, 4), node("b", 1200, 4)}}, sbs)
+		big := api.CreateSandbox{Resources: &api.Resources{MemoryMiB: 1024}}
+		if a, b := place(t, rt, big), place(t, rt, big); a != "a" || b != "b" {
+			t.Fatalf("two creates of 1024 MiB went to %s and %s, want a and b", a, b)
+		}
+		_, _, err := rt.choose(r, &big, auth.Principal{Org: "acme"})
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != api.CodeLimit || !strings.Contains(ae.Message, "a has 1500 MiB free, less 1 sandbox (1024 MiB) placed there since its last report") {
+			t.Errorf("a third: %v; want limit, saying what was placed on a", err)
+		}
+	})
+
+	t.Run("a stored checkpoint whose node is gone", func(t *testing.T) {
+		gone := node("b", 8000, 4)
+		gone.LeaseUntil = time.Now().Add(-time.Minute)
+		rt := placer(t, &fakeRecords{nodes: []*store.Node{node("a", 1000, 4), gone, node("c", 3000, 4)}}, sbs)
+		rt.SetStored(storedAll{})
+		got, why, err := rt.choose(r, &fork, auth.Principal{Org: "acme"})
+		if err != nil || got != "c" || !strings.Contains(why, "its checkpoint is stored and its node b stopped answering") {
+			t.Errorf("placed on %q (%s), %v; want c, saying b stopped answering", got, why, err)
+		}
+	})
+}

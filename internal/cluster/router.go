@@ -61,6 +61,8 @@ type Router struct {
 	rp     *httputil.ReverseProxy
 	// stored, when set, says which checkpoints any node can fetch.
 	stored StoredCheckpoints
+	// placed is what placement put on each node since its last report.
+	placed placed
 }
 
 type targetKey struct{}

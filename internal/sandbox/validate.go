@@ -40,6 +40,13 @@ func CheckOrg(org string) error {
 	return nil
 }
 
+// CheckName refuses a name that a sandbox of org may not have, saying why:
+// one that is not valid (ValidName and the rules of ids and URLs), or too
+// long for the sandbox's URL label, NAME--ORG. Create checks every name
+// with it; a caller that names sandboxes itself (a count of forks, NAME-1
+// … NAME-N) checks its names before it makes any.
+func CheckName(name, org string) error { return checkName(name, MaxNameLen(org)) }
+
 // checkName refuses a sandbox name that is not valid, or longer than max.
 func checkName(s string, max int) error {
 	if !ValidName(s) {

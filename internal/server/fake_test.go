@@ -170,6 +170,17 @@ func (f *fakeSandboxes) Create(ctx context.Context, req api.CreateSandbox) (*api
 			return nil, err
 		}
 	}
+	if req.Count != 0 {
+		return nil, api.Errorf(api.CodeInternal, "the manager was given a count")
+	}
+	f.mu.Lock()
+	for _, sb := range f.sbs {
+		if req.Name != "" && sb.Name == req.Name {
+			f.mu.Unlock()
+			return nil, api.Errorf(api.CodeConflict, "a sandbox named %s exists", req.Name)
+		}
+	}
+	f.mu.Unlock()
 	return &api.Sandbox{ID: "sb-000000000003", Name: req.Name, State: api.StateRunning, Labels: req.Labels}, nil
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -33,6 +34,10 @@ type Sandboxes interface {
 // policy. What runs inside a sandbox is guestRoutes'.
 type sandboxRoutes struct {
 	sandboxes Sandboxes
+	// root is the server's own handler, which each fork of a count is a
+	// call to (see createForks); log its log.
+	root http.Handler
+	log  *slog.Logger
 }
 
 // register adds the sandbox routes with v1.
@@ -59,6 +64,10 @@ func (sr *sandboxRoutes) createSandbox(w http.ResponseWriter, r *http.Request) e
 	call := store.AuditFrom(r.Context())
 	if req.From != nil {
 		call.SetAction("sandbox.fork")
+	}
+	if req.Count != 0 {
+		// Each fork is a call of its own, with its own record.
+		return sr.createForks(w, r, req)
 	}
 	if req.Name != "" {
 		call.SetTarget("sandboxes/" + req.Name)

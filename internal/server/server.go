@@ -196,7 +196,7 @@ func (s *Server) routes() {
 	// services they use; the Server keeps what they share (the mux, auth,
 	// error answers).
 	(&templateRoutes{catalog: s.catalog, log: s.log, writeTimeout: s.writeTimeout}).register(v1)
-	(&sandboxRoutes{sandboxes: s.sandboxes}).register(v1)
+	(&sandboxRoutes{sandboxes: s.sandboxes, root: s, log: s.log}).register(v1)
 	(&checkpointRoutes{checkpoints: s.sandboxes}).register(v1)
 	(&guestRoutes{guest: s.sandboxes, log: s.log, writeTimeout: s.writeTimeout}).register(v1)
 	(&secretRoutes{secrets: s.secrets}).register(v1)
@@ -258,7 +258,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.mux.ServeHTTP(w, r)
 		return
 	}
-	ans := &muxAnswer{header: http.Header{}}
+	ans := &recorded{header: http.Header{}}
 	h.ServeHTTP(ans, r)
 	var err error
 	switch {
@@ -279,25 +279,31 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	writeError(w, r, s.log, err)
 }
 
-// muxAnswer keeps the status and header of an answer of the mux's own and
-// drops its body.
-type muxAnswer struct {
+// recorded is an answer kept in memory: one of the mux's own, which route
+// asks it for to replace, or that of a call the server makes to itself
+// (a fork of a count, see createForks).
+type recorded struct {
 	header http.Header
 	status int
+	body   bytes.Buffer
 }
 
-func (a *muxAnswer) Header() http.Header { return a.header }
+func (a *recorded) Header() http.Header { return a.header }
 
-func (a *muxAnswer) WriteHeader(status int) {
+func (a *recorded) WriteHeader(status int) {
 	if a.status == 0 {
 		a.status = status
 	}
 }
 
-func (a *muxAnswer) Write(b []byte) (int, error) {
+func (a *recorded) Write(b []byte) (int, error) {
 	a.WriteHeader(http.StatusOK)
-	return len(b), nil
+	return a.body.Write(b)
 }
+
+// Flush does nothing: the answer is read once it is whole. (A call passed
+// on to another node flushes as it relays.)
+func (a *recorded) Flush() {}
 
 type ctxKey int
 

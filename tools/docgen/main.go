@@ -242,6 +242,13 @@ func typeOf(sr *openapi3.SchemaRef) string {
 		return fmt.Sprintf("[%s](#schema-%s)", name, strings.ToLower(name))
 	}
 	s := sr.Value
+	if len(s.OneOf) > 0 {
+		alts := make([]string, len(s.OneOf))
+		for i, alt := range s.OneOf {
+			alts[i] = typeOf(alt)
+		}
+		return strings.Join(alts, " or ")
+	}
 	var types []string
 	if s.Type != nil {
 		types = s.Type.Slice()

@@ -12,6 +12,8 @@ import type {
   UpdateSandbox,
   ExecRequest,
   FileInfo,
+  ForkList,
+  ForkManyOptions,
   ForkOptions,
   NetworkPolicy,
   Port,
@@ -30,6 +32,14 @@ import type {
   Template,
   WatchEvent,
 } from './types.js'
+
+/** One fork of Loam.forkMany: the name it was to have, and a handle on its sandbox or the error that kept it from being made. */
+export interface Fork {
+  /** `${name}-N`; undefined when the daemon named the fork. */
+  name?: string
+  sandbox?: Sandbox
+  error?: LoamError
+}
 
 /** How to reach the API. Left out, each comes from the environment (LOAM_API_URL, LOAM_TOKEN). */
 export interface LoamOptions {
@@ -186,6 +196,24 @@ export class Loam {
   async fork(sandbox: string, checkpoint: string, req: ForkOptions = {}, opts?: CallOptions): Promise<Sandbox> {
     if (!sandbox || !checkpoint) throw new LoamError('invalid', 'a fork needs a sandbox and a checkpoint')
     return this.create({ ...req, from: { sandbox, checkpoint } }, opts)
+  }
+
+  /**
+   * forkMany makes req.count forks (1 to 64) of a checkpoint of sandbox at
+   * once, each as fork makes one (in a cluster, each placed on its own),
+   * named `${name}-1` … `${name}-${count}` after req.name, or by the daemon
+   * without one. It returns every fork in order, each with a handle on its
+   * sandbox or the error that kept it from being made (its status 0: it
+   * came in the list); when none was made it throws the first one's error.
+   */
+  async forkMany(sandbox: string, checkpoint: string, req: ForkManyOptions, opts?: CallOptions): Promise<Fork[]> {
+    if (!sandbox || !checkpoint) throw new LoamError('invalid', 'a fork needs a sandbox and a checkpoint')
+    const list = await this.t.json<ForkList>('POST', '/v1/sandboxes', { ...opts, body: { ...req, from: { sandbox, checkpoint } } })
+    return list.forks.map((f) => ({
+      name: f.name,
+      sandbox: f.sandbox ? new Sandbox(this, f.sandbox.id, f.sandbox) : undefined,
+      error: f.error ? apiError(f.error.code, f.error.message) : undefined,
+    }))
   }
 
   /** openapi is the daemon's API document (OpenAPI 3.1, YAML). */
@@ -491,6 +519,11 @@ export class Sandbox {
   /** fork makes a new sandbox from a checkpoint of this one (Loam.fork). */
   fork(checkpoint: string, req: ForkOptions = {}, opts?: CallOptions): Promise<Sandbox> {
     return this.loam.fork(this.ref, checkpoint, req, opts)
+  }
+
+  /** forkMany makes req.count sandboxes from a checkpoint of this one at once (Loam.forkMany). */
+  forkMany(checkpoint: string, req: ForkManyOptions, opts?: CallOptions): Promise<Fork[]> {
+    return this.loam.forkMany(this.ref, checkpoint, req, opts)
   }
 
   // Exec and sessions.

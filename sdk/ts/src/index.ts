@@ -6,7 +6,7 @@
 import { Loam } from './client.js'
 
 export { Loam, Sandbox, DEFAULT_URL } from './client.js'
-export type { LoamOptions, ExecOptions, RunResult, AttachOptions, FileOptions, ReadOptions } from './client.js'
+export type { LoamOptions, ExecOptions, RunResult, AttachOptions, FileOptions, ReadOptions, Fork } from './client.js'
 export { Process } from './process.js'
 export type { OutputChunk, OffsetEvent, StdinSource } from './process.js'
 export { EventStream, PortStream } from './streams.js'

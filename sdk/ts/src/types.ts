@@ -52,7 +52,19 @@ export interface Service extends Schema<'Service'> {}
 export interface CreateSandbox extends Schema<'CreateSandbox'> {}
 
 /** What a fork may give: all of a create but the template, image and resources, which come from the checkpoint. */
-export type ForkOptions = Omit<CreateSandbox, 'from' | 'template' | 'image' | 'resources' | 'services'>
+export type ForkOptions = Omit<CreateSandbox, 'from' | 'template' | 'image' | 'resources' | 'services' | 'count'>
+
+/** What forkMany takes: a fork's options and how many forks to make, 1 to 64 (MAX_FORK_COUNT). */
+export type ForkManyOptions = ForkOptions & { count: number }
+
+/** The answer of a create with a count: every fork, in order (schema ForkList). */
+export interface ForkList extends Schema<'ForkList'> {}
+
+/** One fork of a ForkList: its name, and its sandbox or its error (schema ForkResult). */
+export interface ForkResult extends Schema<'ForkResult'> {}
+
+/** The most forks one create makes (api.MaxForkCount). */
+export const MAX_FORK_COUNT = 64
 
 /** A root filesystem sandboxes are made from (schema Template). */
 export interface Template extends Schema<'Template'> {}

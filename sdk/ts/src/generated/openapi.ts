@@ -227,6 +227,16 @@ export interface paths {
          *     its resources from the checkpoint and may not give them (400
          *     `invalid`); it takes `network`, `secrets` and `secret_files` from its
          *     source unless it gives its own, and may not give `services`.
+         *
+         *     With `from` and `count`, makes that many forks at once (1 to 64),
+         *     named `NAME-1` … `NAME-N` when a name is given, each made as a fork
+         *     of its own would be (its own audit record; in a cluster, each placed
+         *     on its own). The answer is then a `ForkList`, every fork in order
+         *     with its sandbox or its own error, sent with 201 when at least one
+         *     was made; when none was, the answer is the first fork's error (404
+         *     for a checkpoint that does not exist). A count without `from`, out
+         *     of range, or whose names are not valid is 400 `invalid`, before any
+         *     fork is made.
          */
         post: operations["createSandbox"];
         delete?: never;
@@ -2085,6 +2095,30 @@ export interface components {
              */
             node?: string;
             recover?: components["schemas"]["RecoverPolicy"];
+            /**
+             * @description With `from`, the number of forks to make at once: named `NAME-1`
+             *     … `NAME-N` after `name` (by the daemon without one), each made
+             *     as a fork of its own would be; the answer is a `ForkList`.
+             */
+            count?: number;
+        };
+        /**
+         * @description The answer of a create with a `count`: every fork, in order (`NAME-1`
+         *     first), each with its sandbox or the error that kept it from being
+         *     made.
+         */
+        ForkList: {
+            forks: components["schemas"]["ForkResult"][];
+        };
+        /** @description One fork of a `ForkList`, with either its sandbox or its error. */
+        ForkResult: {
+            /**
+             * @description The name the fork was to have (`NAME-N`); absent when the daemon picks it.
+             * @example worker-2
+             */
+            name?: string;
+            sandbox?: components["schemas"]["Sandbox"];
+            error?: components["schemas"]["Error"];
         };
         AccessToken: {
             url: string;
@@ -3189,13 +3223,13 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The new sandbox, running. */
+            /** @description The new sandbox, running; with a `count`, the forks (a `ForkList`). */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["Sandbox"];
+                    "application/json": components["schemas"]["Sandbox"] | components["schemas"]["ForkList"];
                 };
             };
             400: components["responses"]["Invalid"];
