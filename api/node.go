@@ -74,3 +74,35 @@ type NodeRemoved struct {
 	Node      string `json:"node"`
 	Sandboxes int    `json:"sandboxes"`
 }
+
+// MoveSandbox is the body of POST /v1/sandboxes/{sandbox}/move (the
+// operator's): the node to move the sandbox to, or "" for the one
+// placement picks.
+type MoveSandbox struct {
+	To string `json:"to,omitempty"`
+}
+
+// DrainResult is the answer of POST /v1/nodes/{node}/drain: the node,
+// cordoned, and each of its sandboxes moved off it, or why not.
+type DrainResult struct {
+	Node   string         `json:"node"`
+	Moved  []MovedSandbox `json:"moved"`
+	Failed []MoveFailure  `json:"failed"`
+}
+
+// MovedSandbox is a sandbox a drain moved: to which node, and how long
+// its move took (ms).
+type MovedSandbox struct {
+	Name string `json:"name"`
+	ID   string `json:"id"`
+	To   string `json:"to"`
+	MS   int64  `json:"ms"`
+}
+
+// MoveFailure is a sandbox a drain could not move, and why; it is where
+// it was (running again there when its move got that far).
+type MoveFailure struct {
+	Name  string `json:"name"`
+	ID    string `json:"id"`
+	Error *Error `json:"error"`
+}

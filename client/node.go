@@ -53,3 +53,33 @@ func (c *Client) RemoveNode(ctx context.Context, node string) (int, error) {
 	}
 	return out.Sandboxes, nil
 }
+
+// DrainNode cordons node and moves every sandbox off it to other nodes
+// (the operator's; a cluster with an object store), and answers each
+// one's outcome.
+func (c *Client) DrainNode(ctx context.Context, node string) (*api.DrainResult, error) {
+	seg, err := segment("node", node)
+	if err != nil {
+		return nil, err
+	}
+	var res api.DrainResult
+	if err := c.do(ctx, "POST", "/v1/nodes/"+seg+"/drain", nil, nil, &res); err != nil {
+		return nil, fmt.Errorf("draining node %s: %w", node, err)
+	}
+	return &res, nil
+}
+
+// MoveSandbox moves a sandbox to node to ("" for the one placement picks)
+// with its processes, by a memory checkpoint stored in the object store:
+// same id, name and URL (the operator's). It answers the sandbox there.
+func (c *Client) MoveSandbox(ctx context.Context, sandbox, to string) (*api.Sandbox, error) {
+	seg, err := segment("sandbox", sandbox)
+	if err != nil {
+		return nil, err
+	}
+	var sb api.Sandbox
+	if err := c.do(ctx, "POST", "/v1/sandboxes/"+seg+"/move", nil, api.MoveSandbox{To: to}, &sb); err != nil {
+		return nil, fmt.Errorf("moving %s: %w", sandbox, err)
+	}
+	return &sb, nil
+}

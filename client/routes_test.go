@@ -341,6 +341,14 @@ var routeCalls = []routeCall{
 		_, err := c.CordonNode(ctx, "node-2", false)
 		return err
 	}},
+	{"POST /v1/nodes/{node}/drain", "DrainNode", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.DrainNode(ctx, "node-2")
+		return err
+	}},
+	{"POST /v1/sandboxes/{sandbox}/move", "MoveSandbox", nil, func(ctx context.Context, c *client.Client) error {
+		_, err := c.MoveSandbox(ctx, "scratch", "node-2")
+		return err
+	}},
 	{"DELETE /v1/nodes/{node}", "RemoveNode", url.Values{"force": {"true"}}, func(ctx context.Context, c *client.Client) error {
 		_, err := c.RemoveNode(ctx, "node-2")
 		return err

@@ -24,17 +24,10 @@ import (
 // so in its log), and a's copy runs on untouched.
 func TestClusterRecover(t *testing.T) {
 	t.Parallel()
-	bucket := s3test.NewBucket(t, "recover/")
-	db := pgtest.NewDatabase(t)
-	a := startNode(t, db, "a", "", "--objects", bucket)
-	b := startNode(t, db, "b", a.Token, "--objects", bucket)
+	nodes := objectNodes(t, "recover/", "a", "b")
+	a, b := nodes[0], nodes[1]
 	ctx := harness.Ctx(t)
-	made, err := a.C.CreateSandbox(ctx, api.CreateSandbox{Name: "lost", Node: "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.Run("lost", "sh", "-c", "echo kept > /home/loam/mark; (sleep 100000 &)")
-	pid := strings.TrimSpace(a.Run("lost", "pidof", "sleep"))
+	made, pid := markedSandbox(t, a, "lost", "b", "kept", api.CreateSandbox{})
 	if cp, err := a.C.CreateCheckpoint(ctx, "lost", api.CreateCheckpoint{Wait: api.WaitStored}); err != nil || cp.Storage == nil || cp.Storage.State != api.StorageStored {
 		t.Fatalf("a stored checkpoint of lost: %+v, %v", cp, err)
 	}
@@ -198,4 +191,38 @@ func TestClusterRecoverCutOff(t *testing.T) {
 	if out, err := b.C.ListSandboxes(ctx, client.ListOptions{}); err != nil || len(out) != 1 || out[0].Node != "a" {
 		t.Errorf("the sandboxes through b once it is back: %+v, %v", out, err)
 	}
+}
+
+// objectNodes starts nodes of one cluster (the first one's token for the
+// rest) sharing a new database and a bucket of the shared S3 server.
+func objectNodes(t *testing.T, prefix string, names ...string) []*clusterNode {
+	t.Helper()
+	bucket := s3test.NewBucket(t, prefix)
+	db := pgtest.NewDatabase(t)
+	var nodes []*clusterNode
+	for _, name := range names {
+		token := ""
+		if len(nodes) > 0 {
+			token = nodes[0].Token
+		}
+		nodes = append(nodes, startNode(t, db, name, token, "--objects", bucket))
+	}
+	return nodes
+}
+
+// markedSandbox makes sandbox name on node through via, with a file saying
+// mark and a sleep running, and answers it and the sleep's pid.
+func markedSandbox(t *testing.T, via *clusterNode, name, node, mark string, extra api.CreateSandbox) (*api.Sandbox, string) {
+	t.Helper()
+	extra.Name, extra.Node = name, node
+	sb, err := via.C.CreateSandbox(harness.Ctx(t), extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	via.Run(name, "sh", "-c", "echo "+mark+" > /home/loam/mark; (sleep 100000 &)")
+	pid := strings.TrimSpace(via.Run(name, "pidof", "sleep"))
+	if pid == "" {
+		t.Fatalf("no sleep in %s", name)
+	}
+	return sb, pid
 }

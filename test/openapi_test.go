@@ -266,10 +266,16 @@ func walkNodes(w *walker) {
 	w.errorCode(req{route: "POST /v1/nodes/{node}/cordon", path: "/v1/nodes/node-2/cordon"}, api.CodeInvalid)
 	w.errorCode(req{route: "POST /v1/nodes/{node}/uncordon", path: "/v1/nodes/node-2/uncordon"}, api.CodeInvalid)
 	w.errorCode(req{route: "DELETE /v1/nodes/{node}", path: "/v1/nodes/node-2?force=true"}, api.CodeInvalid)
+	w.errorCode(req{route: "POST /v1/nodes/{node}/drain", path: "/v1/nodes/node-2/drain"}, api.CodeInvalid)
+	w.errorCode(req{route: "POST /v1/sandboxes/{sandbox}/move", path: "/v1/sandboxes/scratch/move", body: `{"to":"node-2"}`}, api.CodeInvalid)
 	// Seen in TestCluster and TestClusterTemplates (no daemon alone has
-	// them), and in TestObjectsCheckpoints (a daemon with --objects).
-	w.c.clusterOnly([]string{"Sandbox.node", "Template.node", "Checkpoint.storage", "CheckpointStorage.state"},
-		[]string{"POST /v1/nodes/{node}/cordon", "POST /v1/nodes/{node}/uncordon", "DELETE /v1/nodes/{node}"})
+	// them), in TestObjectsCheckpoints (a daemon with --objects), and in
+	// TestClusterMove (moves and drains).
+	w.c.clusterOnly([]string{"Sandbox.node", "Template.node", "Checkpoint.storage", "CheckpointStorage.state",
+		"DrainResult.node", "DrainResult.moved", "DrainResult.failed", "MovedSandbox.name", "MovedSandbox.id", "MovedSandbox.to", "MovedSandbox.ms",
+		"MoveFailure.name", "MoveFailure.id", "MoveFailure.error"},
+		[]string{"POST /v1/nodes/{node}/cordon", "POST /v1/nodes/{node}/uncordon", "DELETE /v1/nodes/{node}",
+			"POST /v1/nodes/{node}/drain", "POST /v1/sandboxes/{sandbox}/move"})
 }
 
 func walkDaemon(w *walker) {

@@ -115,6 +115,9 @@ type Core interface {
 	// restore to run it here.
 	Orphaned(sb *store.Sandbox) (since time.Time, ok bool)
 	TakeOver(ctx context.Context, sb *store.Sandbox, reason string) (*store.Sandbox, error)
+	// DropLocal removes this node's copy of a sandbox a move hands over
+	// (its machine, network and disk), its record left.
+	DropLocal(ctx context.Context, id string) error
 }
 
 // Config is the checkpoints' configuration.

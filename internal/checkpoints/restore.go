@@ -202,6 +202,14 @@ func (s *Service) bringBack(ctx context.Context, ref, cpRef string) (string, err
 	if err := s.cfg.Fetch.Fetch(ctx, sb, cp); err != nil {
 		return "", err
 	}
+	if sb.Handover == s.cfg.Node {
+		// A move: its owner stopped it at this checkpoint, and nothing is
+		// lost.
+		if _, err := s.core.TakeOver(ctx, sb, fmt.Sprintf("moving here from node %s", sb.Node)); err != nil {
+			return "", err
+		}
+		return "", nil
+	}
 	lost := "was removed"
 	if !since.IsZero() {
 		lost = "stopped answering at " + since.UTC().Format(time.RFC3339)

@@ -25,6 +25,7 @@ serve.`,
 		Example: `  loam nodes
   loam nodes cordon node-2
   loam nodes uncordon node-2
+  loam nodes drain node-2
   loam nodes remove node-3 --force`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -58,7 +59,7 @@ serve.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the nodes as JSON")
-	cmd.AddCommand(nc.cordonCmd(true), nc.cordonCmd(false), nc.removeCmd())
+	cmd.AddCommand(nc.cordonCmd(true), nc.cordonCmd(false), nc.drainCmd(), nc.removeCmd())
 	return cmd
 }
 
@@ -88,6 +89,52 @@ func (nc *nodeCommands) cordonCmd(on bool) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func (nc *nodeCommands) drainCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "drain NAME",
+		Short: "Cordon a node and move every sandbox off it, with its processes",
+		Long: `Cordon a node and move each of its sandboxes to the node placement picks:
+a memory checkpoint stored in the object store (loam serve --objects), then a
+restore on the other node, with the same name, id and URL. Calls and URL
+requests that arrive meanwhile wait, then reach it there; streams to it end
+(1011), as for a checkpoint. Sleeping sandboxes move too, and run again on
+their new node. Prints where each went, or why it stayed.`,
+		Example: "  loam nodes drain node-2",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := nc.connect()
+			if err != nil {
+				return err
+			}
+			res, err := c.DrainNode(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(nc.stdout, res)
+			}
+			t := newTable(nc.stdout, "NAME", "ID", "TO", "TOOK")
+			for _, m := range res.Moved {
+				t.row(m.Name, m.ID, m.To, (time.Duration(m.MS) * time.Millisecond).String())
+			}
+			for _, f := range res.Failed {
+				t.row(f.Name, f.ID, "-", "failed: "+f.Error.Message)
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(nc.stderr, "node %s is cordoned; %d sandboxes moved off it\n", res.Node, len(res.Moved))
+			if len(res.Failed) > 0 {
+				return fmt.Errorf("%d of %d sandboxes were not moved", len(res.Failed), len(res.Failed)+len(res.Moved))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the outcome as JSON")
+	return cmd
 }
 
 func (nc *nodeCommands) removeCmd() *cobra.Command {
@@ -123,5 +170,39 @@ first). Needs --force, and asks first on a terminal (elsewhere it needs
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "say that the node's sandboxes are lost")
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	return cmd
+}
+
+func (nc *nodeCommands) moveCmd() *cobra.Command {
+	var to string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "move NAME",
+		Short: "Move a sandbox to another node of the cluster, with its processes (the operator's)",
+		Long: `Move a sandbox to another node: a memory checkpoint (an automatic one,
+"before moving to node …") stored in the object store (loam serve --objects),
+its copy here removed, and a restore on node --to (or the node placement
+picks), with the same name, id and URL. Calls and URL requests that arrive
+meanwhile wait, then reach it there; streams to it end (1011). If the other
+node cannot take it, it runs on here again.`,
+		Example: "  loam move web --to node-3",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := nc.connect()
+			if err != nil {
+				return err
+			}
+			sb, err := c.MoveSandbox(cmd.Context(), args[0], to)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(nc.stdout, sb)
+			}
+			return writeSandbox(nc.stdout, sb)
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", "the node to move it to (default: the one placement picks)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

@@ -140,6 +140,7 @@ without them, to the local daemon (its files in $LOAM_DATA_DIR, /var/lib/loam).`
 		orgs.orgCmd(),
 		orgs.orgsCmd(),
 		nodes.nodesCmd(),
+		nodes.moveCmd(),
 		keys.keysCmd(),
 		keys.auditCmd(),
 		a.benchCmd(),

@@ -1,12 +1,14 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -203,6 +205,11 @@ func (rt *Router) forward(w http.ResponseWriter, r *http.Request, org, ref strin
 		return false
 	}
 	sb, err := rt.recs.GetSandbox(r.Context(), org, ref)
+	if err == nil && sb.Handover != "" {
+		// A move is under way: the call waits for its end, then goes
+		// where the sandbox is (as calls wait during a restore).
+		sb, err = rt.awaitMove(r.Context(), org, sb)
+	}
 	if err != nil || sb.Node == "" || sb.Node == rt.member.Name() || sb.Pool != "" {
 		// Not found, or the store cannot say: this node answers, as it
 		// would alone.
@@ -222,6 +229,64 @@ func (rt *Router) forward(w http.ResponseWriter, r *http.Request, org, ref strin
 	}
 	rt.proxy(w, r, n.Name, u, isAPI)
 	return true
+}
+
+// moveWait bounds how long a call waits for a move of its sandbox.
+const moveWait = 5 * time.Minute
+
+// awaitMove waits until the move of sb is over (its record hands it to
+// no node any more), reading the record again every 100 ms, and answers
+// it as it then is; on ctx's end, or after moveWait, the last reading.
+func (rt *Router) awaitMove(ctx context.Context, org string, sb *store.Sandbox) (*store.Sandbox, error) {
+	ctx, cancel := context.WithTimeout(ctx, moveWait)
+	defer cancel()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for sb.Handover != "" {
+		select {
+		case <-ctx.Done():
+			return sb, nil
+		case <-t.C:
+		}
+		next, err := rt.recs.GetSandbox(ctx, org, sb.ID)
+		if err != nil {
+			return nil, err
+		}
+		sb = next
+	}
+	return sb, nil
+}
+
+// Call makes an API call of the caller of r (its credentials go with it)
+// to node, signed as passed on by this node, and answers its status and
+// body: how a move has the node it hands a sandbox to restore it there.
+func (rt *Router) Call(r *http.Request, node, method, path string, body []byte) (int, []byte, error) {
+	n := rt.node(r.Context(), node)
+	u, err := parseAddress(n)
+	if err != nil {
+		return 0, nil, err
+	}
+	req, err := http.NewRequestWithContext(r.Context(), method, u.JoinPath(path).String(), bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, h := range []string{"Authorization", "Cookie"} {
+		if v := r.Header.Values(h); len(v) > 0 {
+			req.Header[h] = v
+		}
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Host = r.Host
+	rt.sign(req)
+	res, err := rt.rp.Transport.RoundTrip(req)
+	if err != nil {
+		return 0, nil, api.Errorf(api.CodeUnavailable, "node %s did not answer (%s)", node, errText(err))
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, 16<<20))
+	return res.StatusCode, b, err
 }
 
 // node is the node called name, read again when the last reading does

@@ -682,6 +682,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 		routed = server.WithRouter(router)
 		frontCfg.Forward = router.ForwardURL
 	}
+	moves := d.withMoves(p, router)
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.
 	front := proxy.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, frontCfg, d.log)
 	// The web console shares the API's listener (not sandboxes' URLs,
@@ -694,7 +695,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 	var apiServer http.Handler = server.New(sandboxAPI{d.Manager, d.guest, d.checkpoints}, "", d.log, server.WithWriteTimeout(cfg.WriteTimeout), server.WithBrowserSessions(con),
 		server.WithKeys(keys), server.WithAudit(p.store),
 		d.withCatalog(p), server.WithSecrets(secret.NewKeeper(p.secrets, p.store, d.log)), d.withPools(),
-		server.WithOrgs(sandbox.NewOrgs(d.Manager)), d.withNodes(p), routed)
+		server.WithOrgs(sandbox.NewOrgs(d.Manager)), d.withNodes(p), routed, moves)
 	if d.member != nil {
 		// A node without its lease changes nothing (see cluster.Gate).
 		apiServer = d.member.Gate(apiServer)
@@ -823,6 +824,21 @@ func (d *Daemon) withNodes(p *parts) server.Option {
 		return func(*server.Server) {}
 	}
 	return server.WithNodes(cluster.NewNodes(pg.Nodes()))
+}
+
+// withMoves serves moves and drains: on a node of a cluster with an
+// object store, which moves sandboxes through it.
+func (d *Daemon) withMoves(p *parts, router *cluster.Router) server.Option {
+	pg, ok := p.store.(*postgres.Store)
+	if router == nil || !ok || p.uploads == nil || d.checkpoints == nil {
+		return func(*server.Server) {}
+	}
+	nodes := cluster.NewNodes(pg.Nodes())
+	cordon := func(ctx context.Context, node string, on bool) error {
+		_, err := nodes.Cordon(ctx, node, on)
+		return err
+	}
+	return server.WithMoves(cluster.NewMoves(router, d.checkpoints, p.store, cordon, d.log))
 }
 
 // templateCluster is the catalog's view of the cluster: none on one

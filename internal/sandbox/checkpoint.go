@@ -122,6 +122,8 @@ const (
 	OpCheckpoint Op = iota + 1
 	OpCheckpointDelete
 	OpRestore
+	// OpMove is a move to another node (checkpoints.Service.Release).
+	OpMove
 )
 
 func (o Op) operation() operation {
@@ -132,6 +134,8 @@ func (o Op) operation() operation {
 		return opCheckpointDelete
 	case OpRestore:
 		return opRestore
+	case OpMove:
+		return opMove
 	}
 	return opNone
 }

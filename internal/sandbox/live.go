@@ -46,6 +46,7 @@ const (
 	opNetwork
 	opDeath
 	opRecover
+	opMove
 )
 
 var opNames = [...]string{
@@ -62,6 +63,7 @@ var opNames = [...]string{
 	opNetwork:          "network change",
 	opDeath:            "a check of its sandbox process",
 	opRecover:          "a recovery",
+	opMove:             "a move to another node",
 }
 
 // String is the operation as a user reads it in a conflict.
@@ -75,7 +77,9 @@ func (o operation) String() string {
 // holdsURL tells whether the operation makes the URL front door wait for
 // its end: one that replaces the machine behind it, or puts it to sleep
 // (the request then wakes it).
-func (o operation) holdsURL() bool { return o == opRestore || o == opCreate || o == opSleep }
+func (o operation) holdsURL() bool {
+	return o == opRestore || o == opCreate || o == opSleep || o == opMove
+}
 
 // live is what the daemon knows of one sandbox while it runs, under its
 // own lock (see the protocol above).

@@ -21,14 +21,15 @@ type Takeover interface {
 }
 
 // Orphaned tells whether sb is another node's that stopped answering (or
-// was removed), so that this node may bring it back from a stored
-// checkpoint (TakeOver); since is when, zero for a removed node.
+// was removed), or that its owner hands to this node (a move), so that
+// this node may bring it back from a stored checkpoint (TakeOver); since
+// is when its node stopped answering, zero for a removed node or a move.
 func (c *CheckpointCore) Orphaned(sb *store.Sandbox) (since time.Time, ok bool) {
 	m := c.m
 	if m.cfg.Takeover == nil || m.cfg.FrontEnd || sb.Node == "" || sb.Node == m.cfg.Node || sb.Pool != "" {
 		return time.Time{}, false
 	}
-	if removedNode(sb) {
+	if removedNode(sb) || sb.Handover == m.cfg.Node {
 		return time.Time{}, true
 	}
 	return m.owner.lapsed(sb)
@@ -53,12 +54,16 @@ func (c *CheckpointCore) TakeOver(ctx context.Context, sb *store.Sandbox, reason
 	defer delete(m.reserved, idx)
 	got, err := m.cfg.Takeover.TakeOverSandbox(ctx, sb.ID, sb.Node, m.cfg.Node, idx, reason)
 	if errors.Is(err, store.ErrStale) {
-		return nil, api.Errorf(api.CodeConflict, "sandbox %s is not node %s's any more, or that node answers again: read it again (another node may have brought it back)", sb.Name, sb.Node)
+		return nil, api.Errorf(api.CodeConflict, "sandbox %s is not node %s's any more, or that node answers again (or took it back): read it again (another node may have brought it back)", sb.Name, sb.Node)
 	}
 	if err != nil {
 		return nil, err
 	}
-	m.log.Warn("took over a sandbox of a node that stopped answering", "sandbox", sb.ID, "name", sb.Name, "from_node", sb.Node, "reason", reason)
+	if sb.Handover == m.cfg.Node {
+		m.log.Info("took over a sandbox its node hands over", "sandbox", sb.ID, "name", sb.Name, "from_node", sb.Node)
+	} else {
+		m.log.Warn("took over a sandbox of a node that stopped answering", "sandbox", sb.ID, "name", sb.Name, "from_node", sb.Node, "reason", reason)
+	}
 	return got, nil
 }
 
@@ -113,7 +118,7 @@ func (c *CheckpointCore) DropStale(ctx context.Context) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
-		if err := c.dropLocal(ctx, id); err != nil {
+		if err := c.dropLocal(ctx, id, true); err != nil {
 			errs = append(errs, fmt.Errorf("destroying the stale copy of sandbox %s: %w", id, err))
 			continue
 		}
@@ -122,11 +127,18 @@ func (c *CheckpointCore) DropStale(ctx context.Context) (int, error) {
 	return n, errors.Join(errs...)
 }
 
+// DropLocal removes this node's copy of sandbox id, once a move handed it
+// to another node (see dropLocal); its record is left.
+// The caller holds its operation, and the live object stays for it.
+func (c *CheckpointCore) DropLocal(ctx context.Context, id string) error {
+	return c.dropLocal(ctx, id, false)
+}
+
 // dropLocal removes this node's copy of sandbox id: its machine, its
 // network, its disk and its directory, as the recovery's sweep does for
 // what no record points at. Its checkpoints' local data is left to the
 // sweeps (a fetched copy is a cache's).
-func (c *CheckpointCore) dropLocal(ctx context.Context, id string) error {
+func (c *CheckpointCore) dropLocal(ctx context.Context, id string, forgetLive bool) error {
 	m := c.m
 	// Unwatched first: its machine's end is not a death to record.
 	m.deaths.unwatch(id)
@@ -143,6 +155,8 @@ func (c *CheckpointCore) dropLocal(ctx context.Context, id string) error {
 	}
 	errs = append(errs, m.disks.DeleteVolume(ctx, id))
 	errs = append(errs, os.RemoveAll(m.machine.dir(id)))
-	m.forgetLive(id)
+	if forgetLive {
+		m.forgetLive(id)
+	}
 	return errors.Join(errs...)
 }

@@ -19,6 +19,25 @@ type Nodes interface {
 	Remove(ctx context.Context, node string) (int, error)
 }
 
+// Moves moves sandboxes from node to node through the object store
+// (cluster.Moves), for the operator.
+type Moves interface {
+	// Move moves sandbox ref, this node's, to node to ("" placement's
+	// pick), and answers it there.
+	Move(r *http.Request, ref, to string) (*api.Sandbox, error)
+	// Drain cordons this node and moves every sandbox off it.
+	Drain(r *http.Request) (*api.DrainResult, error)
+	// PassDrain passes a drain of another node to it, and reports
+	// whether it did.
+	PassDrain(w http.ResponseWriter, r *http.Request, node string) bool
+}
+
+// WithMoves serves moves and drains with m (a node of a cluster with an
+// object store).
+func WithMoves(m Moves) Option {
+	return func(s *Server) { s.moves = m }
+}
+
 // Router passes a call about a sandbox another node of the cluster owns
 // to that node (cluster.Router).
 type Router interface {
@@ -51,6 +70,7 @@ func WithNodes(n Nodes) Option {
 // nodeRoutes serves the operator the cluster's nodes.
 type nodeRoutes struct {
 	nodes Nodes
+	moves Moves
 }
 
 func (nr *nodeRoutes) register(operator addRoute) {
@@ -58,6 +78,43 @@ func (nr *nodeRoutes) register(operator addRoute) {
 	operator("POST /v1/nodes/{node}/cordon", api.ScopeAdmin, "node.cordon", nr.cordon(true))
 	operator("POST /v1/nodes/{node}/uncordon", api.ScopeAdmin, "node.uncordon", nr.cordon(false))
 	operator("DELETE /v1/nodes/{node}", api.ScopeAdmin, "node.remove", nr.remove)
+	operator("POST /v1/nodes/{node}/drain", api.ScopeAdmin, "node.drain", nr.drain)
+	operator("POST /v1/sandboxes/{sandbox}/move", api.ScopeAdmin, "sandbox.move", nr.move)
+}
+
+// errNoMoves is the answer of a move or drain on a daemon that cannot
+// make one.
+var errNoMoves = api.Errorf(api.CodeInvalid, "a move takes a cluster whose nodes share an object store (loam serve --node … --objects …)")
+
+func (nr *nodeRoutes) drain(w http.ResponseWriter, r *http.Request) error {
+	if nr.moves == nil {
+		return errNoMoves
+	}
+	if nr.moves.PassDrain(w, r, r.PathValue("node")) {
+		return nil
+	}
+	res, err := nr.moves.Drain(r)
+	if err != nil {
+		return err
+	}
+	api.WriteJSON(w, http.StatusOK, res)
+	return nil
+}
+
+func (nr *nodeRoutes) move(w http.ResponseWriter, r *http.Request) error {
+	var req api.MoveSandbox
+	if err := decodeOptional(w, r, &req); err != nil {
+		return err
+	}
+	if nr.moves == nil {
+		return errNoMoves
+	}
+	sb, err := nr.moves.Move(r, r.PathValue("sandbox"), req.To)
+	if err != nil {
+		return err
+	}
+	api.WriteJSON(w, http.StatusOK, sb)
+	return nil
 }
 
 // errAlone is the answer of a change to nodes on a daemon that is none.

@@ -66,6 +66,9 @@ type Server struct {
 	orgs Orgs
 	// nodes, when set, serves the nodes' routes (a node of a cluster).
 	nodes Nodes
+	// moves, when set, moves sandboxes between nodes (a cluster with an
+	// object store).
+	moves Moves
 	// router, when set, passes a call for another node's sandbox to it.
 	router Router
 }
@@ -204,7 +207,7 @@ func (s *Server) routes() {
 	(&poolRoutes{warmPools: s.warmPools}).register(v1)
 	(&keyRoutes{keys: s.keys, audit: s.audit}).register(v1)
 	(&orgRoutes{orgs: s.orgs, keys: s.keys}).register(v1, operator)
-	(&nodeRoutes{nodes: s.nodes}).register(operator)
+	(&nodeRoutes{nodes: s.nodes, moves: s.moves}).register(operator)
 }
 
 // addRoute registers an API handler for a pattern ("METHOD /path"), the

@@ -74,6 +74,11 @@ type Sandbox struct {
 	Pool string
 	// Org is the org that owns the sandbox, whose quota it counts against.
 	Org string
+	// Handover is the node a move hands the sandbox to (see
+	// checkpoints.Service.Release), "" when none: calls to it wait for the
+	// move's end, and that node alone may take it over (TakeOverSandbox)
+	// while its owner still answers.
+	Handover string
 	// Version is the record's version: 1 when created, one more with
 	// every update. UpdateSandbox applies a change only to the version it
 	// was read at, so of two writers that read one version (two nodes,

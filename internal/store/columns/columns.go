@@ -22,7 +22,7 @@ const (
 	SandboxNames = `id, name, state, template, image, resources, env, labels, idle,
 	http_port, url, from_source, created_at, net_index, agent_token,
 	checkpoint_seq, auto_seq, error, agent_gen, restore_target, secrets, secret_files, public, network, pool, org,
-	version, node, recover`
+	version, node, recover, handover`
 	CheckpointNames = `sandbox_id, id, name, comment, memory, auto, created_at,
 	sandbox_name, template, image, resources, agent_token, agent_gen, inside`
 	// SecretNames are those of the tables of sealed values: secrets and

@@ -318,9 +318,9 @@ func (ns *Nodes) AdoptSandboxes(ctx context.Context, node string) (int, error) {
 }
 
 // TakeOverSandbox makes node "to" the owner of sandbox id, whose node from
-// stopped answering (its lease ran out) or was removed: the one step that
-// brings a sandbox of a lost node back on another (from a stored
-// checkpoint, next). It gives the record the network slot netIndex of
+// stopped answering (its lease ran out) or was removed, or that its
+// owner hands to "to" (store.Sandbox.Handover, a move): the one step that
+// brings a sandbox back on another node, from a stored checkpoint. It gives the record the network slot netIndex of
 // to's range and state error with reason (no machine runs it on to yet),
 // and answers the record as it now is. In one transaction, behind the
 // fence, and only while from's lease is still out: of two nodes that try
@@ -336,9 +336,9 @@ func (ns *Nodes) TakeOverSandbox(ctx context.Context, id, from, to string, netIn
 			return false, err
 		}
 		row := tx.QueryRow(ctx, `UPDATE sandboxes SET node = $3, net_index = $4, state = 'error', error = $5,
-			restore_target = '', version = version + 1
-			WHERE id = $1 AND node = $2 AND node <> $3 AND EXISTS (
-				SELECT 1 FROM nodes WHERE name = $2 AND (removed OR lease_until <= now()) FOR UPDATE)
+			restore_target = '', handover = '', version = version + 1
+			WHERE id = $1 AND node = $2 AND node <> $3 AND (handover = $3 OR EXISTS (
+				SELECT 1 FROM nodes WHERE name = $2 AND (removed OR lease_until <= now()) FOR UPDATE))
 			RETURNING `+columns.SandboxNames, id, from, to, netIndex, reason)
 		var err error
 		sb, err = scanSandbox(row)

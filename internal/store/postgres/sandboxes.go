@@ -26,7 +26,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		VALUES (@id, @name, @state, @template, @image, @resources, @env, @labels, @idle,
 			@http_port, @url, @from_source, @created_at, @net_index, @agent_token,
 			@checkpoint_seq, @auto_seq, @error, @agent_gen, @restore_target, @secrets, @secret_files, @public, @network, @pool, @org,
-			1, @node, @recover)`, args)
+			1, @node, @recover, @handover)`, args)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("creating sandbox %s named %q: %w", sb.ID, sb.Name, store.ErrExists)
 	}
@@ -93,7 +93,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		checkpoint_seq = @checkpoint_seq, auto_seq = @auto_seq, error = @error,
 		agent_gen = @agent_gen, restore_target = @restore_target,
 		secrets = @secrets, secret_files = @secret_files, public = @public, network = @network,
-		pool = @pool, org = @org, node = @node, recover = @recover, version = version + 1
+		pool = @pool, org = @org, node = @node, recover = @recover, handover = @handover, version = version + 1
 		WHERE id = @id AND version = @version`, args)
 	if isUniqueViolation(err) {
 		return fmt.Errorf("updating sandbox %s to name %q: %w", sb.ID, sb.Name, store.ErrExists)
@@ -187,6 +187,7 @@ func sandboxArgs(sb *store.Sandbox) (pgx.NamedArgs, error) {
 		"version":        sb.Version,
 		"node":           sb.Node,
 		"recover":        sb.Recover,
+		"handover":       sb.Handover,
 	}, nil
 }
 
@@ -200,7 +201,7 @@ func scanSandbox(row pgx.Row) (*store.Sandbox, error) {
 	err := row.Scan(&sb.ID, &sb.Name, &state, &sb.Template, &sb.Image, &c.Resources, &c.Env, &c.Labels,
 		&sb.Idle, &sb.HTTPPort, &sb.URL, &c.From, &c.CreatedAt, &sb.NetIndex, &sb.LegacyAgentToken,
 		&sb.CheckpointSeq, &sb.AutoSeq, &sb.Error, &sb.AgentGen, &sb.RestoreTarget, &c.Secrets, &c.SecretFiles, &sb.Public, &c.Network, &sb.Pool, &sb.Org,
-		&sb.Version, &sb.Node, &sb.Recover)
+		&sb.Version, &sb.Node, &sb.Recover, &sb.Handover)
 	if err != nil {
 		return nil, err
 	}

@@ -177,9 +177,11 @@ CREATE TABLE cluster_secrets (
 );
 `,
 	// 3: what brings a sandbox back when its node is lost
-	// (api.Sandbox.Recover: '' none).
+	// (api.Sandbox.Recover: '' none), and the node a move hands it to
+	// (store.Sandbox.Handover: '' none).
 	`
 ALTER TABLE sandboxes ADD COLUMN recover TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN handover TEXT NOT NULL DEFAULT '';
 `,
 }
 

@@ -299,9 +299,11 @@ ALTER TABLE sandboxes ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE sandboxes ADD COLUMN node TEXT NOT NULL DEFAULT '';
 `,
 	// 16: what brings a sandbox back when its node is lost
-	// (api.Sandbox.Recover: '' none).
+	// (api.Sandbox.Recover: '' none), and the node a move hands it to
+	// (store.Sandbox.Handover: '' none).
 	`
 ALTER TABLE sandboxes ADD COLUMN recover TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN handover TEXT NOT NULL DEFAULT '';
 `,
 }
 

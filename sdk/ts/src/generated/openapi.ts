@@ -1742,6 +1742,74 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes/{node}/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The node's name.
+                 * @example node-2
+                 */
+                node: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Move every sandbox off a node (the operator's)
+         * @description Cordons the node, then moves each of its sandboxes (running,
+         *     sleeping or stopped) to the node placement picks, one at a time, as
+         *     `POST /v1/sandboxes/{sandbox}/move` does: same id, name, URL and
+         *     checkpoints. Passed to the node itself, which must answer (a lost
+         *     node's sandboxes come back by a restore of their stored
+         *     checkpoints instead). Needs a cluster whose nodes share an object
+         *     store (`loam serve --objects`). Only the operator may call it.
+         */
+        post: operations["drainNode"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{sandbox}/move": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The sandbox's name or id.
+                 * @example scratch
+                 */
+                sandbox: components["parameters"]["sandbox"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Move a sandbox to another node, with its processes (the operator's)
+         * @description The sandbox's node stops it at a memory checkpoint (an automatic
+         *     one, "before moving to node …"; a sleeping sandbox's is its sleep
+         *     image, a stopped one's its disk), stores it in the object store,
+         *     removes its own copy, and has the other node restore it there: the
+         *     same id, name, URL and checkpoints. Calls and URL requests that
+         *     arrive meanwhile, through any node, wait and then reach it on its
+         *     new node; exec and attach sockets, port streams and watches end
+         *     with status 1011, as for a checkpoint, and the processes of
+         *     detachable sessions run on. If the other node cannot take it, it
+         *     runs on its node again and the call says why. Needs a cluster whose
+         *     nodes share an object store. Only the operator may call it.
+         */
+        post: operations["moveSandbox"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/nodes/{node}/uncordon": {
         parameters: {
             query?: never;
@@ -2564,6 +2632,34 @@ export interface components {
         };
         NodeList: {
             nodes: components["schemas"]["Node"][];
+        };
+        /** @description The body of `POST /v1/sandboxes/{sandbox}/move`. */
+        MoveSandbox: {
+            /**
+             * @description The node to move it to; absent, the one placement picks.
+             * @example node-3
+             */
+            to?: string;
+        };
+        DrainResult: {
+            /** @description The node drained, now cordoned. */
+            node: string;
+            moved: components["schemas"]["MovedSandbox"][];
+            /** @description The sandboxes that stayed, each with why (running on the drained node again when its move got that far). */
+            failed: components["schemas"]["MoveFailure"][];
+        };
+        MovedSandbox: {
+            name: string;
+            id: string;
+            /** @description The node it moved to. */
+            to: string;
+            /** @description How long its move took, in milliseconds. */
+            ms: number;
+        };
+        MoveFailure: {
+            name: string;
+            id: string;
+            error: components["schemas"]["Error"];
         };
         NodeRemoved: {
             node: string;
@@ -5600,6 +5696,75 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    drainNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The node's name.
+                 * @example node-2
+                 */
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The node, cordoned, and where each sandbox went or why it stayed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DrainResult"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    moveSandbox: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The sandbox's name or id.
+                 * @example scratch
+                 */
+                sandbox: components["parameters"]["sandbox"];
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["MoveSandbox"];
+            };
+        };
+        responses: {
+            /** @description The sandbox, running on its new node. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            400: components["responses"]["Invalid"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             500: components["responses"]["Internal"];
             503: components["responses"]["Unavailable"];
         };
