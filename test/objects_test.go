@@ -22,12 +22,20 @@ import (
 // store, opened as the test's.
 func objectsDaemon(t *testing.T) (*harness.Daemon, *objects.Store) {
 	t.Helper()
-	url := s3test.NewBucket(t, "loam/")
+	d, st, _ := objectsDaemonOn(t, s3test.Shared(t))
+	return d, st
+}
+
+// objectsDaemonOn is objectsDaemon on S3 server srv; it returns the
+// bucket's URL too (--objects), for a start again.
+func objectsDaemonOn(t *testing.T, srv *s3test.Server) (*harness.Daemon, *objects.Store, string) {
+	t.Helper()
+	url := srv.NewBucket(t, "loam/")
 	dir, err := os.MkdirTemp("", "loam-e2e-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &harness.Daemon{T: t, DataDir: dir, Subnet: harness.NextSubnet(), Env: s3test.Shared(t).Env()}
+	d := &harness.Daemon{T: t, DataDir: dir, Subnet: harness.NextSubnet(), Env: srv.Env()}
 	t.Cleanup(func() { d.Destroy() })
 	d.Start("--objects", url)
 	st, err := objects.Open(t.Context(), url)
@@ -35,7 +43,33 @@ func objectsDaemon(t *testing.T) (*harness.Daemon, *objects.Store) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return d, st
+	return d, st, url
+}
+
+// unpackStored fetches blob, a stored checkpoint's archive, from st (its
+// digest checked) and unpacks it into a directory of the test's own,
+// which it returns with the archive's manifest.
+func unpackStored(t *testing.T, st *objects.Store, blob objects.Blob) (string, *checkpoint.Manifest) {
+	t.Helper()
+	dir := t.TempDir()
+	archive := filepath.Join(dir, "cp.tar.zst")
+	if err := st.Fetch(t.Context(), blob, archive); err != nil {
+		t.Fatalf("fetching a stored archive: %v", err)
+	}
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	unpacked := filepath.Join(dir, "unpacked")
+	if err := os.Mkdir(unpacked, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	man, err := checkpoint.ReadArchive(t.Context(), f, unpacked, 4<<30)
+	if err != nil {
+		t.Fatalf("the stored archive: %v", err)
+	}
+	return unpacked, man
 }
 
 // TestObjectsCheckpoints: with --objects, every checkpoint is uploaded to
@@ -94,24 +128,7 @@ func TestObjectsCheckpoints(t *testing.T) {
 	if !ok || len(m.Files) != 1 {
 		t.Fatalf("v1's manifest's files: %+v", m.Files)
 	}
-	dir := t.TempDir()
-	archive := filepath.Join(dir, "cp.tar.zst")
-	if err := st.Fetch(ctx, blob, archive); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	unpacked := filepath.Join(dir, "unpacked")
-	if err := os.Mkdir(unpacked, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	man, err := checkpoint.ReadArchive(ctx, f, unpacked, 4<<30)
-	if err != nil {
-		t.Fatalf("the stored archive: %v", err)
-	}
+	unpacked, man := unpackStored(t, st, blob)
 	if !man.Memory {
 		t.Errorf("the stored archive of a memory checkpoint: %+v", man)
 	}

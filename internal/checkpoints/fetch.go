@@ -71,8 +71,21 @@ func (u *Uploader) Stored(ctx context.Context, sandboxID, ref string) (bool, err
 // imported into the pool and its memory image moved into place, and last
 // the mark that it is stored, which also keeps Resume from uploading it
 // again. A memory checkpoint taken with another runsc build, or with CPU
-// features this host lacks, is refused: it would not restore here.
+// features this host lacks, is refused: it would not restore here. A
+// stored copy that fails its checksum is refused too (unavailable), and
+// nothing of it is kept, in the cache or elsewhere: the next fetch reads
+// the store again.
 func (u *Uploader) Fetch(ctx context.Context, src *store.Sandbox, cp *store.Checkpoint) error {
+	err := u.fetch(ctx, src, cp)
+	if errors.Is(err, objects.ErrCorrupt) {
+		u.log.Error("a stored checkpoint failed its checksum", "sandbox", src.ID, "checkpoint", cp.ID, "err", err)
+		return api.Errorf(api.CodeUnavailable, "checkpoint %s of %s: its copy in the object store is corrupt (it failed its checksum), so node %s made nothing from it; the copy on node %s, its sandbox's, is not affected",
+			cp.ID, src.Name, u.cfg.Node, src.Node)
+	}
+	return err
+}
+
+func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Checkpoint) error {
 	name := ManifestName(src.ID, cp.ID)
 	mark := u.storedPath(src.ID, cp.ID)
 	if _, err := os.Stat(mark); err == nil {

@@ -246,7 +246,13 @@ func (u *Uploader) Forget(ctx context.Context, sandboxID, cpID string) {
 
 // Resume queues every checkpoint on this node's disk that is not stored:
 // those taken before a restart, or before the object store was given.
+// It runs before Run: the archives in uploads/ are those of uploads a
+// crash cut short, and it removes them (Run writes each anew).
 func (u *Uploader) Resume(ctx context.Context) {
+	left, _ := filepath.Glob(filepath.Join(u.cfg.DataDir, "uploads", "*.tar.zst"))
+	for _, p := range left {
+		os.Remove(p)
+	}
 	sandboxes, _ := os.ReadDir(filepath.Join(u.cfg.DataDir, "checkpoints"))
 	n := 0
 	for _, sb := range sandboxes {

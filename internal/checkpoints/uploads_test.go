@@ -280,3 +280,85 @@ func TestForgetWhileQueued(t *testing.T) {
 		t.Error("a checkpoint forgotten while queued was stored")
 	}
 }
+
+// TestFetchCorrupt: a stored archive whose bytes are not its digest's is
+// refused (unavailable, saying it failed its checksum) and leaves nothing
+// on the fetching node: no snapshot, no data, nothing in its cache or its
+// staging; with the right bytes back, it fetches.
+func TestFetchCorrupt(t *testing.T) {
+	ctx := t.Context()
+	root := t.TempDir()
+	st, err := objects.Open(ctx, "file://"+root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	recs := &records{cps: map[string]*store.Checkpoint{}}
+	a := newNode(t, st, recs, "build-1")
+	b := newNode(t, st, recs, "build-1")
+	cache, err := objects.NewCache(filepath.Join(b.dataDir, "objects-cache"), 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.Cache = cache
+	cp := a.take(t, recs, "sb-4", "v1", true)
+	a.Queue(&store.Sandbox{Sandbox: api.Sandbox{ID: "sb-4"}}, cp)
+	waitStored(t, a.Uploader, "sb-4", "v1")
+	m, err := st.GetManifest(ctx, ManifestName("sb-4", "v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob := filepath.Join(root, "blobs", "sha256", strings.TrimPrefix(m.Files[archiveFile].Digest, "sha256:"))
+	good, err := os.ReadFile(blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := slices.Clone(good)
+	bad[len(bad)/2] ^= 0xff
+	if err := os.WriteFile(blob, bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := &store.Sandbox{Sandbox: api.Sandbox{ID: "sb-4", Name: "name-sb-4", Node: "a"}}
+	err = b.Fetch(ctx, src, cp)
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != api.CodeUnavailable || !strings.Contains(ae.Message, "failed its checksum") {
+		t.Fatalf("a fetch of a corrupt archive: %v, want unavailable saying it failed its checksum", err)
+	}
+	if _, err := os.Stat(b.disks.SnapshotPath("sb-4.v1")); !os.IsNotExist(err) {
+		t.Errorf("a snapshot of the corrupt archive: %v", err)
+	}
+	if _, err := os.Stat(checkpoint.Dir(b.dataDir, "sb-4", "v1")); !os.IsNotExist(err) {
+		t.Errorf("data of the corrupt archive: %v", err)
+	}
+	if n := cache.Size(); n != 0 {
+		t.Errorf("the cache holds %d bytes after a corrupt fetch", n)
+	}
+	if left, _ := os.ReadDir(filepath.Join(b.dataDir, "fetch")); len(left) != 0 {
+		t.Errorf("staging left after a corrupt fetch: %v", left)
+	}
+	if err := os.WriteFile(blob, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Fetch(ctx, src, cp); err != nil {
+		t.Fatalf("a fetch with the right bytes back: %v", err)
+	}
+}
+
+// TestResumeRemovesLeftovers: the archives of uploads a crash cut short
+// are removed when the uploads resume.
+func TestResumeRemovesLeftovers(t *testing.T) {
+	st, recs := sharedStore(t)
+	dir := t.TempDir()
+	u := NewUploader(UploaderConfig{DataDir: dir, Objects: st, Disks: dirSnapshots{dir}, Records: recs}, slog.New(slog.DiscardHandler))
+	left := filepath.Join(dir, "uploads", "sb-5.v1.123.tar.zst")
+	if err := os.MkdirAll(filepath.Dir(left), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(left, []byte("half an archive"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u.Resume(t.Context())
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Errorf("a cut-short upload's archive after Resume: %v", err)
+	}
+}

@@ -200,6 +200,9 @@ func (rt *Router) pinned(ctx context.Context, req *api.CreateSandbox, p auth.Pri
 		return "", "", api.Errorf(api.CodeInvalid, "node: %s is an API front end (--role api): it runs no sandboxes", n.Name)
 	}
 	if held := rt.heldOn(ctx, req); held != "" && held != n.Name {
+		if rt.storedFork(ctx, req) {
+			return n.Name, "pinned by the operator; its checkpoint is stored, and " + n.Name + " fetches it", nil
+		}
 		return "", "", api.Errorf(api.CodeInvalid, "node: %s is on node %s, and is made there alone until checkpoints travel; pin it to %s, or to no node", pinnedWhat(req), held, held)
 	}
 	return n.Name, "pinned by the operator", nil
@@ -420,6 +423,21 @@ func (rt *Router) heldOn(ctx context.Context, req *api.CreateSandbox) string {
 		}
 	}
 	return ""
+}
+
+// storedFork reports whether req is a fork whose checkpoint is in the
+// object store, complete: any node can fetch it, so the operator may pin
+// the fork to any node.
+func (rt *Router) storedFork(ctx context.Context, req *api.CreateSandbox) bool {
+	if rt.stored == nil || req.From == nil || req.From.Sandbox == "" {
+		return false
+	}
+	src, err := rt.recs.GetSandbox(ctx, auth.Scope(ctx), req.From.Sandbox)
+	if err != nil {
+		return false
+	}
+	stored, err := rt.stored.Stored(ctx, src.ID, req.From.Checkpoint)
+	return err == nil && stored
 }
 
 // pinnedWhat names what req makes from, for heldOn's refusal.

@@ -49,6 +49,11 @@ func (f fakeShared) GetImage(ctx context.Context, org, id string) (*store.Image,
 	return nil, store.ErrNotFound
 }
 
+// allStored says every checkpoint is in the object store.
+type allStored struct{}
+
+func (allStored) Stored(ctx context.Context, sandboxID, ref string) (bool, error) { return true, nil }
+
 // node is a ready sandbox node with free MiB of memory free and cpus CPUs.
 func node(name string, free int64, cpus int) *store.Node {
 	return &store.Node{Name: name, Address: "http://" + name + ".invalid", LeaseUntil: time.Now().Add(time.Hour),
@@ -106,6 +111,8 @@ func TestPlace(t *testing.T) {
 		why   string // in the reason
 		code  api.Code
 		msg   []string // in the message
+		// stored: every checkpoint is in the object store.
+		stored bool
 	}{
 		{name: "most memory free", nodes: []*store.Node{node("a", 1000, 2), node("b", 3000, 2)}, want: "b"},
 		{name: "the template cached wins a near tie", nodes: []*store.Node{node("a", 1000, 2), cached(node("b", 900, 2), "base-1f2e")},
@@ -143,6 +150,9 @@ func TestPlace(t *testing.T) {
 		{name: "a fork pinned to another node", nodes: []*store.Node{node("a", 9000, 2), node("b", 9000, 2)},
 			req:  api.CreateSandbox{Node: "a", From: &api.ForkSource{Sandbox: "src", Checkpoint: "cp"}},
 			code: api.CodeInvalid, msg: []string{"the fork's checkpoint is on node b", "pin it to b"}},
+		{name: "a fork pinned to another node, its checkpoint stored", nodes: []*store.Node{node("a", 9000, 2), node("b", 9000, 2)},
+			req: api.CreateSandbox{Node: "a", From: &api.ForkSource{Sandbox: "src", Checkpoint: "cp"}}, stored: true,
+			want: "a", why: "its checkpoint is stored"},
 		{name: "a checkpoint template pinned to another node", nodes: []*store.Node{node("a", 9000, 2), keeps(node("b", 9000, 2), "acme/warm")},
 			req:  api.CreateSandbox{Node: "a", Template: "warm"},
 			code: api.CodeInvalid, msg: []string{`template "warm" is on node b`}},
@@ -174,6 +184,9 @@ func TestPlace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := placer(t, &fakeRecords{nodes: tc.nodes}, sbs)
+			if tc.stored {
+				rt.SetStored(allStored{})
+			}
 			ctx := auth.WithPrincipal(context.Background(), auth.Principal{Org: "acme", Operator: true})
 			r := httptest.NewRequestWithContext(ctx, "POST", "/v1/sandboxes", nil)
 			got, why, err := rt.choose(r, &tc.req, auth.Principal{Org: "acme", Operator: true})

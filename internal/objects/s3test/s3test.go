@@ -45,9 +45,12 @@ type Server struct {
 	Endpoint             string
 	AccessKey, SecretKey string
 
-	dir     string
-	cmd     *exec.Cmd
-	buckets atomic.Int64
+	bin, addr string
+	dir       string
+	buckets   atomic.Int64
+
+	mu  sync.Mutex
+	cmd *exec.Cmd // nil while stopped
 }
 
 var (
@@ -95,11 +98,12 @@ func Shared(tb testing.TB) *Server {
 	return shared
 }
 
-// NewServer starts a server of tb's own listening on addr (host:port):
-// one that the nodes of a test reach from their own network namespaces
-// (on the host's end of their links), and that the test may stop. It has
+// NewServer starts a server of tb's own listening on addr (host:port;
+// port 0 picks a free one, kept across a Stop and Start): one that the
+// nodes of a test reach from their own network namespaces (on the host's
+// end of their links), and that the test may stop (Stop, Start). It has
 // the shared server's credentials (one pair per test binary, in its AWS
-// environment), and is stopped when tb ends.
+// environment), and is stopped and removed when tb ends.
 func NewServer(tb testing.TB, addr string) *Server {
 	tb.Helper()
 	bin := Binary()
@@ -130,7 +134,7 @@ func (s *Server) NewBucket(tb testing.TB, prefix string) string {
 	name := fmt.Sprintf("t%d-%d", os.Getpid(), s.buckets.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := s.client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+	if _, err := s.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
 		tb.Fatalf("making bucket %s: %v", name, err)
 	}
 	return s.URL(name, prefix)
@@ -151,8 +155,9 @@ func (s *Server) Env() []string {
 	return []string{"AWS_ACCESS_KEY_ID=" + s.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s.SecretKey, "AWS_REGION=" + Region}
 }
 
-// client is an S3 client of s as its root user.
-func (s *Server) client() *s3.Client {
+// Client is an S3 client of s as its root user: for a test that reads or
+// changes a bucket's objects behind loam's back.
+func (s *Server) Client() *s3.Client {
 	return s3.New(s3.Options{
 		Region:       Region,
 		BaseEndpoint: aws.String(s.Endpoint),
@@ -175,34 +180,66 @@ func start(bin, listen string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	data := filepath.Join(dir, "data")
-	if err := os.Mkdir(data, 0o700); err != nil {
-		return nil, err
+	for _, sub := range []string{"data", "meta"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	s := &Server{Endpoint: "http://" + addr, AccessKey: accessKey, SecretKey: secretKey, dir: dir}
-	log, err := os.Create(filepath.Join(dir, "log"))
-	if err != nil {
+	s := &Server{Endpoint: "http://" + addr, AccessKey: accessKey, SecretKey: secretKey, bin: bin, addr: addr, dir: dir}
+	if err := s.Start(); err != nil {
+		os.RemoveAll(dir)
 		return nil, err
+	}
+	return s, nil
+}
+
+// Stop ends the server as an outage would (SIGKILL: its connections cut,
+// nothing answers on its address), keeping its directory: what it
+// stored is there again after Start. Stopping a stopped server does
+// nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait() // its exit status after a kill says nothing more
+	s.cmd = nil
+}
+
+// Start runs the server (again, after Stop) on its address, directory and
+// credentials, and waits until it answers. Starting a running server does
+// nothing.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return nil
+	}
+	logPath := filepath.Join(s.dir, "log")
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
 	}
 	defer log.Close()
 	// Metadata in a sidecar directory: the test's directory need not
 	// take extended attributes.
-	cmd := exec.Command(bin, "--port", addr, "--region", Region, "posix", "--sidecar", filepath.Join(dir, "meta"), data)
+	cmd := exec.Command(s.bin, "--port", s.addr, "--region", Region, "posix", "--sidecar", filepath.Join(s.dir, "meta"), filepath.Join(s.dir, "data"))
 	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+s.AccessKey, "ROOT_SECRET_ACCESS_KEY="+s.SecretKey)
 	cmd.Stdout, cmd.Stderr = log, log
 	// Killed with the test binary, if it dies first (see testenv.StartParked).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := os.Mkdir(filepath.Join(dir, "meta"), 0o700); err != nil {
-		return nil, err
-	}
 	if err := testenv.StartParked(cmd); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", bin, err)
+		return fmt.Errorf("starting %s: %w", s.bin, err)
 	}
 	s.cmd = cmd
 	for _, kv := range s.Env() {
@@ -214,12 +251,14 @@ func start(bin, listen string) (*Server, error) {
 		res, err := http.Get(s.Endpoint + "/")
 		if err == nil {
 			res.Body.Close()
-			return s, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			s.stop()
-			b, _ := os.ReadFile(filepath.Join(dir, "log"))
-			return nil, fmt.Errorf("versitygw does not answer on %s: %w\n%s", addr, err, b)
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			s.cmd = nil
+			b, _ := os.ReadFile(logPath)
+			return fmt.Errorf("versitygw does not answer on %s: %w\n%s", s.addr, err, b)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -227,10 +266,7 @@ func start(bin, listen string) (*Server, error) {
 
 // stop ends the server and removes its directory.
 func (s *Server) stop() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-	}
+	s.Stop()
 	os.RemoveAll(s.dir)
 }
 
