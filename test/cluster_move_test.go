@@ -70,7 +70,7 @@ func TestClusterMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Run("web", "sh", "-c", "mkdir -p /tmp/www && echo served > /tmp/www/index.html && (httpd -p 8080 -h /tmp/www &)")
-	sess, err := a.C.CreateSession(ctx, "web", api.ExecRequest{Cmd: []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"}})
+	sess, err := a.C.CreateSession(ctx, "web", api.ExecRequest{Cmd: []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"}, Detachable: true})
 	if err != nil {
 		t.Fatal(err)
 	}

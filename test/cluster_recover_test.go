@@ -195,7 +195,7 @@ func TestClusterRecoverCutOff(t *testing.T) {
 
 // objectNodes starts nodes of one cluster (the first one's token for the
 // rest) sharing a new database and a bucket of the shared S3 server.
-func objectNodes(t *testing.T, prefix string, names ...string) []*clusterNode {
+func objectNodes(t testing.TB, prefix string, names ...string) []*clusterNode {
 	t.Helper()
 	bucket := s3test.NewBucket(t, prefix)
 	db := pgtest.NewDatabase(t)
