@@ -266,12 +266,15 @@ func Cleanup(ctx context.Context, o Options) error {
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "list").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
 			name, _, _ := strings.Cut(line, " ")
-			if !strings.HasPrefix(name, "loam-sb-") {
+			// loam-sb-ID alone, loam-NODE-sb-ID on a node of a cluster
+			// (network.Config.Node).
+			i := strings.LastIndex(name, "sb-")
+			if !strings.HasPrefix(name, "loam-") || i < 0 || name[:i] != "loam-"+nodePrefix(o.Args) {
 				continue
 			}
 			// Only namespaces of this daemon's sandboxes: they have a
 			// directory in its data dir.
-			if _, err := os.Stat(filepath.Join(o.DataDir, "sandboxes", strings.TrimPrefix(name, "loam-"))); err == nil {
+			if _, err := os.Stat(filepath.Join(o.DataDir, "sandboxes", name[i:])); err == nil {
 				if err := exec.CommandContext(ctx, "ip", "netns", "del", name).Run(); err != nil {
 					errs = append(errs, fmt.Errorf("deleting netns %s: %w", name, err))
 				}
@@ -290,6 +293,25 @@ func Cleanup(ctx context.Context, o Options) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// nodePrefix is "NODE-" for the --node NODE (or --node=NODE) of args, the
+// last one winning, and "" without one: what a node's namespace names
+// carry (network.Config.Node).
+func nodePrefix(args []string) string {
+	node := ""
+	for i, a := range args {
+		switch {
+		case a == "--node" && i+1 < len(args):
+			node = args[i+1]
+		case strings.HasPrefix(a, "--node="):
+			node = strings.TrimPrefix(a, "--node=")
+		}
+	}
+	if node == "" {
+		return ""
+	}
+	return node + "-"
 }
 
 // DeleteContainers force-deletes every runsc container under root; runsc

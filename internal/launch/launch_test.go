@@ -107,3 +107,21 @@ func TestStartRefusesBadSubnet(t *testing.T) {
 		t.Fatal("Start accepted a bad subnet")
 	}
 }
+
+// TestNodePrefix: the part a node's namespace names carry, from its flags.
+func TestNodePrefix(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, ""},
+		{[]string{"--database", "x"}, ""},
+		{[]string{"--node", "b", "--listen", "x"}, "b-"},
+		{[]string{"--node=a", "--node", "c"}, "c-"},
+		{[]string{"--node"}, ""},
+	} {
+		if got := nodePrefix(c.args); got != c.want {
+			t.Errorf("nodePrefix(%q) = %q, want %q", c.args, got, c.want)
+		}
+	}
+}

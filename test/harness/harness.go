@@ -207,6 +207,9 @@ type Daemon struct {
 	T       testing.TB
 	DataDir string
 	Subnet  string
+	// started are the flags of its last start, for its clean-up (a
+	// node's namespaces carry its --node).
+	started []string
 	// Proc is the running daemon; Cmd its process (nil once stopped),
 	// Exited closed when it has exited, so that Stop, Kill and the crash
 	// tests can all watch. Log is its output; URL, Token and C are how to
@@ -347,6 +350,7 @@ func (d *Daemon) Options(extra ...string) launch.Options {
 // Launch runs `loam serve` and waits until it answers.
 func (d *Daemon) Launch(extra ...string) error {
 	d.Log = &SyncBuffer{}
+	d.started = extra
 	p, err := launch.Start(context.Background(), d.Options(extra...))
 	if err != nil {
 		return fmt.Errorf("%w:\n%s", err, d.Log.String())
@@ -395,7 +399,7 @@ func (d *Daemon) Destroy() {
 	// Whatever the API could not delete: containers, namespaces, mounts,
 	// the pool, the data dir, and the firewall (the daemon leaves it in
 	// place when it stops, for its sandboxes; the test is done with it).
-	if err := launch.Cleanup(ctx, d.Options()); err != nil {
+	if err := launch.Cleanup(ctx, d.Options(d.started...)); err != nil {
 		logf("cleanup: %v", err)
 	}
 }
