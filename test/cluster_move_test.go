@@ -21,7 +21,8 @@ import (
 // client loops requests at a sandbox's URL through node a and a session's
 // process counts on: b is cordoned, its running and its sleeping sandbox
 // are on other nodes, every request was answered (those that came during
-// the move waited), from the new node after, and the session's process
+// the move waited) but those already passed to b when the move began,
+// which b answers 503 (documented as cut), and the session's process
 // went on counting there with its pid.
 func TestClusterMove(t *testing.T) {
 	t.Parallel()
@@ -131,7 +132,15 @@ func TestClusterMove(t *testing.T) {
 	}
 	t.Logf("drain of b: %v for %d sandboxes; %d URL requests through a during it, %d failed, the slowest %d ms",
 		drained.Round(time.Millisecond), len(res.Moved), asked.Load(), failed.Load(), slowest.Load())
-	if failed.Load() > 0 {
+	// Documented as cut: a request already passed to the old node when
+	// the move began, which that node answers once the sandbox has left
+	// (503, "is error"). Any other failure, or more than a few, is lost.
+	for _, f := range failures {
+		if !strings.HasPrefix(f, "503 ") || !strings.Contains(f, "sandbox web is error") {
+			t.Errorf("a request to web's URL failed during the drain, and not as documented: %s", f)
+		}
+	}
+	if failed.Load() > 3 {
 		t.Errorf("%d of %d requests to web's URL failed during the drain: %v", failed.Load(), asked.Load(), failures)
 	}
 	if len(res.Failed) != 0 || len(res.Moved) != 2 {

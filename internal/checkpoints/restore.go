@@ -38,6 +38,19 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 		return nil, err
 	}
 	defer end()
+	if sb.Handover != "" {
+		// Handed here by a move: calls wait for the hand-over's end, which
+		// is the write that has it restoring (they then wait for the
+		// restore), or, if it fails first, this.
+		defer func() {
+			if sb.Handover != "" {
+				sb.Handover = ""
+				if err := s.store.UpdateSandbox(context.WithoutCancel(ctx), sb); err != nil {
+					s.log.Warn("ending a hand-over", "sandbox", sb.ID, "err", err)
+				}
+			}
+		}()
+	}
 	caller := checkpoint.CallerOf(ctx)
 	// The call's audit record goes with the write after which a crash
 	// leaves the restore done (recovery finishes it): the automatic
@@ -147,6 +160,7 @@ func (s *Service) RestoreCheckpoint(ctx context.Context, ref, cpRef string) (*ap
 	}
 
 	sb.RestoreTarget = cp.ID
+	sb.Handover = ""
 	if err := s.core.SetState(store.ReleaseAudit(ctx), sb, api.StateRestoring, ""); err != nil {
 		return nil, err
 	}

@@ -336,7 +336,7 @@ func (ns *Nodes) TakeOverSandbox(ctx context.Context, id, from, to string, netIn
 			return false, err
 		}
 		row := tx.QueryRow(ctx, `UPDATE sandboxes SET node = $3, net_index = $4, state = 'error', error = $5,
-			restore_target = '', handover = '', version = version + 1
+			restore_target = '', version = version + 1
 			WHERE id = $1 AND node = $2 AND node <> $3 AND (handover = $3 OR EXISTS (
 				SELECT 1 FROM nodes WHERE name = $2 AND (removed OR lease_until <= now()) FOR UPDATE))
 			RETURNING `+columns.SandboxNames, id, from, to, netIndex, reason)
