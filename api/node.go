@@ -90,8 +90,10 @@ type DrainResult struct {
 	Failed []MoveFailure  `json:"failed"`
 }
 
-// MovedSandbox is a sandbox a drain moved: to which node, and how long
-// its move took (ms).
+// MovedSandbox is a sandbox a drain moved: to which node ("" for a
+// sleeping one, which just lost its tie to the node: it wakes on the node
+// of the first call that needs it running), and how long its move took
+// (ms).
 type MovedSandbox struct {
 	Name string `json:"name"`
 	ID   string `json:"id"`

@@ -118,6 +118,9 @@ type Core interface {
 	// DropLocal removes this node's copy of a sandbox a move hands over
 	// (its machine, network and disk), its record left.
 	DropLocal(ctx context.Context, id string) error
+	// Unpin lets a sleeping sandbox of this node's go once its sleep
+	// image is stored: it is tied to no node, and wakes on any.
+	Unpin(ctx context.Context, ref string) (*store.Sandbox, error)
 }
 
 // Config is the checkpoints' configuration.

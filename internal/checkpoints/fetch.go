@@ -123,31 +123,8 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 		return err
 	}
 	defer os.RemoveAll(staging)
-	archive := filepath.Join(staging, archiveFile)
-	if u.cfg.Cache != nil {
-		p, err := u.cfg.Cache.Get(ctx, u.cfg.Objects, blob)
-		if err != nil {
-			return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
-		}
-		archive = p
-	} else if err := u.cfg.Objects.Fetch(ctx, blob, archive); err != nil {
-		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
-	}
-	f, err := os.Open(archive)
+	unpacked, err := u.download(ctx, blob, staging)
 	if err != nil {
-		return err
-	}
-	defer f.Close()
-	unpacked := filepath.Join(staging, "unpacked")
-	if err := os.Mkdir(unpacked, 0o700); err != nil {
-		return err
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(unpacked, &st); err != nil {
-		return err
-	}
-	room := int64(st.Bavail) * st.Bsize / 2
-	if _, err := checkpoint.ReadArchive(ctx, f, unpacked, room); err != nil {
 		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -184,6 +161,39 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 	u.log.Info("fetched a checkpoint", "sandbox", src.ID, "checkpoint", cp.ID, "from_node", meta.Node,
 		"bytes", blob.Size, "ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// download fetches an archive blob (through the node's cache, checked
+// against its digest) and unpacks it, checked whole, into staging/unpacked,
+// which it answers; it takes at most half the room left there.
+func (u *Uploader) download(ctx context.Context, blob objects.Blob, staging string) (string, error) {
+	archive := filepath.Join(staging, archiveFile)
+	if u.cfg.Cache != nil {
+		p, err := u.cfg.Cache.Get(ctx, u.cfg.Objects, blob)
+		if err != nil {
+			return "", err
+		}
+		archive = p
+	} else if err := u.cfg.Objects.Fetch(ctx, blob, archive); err != nil {
+		return "", err
+	}
+	f, err := os.Open(archive)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	unpacked := filepath.Join(staging, "unpacked")
+	if err := os.Mkdir(unpacked, 0o700); err != nil {
+		return "", err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(unpacked, &st); err != nil {
+		return "", err
+	}
+	if _, err := checkpoint.ReadArchive(ctx, f, unpacked, int64(st.Bavail)*st.Bsize/2); err != nil {
+		return "", err
+	}
+	return unpacked, nil
 }
 
 // compatible refuses a memory checkpoint that would not restore on this

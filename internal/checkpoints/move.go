@@ -47,6 +47,17 @@ func (s *Service) Release(ctx context.Context, ref, to string) (*store.Sandbox, 
 	return sb, cp, err
 }
 
+// Unpin is a drain's move of a sleeping sandbox (cluster.Releaser): it is
+// let go once its sleep image is stored, tied to no node, and wakes on
+// the node of the first call that needs it running.
+func (s *Service) Unpin(ctx context.Context, ref string) (*api.Sandbox, error) {
+	sb, err := s.core.Unpin(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.core.View(sb), nil
+}
+
 // errNotStored is release's answer when the move's checkpoint, taken, was
 // not stored in time.
 var errNotStored = errors.New("the move's checkpoint was not stored")

@@ -28,6 +28,12 @@ type StoredCheckpoints interface {
 	Stored(ctx context.Context, sandboxID, ref string) (bool, error)
 }
 
+// SleepsStored tells whether a sleeping sandbox's image is in the object
+// store (the Uploader's SleepStored).
+type SleepsStored interface {
+	SleepStored(ctx context.Context, sb *store.Sandbox) bool
+}
+
 // Recovery brings back, on a live node, the sandboxes of a lost node whose
 // policy asks for it (api.RecoverLatestCheckpoint): once their node's
 // lease has been out for After, each is restored from its latest stored
@@ -38,6 +44,11 @@ type StoredCheckpoints interface {
 type Recovery struct {
 	Service *Service
 	Stored  StoredCheckpoints
+	// Sleeps, when set, says whether a sleeping sandbox's image is
+	// stored: such a sandbox is left asleep, to wake with nothing lost on
+	// the node of its next use (sandbox's adopt), not brought back from
+	// an older checkpoint.
+	Sleeps  SleepsStored
 	Cluster Cluster
 	Records store.Store
 	// After is how long a node's lease must have been out before its
@@ -91,6 +102,9 @@ func (r *Recovery) pass(ctx context.Context) {
 		}
 		for _, sb := range sbs {
 			if sb.Recover != api.RecoverLatestCheckpoint || sb.Pool != "" || pick(sb.ID, ready) != r.Cluster.Name() {
+				continue
+			}
+			if sb.State == api.StateSleeping && r.Sleeps != nil && r.Sleeps.SleepStored(ctx, sb) {
 				continue
 			}
 			r.bringBack(ctx, n, sb)

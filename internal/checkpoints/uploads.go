@@ -91,6 +91,12 @@ type UploaderConfig struct {
 	HostFeatures []string
 	// Cache keeps what this node fetched, capped; nil fetches each time.
 	Cache *objects.Cache
+	// Sleeps, Volumes and Sandboxes, when all set, have the sleep images
+	// stored too (see sleeps.go): the images, the disks they go with,
+	// and the sandboxes' records.
+	Sleeps    SleepImages
+	Volumes   Volumes
+	Sandboxes SandboxRecords
 	// Retry is the first wait before an upload that failed is tried
 	// again (doubling, up to ten minutes); 0 is five seconds.
 	Retry time.Duration
@@ -132,6 +138,10 @@ type Uploader struct {
 // upload is one checkpoint's upload, from its queueing until it is stored.
 type upload struct {
 	sandbox, cp string
+	// sleep marks the upload of a sleep image (cp ""), of the agent's
+	// token generation sleepGen (see sleeps.go).
+	sleep       bool
+	sleepGen    int
 	done, total int64
 	err         string
 	forgotten   bool
@@ -236,6 +246,10 @@ func (u *Uploader) Forget(ctx context.Context, sandboxID, cpID string) {
 			u.log.Warn("listing a sandbox's stored checkpoints to delete them", "sandbox", sandboxID, "err", err)
 			return
 		}
+		// And its sleep images, if any.
+		if sleeps, err := u.cfg.Objects.Manifests(ctx, "sleeps/"+sandboxID+"/"); err == nil {
+			names = append(names, sleeps...)
+		}
 	}
 	for _, name := range names {
 		if err := u.cfg.Objects.DeleteManifest(ctx, name); err != nil {
@@ -268,8 +282,9 @@ func (u *Uploader) Resume(ctx context.Context) {
 			n++
 		}
 	}
-	if n > 0 {
-		u.log.Info("uploading checkpoints not stored yet", "checkpoints", n)
+	sleeps := u.resumeSleeps()
+	if n > 0 || sleeps > 0 {
+		u.log.Info("uploading checkpoints not stored yet", "checkpoints", n, "sleep_images", sleeps)
 	}
 }
 
@@ -331,45 +346,21 @@ func (u *Uploader) Run(ctx context.Context) {
 // upload stores one checkpoint: its archive written to uploads/, the
 // archive's blob, its manifest, then the mark beside its data.
 func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
+	if j.sleep {
+		return u.uploadSleep(ctx, name, j)
+	}
 	cp, err := u.cfg.Records.GetCheckpoint(ctx, j.sandbox, j.cp)
 	if err != nil {
 		return fmt.Errorf("uploading %s: %w", name, err)
 	}
 	start := time.Now()
-	dir := filepath.Join(u.cfg.DataDir, "uploads")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, j.sandbox+"."+j.cp+".*.tar.zst")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
 	mem := ""
 	if cp.Memory {
 		mem = filepath.Join(checkpoint.Dir(u.cfg.DataDir, j.sandbox, j.cp), checkpoint.MemDir)
 	}
 	man := checkpoint.Manifest{Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
 		From: cp.SandboxName + "/" + cp.ID, CreatedAt: cp.CreatedAt}
-	err = checkpoint.WriteArchive(ctx, f, man, u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp)), mem)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("uploading %s: %w", name, err)
-	}
-	info, err := os.Stat(f.Name())
-	if err != nil {
-		return err
-	}
-	u.mu.Lock()
-	j.total, j.done = info.Size(), 0
-	u.mu.Unlock()
-	b, err := u.cfg.Objects.PutFile(ctx, f.Name(), func(n int64) {
-		u.mu.Lock()
-		j.done = n
-		u.mu.Unlock()
-	})
+	b, err := u.putArchive(ctx, j, j.sandbox+"."+j.cp, u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp)), mem, man)
 	if err != nil {
 		return fmt.Errorf("uploading %s: %w", name, err)
 	}
@@ -395,6 +386,40 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	u.log.Info("checkpoint stored", "sandbox", j.sandbox, "checkpoint", j.cp, "bytes", b.Size,
 		"ms", time.Since(start).Milliseconds(), "objects", u.cfg.Objects.String())
 	return nil
+}
+
+// putArchive writes the archive of a disk (diskDir) and a memory image
+// (memDir, "" for none) to uploads/ and stores it as a blob, telling j of
+// its progress.
+func (u *Uploader) putArchive(ctx context.Context, j *upload, label, diskDir, memDir string, man checkpoint.Manifest) (objects.Blob, error) {
+	dir := filepath.Join(u.cfg.DataDir, "uploads")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return objects.Blob{}, err
+	}
+	f, err := os.CreateTemp(dir, label+".*.tar.zst")
+	if err != nil {
+		return objects.Blob{}, err
+	}
+	defer os.Remove(f.Name())
+	err = checkpoint.WriteArchive(ctx, f, man, diskDir, memDir)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return objects.Blob{}, err
+	}
+	info, err := os.Stat(f.Name())
+	if err != nil {
+		return objects.Blob{}, err
+	}
+	u.mu.Lock()
+	j.total, j.done = info.Size(), 0
+	u.mu.Unlock()
+	return u.cfg.Objects.PutFile(ctx, f.Name(), func(n int64) {
+		u.mu.Lock()
+		j.done = n
+		u.mu.Unlock()
+	})
 }
 
 // features are the CPU features for a manifest (UploaderConfig.CPUFeatures).
@@ -424,6 +449,9 @@ func (u *Uploader) Sweep(ctx context.Context, grace time.Duration) error {
 				return err
 			}
 		}
+	}
+	if err := u.sweepSleeps(ctx); err != nil {
+		return err
 	}
 	u.sweepFetched(ctx)
 	n, err := u.cfg.Objects.Sweep(ctx, grace)

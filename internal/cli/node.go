@@ -100,8 +100,10 @@ func (nc *nodeCommands) drainCmd() *cobra.Command {
 a memory checkpoint stored in the object store (loam serve --objects), then a
 restore on the other node, with the same name, id and URL. Calls and URL
 requests that arrive meanwhile wait, then reach it there; streams to it end
-(1011), as for a checkpoint. Sleeping sandboxes move too, and run again on
-their new node. Prints where each went, or why it stayed.`,
+(1011), as for a checkpoint. Sleeping sandboxes just lose their tie to the
+node: their sleep image is stored, and each wakes on the node of the first
+call that needs it (TO "(any node)"). Prints where each went, or why it
+stayed.`,
 		Example: "  loam nodes drain node-2",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -118,7 +120,11 @@ their new node. Prints where each went, or why it stayed.`,
 			}
 			t := newTable(nc.stdout, "NAME", "ID", "TO", "TOOK")
 			for _, m := range res.Moved {
-				t.row(m.Name, m.ID, m.To, (time.Duration(m.MS) * time.Millisecond).String())
+				to := m.To
+				if to == "" {
+					to = "(any node)" // asleep, tied to none: it wakes where used
+				}
+				t.row(m.Name, m.ID, to, (time.Duration(m.MS) * time.Millisecond).String())
 			}
 			for _, f := range res.Failed {
 				t.row(f.Name, f.ID, "-", "failed: "+f.Error.Message)

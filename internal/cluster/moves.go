@@ -20,6 +20,9 @@ import (
 type Releaser interface {
 	Release(ctx context.Context, ref, to string) (*store.Sandbox, string, error)
 	Reclaim(ctx context.Context, id, cp string) (*api.Sandbox, error)
+	// Unpin lets a sleeping sandbox go once its sleep image is stored:
+	// it is tied to no node, and wakes on any.
+	Unpin(ctx context.Context, ref string) (*api.Sandbox, error)
 }
 
 // MoveRecords lists a node's sandboxes, for a drain.
@@ -152,6 +155,17 @@ func (m *Moves) Drain(r *http.Request) (*api.DrainResult, error) {
 			continue // a warm pool's member: made again where its pool is
 		}
 		t := time.Now()
+		if sb.State == api.StateSleeping {
+			// Asleep, it just loses its tie to the node: its image goes
+			// to the object store, and it wakes wherever it is used.
+			// Should that fail, it is moved as the others are.
+			v, err := m.rel.Unpin(ctx, sb.ID)
+			if err == nil {
+				res.Moved = append(res.Moved, api.MovedSandbox{Name: v.Name, ID: v.ID, To: "", MS: time.Since(t).Milliseconds()})
+				continue
+			}
+			m.log.Warn("letting a sleeping sandbox go: moving it instead", "sandbox", sb.ID, "err", err)
+		}
 		to, err := m.target(sb)
 		var v *api.Sandbox
 		if err == nil {

@@ -205,14 +205,23 @@ func (rt *Router) forward(w http.ResponseWriter, r *http.Request, org, ref strin
 		return false
 	}
 	sb, err := rt.recs.GetSandbox(r.Context(), org, ref)
-	if err == nil && sb.Handover != "" {
+	if err == nil && sb.Handover != "" && sb.Handover != store.AnyNode {
 		// A move is under way: the call waits for its end, then goes
 		// where the sandbox is (as calls wait during a restore).
 		sb, err = rt.awaitMove(r.Context(), org, sb)
 	}
+	if err == nil {
+		if n := rt.wakeNode(sb); n != nil {
+			u, err := parseAddress(n)
+			if err == nil {
+				rt.proxy(w, r, n.Name, u, isAPI)
+				return true
+			}
+		}
+	}
 	if err != nil || sb.Node == "" || sb.Node == rt.member.Name() || sb.Pool != "" {
 		// Not found, or the store cannot say: this node answers, as it
-		// would alone.
+		// would alone. One asleep on no node (store.AnyNode) wakes here.
 		return false
 	}
 	if _, lapsed := rt.member.Lapsed(sb.Node); lapsed {
@@ -231,6 +240,40 @@ func (rt *Router) forward(w http.ResponseWriter, r *http.Request, org, ref strin
 	return true
 }
 
+// wakeNode is the node a call for sb goes to when sb sleeps on no node
+// that answers (its node stopped answering, or it is tied to none,
+// store.AnyNode), so that it wakes there from its stored image (see
+// sandbox's adopt), and this node cannot take it: a front end, a node
+// cordoned (one being drained), or one short of room for it. nil when
+// this node takes it, or sb is not such a sandbox.
+func (rt *Router) wakeNode(sb *store.Sandbox) *store.Node {
+	if sb.State != api.StateSleeping || sb.Pool != "" || sb.Node == rt.member.Name() {
+		return nil
+	}
+	if sb.Node != "" || sb.Handover != store.AnyNode {
+		if _, lapsed := rt.member.Lapsed(sb.Node); !lapsed {
+			return nil
+		}
+	}
+	nodes, now := rt.member.Nodes()
+	a := askOf(&sb.Resources)
+	sent := rt.placed.recent(nodes)
+	if self := rt.member.Node(rt.member.Name()); self != nil && self.Load.Role == RoleNode && !self.Cordoned && a.short(self, sent[self.Name]) == "" {
+		return nil
+	}
+	others := make([]*store.Node, 0, len(nodes))
+	for _, n := range nodes {
+		if n.Name != rt.member.Name() && n.Name != sb.Node {
+			others = append(others, n)
+		}
+	}
+	name, _, err := best(others, now, a, cachePref{}, sent)
+	if err != nil {
+		return nil // none can: this node answers, and says why
+	}
+	return rt.member.Node(name)
+}
+
 // moveWait bounds how long a call waits for a move of its sandbox.
 const moveWait = 5 * time.Minute
 
@@ -242,7 +285,7 @@ func (rt *Router) awaitMove(ctx context.Context, org string, sb *store.Sandbox) 
 	defer cancel()
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
-	for sb.Handover != "" {
+	for sb.Handover != "" && sb.Handover != store.AnyNode {
 		select {
 		case <-ctx.Done():
 			return sb, nil

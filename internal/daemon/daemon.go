@@ -597,6 +597,7 @@ func (d *Daemon) startManager(ctx context.Context, p *parts) error {
 		Sleep:       d.sleepOf(p),
 		Stored:      d.stored(p),
 		Takeover:    d.takeover(p),
+		SleepStore:  d.sleepStore(p),
 		CPUFeatures: d.cpuPin,
 	}, p.store, p.rt, p.pool, p.nets, p.templates, d.log)
 	// The catalog the API serves, over the Manager's template side:

@@ -10,6 +10,7 @@ import (
 	"loam.dev/loam/internal/cluster"
 	"loam.dev/loam/internal/objects"
 	"loam.dev/loam/internal/sandbox"
+	"loam.dev/loam/internal/sleep"
 	"loam.dev/loam/internal/store/postgres"
 )
 
@@ -42,11 +43,17 @@ func (d *Daemon) openObjects(ctx context.Context, p *parts) error {
 	if err != nil {
 		return err
 	}
-	p.uploads = checkpoints.NewUploader(checkpoints.UploaderConfig{
+	ucfg := checkpoints.UploaderConfig{
 		DataDir: d.cfg.DataDir, Objects: st, Disks: p.pool, Records: p.store, Cache: cache,
 		Node: d.cfg.Node, Runsc: d.runscVersion, CPUFeatures: d.checkpointFeatures,
 		HostFeatures: d.hostFeatures,
-	}, d.log)
+	}
+	if d.cfg.Node != "" {
+		// In a cluster, sleep images are stored too: a sleeping sandbox
+		// then wakes on any node (sandbox's adopt.go).
+		ucfg.Sleeps, ucfg.Volumes, ucfg.Sandboxes = sleep.NewImages(d.cfg.DataDir), p.pool, p.store
+	}
+	p.uploads = checkpoints.NewUploader(ucfg, d.log)
 	d.log.Info("object store", "objects", st.String())
 	return nil
 }
@@ -86,6 +93,16 @@ func (d *Daemon) runObjects(p *parts) []component {
 // nil (a nil *Uploader must not become a non-nil interface).
 func (d *Daemon) stored(p *parts) sandbox.Stored {
 	if p.uploads == nil {
+		return nil
+	}
+	return p.uploads
+}
+
+// sleepStore keeps the sleep images in the object store, for a node of a
+// cluster with one (nil otherwise: a sleeping sandbox then wakes on its
+// node alone).
+func (d *Daemon) sleepStore(p *parts) sandbox.SleepStore {
+	if d.takeover(p) == nil {
 		return nil
 	}
 	return p.uploads
@@ -139,7 +156,7 @@ func (d *Daemon) recovery(p *parts) *checkpoints.Recovery {
 		lease = cluster.DefaultLease
 	}
 	return &checkpoints.Recovery{
-		Service: d.checkpoints, Stored: p.uploads, Cluster: d.member, Records: p.store,
+		Service: d.checkpoints, Stored: p.uploads, Sleeps: p.uploads, Cluster: d.member, Records: p.store,
 		After: 2 * lease, Every: lease / 2, Log: d.log,
 	}
 }

@@ -141,6 +141,10 @@ type Config struct {
 	// deleted), so that their copies in the object store go too; nil
 	// when the daemon keeps none (loam serve --objects).
 	Stored Stored
+	// SleepStore, in a cluster with an object store, keeps the sleep
+	// images there, so that a sleeping sandbox wakes on any node
+	// (adopt.go); nil keeps them on their node alone.
+	SleepStore SleepStore
 }
 
 // Stored is what keeps checkpoints in the object store (package
@@ -192,6 +196,8 @@ type Manager struct {
 	// insertMu orders the creates' allocations of network slots: reserved
 	// holds the slots handed out but not yet stored.
 	insertMu sync.Mutex
+	// adopting keeps one adoption of a sandbox at a time (adopt.go).
+	adopting adoptions
 	reserved map[int]bool
 	// agents is the link to the sandboxes' agents (agent.go): their
 	// tokens, the connect after every boot, their protocol version.
@@ -389,7 +395,7 @@ func (m *Manager) List(ctx context.Context, labels map[string]string) ([]api.San
 // again once the operation is ours: one read before could be stale (another
 // operation may have finished in between and, say, spent a checkpoint id).
 func (m *Manager) claim(ctx context.Context, ref string, what operation) (*store.Sandbox, func(), error) {
-	sb, err := lookupOwn(ctx, m, ref)
+	sb, err := lookupAdopt(ctx, m, ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -819,14 +825,16 @@ func (a *agentLink) dropSpare(id string) { a.m.conns.Drop(id) }
 
 // Delete frees a sandbox: its processes, disk, network and checkpoints.
 func (m *Manager) Delete(ctx context.Context, ref string) error {
-	if sb, err := m.lookup(ctx, ref); err == nil && sb.Node != m.cfg.Node && removedNode(sb) {
-		// A removed node's sandbox: nothing of it is on this host (its
-		// address, disk and container were the removed node's), so only
-		// its records go.
+	if sb, err := m.lookup(ctx, ref); err == nil && sb.Node != m.cfg.Node && (removedNode(sb) || unpinned(sb)) {
+		// A removed node's sandbox, or one asleep on no node: nothing of
+		// it is on this host (its address, disk and container were the
+		// removed node's; the other's are in the object store), so only
+		// its records go, and its stored objects.
 		if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
-			return fmt.Errorf("deleting sandbox %s of removed node %s: %w", sb.Name, sb.Node, err)
+			return fmt.Errorf("deleting sandbox %s of node %q: %w", sb.Name, sb.Node, err)
 		}
-		m.log.Info("deleted the records of a removed node's sandbox", "sandbox", sb.ID, "node", sb.Node)
+		m.stored.Forget(ctx, sb.ID, "")
+		m.log.Info("deleted the records of a sandbox on no live node", "sandbox", sb.ID, "node", sb.Node)
 		return nil
 	}
 	sb, end, err := m.claim(ctx, ref, opDelete)

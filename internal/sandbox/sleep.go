@@ -158,6 +158,10 @@ func (m *Manager) sleep(ctx context.Context, sb *store.Sandbox) error {
 	if err := m.setState(ctx, sb, api.StateSleeping, ""); err != nil {
 		return err
 	}
+	if m.cfg.SleepStore != nil {
+		// Stored, it pins no node: it may wake on any (adopt.go).
+		m.cfg.SleepStore.QueueSleep(sb.ID)
+	}
 	m.log.Info("asleep", "sandbox", sb.ID, "ms", time.Since(start).Milliseconds())
 	return nil
 }
@@ -243,7 +247,7 @@ func (m *Manager) Active(id string) (release func()) {
 func (m *Manager) awake(ctx context.Context, ref string) (*store.Sandbox, error) {
 	for {
 		read := time.Now()
-		sb, err := lookupOwn(ctx, m, ref)
+		sb, err := lookupAdopt(ctx, m, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -375,6 +379,11 @@ func (m *Manager) wake(ctx context.Context, sb *store.Sandbox) error {
 	holds := []string{AgentToken(m.cfg.Secret, sb.ID, m.sleepImages.HeldGen(sb.ID, sb.AgentGen))}
 	if sb.LegacyAgentToken != "" {
 		holds = append(holds, sb.LegacyAgentToken)
+	}
+	if m.cfg.SleepStore != nil {
+		// Its stored image is of this sleep alone: the wake moves the
+		// token generation on, so no node wakes it from that image again.
+		m.cfg.SleepStore.ForgetSleep(sb.ID)
 	}
 	_ = m.rt.Delete(ctx, sb.ID) // what a crash may have left
 	ep, err := m.machine.prepare(ctx, sb)

@@ -18,6 +18,10 @@ import (
 // one alone wins, the other gets store.ErrStale.
 type Takeover interface {
 	TakeOverSandbox(ctx context.Context, id, from, to string, netIndex int, reason string) (*store.Sandbox, error)
+	// TakeOverSleeping takes over a sandbox asleep, whose record says
+	// token generation gen, keeping it asleep: to wake it here from its
+	// stored sleep image (adopt.go).
+	TakeOverSleeping(ctx context.Context, id, from, to string, netIndex, gen int) (*store.Sandbox, error)
 }
 
 // Orphaned tells whether sb is another node's that stopped answering (or
@@ -45,14 +49,9 @@ func (c *CheckpointCore) TakeOver(ctx context.Context, sb *store.Sandbox, reason
 	if _, ok := c.Orphaned(sb); !ok {
 		return nil, m.owner.refuse(sb)
 	}
-	m.insertMu.Lock()
-	defer m.insertMu.Unlock()
-	idx, err := m.allocIndex(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer delete(m.reserved, idx)
-	got, err := m.cfg.Takeover.TakeOverSandbox(ctx, sb.ID, sb.Node, m.cfg.Node, idx, reason)
+	got, err := m.inNewSlot(ctx, func(idx int) (*store.Sandbox, error) {
+		return m.cfg.Takeover.TakeOverSandbox(ctx, sb.ID, sb.Node, m.cfg.Node, idx, reason)
+	})
 	if errors.Is(err, store.ErrStale) {
 		return nil, api.Errorf(api.CodeConflict, "sandbox %s is not node %s's any more, or that node answers again (or took it back): read it again (another node may have brought it back)", sb.Name, sb.Node)
 	}
@@ -65,6 +64,19 @@ func (c *CheckpointCore) TakeOver(ctx context.Context, sb *store.Sandbox, reason
 		m.log.Warn("took over a sandbox of a node that stopped answering", "sandbox", sb.ID, "name", sb.Name, "from_node", sb.Node, "reason", reason)
 	}
 	return got, nil
+}
+
+// inNewSlot runs take, a takeover, with a network slot of this node's
+// range that no create takes meanwhile.
+func (m *Manager) inNewSlot(ctx context.Context, take func(idx int) (*store.Sandbox, error)) (*store.Sandbox, error) {
+	m.insertMu.Lock()
+	defer m.insertMu.Unlock()
+	idx, err := m.allocIndex(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer delete(m.reserved, idx)
+	return take(idx)
 }
 
 // DropStale destroys what this node still runs of sandboxes that are not

@@ -88,6 +88,11 @@ type Sandbox struct {
 	Version int64
 }
 
+// AnyNode is the Handover of a sandbox tied to no node (its Node ""): one
+// asleep whose image is in the object store, let go by its node (a
+// drain), which any node takes over when it is woken.
+const AnyNode = "*"
+
 // Checkpoint is the stored record of a checkpoint. Its data parts (memory
 // image, disk snapshot) live on disk; the record is written only once they
 // are durable, so a record always points at a whole checkpoint.

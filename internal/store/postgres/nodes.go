@@ -273,7 +273,9 @@ func (s *Store) checkFence(ctx context.Context, tx pgx.Tx, id string) error {
 	if err != nil {
 		return err
 	}
-	if owner != f.node && !gone {
+	// An unpinned sandbox (store.AnyNode: asleep, its image stored, tied
+	// to no node) is anyone's as well.
+	if owner != f.node && !gone && owner != "" {
 		return fmt.Errorf("%w: %w", api.Errorf(api.CodeUnavailable,
 			"sandbox %s belongs to node %s, not to this node (%s): only its owner changes it", id, owner, f.node), ErrFenced)
 	}
@@ -307,7 +309,9 @@ func (ns *Nodes) AdoptSandboxes(ctx context.Context, node string) (int, error) {
 		if err := s.checkFence(ctx, tx, ""); err != nil {
 			return false, err
 		}
-		tag, err := tx.Exec(ctx, `UPDATE sandboxes SET node = $1, version = version + 1 WHERE node = ''`, node)
+		// Not an unpinned one (store.AnyNode): those are any node's
+		// to take over when it is woken, with its image.
+		tag, err := tx.Exec(ctx, `UPDATE sandboxes SET node = $1, version = version + 1 WHERE node = '' AND handover <> $2`, node, store.AnyNode)
 		n = tag.RowsAffected()
 		return err == nil && n > 0, err
 	})
@@ -315,6 +319,40 @@ func (ns *Nodes) AdoptSandboxes(ctx context.Context, node string) (int, error) {
 		return 0, fmt.Errorf("adopting the sandboxes of no node: %w", err)
 	}
 	return int(n), nil
+}
+
+// TakeOverSleeping makes node "to" the owner of sleeping sandbox id, to
+// wake it there from its stored sleep image (see sandbox's adopt): one
+// whose node from stopped answering or was removed, or that is tied to no
+// node (from "", store.AnyNode). It stays asleep, with the network slot
+// netIndex of to's range, and only while its record says it sleeps with
+// token generation gen, the image's: a sandbox woken since (which moves
+// the generation on) is never taken over from an older image. In one
+// transaction, behind the fence: of two nodes that try at once, one alone
+// wins; the other gets store.ErrStale.
+func (ns *Nodes) TakeOverSleeping(ctx context.Context, id, from, to string, netIndex, gen int) (*store.Sandbox, error) {
+	s := ns.s
+	var sb *store.Sandbox
+	err := s.execTx(ctx, func(tx pgx.Tx) (bool, error) {
+		if err := s.checkFence(ctx, tx, ""); err != nil {
+			return false, err
+		}
+		row := tx.QueryRow(ctx, `UPDATE sandboxes SET node = $3, net_index = $4, handover = '', version = version + 1
+			WHERE id = $1 AND node = $2 AND node <> $3 AND state = 'sleeping' AND agent_gen = $5 AND (
+				($2 = '' AND handover = $6) OR EXISTS (
+				SELECT 1 FROM nodes WHERE name = $2 AND (removed OR lease_until <= now()) FOR UPDATE))
+			RETURNING `+columns.SandboxNames, id, from, to, netIndex, gen, store.AnyNode)
+		var err error
+		sb, err = scanSandbox(row)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, fmt.Errorf("sandbox %s is not asleep on node %q with token generation %d, or that node holds its lease again: %w", id, from, gen, store.ErrStale)
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("taking over sleeping sandbox %s from node %q: %w", id, from, err)
+	}
+	return sb, nil
 }
 
 // TakeOverSandbox makes node "to" the owner of sandbox id, whose node from

@@ -275,3 +275,45 @@ func TestTakeOverSandbox(t *testing.T) {
 		t.Errorf("the record after b's tries: %+v, %v", now, err)
 	}
 }
+
+// TestTakeOverSleeping: a sleeping sandbox is taken over, still asleep,
+// only with the token generation its record says (a wake moves it on),
+// from a node whose lease ran out, or from no node once its node let it
+// go (store.AnyNode), and then by one node alone; a node with no record
+// of its own left keeps none of it (the unpinned record is not adopted
+// by a restart as the cluster's first node).
+func TestTakeOverSleeping(t *testing.T) {
+	a, b := twoNodes(t)
+	ctx := t.Context()
+	join(t, a, "a", "http://127.0.0.1:1", time.Hour)
+	join(t, b, "b", "http://127.0.0.1:2", time.Hour)
+	sb := nodeSandbox("sb-asleep", "b")
+	sb.State, sb.AgentGen = api.StateSleeping, 3
+	if err := b.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Nodes().TakeOverSleeping(ctx, sb.ID, "b", "a", 7, 3); !errors.Is(err, store.ErrStale) {
+		t.Fatalf("taking over a sleeping sandbox of a node that holds its lease: %v, want stale", err)
+	}
+	// b lets it go.
+	sb.Node, sb.Handover = "", store.AnyNode
+	if err := b.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.Nodes().AdoptSandboxes(ctx, "a"); err != nil || n != 0 {
+		t.Errorf("adopting the sandboxes of no node: %d, %v; want none (the unpinned one is not)", n, err)
+	}
+	if _, err := a.Nodes().TakeOverSleeping(ctx, sb.ID, "", "a", 7, 2); !errors.Is(err, store.ErrStale) {
+		t.Errorf("taking it over with an older generation: %v, want stale", err)
+	}
+	got, err := a.Nodes().TakeOverSleeping(ctx, sb.ID, "", "a", 7, 3)
+	if err != nil {
+		t.Fatalf("taking over a sandbox of no node: %v", err)
+	}
+	if got.Node != "a" || got.NetIndex != 7 || got.State != api.StateSleeping || got.Handover != "" || got.Version != sb.Version+1 {
+		t.Errorf("taken over: node %s slot %d state %s handover %q version %d", got.Node, got.NetIndex, got.State, got.Handover, got.Version)
+	}
+	if _, err := b.Nodes().TakeOverSleeping(ctx, sb.ID, "", "b", 8, 3); !errors.Is(err, store.ErrStale) {
+		t.Errorf("taking it over a second time: %v, want stale", err)
+	}
+}

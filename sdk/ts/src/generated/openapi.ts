@@ -2036,7 +2036,7 @@ export interface components {
             /** @description In `GET /v1/sandboxes/{sandbox}` and the list only, for a running sandbox. */
             usage?: components["schemas"]["Usage"];
             /**
-             * @description The node of a cluster that owns the sandbox (`loam serve --node`); absent on one machine.
+             * @description The node of a cluster that owns the sandbox (`loam serve --node`); absent on one machine, and for a sleeping sandbox a drain let go (its sleep image is in the object store, and it wakes on the node of the first call that needs it running).
              * @example node-1
              */
             node?: string;
@@ -2651,7 +2651,7 @@ export interface components {
         MovedSandbox: {
             name: string;
             id: string;
-            /** @description The node it moved to. */
+            /** @description The node it moved to; "" for a sleeping sandbox, which just lost its tie to the node (its sleep image stored, it wakes on the node of the first call that needs it running). */
             to: string;
             /** @description How long its move took, in milliseconds. */
             ms: number;
