@@ -36,16 +36,30 @@ func startOnPty(t *testing.T, d *harness.Daemon, args ...string) *ptyAttach {
 	t.Helper()
 	p := &ptyAttach{cmd: exec.Command(harness.LoamBin, args...), done: make(chan error, 1), read: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), "LOAM_API_URL="+d.URL, "LOAM_TOKEN="+d.Token, "TERM=dumb")
-	tty, err := pty.StartWithSize(p.cmd, &pty.Winsize{Rows: 24, Cols: 80})
+	// The terminal's mode is read before loam starts: read after, it may
+	// be loam's raw mode already.
+	tty, sub, err := pty.Open()
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.tty = tty
 	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
+		if p.cmd.Process != nil {
+			_ = p.cmd.Process.Kill()
+		}
 		tty.Close()
 	})
+	if err := pty.Setsize(tty, &pty.Winsize{Rows: 24, Cols: 80}); err != nil {
+		t.Fatal(err)
+	}
 	if p.mode, err = unix.IoctlGetTermios(int(tty.Fd()), unix.TCGETS); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = sub, sub, sub
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
+	err = p.cmd.Start()
+	sub.Close() // loam has its own copy
+	if err != nil {
 		t.Fatal(err)
 	}
 	go func() {

@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -528,7 +529,11 @@ func TestClusterCutOff(t *testing.T) {
 	b.link.Cut()
 	// Through b itself, from inside its machine: no change once its
 	// lease ran out (3 s).
-	harness.Eventually(t, 20*time.Second, "b refusing changes", func() error {
+	harness.Eventually(t, 40*time.Second, "b refusing changes", func() error {
+		// Each try bounded: one made before the lease ran out reads the
+		// database, whose connections hang until their own timeouts.
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
 		_, _, _, err := b.inside.Output(ctx, "cut", "sh", "-c", "echo during > /home/loam/mark")
 		if harness.APICode(err) != api.CodeUnavailable || !strings.Contains(err.Error(), "lease") {
 			return fmt.Errorf("an exec through b: %v", err)
@@ -565,7 +570,10 @@ func TestClusterCutOff(t *testing.T) {
 		}
 		return nil
 	})
-	if _, _, _, err := a.C.Output(ctx, "cut", "true"); harness.APICode(err) != api.CodeUnavailable || !strings.Contains(err.Error(), "node b") {
+	// Bounded: a call passed to b, cut off, would hang (it must not be).
+	cutCtx, cancelCut := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelCut()
+	if _, _, _, err := a.C.Output(cutCtx, "cut", "true"); harness.APICode(err) != api.CodeUnavailable || !strings.Contains(err.Error(), "node b") {
 		t.Errorf("an exec in cut through a while b is cut off: %v, want unavailable naming node b", err)
 	}
 	if err := a.C.DeleteSandbox(ctx, "cut"); harness.APICode(err) != api.CodeUnavailable {
