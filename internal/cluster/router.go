@@ -240,6 +240,39 @@ func (rt *Router) forward(w http.ResponseWriter, r *http.Request, org, ref strin
 	return true
 }
 
+// ReforwardURL passes a request for the URL of sandbox name of org that
+// moved to another node while the request was on its way to this one
+// (sandbox.Elsewhere) to that node, even if it was passed here already,
+// and reports whether it did: not when the record names no node, this
+// one, the node that passed it here (no request goes back and forth), or
+// one that stopped answering.
+func (rt *Router) ReforwardURL(w http.ResponseWriter, r *http.Request, org, name string) bool {
+	sb, err := rt.recs.GetSandbox(r.Context(), org, name)
+	if err == nil && sb.Handover != "" && sb.Handover != store.AnyNode {
+		sb, err = rt.awaitMove(r.Context(), org, sb)
+	}
+	if err != nil || sb.Node == "" || sb.Node == rt.member.Name() || sb.Pool != "" {
+		return false
+	}
+	if from, ok := rt.Routed(r); ok && from == sb.Node {
+		return false
+	}
+	if _, lapsed := rt.member.Lapsed(sb.Node); lapsed {
+		return false
+	}
+	n := rt.node(r.Context(), sb.Node)
+	if n == nil {
+		return false
+	}
+	u, err := parseAddress(n)
+	if err != nil {
+		return false
+	}
+	rt.log.Info("passing on a request for a sandbox that moved meanwhile", "sandbox", sb.ID, "to", n.Name)
+	rt.proxy(w, r, n.Name, u, false)
+	return true
+}
+
 // wakeNode is the node a call for sb goes to when sb sleeps on no node
 // that answers (its node stopped answering, or it is tied to none,
 // store.AnyNode), so that it wakes there from its stored image (see

@@ -681,7 +681,7 @@ func (d *Daemon) serve(ctx context.Context, p *parts) error {
 			router.SetStored(p.uploads)
 		}
 		routed = server.WithRouter(router)
-		frontCfg.Forward = router.ForwardURL
+		frontCfg.Forward, frontCfg.Reforward = router.ForwardURL, router.ReforwardURL
 	}
 	moves := d.withMoves(p, router)
 	// Sandboxes' URLs (by Host) go to the front door, the rest to the API.

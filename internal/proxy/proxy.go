@@ -87,6 +87,11 @@ type Config struct {
 	// another node owns to that node, whose front door decides it; false
 	// when this node is the one to (cluster.Router.ForwardURL).
 	Forward func(w http.ResponseWriter, r *http.Request, org, name string) bool
+	// Reforward, in a cluster, passes a request for the URL of a sandbox
+	// that moved to another node while the request was on its way here
+	// (sandbox.Elsewhere) to that node, even one passed here already;
+	// false when it cannot (cluster.Router.ReforwardURL).
+	Reforward func(w http.ResponseWriter, r *http.Request, org, name string) bool
 	// BodyTimeout is how long a client may send nothing of a request body
 	// passed to a sandbox before the request fails; 0 is no limit. It
 	// replaces the server's read timeout, which would cut off a long
@@ -256,6 +261,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, org, name string
 		h.page(w, http.StatusUnauthorized, "Private sandbox",
 			fmt.Sprintf("Sandbox %s is private. Open its URL with ?%s=ACCESS_TOKEN once (loam url %s shows it), or send the header %s.",
 				name, TokenParam, name, TokenHeader))
+		return
+	}
+	var moved *sandbox.Elsewhere
+	if errors.As(err, &moved) && h.cfg.Reforward != nil && h.cfg.Reforward(w, r, org, name) {
 		return
 	}
 	if err != nil {
@@ -454,6 +463,19 @@ func (h *Handler) targetError(w http.ResponseWriter, r *http.Request, name strin
 // proxyError answers a request the sandbox did not answer.
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	t := r.Context().Value(ctxKey{}).(sandbox.Target)
+	var moved *sandbox.Elsewhere
+	if errors.As(err, &moved) && h.cfg.Reforward != nil && (r.Body == nil || r.Body == http.NoBody || r.GetBody != nil) {
+		// It moved while the request was sent to it (the retrier found
+		// it elsewhere): the request goes on to its new node.
+		if r.GetBody != nil {
+			if body, berr := r.GetBody(); berr == nil {
+				r.Body = body
+			}
+		}
+		if h.cfg.Reforward(w, r, t.Org, t.Name) {
+			return
+		}
+	}
 	var ae *api.Error
 	if errors.As(err, &ae) {
 		h.targetError(w, r, t.Name, err)

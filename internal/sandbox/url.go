@@ -114,7 +114,7 @@ func (m *Manager) HTTPTarget(ctx context.Context, org, name string, admit func(T
 			if since, lapsed := m.owner.lapsed(sb); lapsed {
 				return Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is on node %s, which stopped answering at %s", name, sb.Node, since.UTC().Format(time.RFC3339))
 			}
-			return Target{}, api.Errorf(api.CodeUnavailable, "sandbox %s is on node %s", name, sb.Node)
+			return Target{}, &Elsewhere{Node: sb.Node, err: api.Errorf(api.CodeUnavailable, "sandbox %s is on node %s", name, sb.Node)}
 		}
 		if admit != nil {
 			if err := admit(Target{ID: sb.ID, Name: sb.Name, Org: sb.Org, Public: sb.Public, AccessToken: AccessToken(m.cfg.Secret, sb.ID), Labels: maps.Clone(sb.Labels)}); err != nil {
@@ -133,7 +133,10 @@ func (m *Manager) HTTPTarget(ctx context.Context, org, name string, admit func(T
 			op, done, epoch = l.op, l.opDone, l.epoch
 			l.mu.Unlock()
 		}
-		if op.holdsURL() || sb.State == api.StateCreating || sb.State == api.StateRestoring {
+		// A move hands it to another node: held until it is that node's
+		// (Elsewhere then says which), as during a restore.
+		moving := sb.Handover != "" && sb.Handover != store.AnyNode
+		if op.holdsURL() || sb.State == api.StateCreating || sb.State == api.StateRestoring || moving {
 			var poll <-chan time.Time
 			if !op.holdsURL() {
 				done, poll = nil, time.After(holdPoll)
@@ -180,6 +183,19 @@ func (m *Manager) HTTPTarget(ctx context.Context, org, name string, admit func(T
 		}, nil
 	}
 }
+
+// Elsewhere is HTTPTarget's error for a sandbox another node owns (one
+// that moved there while the request was on its way): the front door may
+// pass the request on to that node (proxy.Config.Reforward).
+type Elsewhere struct {
+	Node string
+	err  error
+}
+
+func (e *Elsewhere) Error() string { return e.err.Error() }
+
+// Unwrap is the API's error (unavailable, naming the node).
+func (e *Elsewhere) Unwrap() error { return e.err }
 
 // holdExpired is HTTPTarget's error when it waited as long as it may.
 func (m *Manager) holdExpired(ctx context.Context, name string) error {
