@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/checkpoint"
@@ -123,44 +121,34 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 		return err
 	}
 	defer os.RemoveAll(staging)
-	archive := filepath.Join(staging, archiveFile)
-	if u.cfg.Cache != nil {
-		p, err := u.cfg.Cache.Get(ctx, u.cfg.Objects, blob)
-		if err != nil {
-			return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
-		}
-		archive = p
-	} else if err := u.cfg.Objects.Fetch(ctx, blob, archive); err != nil {
-		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
-	}
-	f, err := os.Open(archive)
+	f, err := u.open(ctx, blob, filepath.Join(staging, archiveFile))
 	if err != nil {
-		return err
+		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
 	}
 	defer f.Close()
 	unpacked := filepath.Join(staging, "unpacked")
 	if err := os.Mkdir(unpacked, 0o700); err != nil {
 		return err
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(unpacked, &st); err != nil {
+	room, err := room(unpacked)
+	if err != nil {
 		return err
 	}
-	room := int64(st.Bavail) * st.Bsize / 2
-	if _, err := checkpoint.ReadArchive(ctx, f, unpacked, room); err != nil {
-		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
-	}
-	ctx = context.WithoutCancel(ctx)
 	snap := checkpoint.Snapshot(src.ID, cp.ID)
 	snaps, err := u.cfg.Disks.Snapshots(ctx)
 	if err != nil {
 		return err
 	}
-	if !slices.Contains(snaps, snap) {
-		if err := u.cfg.Disks.ImportSnapshot(ctx, snap, filepath.Join(unpacked, checkpoint.DiskEntry)); err != nil {
-			return fmt.Errorf("fetching checkpoint %s of %s: its disk: %w", cp.ID, src.Name, err)
-		}
+	have := slices.Contains(snaps, snap)
+	if meta.Base != nil {
+		err = u.applyDiff(ctx, m, *meta.Base, f, staging, unpacked, snap, have, room)
+	} else {
+		err = u.unpackWhole(ctx, f, unpacked, snap, have, room)
 	}
+	if err != nil {
+		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
+	}
+	ctx = context.WithoutCancel(ctx)
 	dir := checkpoint.Dir(u.cfg.DataDir, src.ID, cp.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -183,6 +171,60 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 	}
 	u.log.Info("fetched a checkpoint", "sandbox", src.ID, "checkpoint", cp.ID, "from_node", meta.Node,
 		"bytes", blob.Size, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// unpackWhole unpacks a whole archive into unpacked and, unless have,
+// makes snapshot snap of its disk.
+func (u *Uploader) unpackWhole(ctx context.Context, f *os.File, unpacked, snap string, have bool, room int64) error {
+	if _, err := checkpoint.ReadArchive(ctx, f, unpacked, room); err != nil {
+		return err
+	}
+	if have {
+		return nil
+	}
+	if err := u.cfg.Disks.ImportSnapshot(context.WithoutCancel(ctx), snap, filepath.Join(unpacked, checkpoint.DiskEntry)); err != nil {
+		return fmt.Errorf("its disk: %w", err)
+	}
+	return nil
+}
+
+// applyDiff applies a diff archive against base to a volume cloned from
+// this node's template of that tree (baseTemplate) and, unless have,
+// makes snapshot snap of it; its memory image goes into unpacked. The
+// volume goes either way (a crash leaves it to the recovery's sweep of
+// volumes no sandbox has).
+func (u *Uploader) applyDiff(ctx context.Context, m *objects.Manifest, base checkpoint.Base, f *os.File, staging, unpacked, snap string, have bool, room int64) error {
+	tpl, err := u.baseTemplate(ctx, m, base, staging)
+	if err != nil {
+		return err
+	}
+	vol := "fetch-" + snap
+	if err := u.cfg.Disks.DeleteVolume(ctx, vol); err != nil {
+		return err
+	}
+	root, err := u.cfg.Disks.CreateVolume(ctx, vol, tpl)
+	if err != nil {
+		return fmt.Errorf("its disk: %w", err)
+	}
+	defer func() {
+		if err := u.cfg.Disks.DeleteVolume(context.WithoutCancel(ctx), vol); err != nil {
+			u.log.Warn("removing the volume a fetched checkpoint was applied to", "volume", vol, "err", err)
+		}
+	}()
+	if _, err := checkpoint.ApplyDiff(ctx, f, root, unpacked, base, room); err != nil {
+		return err
+	}
+	if have {
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx)
+	if err := u.cfg.Disks.Snapshot(ctx, vol, snap); err != nil {
+		return fmt.Errorf("its disk: %w", err)
+	}
+	if err := u.cfg.Disks.SyncSnapshot(ctx, snap); err != nil {
+		return fmt.Errorf("its disk: %w", err)
+	}
 	return nil
 }
 

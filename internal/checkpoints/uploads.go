@@ -41,8 +41,10 @@ const storeCallTimeout = 10 * time.Second
 
 // Names in the object store and beside a checkpoint's data.
 const (
-	// archiveFile is the one file of a checkpoint's manifest: its memory
-	// image and disk as one archive (checkpoint.WriteArchive).
+	// archiveFile is the file of a checkpoint's manifest that holds its
+	// memory image and disk as one archive: whole (checkpoint.WriteArchive)
+	// or, beside its base template (baseFile), its disk as a diff against
+	// it (checkpoint.WriteDiff).
 	archiveFile = "checkpoint.tar.zst"
 	// storedFile, in a checkpoint's directory, says it is stored: the
 	// manifest's name and its archive's blob, written once the manifest
@@ -70,6 +72,9 @@ type StoredMeta struct {
 	Node        string   `json:"node,omitempty"`
 	Runsc       string   `json:"runsc,omitempty"`
 	CPUFeatures []string `json:"cpu_features,omitempty"`
+	// Base, when the archive's disk is a diff, is the template it is a
+	// diff against (the manifest's baseFile holds it whole).
+	Base *checkpoint.Base `json:"base,omitempty"`
 }
 
 // UploaderConfig is what an Uploader needs.
@@ -98,12 +103,22 @@ type UploaderConfig struct {
 
 // Snapshots is what the uploads need of the disk pool (disk.Pool has
 // it): where a checkpoint's disk snapshot is, to archive it, and making
-// one from a fetched checkpoint's disk.
+// one from a fetched checkpoint's disk; and templates, to write a disk
+// as a diff against its template, and to apply one to a copy of it (a
+// volume, snapshotted once the diff is applied).
 type Snapshots interface {
 	SnapshotPath(snap string) string
 	Snapshots(ctx context.Context) ([]string, error)
 	ImportSnapshot(ctx context.Context, snap, src string) error
 	DeleteSnapshot(ctx context.Context, snap string) error
+
+	HasTemplate(ctx context.Context, name string) (bool, error)
+	TemplatePath(name string) string
+	ImportTemplate(ctx context.Context, name, src string) error
+	CreateVolume(ctx context.Context, id, template string) (string, error)
+	Snapshot(ctx context.Context, id, snap string) error
+	SyncSnapshot(ctx context.Context, snap string) error
+	DeleteVolume(ctx context.Context, id string) error
 }
 
 // CheckpointRecords finds a checkpoint's record by its sandbox's id.
@@ -113,7 +128,7 @@ type CheckpointRecords interface {
 
 // Uploader uploads a node's checkpoints to the object store, one at a
 // time, in the order taken: a checkpoint is usable on its node at once and
-// stored a moment later. Each is written as one archive blob, then its
+// stored a moment later. Each is written as one archive blob (with its template's, see bases.go), then its
 // manifest, then a mark beside its data (storedFile); a crash part-way
 // leaves no manifest, and the next start uploads it again (Resume). It is
 // safe for concurrent use.
@@ -122,6 +137,7 @@ type Uploader struct {
 	log *slog.Logger
 
 	fetching fetches
+	digestMu sync.Mutex // one template digest at a time (digest)
 
 	mu    sync.Mutex
 	jobs  map[string]*upload // by ManifestName, until stored or forgotten
@@ -351,7 +367,26 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	}
 	man := checkpoint.Manifest{Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
 		From: cp.SandboxName + "/" + cp.ID, CreatedAt: cp.CreatedAt}
-	err = checkpoint.WriteArchive(ctx, f, man, u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp)), mem)
+	files := map[string]objects.Blob{}
+	var base *checkpoint.Base
+	if cp.Image == "" {
+		// An image's sandbox is stored whole: its template is this
+		// node's name for the image, which another node may not have.
+		var b objects.Blob
+		if base, b, err = u.storeBase(ctx, cp.Template); err != nil {
+			f.Close()
+			return fmt.Errorf("uploading %s: %w", name, err)
+		}
+		if base != nil {
+			files[baseFile] = b
+		}
+	}
+	diskDir := u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp))
+	if base != nil {
+		err = checkpoint.WriteDiff(ctx, f, man, diskDir, mem, u.cfg.Disks.TemplatePath(base.Name), *base)
+	} else {
+		err = checkpoint.WriteArchive(ctx, f, man, diskDir, mem)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -373,9 +408,10 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	if err != nil {
 		return fmt.Errorf("uploading %s: %w", name, err)
 	}
+	files[archiveFile] = b
 	meta, err := json.Marshal(StoredMeta{Sandbox: j.sandbox, Checkpoint: j.cp, Memory: cp.Memory, Template: cp.Template,
 		Image: cp.Image, Resources: cp.Resources, AgentGen: cp.AgentGen,
-		Node: u.cfg.Node, Runsc: u.cfg.Runsc, CPUFeatures: u.features()})
+		Node: u.cfg.Node, Runsc: u.cfg.Runsc, CPUFeatures: u.features(), Base: base})
 	if err != nil {
 		return err
 	}
@@ -385,14 +421,18 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	if gone {
 		return nil // deleted while it uploaded: no manifest (the sweep takes the blob)
 	}
-	if err := u.cfg.Objects.PutManifest(ctx, name, &objects.Manifest{Files: map[string]objects.Blob{archiveFile: b}, Meta: meta}); err != nil {
+	if err := u.cfg.Objects.PutManifest(ctx, name, &objects.Manifest{Files: files, Meta: meta}); err != nil {
 		return fmt.Errorf("uploading %s: %w", name, err)
 	}
 	mark, _ := json.Marshal(map[string]any{"manifest": name, "blob": b})
 	if err := atomicfile.WriteFile(u.storedPath(j.sandbox, j.cp), mark, 0o600); err != nil {
 		return fmt.Errorf("uploading %s: marking it stored: %w", name, err)
 	}
-	u.log.Info("checkpoint stored", "sandbox", j.sandbox, "checkpoint", j.cp, "bytes", b.Size,
+	diffOf := ""
+	if base != nil {
+		diffOf = base.Name
+	}
+	u.log.Info("checkpoint stored", "sandbox", j.sandbox, "checkpoint", j.cp, "bytes", b.Size, "diff_of", diffOf,
 		"ms", time.Since(start).Milliseconds(), "objects", u.cfg.Objects.String())
 	return nil
 }
