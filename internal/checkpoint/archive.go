@@ -178,6 +178,9 @@ type archiveWriter struct {
 	// and the base's entries the disk lacks.
 	pending []pendingDir
 	removed []string
+	// fileTimes puts regular files' mtimes in their sums lines: a
+	// TreeDigest's, never an archive's.
+	fileTimes bool
 }
 
 // sumLine is an entry's line in SumsEntry.
@@ -345,7 +348,11 @@ func (aw *archiveWriter) file(f *os.File, h *tar.Header) error {
 	if _, err := io.CopyN(io.MultiWriter(aw.tw, sum), f, h.Size); err != nil {
 		return fmt.Errorf("reading %s: %w", h.Name, err)
 	}
-	aw.sums.WriteString(sumLine(h, hex.EncodeToString(sum.Sum(nil))))
+	line := sumLine(h, hex.EncodeToString(sum.Sum(nil)))
+	if aw.fileTimes {
+		line = strings.TrimSuffix(line, "\n") + " " + strconv.FormatInt(h.ModTime.UnixNano(), 10) + "\n"
+	}
+	aw.sums.WriteString(line)
 	return nil
 }
 

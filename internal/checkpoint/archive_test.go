@@ -42,7 +42,7 @@ func makeDisk(t *testing.T) string {
 	return dir
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

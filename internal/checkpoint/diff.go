@@ -63,11 +63,16 @@ func ApplyDiff(ctx context.Context, r io.Reader, diskRoot, dest string, base Bas
 // TreeDigest is the identity of the tree at root, as a diff's base:
 // "sha256:" and the SHA-256 of one line per entry in name order (type,
 // mode, owner, size, device, the SHA-256 of a file's bytes, name, link
-// target or, for a further hard link, the first name), the lines of an
-// archive's SumsEntry. Times are not in it: two nodes that built a
-// template alike have the same tree, whenever they built it.
+// target or, for a further hard link, the first name: the lines of an
+// archive's SumsEntry), with each regular file's mtime. The mtimes are
+// in it because a memory image restores only onto files of the mtimes
+// it saw (gVisor checks those of the files it had looked up): a
+// template built again from the same recipe, elsewhere, holds the same
+// bytes with other mtimes, and is another base. Directories' and
+// symlinks' times are not (nothing checks them, and a copy may not keep
+// a symlink's).
 func TreeDigest(ctx context.Context, root string) (string, error) {
-	aw := &archiveWriter{tw: tar.NewWriter(io.Discard), links: map[[2]uint64]string{}}
+	aw := &archiveWriter{tw: tar.NewWriter(io.Discard), links: map[[2]uint64]string{}, fileTimes: true}
 	if err := aw.tree(ctx, root, DiskEntry); err != nil {
 		return "", fmt.Errorf("digest of %s: %w", root, err)
 	}

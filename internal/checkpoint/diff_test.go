@@ -16,7 +16,7 @@ import (
 
 // copyTree copies src to dst as cp -a does (owners, modes, times, hard
 // links): a pool's clone of a template.
-func copyTree(t *testing.T, src, dst string) {
+func copyTree(t testing.TB, src, dst string) {
 	t.Helper()
 	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
 		t.Fatalf("cp -a: %v: %s", err, out)
@@ -214,24 +214,33 @@ func TestDiffRefusesHostile(t *testing.T) {
 	}
 }
 
-// TestTreeDigestIgnoresTimes: two trees alike but for times have one
-// digest; a mode, an owner or a hard link changes it.
-func TestTreeDigestIgnoresTimes(t *testing.T) {
+// TestTreeDigestTimes: two trees alike but for a directory's times have
+// one digest; a regular file's mtime, or a hard link made a copy,
+// changes it.
+func TestTreeDigestTimes(t *testing.T) {
 	ctx := t.Context()
 	a := makeDisk(t)
 	b := filepath.Join(t.TempDir(), "b")
 	copyTree(t, a, b)
-	old := time.Now().Add(-time.Hour)
-	must(t, os.Chtimes(filepath.Join(b, "etc/hostname"), old, old))
 	da, _ := TreeDigest(ctx, a)
-	db, _ := TreeDigest(ctx, b)
-	if da != db {
-		t.Errorf("times changed the digest: %s, %s", da, db)
+	old := time.Now().Add(-time.Hour)
+	must(t, os.Chtimes(filepath.Join(b, "etc"), old, old))
+	if db, _ := TreeDigest(ctx, b); da != db {
+		t.Errorf("a directory's times changed the digest: %s, %s", da, db)
 	}
-	must(t, os.Remove(filepath.Join(b, "bin/tool2")))
-	must(t, os.WriteFile(filepath.Join(b, "bin/tool2"), bytes.Repeat([]byte("x"), 100000), 0o755))
-	must(t, unix.Chmod(filepath.Join(b, "bin/tool2"), 0o4755))
-	if dc, _ := TreeDigest(ctx, b); dc == da {
+	must(t, os.Chtimes(filepath.Join(b, "etc/hostname"), old, old))
+	if db, _ := TreeDigest(ctx, b); da == db {
+		t.Error("a file's mtime did not change the digest")
+	}
+	c := filepath.Join(t.TempDir(), "c")
+	copyTree(t, a, c)
+	st, err := os.Stat(filepath.Join(c, "bin/tool2"))
+	must(t, err)
+	must(t, os.Remove(filepath.Join(c, "bin/tool2")))
+	must(t, os.WriteFile(filepath.Join(c, "bin/tool2"), bytes.Repeat([]byte("x"), 100000), 0o755))
+	must(t, unix.Chmod(filepath.Join(c, "bin/tool2"), 0o4755))
+	must(t, os.Chtimes(filepath.Join(c, "bin/tool2"), st.ModTime(), st.ModTime()))
+	if dc, _ := TreeDigest(ctx, c); dc == da {
 		t.Error("a hard link made a copy has the same digest")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
@@ -43,8 +44,9 @@ func must(t *testing.T, err error) {
 // TestUploadDiff: a checkpoint of a sandbox made from a template this
 // node has is stored as a diff, small beside the template, with the
 // template stored once beside it; it fetches right on a node with the
-// same template, on one whose template of that name differs, and on one
-// with none (which make the stored base a template of their own, once).
+// same template, on one whose template of that name differs (by a file's
+// mtime), and on one with none (which make the stored base a template of
+// their own, once).
 func TestUploadDiff(t *testing.T) {
 	ctx := t.Context()
 	st, recs := sharedStore(t)
@@ -52,9 +54,16 @@ func TestUploadDiff(t *testing.T) {
 	same := newNode(t, st, recs, "build-1")
 	other := newNode(t, st, recs, "build-1")
 	none := newNode(t, st, recs, "build-1")
-	must(t, a.disks.ImportTemplate(ctx, "busybox", templateTree(t, 1)))
-	must(t, same.disks.ImportTemplate(ctx, "busybox", templateTree(t, 1)))
-	must(t, other.disks.ImportTemplate(ctx, "busybox", templateTree(t, 2)))
+	// same imports the same tree as a; other's holds the same bytes
+	// (built again, elsewhere) with other mtimes, another base for a
+	// memory image.
+	tree := templateTree(t, 1)
+	must(t, a.disks.ImportTemplate(ctx, "busybox", tree))
+	must(t, same.disks.ImportTemplate(ctx, "busybox", tree))
+	again := templateTree(t, 1)
+	old := time.Now().Add(-time.Hour)
+	must(t, os.Chtimes(filepath.Join(again, "bin/big"), old, old))
+	must(t, other.disks.ImportTemplate(ctx, "busybox", again))
 
 	// The sandbox: its template, changed a little.
 	root, err := a.disks.CreateVolume(ctx, "sb-d", "busybox")

@@ -384,6 +384,13 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	diskDir := u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp))
 	if base != nil {
 		err = checkpoint.WriteDiff(ctx, f, man, diskDir, mem, u.cfg.Disks.TemplatePath(base.Name), *base)
+		if err == nil {
+			// The template made again meanwhile (an image's, say) is
+			// another base: the next try diffs against that one.
+			if rec, derr := u.digest(ctx, base.Name); derr != nil || rec.Digest != base.Digest {
+				err = errors.Join(fmt.Errorf("template %s changed while the checkpoint's diff against it was written", base.Name), derr)
+			}
+		}
 	} else {
 		err = checkpoint.WriteArchive(ctx, f, man, diskDir, mem)
 	}
