@@ -374,8 +374,10 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 		// node's name for the image, which another node may not have.
 		var b objects.Blob
 		if base, b, err = u.storeBase(ctx, cp.Template); err != nil {
-			f.Close()
-			return fmt.Errorf("uploading %s: %w", name, err)
+			// Whole, then: a template this node cannot read or store
+			// must not keep its checkpoints from being stored.
+			u.log.Warn("storing a checkpoint whole: its template cannot be its base", "manifest", name, "template", cp.Template, "err", err)
+			base = nil
 		}
 		if base != nil {
 			files[baseFile] = b
