@@ -284,6 +284,9 @@ func sameContent(fd, bfd int, name string, size int64) (bool, error) {
 		return false, err
 	}
 	defer b.Close()
+	if sameExtents(int(a.Fd()), int(b.Fd())) {
+		return true, nil
+	}
 	const chunk = 256 << 10
 	bufA, bufB := make([]byte, chunk), make([]byte, chunk)
 	for left := size; left > 0; {
