@@ -157,65 +157,76 @@ func (u *Uploader) storeBase(ctx context.Context, name string) (*checkpoint.Base
 // baseTemplate is the template of this node a diff against base applies
 // to: its own of that name when it is the same tree, else the one made
 // from the stored base (m's baseFile), fetched and made the first time.
-func (u *Uploader) baseTemplate(ctx context.Context, m *objects.Manifest, base checkpoint.Base, staging string) (string, error) {
+// Until the caller calls unlock (once it has cloned it), the sweep does
+// not delete it (sweepBases).
+func (u *Uploader) baseTemplate(ctx context.Context, m *objects.Manifest, base checkpoint.Base, staging string) (name string, unlock func(), err error) {
 	if ok, err := u.cfg.Disks.HasTemplate(ctx, base.Name); err != nil {
-		return "", err
+		return "", nil, err
 	} else if ok {
 		rec, err := u.digest(ctx, base.Name)
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		if rec.Digest == base.Digest {
-			return base.Name, nil
+			return base.Name, func() {}, nil
 		}
 	}
 	hexSum, ok := strings.CutPrefix(base.Digest, "sha256:")
 	if !ok || len(hexSum) != 64 || strings.Trim(hexSum, "0123456789abcdef") != "" {
-		return "", fmt.Errorf("its base %q: %w", base.Digest, objects.ErrCorrupt)
+		return "", nil, fmt.Errorf("its base %q: %w", base.Digest, objects.ErrCorrupt)
 	}
-	name := storedTemplatePrefix + hexSum
-	defer u.fetching.lock("templates/" + name)()
+	name = storedTemplatePrefix + hexSum
+	unlock = u.fetching.lock("templates/" + name)
+	if err := u.makeBase(ctx, m, base, name, staging); err != nil {
+		unlock()
+		return "", nil, err
+	}
+	return name, unlock, nil
+}
+
+// makeBase makes template name from m's stored base, unless it is here.
+func (u *Uploader) makeBase(ctx context.Context, m *objects.Manifest, base checkpoint.Base, name, staging string) error {
 	if ok, err := u.cfg.Disks.HasTemplate(ctx, name); err != nil || ok {
-		return name, err
+		return err
 	}
 	blob, ok := m.Files[baseFile]
 	if !ok {
-		return "", fmt.Errorf("its manifest names no %s: %w", baseFile, objects.ErrCorrupt)
+		return fmt.Errorf("its manifest names no %s: %w", baseFile, objects.ErrCorrupt)
 	}
 	start := time.Now()
 	f, err := u.open(ctx, blob, filepath.Join(staging, baseFile))
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer f.Close()
 	dir := filepath.Join(staging, "base")
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", err
+		return err
 	}
 	defer os.RemoveAll(dir)
 	room, err := room(dir)
 	if err != nil {
-		return "", err
+		return err
 	}
 	man, err := checkpoint.ReadArchive(ctx, f, dir, room)
 	if err != nil {
-		return "", fmt.Errorf("its base template: %w", err)
+		return fmt.Errorf("its base template: %w", err)
 	}
 	if man.Memory {
-		return "", fmt.Errorf("its base template holds a memory image: %w", objects.ErrCorrupt)
+		return fmt.Errorf("its base template holds a memory image: %w", objects.ErrCorrupt)
 	}
 	tree := filepath.Join(dir, checkpoint.DiskEntry)
 	if d, err := checkpoint.TreeDigest(ctx, tree); err != nil {
-		return "", err
+		return err
 	} else if d != base.Digest {
-		return "", fmt.Errorf("its base template is %s, not %s: %w", d, base.Digest, objects.ErrCorrupt)
+		return fmt.Errorf("its base template is %s, not %s: %w", d, base.Digest, objects.ErrCorrupt)
 	}
 	if err := u.cfg.Disks.ImportTemplate(context.WithoutCancel(ctx), name, tree); err != nil && !errors.Is(err, disk.ErrExists) {
-		return "", fmt.Errorf("its base template: %w", err)
+		return fmt.Errorf("its base template: %w", err)
 	}
 	u.log.Info("made a checkpoint's base template from the object store", "template", name, "of", base.Name,
 		"bytes", blob.Size, "ms", time.Since(start).Milliseconds())
-	return name, nil
+	return nil
 }
 
 // open opens blob b: the node's cached copy, or one fetched to path.
@@ -240,4 +251,35 @@ func room(dir string) (int64, error) {
 		return 0, err
 	}
 	return int64(st.Bavail) * st.Bsize / 2, nil
+}
+
+// sweepBases deletes the templates this node made from stored bases
+// (baseTemplate) that none of the fetched checkpoints here, used, was
+// made from: a checkpoint fetched later against one makes it again.
+func (u *Uploader) sweepBases(ctx context.Context, used map[string]bool) {
+	pool, ok := u.cfg.Disks.(interface {
+		Templates(ctx context.Context) ([]string, error)
+		DeleteTemplate(ctx context.Context, name string) error
+	})
+	if !ok {
+		return
+	}
+	names, err := pool.Templates(ctx)
+	if err != nil {
+		u.log.Warn("listing templates to sweep the stored bases", "err", err)
+		return
+	}
+	for _, name := range names {
+		if !strings.HasPrefix(name, storedTemplatePrefix) || used[name] {
+			continue
+		}
+		unlock := u.fetching.lock("templates/" + name)
+		err := pool.DeleteTemplate(ctx, name)
+		unlock()
+		if err != nil {
+			u.log.Warn("deleting a stored base no fetched checkpoint uses", "template", name, "err", err)
+			continue
+		}
+		u.log.Info("deleted a stored base no fetched checkpoint uses", "template", name)
+	}
 }

@@ -46,7 +46,7 @@ func must(t *testing.T, err error) {
 // template stored once beside it; it fetches right on a node with the
 // same template, on one whose template of that name differs (by a file's
 // mtime), and on one with none (which make the stored base a template of
-// their own, once).
+// their own, once, and delete once no fetched checkpoint uses it).
 func TestUploadDiff(t *testing.T) {
 	ctx := t.Context()
 	st, recs := sharedStore(t)
@@ -126,6 +126,25 @@ func TestUploadDiff(t *testing.T) {
 	}
 	cp2, _ := recs.GetCheckpoint(ctx, "sb-d", "v2")
 	must(t, none.Fetch(ctx, src, cp2))
+
+	// The sweep keeps a stored base while a fetched checkpoint made from
+	// it is here, and deletes it once none is.
+	must(t, none.Sweep(ctx, time.Hour))
+	if has, _ := none.disks.HasTemplate(ctx, stored); !has {
+		t.Error("the sweep deleted a stored base fetched checkpoints use")
+	}
+	recs.mu.Lock()
+	delete(recs.cps, "sb-d/v1")
+	delete(recs.cps, "sb-d/v2")
+	recs.mu.Unlock()
+	must(t, none.Sweep(ctx, time.Hour))
+	if has, _ := none.disks.HasTemplate(ctx, stored); has {
+		t.Error("the sweep kept a stored base no fetched checkpoint uses")
+	}
+	must(t, same.Sweep(ctx, time.Hour))
+	if has, _ := same.disks.HasTemplate(ctx, "busybox"); !has {
+		t.Error("the sweep deleted a template of the node's own")
+	}
 
 	// A template made again under its name has its own digest.
 	must(t, a.disks.DeleteTemplate(ctx, "busybox"))

@@ -140,8 +140,9 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 		return err
 	}
 	have := slices.Contains(snaps, snap)
+	tpl := ""
 	if meta.Base != nil {
-		err = u.applyDiff(ctx, m, *meta.Base, f, staging, unpacked, snap, have, room)
+		tpl, err = u.applyDiff(ctx, m, *meta.Base, f, staging, unpacked, snap, have, room)
 	} else {
 		err = u.unpackWhole(ctx, f, unpacked, snap, have, room)
 	}
@@ -165,7 +166,7 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 			return err
 		}
 	}
-	body, _ := json.Marshal(map[string]any{"manifest": name, "blob": blob, "fetched": true})
+	body, _ := json.Marshal(fetchedMark{Manifest: name, Blob: blob, Fetched: true, BaseTemplate: tpl})
 	if err := atomicfile.WriteFile(mark, body, 0o600); err != nil {
 		return err
 	}
@@ -189,23 +190,35 @@ func (u *Uploader) unpackWhole(ctx context.Context, f *os.File, unpacked, snap s
 	return nil
 }
 
+// fetchedMark is the stored mark (storedFile) of a fetched checkpoint.
+type fetchedMark struct {
+	Manifest string       `json:"manifest"`
+	Blob     objects.Blob `json:"blob"`
+	Fetched  bool         `json:"fetched"`
+	// BaseTemplate is the template a diff was applied to, which the
+	// sweep keeps while the checkpoint is here (sweepBases).
+	BaseTemplate string `json:"base_template,omitempty"`
+}
+
 // applyDiff applies a diff archive against base to a volume cloned from
-// this node's template of that tree (baseTemplate) and, unless have,
-// makes snapshot snap of it; its memory image goes into unpacked. The
-// volume goes either way (a crash leaves it to the recovery's sweep of
-// volumes no sandbox has).
-func (u *Uploader) applyDiff(ctx context.Context, m *objects.Manifest, base checkpoint.Base, f *os.File, staging, unpacked, snap string, have bool, room int64) error {
-	tpl, err := u.baseTemplate(ctx, m, base, staging)
+// this node's template of that tree (baseTemplate), which it returns,
+// and, unless have, makes snapshot snap of it; its memory image goes
+// into unpacked. The volume goes either way (a crash leaves it to the
+// recovery's sweep of volumes no sandbox has).
+func (u *Uploader) applyDiff(ctx context.Context, m *objects.Manifest, base checkpoint.Base, f *os.File, staging, unpacked, snap string, have bool, room int64) (string, error) {
+	tpl, unlock, err := u.baseTemplate(ctx, m, base, staging)
 	if err != nil {
-		return err
+		return "", err
 	}
 	vol := "fetch-" + snap
 	if err := u.cfg.Disks.DeleteVolume(ctx, vol); err != nil {
-		return err
+		unlock()
+		return "", err
 	}
 	root, err := u.cfg.Disks.CreateVolume(ctx, vol, tpl)
+	unlock() // the clone is the volume's own: the template may go now
 	if err != nil {
-		return fmt.Errorf("its disk: %w", err)
+		return "", fmt.Errorf("its disk: %w", err)
 	}
 	defer func() {
 		if err := u.cfg.Disks.DeleteVolume(context.WithoutCancel(ctx), vol); err != nil {
@@ -213,19 +226,19 @@ func (u *Uploader) applyDiff(ctx context.Context, m *objects.Manifest, base chec
 		}
 	}()
 	if _, err := checkpoint.ApplyDiff(ctx, f, root, unpacked, base, room); err != nil {
-		return err
+		return "", err
 	}
 	if have {
-		return nil
+		return tpl, nil
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := u.cfg.Disks.Snapshot(ctx, vol, snap); err != nil {
-		return fmt.Errorf("its disk: %w", err)
+		return "", fmt.Errorf("its disk: %w", err)
 	}
 	if err := u.cfg.Disks.SyncSnapshot(ctx, snap); err != nil {
-		return fmt.Errorf("its disk: %w", err)
+		return "", fmt.Errorf("its disk: %w", err)
 	}
-	return nil
+	return tpl, nil
 }
 
 // compatible refuses a memory checkpoint that would not restore on this

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -484,30 +485,43 @@ func (u *Uploader) Sweep(ctx context.Context, grace time.Duration) error {
 
 // sweepFetched removes the copies this node fetched of other nodes'
 // checkpoints (Fetch) whose records are gone: the owner deleted them, or
-// their sandbox.
+// their sandbox; then the templates it made from stored bases that no
+// copy left was made from (sweepBases).
 func (u *Uploader) sweepFetched(ctx context.Context) {
-	sandboxes, _ := os.ReadDir(filepath.Join(u.cfg.DataDir, "checkpoints"))
+	sandboxes, err := os.ReadDir(filepath.Join(u.cfg.DataDir, "checkpoints"))
+	// Unless every mark was read, any base may be in use.
+	complete := err == nil || errors.Is(err, fs.ErrNotExist)
+	used := map[string]bool{}
 	for _, sb := range sandboxes {
-		cps, _ := os.ReadDir(checkpoint.SandboxDir(u.cfg.DataDir, sb.Name()))
+		cps, err := os.ReadDir(checkpoint.SandboxDir(u.cfg.DataDir, sb.Name()))
+		if err != nil {
+			complete = false
+		}
 		for _, cp := range cps {
 			b, err := os.ReadFile(u.storedPath(sb.Name(), cp.Name()))
 			if err != nil {
+				if !errors.Is(err, fs.ErrNotExist) {
+					complete = false
+				}
 				continue
 			}
-			var mark struct {
-				Fetched bool `json:"fetched"`
-			}
+			var mark fetchedMark
 			if json.Unmarshal(b, &mark) != nil || !mark.Fetched {
 				continue
 			}
 			if _, err := u.cfg.Records.GetCheckpoint(ctx, sb.Name(), cp.Name()); !errors.Is(err, store.ErrNotFound) {
+				used[mark.BaseTemplate] = true
 				continue
 			}
 			err = errors.Join(u.cfg.Disks.DeleteSnapshot(ctx, checkpoint.Snapshot(sb.Name(), cp.Name())),
 				os.RemoveAll(checkpoint.Dir(u.cfg.DataDir, sb.Name(), cp.Name())))
 			if err != nil {
+				used[mark.BaseTemplate] = true
 				u.log.Warn("removing a fetched checkpoint whose record is gone", "sandbox", sb.Name(), "checkpoint", cp.Name(), "err", err)
 			}
 		}
+	}
+	if complete {
+		u.sweepBases(ctx, used)
 	}
 }
