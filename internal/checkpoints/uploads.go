@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -366,36 +367,11 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	if cp.Memory {
 		mem = filepath.Join(checkpoint.Dir(u.cfg.DataDir, j.sandbox, j.cp), checkpoint.MemDir)
 	}
-	man := checkpoint.Manifest{Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
-		From: cp.SandboxName + "/" + cp.ID, CreatedAt: cp.CreatedAt}
 	files := map[string]objects.Blob{}
-	var base *checkpoint.Base
-	if cp.Image == "" {
-		// An image's sandbox is stored whole: its template is this
-		// node's name for the image, which another node may not have.
-		var b objects.Blob
-		if base, b, err = u.storeBase(ctx, cp.Template); err != nil {
-			// Whole, then: a template this node cannot read or store
-			// must not keep its checkpoints from being stored.
-			u.log.Warn("storing a checkpoint whole: its template cannot be its base", "manifest", name, "template", cp.Template, "err", err)
-			base = nil
-		}
-		if base != nil {
-			files[baseFile] = b
-		}
-	}
-	diskDir := u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp))
+	disk := u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp))
+	base, baseBlob, err := u.writeArchive(ctx, f, name, cp, disk, mem)
 	if base != nil {
-		err = checkpoint.WriteDiff(ctx, f, man, diskDir, mem, u.cfg.Disks.TemplatePath(base.Name), *base)
-		if err == nil {
-			// The template made again meanwhile (an image's, say) is
-			// another base: the next try diffs against that one.
-			if rec, derr := u.digest(ctx, base.Name); derr != nil || rec.Digest != base.Digest {
-				err = errors.Join(fmt.Errorf("template %s changed while the checkpoint's diff against it was written", base.Name), derr)
-			}
-		}
-	} else {
-		err = checkpoint.WriteArchive(ctx, f, man, diskDir, mem)
+		files[baseFile] = baseBlob
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -445,6 +421,39 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	u.log.Info("checkpoint stored", "sandbox", j.sandbox, "checkpoint", j.cp, "bytes", b.Size, "diff_of", diffOf,
 		"ms", time.Since(start).Milliseconds(), "objects", u.cfg.Objects.String())
 	return nil
+}
+
+// writeArchive writes the archive of checkpoint cp (manifest name) to
+// w: its disk snapshot at disk and, unless mem is "", the memory image
+// there. The disk is a diff against its template when the template can
+// be its base (storeBase), which it returns with the base's blob, else
+// whole (no base).
+func (u *Uploader) writeArchive(ctx context.Context, w io.Writer, name string, cp *store.Checkpoint, disk, mem string) (*checkpoint.Base, objects.Blob, error) {
+	man := checkpoint.Manifest{Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
+		From: cp.SandboxName + "/" + cp.ID, CreatedAt: cp.CreatedAt}
+	if cp.Image != "" {
+		// An image's sandbox is stored whole: its template is this
+		// node's name for the image, not in its record.
+		return nil, objects.Blob{}, checkpoint.WriteArchive(ctx, w, man, disk, mem)
+	}
+	base, blob, err := u.storeBase(ctx, cp.Template)
+	if err != nil {
+		// Whole, then: a template this node cannot read or store must
+		// not keep its checkpoints from being stored.
+		u.log.Warn("storing a checkpoint whole: its template cannot be its base", "manifest", name, "template", cp.Template, "err", err)
+	}
+	if err != nil || base == nil {
+		return nil, objects.Blob{}, checkpoint.WriteArchive(ctx, w, man, disk, mem)
+	}
+	if err := checkpoint.WriteDiff(ctx, w, man, disk, mem, u.cfg.Disks.TemplatePath(base.Name), *base); err != nil {
+		return nil, objects.Blob{}, err
+	}
+	// The template made again meanwhile (an image's, say) is another
+	// base: the next try diffs against that one.
+	if rec, err := u.digest(ctx, base.Name); err != nil || rec.Digest != base.Digest {
+		return nil, objects.Blob{}, errors.Join(fmt.Errorf("template %s changed while the checkpoint's diff against it was written", base.Name), err)
+	}
+	return base, blob, nil
 }
 
 // features are the CPU features for a manifest (UploaderConfig.CPUFeatures).
