@@ -214,7 +214,7 @@ func TestObjectsKilledMidUpload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	unpacked, _ := unpackStored(t, st, m.Files["checkpoint.tar.zst"])
+	unpacked, _ := unpackStored(t, st, m)
 	if got := fileSum(t, filepath.Join(unpacked, checkpoint.DiskEntry, "home", "loam", "big")); got != sum {
 		t.Errorf("the stored disk's /home/loam/big: sha256 %s, want %s", got, sum)
 	}
@@ -390,7 +390,7 @@ func getStored(d *harness.Daemon, sb, cp string, within time.Duration) (*api.Che
 
 // storedManifest is the manifest of checkpoint cpID of sandboxID in the
 // object store of the --objects URL given.
-func storedManifest(t *testing.T, rawURL, sandboxID, cpID string) *objects.Manifest {
+func storedManifest(t testing.TB, rawURL, sandboxID, cpID string) *objects.Manifest {
 	t.Helper()
 	st, err := objects.Open(t.Context(), rawURL)
 	if err != nil {

@@ -46,28 +46,61 @@ func objectsDaemonOn(t *testing.T, srv *s3test.Server) (*harness.Daemon, *object
 	return d, st, url
 }
 
-// unpackStored fetches blob, a stored checkpoint's archive, from st (its
-// digest checked) and unpacks it into a directory of the test's own,
-// which it returns with the archive's manifest.
-func unpackStored(t *testing.T, st *objects.Store, blob objects.Blob) (string, *checkpoint.Manifest) {
+// unpackStored fetches the archive of m, a stored checkpoint's manifest,
+// from st (its digest checked) and unpacks it into a directory of the
+// test's own, which it returns with the archive's manifest. A diff is
+// applied to its base, fetched and unpacked too.
+func unpackStored(t testing.TB, st *objects.Store, m *objects.Manifest) (string, *checkpoint.Manifest) {
 	t.Helper()
 	dir := t.TempDir()
-	archive := filepath.Join(dir, "cp.tar.zst")
-	if err := st.Fetch(t.Context(), blob, archive); err != nil {
-		t.Fatalf("fetching a stored archive: %v", err)
+	open := func(file string) *os.File {
+		blob, ok := m.Files[file]
+		if !ok {
+			t.Fatalf("the stored checkpoint has no %s: %+v", file, m.Files)
+		}
+		path := filepath.Join(dir, file)
+		if err := st.Fetch(t.Context(), blob, path); err != nil {
+			t.Fatalf("fetching a stored archive: %v", err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
 	}
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	unpacked := filepath.Join(dir, "unpacked")
 	if err := os.Mkdir(unpacked, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	man, err := checkpoint.ReadArchive(t.Context(), f, unpacked, 4<<30)
+	var meta checkpoints.StoredMeta
+	if err := json.Unmarshal(m.Meta, &meta); err != nil {
+		t.Fatal(err)
+	}
+	if meta.Base == nil {
+		man, err := checkpoint.ReadArchive(t.Context(), open("checkpoint.tar.zst"), unpacked, 4<<30)
+		if err != nil {
+			t.Fatalf("the stored archive: %v", err)
+		}
+		return unpacked, man
+	}
+	base := filepath.Join(dir, "base")
+	if err := os.Mkdir(base, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkpoint.ReadArchive(t.Context(), open("base.tar.zst"), base, 4<<30); err != nil {
+		t.Fatalf("the stored base: %v", err)
+	}
+	if d, err := checkpoint.TreeDigest(t.Context(), filepath.Join(base, checkpoint.DiskEntry)); err != nil || d != meta.Base.Digest {
+		t.Fatalf("the stored base's digest: %s (%v), want %s", d, err, meta.Base.Digest)
+	}
+	disk := filepath.Join(unpacked, checkpoint.DiskEntry)
+	if err := os.Rename(filepath.Join(base, checkpoint.DiskEntry), disk); err != nil {
+		t.Fatal(err)
+	}
+	man, err := checkpoint.ApplyDiff(t.Context(), open("checkpoint.tar.zst"), disk, unpacked, *meta.Base, 4<<30)
 	if err != nil {
-		t.Fatalf("the stored archive: %v", err)
+		t.Fatalf("the stored diff: %v", err)
 	}
 	return unpacked, man
 }
@@ -75,9 +108,10 @@ func unpackStored(t *testing.T, st *objects.Store, blob objects.Blob) (string, *
 // TestObjectsCheckpoints: with --objects, every checkpoint is uploaded to
 // the object store (a real S3 server) once taken: a create that waits
 // answers it stored; GET says local or stored, and waits too; what is in
-// the bucket is the checkpoint (a manifest naming one archive blob, its
-// meta naming the runsc build and the memory, the archive unpacking to
-// its disk and memory image); deleting the checkpoint, then its sandbox,
+// the bucket is the checkpoint (a manifest naming its archive, a diff
+// against its template, and the template, its meta naming the runsc
+// build, the memory and the base, the archive applied to the base
+// making its disk, beside its memory image); deleting the checkpoint, then its sandbox,
 // deletes their manifests. Without --objects, a wait is refused and the
 // checkpoint has no storage.
 func TestObjectsCheckpoints(t *testing.T) {
@@ -124,11 +158,11 @@ func TestObjectsCheckpoints(t *testing.T) {
 	if err := json.Unmarshal(m.Meta, &meta); err != nil || !meta.Memory || meta.Runsc == "" || meta.Sandbox != sb.ID || meta.Checkpoint != "v1" {
 		t.Errorf("v1's manifest's meta: %s (%v)", m.Meta, err)
 	}
-	blob, ok := m.Files["checkpoint.tar.zst"]
-	if !ok || len(m.Files) != 1 {
-		t.Fatalf("v1's manifest's files: %+v", m.Files)
+	_, ok := m.Files["checkpoint.tar.zst"]
+	if _, diff := m.Files["base.tar.zst"]; !ok || len(m.Files) != 2 || !diff || meta.Base == nil {
+		t.Fatalf("v1's manifest: files %+v, base %+v; want an archive diff against its template, stored beside it", m.Files, meta.Base)
 	}
-	unpacked, man := unpackStored(t, st, blob)
+	unpacked, man := unpackStored(t, st, m)
 	if !man.Memory {
 		t.Errorf("the stored archive of a memory checkpoint: %+v", man)
 	}

@@ -29,6 +29,10 @@ import (
 // WriteArchive writes and ReadArchive reads.
 const ManifestFormat = 1
 
+// DiffFormat is the Format of a diff archive's manifest (WriteDiff): a
+// loam that reads only ManifestFormat refuses it by its format.
+const DiffFormat = 2
+
 // Manifest describes a kept checkpoint: a template made from a checkpoint.
 // The same document is the template's record on the host (manifest.json in
 // its directory) and the first entry of its archive, so an exported
@@ -63,6 +67,18 @@ type Manifest struct {
 	// Org is the org that owns the template on this host, from where its
 	// directory is (template.Store); never written.
 	Org string `json:"-"`
+	// Base, in the archive of a checkpoint written as a diff (WriteDiff),
+	// is the tree its disk is a diff against; nil in a whole archive.
+	Base *Base `json:"base,omitempty"`
+}
+
+// Base names the tree a diff archive's disk applies to: a template, by
+// its name on the node that wrote the diff and its TreeDigest, which is
+// what another node matches (its template of that name may hold other
+// bytes).
+type Base struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
 }
 
 // Names of an archive's entries. An archive is a zstd-compressed tar whose
@@ -76,6 +92,10 @@ const (
 	DiskEntry     = "disk"
 	MemEntry      = "mem"
 	SumsEntry     = "SHA256SUMS"
+	// RemovedEntry, in a diff archive only, after the disk's entries,
+	// lists the base's entries the disk lacks: one strconv.Quote'd name
+	// (under DiskEntry) a line.
+	RemovedEntry = "removed"
 )
 
 // Limits on what an archive may hold, so that hostile input cannot make
@@ -102,19 +122,34 @@ func archiveErr(format string, args ...any) error {
 // the memory image there. It does not follow symlinks; hard links within
 // the disk stay hard links.
 func WriteArchive(ctx context.Context, w io.Writer, m Manifest, diskDir, memDir string) error {
+	m.Base = nil
+	return writeArchive(ctx, w, m, diskDir, memDir, "")
+}
+
+// writeArchive writes an archive, its disk whole or, when baseDir is not
+// "", as a diff against the tree there.
+func writeArchive(ctx context.Context, w io.Writer, m Manifest, diskDir, memDir, baseDir string) error {
 	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderCRC(true))
 	if err != nil {
 		return fmt.Errorf("writing archive: %w", err)
 	}
 	aw := &archiveWriter{tw: tar.NewWriter(zw), links: map[[2]uint64]string{}}
 	m.Format, m.Snapshot = ManifestFormat, ""
+	if m.Base != nil {
+		m.Format = DiffFormat
+	}
 	m.Memory = memDir != ""
 	body, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("writing archive: %w", err)
 	}
 	err = aw.bytes(ManifestEntry, body)
-	if err == nil {
+	switch {
+	case err == nil && baseDir != "":
+		if err = aw.diffTree(ctx, diskDir, baseDir, DiskEntry); err == nil {
+			err = aw.bytes(RemovedEntry, aw.removedList())
+		}
+	case err == nil:
 		err = aw.tree(ctx, diskDir, DiskEntry)
 	}
 	if err == nil && memDir != "" {
@@ -139,6 +174,13 @@ type archiveWriter struct {
 	tw    *tar.Writer
 	sums  bytes.Buffer
 	links map[[2]uint64]string // (dev, inode) of files with several links -> first name
+	// A diff's directories not written yet (WriteDiff), outermost first,
+	// and the base's entries the disk lacks.
+	pending []pendingDir
+	removed []string
+	// fileTimes puts regular files' mtimes in their sums lines: a
+	// TreeDigest's, never an archive's.
+	fileTimes bool
 }
 
 // sumLine is an entry's line in SumsEntry.
@@ -209,11 +251,8 @@ func (aw *archiveWriter) dir(ctx context.Context, fd int, name string, st *unix.
 
 // entryAt writes entry base of the directory open at fd.
 func (aw *archiveWriter) entryAt(ctx context.Context, fd int, base, name string) error {
-	if len(name) > maxName {
-		return fmt.Errorf("%s…: a path longer than %d bytes, which no archive holds", name[:64], maxName)
-	}
-	if strings.Count(name, "/") > maxDepth {
-		return fmt.Errorf("%s…: deeper than %d directories, which no archive holds", name[:64], maxDepth)
+	if err := checkLimits(name); err != nil {
+		return err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(fd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -260,6 +299,17 @@ func (aw *archiveWriter) entryAt(ctx context.Context, fd int, base, name string)
 	return nil // sockets: nothing to keep
 }
 
+// checkLimits refuses a name no archive holds.
+func checkLimits(name string) error {
+	if len(name) > maxName {
+		return fmt.Errorf("%s…: a path longer than %d bytes, which no archive holds", name[:64], maxName)
+	}
+	if strings.Count(name, "/") > maxDepth {
+		return fmt.Errorf("%s…: deeper than %d directories, which no archive holds", name[:64], maxDepth)
+	}
+	return nil
+}
+
 // tarHeader is the header of name with the metadata of st.
 func (aw *archiveWriter) tarHeader(name string, st *unix.Stat_t) *tar.Header {
 	return &tar.Header{
@@ -298,7 +348,11 @@ func (aw *archiveWriter) file(f *os.File, h *tar.Header) error {
 	if _, err := io.CopyN(io.MultiWriter(aw.tw, sum), f, h.Size); err != nil {
 		return fmt.Errorf("reading %s: %w", h.Name, err)
 	}
-	aw.sums.WriteString(sumLine(h, hex.EncodeToString(sum.Sum(nil))))
+	line := sumLine(h, hex.EncodeToString(sum.Sum(nil)))
+	if aw.fileTimes {
+		line = strings.TrimSuffix(line, "\n") + " " + strconv.FormatInt(h.ModTime.UnixNano(), 10) + "\n"
+	}
+	aw.sums.WriteString(line)
 	return nil
 }
 
@@ -312,7 +366,15 @@ func (aw *archiveWriter) file(f *os.File, h *tar.Header) error {
 // every checksum matches, and its files hold at most maxBytes (no limit
 // when 0), so that it cannot fill the disk. On an error dest may hold part
 // of it: the caller unpacks into a temporary directory and removes it.
+// A diff archive (WriteDiff) is refused: it is not a whole tree.
 func ReadArchive(ctx context.Context, r io.Reader, dest string, maxBytes int64) (*Manifest, error) {
+	return readArchive(ctx, r, dest, "", nil, maxBytes)
+}
+
+// readArchive reads a whole archive into dest or, when base is not nil,
+// a diff against base whose disk applies to the tree at diskRoot (and
+// whose memory image goes into dest).
+func readArchive(ctx context.Context, r io.Reader, dest, diskRoot string, base *Base, maxBytes int64) (*Manifest, error) {
 	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("reading archive: %w", err)
@@ -323,7 +385,13 @@ func ReadArchive(ctx context.Context, r io.Reader, dest string, maxBytes int64) 
 		return nil, fmt.Errorf("reading archive: %w", err)
 	}
 	defer d.Close()
-	ar := &archiveReader{tr: tar.NewReader(zr), d: d, kinds: map[string]byte{".": tar.TypeDir}, left: maxBytes}
+	ar := &archiveReader{tr: tar.NewReader(zr), d: d, kinds: map[string]byte{".": tar.TypeDir}, left: maxBytes, base: base}
+	if base != nil {
+		if ar.disk, err = archive.OpenDir(diskRoot); err != nil {
+			return nil, fmt.Errorf("reading archive: %w", err)
+		}
+		defer ar.disk.Close()
+	}
 	m, err := ar.read(ctx)
 	if err != nil {
 		return nil, err
@@ -366,6 +434,25 @@ type archiveReader struct {
 	sums  bytes.Buffer
 	dirs  []*tar.Header // directories, to set their times once filled
 	left  int64         // bytes its files may still hold; no limit if 0 at the start
+	// For a diff: the base it must name, and the tree its disk entries
+	// apply to (every other entry goes under d).
+	base *Base
+	disk *archive.Dir
+}
+
+// at is the directory entry name is made in and its name there: under
+// d, or for a diff's disk entry, in the tree the diff applies to ("."
+// for the disk itself).
+func (ar *archiveReader) at(name string) (*archive.Dir, string) {
+	if ar.disk != nil {
+		if name == DiskEntry {
+			return ar.disk, "."
+		}
+		if rest, ok := strings.CutPrefix(name, DiskEntry+"/"); ok {
+			return ar.disk, rest
+		}
+	}
+	return ar.d, name
 }
 
 // damaged turns a read error of the stream into an archive error.
@@ -400,8 +487,13 @@ func (ar *archiveReader) read(ctx context.Context) (*Manifest, error) {
 	if err := dec.Decode(&m); err != nil {
 		return nil, archiveErr("manifest: %v", err)
 	}
-	if m.Format != ManifestFormat {
+	switch {
+	case ar.base == nil && m.Base != nil:
+		return nil, archiveErr("a checkpoint's diff against template %s, not a whole archive", m.Base.Name)
+	case ar.base == nil && m.Format != ManifestFormat:
 		return nil, archiveErr("manifest format %d; this loam reads %d", m.Format, ManifestFormat)
+	case ar.base != nil && (m.Format != DiffFormat || m.Base == nil || *m.Base != *ar.base):
+		return nil, archiveErr("not a diff against %s (%s)", ar.base.Name, ar.base.Digest)
 	}
 	m.Snapshot = ""
 	for {
@@ -414,6 +506,12 @@ func (ar *archiveReader) read(ctx context.Context) (*Manifest, error) {
 		}
 		if h.Name == SumsEntry {
 			return &m, ar.finish(h)
+		}
+		if h.Name == RemovedEntry && ar.base != nil {
+			if err := ar.removals(h); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if err := ar.entry(h, m.Memory); err != nil {
 			return nil, err
@@ -446,6 +544,9 @@ func (ar *archiveReader) finish(h *tar.Header) error {
 	if _, ok := ar.kinds[DiskEntry]; !ok {
 		return archiveErr("no disk")
 	}
+	if _, ok := ar.kinds[RemovedEntry]; ar.base != nil && !ok {
+		return archiveErr("a diff without its %s entry", RemovedEntry)
+	}
 	if _, err := ar.tr.Next(); err != io.EOF {
 		if err == nil {
 			return archiveErr("entries after %s", SumsEntry)
@@ -454,8 +555,7 @@ func (ar *archiveReader) finish(h *tar.Header) error {
 	}
 	for i := len(ar.dirs) - 1; i >= 0; i-- {
 		d := ar.dirs[i]
-		t := d.ModTime
-		_ = ar.d.Chtimes(strings.TrimSuffix(d.Name, "/"), t)
+		_ = ar.chtimes(strings.TrimSuffix(d.Name, "/"), d.ModTime)
 	}
 	return nil
 }
@@ -479,6 +579,9 @@ func (ar *archiveReader) checkName(h *tar.Header, memory bool) (string, error) {
 	top, _, _ := strings.Cut(name, "/")
 	if top != DiskEntry && (top != MemEntry || !memory) {
 		return "", archiveErr("unexpected entry %q", h.Name)
+	}
+	if _, ok := ar.kinds[RemovedEntry]; ok && top == DiskEntry {
+		return "", archiveErr("disk entry %q after the %s entry", h.Name, RemovedEntry)
 	}
 	if _, ok := ar.kinds[name]; ok {
 		return "", archiveErr("entry %q appears twice", h.Name)
@@ -513,9 +616,25 @@ func (ar *archiveReader) entry(h *tar.Header, memory bool) error {
 	}
 	mode := uint32(h.Mode)
 	sum := ""
+	d, at := ar.at(name)
+	if at == "." {
+		// A diff's disk itself: the tree it applies to, kept.
+		if h.Typeflag != tar.TypeDir {
+			return archiveErr("entry %q is not a directory", h.Name)
+		}
+		ar.kinds[name] = tar.TypeDir
+		ar.sums.WriteString(sumLine(h, ""))
+		ar.dirs = append(ar.dirs, h)
+		return ar.rootMeta(h)
+	}
+	if d == ar.disk {
+		if err := ar.replace(d, at, h); err != nil {
+			return err
+		}
+	}
 	switch h.Typeflag {
 	case tar.TypeDir:
-		if err := ar.d.Mkdir(name, 0o700); err != nil {
+		if err := d.Mkdir(at, 0o700); err != nil {
 			return ar.unpackErr(h, err)
 		}
 		ar.dirs = append(ar.dirs, h)
@@ -525,21 +644,25 @@ func (ar *archiveReader) entry(h *tar.Header, memory bool) error {
 				return archiveErr("its files are larger than the space there is for them")
 			}
 		}
-		if sum, err = ar.file(name, h); err != nil {
+		if sum, err = ar.file(d, at, h); err != nil {
 			return err
 		}
 	case tar.TypeSymlink:
 		if err := checkSymlink(name, h.Linkname); err != nil {
 			return err
 		}
-		if err := ar.d.Symlink(h.Linkname, name); err != nil {
+		if err := d.Symlink(h.Linkname, at); err != nil {
 			return ar.unpackErr(h, err)
 		}
 	case tar.TypeLink:
 		if h.Linkname == name || ar.kinds[h.Linkname] != tar.TypeReg {
 			return archiveErr("hard link %q to %q, which is not an earlier file", h.Name, h.Linkname)
 		}
-		if err := ar.d.Link(h.Linkname, name); err != nil {
+		od, old := ar.at(h.Linkname)
+		if od != d {
+			return archiveErr("hard link %q to %q, outside its tree", h.Name, h.Linkname)
+		}
+		if err := d.Link(old, at); err != nil {
 			return ar.unpackErr(h, err)
 		}
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
@@ -549,7 +672,7 @@ func (ar *archiveReader) entry(h *tar.Header, memory bool) error {
 		} else if h.Typeflag == tar.TypeBlock {
 			kind = unix.S_IFBLK
 		}
-		if err := ar.d.Mknod(name, kind|0o600, int(unix.Mkdev(uint32(h.Devmajor), uint32(h.Devminor)))); err != nil {
+		if err := d.Mknod(at, kind|0o600, int(unix.Mkdev(uint32(h.Devmajor), uint32(h.Devminor)))); err != nil {
 			return ar.unpackErr(h, err)
 		}
 	default:
@@ -564,16 +687,16 @@ func (ar *archiveReader) entry(h *tar.Header, memory bool) error {
 	if h.Typeflag == tar.TypeLink {
 		return nil // shares the first name's owner and mode
 	}
-	if err := ar.d.Lchown(name, h.Uid, h.Gid); err != nil {
+	if err := d.Lchown(at, h.Uid, h.Gid); err != nil {
 		return ar.unpackErr(h, err)
 	}
 	if h.Typeflag != tar.TypeSymlink {
 		// After chown, which clears set-id bits.
-		if err := ar.d.Chmod(name, fileMode(mode)); err != nil && !errors.Is(err, unix.EINVAL) {
+		if err := d.Chmod(at, fileMode(mode)); err != nil && !errors.Is(err, unix.EINVAL) {
 			return ar.unpackErr(h, err)
 		} else if err != nil {
 			// A device or fifo, which Chmod does not open.
-			if err := ar.chmodNode(name, mode); err != nil {
+			if err := chmodNode(d, at, mode); err != nil {
 				return ar.unpackErr(h, err)
 			}
 		}
@@ -594,15 +717,15 @@ func (ar *archiveReader) unpackErr(h *tar.Header, err error) error {
 // chmodNode sets the mode of a device or fifo the archive made, which is
 // never opened: by name, in its directory, which the archive made too and
 // no one else writes meanwhile.
-func (ar *archiveReader) chmodNode(name string, mode uint32) error {
-	st, err := ar.d.Lstat(name)
+func chmodNode(d *archive.Dir, name string, mode uint32) error {
+	st, err := d.Lstat(name)
 	if err != nil {
 		return err
 	}
 	if t := st.Mode & unix.S_IFMT; t != unix.S_IFCHR && t != unix.S_IFBLK && t != unix.S_IFIFO {
 		return fmt.Errorf("%s changed type: %w", name, unix.EINVAL)
 	}
-	fd, err := ar.d.OpenDirAt(path.Dir(name))
+	fd, err := d.OpenDirAt(path.Dir(name))
 	if err != nil {
 		return err
 	}
@@ -626,8 +749,8 @@ func fileMode(m uint32) fs.FileMode {
 }
 
 // file writes a regular file's content, never through an existing name.
-func (ar *archiveReader) file(name string, h *tar.Header) (string, error) {
-	f, err := ar.d.CreateFile(name, 0o600)
+func (ar *archiveReader) file(d *archive.Dir, name string, h *tar.Header) (string, error) {
+	f, err := d.CreateFile(name, 0o600)
 	if err != nil {
 		return "", ar.unpackErr(h, err)
 	}
@@ -639,7 +762,7 @@ func (ar *archiveReader) file(name string, h *tar.Header) (string, error) {
 	if err != nil {
 		return "", damaged(err)
 	}
-	if err := ar.d.Chtimes(name, h.ModTime); err != nil {
+	if err := d.Chtimes(name, h.ModTime); err != nil {
 		return "", ar.unpackErr(h, err)
 	}
 	return hex.EncodeToString(sum.Sum(nil)), nil

@@ -42,7 +42,7 @@ func makeDisk(t *testing.T) string {
 	return dir
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -119,11 +119,17 @@ func hardlink(name, target string) entry {
 // (or sums when it is not ""), so that a refusal is for what the entries are.
 func craft(t *testing.T, memory bool, entries []entry, sums string) []byte {
 	t.Helper()
+	return craftWith(t, Manifest{Format: ManifestFormat, Memory: memory}, entries, sums)
+}
+
+// craftWith is craft with manifest m.
+func craftWith(t *testing.T, m Manifest, entries []entry, sums string) []byte {
+	t.Helper()
 	var buf bytes.Buffer
 	zw, err := zstd.NewWriter(&buf)
 	must(t, err)
 	tw := tar.NewWriter(zw)
-	body, _ := json.Marshal(Manifest{Format: ManifestFormat, Memory: memory})
+	body, _ := json.Marshal(m)
 	all := append([]entry{file(ManifestEntry, string(body))}, entries...)
 	var lines strings.Builder
 	for _, e := range all {

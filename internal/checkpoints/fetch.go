@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/atomicfile"
 	"loam.dev/loam/internal/checkpoint"
@@ -123,21 +121,35 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 		return err
 	}
 	defer os.RemoveAll(staging)
-	unpacked, err := u.download(ctx, blob, staging)
+	f, err := u.open(ctx, blob, filepath.Join(staging, archiveFile))
 	if err != nil {
 		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
 	}
-	ctx = context.WithoutCancel(ctx)
+	defer f.Close()
+	unpacked := filepath.Join(staging, "unpacked")
+	if err := os.Mkdir(unpacked, 0o700); err != nil {
+		return err
+	}
+	room, err := room(unpacked)
+	if err != nil {
+		return err
+	}
 	snap := checkpoint.Snapshot(src.ID, cp.ID)
 	snaps, err := u.cfg.Disks.Snapshots(ctx)
 	if err != nil {
 		return err
 	}
-	if !slices.Contains(snaps, snap) {
-		if err := u.cfg.Disks.ImportSnapshot(ctx, snap, filepath.Join(unpacked, checkpoint.DiskEntry)); err != nil {
-			return fmt.Errorf("fetching checkpoint %s of %s: its disk: %w", cp.ID, src.Name, err)
-		}
+	have := slices.Contains(snaps, snap)
+	tpl := ""
+	if meta.Base != nil {
+		tpl, err = u.applyDiff(ctx, m, *meta.Base, f, staging, unpacked, snap, have, room)
+	} else {
+		err = u.unpackWhole(ctx, f, unpacked, snap, have, room)
 	}
+	if err != nil {
+		return fmt.Errorf("fetching checkpoint %s of %s: %w", cp.ID, src.Name, err)
+	}
+	ctx = context.WithoutCancel(ctx)
 	dir := checkpoint.Dir(u.cfg.DataDir, src.ID, cp.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -154,7 +166,7 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 			return err
 		}
 	}
-	body, _ := json.Marshal(map[string]any{"manifest": name, "blob": blob, "fetched": true})
+	body, _ := json.Marshal(fetchedMark{Manifest: name, Blob: blob, Fetched: true, BaseTemplate: tpl})
 	if err := atomicfile.WriteFile(mark, body, 0o600); err != nil {
 		return err
 	}
@@ -163,37 +175,70 @@ func (u *Uploader) fetch(ctx context.Context, src *store.Sandbox, cp *store.Chec
 	return nil
 }
 
-// download fetches an archive blob (through the node's cache, checked
-// against its digest) and unpacks it, checked whole, into staging/unpacked,
-// which it answers; it takes at most half the room left there.
-func (u *Uploader) download(ctx context.Context, blob objects.Blob, staging string) (string, error) {
-	archive := filepath.Join(staging, archiveFile)
-	if u.cfg.Cache != nil {
-		p, err := u.cfg.Cache.Get(ctx, u.cfg.Objects, blob)
-		if err != nil {
-			return "", err
-		}
-		archive = p
-	} else if err := u.cfg.Objects.Fetch(ctx, blob, archive); err != nil {
-		return "", err
+// unpackWhole unpacks a whole archive into unpacked and, unless have,
+// makes snapshot snap of its disk.
+func (u *Uploader) unpackWhole(ctx context.Context, f *os.File, unpacked, snap string, have bool, room int64) error {
+	if _, err := checkpoint.ReadArchive(ctx, f, unpacked, room); err != nil {
+		return err
 	}
-	f, err := os.Open(archive)
+	if have {
+		return nil
+	}
+	if err := u.cfg.Disks.ImportSnapshot(context.WithoutCancel(ctx), snap, filepath.Join(unpacked, checkpoint.DiskEntry)); err != nil {
+		return fmt.Errorf("its disk: %w", err)
+	}
+	return nil
+}
+
+// fetchedMark is the stored mark (storedFile) of a fetched checkpoint.
+type fetchedMark struct {
+	Manifest string       `json:"manifest"`
+	Blob     objects.Blob `json:"blob"`
+	Fetched  bool         `json:"fetched"`
+	// BaseTemplate is the template a diff was applied to, which the
+	// sweep keeps while the checkpoint is here (sweepBases).
+	BaseTemplate string `json:"base_template,omitempty"`
+}
+
+// applyDiff applies a diff archive against base to a volume cloned from
+// this node's template of that tree (baseTemplate), which it returns,
+// and, unless have, makes snapshot snap of it; its memory image goes
+// into unpacked. The volume goes either way (a crash leaves it to the
+// recovery's sweep of volumes no sandbox has).
+func (u *Uploader) applyDiff(ctx context.Context, m *objects.Manifest, base checkpoint.Base, f *os.File, staging, unpacked, snap string, have bool, room int64) (string, error) {
+	tpl, unlock, err := u.baseTemplate(ctx, m, base, staging)
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	unpacked := filepath.Join(staging, "unpacked")
-	if err := os.Mkdir(unpacked, 0o700); err != nil {
+	vol := "fetch-" + snap
+	if err := u.cfg.Disks.DeleteVolume(ctx, vol); err != nil {
+		unlock()
 		return "", err
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(unpacked, &st); err != nil {
+	root, err := u.cfg.Disks.CreateVolume(ctx, vol, tpl)
+	unlock() // the clone is the volume's own: the template may go now
+	if err != nil {
+		return "", fmt.Errorf("its disk: %w", err)
+	}
+	defer func() {
+		if err := u.cfg.Disks.DeleteVolume(context.WithoutCancel(ctx), vol); err != nil {
+			u.log.Warn("removing the volume a fetched checkpoint was applied to", "volume", vol, "err", err)
+		}
+	}()
+	if _, err := checkpoint.ApplyDiff(ctx, f, root, unpacked, base, room); err != nil {
 		return "", err
 	}
-	if _, err := checkpoint.ReadArchive(ctx, f, unpacked, int64(st.Bavail)*st.Bsize/2); err != nil {
-		return "", err
+	if have {
+		return tpl, nil
 	}
-	return unpacked, nil
+	ctx = context.WithoutCancel(ctx)
+	if err := u.cfg.Disks.Snapshot(ctx, vol, snap); err != nil {
+		return "", fmt.Errorf("its disk: %w", err)
+	}
+	if err := u.cfg.Disks.SyncSnapshot(ctx, snap); err != nil {
+		return "", fmt.Errorf("its disk: %w", err)
+	}
+	return tpl, nil
 }
 
 // compatible refuses a memory checkpoint that would not restore on this

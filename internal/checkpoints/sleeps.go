@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -190,7 +191,11 @@ func (u *Uploader) uploadSleep(ctx context.Context, name string, j *upload) erro
 	start := time.Now()
 	man := checkpoint.Manifest{Template: sb.Template, Image: sb.Image, Resources: sb.Resources,
 		From: sb.Name + "/sleep", CreatedAt: time.Now().UTC()}
-	b, err := u.putArchive(ctx, j, j.sandbox+".sleep", u.cfg.Volumes.VolumePath(j.sandbox), u.cfg.Sleeps.Image(j.sandbox), man)
+	// Whole, not a diff against its template: a sleep image is stored
+	// once and used once.
+	b, err := u.putArchive(ctx, j, j.sandbox+".sleep", func(w io.Writer) error {
+		return checkpoint.WriteArchive(ctx, w, man, u.cfg.Volumes.VolumePath(j.sandbox), u.cfg.Sleeps.Image(j.sandbox))
+	})
 	if err != nil {
 		return fmt.Errorf("uploading %s: %w", name, err)
 	}
@@ -254,7 +259,7 @@ func (u *Uploader) FetchSleep(ctx context.Context, sb *store.Sandbox, dest strin
 	if !ok {
 		return "", "", fmt.Errorf("fetching the sleep image of %s: its manifest names no %s: %w", sb.Name, archiveFile, objects.ErrCorrupt)
 	}
-	unpacked, err := u.download(ctx, blob, dest)
+	unpacked, err := u.unpack(ctx, blob, dest)
 	if errors.Is(err, objects.ErrCorrupt) {
 		return "", "", api.Errorf(api.CodeUnavailable, "the stored sleep image of %s is corrupt (it failed its checksum): restore one of its stored checkpoints", sb.Name)
 	}
@@ -262,6 +267,29 @@ func (u *Uploader) FetchSleep(ctx context.Context, sb *store.Sandbox, dest strin
 		return "", "", fmt.Errorf("fetching the sleep image of %s: %w", sb.Name, err)
 	}
 	return filepath.Join(unpacked, checkpoint.DiskEntry), filepath.Join(unpacked, checkpoint.MemEntry), nil
+}
+
+// unpack fetches a whole archive blob (through the node's cache, checked
+// against its digest) and unpacks it, checked whole, into
+// staging/unpacked, which it answers.
+func (u *Uploader) unpack(ctx context.Context, blob objects.Blob, staging string) (string, error) {
+	f, err := u.open(ctx, blob, filepath.Join(staging, archiveFile))
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	unpacked := filepath.Join(staging, "unpacked")
+	if err := os.Mkdir(unpacked, 0o700); err != nil {
+		return "", err
+	}
+	room, err := room(unpacked)
+	if err != nil {
+		return "", err
+	}
+	if _, err := checkpoint.ReadArchive(ctx, f, unpacked, room); err != nil {
+		return "", err
+	}
+	return unpacked, nil
 }
 
 // resumeSleeps queues the sleep images on this node's disk that are not

@@ -16,11 +16,6 @@ import (
 	"loam.dev/loam/internal/store"
 )
 
-// dirVolumes are sandboxes' disks as plain directories.
-type dirVolumes struct{ root string }
-
-func (d dirVolumes) VolumePath(id string) string { return filepath.Join(d.root, id) }
-
 // sandboxRecords are sandbox records by id.
 type sandboxRecords struct {
 	mu  sync.Mutex
@@ -47,9 +42,10 @@ func (r *sandboxRecords) put(sb store.Sandbox) {
 func sleepNode(t *testing.T, st *objects.Store, recs *sandboxRecords, name string) (*Uploader, string) {
 	t.Helper()
 	dir := t.TempDir()
-	u := NewUploader(UploaderConfig{DataDir: dir, Objects: st, Disks: dirSnapshots{filepath.Join(dir, "snapshots")},
+	disks := newDisks(t, filepath.Join(dir, "pool"))
+	u := NewUploader(UploaderConfig{DataDir: dir, Objects: st, Disks: disks,
 		Records: &records{cps: map[string]*store.Checkpoint{}}, Node: name, Runsc: "r1",
-		Sleeps: sleep.NewImages(dir), Volumes: dirVolumes{filepath.Join(dir, "volumes")}, Sandboxes: recs,
+		Sleeps: sleep.NewImages(dir), Volumes: disks, Sandboxes: recs,
 		Retry: 10 * time.Millisecond}, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -60,7 +56,7 @@ func sleepNode(t *testing.T, st *objects.Store, recs *sandboxRecords, name strin
 
 // asleep puts a sleep image of generation gen and a disk for sandbox id
 // on the node with data dir dir.
-func asleep(t *testing.T, dir, id string, gen int, mark string) {
+func asleep(t *testing.T, u *Uploader, dir, id string, gen int, mark string) {
 	t.Helper()
 	imgs := sleep.NewImages(dir)
 	img, err := imgs.Begin(id)
@@ -70,16 +66,9 @@ func asleep(t *testing.T, dir, id string, gen int, mark string) {
 	must(t, os.MkdirAll(img, 0o700))
 	must(t, os.WriteFile(filepath.Join(img, "checkpoint.img"), []byte("memory of "+mark), 0o600))
 	must(t, imgs.Commit(id, img, gen))
-	disk := filepath.Join(dir, "volumes", id, "home")
+	disk := filepath.Join(u.cfg.Volumes.VolumePath(id), "home")
 	must(t, os.MkdirAll(disk, 0o755))
 	must(t, os.WriteFile(filepath.Join(disk, "mark"), []byte(mark), 0o644))
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestSleepImages: a sleep image is stored under its generation, and a
@@ -99,7 +88,7 @@ func TestSleepImages(t *testing.T) {
 
 	sb := store.Sandbox{Sandbox: api.Sandbox{ID: "sb-1", Name: "nap", State: api.StateSleeping, Node: "a"}, AgentGen: 3}
 	recs.put(sb)
-	asleep(t, aDir, sb.ID, 3, "dreaming")
+	asleep(t, a, aDir, sb.ID, 3, "dreaming")
 	a.QueueSleep(sb.ID)
 	must(t, a.WaitSleep(ctx, sb.ID))
 	if !a.SleepStored(ctx, &sb) {
@@ -149,7 +138,7 @@ func TestSleepImages(t *testing.T) {
 	// A sandbox that no longer sleeps with its image: not stored.
 	running := store.Sandbox{Sandbox: api.Sandbox{ID: "sb-2", Name: "up", State: api.StateRunning, Node: "a"}, AgentGen: 1}
 	recs.put(running)
-	asleep(t, aDir, running.ID, 1, "stale")
+	asleep(t, a, aDir, running.ID, 1, "stale")
 	if err := a.WaitSleep(ctx, running.ID); !errors.Is(err, api.ErrConflict) {
 		t.Errorf("storing the image of a sandbox that runs: %v, want conflict", err)
 	}
@@ -157,7 +146,7 @@ func TestSleepImages(t *testing.T) {
 	// The sweep removes an image the record has left behind.
 	late := store.Sandbox{Sandbox: api.Sandbox{ID: "sb-3", Name: "late", State: api.StateSleeping, Node: "a"}, AgentGen: 5}
 	recs.put(late)
-	asleep(t, aDir, late.ID, 5, "late")
+	asleep(t, a, aDir, late.ID, 5, "late")
 	must(t, a.WaitSleep(ctx, late.ID))
 	late.AgentGen = 6
 	recs.put(late)

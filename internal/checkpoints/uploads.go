@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -41,8 +43,10 @@ const storeCallTimeout = 10 * time.Second
 
 // Names in the object store and beside a checkpoint's data.
 const (
-	// archiveFile is the one file of a checkpoint's manifest: its memory
-	// image and disk as one archive (checkpoint.WriteArchive).
+	// archiveFile is the file of a checkpoint's manifest that holds its
+	// memory image and disk as one archive: whole (checkpoint.WriteArchive)
+	// or, beside its base template (baseFile), its disk as a diff against
+	// it (checkpoint.WriteDiff).
 	archiveFile = "checkpoint.tar.zst"
 	// storedFile, in a checkpoint's directory, says it is stored: the
 	// manifest's name and its archive's blob, written once the manifest
@@ -70,6 +74,9 @@ type StoredMeta struct {
 	Node        string   `json:"node,omitempty"`
 	Runsc       string   `json:"runsc,omitempty"`
 	CPUFeatures []string `json:"cpu_features,omitempty"`
+	// Base, when the archive's disk is a diff, is the template it is a
+	// diff against (the manifest's baseFile holds it whole).
+	Base *checkpoint.Base `json:"base,omitempty"`
 }
 
 // UploaderConfig is what an Uploader needs.
@@ -104,12 +111,22 @@ type UploaderConfig struct {
 
 // Snapshots is what the uploads need of the disk pool (disk.Pool has
 // it): where a checkpoint's disk snapshot is, to archive it, and making
-// one from a fetched checkpoint's disk.
+// one from a fetched checkpoint's disk; and templates, to write a disk
+// as a diff against its template, and to apply one to a copy of it (a
+// volume, snapshotted once the diff is applied).
 type Snapshots interface {
 	SnapshotPath(snap string) string
 	Snapshots(ctx context.Context) ([]string, error)
 	ImportSnapshot(ctx context.Context, snap, src string) error
 	DeleteSnapshot(ctx context.Context, snap string) error
+
+	HasTemplate(ctx context.Context, name string) (bool, error)
+	TemplatePath(name string) string
+	ImportTemplate(ctx context.Context, name, src string) error
+	CreateVolume(ctx context.Context, id, template string) (string, error)
+	Snapshot(ctx context.Context, id, snap string) error
+	SyncSnapshot(ctx context.Context, snap string) error
+	DeleteVolume(ctx context.Context, id string) error
 }
 
 // CheckpointRecords finds a checkpoint's record by its sandbox's id.
@@ -119,7 +136,7 @@ type CheckpointRecords interface {
 
 // Uploader uploads a node's checkpoints to the object store, one at a
 // time, in the order taken: a checkpoint is usable on its node at once and
-// stored a moment later. Each is written as one archive blob, then its
+// stored a moment later. Each is written as one archive blob (with its template's, see bases.go), then its
 // manifest, then a mark beside its data (storedFile); a crash part-way
 // leaves no manifest, and the next start uploads it again (Resume). It is
 // safe for concurrent use.
@@ -128,6 +145,7 @@ type Uploader struct {
 	log *slog.Logger
 
 	fetching fetches
+	digestMu sync.Mutex // one template digest at a time (digest)
 
 	mu    sync.Mutex
 	jobs  map[string]*upload // by ManifestName, until stored or forgotten
@@ -358,15 +376,25 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	if cp.Memory {
 		mem = filepath.Join(checkpoint.Dir(u.cfg.DataDir, j.sandbox, j.cp), checkpoint.MemDir)
 	}
-	man := checkpoint.Manifest{Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
-		From: cp.SandboxName + "/" + cp.ID, CreatedAt: cp.CreatedAt}
-	b, err := u.putArchive(ctx, j, j.sandbox+"."+j.cp, u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp)), mem, man)
+	files := map[string]objects.Blob{}
+	disk := u.cfg.Disks.SnapshotPath(checkpoint.Snapshot(j.sandbox, j.cp))
+	var base *checkpoint.Base
+	b, err := u.putArchive(ctx, j, j.sandbox+"."+j.cp, func(w io.Writer) error {
+		var baseBlob objects.Blob
+		var err error
+		base, baseBlob, err = u.writeArchive(ctx, w, name, cp, disk, mem)
+		if base != nil {
+			files[baseFile] = baseBlob
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("uploading %s: %w", name, err)
 	}
+	files[archiveFile] = b
 	meta, err := json.Marshal(StoredMeta{Sandbox: j.sandbox, Checkpoint: j.cp, Memory: cp.Memory, Template: cp.Template,
 		Image: cp.Image, Resources: cp.Resources, AgentGen: cp.AgentGen,
-		Node: u.cfg.Node, Runsc: u.cfg.Runsc, CPUFeatures: u.features()})
+		Node: u.cfg.Node, Runsc: u.cfg.Runsc, CPUFeatures: u.features(), Base: base})
 	if err != nil {
 		return err
 	}
@@ -376,22 +404,59 @@ func (u *Uploader) upload(ctx context.Context, name string, j *upload) error {
 	if gone {
 		return nil // deleted while it uploaded: no manifest (the sweep takes the blob)
 	}
-	if err := u.cfg.Objects.PutManifest(ctx, name, &objects.Manifest{Files: map[string]objects.Blob{archiveFile: b}, Meta: meta}); err != nil {
+	if err := u.cfg.Objects.PutManifest(ctx, name, &objects.Manifest{Files: files, Meta: meta}); err != nil {
 		return fmt.Errorf("uploading %s: %w", name, err)
 	}
 	mark, _ := json.Marshal(map[string]any{"manifest": name, "blob": b})
 	if err := atomicfile.WriteFile(u.storedPath(j.sandbox, j.cp), mark, 0o600); err != nil {
 		return fmt.Errorf("uploading %s: marking it stored: %w", name, err)
 	}
-	u.log.Info("checkpoint stored", "sandbox", j.sandbox, "checkpoint", j.cp, "bytes", b.Size,
+	diffOf := ""
+	if base != nil {
+		diffOf = base.Name
+	}
+	u.log.Info("checkpoint stored", "sandbox", j.sandbox, "checkpoint", j.cp, "bytes", b.Size, "diff_of", diffOf,
 		"ms", time.Since(start).Milliseconds(), "objects", u.cfg.Objects.String())
 	return nil
 }
 
-// putArchive writes the archive of a disk (diskDir) and a memory image
-// (memDir, "" for none) to uploads/ and stores it as a blob, telling j of
-// its progress.
-func (u *Uploader) putArchive(ctx context.Context, j *upload, label, diskDir, memDir string, man checkpoint.Manifest) (objects.Blob, error) {
+// writeArchive writes the archive of checkpoint cp (manifest name) to
+// w: its disk snapshot at disk and, unless mem is "", the memory image
+// there. The disk is a diff against its template when the template can
+// be its base (storeBase), which it returns with the base's blob, else
+// whole (no base).
+func (u *Uploader) writeArchive(ctx context.Context, w io.Writer, name string, cp *store.Checkpoint, disk, mem string) (*checkpoint.Base, objects.Blob, error) {
+	man := checkpoint.Manifest{Template: cp.Template, Image: cp.Image, Resources: cp.Resources,
+		From: cp.SandboxName + "/" + cp.ID, CreatedAt: cp.CreatedAt}
+	if cp.Image != "" {
+		// An image's sandbox is stored whole: its template is this
+		// node's name for the image, not in its record.
+		return nil, objects.Blob{}, checkpoint.WriteArchive(ctx, w, man, disk, mem)
+	}
+	base, blob, err := u.storeBase(ctx, cp.Template)
+	if err != nil {
+		// Whole, then: a template this node cannot read or store must
+		// not keep its checkpoints from being stored.
+		u.log.Warn("storing a checkpoint whole: its template cannot be its base", "manifest", name, "template", cp.Template, "err", err)
+	}
+	if err != nil || base == nil {
+		return nil, objects.Blob{}, checkpoint.WriteArchive(ctx, w, man, disk, mem)
+	}
+	if err := checkpoint.WriteDiff(ctx, w, man, disk, mem, u.cfg.Disks.TemplatePath(base.Name), *base); err != nil {
+		return nil, objects.Blob{}, err
+	}
+	// The template made again meanwhile (an image's, say) is another
+	// base: the next try diffs against that one.
+	if rec, err := u.digest(ctx, base.Name); err != nil || rec.Digest != base.Digest {
+		return nil, objects.Blob{}, errors.Join(fmt.Errorf("template %s changed while the checkpoint's diff against it was written", base.Name), err)
+	}
+	return base, blob, nil
+
+}
+
+// putArchive writes an archive (write) to uploads/ and stores it as a
+// blob, telling j of its progress.
+func (u *Uploader) putArchive(ctx context.Context, j *upload, label string, write func(w io.Writer) error) (objects.Blob, error) {
 	dir := filepath.Join(u.cfg.DataDir, "uploads")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return objects.Blob{}, err
@@ -401,7 +466,7 @@ func (u *Uploader) putArchive(ctx context.Context, j *upload, label, diskDir, me
 		return objects.Blob{}, err
 	}
 	defer os.Remove(f.Name())
-	err = checkpoint.WriteArchive(ctx, f, man, diskDir, memDir)
+	err = write(f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -463,30 +528,43 @@ func (u *Uploader) Sweep(ctx context.Context, grace time.Duration) error {
 
 // sweepFetched removes the copies this node fetched of other nodes'
 // checkpoints (Fetch) whose records are gone: the owner deleted them, or
-// their sandbox.
+// their sandbox; then the templates it made from stored bases that no
+// copy left was made from (sweepBases).
 func (u *Uploader) sweepFetched(ctx context.Context) {
-	sandboxes, _ := os.ReadDir(filepath.Join(u.cfg.DataDir, "checkpoints"))
+	sandboxes, err := os.ReadDir(filepath.Join(u.cfg.DataDir, "checkpoints"))
+	// Unless every mark was read, any base may be in use.
+	complete := err == nil || errors.Is(err, fs.ErrNotExist)
+	used := map[string]bool{}
 	for _, sb := range sandboxes {
-		cps, _ := os.ReadDir(checkpoint.SandboxDir(u.cfg.DataDir, sb.Name()))
+		cps, err := os.ReadDir(checkpoint.SandboxDir(u.cfg.DataDir, sb.Name()))
+		if err != nil {
+			complete = false
+		}
 		for _, cp := range cps {
 			b, err := os.ReadFile(u.storedPath(sb.Name(), cp.Name()))
 			if err != nil {
+				if !errors.Is(err, fs.ErrNotExist) {
+					complete = false
+				}
 				continue
 			}
-			var mark struct {
-				Fetched bool `json:"fetched"`
-			}
+			var mark fetchedMark
 			if json.Unmarshal(b, &mark) != nil || !mark.Fetched {
 				continue
 			}
 			if _, err := u.cfg.Records.GetCheckpoint(ctx, sb.Name(), cp.Name()); !errors.Is(err, store.ErrNotFound) {
+				used[mark.BaseTemplate] = true
 				continue
 			}
 			err = errors.Join(u.cfg.Disks.DeleteSnapshot(ctx, checkpoint.Snapshot(sb.Name(), cp.Name())),
 				os.RemoveAll(checkpoint.Dir(u.cfg.DataDir, sb.Name(), cp.Name())))
 			if err != nil {
+				used[mark.BaseTemplate] = true
 				u.log.Warn("removing a fetched checkpoint whose record is gone", "sandbox", sb.Name(), "checkpoint", cp.Name(), "err", err)
 			}
 		}
+	}
+	if complete {
+		u.sweepBases(ctx, used)
 	}
 }

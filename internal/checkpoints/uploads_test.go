@@ -14,30 +14,21 @@ import (
 
 	"loam.dev/loam/api"
 	"loam.dev/loam/internal/checkpoint"
+	"loam.dev/loam/internal/disk"
 	"loam.dev/loam/internal/objects"
 	"loam.dev/loam/internal/store"
 )
 
-// dirSnapshots is a disk pool's snapshots as plain directories.
-type dirSnapshots struct{ root string }
+// dirSnapshots is a disk pool of plain directories (disk.Copy).
+type dirSnapshots struct{ *disk.Copy }
 
-func (d dirSnapshots) SnapshotPath(snap string) string { return filepath.Join(d.root, snap) }
-
-func (d dirSnapshots) Snapshots(context.Context) ([]string, error) {
-	ents, err := os.ReadDir(d.root)
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
+func newDisks(t *testing.T, dir string) dirSnapshots {
+	t.Helper()
+	p, err := disk.NewCopy(dir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out, err
-}
-
-func (d dirSnapshots) ImportSnapshot(_ context.Context, snap, src string) error {
-	return os.Rename(src, d.SnapshotPath(snap))
-}
-
-func (d dirSnapshots) DeleteSnapshot(_ context.Context, snap string) error {
-	return os.RemoveAll(d.SnapshotPath(snap))
+	return dirSnapshots{p}
 }
 
 // records are checkpoint records by sandbox and id.
@@ -83,10 +74,7 @@ type node struct {
 func newNode(t *testing.T, st *objects.Store, recs *records, runsc string, features ...string) *node {
 	t.Helper()
 	dir := t.TempDir()
-	disks := dirSnapshots{filepath.Join(dir, "snapshots")}
-	if err := os.MkdirAll(disks.root, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	disks := newDisks(t, filepath.Join(dir, "pool"))
 	u := NewUploader(UploaderConfig{DataDir: dir, Objects: st, Disks: disks, Records: recs,
 		Node: runsc, Runsc: runsc, HostFeatures: features, CPUFeatures: func() []string { return features },
 		Retry: 10 * time.Millisecond}, slog.New(slog.DiscardHandler))
@@ -259,8 +247,7 @@ func TestForgetWhileQueued(t *testing.T) {
 	st, recs := sharedStore(t)
 	// Not run: what is queued stays queued.
 	dir := t.TempDir()
-	disks := dirSnapshots{filepath.Join(dir, "snapshots")}
-	os.MkdirAll(disks.root, 0o700)
+	disks := newDisks(t, filepath.Join(dir, "pool"))
 	u := NewUploader(UploaderConfig{DataDir: dir, Objects: st, Disks: disks, Records: recs}, slog.New(slog.DiscardHandler))
 	n := &node{Uploader: u, dataDir: dir, disks: disks}
 	cp := n.take(t, recs, "sb-3", "v1", false)
@@ -349,7 +336,7 @@ func TestFetchCorrupt(t *testing.T) {
 func TestResumeRemovesLeftovers(t *testing.T) {
 	st, recs := sharedStore(t)
 	dir := t.TempDir()
-	u := NewUploader(UploaderConfig{DataDir: dir, Objects: st, Disks: dirSnapshots{dir}, Records: recs}, slog.New(slog.DiscardHandler))
+	u := NewUploader(UploaderConfig{DataDir: dir, Objects: st, Disks: newDisks(t, filepath.Join(dir, "pool")), Records: recs}, slog.New(slog.DiscardHandler))
 	left := filepath.Join(dir, "uploads", "sb-5.v1.123.tar.zst")
 	if err := os.MkdirAll(filepath.Dir(left), 0o700); err != nil {
 		t.Fatal(err)

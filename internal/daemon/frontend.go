@@ -92,6 +92,7 @@ func (h frontEndPool) ImportSnapshot(context.Context, string, string) error {
 	return frontEndErr(h.node)
 }
 func (h frontEndPool) SnapshotPath(string) string                   { return "" }
+func (h frontEndPool) TemplatePath(string) string                   { return "" }
 func (h frontEndPool) DeleteSnapshot(context.Context, string) error { return frontEndErr(h.node) }
 func (h frontEndPool) Snapshots(context.Context) ([]string, error)  { return nil, nil }
 func (h frontEndPool) Volumes(context.Context) ([]string, error)    { return nil, nil }

@@ -31,6 +31,9 @@ type Pool interface {
 	// copying it (owners, modes, links, devices kept). The template appears
 	// whole or not at all.
 	ImportTemplate(ctx context.Context, name, src string) error
+	// TemplatePath is the path of a template's root (whether or not it
+	// exists), for reading it.
+	TemplatePath(name string) string
 	// CreateVolume makes volume id as a writable copy of template and
 	// returns the path of its root.
 	CreateVolume(ctx context.Context, id, template string) (string, error)

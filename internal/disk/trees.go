@@ -111,6 +111,9 @@ func (t *trees) Snapshot(ctx context.Context, id, snap string) error {
 // VolumePath is where volume id's root is.
 func (t *trees) VolumePath(id string) string { return t.l.volumePath(id) }
 
+// TemplatePath is where template name's root is.
+func (t *trees) TemplatePath(name string) string { return t.l.templatePath(name) }
+
 // SnapshotPath is where snapshot snap's root is.
 func (t *trees) SnapshotPath(snap string) string { return t.l.snapshotPath(snap) }
 

@@ -154,6 +154,22 @@ func (s *Store) PutFile(ctx context.Context, path string, progress func(int64)) 
 	return b, nil
 }
 
+// Has reports whether blob b is stored, whole (by its size).
+func (s *Store) Has(ctx context.Context, b Blob) (bool, error) {
+	key, err := b.key()
+	if err != nil {
+		return false, err
+	}
+	attrs, err := s.b.Attributes(ctx, key)
+	if gcerrors.Code(err) == gcerrors.NotFound {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking for %s in %s: %w", b.Digest, s.where, err)
+	}
+	return attrs.Size == b.Size, nil
+}
+
 // counting tells progress of the bytes read through it.
 type counting struct {
 	r        io.Reader
