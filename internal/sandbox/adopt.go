@@ -56,7 +56,7 @@ func unpinned(sb *store.Sandbox) bool {
 // adoptable tells whether this node may take sb over to wake it here from
 // its stored sleep image: asleep, and its node stopped answering, or it is
 // tied to none.
-func (m *Manager) adoptable(sb *store.Sandbox) bool {
+func adoptable(m *Manager, sb *store.Sandbox) bool {
 	if m.cfg.SleepStore == nil || m.cfg.Takeover == nil || m.cfg.FrontEnd || m.cfg.Node == "" ||
 		sb.State != api.StateSleeping || sb.Pool != "" || sb.Node == m.cfg.Node {
 		return false
@@ -76,10 +76,10 @@ func lookupAdopt(ctx context.Context, m *Manager, ref string) (*store.Sandbox, e
 	if err != nil {
 		return nil, err
 	}
-	if m.owner.refuse(sb) == nil || !m.adoptable(sb) {
+	if m.owner.refuse(sb) == nil || !adoptable(m, sb) {
 		return lookupOwn(ctx, m, ref)
 	}
-	if err := m.adopt(ctx, sb); err != nil {
+	if err := adopt(ctx, m, sb); err != nil {
 		return nil, err
 	}
 	return lookupOwn(ctx, m, sb.ID)
@@ -117,7 +117,7 @@ func (a *adoptions) lock(id string) func() {
 // into the pool, then the record moved here in one step the database
 // decides, then the disk and the image put in place as this node's own
 // sleeping sandbox's. The caller then wakes it as any other.
-func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox) error {
+func adopt(ctx context.Context, m *Manager, sb *store.Sandbox) error {
 	defer m.adopting.lock(sb.ID)()
 	fresh, err := m.lookup(ctx, sb.ID)
 	if err != nil {
@@ -126,7 +126,7 @@ func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox) error {
 	if fresh.Node == m.cfg.Node {
 		return nil // taken over meanwhile, by another call
 	}
-	if !m.adoptable(fresh) {
+	if !adoptable(m, fresh) {
 		return m.owner.refuse(fresh)
 	}
 	sb = fresh
@@ -169,7 +169,7 @@ func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox) error {
 	}
 	defer func() { _ = m.disks.DeleteSnapshot(ctx, snap) }()
 	from := sb.Node
-	got, err := m.takeOverSleeping(ctx, sb)
+	got, err := takeOverSleeping(ctx, m, sb)
 	if err != nil {
 		return err
 	}
@@ -200,8 +200,8 @@ func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox) error {
 
 // takeOverSleeping moves sleeping sandbox sb's record to this node (see
 // Takeover.TakeOverSleeping), with a network slot of this node's range.
-func (m *Manager) takeOverSleeping(ctx context.Context, sb *store.Sandbox) (*store.Sandbox, error) {
-	got, err := m.inNewSlot(ctx, func(idx int) (*store.Sandbox, error) {
+func takeOverSleeping(ctx context.Context, m *Manager, sb *store.Sandbox) (*store.Sandbox, error) {
+	got, err := inNewSlot(ctx, m, func(idx int) (*store.Sandbox, error) {
 		return m.cfg.Takeover.TakeOverSleeping(ctx, sb.ID, sb.Node, m.cfg.Node, idx, sb.AgentGen)
 	})
 	if errors.Is(err, store.ErrStale) {

@@ -49,7 +49,7 @@ func (c *CheckpointCore) TakeOver(ctx context.Context, sb *store.Sandbox, reason
 	if _, ok := c.Orphaned(sb); !ok {
 		return nil, m.owner.refuse(sb)
 	}
-	got, err := m.inNewSlot(ctx, func(idx int) (*store.Sandbox, error) {
+	got, err := inNewSlot(ctx, m, func(idx int) (*store.Sandbox, error) {
 		return m.cfg.Takeover.TakeOverSandbox(ctx, sb.ID, sb.Node, m.cfg.Node, idx, reason)
 	})
 	if errors.Is(err, store.ErrStale) {
@@ -68,7 +68,7 @@ func (c *CheckpointCore) TakeOver(ctx context.Context, sb *store.Sandbox, reason
 
 // inNewSlot runs take, a takeover, with a network slot of this node's
 // range that no create takes meanwhile.
-func (m *Manager) inNewSlot(ctx context.Context, take func(idx int) (*store.Sandbox, error)) (*store.Sandbox, error) {
+func inNewSlot(ctx context.Context, m *Manager, take func(idx int) (*store.Sandbox, error)) (*store.Sandbox, error) {
 	m.insertMu.Lock()
 	defer m.insertMu.Unlock()
 	idx, err := m.allocIndex(ctx)
