@@ -224,10 +224,16 @@ func (rt *Router) forward(w http.ResponseWriter, r *http.Request, org, ref strin
 		// would alone. One asleep on no node (store.AnyNode) wakes here.
 		return false
 	}
-	if _, lapsed := rt.member.Lapsed(sb.Node); lapsed {
+	return rt.toNode(w, r, sb.Node, isAPI)
+}
+
+// toNode passes r to node, unless it stopped answering or has no
+// address that is a URL, and reports whether it did.
+func (rt *Router) toNode(w http.ResponseWriter, r *http.Request, node string, isAPI bool) bool {
+	if _, lapsed := rt.member.Lapsed(node); lapsed {
 		return false
 	}
-	n := rt.node(r.Context(), sb.Node)
+	n := rt.node(r.Context(), node)
 	if n == nil {
 		return false
 	}
@@ -257,20 +263,8 @@ func (rt *Router) ReforwardURL(w http.ResponseWriter, r *http.Request, org, name
 	if from, ok := rt.Routed(r); ok && from == sb.Node {
 		return false
 	}
-	if _, lapsed := rt.member.Lapsed(sb.Node); lapsed {
-		return false
-	}
-	n := rt.node(r.Context(), sb.Node)
-	if n == nil {
-		return false
-	}
-	u, err := parseAddress(n)
-	if err != nil {
-		return false
-	}
-	rt.log.Info("passing on a request for a sandbox that moved meanwhile", "sandbox", sb.ID, "to", n.Name)
-	rt.proxy(w, r, n.Name, u, false)
-	return true
+	rt.log.Info("passing on a request for a sandbox that moved meanwhile", "sandbox", sb.ID, "to", sb.Node)
+	return rt.toNode(w, r, sb.Node, false)
 }
 
 // wakeNode is the node a call for sb goes to when sb sleeps on no node
