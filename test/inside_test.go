@@ -30,8 +30,10 @@ func TestInside(t *testing.T) {
 		t.Fatalf("inside disk-only checkpoint printed %q", got)
 	}
 	// A memory checkpoint ends exec streams, so run it detached, as a
-	// program in the sandbox would.
-	d.Run("self", "sh", "-c", "setsid sh -c 'loam checkpoint create --comment mem > /tmp/out 2>&1' </dev/null >/dev/null 2>&1 &")
+	// program in the sandbox would. It waits a second first: started at
+	// once, the checkpoint could end this very exec's stream before its
+	// exit status came back (seen in CI).
+	d.Run("self", "sh", "-c", "setsid sh -c 'sleep 1; loam checkpoint create --comment mem > /tmp/out 2>&1' </dev/null >/dev/null 2>&1 &")
 	waitFor(t, func() bool {
 		out, _, _, _ := d.C.Output(ctx, "self", "cat", "/tmp/out")
 		return string(out) == "v2\n"

@@ -75,7 +75,7 @@ func TestEgressPolicy(t *testing.T) {
 		set(Policy{Egress: EgressAll})
 		expect(true, true)
 		// Masqueraded: the world sees the host's address, not the sandbox's.
-		if got := echoFrom(t, a.Netns, world1); got != w1.HostIP.String() {
+		if got := echoFrom(t, a.Netns, world1, allowedWait); got != w1.HostIP.String() {
 			t.Errorf("the world saw the sandbox come from %q, want %s", got, w1.HostIP)
 		}
 	})
@@ -237,16 +237,18 @@ func listenEcho(t *testing.T, nsPath string, addr netip.AddrPort) netip.AddrPort
 	return addr
 }
 
-// echoFrom connects from nsPath to an echo listener and returns the address
-// it says the connection came from, or "" when it cannot connect.
-func echoFrom(t *testing.T, nsPath string, addr netip.AddrPort) string {
+// echoFrom connects from nsPath to an echo listener, giving up after dial,
+// and returns the address it says the connection came from, or "" when it
+// cannot connect. A connection expected to work gets allowedWait: on a
+// loaded machine a dial may take longer than blockedWait (seen in CI).
+func echoFrom(t *testing.T, nsPath string, addr netip.AddrPort, dial time.Duration) string {
 	t.Helper()
 	wait := allowedWait
 	var (
 		c   net.Conn
 		err error
 	)
-	inNetns(t, nsPath, func() { c, err = net.DialTimeout("tcp", addr.String(), blockedWait) })
+	inNetns(t, nsPath, func() { c, err = net.DialTimeout("tcp", addr.String(), dial) })
 	if err != nil {
 		return ""
 	}
@@ -263,7 +265,11 @@ func echoFrom(t *testing.T, nsPath string, addr netip.AddrPort) string {
 // listener at addr succeeds exactly when want is true.
 func expectEcho(t *testing.T, nsPath string, addr netip.AddrPort, want bool) {
 	t.Helper()
-	got := echoFrom(t, nsPath, addr) != ""
+	dial := blockedWait
+	if want {
+		dial = allowedWait
+	}
+	got := echoFrom(t, nsPath, addr, dial) != ""
 	if got != want {
 		t.Errorf("from %s, reached %s: %v, want %v", nsPath, addr, got, want)
 	}
