@@ -94,6 +94,11 @@ func TestClusterRecover(t *testing.T) {
 	if got := strings.TrimSpace(a.Run("auto", "cat", "/home/loam/mark")); got != "auto" {
 		t.Errorf("auto brought back: mark %q", got)
 	}
+	// The audit log says so, as of a call no key made.
+	evs, err := a.C.Audit(ctx, client.AuditOptions{Action: "sandbox.recover"})
+	if err != nil || len(evs) != 1 || evs[0].Key != "recovery" || evs[0].Target != "sandboxes/auto/checkpoints/v1" || evs[0].Outcome != "ok" || evs[0].Client != "node a" {
+		t.Errorf("the audit log's sandbox.recover records: %+v, %v; want one of auto's v1 by key recovery from node a, ok", evs, err)
+	}
 	if !strings.Contains(a.Log.String(), "has no stored checkpoint to be brought back from") {
 		t.Errorf("a's log does not say that bare has no stored checkpoint")
 	}

@@ -2,6 +2,7 @@ package checkpoints
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
 	"log/slog"
 	"slices"
@@ -51,6 +52,10 @@ type Recovery struct {
 	Sleeps  SleepsStored
 	Cluster Cluster
 	Records store.Store
+	// Audit, when set, keeps a record of each sandbox brought back, as
+	// of a call: no key made it, so its key is RecoveryKey and its client
+	// the node that did it.
+	Audit store.AuditWriter
 	// After is how long a node's lease must have been out before its
 	// sandboxes are brought back elsewhere: a node whose link blinks is
 	// not robbed of them.
@@ -127,7 +132,17 @@ func (r *Recovery) bringBack(ctx context.Context, n *store.Node, sb *store.Sandb
 			continue
 		}
 		start := time.Now()
-		v, err := r.Service.RestoreCheckpoint(ctx, sb.ID, cps[i].ID)
+		var call *store.AuditCall
+		if r.Audit != nil {
+			call = store.NewAuditCall(api.AuditEvent{
+				Time: store.Now(), Org: sb.Org, Key: RecoveryKey, Action: "sandbox.recover",
+				Target: "sandboxes/" + sb.Name + "/checkpoints/" + cps[i].ID, Client: "node " + r.Cluster.Name(),
+			}, r.Audit)
+		}
+		v, err := r.Service.RestoreCheckpoint(store.WithAudit(ctx, call), sb.ID, cps[i].ID)
+		if ferr := call.Finish(context.WithoutCancel(ctx), auditOutcome(err)); ferr != nil {
+			r.Log.Error("writing the audit record of a sandbox brought back", "sandbox", sb.ID, "err", ferr)
+		}
 		if err != nil {
 			r.Log.Error("bringing back a lost node's sandbox", "sandbox", sb.ID, "name", sb.Name, "node", n.Name, "checkpoint", cps[i].ID, "err", err)
 			return
@@ -145,6 +160,23 @@ func (r *Recovery) bringBack(ctx context.Context, n *store.Node, sb *store.Sandb
 		r.warned[sb.ID] = true
 		r.Log.Error("a lost node's sandbox has no stored checkpoint to be brought back from", "sandbox", sb.ID, "name", sb.Name, "node", n.Name)
 	}
+}
+
+// RecoveryKey is the key of the audit records of sandboxes brought back
+// by their recover policy, which no call's key asked for.
+const RecoveryKey = "recovery"
+
+// auditOutcome is the outcome an audit record gives err: "ok", or its
+// API error code.
+func auditOutcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return string(ae.Code)
+	}
+	return string(api.CodeInternal)
 }
 
 // pick is the node of nodes that brings back sandbox id: the highest hash

@@ -156,7 +156,7 @@ func (d *Daemon) recovery(p *parts) *checkpoints.Recovery {
 		lease = cluster.DefaultLease
 	}
 	return &checkpoints.Recovery{
-		Service: d.checkpoints, Stored: p.uploads, Sleeps: p.uploads, Cluster: d.member, Records: p.store,
+		Service: d.checkpoints, Stored: p.uploads, Sleeps: p.uploads, Cluster: d.member, Records: p.store, Audit: p.store,
 		After: 2 * lease, Every: lease / 2, Log: d.log,
 	}
 }
