@@ -521,7 +521,7 @@ func (u *Uploader) Sweep(ctx context.Context, grace time.Duration) error {
 	u.sweepFetched(ctx)
 	n, err := u.cfg.Objects.Sweep(ctx, grace)
 	if n > 0 {
-		u.log.Info("swept the object store", "blobs", n)
+		u.log.Info("swept the object store", "blobs_and_uploads", n)
 	}
 	return err
 }

@@ -57,6 +57,10 @@ const (
 type Store struct {
 	b     *blob.Bucket
 	where string // the URL without its query (which may hold secrets)
+	// bucket and prefix, of an s3:// store, are its bucket's name and its
+	// keys' prefix (prefix=), for the calls gocloud.dev/blob does not
+	// make (abortUploads).
+	bucket, prefix string
 }
 
 // Open opens the bucket rawURL names: s3://BUCKET?region=R&endpoint=URL
@@ -74,6 +78,9 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		return nil, fmt.Errorf("opening the object store %s: %w", where, err)
 	}
 	s := &Store{b: b, where: where}
+	if u.Scheme == "s3" {
+		s.bucket, s.prefix = u.Host, u.Query().Get("prefix")
+	}
 	if _, err := b.IsAccessible(ctx); err != nil {
 		b.Close()
 		return nil, fmt.Errorf("opening the object store %s: %w", where, err)
@@ -379,8 +386,19 @@ func (s *Store) Manifests(ctx context.Context, prefix string) ([]string, error) 
 
 // Sweep deletes the blobs no manifest names that are older than grace
 // (younger ones may belong to an upload whose manifest is still to come),
-// and returns how many it deleted.
+// and aborts the unfinished multipart uploads of blobs begun before grace
+// (abortUploads); it returns how many of both it removed.
 func (s *Store) Sweep(ctx context.Context, grace time.Duration) (int, error) {
+	aborted, err := s.abortUploads(ctx, grace)
+	if err != nil {
+		return 0, err
+	}
+	deleted, err := s.sweepBlobs(ctx, grace)
+	return aborted + deleted, err
+}
+
+// sweepBlobs is Sweep of the blobs.
+func (s *Store) sweepBlobs(ctx context.Context, grace time.Duration) (int, error) {
 	names, err := s.Manifests(ctx, "")
 	if err != nil {
 		return 0, err
