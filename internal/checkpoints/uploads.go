@@ -526,9 +526,25 @@ func (u *Uploader) Sweep(ctx context.Context, grace time.Duration) error {
 	return err
 }
 
+// elsewhere reports whether sandbox id's record is another node's, or on
+// no node (unpinned asleep), so that its checkpoints' data here is no
+// longer its own node's. Without the sandboxes' records (no cluster), or
+// when the record cannot be read, it says no: the data stays.
+func (u *Uploader) elsewhere(ctx context.Context, id string) bool {
+	if u.cfg.Sandboxes == nil {
+		return false
+	}
+	sb, err := u.cfg.Sandboxes.GetSandbox(ctx, "", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return true // deleted: its checkpoints' records are gone too
+	}
+	return err == nil && sb.Node != u.cfg.Node
+}
+
 // sweepFetched removes the copies this node fetched of other nodes'
 // checkpoints (Fetch) whose records are gone: the owner deleted them, or
-// their sandbox; then the templates it made from stored bases that no
+// their sandbox; so too the checkpoints taken here of a sandbox that has
+// moved to another node since (elsewhere); then the templates it made from stored bases that no
 // copy left was made from (sweepBases).
 func (u *Uploader) sweepFetched(ctx context.Context) {
 	sandboxes, err := os.ReadDir(filepath.Join(u.cfg.DataDir, "checkpoints"))
@@ -540,16 +556,23 @@ func (u *Uploader) sweepFetched(ctx context.Context) {
 		if err != nil {
 			complete = false
 		}
+		away := u.elsewhere(ctx, sb.Name())
 		for _, cp := range cps {
+			var mark fetchedMark
 			b, err := os.ReadFile(u.storedPath(sb.Name(), cp.Name()))
-			if err != nil {
-				if !errors.Is(err, fs.ErrNotExist) {
-					complete = false
+			switch {
+			case err == nil:
+				if json.Unmarshal(b, &mark) != nil {
+					continue
 				}
+			case !errors.Is(err, fs.ErrNotExist):
+				complete = false
 				continue
 			}
-			var mark fetchedMark
-			if json.Unmarshal(b, &mark) != nil || !mark.Fetched {
+			// A checkpoint taken here is its sandbox's to remove, unless
+			// the sandbox runs elsewhere now (moved, or taken over):
+			// then what it left here is a copy like a fetched one.
+			if !mark.Fetched && !away {
 				continue
 			}
 			if _, err := u.cfg.Records.GetCheckpoint(ctx, sb.Name(), cp.Name()); !errors.Is(err, store.ErrNotFound) {

@@ -349,3 +349,41 @@ func TestResumeRemovesLeftovers(t *testing.T) {
 		t.Errorf("a cut-short upload's archive after Resume: %v", err)
 	}
 }
+
+// TestSweepMovedAway: the sweep leaves the checkpoints taken here of a
+// sandbox of this node, record or not (they are its own to remove), and,
+// once the sandbox runs on another node (moved), removes those whose
+// records are gone and keeps the others.
+func TestSweepMovedAway(t *testing.T) {
+	ctx := t.Context()
+	st, recs := sharedStore(t)
+	n := newNode(t, st, recs, "node-a", "sse2")
+	sbs := &sandboxRecords{sbs: map[string]store.Sandbox{}}
+	sbs.put(store.Sandbox{Sandbox: api.Sandbox{ID: "sb-1", Node: "node-a"}})
+	u := NewUploader(UploaderConfig{DataDir: n.dataDir, Objects: st, Disks: n.disks, Records: recs, Node: "node-a", Sandboxes: sbs}, slog.New(slog.DiscardHandler))
+	n.take(t, recs, "sb-1", "v1", true)
+	n.take(t, recs, "sb-1", "v2", false)
+	here := func(id string) bool {
+		_, err := os.Stat(n.disks.SnapshotPath(checkpoint.Snapshot("sb-1", id)))
+		_, merr := os.Stat(checkpoint.Dir(n.dataDir, "sb-1", id))
+		if (err == nil) != (merr == nil) && id == "v1" {
+			t.Errorf("%s: its snapshot %v, its data %v: one without the other", id, err, merr)
+		}
+		return err == nil
+	}
+	recs.mu.Lock()
+	delete(recs.cps, "sb-1/v1")
+	recs.mu.Unlock()
+	must(t, u.Sweep(ctx, time.Hour))
+	if !here("v1") || !here("v2") {
+		t.Fatalf("the sweep removed a checkpoint of a sandbox of this node: v1 %v, v2 %v", here("v1"), here("v2"))
+	}
+	sbs.put(store.Sandbox{Sandbox: api.Sandbox{ID: "sb-1", Node: "node-c"}})
+	must(t, u.Sweep(ctx, time.Hour))
+	if here("v1") {
+		t.Error("v1, whose record is gone, of a sandbox on another node now: still here after the sweep")
+	}
+	if !here("v2") {
+		t.Error("v2, whose record is there, of a sandbox on another node now: removed by the sweep")
+	}
+}
