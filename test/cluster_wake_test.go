@@ -2,6 +2,8 @@ package test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +62,34 @@ func TestClusterWakeAnywhere(t *testing.T) {
 	}
 	if got := strings.TrimSpace(a.Run("nap", "cat", "/home/loam/mark")); got != "awake-on-a" {
 		t.Errorf("nap woken on a again: mark %q", got)
+	}
+
+	// A crash that takes a's own copy of the image (as one after a
+	// takeover, before the image was in place) loses nothing: a,
+	// restarted, fetches the stored image again.
+	storedBefore := strings.Count(a.Log.String(), "sleep image stored")
+	if _, err := a.C.Sleep(ctx, "nap"); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, time.Minute, "a storing nap's sleep image", func() error {
+		if strings.Count(a.Log.String(), "sleep image stored") <= storedBefore {
+			return fmt.Errorf("not in a's log yet")
+		}
+		return nil
+	})
+	a.KillSettled()
+	if err := os.RemoveAll(filepath.Join(a.DataDir, "sandboxes", made.ID, "sleep")); err != nil {
+		t.Fatal(err)
+	}
+	a.Start(a.args...)
+	harness.Eventually(t, time.Minute, "a fetching nap's image again", func() error {
+		if !strings.Contains(a.Log.String(), "fetched it again from the object store") {
+			return fmt.Errorf("not in a's log yet")
+		}
+		return nil
+	})
+	if got := a.Run("nap", "sh", "-c", "cat /home/loam/mark; pidof sleep"); got != "awake-on-a\n"+pid+"\n" {
+		t.Errorf("nap woken on a after its image there was lost: %q, want its mark and its sleep (pid %s)", got, pid)
 	}
 
 	b.Start(b.args...)

@@ -144,58 +144,100 @@ func adopt(ctx context.Context, m *Manager, sb *store.Sandbox) error {
 	admitted()
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
-	work := filepath.Join(m.cfg.DataDir, "fetch")
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return err
-	}
-	staging, err := os.MkdirTemp(work, sb.ID+".sleep.")
+	snap, memDir, done, err := fetchSleep(ctx, m, sb)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(staging)
-	diskDir, memDir, err := m.cfg.SleepStore.FetchSleep(ctx, sb, staging)
-	if err != nil {
-		return err
-	}
+	defer done()
 	fetched := time.Since(start)
-	// The disk goes in as a snapshot of no checkpoint's (the recovery's
-	// sweep removes one a crash leaves), to be cloned once the sandbox is
-	// this node's: nothing under the sandbox's own name is made before,
-	// which the stale copies' sweep would take for a stale copy.
-	snap := checkpoint.Snapshot(sb.ID, "adopting")
-	_ = m.disks.DeleteSnapshot(ctx, snap)
-	if err := m.disks.ImportSnapshot(ctx, snap, diskDir); err != nil {
-		return fmt.Errorf("waking %s here: its disk: %w", sb.Name, err)
-	}
-	defer func() { _ = m.disks.DeleteSnapshot(ctx, snap) }()
 	from := sb.Node
 	got, err := takeOverSleeping(ctx, m, sb)
 	if err != nil {
 		return err
 	}
-	fail := func(err error) error {
-		_ = m.disks.DeleteVolume(ctx, got.ID)
-		_ = m.sleepImages.Drop(got.ID)
+	if err := installSleep(ctx, m, got, snap, memDir); err != nil {
 		_ = m.setState(ctx, got, api.StateError, fmt.Sprintf("taken over by node %s to wake it from its stored sleep image, which failed: %v", m.cfg.Node, err))
 		return publicError(fmt.Errorf("waking %s on node %s: %w", got.Name, m.cfg.Node, err))
 	}
-	_ = m.disks.DeleteVolume(ctx, got.ID) // what a crash left
-	if _, err := m.disks.CloneSnapshot(ctx, snap, got.ID); err != nil {
+	m.log.Info("took over a sleeping sandbox to wake it here", "sandbox", got.ID, "name", got.Name, "from_node", from,
+		"fetch_ms", fetched.Milliseconds(), "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// fetchSleep fetches sleeping sandbox sb's stored image, checked whole:
+// its disk into snapshot snap of the pool, its memory image into memDir;
+// done removes both (once installSleep has made them the sandbox's). The
+// disk goes in as a snapshot of no checkpoint's (the recovery's sweep
+// removes one a crash leaves), to be cloned once the sandbox is this
+// node's: nothing under the sandbox's own name is made before, which the
+// stale copies' sweep would take for a stale copy.
+func fetchSleep(ctx context.Context, m *Manager, sb *store.Sandbox) (snap, memDir string, done func(), err error) {
+	work := filepath.Join(m.cfg.DataDir, "fetch")
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return "", "", nil, err
+	}
+	staging, err := os.MkdirTemp(work, sb.ID+".sleep.")
+	if err != nil {
+		return "", "", nil, err
+	}
+	diskDir, memDir, err := m.cfg.SleepStore.FetchSleep(ctx, sb, staging)
+	if err != nil {
+		os.RemoveAll(staging)
+		return "", "", nil, err
+	}
+	snap = checkpoint.Snapshot(sb.ID, "adopting")
+	_ = m.disks.DeleteSnapshot(ctx, snap)
+	if err := m.disks.ImportSnapshot(ctx, snap, diskDir); err != nil {
+		os.RemoveAll(staging)
+		return "", "", nil, fmt.Errorf("waking %s here: its disk: %w", sb.Name, err)
+	}
+	return snap, memDir, func() {
+		_ = m.disks.DeleteSnapshot(ctx, snap)
+		os.RemoveAll(staging)
+	}, nil
+}
+
+// installSleep makes disk snapshot snap and memory image memDir (of
+// fetchSleep) sandbox sb's, this node's and asleep: its volume and its
+// sleep image of the generation its record says. On failure it removes
+// what it made.
+func installSleep(ctx context.Context, m *Manager, sb *store.Sandbox, snap, memDir string) error {
+	fail := func(err error) error {
+		_ = m.disks.DeleteVolume(ctx, sb.ID)
+		_ = m.sleepImages.Drop(sb.ID)
+		return err
+	}
+	_ = m.disks.DeleteVolume(ctx, sb.ID) // what a crash left
+	if _, err := m.disks.CloneSnapshot(ctx, snap, sb.ID); err != nil {
 		return fail(fmt.Errorf("its disk: %w", err))
 	}
-	img, err := m.sleepImages.Begin(got.ID)
+	img, err := m.sleepImages.Begin(sb.ID)
 	if err != nil {
 		return fail(err)
 	}
 	if err := os.Rename(memDir, img); err != nil {
 		return fail(fmt.Errorf("its memory image: %w", err))
 	}
-	if err := m.sleepImages.Commit(got.ID, img, got.AgentGen); err != nil {
+	if err := m.sleepImages.Commit(sb.ID, img, sb.AgentGen); err != nil {
 		return fail(err)
 	}
-	m.log.Info("took over a sleeping sandbox to wake it here", "sandbox", got.ID, "name", got.Name, "from_node", from,
-		"fetch_ms", fetched.Milliseconds(), "ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// refetchSleep puts back this node's sleeping sandbox sb from its stored
+// sleep image, when its own image is gone: a crash after a takeover
+// (adopt) and before the image was in place leaves the record this
+// node's, and the image only in the store.
+func refetchSleep(ctx context.Context, m *Manager, sb *store.Sandbox) error {
+	if m.cfg.SleepStore == nil {
+		return errors.New("no sleep images are stored")
+	}
+	snap, memDir, done, err := fetchSleep(ctx, m, sb)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return installSleep(ctx, m, sb, snap, memDir)
 }
 
 // takeOverSleeping moves sleeping sandbox sb's record to this node (see

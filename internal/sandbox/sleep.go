@@ -460,6 +460,16 @@ func (r *recovery) recoverSleeping(ctx context.Context, sb *store.Sandbox) error
 		m.log.Info("sandbox asleep", "sandbox", sb.ID, "name", sb.Name)
 		return nil
 	}
+	if m.cfg.SleepStore != nil {
+		// Stored: a crash took the local copy part-way (through a
+		// takeover, adopt), nothing of the sandbox is lost.
+		err := refetchSleep(ctx, m, sb)
+		if err == nil {
+			m.log.Info("the sleep image was gone here; fetched it again from the object store", "sandbox", sb.ID, "name", sb.Name)
+			return nil
+		}
+		m.log.Warn("fetching the stored sleep image of a sandbox whose own is gone", "sandbox", sb.ID, "err", err)
+	}
 	m.log.Error("the sleep image is gone; booting the sandbox again on its disk", "sandbox", sb.ID)
 	return m.machine.boot(ctx, sb, opRecover, false)
 }
