@@ -26,8 +26,8 @@ import (
 // went on counting there with its pid.
 func TestClusterMove(t *testing.T) {
 	t.Parallel()
-	nodes := objectNodes(t, "move/", "a", "b", "c")
-	a, b, c := nodes[0], nodes[1], nodes[2]
+	nodes := objectNodes(t, "move/", "a", "b", "c", "front")
+	a, b, c, front := nodes[0], nodes[1], nodes[2], nodes[3]
 	ctx := harness.Ctx(t)
 
 	// loam move, through a, of one of b's.
@@ -38,8 +38,11 @@ func TestClusterMove(t *testing.T) {
 	if _, err := a.C.MoveSandbox(ctx, "one", "nowhere"); harness.APICode(err) != api.CodeInvalid {
 		t.Errorf("a move to a node that is none: %v, want invalid", err)
 	}
-	if _, err := a.C.MoveSandbox(ctx, "one", "b"); harness.APICode(err) != api.CodeInvalid {
-		t.Errorf("a move to the node it is on: %v, want invalid", err)
+	if _, err := front.C.MoveSandbox(ctx, "one", "b"); harness.APICode(err) != api.CodeInvalid {
+		t.Errorf("a move, through the front end, to the node it is on: %v, want invalid", err)
+	}
+	if _, err := front.C.DrainNode(ctx, "front"); harness.APICode(err) != api.CodeInvalid {
+		t.Errorf("a drain of the front end: %v, want invalid", err)
 	}
 	start := time.Now()
 	out, stderr, code := a.CLI("", "move", "one", "--to", "c")
@@ -122,7 +125,8 @@ func TestClusterMove(t *testing.T) {
 	}()
 	time.Sleep(300 * time.Millisecond)
 	start = time.Now()
-	res, err := a.C.DrainNode(ctx, "b")
+	// Through the front end, as through a cluster's API service.
+	res, err := front.C.DrainNode(ctx, "b")
 	drained := time.Since(start)
 	time.Sleep(300 * time.Millisecond)
 	stop()

@@ -199,7 +199,8 @@ func TestClusterRecoverCutOff(t *testing.T) {
 }
 
 // objectNodes starts nodes of one cluster (the first one's token for the
-// rest) sharing a new database and a bucket of the shared S3 server.
+// rest) sharing a new database and a bucket of the shared S3 server; one
+// named front… is a front end (--role api).
 func objectNodes(t testing.TB, prefix string, names ...string) []*clusterNode {
 	t.Helper()
 	bucket := s3test.NewBucket(t, prefix)
@@ -210,7 +211,11 @@ func objectNodes(t testing.TB, prefix string, names ...string) []*clusterNode {
 		if len(nodes) > 0 {
 			token = nodes[0].Token
 		}
-		nodes = append(nodes, startNode(t, db, name, token, "--objects", bucket))
+		extra := []string{"--objects", bucket}
+		if strings.HasPrefix(name, "front") {
+			extra = append(extra, "--role", "api")
+		}
+		nodes = append(nodes, startNode(t, db, name, token, extra...))
 	}
 	return nodes
 }

@@ -45,7 +45,9 @@ type Moves struct {
 
 // NewMoves makes the moves of this node, with rel its checkpoints, recs
 // its records and cordon the cluster's cordon (a drain cordons the node
-// first).
+// first). A front end has no rel: it passes drains to their nodes (and
+// moves reach the sandbox's node before Move), and drains nothing of its
+// own.
 func NewMoves(rt *Router, rel Releaser, recs MoveRecords, cordon func(ctx context.Context, node string, on bool) error, log *slog.Logger) *Moves {
 	return &Moves{rt: rt, rel: rel, recs: recs, cordon: cordon, log: log}
 }
@@ -57,6 +59,9 @@ func NewMoves(rt *Router, rel Releaser, recs MoveRecords, cordon func(ctx contex
 func (m *Moves) Move(r *http.Request, ref, to string) (*api.Sandbox, error) {
 	ctx := r.Context()
 	self := m.rt.member.Name()
+	if m.rel == nil {
+		return nil, api.Errorf(api.CodeUnavailable, "front end %s could not pass the move of %s to its node: try again", self, ref)
+	}
 	if to == "" {
 		sb, err := m.rt.recs.GetSandbox(ctx, "", ref)
 		if err != nil {
@@ -141,6 +146,9 @@ func (m *Moves) target(sb *store.Sandbox) (string, error) {
 func (m *Moves) Drain(r *http.Request) (*api.DrainResult, error) {
 	ctx := r.Context()
 	self := m.rt.member.Name()
+	if m.rel == nil {
+		return nil, api.Errorf(api.CodeInvalid, "node %s is a front end (--role api): it runs no sandboxes to drain", self)
+	}
 	if err := m.cordon(ctx, self, true); err != nil {
 		return nil, err
 	}

@@ -828,10 +828,13 @@ func (d *Daemon) withNodes(p *parts) server.Option {
 }
 
 // withMoves serves moves and drains: on a node of a cluster with an
-// object store, which moves sandboxes through it.
+// object store, which moves sandboxes through it; on a front end, which
+// passes them to the nodes (an operator's drain may come through the
+// cluster's API service, as in Kubernetes).
 func (d *Daemon) withMoves(p *parts, router *cluster.Router) server.Option {
 	pg, ok := p.store.(*postgres.Store)
-	if router == nil || !ok || p.uploads == nil || d.checkpoints == nil {
+	front := d.frontEnd()
+	if router == nil || !ok || !front && (p.uploads == nil || d.checkpoints == nil) {
 		return func(*server.Server) {}
 	}
 	nodes := cluster.NewNodes(pg.Nodes())
@@ -839,7 +842,11 @@ func (d *Daemon) withMoves(p *parts, router *cluster.Router) server.Option {
 		_, err := nodes.Cordon(ctx, node, on)
 		return err
 	}
-	return server.WithMoves(cluster.NewMoves(router, d.checkpoints, p.store, cordon, d.log))
+	var rel cluster.Releaser
+	if !front {
+		rel = d.checkpoints
+	}
+	return server.WithMoves(cluster.NewMoves(router, rel, p.store, cordon, d.log))
 }
 
 // templateCluster is the catalog's view of the cluster: none on one
