@@ -145,3 +145,38 @@ func TestKeepHeld(t *testing.T) {
 		t.Error("KeepHeld went on for 20 s after another daemon took the hold")
 	}
 }
+
+// TestIdleTransactionEnded: a session left idle in a transaction (its
+// node's link dropped after it took a lock) is ended by the server after
+// idleInTx, and the lock it held is free again.
+func TestIdleTransactionEnded(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var got string
+	// (The TCP ones read 0 here: the test's server is on a Unix socket.)
+	if err := s.pool.QueryRow(ctx, "SHOW idle_in_transaction_session_timeout").Scan(&got); err != nil || got != "10s" {
+		t.Errorf("idle_in_transaction_session_timeout: %q, %v; want 10s", got, err)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", auditLock); err != nil {
+		t.Fatal(err)
+	}
+	// The holder goes silent; another session waits for the lock.
+	start := time.Now()
+	if _, err := s.pool.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", auditLock); err != nil {
+		t.Fatal(err)
+	}
+	waited := time.Since(start)
+	if waited < idleInTx/2 || waited > 3*idleInTx {
+		t.Errorf("the lock of a session idle in its transaction was free after %v, want about %v", waited, idleInTx)
+	}
+	t.Logf("the lock was free after %v", waited.Round(time.Millisecond))
+}

@@ -18,8 +18,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -80,12 +82,42 @@ func Open(ctx context.Context, url string) (*Store, error) {
 // bound makes cfg's connections give up on a database gone silent (see
 // netdial), where its URL did not choose its own connect_timeout: a call
 // that needs it then answers unavailable instead of hanging.
+//
+// It bounds the server's side too. A node whose link drops part-way
+// through a transaction leaves its session open on the server, idle in
+// that transaction, holding its locks until the server notices the peer
+// is gone: with the kernel's defaults, hours. One such transaction held
+// auditLock, and every audited call of every node waited on it (seen in
+// CI: TestClusterCutOff, calls through node a hung until b's link came
+// back). So the server ends a session idle in a transaction after
+// idleInTx (loam's transactions run statement after statement, never
+// waiting on anything else), and drops a connection whose data stays
+// unacknowledged, or whose peer stops answering keepalives, as the client
+// does (netdial). Parameters the URL sets win.
 func bound(cfg *pgconn.Config) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = netdial.ConnectTimeout
 	}
 	cfg.DialFunc = netdial.Dialer().DialContext
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	for k, v := range map[string]string{
+		"idle_in_transaction_session_timeout": strconv.FormatInt(idleInTx.Milliseconds(), 10),
+		"tcp_user_timeout":                    strconv.FormatInt(netdial.UserTimeout.Milliseconds(), 10),
+		"tcp_keepalives_idle":                 strconv.Itoa(int(netdial.KeepAlive.Seconds())),
+		"tcp_keepalives_interval":             strconv.Itoa(int(netdial.KeepAlive.Seconds())),
+		"tcp_keepalives_count":                "2",
+	} {
+		if _, set := cfg.RuntimeParams[k]; !set {
+			cfg.RuntimeParams[k] = v
+		}
+	}
 }
+
+// idleInTx is how long the server lets a session sit idle in a
+// transaction before it ends the session (see bound).
+const idleInTx = 10 * time.Second
 
 // where names the database of cfg for a message: host and database, never
 // the user's password.
