@@ -66,6 +66,12 @@ type Spec struct {
 	// a cluster pins them to what every node has, so that a memory image
 	// taken on one node restores on any. Empty is all the host has.
 	CPUFeatures []string
+	// Background makes Restore return before the memory image is loaded
+	// (runsc restore -background): the container runs while its pages
+	// stream in, a page touched first being read first. Start ignores
+	// it. The image must stay readable until the load ends; one whose
+	// files are removed meanwhile is still read through the open files.
+	Background bool
 }
 
 // Limits are a container's resource limits, with the meaning of the Spec

@@ -79,10 +79,9 @@ type Runtime struct {
 	global []string
 	debug  bool
 	log    *slog.Logger
-	// background makes Restore return before the memory image is loaded
-	// (runsc restore -background). Off: in the package's benchmarks it
-	// brought the first answer no sooner at 64 and 512 MiB, and it would
-	// leave the sandbox reading the image after Restore returns.
+	// background makes every Restore load the memory image in the
+	// background, as runtime.Spec.Background does one: the package's
+	// benchmarks set it to compare the two.
 	background bool
 	// holdPaused: runsc checkpoint has -hold-paused (CheckpointHeld).
 	holdPaused bool
@@ -188,7 +187,10 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	// The sandbox loads its whole memory image before it answers, and that
 	// load runs under the container's CPU quota: at 2 GiB a one-CPU quota
 	// made a fork take 10 s instead of 5 s. So restore without the quota and
-	// set it once the memory is in.
+	// set it once the memory is in. A known limitation of a background
+	// restore (spec.Background): launch returns, and the quota is set,
+	// while the pages are still loading, so the rest of the load runs
+	// under the quota.
 	limits := spec.Limits()
 	spec.CPUs = 0
 	if agent := r.imageAgent(imageDir); agent != "" {
@@ -200,7 +202,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	// -direct reads the pages with O_DIRECT: several times faster than
 	// through the page cache, which would also hold a second copy.
 	args := []string{"restore", "-detach", "-direct", "-image-path", imageDir, "-bundle", spec.BundleDir}
-	if r.background {
+	if spec.Background || r.background {
 		args = append(args, "-background")
 	}
 	if err := r.launch(ctx, spec, append(args, spec.ID)...); err != nil {
