@@ -3,9 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,17 +23,7 @@ import (
 // failed. Sizes: 64 and 512 MiB; LOAM_BENCH_SIZES (such as "64,512,2048")
 // sets them.
 func BenchmarkClusterDrain(b *testing.B) {
-	sizes := []int{64, 512}
-	if s := os.Getenv("LOAM_BENCH_SIZES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil {
-				b.Fatalf("LOAM_BENCH_SIZES: %v", err)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := benchSizes(b)
 	nodes := objectNodes(b, "drainbench/", "a", "b", "c")
 	ctx := context.Background()
 	for _, mib := range sizes {

@@ -25,17 +25,7 @@ import (
 // move to the third node. Sizes: 64 and 512 MiB; LOAM_BENCH_SIZES (such as
 // "64,512,2048") sets them.
 func BenchmarkClusterObjects(b *testing.B) {
-	sizes := []int{64, 512}
-	if s := os.Getenv("LOAM_BENCH_SIZES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil {
-				b.Fatalf("LOAM_BENCH_SIZES: %v", err)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := benchSizes(b)
 	nodes := objectNodes(b, "bench/", "a", "b", "c")
 	a := nodes[0]
 	ctx := context.Background()
@@ -124,3 +114,21 @@ func benchObjects(b *testing.B, ctx context.Context, a *clusterNode, mib, round 
 
 // fetchedRe reads the bytes and time of a fetch from a node's log.
 var fetchedRe = regexp.MustCompile(`msg="fetched a checkpoint".* bytes=(\d+) ms=(\d+)`)
+
+// benchSizes are the memory sizes, in MiB, of the cluster benches: 64 and
+// 512, or those LOAM_BENCH_SIZES lists (such as "64,512,2048").
+func benchSizes(b *testing.B) []int {
+	s := os.Getenv("LOAM_BENCH_SIZES")
+	if s == "" {
+		return []int{64, 512}
+	}
+	var sizes []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			b.Fatalf("LOAM_BENCH_SIZES: %v", err)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
+}

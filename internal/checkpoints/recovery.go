@@ -2,7 +2,6 @@ package checkpoints
 
 import (
 	"context"
-	"errors"
 	"hash/fnv"
 	"log/slog"
 	"slices"
@@ -140,7 +139,7 @@ func (r *Recovery) bringBack(ctx context.Context, n *store.Node, sb *store.Sandb
 			}, r.Audit)
 		}
 		v, err := r.Service.RestoreCheckpoint(store.WithAudit(ctx, call), sb.ID, cps[i].ID)
-		if ferr := call.Finish(context.WithoutCancel(ctx), auditOutcome(err)); ferr != nil {
+		if ferr := call.Finish(context.WithoutCancel(ctx), store.Outcome(err)); ferr != nil {
 			r.Log.Error("writing the audit record of a sandbox brought back", "sandbox", sb.ID, "err", ferr)
 		}
 		if err != nil {
@@ -165,19 +164,6 @@ func (r *Recovery) bringBack(ctx context.Context, n *store.Node, sb *store.Sandb
 // RecoveryKey is the key of the audit records of sandboxes brought back
 // by their recover policy, which no call's key asked for.
 const RecoveryKey = "recovery"
-
-// auditOutcome is the outcome an audit record gives err: "ok", or its
-// API error code.
-func auditOutcome(err error) string {
-	if err == nil {
-		return "ok"
-	}
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return string(ae.Code)
-	}
-	return string(api.CodeInternal)
-}
 
 // pick is the node of nodes that brings back sandbox id: the highest hash
 // of the two (rendezvous hashing), "" when there is none.

@@ -453,7 +453,7 @@ func (s *Server) auth(rt route, h func(http.ResponseWriter, *http.Request) error
 			err = h(w, r)
 		}
 		if call != nil {
-			if ferr := call.Finish(context.WithoutCancel(ctx), outcome(err)); ferr != nil {
+			if ferr := call.Finish(context.WithoutCancel(ctx), store.Outcome(err)); ferr != nil {
 				s.log.Error("writing audit record", "request_id", RequestID(ctx), "action", rt.Action, "err", ferr)
 			}
 		}
@@ -504,18 +504,6 @@ func (s *Server) allow(p auth.Principal, rt route, orgWide bool) error {
 		return api.Errorf(api.CodeForbidden, "%s: this key is limited to the sandboxes labelled %s; it may not change what the whole org shares", rt.Pattern, labelList(p.Labels))
 	}
 	return nil
-}
-
-// outcome is what the audit log says of a call that answered err.
-func outcome(err error) string {
-	if err == nil {
-		return "ok"
-	}
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		return string(ae.Code)
-	}
-	return string(api.CodeInternal)
 }
 
 // clientAddr is the address a call came from, as the connection has it:

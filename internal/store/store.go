@@ -417,6 +417,19 @@ func (c *AuditCall) Attach(write func(ev *api.AuditEvent) (int64, error)) error 
 	return err
 }
 
+// Outcome is the outcome an audit record gives a call that ended with
+// err: "ok", or its API error code (internal for any other error).
+func Outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return string(ae.Code)
+	}
+	return string(api.CodeInternal)
+}
+
 // Finish ends the call with its outcome ("ok" or an error code): it writes
 // the record when no change of the call wrote it, or sets its outcome when
 // one did and the call failed after it. Later changes of the call write
